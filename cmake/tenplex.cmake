@@ -1,0 +1,17 @@
+# tenplex_module(NAME DEPS a b c) builds src/tenplex/NAME/*.cc (except *_test.cc and
+# *_main.cc) into the static library tenplex_NAME and *_test.cc into tenplex_NAME_test.
+function(tenplex_module name)
+  cmake_parse_arguments(M "" "" "DEPS;TEST_DEPS" ${ARGN})
+  file(GLOB srcs CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/*.cc)
+  file(GLOB tests CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/*_test.cc)
+  list(FILTER srcs EXCLUDE REGEX "(_test|_main|_fuzz)\\.cc$")
+  add_library(tenplex_${name} STATIC ${srcs})
+  target_include_directories(tenplex_${name} PUBLIC ${PROJECT_SOURCE_DIR}/src)
+  target_link_libraries(tenplex_${name} PUBLIC ${M_DEPS})
+  set_target_properties(tenplex_${name} PROPERTIES POSITION_INDEPENDENT_CODE ON)
+  if(tests)
+    add_executable(tenplex_${name}_test ${tests})
+    target_link_libraries(tenplex_${name}_test PRIVATE tenplex_${name} ${M_TEST_DEPS} GTest::gtest GTest::gtest_main)
+    gtest_discover_tests(tenplex_${name}_test DISCOVERY_TIMEOUT 60 PROPERTIES LABELS unit)
+  endif()
+endfunction()

@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# Configures and builds tenplex into build/ (release with debug info).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+ninja -C build

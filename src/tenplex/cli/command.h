@@ -1,0 +1,32 @@
+// The `tenplex` command line: one file per subcommand, each with a Register function
+// that adds its CLI11 subcommand. A subcommand's callback stores its exit code in the
+// shared Context; errors are printed in one place (Fail).
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <string>
+
+#include "tenplex/util/status.h"
+
+namespace tenplex::cli {
+
+struct Context {
+  int exit_code = 0;
+};
+
+// Prints "tenplex: error: <message>" to stderr and returns the exit code for the
+// status: 2 for bad input (InvalidArgument, NotFound, OutOfRange, ...), 1 otherwise.
+int Fail(const Status& status);
+// Sets ctx.exit_code from a status (0 when ok, printing the error otherwise).
+void Finish(Context& ctx, const Status& status);
+
+// Writes text to path atomically (temp file, fsync, rename), or to stdout when path is
+// empty or "-".
+Status WriteOutput(const std::string& path, const std::string& text);
+// Reads a whole file (or stdin for "-").
+Result<std::string> ReadInput(const std::string& path);
+
+void RegisterModel(CLI::App& app, Context& ctx);
+void RegisterLayout(CLI::App& app, Context& ctx);
+
+}  // namespace tenplex::cli

@@ -1,0 +1,19 @@
+// The tenplex command. Subcommands live in src/tenplex/cli/<name>.cc.
+#include <CLI/CLI.hpp>
+
+#include "tenplex/cli/command.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"tenplex: state management for elastic multi-dimensional parallel training"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "tenplex 0.1.0");
+  tenplex::cli::Context ctx;
+  tenplex::cli::RegisterModel(app, ctx);
+  tenplex::cli::RegisterLayout(app, ctx);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  return ctx.exit_code;
+}

@@ -1,0 +1,117 @@
+#include "tenplex/geometry/copy.h"
+
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <random>
+
+namespace tenplex {
+namespace {
+
+// Per-element reference: the i-th element of src box (row-major) goes to the i-th
+// element of dst box.
+std::vector<int64_t> Elements(const Shape& shape, const Box& box) {
+  std::vector<int64_t> out;
+  if (IsEmpty(box)) return out;
+  std::vector<int64_t> idx(shape.size());
+  for (std::size_t k = 0; k < shape.size(); ++k) idx[k] = box[k].begin;
+  for (;;) {
+    int64_t off = 0;
+    for (std::size_t k = 0; k < shape.size(); ++k) off = off * shape[k] + idx[k];
+    out.push_back(off);
+    std::size_t k = shape.size();
+    for (;;) {
+      if (k == 0) return out;
+      --k;
+      if (++idx[k] < box[k].end) break;
+      idx[k] = box[k].begin;
+    }
+  }
+}
+
+Box RandomBox(std::mt19937& rng, const Shape& shape) {
+  Box b;
+  for (int64_t d : shape) {
+    int64_t s = rng() % d, e = s + 1 + rng() % (d - s);
+    b.dims.push_back({s, e});
+  }
+  return b;
+}
+
+TEST(CopyTest, RandomBoxesMatchPerElementReference) {
+  std::mt19937 rng(7);
+  ThreadPool pool(3);
+  for (int iter = 0; iter < 400; ++iter) {
+    int rank = 1 + rng() % 4;
+    Shape ss, ds;
+    for (int k = 0; k < rank; ++k) ss.push_back(1 + rng() % 9);
+    Box sb = RandomBox(rng, ss);
+    Shape e = sb.extents();
+    Box db;
+    for (int k = 0; k < rank; ++k) {
+      ds.push_back(e[k] + rng() % 4);
+      int64_t off = rng() % (ds[k] - e[k] + 1);
+      db.dims.push_back({off, off + e[k]});
+    }
+    std::vector<uint16_t> src(Volume(ss));
+    std::iota(src.begin(), src.end(), 1);
+    std::vector<uint16_t> dst(Volume(ds), 0), want(Volume(ds), 0);
+    auto se = Elements(ss, sb), de = Elements(ds, db);
+    for (std::size_t i = 0; i < se.size(); ++i) want[de[i]] = src[se[i]];
+    ASSERT_TRUE(CopyBox({src.data(), ss, sb}, {dst.data(), ds, db}, 2, iter % 2 ? &pool : nullptr,
+                        16)
+                    .ok());
+    EXPECT_EQ(dst, want) << ToString(sb) << " -> " << ToString(db);
+  }
+}
+
+TEST(CopyTest, FlatRangeEitherSide) {
+  std::mt19937 rng(9);
+  for (int iter = 0; iter < 200; ++iter) {
+    Shape ss = {static_cast<int64_t>(1 + rng() % 6), static_cast<int64_t>(1 + rng() % 6),
+                static_cast<int64_t>(1 + rng() % 6)};
+    Box sb = RandomBox(rng, ss);
+    int64_t vol = Volume(sb);
+    Shape flat = {vol + 5};
+    int64_t off = rng() % 6;
+    std::vector<float> src(Volume(ss));
+    std::iota(src.begin(), src.end(), 0.5f);
+    std::vector<float> dst(flat[0], -1.f);
+    ASSERT_TRUE(CopyBox({src.data(), ss, sb}, {dst.data(), flat, Box({{off, off + vol}})}, 4).ok());
+    auto se = Elements(ss, sb);
+    for (int64_t i = 0; i < vol; ++i) EXPECT_EQ(dst[off + i], src[se[i]]);
+    // And back into a zeroed tensor.
+    std::vector<float> back(Volume(ss), 0.f);
+    ASSERT_TRUE(CopyBox({dst.data(), flat, Box({{off, off + vol}})}, {back.data(), ss, sb}, 4).ok());
+    for (int64_t i = 0; i < vol; ++i) EXPECT_EQ(back[se[i]], src[se[i]]);
+  }
+}
+
+TEST(CopyTest, LargeContiguousSplitAcrossThreads) {
+  ThreadPool pool(2);
+  Shape s = {3, 1 << 18};
+  std::vector<uint8_t> src(Volume(s)), dst(Volume(s), 0);
+  for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 31 + 7);
+  ASSERT_TRUE(CopyBox({src.data(), s, BoxOf(s)}, {dst.data(), s, BoxOf(s)}, 1, &pool, 1024).ok());
+  EXPECT_EQ(src, dst);
+}
+
+TEST(CopyTest, RejectsBadBoxes) {
+  std::vector<float> a(12), b(12);
+  Shape s = {3, 4};
+  EXPECT_EQ(CopyBox({a.data(), s, Box({{0, 4}, {0, 4}})}, {b.data(), s, BoxOf(s)}, 4).code(),
+            StatusCode::kOutOfRange);
+  EXPECT_FALSE(CopyBox({a.data(), s, Box({{0, 2}, {0, 4}})}, {b.data(), s, Box({{0, 4}, {0, 2}})}, 4)
+                   .ok());
+  EXPECT_FALSE(CopyBox({a.data(), s, Box({{0, 2}})}, {b.data(), s, BoxOf(s)}, 4).ok());
+}
+
+TEST(CopyTest, ZeroBox) {
+  std::vector<int32_t> a(12, 5);
+  ASSERT_TRUE(ZeroBox({a.data(), {3, 4}, Box({{1, 3}, {1, 3}})}, 4).ok());
+  std::vector<int32_t> want = {5, 5, 5, 5, 5, 0, 0, 5, 5, 0, 0, 5};
+  EXPECT_EQ(a, want);
+}
+
+}  // namespace
+}  // namespace tenplex

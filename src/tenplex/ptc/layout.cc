@@ -1,0 +1,260 @@
+#include "tenplex/ptc/layout.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "tenplex/util/format.h"
+
+namespace tenplex {
+namespace {
+
+int StageOf(const Stage& st, const std::vector<int>& bounds) {
+  const int pp = static_cast<int>(bounds.size()) - 1;
+  if (st.kind == Stage::kFirst) return 0;
+  if (st.kind == Stage::kLast) return pp - 1;
+  auto it = std::upper_bound(bounds.begin(), bounds.end(), st.layer);
+  return static_cast<int>(it - bounds.begin()) - 1;
+}
+
+// The local shape of tensor t on tp rank r of T, and its pieces (global -> local).
+void Slice(const TensorDesc& t, const std::string& global_name, int r, int T, Shape* shape,
+           std::vector<Piece>* pieces) {
+  const TpRule& rule = t.tp;
+  *shape = t.shape;
+  Box g = BoxOf(t.shape);
+  switch (rule.kind) {
+    case TpRule::kReplicate:
+      pieces->push_back({global_name, g, g});
+      return;
+    case TpRule::kSplit: {
+      int64_t part = t.shape[rule.dim] / T;
+      (*shape)[rule.dim] = part;
+      g[rule.dim] = {r * part, (r + 1) * part};
+      pieces->push_back({global_name, g, BoxOf(*shape)});
+      return;
+    }
+    case TpRule::kBlocks: {
+      int64_t block = t.shape[0] / rule.blocks, part = block / T;
+      (*shape)[0] = part * rule.blocks;
+      for (int b = 0; b < rule.blocks; ++b) {
+        Box gb = g, lb = BoxOf(*shape);
+        gb[0] = {b * block + r * part, b * block + (r + 1) * part};
+        lb[0] = {b * part, (b + 1) * part};
+        if (part > 0) pieces->push_back({global_name, gb, lb});
+      }
+      return;
+    }
+    case TpRule::kVocab: {
+      int64_t V = t.shape[0], unit = rule.divisible_by * T;
+      int64_t Vp = (V + unit - 1) / unit * unit, part = Vp / T;
+      (*shape)[0] = part;
+      int64_t b = std::min(V, r * part), e = std::min(V, (r + 1) * part);
+      if (e > b) {
+        Box gb = g, lb = BoxOf(*shape);
+        gb[0] = {b, e};
+        lb[0] = {0, e - b};
+        pieces->push_back({global_name, gb, lb});
+      }
+      return;
+    }
+  }
+}
+
+struct ParamEntry {
+  const TensorDesc* desc;
+  std::string local_name;
+  std::string global_name;
+};
+
+}  // namespace
+
+std::string LocalName(const Model& model, const std::string& path, int first_layer) {
+  const std::string& pre = model.layer_prefix;
+  if (path.rfind(pre, 0) != 0) return path;
+  std::size_t dot = path.find('.', pre.size());
+  if (dot == std::string::npos) return path;
+  int layer = std::stoi(path.substr(pre.size(), dot - pre.size()));
+  return pre + std::to_string(layer - first_layer) + path.substr(dot);
+}
+
+int64_t RankLayout::bytes() const {
+  int64_t b = 0;
+  for (const LocalTensor& t : *tensors) b += t.bytes();
+  return b;
+}
+
+const LocalTensor* RankLayout::Find(const std::string& name) const {
+  for (const LocalTensor& t : *tensors) {
+    if (t.name == name) return &t;
+  }
+  return nullptr;
+}
+
+Result<Layout> MakeLayout(const Model& model, const ParallelConfig& config) {
+  TP_RETURN_IF_ERROR(ValidateConfig(model, config));
+  Layout layout;
+  layout.config = config;
+  TP_ASSIGN_OR_RETURN(layout.stage_bounds, StageBounds(model, config));
+  for (GlobalTensor& g : GlobalTensors(model)) layout.globals.emplace(g.name, std::move(g));
+  const int T = config.tp, P = config.pp, D = config.dp;
+
+  // Parameters per stage, in spec order, aliases last.
+  std::vector<std::vector<ParamEntry>> stage_params(P);
+  for (const TensorDesc& t : model.tensors) {
+    int s = StageOf(t.stage, layout.stage_bounds);
+    stage_params[s].push_back({&t, LocalName(model, t.path, layout.stage_bounds[s]), t.path});
+  }
+  for (const AliasDesc& a : model.aliases) {
+    const TensorDesc& target = model.tensors[model.Find(a.target)];
+    int s = StageOf(a.stage, layout.stage_bounds);
+    if (StageOf(target.stage, layout.stage_bounds) == s) continue;
+    stage_params[s].push_back({&target, a.name, a.target});
+  }
+  bool any_low_precision = false;
+  for (const TensorDesc& t : model.tensors) any_low_precision |= t.dtype != DType::kF32;
+
+  layout.ranks.resize(config.world_size());
+  for (int s = 0; s < P; ++s) {
+    for (int t = 0; t < T; ++t) {
+      std::vector<LocalTensor> params;
+      for (const ParamEntry& e : stage_params[s]) {
+        LocalTensor lt;
+        lt.name = e.local_name;
+        lt.dtype = e.desc->dtype;
+        Slice(*e.desc, e.global_name, t, T, &lt.shape, &lt.pieces);
+        params.push_back(std::move(lt));
+      }
+      auto companions_of = [&](const LocalTensor& p, const ParamEntry& e, const std::string& kind) {
+        LocalTensor c = p;
+        c.name = CompanionName(kind, p.name);
+        c.dtype = DType::kF32;
+        for (Piece& pc : c.pieces) pc.tensor = CompanionName(kind, e.global_name);
+        return c;
+      };
+      if (!config.zero || model.optimizer.type == "none") {
+        auto list = std::make_shared<std::vector<LocalTensor>>(params);
+        std::vector<std::string> kinds = model.optimizer.states;
+        if (model.optimizer.type != "none") kinds.push_back("fp32_param");
+        if (model.optimizer.type == "none") kinds.clear();
+        for (const std::string& kind : kinds) {
+          for (std::size_t i = 0; i < params.size(); ++i) {
+            auto ck = CompanionKinds(model, params[i].dtype);
+            if (std::find(ck.begin(), ck.end(), kind) == ck.end()) continue;
+            list->push_back(companions_of(params[i], stage_params[s][i], kind));
+          }
+        }
+        std::shared_ptr<const std::vector<LocalTensor>> shared = std::move(list);
+        for (int d = 0; d < D; ++d) {
+          int r = config.RankOf(t, d, s);
+          layout.ranks[r] = {r, t, s, d, shared};
+        }
+        continue;
+      }
+      // ZeRO-1: flat shards of the stage's flattened local parameters.
+      int64_t n = 0;
+      std::vector<int64_t> base;
+      for (const LocalTensor& p : params) {
+        base.push_back(n);
+        n += Volume(p.shape);
+      }
+      const int64_t np = (n + D - 1) / D * D, shard = np / D;
+      std::vector<std::string> kinds = model.optimizer.states;
+      if (any_low_precision) kinds.push_back("fp32_param");
+      for (int d = 0; d < D; ++d) {
+        auto list = std::make_shared<std::vector<LocalTensor>>(params);
+        const int64_t lo = d * shard, hi = lo + shard;
+        for (const std::string& kind : kinds) {
+          LocalTensor flat;
+          flat.name = "optimizer.flat." + kind;
+          flat.dtype = DType::kF32;
+          flat.shape = {shard};
+          for (std::size_t i = 0; i < params.size(); ++i) {
+            const LocalTensor& p = params[i];
+            const int64_t vol = Volume(p.shape);
+            const int64_t a = std::max(lo, base[i]) - base[i], b = std::min(hi, base[i] + vol) - base[i];
+            if (a >= b) continue;
+            if (kind == "fp32_param" && p.dtype == DType::kF32) continue;  // maps to nothing
+            const std::string gname = CompanionName(kind, stage_params[s][i].global_name);
+            for (const Box& c : FlatRangeToBoxes(p.shape, a, b)) {
+              for (const Piece& pc : p.pieces) {
+                Box inter = Intersect(c, pc.local);
+                if (IsEmpty(inter)) continue;
+                for (const Box& q : ContiguousParts(p.shape, inter)) {
+                  int64_t off = base[i] + FlatOffset(p.shape, q) - lo;
+                  flat.pieces.push_back({gname, MapBox(q, pc.local, pc.global), Box({{off, off + Volume(q)}})});
+                }
+              }
+            }
+          }
+          list->push_back(std::move(flat));
+        }
+        int r = config.RankOf(t, d, s);
+        layout.ranks[r] = {r, t, s, d, std::move(list)};
+      }
+    }
+  }
+  return layout;
+}
+
+std::string LayoutToJson(const Layout& layout, bool extra) {
+  using nlohmann::json;
+  auto box_json = [](const Box& b) {
+    json a = json::array();
+    for (const Interval& iv : b.dims) a.push_back({iv.begin, iv.end});
+    return a;
+  };
+  json j;
+  j["world_size"] = layout.world_size();
+  if (extra) j["config"] = layout.config.ToString();
+  json ranks = json::array();
+  for (const RankLayout& r : layout.ranks) {
+    json jr = {{"rank", r.rank}, {"tp", r.tp}, {"pp", r.pp}, {"dp", r.dp}};
+    if (extra) jr["bytes"] = r.bytes();
+    json ts = json::array();
+    for (const LocalTensor& t : *r.tensors) {
+      json jp = json::array();
+      for (const Piece& p : t.pieces) {
+        jp.push_back({{"tensor", p.tensor}, {"global", box_json(p.global)}, {"local", box_json(p.local)}});
+      }
+      ts.push_back({{"name", t.name}, {"dtype", std::string(DTypeName(t.dtype))}, {"shape", t.shape},
+                    {"pieces", std::move(jp)}});
+    }
+    jr["tensors"] = std::move(ts);
+    ranks.push_back(std::move(jr));
+  }
+  j["ranks"] = std::move(ranks);
+  return j.dump() + "\n";
+}
+
+std::string LayoutToText(const Model& model, const Layout& layout) {
+  std::string out;
+  char line[256];
+  std::snprintf(line, sizeof(line), "model %s: %d layers, %zu global tensors, %s\n", model.name.c_str(),
+                model.num_layers, layout.globals.size(), HumanBytes(GlobalBytes(model)).c_str());
+  out += line;
+  std::snprintf(line, sizeof(line), "config %s: world size %d\n", layout.config.ToString().c_str(),
+                layout.world_size());
+  out += line;
+  for (int s = 0; s < layout.config.pp; ++s) {
+    std::snprintf(line, sizeof(line), "  stage %d: layers [%d, %d)\n", s, layout.stage_bounds[s],
+                  layout.stage_bounds[s + 1]);
+    out += line;
+  }
+  std::snprintf(line, sizeof(line), "%6s %4s %4s %4s %8s %14s %12s\n", "rank", "tp", "pp", "dp", "tensors",
+                "bytes", "");
+  out += line;
+  int64_t total = 0;
+  for (const RankLayout& r : layout.ranks) {
+    int64_t b = r.bytes();
+    total += b;
+    std::snprintf(line, sizeof(line), "%6d %4d %4d %4d %8zu %14lld %12s\n", r.rank, r.tp, r.pp, r.dp,
+                  r.tensors->size(), static_cast<long long>(b), HumanBytes(b).c_str());
+    out += line;
+  }
+  std::snprintf(line, sizeof(line), "total %s over %d ranks\n", HumanBytes(total).c_str(), layout.world_size());
+  out += line;
+  return out;
+}
+
+}  // namespace tenplex

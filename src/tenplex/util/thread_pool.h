@@ -1,0 +1,45 @@
+// A fixed pool of worker threads with a blocking parallel-for. Copies of large boxes
+// are split into a few chunks and run on the pool; small copies run inline.
+//
+// Thread-safety: ParallelFor may be called from several threads at once; each call
+// blocks until all of its chunks are done.
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace tenplex {
+
+class ThreadPool {
+ public:
+  // threads == 0 means std::thread::hardware_concurrency().
+  explicit ThreadPool(std::size_t threads = 0);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  std::size_t size() const { return workers_.size(); }
+
+  // Runs fn(i) for i in [0, n), using the pool and the calling thread; returns when
+  // all are done.
+  void ParallelFor(std::size_t n, const std::function<void(std::size_t)>& fn);
+
+  // A process-wide pool sized to the machine.
+  static ThreadPool& Default();
+
+ private:
+  void Loop();
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+  bool stop_ = false;
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace tenplex
