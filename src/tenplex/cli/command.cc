@@ -5,7 +5,7 @@
 #include <iterator>
 #include <sstream>
 
-#include "tenplex/io/file.h"
+#include "tenplex/util/file.h"
 
 namespace tenplex::cli {
 
@@ -33,7 +33,7 @@ Status WriteOutput(const std::string& path, const std::string& text) {
     std::fflush(stdout);
     return Status::Ok();
   }
-  return io::WriteFileAtomic(path, text);
+  return WriteFileAtomic(path, text);
 }
 
 Result<std::string> ReadInput(const std::string& path) {
@@ -42,7 +42,7 @@ Result<std::string> ReadInput(const std::string& path) {
     ss << std::cin.rdbuf();
     return ss.str();
   }
-  return io::ReadFile(path);
+  return ReadFile(path);
 }
 
 }  // namespace tenplex::cli

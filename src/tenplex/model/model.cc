@@ -4,7 +4,7 @@
 #include <set>
 #include <sys/stat.h>
 
-#include "tenplex/io/file.h"
+#include "tenplex/util/file.h"
 #include "tenplex/model/gpt.h"
 
 namespace tenplex {
@@ -313,7 +313,7 @@ Result<Model> LoadModel(const std::string& spec) {
     struct stat st;
     if (::stat(spec.c_str(), &st) == 0 || spec.find('/') != std::string::npos ||
         spec.find(".json") != std::string::npos) {
-      TP_ASSIGN_OR_RETURN(std::string text, io::ReadFile(spec));
+      TP_ASSIGN_OR_RETURN(std::string text, ReadFile(spec));
       auto m = ModelFromJson(text);
       if (!m.ok()) return m.status().WithContext(spec);
       return m;

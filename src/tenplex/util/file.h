@@ -6,15 +6,20 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "tenplex/util/status.h"
 
-namespace tenplex::io {
+namespace tenplex {
 
 Result<std::string> ReadFile(const std::string& path);
 // Writes data to path + ".tmp.<pid>.<n>", fsyncs, renames onto path, fsyncs the
 // directory. A crash leaves either the old file or the new one, never a mix.
 Status WriteFileAtomic(const std::string& path, std::string_view data);
+// The same for the concatenation of parts (no copy into one buffer).
+Status WriteFileAtomicParts(const std::string& path, const std::vector<std::string_view>& parts);
+// A unique temporary name beside path: path + ".tmp.<pid>.<n>".
+std::string TempNameFor(const std::string& path);
 // fsyncs a directory so that renames inside it are durable.
 Status SyncDir(const std::string& dir);
 
@@ -39,4 +44,4 @@ class MappedFile {
   std::string path_;
 };
 
-}  // namespace tenplex::io
+}  // namespace tenplex

@@ -1,4 +1,4 @@
-#include "tenplex/io/file.h"
+#include "tenplex/util/file.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -10,7 +10,7 @@
 #include <filesystem>
 #include <utility>
 
-namespace tenplex::io {
+namespace tenplex {
 
 Result<std::string> ReadFile(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -42,30 +42,37 @@ Status SyncDir(const std::string& dir) {
   return Status::Ok();
 }
 
-Status WriteFileAtomic(const std::string& path, std::string_view data) {
+std::string TempNameFor(const std::string& path) {
   static std::atomic<uint64_t> counter{0};
-  std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." +
-                    std::to_string(counter.fetch_add(1));
+  return path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter.fetch_add(1));
+}
+
+Status WriteFileAtomic(const std::string& path, std::string_view data) {
+  return WriteFileAtomicParts(path, {data});
+}
+
+Status WriteFileAtomicParts(const std::string& path, const std::vector<std::string_view>& parts) {
+  std::string tmp = TempNameFor(path);
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return ErrnoError("create " + tmp, errno);
-  std::size_t off = 0;
-  while (off < data.size()) {
-    ssize_t n = ::write(fd, data.data() + off, data.size() - off);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      int err = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return ErrnoError("write " + tmp, err);
-    }
-    off += static_cast<std::size_t>(n);
-  }
-  if (::fsync(fd) != 0) {
+  auto fail = [&](const char* what) {
     int err = errno;
     ::close(fd);
     ::unlink(tmp.c_str());
-    return ErrnoError("fsync " + tmp, err);
+    return ErrnoError(std::string(what) + " " + tmp, err);
+  };
+  for (std::string_view data : parts) {
+    std::size_t off = 0;
+    while (off < data.size()) {
+      ssize_t n = ::write(fd, data.data() + off, data.size() - off);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return fail("write");
+      }
+      off += static_cast<std::size_t>(n);
+    }
   }
+  if (::fsync(fd) != 0) return fail("fsync");
   ::close(fd);
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     int err = errno;
@@ -123,4 +130,4 @@ MappedFile::~MappedFile() {
   if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
 }
 
-}  // namespace tenplex::io
+}  // namespace tenplex
