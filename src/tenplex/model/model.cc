@@ -182,6 +182,10 @@ Result<TpRule> RuleFromJson(const json& j, const std::string& where) {
   TpRule r;
   TP_ASSIGN_OR_RETURN(std::string rule, Get<std::string>(j, "rule", where + ".tp"));
   if (rule == "replicate") return r;
+  if (rule != "split" && rule != "blocks" && rule != "vocab") {
+    return InvalidArgument(where + ": unknown tp rule '" + rule +
+                           "' (expected replicate, split, blocks or vocab)");
+  }
   TP_ASSIGN_OR_RETURN(r.dim, Get<int>(j, "dim", where + ".tp"));
   if (rule == "split") {
     r.kind = TpRule::kSplit;
@@ -194,12 +198,9 @@ Result<TpRule> RuleFromJson(const json& j, const std::string& where) {
   } else if (rule == "blocks") {
     r.kind = TpRule::kBlocks;
     TP_ASSIGN_OR_RETURN(r.blocks, Get<int>(j, "blocks", where + ".tp"));
-  } else if (rule == "vocab") {
+  } else {
     r.kind = TpRule::kVocab;
     TP_ASSIGN_OR_RETURN(r.divisible_by, Get<int64_t>(j, "divisible_by", where + ".tp"));
-  } else {
-    return InvalidArgument(where + ": unknown tp rule '" + rule +
-                           "' (expected replicate, split, blocks or vocab)");
   }
   return r;
 }
