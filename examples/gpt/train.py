@@ -1,0 +1,261 @@
+#!/usr/bin/python3
+"""Reference training client: a Megatron-style GPT on CPU, TP/PP/DP over gloo.
+
+One process per rank:
+  train.py --config tp=2,pp=2,dp=2 --model M.json --world-rank R --world-size N --master-port P
+           [--steps N] [--load-dir D] [--save-dir D] [--log LOG.jsonl] ...
+(`launch.py` starts all ranks of a config on this machine). The model JSON is written
+by `tenplex model gpt ...`; the rank's parameters and optimizer state are exactly the
+local tensors of spec ptc-layout.md, and --load-dir/--save-dir read and write
+checkpoint directories of spec §7. See docs/training.md.
+"""
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+import data  # noqa: E402
+import model as gpt  # noqa: E402
+import optimizer  # noqa: E402
+import parallel  # noqa: E402
+from tenplex import checkpoint  # noqa: E402
+from tenplex import layout as L  # noqa: E402
+
+DEFAULT_CORPUS = os.path.join(HERE, "data", "corpus.jsonl")
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", required=True, help="tp=2,pp=2,dp=2[,zero=1][,layers=a+b]")
+    ap.add_argument("--model", help="model JSON from `tenplex model gpt` (default: the one in --load-dir)")
+    ap.add_argument("--world-rank", type=int, default=0)
+    ap.add_argument("--world-size", type=int, default=1)
+    ap.add_argument("--master-addr", default="127.0.0.1")
+    ap.add_argument("--master-port", type=int, default=29500)
+    ap.add_argument("--steps", type=int, default=5, help="steps to run in this invocation")
+    ap.add_argument("--start-step", type=int, default=0, help="first step when not loading a checkpoint")
+    ap.add_argument("--global-batch-size", type=int, default=8)
+    ap.add_argument("--micro-batch-size", type=int, default=2)
+    ap.add_argument("--seq-length", type=int, default=64)
+    ap.add_argument("--data", default=DEFAULT_CORPUS, help="JSONL corpus, one sample per line")
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--weight-decay", type=float, default=0.01)
+    ap.add_argument("--clip-grad", type=float, default=1.0, help="global gradient norm limit (0: off)")
+    ap.add_argument("--load-dir")
+    ap.add_argument("--save-dir")
+    ap.add_argument("--log", help="append one JSON line per completed step (rank 0)")
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads per process")
+    ap.add_argument("--timeout", type=float, default=300, help="seconds a collective may wait")
+    return ap.parse_args(argv)
+
+
+class Trainer:
+    """The rank's model stage, optimizer and position; state in and out as local tensors."""
+
+    def __init__(self, args, model, cfg, rank):
+        self.args, self.model, self.cfg, self.rank = args, model, cfg, rank
+        hp = gpt.HParams(model.info)
+        self.groups = parallel.Groups(cfg, rank, tied_embeddings=hp.tied)
+        self.stage = gpt.Stage(model, cfg, self.groups, args.seed)
+        self.opt = optimizer.Adam(self.stage, self.groups, lr=args.lr, weight_decay=args.weight_decay)
+        self.corpus = data.Corpus(args.data, hp.vocab, args.seq_length)
+        self.step = args.start_step
+        self.samples_consumed = args.start_step * args.global_batch_size
+
+    # ---- state hand-off --------------------------------------------------------
+
+    def state_tensors(self):
+        """[(local name, tensor)] of everything the rank holds (spec §4-§5), padding zeroed."""
+        st = self.stage
+        dt = gpt.TORCH_DTYPE[st.dtype]
+        flat = st.flat.masked_fill(st.pad_mask, 0.0)
+        out = [(p.name, st.view(flat, p).to(dt).clone()) for p in st.params]
+        return out + self.opt.state_tensors()
+
+    def load_state_tensors(self, tensors):
+        st = self.stage
+        dt = gpt.TORCH_DTYPE[st.dtype]
+        for p in st.params:
+            t = tensors.get(p.name)
+            if t is None:
+                raise KeyError(f"checkpoint lacks tensor {p.name}")
+            if list(t.shape) != p.shape or t.dtype != dt:
+                raise ValueError(f"checkpoint tensor {p.name} is {t.dtype} {list(t.shape)}, "
+                                 f"expected {p.dtype} {p.shape}")
+            st.view(st.flat, p).copy_(t.float())
+        used = set(self.opt.load_state_tensors(tensors)) | {p.name for p in st.params}
+        extra = sorted(set(tensors) - used)
+        if extra:
+            raise ValueError(f"checkpoint holds tensors this layout does not: {extra[:5]}")
+        st.flat.masked_fill_(st.pad_mask, 0.0)
+
+    def info(self):
+        a = self.args
+        return {"model": self.model.desc, "config": str(self.cfg), "step": self.step,
+                "samples_consumed": self.samples_consumed, "seed": a.seed,
+                "global_batch_size": a.global_batch_size, "seq_length": a.seq_length}
+
+    def load(self, directory):
+        info = checkpoint.read_info(directory)
+        if L.Config.parse(info["config"]) != self.cfg:
+            raise ValueError(f"checkpoint {directory} is in config {info['config']}, this run is {self.cfg}: "
+                             f"convert it with `tenplex reshard --in {directory} --to {self.cfg} --out DIR`")
+        if info["model"] != self.model.desc:
+            raise ValueError(f"checkpoint {directory} holds a different model than --model")
+        self.load_state_tensors(checkpoint.read_rank(directory, self.rank))
+        self.step = int(info.get("step", 0))
+        self.samples_consumed = int(info.get("samples_consumed", self.step * self.args.global_batch_size))
+
+    def save(self, directory):
+        if self.rank == 0:
+            checkpoint.begin(directory)
+        dist.barrier()
+        checkpoint.write_rank(directory, self.rank, self.state_tensors(),
+                              {"config": str(self.cfg), "rank": str(self.rank)})
+        dist.barrier()
+        if self.rank == 0:
+            checkpoint.commit(directory, self.info(), self.cfg.world_size)
+        dist.barrier()
+
+    # ---- one step ----------------------------------------------------------------
+
+    def train_step(self):
+        a, g, st, cfg = self.args, self.groups, self.stage, self.cfg
+        global_ids, ids = data.step_samples(len(self.corpus), a.seed, a.global_batch_size,
+                                            self.samples_consumed, cfg.dp, g.dp_rank)
+        total_tokens = self.corpus.valid_tokens(global_ids)
+        inputs, labels, mask = self.corpus.batch(ids)
+        w = st.make_weights()
+        h = st.hp.hidden
+        micro = [(i, min(i + a.micro_batch_size, len(ids))) for i in range(0, len(ids), a.micro_batch_size)]
+        # GPipe: all forwards, then all backwards, micro-batches in order.
+        saved, loss_sum = [], 0.0
+        for b, e in micro:
+            if g.first_stage:
+                inp = inputs[b:e]
+            else:
+                inp = torch.empty(e - b, a.seq_length, h)
+                dist.recv(inp, g.prev_rank())
+                inp.requires_grad_(True)
+            out = st.forward(inp, labels[b:e], mask[b:e], total_tokens)
+            if g.last_stage:
+                loss_sum += out.item()
+            else:
+                dist.send(out.detach().contiguous(), g.next_rank())
+            saved.append((inp, out))
+        for inp, out in saved:
+            if g.last_stage:
+                out.backward()
+            else:
+                grad = torch.empty_like(out)
+                dist.recv(grad, g.next_rank())
+                out.backward(grad)
+            if not g.first_stage:
+                dist.send(inp.grad.contiguous(), g.prev_rank())
+        saved.clear()
+        # Tied embeddings across stages: first and last stage sum their gradients.
+        if g.embed is not None:
+            name = "embedding.word_embeddings.weight" if g.first_stage else "output_layer.weight"
+            if w[name].grad is None:
+                w[name].grad = torch.zeros_like(w[name])
+            dist.all_reduce(w[name].grad, group=g.embed)
+        grad = st.flat_grad()
+        parallel.all_reduce(grad, g.dp, g.dp_ranks)
+        # Global gradient norm over unique elements (fp64), clipped as Megatron does.
+        sq = torch.tensor([grad.double()[st.norm_mask].pow(2).sum().item()], dtype=torch.float64)
+        parallel.all_reduce(sq, g.mp, g.mp_ranks)
+        norm = sq.sqrt().item()
+        if a.clip_grad > 0:
+            coeff = a.clip_grad / (norm + 1e-6)
+            if coeff < 1.0:
+                grad.mul_(coeff)
+        self.opt.step(grad, self.step + 1)
+        # The step's loss: sum over the global batch's tokens / their count.
+        lt = torch.tensor([loss_sum if (g.last_stage and g.tp_rank == 0) else 0.0], dtype=torch.float64)
+        dist.all_reduce(lt)
+        self.step += 1
+        self.samples_consumed += a.global_batch_size
+        return lt.item(), norm, global_ids
+
+
+def fail(msg):
+    print(f"train.py: error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    try:
+        cfg = L.Config.parse(args.config)
+        if args.model:
+            model = L.Model.load(args.model)
+        elif args.load_dir:
+            model = L.Model(checkpoint.read_info(args.load_dir)["model"])
+        else:
+            raise ValueError("give --model (a JSON file from `tenplex model gpt`) or --load-dir")
+        L.validate(model, cfg)
+        hp = gpt.HParams(model.info)
+        if model.optimizer_states != ["exp_avg", "exp_avg_sq"]:
+            raise ValueError("the model must have --optimizer adam (its state is exp_avg and exp_avg_sq)")
+        if cfg.world_size != args.world_size:
+            raise ValueError(f"config {cfg} needs world size {cfg.world_size}, got --world-size {args.world_size}")
+        if not 0 <= args.world_rank < args.world_size:
+            raise ValueError(f"--world-rank {args.world_rank} is not in [0, {args.world_size})")
+        if args.global_batch_size < cfg.dp:
+            raise ValueError(f"--global-batch-size {args.global_batch_size} is smaller than dp={cfg.dp}")
+        if args.micro_batch_size < 1 or args.seq_length < 1 or args.steps < 0:
+            raise ValueError("--micro-batch-size and --seq-length must be >= 1, --steps >= 0")
+        if not hp.rope and args.seq_length > hp.max_positions:
+            raise ValueError(f"--seq-length {args.seq_length} exceeds max_position_embeddings {hp.max_positions}")
+        if args.save_dir:
+            checkpoint.check_target(args.save_dir)
+    except (ValueError, KeyError, OSError) as e:
+        fail(e)
+
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group("gloo", init_method=f"tcp://{args.master_addr}:{args.master_port}",
+                            rank=args.world_rank, world_size=args.world_size,
+                            timeout=datetime.timedelta(seconds=args.timeout))
+    rank = args.world_rank
+    trainer = Trainer(args, model, cfg, rank)
+    if args.load_dir:
+        try:
+            trainer.load(args.load_dir)
+        except (ValueError, KeyError, OSError) as e:
+            fail(f"rank {rank}: {e}")
+    times = []
+    for _ in range(args.steps):
+        t0 = time.perf_counter()
+        step = trainer.step
+        loss, norm, ids = trainer.train_step()
+        times.append(time.perf_counter() - t0)
+        if rank == 0:
+            rec = {"step": step, "loss": loss, "config": str(cfg), "samples": ids,
+                   "grad_norm": norm, "seconds": round(times[-1], 4)}
+            print(json.dumps(rec), flush=True)
+            if args.log:
+                with open(args.log, "a") as f:
+                    f.write(json.dumps(rec) + "\n")
+    if args.save_dir:
+        trainer.save(args.save_dir)
+    dist.barrier()
+    if rank == 0 and times:
+        steady = times[1:] or times
+        print(f"train.py: config {cfg}: {len(times)} steps, {sum(steady) / len(steady):.3f} s/step "
+              f"(after the first)", file=sys.stderr, flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
