@@ -3,6 +3,8 @@
 #include <charconv>
 #include <set>
 
+#include "tenplex/util/format.h"
+
 namespace tenplex {
 namespace {
 
@@ -16,16 +18,6 @@ Result<int> ParseInt(std::string_view s, std::string_view key) {
   return v;
 }
 
-std::vector<std::string_view> Split(std::string_view s, char sep) {
-  std::vector<std::string_view> out;
-  std::size_t start = 0;
-  for (;;) {
-    std::size_t pos = s.find(sep, start);
-    out.push_back(s.substr(start, pos == std::string_view::npos ? std::string_view::npos : pos - start));
-    if (pos == std::string_view::npos) return out;
-    start = pos + 1;
-  }
-}
 
 }  // namespace
 
@@ -43,7 +35,7 @@ Result<ParallelConfig> ParseConfig(std::string_view text) {
   ParallelConfig c;
   if (text.empty()) return InvalidArgument("config: empty (expected e.g. tp=2,pp=2,dp=2)");
   std::set<std::string> seen;
-  for (std::string_view part : Split(text, ',')) {
+  for (std::string_view part : SplitString(text, ',')) {
     std::size_t eq = part.find('=');
     if (eq == std::string_view::npos) {
       return InvalidArgument("config: '" + std::string(part) + "' is not key=value (keys: tp, pp, dp, zero, layers)");
@@ -61,7 +53,7 @@ Result<ParallelConfig> ParseConfig(std::string_view text) {
       if (v != 0 && v != 1) return InvalidArgument("config: zero must be 0 or 1 (got " + std::to_string(v) + ")");
       c.zero = v == 1;
     } else if (key == "layers") {
-      for (std::string_view l : Split(val, '+')) {
+      for (std::string_view l : SplitString(val, '+')) {
         TP_ASSIGN_OR_RETURN(int v, ParseInt(l, "layers"));
         if (v < 0) return InvalidArgument("config: layers per stage must be >= 0");
         c.layers.push_back(v);

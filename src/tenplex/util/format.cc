@@ -17,4 +17,15 @@ std::string HumanBytes(int64_t b) {
   return buf;
 }
 
+std::vector<std::string_view> SplitString(std::string_view s, char sep) {
+  std::vector<std::string_view> out;
+  std::size_t start = 0;
+  for (;;) {
+    std::size_t pos = s.find(sep, start);
+    out.push_back(s.substr(start, pos == std::string_view::npos ? std::string_view::npos : pos - start));
+    if (pos == std::string_view::npos) return out;
+    start = pos + 1;
+  }
+}
+
 }  // namespace tenplex

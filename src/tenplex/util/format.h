@@ -3,10 +3,15 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
+#include <vector>
 
 namespace tenplex {
 
 // "1.50 GiB", "512 B".
 std::string HumanBytes(int64_t bytes);
+
+// Splits s at every sep: "a,,b" -> {"a", "", "b"}, "" -> {""}.
+std::vector<std::string_view> SplitString(std::string_view s, char sep);
 
 }  // namespace tenplex

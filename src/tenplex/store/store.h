@@ -1,0 +1,179 @@
+// The tensor store: a job's state held outside its training processes, in shared
+// memory owned by the store, organised in versions (docs/store.md).
+//
+// Paths are jobs/{job}/{version}/rank-{r:05d}/{name} (parse.h). A version is *open*
+// while it is being built (tensors may be allocated, overwritten and deleted) and
+// *committed* once Commit() made it the job's current version; committed versions
+// are immutable. jobs/{job}/current/... resolves to the current version. A new version
+// is built beside the current one and committed atomically; Commit releases the older
+// versions unless asked to keep them (ReleaseOld / DropVersion release them later).
+//
+// Every tensor is one file of the shared-memory directory (mapping.h), so a local
+// process maps it directly (TensorInfo::file) and the bytes survive the crash of the
+// process that wrote them. On disk:
+//   <dir>/LOCK                   flock: one store per directory
+//   <dir>/STORE_ID               random id of this store instance (local-client check)
+//   <dir>/tmp/                   tensors being created, renamed into place when ready
+//   <dir>/jobs/<job>/CURRENT     the committed version number, replaced by rename
+//   <dir>/jobs/<job>/<v>/MANIFEST.json          written at commit, before CURRENT
+//   <dir>/jobs/<job>/<v>/rank-NNNNN/<name>      the tensor bytes
+// The commit point is the rename of CURRENT. Opening an existing directory keeps the
+// current version (and older committed versions that were kept) and removes anything
+// else: open versions and half-finished commits of a crashed store.
+//
+// Memory accounting: the bytes of all tensor files count against memory_limit;
+// an allocation that would exceed it is ResourceExhausted, naming the numbers.
+//
+// Thread-safety: all methods may be called from many threads at once. The metadata
+// is guarded by one mutex that is never held during bulk copies or hashing. Writers
+// and readers hold their maps by shared ownership: a TensorRef stays readable after
+// its tensor is deleted or its version released (the memory is freed when the last
+// map goes). REQUIRES of callers: no writes through a TensorWriter (or a local map of
+// an open tensor) after its version is committed.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tenplex/geometry/box.h"
+#include "tenplex/geometry/dtype.h"
+#include "tenplex/store/mapping.h"
+#include "tenplex/store/parse.h"
+#include "tenplex/util/status.h"
+
+namespace tenplex::store {
+
+struct StoreOptions {
+  // Where the shared memory lives. Empty: a fresh private directory
+  // /dev/shm/tenplex-<pid>-<random> that the store removes when destroyed. Given: the
+  // directory is created if needed and committed state is kept across restarts.
+  std::string shm_dir;
+  // Bytes of tensors the store may hold; 0 means the free space of the shared-memory
+  // file system when the store opens.
+  uint64_t memory_limit = 0;
+};
+
+struct TensorInfo {
+  std::string path;  // full path with the version number
+  DType dtype = DType::kF32;
+  Shape shape;
+  uint64_t bytes = 0;
+  bool committed = false;
+  std::string file;  // the shared-memory file holding the bytes at offset 0
+};
+
+// Read-only access to a tensor's bytes.
+class TensorRef {
+ public:
+  const TensorInfo& info() const { return info_; }
+  const uint8_t* data() const { return map_ ? map_->data() : nullptr; }
+  uint64_t size() const { return info_.bytes; }
+
+ private:
+  friend class Store;
+  TensorInfo info_;
+  std::shared_ptr<const ShmMapping> map_;
+};
+
+// Writable access to a tensor of an open version (zero-filled when allocated).
+class TensorWriter {
+ public:
+  const TensorInfo& info() const { return info_; }
+  uint8_t* data() const { return map_ ? map_->data() : nullptr; }
+  uint64_t size() const { return info_.bytes; }
+
+ private:
+  friend class Store;
+  TensorInfo info_;
+  std::shared_ptr<ShmMapping> map_;
+};
+
+struct VersionInfo {
+  std::string job;
+  uint64_t version = 0;
+  bool committed = false;
+  bool current = false;
+  uint64_t bytes = 0;
+  std::size_t tensors = 0;
+  std::string info = "{}";  // JSON object attached by the writer (model, config, ...)
+};
+
+struct JobInfo {
+  std::string job;
+  std::optional<uint64_t> current;
+  std::vector<VersionInfo> versions;  // increasing
+};
+
+class Store {
+ public:
+  static Result<std::unique_ptr<Store>> Open(const StoreOptions& options = {});
+  ~Store();
+  Store(const Store&) = delete;
+  Store& operator=(const Store&) = delete;
+
+  const std::string& shm_dir() const;
+  // Random id written to <shm_dir>/STORE_ID: a client that reads the same id from the
+  // file system shares this store's memory.
+  const std::string& id() const;
+  uint64_t used_bytes() const;
+  uint64_t memory_limit() const;
+
+  // ---- versions
+  // Opens a new version of job (created on first use). Without `version` it is one
+  // more than any version the job has had; an explicit one must be greater than the
+  // current version and not exist yet (hosts of a job agree on a number this way).
+  // `info` is a JSON object kept with the version ("" = {}).
+  Result<uint64_t> BeginVersion(const std::string& job, std::optional<uint64_t> version = {},
+                                const std::string& info = "");
+  // Replaces the info of an open version.
+  Status SetVersionInfo(const std::string& job, uint64_t version, const std::string& info);
+  // Makes an open version the current one (atomically, see above). It must be newer
+  // than the current version. Unless keep_old, every older version of the job (open
+  // or committed) is released.
+  Status Commit(const std::string& job, uint64_t version, bool keep_old = false);
+  // Removes an open version, or releases a committed version that is not current.
+  Status DropVersion(const std::string& job, uint64_t version);
+  // Releases the committed versions older than the current one.
+  Status ReleaseOld(const std::string& job);
+  // Removes a job with all its versions.
+  Status DeleteJob(const std::string& job);
+  std::vector<std::string> Jobs() const;
+  Result<JobInfo> Job(const std::string& job) const;
+  // version nullopt: the current version.
+  Result<VersionInfo> Version(const std::string& job, VersionRef version) const;
+
+  // ---- tensors (paths as in parse.h; "current" resolves to the current version)
+  // Creates (or replaces) a zero-filled tensor in an open version and maps it
+  // writable. The tensor is visible as soon as this returns.
+  Result<TensorWriter> Allocate(const std::string& path, DType dtype, const Shape& shape);
+  // Creates (or replaces) a tensor with the given bytes; `size` must equal
+  // dtype size x volume. The tensor becomes visible only when fully written.
+  Result<TensorInfo> Put(const std::string& path, DType dtype, const Shape& shape, const void* data,
+                         uint64_t size);
+  // Several Allocate()s at once: all succeed or none is created.
+  struct AllocRequest {
+    std::string path;
+    DType dtype = DType::kF32;
+    Shape shape;
+  };
+  Result<std::vector<TensorInfo>> AllocateMany(const std::vector<AllocRequest>& requests);
+  Result<TensorRef> Get(const std::string& path) const;
+  Result<TensorInfo> Meta(const std::string& path) const;
+  // xxh64 of the tensor's bytes as 16 hex digits (cached for committed tensors).
+  Result<std::string> Checksum(const std::string& path) const;
+  // Removes a tensor of an open version.
+  Status Delete(const std::string& path);
+  // Tensors whose full path (with "current" resolved) starts with the prefix
+  // (parse.h ListPrefix), sorted by job, version number, rank and name.
+  Result<std::vector<TensorInfo>> List(const std::string& prefix) const;
+
+ private:
+  struct Impl;
+  explicit Store(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tenplex::store
