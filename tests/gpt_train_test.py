@@ -1,0 +1,432 @@
+#!/usr/bin/python3
+"""Integration tests of the reference GPT client (examples/gpt).
+
+  gpt_train_test.py TENPLEX_BIN equivalence   same steps in many parallel configs give the
+                                              losses and samples of an independent
+                                              single-process reference; every saved
+                                              checkpoint matches `tenplex layout --json`
+                                              (names, dtypes, shapes), padding is zero and
+                                              replicas agree
+  gpt_train_test.py TENPLEX_BIN resume        save in config A at step k, convert (with
+                                              `tenplex reshard` when it exists, and always
+                                              with the re-slicer below), load in config B,
+                                              continue: the losses of an uninterrupted run
+  gpt_train_test.py TENPLEX_BIN errors        bad input is a clear error, never a hang
+
+The reference (`reference_losses`) is written independently of the client: global
+tensors, plain torch ops, F.cross_entropy, torch.optim.AdamW and clip_grad_norm_. It
+shares only the inputs with the client: the initial values (model.init_global) and the
+data (data.step_samples, data.Corpus). The re-slicer works from the C++ layout's pieces.
+"""
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+GPT = os.path.join(ROOT, "examples", "gpt")
+sys.path.insert(0, GPT)
+sys.path.insert(0, os.path.join(ROOT, "python"))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import data  # noqa: E402
+import model as gpt  # noqa: E402
+from tenplex import checkpoint, safetensors  # noqa: E402
+
+PY = "/usr/bin/python3"
+BIN = None
+TMP = None
+STEPS = 4
+CONFIG_TOL = 1e-5     # relative, between parallel configs (measured: ~1e-7)
+REFERENCE_TOL = 1e-4  # relative, client vs single-process reference (measured: ~1e-6)
+
+SMALL = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--vocab-size", "250",
+         "--max-position-embeddings", "64"]
+LLAMA = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "8", "--num-query-groups", "2",
+         "--ffn-hidden-size", "96", "--vocab-size", "250", "--make-vocab-size-divisible-by", "64",
+         "--position-embedding-type", "rope", "--swiglu", "--untie-embeddings-and-output-weights",
+         "--normalization", "RMSNorm", "--disable-bias-linear"]
+BF16 = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--vocab-size", "250",
+        "--max-position-embeddings", "64", "--params-dtype", "bf16"]
+TRAIN = ["--global-batch-size", "8", "--micro-batch-size", "2", "--seq-length", "48"]
+
+
+def check(cond, msg):
+    if not cond:
+        raise AssertionError(msg)
+
+
+def make_model(name, args):
+    path = os.path.join(TMP, name + ".json")
+    subprocess.run([BIN, "model", "gpt", "-o", path] + args, check=True)
+    return path
+
+
+def train(config, model, steps, tag, extra=()):
+    """Runs the client through launch.py; returns the log records."""
+    log = os.path.join(TMP, f"{tag}.jsonl")
+    if os.path.exists(log):
+        os.unlink(log)
+    args = [PY, os.path.join(GPT, "launch.py"), "--config", config, "--timeout", "400", "--steps", str(steps),
+            "--log", log] + TRAIN + list(extra)
+    if model:
+        args += ["--model", model]
+    r = subprocess.run(args, capture_output=True, text=True)
+    check(r.returncode == 0, f"{tag}: train failed ({r.returncode}):\n{r.stderr[-3000:]}")
+    for line in r.stderr.splitlines():
+        if "s/step" in line:
+            print(f"  {tag}: {line.split(': ', 1)[1]}", flush=True)
+    with open(log) as f:
+        return [json.loads(line) for line in f]
+
+
+def layout(model, config):
+    out = subprocess.run([BIN, "layout", "--model", model, "--config", config, "--json"],
+                         capture_output=True, text=True, check=True).stdout
+    return json.loads(out)
+
+
+def rel(a, b):
+    return abs(a - b) / max(abs(b), 1e-12)
+
+
+def compare(tag, got, want, tol, first_step=0):
+    check(len(got) == len(want), f"{tag}: {len(got)} steps logged, expected {len(want)}")
+    worst = 0.0
+    for g, w in zip(got, want):
+        check(g["step"] == w["step"], f"{tag}: step {g['step']} where {w['step']} was expected")
+        check(g["samples"] == w["samples"], f"{tag}: step {g['step']} samples {g['samples']} != {w['samples']}")
+        worst = max(worst, rel(g["loss"], w["loss"]))
+        check(rel(g["loss"], w["loss"]) <= tol,
+              f"{tag}: step {g['step']} loss {g['loss']!r} vs {w['loss']!r} (relative {rel(g['loss'], w['loss']):.2e})")
+    print(f"  {tag}: {len(got)} steps, largest relative loss difference {worst:.2e}", flush=True)
+    return worst
+
+
+# ---- independent single-process reference ---------------------------------------
+
+
+def reference_losses(model_path, steps, seed=1234, lr=1e-3, wd=0.01, clip=1.0, batch=8, seq=48):
+    with open(model_path) as f:
+        desc = json.load(f)
+    info = desc["info"]
+    L, h = int(info["num_layers"]), int(info["hidden_size"])
+    a, g, d = int(info["num_attention_heads"]), int(info["num_query_groups"]), int(info["kv_channels"])
+    V = int(info["vocab_size"])
+    rope = info["position_embedding_type"] == "rope"
+    swiglu, bias, tied = info["swiglu"] == "true", info["bias"] == "true", info["tied"] == "true"
+    layernorm = info["normalization"] == "LayerNorm"
+    P = {t["path"]: torch.nn.Parameter(gpt.init_global(seed, t["path"], t["shape"], L)) for t in desc["tensors"]}
+
+    def norm(x, prefix):
+        if layernorm:
+            return F.layer_norm(x, (h,), P[prefix + "weight"], P[prefix + "bias"], 1e-5)
+        return x / torch.sqrt((x * x).mean(-1, keepdim=True) + 1e-5) * P[prefix + "weight"]
+
+    def rotate(x):  # x [b, s, n, d]; pairs (j, j + d/2) rotate by pos * 10000^(-2j/d)
+        s, half = x.shape[1], d // 2
+        theta = torch.arange(s, dtype=torch.float32)[:, None] * torch.pow(
+            10000.0, -torch.arange(half, dtype=torch.float32) * 2 / d)[None, :]
+        c, sn = theta.cos()[None, :, None, :], theta.sin()[None, :, None, :]
+        lo, hi = x[..., :half], x[..., half:]
+        return torch.cat([lo * c - hi * sn, hi * c + lo * sn], dim=-1)
+
+    def lin(x, name, with_bias):
+        y = x @ P[name + "weight"].t()
+        return y + P[name + "bias"] if with_bias else y
+
+    def loss_fn(ids, labels, mask, total):
+        b, s = ids.shape
+        x = P["embedding.word_embeddings.weight"][ids]
+        if not rope:
+            x = x + P["embedding.position_embeddings.weight"][:s]
+        for i in range(L):
+            p = f"decoder.layers.{i}."
+            qkv = lin(norm(x, p + "self_attention.linear_qkv.layer_norm_"), p + "self_attention.linear_qkv.", bias)
+            heads_q, heads_k, heads_v = [], [], []
+            per = (a // g + 2) * d
+            for j in range(g):
+                grp = qkv[..., j * per:(j + 1) * per]
+                for qh in range(a // g):
+                    heads_q.append((grp[..., qh * d:(qh + 1) * d], j))
+                heads_k.append(grp[..., (a // g) * d:(a // g + 1) * d])
+                heads_v.append(grp[..., (a // g + 1) * d:])
+            k_all = torch.stack(heads_k, dim=2)
+            q_all = torch.stack([q for q, _ in heads_q], dim=2)
+            if rope:
+                k_all, q_all = rotate(k_all), rotate(q_all)
+            outs = []
+            causal = torch.tril(torch.ones(s, s, dtype=torch.bool))
+            for n, (_, j) in enumerate(heads_q):
+                att = torch.einsum("bqd,bkd->bqk", q_all[:, :, n], k_all[:, :, j]) / math.sqrt(d)
+                att = torch.where(causal, att, torch.tensor(float("-inf"))).softmax(-1)
+                outs.append(torch.einsum("bqk,bkd->bqd", att, heads_v[j]))
+            x = x + lin(torch.cat(outs, dim=-1), p + "self_attention.linear_proj.", bias)
+            y = lin(norm(x, p + "mlp.linear_fc1.layer_norm_"), p + "mlp.linear_fc1.", bias)
+            if swiglu:
+                f = y.shape[-1] // 2
+                y = y[..., :f] * torch.sigmoid(y[..., :f]) * y[..., f:]
+            else:
+                y = F.gelu(y)
+            x = x + lin(y, p + "mlp.linear_fc2.", bias)
+        x = norm(x, "decoder.final_layernorm.")
+        out_w = P["embedding.word_embeddings.weight"] if tied else P["output_layer.weight"]
+        logits = x @ out_w.t()
+        ce = F.cross_entropy(logits.reshape(-1, V), labels.reshape(-1), reduction="none")
+        return (ce * mask.reshape(-1)).sum() / total
+
+    params = list(P.values())
+    opt = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": wd},
+                             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
+                            lr=lr, betas=(0.9, 0.999), eps=1e-8)
+    corpus = data.Corpus(data.__file__.replace("data.py", "data/corpus.jsonl"), V, seq)
+    out = []
+    for step in range(steps):
+        ids, _ = data.step_samples(len(corpus), seed, batch, step * batch, 1, 0)
+        inputs, labels, mask = corpus.batch(ids)
+        opt.zero_grad()
+        loss = loss_fn(inputs, labels, mask, corpus.valid_tokens(ids))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, clip)
+        opt.step()
+        out.append({"step": step, "loss": loss.item(), "samples": ids})
+    return out
+
+
+# ---- checkpoints against the C++ layout -------------------------------------------
+
+
+def gather_globals(ckpt, model_path):
+    """Assembles every global tensor from a checkpoint through the C++ layout's pieces;
+    checks local names/dtypes/shapes, zero padding, and that all replicas agree."""
+    info = checkpoint.read_info(ckpt)
+    lay = layout(model_path, info["config"])
+    globals_, seen = {}, {}
+    for r in lay["ranks"]:
+        tensors = checkpoint.read_rank(ckpt, r["rank"])
+        want = {t["name"]: (t["dtype"], tuple(t["shape"])) for t in r["tensors"]}
+        got = {n: (safetensors.dtype_name(t.dtype), tuple(t.shape)) for n, t in tensors.items()}
+        check(got == want, f"{ckpt} rank {r['rank']}: tensors differ from `tenplex layout`: "
+                           f"{sorted(set(got.items()) ^ set(want.items()))[:6]}")
+        for t in r["tensors"]:
+            local = tensors[t["name"]]
+            covered = torch.zeros(local.shape, dtype=torch.bool)
+            for pc in t["pieces"]:
+                gbox = tuple(slice(b, e) for b, e in pc["global"])
+                ext = [e - b for b, e in pc["global"]]
+                if local.dim() != len(ext):  # a flat (ZeRO-1) local tensor: a range
+                    (b, e), = pc["local"]
+                    vals = local.reshape(-1)[b:e].reshape(ext)
+                    covered.view(-1)[b:e] = True
+                else:
+                    lbox = tuple(slice(b, e) for b, e in pc["local"])
+                    vals = local[lbox]
+                    covered[lbox] = True
+                gshape = lay_shape(info["model"], pc["tensor"])
+                if pc["tensor"] not in globals_:
+                    globals_[pc["tensor"]] = torch.zeros(gshape, dtype=vals.dtype)
+                    seen[pc["tensor"]] = torch.zeros(gshape, dtype=torch.bool)
+                dst, s = globals_[pc["tensor"]][gbox], seen[pc["tensor"]][gbox]
+                check(torch.equal(dst[s], vals[s]),
+                      f"{ckpt} rank {r['rank']} {t['name']}: replicas of {pc['tensor']} differ")
+                dst.copy_(vals)
+                s.fill_(True)
+            check(bool((local[~covered] == 0).all()), f"{ckpt} rank {r['rank']} {t['name']}: padding not zero")
+    for name, s in seen.items():
+        check(bool(s.all()), f"{ckpt}: global tensor {name} not fully covered")
+    return info, globals_
+
+
+def lay_shape(model_desc, name):
+    for prefix in ("optimizer.exp_avg.", "optimizer.exp_avg_sq.", "optimizer.fp32_param."):
+        if name.startswith(prefix):
+            name = name[len(prefix):]
+    for t in model_desc["tensors"]:
+        if t["path"] == name:
+            return t["shape"]
+    raise KeyError(name)
+
+
+def reslice(src, model_path, config, dst):
+    """Reference converter: global tensors from src's pieces, written for config's pieces."""
+    info, globals_ = gather_globals(src, model_path)
+    lay = layout(model_path, config)
+    checkpoint.begin(dst)
+    for r in lay["ranks"]:
+        out = []
+        for t in r["tensors"]:
+            dt = safetensors.DTYPES[t["dtype"]][0]
+            local = torch.zeros(t["shape"], dtype=dt)
+            for pc in t["pieces"]:
+                vals = globals_[pc["tensor"]][tuple(slice(b, e) for b, e in pc["global"])]
+                if local.dim() != len(pc["global"]):
+                    (b, e), = pc["local"]
+                    local[b:e] = vals.reshape(-1)
+                else:
+                    local[tuple(slice(b, e) for b, e in pc["local"])] = vals
+            out.append((t["name"], local))
+        checkpoint.write_rank(dst, r["rank"], out)
+    new_info = dict(info)
+    new_info["config"] = lay["config"]
+    checkpoint.commit(dst, new_info, lay["world_size"])
+
+
+def has_reshard():
+    r = subprocess.run([BIN, "--help"], capture_output=True, text=True)
+    return any(line.split()[:1] == ["reshard"] for line in r.stdout.splitlines())
+
+
+# ---- tests ---------------------------------------------------------------------
+
+
+def test_equivalence():
+    cases = [(make_model("small", SMALL), ["tp=1", "tp=2", "pp=2", "dp=2", "tp=2,pp=2", "dp=2,zero=1",
+                                           "tp=2,pp=2,dp=2,zero=1"]),
+             (make_model("llama", LLAMA), ["tp=1", "tp=2,pp=2", "tp=2,dp=2,zero=1", "pp=3,layers=1+2+1"]),
+             (make_model("bf16", BF16), ["tp=1", "tp=2,dp=2,zero=1"])]
+    for model, configs in cases:
+        name = os.path.basename(model)[:-5]
+        # The reference computes in fp32; bf16 weights are compared between configs only.
+        ref = reference_losses(model, STEPS, seq=48) if name != "bf16" else None
+        base = None
+        for c in configs:
+            tag = f"{name} {c}"
+            ck = os.path.join(TMP, f"ck-{name}-{c.replace(',', '_').replace('=', '')}")
+            got = train(c, model, STEPS, tag.replace(" ", "_"), ["--save-dir", ck])
+            if ref:
+                compare(f"{tag} vs reference", got, ref, REFERENCE_TOL)
+            if base is None:
+                base = got
+            else:
+                compare(f"{tag} vs {configs[0]}", got, base, CONFIG_TOL)
+            info, _ = gather_globals(ck, model)
+            check(info["step"] == STEPS and info["samples_consumed"] == STEPS * 8,
+                  f"{ck}: step {info['step']} samples_consumed {info['samples_consumed']}")
+            print(f"  {tag}: checkpoint matches `tenplex layout`, padding zero, replicas equal", flush=True)
+
+
+def test_resume():
+    reshard = has_reshard()
+    print(f"  converter: {'tenplex reshard + Python re-slicer' if reshard else 'Python re-slicer (no tenplex reshard)'}")
+    k = 2
+    for name, args, a, b in [("small", SMALL, "tp=2,pp=2", "dp=2,zero=1"),
+                             ("small", SMALL, "dp=2,zero=1", "tp=2,pp=2"),
+                             ("llama", LLAMA, "tp=2,dp=2,zero=1", "pp=2"),
+                             ("bf16", BF16, "dp=2,zero=1", "tp=2")]:
+        model = make_model(name, args)
+        tag = f"{name}_{a}_to_{b}".replace(",", "_").replace("=", "")
+        full = train(a, model, STEPS, tag + "_full")
+        ck_a = os.path.join(TMP, tag + "_A")
+        first = train(a, model, k, tag + "_first", ["--save-dir", ck_a])
+        compare(f"{name} {a}: first {k} steps", first, full[:k], 0.0)
+        ck_b = os.path.join(TMP, tag + "_B")
+        reslice(ck_a, model, b, ck_b)
+        load = ck_b
+        if reshard:
+            ck_c = os.path.join(TMP, tag + "_C")
+            subprocess.run([BIN, "reshard", "--in", ck_a, "--to", b, "--out", ck_c], check=True)
+            _, mine = gather_globals(ck_b, model)
+            _, theirs = gather_globals(ck_c, model)
+            check(mine.keys() == theirs.keys() and all(torch.equal(mine[n], theirs[n]) for n in mine),
+                  f"tenplex reshard and the Python re-slicer disagree on {ck_a} -> {b}")
+            info_c = checkpoint.read_info(ck_c)
+            check(info_c.get("step") == k and info_c.get("samples_consumed") == k * 8,
+                  f"tenplex reshard dropped step/samples_consumed: {info_c.get('step')}, "
+                  f"{info_c.get('samples_consumed')}")
+            load = ck_c
+        rest = train(b, None, STEPS - k, tag + "_rest", ["--load-dir", load])
+        compare(f"{name} {a} -> {b} at step {k}", rest, full[k:], CONFIG_TOL)
+
+
+def expect_fail(args, want, tag):
+    r = subprocess.run([PY] + args, capture_output=True, text=True, timeout=300)
+    check(r.returncode != 0, f"{tag}: succeeded, expected an error")
+    check(want in r.stderr, f"{tag}: error does not mention {want!r}:\n{r.stderr[-2000:]}")
+    check("Traceback" not in r.stderr, f"{tag}: crashed with a traceback:\n{r.stderr[-2000:]}")
+    print(f"  {tag}: clear error", flush=True)
+
+
+def test_safetensors():
+    """Round trip of every dtype, and malformed files rejected with a clear error."""
+    path = os.path.join(TMP, "t.safetensors")
+    g = torch.Generator().manual_seed(1)
+    tensors = [("f32", torch.randn(3, 5, generator=g)), ("bf16", torch.randn(7, generator=g).bfloat16()),
+               ("f16", torch.randn(2, 2, generator=g).half()), ("i64", torch.arange(6).reshape(2, 3)),
+               ("u8", torch.arange(5, dtype=torch.uint8)), ("b", torch.tensor([True, False])),
+               ("empty", torch.zeros(0, 4))]
+    safetensors.save(path, tensors, {"k": "v"})
+    back, meta = safetensors.load(path, with_metadata=True)
+    check(list(back) == [n for n, _ in tensors] and meta == {"k": "v"}, "safetensors: names or metadata lost")
+    for n, t in tensors:
+        check(back[n].dtype == t.dtype and torch.equal(back[n], t), f"safetensors: {n} changed in a round trip")
+    raw = open(path, "rb").read()
+    header_len = int.from_bytes(raw[:8], "little")
+    check((8 + header_len) % 8 == 0, "safetensors: header not padded to 8 bytes")
+    bad = {"truncated": raw[:-3], "short": raw[:5], "huge header": (1 << 40).to_bytes(8, "little") + raw[8:],
+           "not json": raw[:8] + b"x" * header_len + raw[8 + header_len:],
+           "overlap": _st(b'{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},'
+                          b'"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}', 8),
+           "bad dtype": _st(b'{"a":{"dtype":"F99","shape":[1],"data_offsets":[0,4]}}', 4),
+           "wrong size": _st(b'{"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}}', 8)}
+    for what, blob in bad.items():
+        with open(path, "wb") as f:
+            f.write(blob)
+        try:
+            safetensors.load(path)
+        except safetensors.SafetensorsError as e:
+            check(path in str(e), f"safetensors {what}: error does not name the file: {e}")
+        else:
+            raise AssertionError(f"safetensors: {what} file accepted")
+    print("  safetensors: round trip of all dtypes, malformed files rejected", flush=True)
+
+
+def _st(header, data_bytes):
+    return len(header).to_bytes(8, "little") + header + b"\0" * data_bytes
+
+
+def test_errors():
+    test_safetensors()
+    model = make_model("small", SMALL)
+    launch = os.path.join(GPT, "launch.py")
+    trainpy = os.path.join(GPT, "train.py")
+    expect_fail([launch, "--config", "tp=3", "--model", model], "tp=3 does not divide", "tp does not divide heads")
+    expect_fail([launch, "--config", "pp=3", "--model", model], "L % pp", "pp does not divide layers")
+    expect_fail([launch, "--config", "tp=2,tq=1", "--model", model], "unknown key", "unknown config key")
+    expect_fail([trainpy, "--config", "tp=2", "--model", model, "--world-size", "3"], "world size 2",
+                "wrong world size")
+    expect_fail([trainpy, "--config", "tp=1", "--model", model, "--seq-length", "100"],
+                "max_position_embeddings", "sequence longer than positions")
+    ck = os.path.join(TMP, "err_ck")
+    train("tp=2", model, 1, "err_save", ["--save-dir", ck])
+    expect_fail([launch, "--config", "tp=1", "--load-dir", ck, "--steps", "1"], "tenplex reshard",
+                "load in another config")
+    expect_fail([launch, "--config", "tp=2", "--model", model, "--save-dir", ck], "not overwritten",
+                "save over a checkpoint")
+    broken = os.path.join(TMP, "err_broken")
+    os.makedirs(broken)
+    with open(os.path.join(broken, "tenplex.json"), "w") as f:
+        f.write(json.dumps({"model": json.load(open(model)), "config": "tp=1,pp=1,dp=1", "step": 1}))
+    with open(os.path.join(broken, checkpoint.rank_file(0)), "wb") as f:
+        f.write(b"\x10\x00\x00\x00\x00\x00\x00\x00{\"a\": 1}")
+    expect_fail([launch, "--config", "tp=1", "--load-dir", broken, "--steps", "1"], "header length",
+                "truncated rank file")
+
+
+def main():
+    global BIN, TMP
+    if len(sys.argv) != 3 or sys.argv[2] not in ("equivalence", "resume", "errors"):
+        sys.exit("usage: gpt_train_test.py TENPLEX_BIN equivalence|resume|errors")
+    BIN = os.path.abspath(sys.argv[1])
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory(prefix="tenplex-gpt-") as tmp:
+        TMP = tmp
+        {"equivalence": test_equivalence, "resume": test_resume, "errors": test_errors}[sys.argv[2]]()
+    print(f"gpt_train_test {sys.argv[2]}: OK")
+
+
+if __name__ == "__main__":
+    main()
