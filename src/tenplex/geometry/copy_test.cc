@@ -65,6 +65,72 @@ TEST(CopyTest, RandomBoxesMatchPerElementReference) {
   }
 }
 
+// The runs, expanded element by element in order, are exactly the per-element mapping
+// (i-th element of the source box -> i-th element of the destination box), and the
+// random-access offsets agree with the odometer walk.
+TEST(CopyTest, PlanCopyRunsMatchPerElementReference) {
+  std::mt19937 rng(11);
+  for (int iter = 0; iter < 400; ++iter) {
+    const int rank = 1 + rng() % 4;
+    const int64_t es = 1 + rng() % 4;
+    Shape ss, ds;
+    for (int k = 0; k < rank; ++k) ss.push_back(1 + rng() % 7);
+    Box sb = RandomBox(rng, ss);
+    Box db;
+    if (iter % 4 == 3) {  // flat destination range
+      const int64_t vol = Volume(sb), off = rng() % 5;
+      ds = {vol + off + static_cast<int64_t>(rng() % 3)};
+      db = Box({{off, off + vol}});
+    } else {
+      Shape e = sb.extents();
+      for (int k = 0; k < rank; ++k) {
+        ds.push_back(e[k] + rng() % 3);
+        int64_t off = rng() % (ds[k] - e[k] + 1);
+        db.dims.push_back({off, off + e[k]});
+      }
+    }
+    auto runs = PlanCopyRuns(ss, sb, ds, db, static_cast<std::size_t>(es));
+    ASSERT_TRUE(runs.ok()) << runs.status().ToString();
+    EXPECT_EQ(runs->run_bytes * runs->count, Volume(sb) * es);
+    std::vector<int64_t> got_src, got_dst;
+    int64_t r = 0;
+    runs->ForEach(0, runs->count, [&](int64_t so, int64_t dof) {
+      EXPECT_EQ(so, runs->SrcOffset(r));
+      EXPECT_EQ(dof, runs->DstOffset(r));
+      ++r;
+      ASSERT_EQ(so % es, 0);
+      ASSERT_EQ(dof % es, 0);
+      for (int64_t j = 0; j < runs->run_bytes / es; ++j) {
+        got_src.push_back(so / es + j);
+        got_dst.push_back(dof / es + j);
+      }
+    });
+    EXPECT_EQ(r, runs->count);
+    EXPECT_EQ(got_src, Elements(ss, sb)) << ToString(sb);
+    EXPECT_EQ(got_dst, Elements(ds, db)) << ToString(db);
+    // A sub-range of runs walks the same offsets.
+    if (runs->count > 2) {
+      int64_t first = 1, seen = 0;
+      runs->ForEach(first, runs->count - 1, [&](int64_t so, int64_t dof) {
+        EXPECT_EQ(so, runs->SrcOffset(first + seen));
+        EXPECT_EQ(dof, runs->DstOffset(first + seen));
+        ++seen;
+      });
+      EXPECT_EQ(seen, runs->count - 2);
+    }
+  }
+  // Errors are those of CopyBox.
+  EXPECT_EQ(PlanCopyRuns({3, 4}, Box({{0, 4}, {0, 4}}), {3, 4}, BoxOf({3, 4}), 4).status().code(),
+            StatusCode::kOutOfRange);
+  EXPECT_EQ(PlanCopyRuns({4, 4}, Box({{0, 2}, {0, 4}}), {4, 4}, Box({{0, 4}, {0, 2}}), 4)
+                .status()
+                .code(),
+            StatusCode::kInvalidArgument);
+  auto empty = PlanCopyRuns({3, 4}, Box({{1, 1}, {0, 4}}), {3, 4}, Box({{0, 0}, {0, 4}}), 4);
+  ASSERT_TRUE(empty.ok());
+  EXPECT_EQ(empty->count, 0);
+}
+
 TEST(CopyTest, FlatRangeEitherSide) {
   std::mt19937 rng(9);
   for (int iter = 0; iter < 200; ++iter) {
