@@ -275,6 +275,69 @@ def reslice(src, model_path, config, dst):
     checkpoint.commit(dst, new_info, lay["world_size"])
 
 
+def make_handoff(model_path, config, directory, step, samples):
+    """What `tenplex run` gives a worker: zero-filled files per local tensor + hand-off JSON."""
+    lay = layout(model_path, config)
+    with open(model_path) as f:
+        desc = json.load(f)
+    ranks = []
+    os.makedirs(directory)
+    for r in lay["ranks"]:
+        ts = []
+        for t in r["tensors"]:
+            path = os.path.join(directory, f"r{r['rank']}-{t['name']}")
+            with open(path, "wb") as f:
+                f.truncate(math.prod(t["shape"]) * safetensors.DTYPES[t["dtype"]][1])
+            ts.append({"name": t["name"], "dtype": t["dtype"], "shape": t["shape"], "file": path})
+        ranks.append({"rank": r["rank"], "tensors": ts})
+    h = {"model": desc, "config": lay["config"], "step": step, "samples_consumed": samples, "ranks": ranks}
+    path = os.path.join(directory, "handoff.json")
+    with open(path, "w") as f:
+        json.dump(h, f)
+    return path
+
+
+def handoff_to_checkpoint(handoff_path, directory):
+    """The state in the store files as a checkpoint directory (to check it like one)."""
+    with open(handoff_path) as f:
+        h = json.load(f)
+    checkpoint.begin(directory)
+    for r in h["ranks"]:
+        tensors = []
+        for t in r["tensors"]:
+            dt = safetensors.DTYPES[t["dtype"]][0]
+            raw = torch.from_file(t["file"], size=math.prod(t["shape"]) * safetensors.DTYPES[t["dtype"]][1],
+                                  dtype=torch.uint8)
+            tensors.append((t["name"], raw.view(dt).reshape(t["shape"]).clone()))
+        checkpoint.write_rank(directory, r["rank"], tensors)
+    checkpoint.commit(directory, {k: h[k] for k in ("model", "config", "step", "samples_consumed")},
+                      len(h["ranks"]))
+
+
+def test_handoff():
+    """The `tenplex run` protocol: --state-out into store files, --state-in from them."""
+    model = make_model("llama", LLAMA)
+    c, k = "tp=2,pp=2", 2
+    full = train(c, model, STEPS, "handoff_full")
+    out = make_handoff(model, c, os.path.join(TMP, "shm-0"), 0, 0)
+    first = train(c, None, k, "handoff_first", ["--state-out", out, "--model", "no-such-file",
+                                                "--start-step", "0"])
+    compare("hand-off: first steps", first, full[:k], 0.0)
+    with open(out + ".result") as f:
+        res = json.load(f)
+    check(res == {"step": k, "samples_consumed": k * 8}, f"{out}.result is {res}")
+    with open(out) as f:  # the runner commits the version with the result's position
+        h = json.load(f)
+    h.update(res)
+    with open(out, "w") as f:
+        json.dump(h, f)
+    ck = os.path.join(TMP, "handoff_ck")
+    handoff_to_checkpoint(out, ck)
+    gather_globals(ck, model)  # layout, padding and replicas of what the workers wrote
+    rest = train(c, model, STEPS - k, "handoff_rest", ["--state-in", out, "--start-step", str(k)])
+    compare(f"hand-off {c}: --state-out at step {k}, --state-in", rest, full[k:], 0.0)
+
+
 def has_reshard():
     r = subprocess.run([BIN, "--help"], capture_output=True, text=True)
     return any(line.split()[:1] == ["reshard"] for line in r.stdout.splitlines())
@@ -340,6 +403,7 @@ def test_resume():
             load = ck_c
         rest = train(b, None, STEPS - k, tag + "_rest", ["--load-dir", load])
         compare(f"{name} {a} -> {b} at step {k}", rest, full[k:], CONFIG_TOL)
+    test_handoff()
 
 
 def expect_fail(args, want, tag):

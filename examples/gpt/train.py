@@ -28,6 +28,7 @@ import model as gpt  # noqa: E402
 import optimizer  # noqa: E402
 import parallel  # noqa: E402
 from tenplex import checkpoint  # noqa: E402
+from tenplex import handoff  # noqa: E402
 from tenplex import layout as L  # noqa: E402
 
 DEFAULT_CORPUS = os.path.join(HERE, "data", "corpus.jsonl")
@@ -42,7 +43,8 @@ def parse_args(argv=None):
     ap.add_argument("--master-addr", default="127.0.0.1")
     ap.add_argument("--master-port", type=int, default=29500)
     ap.add_argument("--steps", type=int, default=5, help="steps to run in this invocation")
-    ap.add_argument("--start-step", type=int, default=0, help="first step when not loading a checkpoint")
+    ap.add_argument("--start-step", type=int, help="first step when not loading state (default 0); "
+                    "with --load-dir/--state-in it must match the state's step")
     ap.add_argument("--global-batch-size", type=int, default=8)
     ap.add_argument("--micro-batch-size", type=int, default=2)
     ap.add_argument("--seq-length", type=int, default=64)
@@ -54,6 +56,8 @@ def parse_args(argv=None):
     ap.add_argument("--load-dir")
     ap.add_argument("--save-dir")
     ap.add_argument("--log", help="append one JSON line per completed step (rank 0)")
+    ap.add_argument("--state-in", help="hand-off JSON of `tenplex run`: load state from store files")
+    ap.add_argument("--state-out", help="hand-off JSON of `tenplex run`: write the final state into store files")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads per process")
     ap.add_argument("--timeout", type=float, default=300, help="seconds a collective may wait")
     return ap.parse_args(argv)
@@ -69,8 +73,8 @@ class Trainer:
         self.stage = gpt.Stage(model, cfg, self.groups, args.seed)
         self.opt = optimizer.Adam(self.stage, self.groups, lr=args.lr, weight_decay=args.weight_decay)
         self.corpus = data.Corpus(args.data, hp.vocab, args.seq_length)
-        self.step = args.start_step
-        self.samples_consumed = args.start_step * args.global_batch_size
+        self.step = args.start_step or 0
+        self.samples_consumed = self.step * args.global_batch_size
 
     # ---- state hand-off --------------------------------------------------------
 
@@ -105,16 +109,33 @@ class Trainer:
                 "samples_consumed": self.samples_consumed, "seed": a.seed,
                 "global_batch_size": a.global_batch_size, "seq_length": a.seq_length}
 
-    def load(self, directory):
-        info = checkpoint.read_info(directory)
+    def restore(self, what, info, read_tensors):
+        """Loads state described by `info` ({"config", "model", "step", "samples_consumed"})."""
         if L.Config.parse(info["config"]) != self.cfg:
-            raise ValueError(f"checkpoint {directory} is in config {info['config']}, this run is {self.cfg}: "
-                             f"convert it with `tenplex reshard --in {directory} --to {self.cfg} --out DIR`")
-        if info["model"] != self.model.desc:
-            raise ValueError(f"checkpoint {directory} holds a different model than --model")
-        self.load_state_tensors(checkpoint.read_rank(directory, self.rank))
-        self.step = int(info.get("step", 0))
-        self.samples_consumed = int(info.get("samples_consumed", self.step * self.args.global_batch_size))
+            raise ValueError(f"{what} is in config {info['config']}, this run is {self.cfg}: "
+                             f"convert it with `tenplex reshard --in DIR --to {self.cfg} --out DIR2`")
+        if info.get("model") != self.model.desc:
+            raise ValueError(f"{what} holds a different model than --model")
+        step = int(info.get("step", 0))
+        if self.args.start_step is not None and self.args.start_step != step:
+            raise ValueError(f"--start-step {self.args.start_step} but {what} is at step {step}")
+        self.load_state_tensors(read_tensors())
+        self.step = step
+        self.samples_consumed = int(info.get("samples_consumed", step * self.args.global_batch_size))
+
+    def load(self, directory):
+        self.restore(f"checkpoint {directory}", checkpoint.read_info(directory),
+                     lambda: checkpoint.read_rank(directory, self.rank))
+
+    def load_handoff(self, path):
+        h = handoff.read(path)
+        self.restore(f"hand-off {path}", h, lambda: handoff.map_rank(h, self.rank))
+
+    def save_handoff(self, path):
+        handoff.write_rank(handoff.read(path), self.rank, self.state_tensors())
+        dist.barrier()
+        if self.rank == 0:
+            handoff.write_result(path, self.step, self.samples_consumed)
 
     def save(self, directory):
         if self.rank == 0:
@@ -198,12 +219,14 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
     try:
         cfg = L.Config.parse(args.config)
-        if args.model:
+        if args.model and os.path.isfile(args.model):
             model = L.Model.load(args.model)
         elif args.load_dir:
             model = L.Model(checkpoint.read_info(args.load_dir)["model"])
+        elif args.state_in or args.state_out:
+            model = L.Model(handoff.read(args.state_in or args.state_out)["model"])
         else:
-            raise ValueError("give --model (a JSON file from `tenplex model gpt`) or --load-dir")
+            raise ValueError("give --model (a JSON file from `tenplex model gpt`), --load-dir or --state-in")
         L.validate(model, cfg)
         hp = gpt.HParams(model.info)
         if model.optimizer_states != ["exp_avg", "exp_avg_sq"]:
@@ -220,6 +243,8 @@ def main(argv=None):
             raise ValueError(f"--seq-length {args.seq_length} exceeds max_position_embeddings {hp.max_positions}")
         if args.save_dir:
             checkpoint.check_target(args.save_dir)
+        if args.load_dir and args.state_in:
+            raise ValueError("give --load-dir or --state-in, not both")
     except (ValueError, KeyError, OSError) as e:
         fail(e)
 
@@ -229,11 +254,13 @@ def main(argv=None):
                             timeout=datetime.timedelta(seconds=args.timeout))
     rank = args.world_rank
     trainer = Trainer(args, model, cfg, rank)
-    if args.load_dir:
-        try:
+    try:
+        if args.load_dir:
             trainer.load(args.load_dir)
-        except (ValueError, KeyError, OSError) as e:
-            fail(f"rank {rank}: {e}")
+        elif args.state_in:
+            trainer.load_handoff(args.state_in)
+    except (ValueError, KeyError, OSError) as e:
+        fail(f"rank {rank}: {e}")
     times = []
     for _ in range(args.steps):
         t0 = time.perf_counter()
@@ -247,8 +274,13 @@ def main(argv=None):
             if args.log:
                 with open(args.log, "a") as f:
                     f.write(json.dumps(rec) + "\n")
-    if args.save_dir:
-        trainer.save(args.save_dir)
+    try:
+        if args.save_dir:
+            trainer.save(args.save_dir)
+        if args.state_out:
+            trainer.save_handoff(args.state_out)
+    except (ValueError, KeyError, OSError) as e:
+        fail(f"rank {rank}: {e}")
     dist.barrier()
     if rank == 0 and times:
         steady = times[1:] or times
