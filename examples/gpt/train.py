@@ -214,6 +214,14 @@ def fail(msg):
     sys.exit(2)
 
 
+def or_fail(rank, fn, arg):
+    """Runs fn(arg); bad state (missing or mis-shaped tensors, wrong config) exits 2."""
+    try:
+        fn(arg)
+    except (ValueError, KeyError, OSError) as e:
+        fail(f"rank {rank}: {e}")
+
+
 def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -254,13 +262,10 @@ def main(argv=None):
                             timeout=datetime.timedelta(seconds=args.timeout))
     rank = args.world_rank
     trainer = Trainer(args, model, cfg, rank)
-    try:
-        if args.load_dir:
-            trainer.load(args.load_dir)
-        elif args.state_in:
-            trainer.load_handoff(args.state_in)
-    except (ValueError, KeyError, OSError) as e:
-        fail(f"rank {rank}: {e}")
+    if args.load_dir:
+        or_fail(rank, trainer.load, args.load_dir)
+    elif args.state_in:
+        or_fail(rank, trainer.load_handoff, args.state_in)
     times = []
     for _ in range(args.steps):
         t0 = time.perf_counter()
@@ -274,13 +279,10 @@ def main(argv=None):
             if args.log:
                 with open(args.log, "a") as f:
                     f.write(json.dumps(rec) + "\n")
-    try:
-        if args.save_dir:
-            trainer.save(args.save_dir)
-        if args.state_out:
-            trainer.save_handoff(args.state_out)
-    except (ValueError, KeyError, OSError) as e:
-        fail(f"rank {rank}: {e}")
+    if args.save_dir:
+        or_fail(rank, trainer.save, args.save_dir)
+    if args.state_out:
+        or_fail(rank, trainer.save_handoff, args.state_out)
     dist.barrier()
     if rank == 0 and times:
         steady = times[1:] or times
