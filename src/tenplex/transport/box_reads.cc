@@ -1,0 +1,18 @@
+#include "tenplex/transport/box_reads.h"
+
+namespace tenplex::transport {
+
+Status AppendBoxReads(const Shape& remote_shape, const Box& remote_box, uint64_t remote_offset,
+                      const MutRegion& dst, std::size_t elem_size, std::vector<ReadRun>* runs) {
+  TP_ASSIGN_OR_RETURN(const CopyRuns plan,
+                      PlanCopyRuns(remote_shape, remote_box, dst.shape, dst.box, elem_size));
+  char* const base = static_cast<char*>(dst.data);
+  const uint64_t run = static_cast<uint64_t>(plan.run_bytes);
+  runs->reserve(runs->size() + static_cast<std::size_t>(plan.count));
+  plan.ForEach(0, plan.count, [&](int64_t so, int64_t dof) {
+    runs->push_back(ReadRun{remote_offset + static_cast<uint64_t>(so), run, base + dof});
+  });
+  return Status::Ok();
+}
+
+}  // namespace tenplex::transport
