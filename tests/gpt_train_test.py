@@ -338,16 +338,43 @@ def test_handoff():
     compare(f"hand-off {c}: --state-out at step {k}, --state-in", rest, full[k:], 0.0)
 
 
-def has_reshard():
+def has_command(name):
     r = subprocess.run([BIN, "--help"], capture_output=True, text=True)
-    return any(line.split()[:1] == ["reshard"] for line in r.stdout.splitlines())
+    return any(line.split()[:1] == [name] for line in r.stdout.splitlines())
+
+
+def has_reshard():
+    return has_command("reshard")
+
+
+def check_order_against_cli():
+    """The client's sample order (data.step_samples) equals `tenplex data batches`."""
+    if not has_command("data"):
+        print("  sample order: `tenplex data` not in this binary, not compared", flush=True)
+        return
+    corpus = os.path.join(GPT, "data", "corpus.jsonl")
+    index = os.path.join(TMP, "corpus-index")
+    subprocess.run([BIN, "data", "index", "--input", corpus, "--format", "jsonl", "-o", index], check=True,
+                   capture_output=True)
+    n = len(data.Corpus(corpus, 256, 8))
+    for seed, batch, dp, start, steps in [(1234, 8, 1, 0, 60), (1234, 8, 3, 392, 4), (7, 24, 5, 360, 3)]:
+        for rank in range(dp):
+            out = subprocess.run([BIN, "data", "batches", "--index", index, "--seed", str(seed), "--global-batch",
+                                  str(batch), "--dp", str(dp), "--rank", str(rank), "--start-sample", str(start),
+                                  "--steps", str(steps), "--json"], capture_output=True, text=True, check=True)
+            got = [st["samples"] for st in json.loads(out.stdout)["steps"]]
+            want = [data.step_samples(n, seed, batch, start + i * batch, dp, rank)[1] for i in range(steps)]
+            check(got == want, f"sample order differs from `tenplex data batches` (seed {seed}, B {batch}, "
+                               f"dp {dp}, rank {rank}, start {start}): {got[:2]} vs {want[:2]}")
+    print("  sample order: equal to `tenplex data batches` (3 cases, across epochs, uneven dp)", flush=True)
 
 
 # ---- tests ---------------------------------------------------------------------
 
 
 def test_equivalence():
-    cases = [(make_model("small", SMALL), ["tp=1", "tp=2", "pp=2", "dp=2", "tp=2,pp=2", "dp=2,zero=1",
+    check_order_against_cli()
+    cases = [(make_model("small", SMALL), ["tp=1", "tp=2", "pp=2", "dp=3", "tp=2,pp=2", "dp=2,zero=1",
                                            "tp=2,pp=2,dp=2,zero=1"]),
              (make_model("llama", LLAMA), ["tp=1", "tp=2,pp=2", "tp=2,dp=2,zero=1", "pp=3,layers=1+2+1"]),
              (make_model("bf16", BF16), ["tp=1", "tp=2,dp=2,zero=1"])]
