@@ -1,0 +1,29 @@
+// tenplex run --schedule S.json --log LOG.jsonl [--model M] [--baseline LOG] -- CMD ARGS...
+#include "tenplex/cli/command.h"
+#include "tenplex/runtime/runner.h"
+
+namespace tenplex::cli {
+
+void RegisterRun(CLI::App& app, Context& ctx) {
+  auto* cmd = app.add_subcommand("run", "Run a training command through an elastic schedule of parallel configs");
+  auto o = std::make_shared<runtime::RunOptions>();
+  auto quiet = std::make_shared<bool>(false);
+  cmd->add_option("--schedule", o->schedule_path, "JSON list of {step, config | stop, kill_ranks}")->required();
+  cmd->add_option("--log", o->log_path, "JSON-lines log: one line per step and per reconfiguration")->required();
+  cmd->add_option("--model", o->model_path, "Model JSON or preset (default: --model of the command)");
+  cmd->add_option("--job", o->job, "Job name in the store");
+  cmd->add_option("--shm-dir", o->shm_dir, "Store directory (default: a fresh one in /dev/shm, removed at exit)");
+  cmd->add_option("--work-dir", o->work_dir, "Hand-off files and worker logs (default: inside the store directory)");
+  cmd->add_option("--hang-seconds", o->hang_seconds, "Fail when no step completes for this long");
+  cmd->add_option("--baseline", o->baseline_log, "Log of a static run to compare losses and samples with");
+  cmd->add_flag("--quiet", *quiet, "Do not print the summary table");
+  cmd->add_option("command", o->command, "Worker command and arguments (after --)")->required();
+  cmd->callback([o, quiet, &ctx] {
+    auto s = runtime::Run(*o);
+    if (!s.ok()) return Finish(ctx, s.status());
+    if (!*quiet) std::fputs(runtime::SummaryTable(*s).c_str(), stdout);
+    ctx.exit_code = 0;
+  });
+}
+
+}  // namespace tenplex::cli

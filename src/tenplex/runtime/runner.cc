@@ -1,0 +1,458 @@
+#include "tenplex/runtime/runner.h"
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <thread>
+
+#include "tenplex/ptc/layout.h"
+#include "tenplex/runtime/schedule.h"
+#include "tenplex/store/parse.h"
+#include "tenplex/store/store.h"
+#include "tenplex/transform/local.h"
+#include "tenplex/util/file.h"
+#include "tenplex/util/format.h"
+
+namespace tenplex::runtime {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+Result<int> FreePort() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return ErrnoError("socket", errno);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  socklen_t len = sizeof(a);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    int err = errno;
+    ::close(fd);
+    return ErrnoError("bind a free port", err);
+  }
+  ::close(fd);
+  return static_cast<int>(ntohs(a.sin_port));
+}
+
+Status AppendLine(const std::string& path, const json& j) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoError("open " + path, errno);
+  std::string line = j.dump() + "\n";
+  ssize_t n = ::write(fd, line.data(), line.size());
+  int err = errno;
+  ::close(fd);
+  if (n != static_cast<ssize_t>(line.size())) return ErrnoError("append to " + path, err);
+  return Status::Ok();
+}
+
+// Follows the log file: new complete lines since the last call.
+class LogTail {
+ public:
+  explicit LogTail(std::string path) : path_(std::move(path)) {
+    struct stat st;
+    if (::stat(path_.c_str(), &st) == 0) offset_ = st.st_size;
+  }
+  std::vector<json> Poll() {
+    std::vector<json> out;
+    int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return out;
+    char buf[1 << 16];
+    for (;;) {
+      ssize_t n = ::pread(fd, buf, sizeof(buf), offset_);
+      if (n <= 0) break;
+      offset_ += n;
+      partial_.append(buf, static_cast<std::size_t>(n));
+    }
+    ::close(fd);
+    std::size_t pos;
+    while ((pos = partial_.find('\n')) != std::string::npos) {
+      json j = json::parse(partial_.substr(0, pos), nullptr, false);
+      partial_.erase(0, pos + 1);
+      if (!j.is_discarded() && j.is_object()) out.push_back(std::move(j));
+    }
+    return out;
+  }
+
+ private:
+  std::string path_;
+  off_t offset_ = 0;
+  std::string partial_;
+};
+
+struct Worker {
+  pid_t pid = -1;
+  int rank = 0;
+  std::string log;
+  bool exited = false;
+  int status = 0;
+};
+
+Result<Worker> Spawn(const std::vector<std::string>& argv, int rank, const std::string& log) {
+  Worker w;
+  w.rank = rank;
+  w.log = log;
+  pid_t pid = ::fork();
+  if (pid < 0) return ErrnoError("fork", errno);
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) {
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+      ::close(fd);
+    }
+    std::vector<char*> args;
+    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    ::execvp(args[0], args.data());
+    std::fprintf(stderr, "exec %s: %s\n", args[0], std::strerror(errno));
+    ::_exit(127);
+  }
+  w.pid = pid;
+  return w;
+}
+
+std::string Tail(const std::string& path, std::size_t bytes = 2000) {
+  auto text = ReadFile(path);
+  if (!text.ok()) return "";
+  return text->size() > bytes ? text->substr(text->size() - bytes) : *text;
+}
+
+std::string TensorPath(const std::string& job, uint64_t v, int rank, const std::string& name) {
+  return "jobs/" + job + "/" + std::to_string(v) + "/" + store::RankSegment(rank) + "/" + name;
+}
+
+// The hand-off file of a version: every rank's tensors and their shm files.
+Result<json> HandoffJson(const store::Store& st, const std::string& job, uint64_t v, const Layout& layout,
+                         const json& info) {
+  json j = info;
+  json ranks = json::array();
+  for (const RankLayout& r : layout.ranks) {
+    json ts = json::array();
+    for (const LocalTensor& t : *r.tensors) {
+      TP_ASSIGN_OR_RETURN(store::TensorInfo ti, st.Meta(TensorPath(job, v, r.rank, t.name)));
+      ts.push_back({{"name", t.name}, {"dtype", std::string(DTypeName(t.dtype))}, {"shape", t.shape}, {"file", ti.file}});
+    }
+    ranks.push_back({{"rank", r.rank}, {"tensors", std::move(ts)}});
+  }
+  j["ranks"] = std::move(ranks);
+  return j;
+}
+
+}  // namespace
+
+Result<std::vector<StepRecord>> ReadStepLog(const std::string& path) {
+  TP_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  std::map<int64_t, StepRecord> steps;
+  std::size_t start = 0, lineno = 0;
+  while (start < text.size()) {
+    std::size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    ++lineno;
+    json j = json::parse(text.substr(start, end - start), nullptr, false);
+    start = end + 1;
+    if (j.is_discarded() || !j.is_object()) {
+      return DataLoss(path + ": line " + std::to_string(lineno) + " is not a JSON object");
+    }
+    if (!j.contains("step") || j.contains("event")) continue;
+    if (!j["step"].is_number_integer() || !j.contains("loss") || !j["loss"].is_number()) {
+      return DataLoss(path + ": line " + std::to_string(lineno) + " lacks an integer step or a loss");
+    }
+    StepRecord r;
+    r.step = j["step"].get<int64_t>();
+    r.loss = j["loss"].get<double>();
+    if (j.contains("config") && j["config"].is_string()) r.config = j["config"].get<std::string>();
+    if (j.contains("samples") && j["samples"].is_array()) {
+      for (const json& s : j["samples"]) {
+        if (s.is_number_integer()) r.samples.push_back(s.get<int64_t>());
+      }
+    }
+    steps[r.step] = std::move(r);
+  }
+  std::vector<StepRecord> out;
+  for (auto& [k, v] : steps) out.push_back(std::move(v));
+  return out;
+}
+
+Result<RunSummary> Run(const RunOptions& o) {
+  const auto t_run = Clock::now();
+  if (o.command.empty()) return InvalidArgument("no worker command given (tenplex run ... -- CMD ARGS)");
+  std::string model_spec = o.model_path;
+  for (std::size_t i = 0; model_spec.empty() && i + 1 < o.command.size(); ++i) {
+    if (o.command[i] == "--model") model_spec = o.command[i + 1];
+  }
+  if (model_spec.empty()) return InvalidArgument("no model: give --model M (or --model in the worker command)");
+  TP_ASSIGN_OR_RETURN(Model model, LoadModel(model_spec));
+  TP_ASSIGN_OR_RETURN(std::string sched_text, ReadFile(o.schedule_path));
+  auto sched = ParseSchedule(sched_text, model);
+  if (!sched.ok()) return sched.status().WithContext(o.schedule_path);
+  const std::vector<ScheduleEntry>& entries = *sched;
+  TP_RETURN_IF_ERROR(store::CheckJobName(o.job));
+
+  store::StoreOptions so;
+  so.shm_dir = o.shm_dir;
+  TP_ASSIGN_OR_RETURN(std::unique_ptr<store::Store> st, store::Store::Open(so));
+  const std::string work = o.work_dir.empty() ? st->shm_dir() + "/run" : o.work_dir;
+  std::error_code ec;
+  fs::create_directories(work, ec);
+  if (ec) return Internal("cannot create " + work + ": " + ec.message());
+  // Start a fresh log.
+  TP_RETURN_IF_ERROR(WriteFileAtomic(o.log_path, ""));
+  const json model_json = json::parse(ModelToJson(model));
+
+  RunSummary summary;
+  std::optional<uint64_t> committed;
+  int64_t step = 0, samples_consumed = 0;
+  std::optional<ReconfigureRecord> pending;  // waiting for its restart time
+  std::set<std::size_t> kills_done;
+  std::size_t i = 0;
+  ParallelConfig cfg = entries[0].config;
+  int segment = 0;
+  for (;;) {
+    const int64_t end = entries[i + 1].step;
+    TP_ASSIGN_OR_RETURN(Layout layout, MakeLayout(model, cfg));
+    json info = {{"model", model_json}, {"config", cfg.ToString()}, {"step", step}, {"samples_consumed", samples_consumed}};
+    TP_ASSIGN_OR_RETURN(uint64_t v_out, st->BeginVersion(o.job, std::nullopt, info.dump()));
+    for (const RankLayout& r : layout.ranks) {
+      for (const LocalTensor& t : *r.tensors) {
+        auto w = st->Allocate(TensorPath(o.job, v_out, r.rank, t.name), t.dtype, t.shape);
+        if (!w.ok()) return w.status();
+      }
+    }
+    const std::string out_json = work + "/state-out-" + std::to_string(segment) + ".json";
+    const std::string in_json = work + "/state-in-" + std::to_string(segment) + ".json";
+    TP_ASSIGN_OR_RETURN(json hout, HandoffJson(*st, o.job, v_out, layout, info));
+    TP_RETURN_IF_ERROR(WriteFileAtomic(out_json, hout.dump()));
+    fs::remove(out_json + ".result", ec);
+    if (committed) {
+      TP_ASSIGN_OR_RETURN(json hin, HandoffJson(*st, o.job, *committed, layout, info));
+      TP_RETURN_IF_ERROR(WriteFileAtomic(in_json, hin.dump()));
+    }
+    TP_ASSIGN_OR_RETURN(int port, FreePort());
+    LogTail tail(o.log_path);
+    std::vector<Worker> workers;
+    const auto t_launch = Clock::now();
+    for (int r = 0; r < cfg.world_size(); ++r) {
+      std::vector<std::string> argv = o.command;
+      for (const std::string& a : {std::string("--config"), cfg.ToString(), std::string("--world-rank"), std::to_string(r),
+                                   std::string("--world-size"), std::to_string(cfg.world_size()),
+                                   std::string("--master-port"), std::to_string(port), std::string("--start-step"),
+                                   std::to_string(step), std::string("--steps"), std::to_string(end - step),
+                                   std::string("--log"), o.log_path, std::string("--state-out"), out_json}) {
+        argv.push_back(a);
+      }
+      if (committed) {
+        argv.push_back("--state-in");
+        argv.push_back(in_json);
+      }
+      auto w = Spawn(argv, r, work + "/worker-seg" + std::to_string(segment) + "-rank" + std::to_string(r) + ".log");
+      if (!w.ok()) {
+        for (Worker& x : workers) ::kill(-x.pid, SIGKILL);
+        return w.status();
+      }
+      workers.push_back(*w);
+    }
+    std::vector<int> to_kill;
+    if (!kills_done.count(i + 1)) to_kill = entries[i + 1].kill_ranks;
+    bool killed = false, failed = false;
+    std::string failure;
+    int64_t last_step_seen = step - 1;
+    auto t_progress = Clock::now(), t_last_step = Clock::now(), t_kill = Clock::now();
+    std::size_t alive = workers.size();
+    while (alive > 0) {
+      for (const json& line : tail.Poll()) {
+        if (!line.contains("step") || line.contains("event") || !line["step"].is_number_integer()) continue;
+        int64_t s = line["step"].get<int64_t>();
+        last_step_seen = std::max(last_step_seen, s);
+        t_progress = t_last_step = Clock::now();
+        if (pending && s >= step) {
+          pending->restart_seconds = Since(t_launch);
+          summary.reconfigurations.push_back(*pending);
+          json ev = {{"event", "reconfigure"}, {"step", pending->step}, {"from", pending->from}, {"to", pending->to},
+                     {"seconds", pending->stop_seconds + pending->transform_seconds + pending->restart_seconds},
+                     {"stop_seconds", pending->stop_seconds}, {"transform_seconds", pending->transform_seconds},
+                     {"restart_seconds", pending->restart_seconds}, {"bytes_moved", pending->bytes_moved},
+                     {"bytes_total", pending->bytes_total}, {"bytes_in_place", pending->bytes_in_place},
+                     {"after_failure", pending->after_failure}, {"killed_ranks", pending->killed}};
+          TP_RETURN_IF_ERROR(AppendLine(o.log_path, ev));
+          pending.reset();
+        }
+      }
+      // Kill during the step before the change: once step end-2 is done (or right
+      // away when the segment has a single step).
+      if (!to_kill.empty() && !killed && (last_step_seen >= end - 2 || end - 1 == step)) {
+        if (end - 1 == step) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        for (int r : to_kill) ::kill(-workers[r].pid, SIGKILL);
+        killed = true;
+        t_kill = Clock::now();
+        kills_done.insert(i + 1);
+      }
+      for (Worker& w : workers) {
+        if (w.exited) continue;
+        int status = 0;
+        pid_t p = ::waitpid(w.pid, &status, WNOHANG);
+        if (p == w.pid) {
+          w.exited = true;
+          w.status = status;
+          --alive;
+          t_progress = Clock::now();
+          bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+          if (!ok && !failed) {
+            failed = true;
+            if (!killed) {
+              failure = "worker rank " + std::to_string(w.rank) + " " +
+                        (WIFSIGNALED(status) ? "was killed by signal " + std::to_string(WTERMSIG(status))
+                                             : "exited with code " + std::to_string(WEXITSTATUS(status))) +
+                        "; its output (" + w.log + ") ends with:\n" + Tail(w.log);
+            }
+            // The others cannot finish the step without it.
+            for (Worker& x : workers) {
+              if (!x.exited) ::kill(-x.pid, SIGKILL);
+            }
+          }
+        }
+      }
+      if (alive > 0 && Since(t_progress) > o.hang_seconds) {
+        for (Worker& x : workers) {
+          if (!x.exited) ::kill(-x.pid, SIGKILL);
+        }
+        failed = true;
+        failure = "no progress for " + std::to_string(static_cast<int>(o.hang_seconds)) + " s (workers killed)";
+      }
+      if (alive > 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    const int64_t seg_start = step;
+    double stop_seconds = 0;
+    if (failed && !killed) {
+      (void)st->DropVersion(o.job, v_out);
+      return Internal("segment " + cfg.ToString() + " from step " + std::to_string(step) + " failed: " + failure);
+    }
+    if (!failed) {
+      auto res_text = ReadFile(out_json + ".result");
+      if (!res_text.ok()) return Internal("workers exited 0 but rank 0 wrote no " + out_json + ".result");
+      json res = json::parse(*res_text, nullptr, false);
+      if (res.is_discarded() || !res.contains("step") || !res.contains("samples_consumed")) {
+        return Internal(out_json + ".result is not {\"step\", \"samples_consumed\"}");
+      }
+      step = res["step"].get<int64_t>();
+      samples_consumed = res["samples_consumed"].get<int64_t>();
+      if (step != end) {
+        return Internal("workers stopped at step " + std::to_string(step) + " instead of " + std::to_string(end));
+      }
+      info["step"] = step;
+      info["samples_consumed"] = samples_consumed;
+      TP_RETURN_IF_ERROR(st->SetVersionInfo(o.job, v_out, info.dump()));
+      TP_RETURN_IF_ERROR(st->Commit(o.job, v_out));
+      committed = v_out;
+      stop_seconds = Since(t_last_step);
+    } else {
+      (void)st->DropVersion(o.job, v_out);
+      stop_seconds = Since(t_kill);
+      json ev = {{"event", "failure"}, {"config", cfg.ToString()}, {"killed_ranks", to_kill},
+                 {"during_step", end - 1}, {"rerun_from", step}, {"segment_start", seg_start}};
+      TP_RETURN_IF_ERROR(AppendLine(o.log_path, ev));
+    }
+    ++i;
+    ++segment;
+    if (entries[i].stop && !failed) break;
+    if (entries[i].stop && failed) --i;  // a failure in the last segment re-runs it
+    const ParallelConfig next = entries[i].stop ? cfg : entries[i].config;
+    if (next != cfg || failed) {
+      ReconfigureRecord rec;
+      rec.step = step;
+      rec.from = cfg.ToString();
+      rec.to = next.ToString();
+      rec.after_failure = failed;
+      if (failed) rec.killed = to_kill;
+      rec.stop_seconds = stop_seconds;
+      if (committed && next != cfg) {
+        auto t0 = Clock::now();
+        auto ts = transform::TransformLocal(*st, o.job, next);
+        if (!ts.ok()) return ts.status().WithContext("transform " + cfg.ToString() + " -> " + next.ToString());
+        committed = ts->new_version;
+        rec.transform_seconds = Since(t0);
+        rec.bytes_moved = ts->bytes_copied;
+        rec.bytes_total = ts->plan.bytes_total;
+        rec.bytes_in_place = ts->plan.bytes_in_place;
+      }
+      pending = rec;
+    }
+    cfg = next;
+  }
+  if (pending) summary.reconfigurations.push_back(*pending);
+  TP_ASSIGN_OR_RETURN(summary.steps, ReadStepLog(o.log_path));
+  if (!o.baseline_log.empty()) {
+    TP_ASSIGN_OR_RETURN(std::vector<StepRecord> base, ReadStepLog(o.baseline_log));
+    std::map<int64_t, const StepRecord*> by_step;
+    for (const StepRecord& b : base) by_step[b.step] = &b;
+    double dev = 0;
+    int64_t mismatches = 0;
+    for (const StepRecord& s : summary.steps) {
+      auto it = by_step.find(s.step);
+      if (it == by_step.end()) {
+        ++mismatches;
+        continue;
+      }
+      dev = std::max(dev, std::abs(s.loss - it->second->loss) / std::max(1e-12, std::abs(it->second->loss)));
+      if (s.samples != it->second->samples) ++mismatches;
+    }
+    summary.max_loss_deviation = dev;
+    summary.sample_mismatches = mismatches;
+  }
+  summary.seconds = Since(t_run);
+  return summary;
+}
+
+std::string SummaryTable(const RunSummary& s) {
+  std::string out;
+  char line[512];
+  out += "step  config                     loss\n";
+  std::string last_cfg;
+  for (const StepRecord& r : s.steps) {
+    std::snprintf(line, sizeof(line), "%4lld  %-24s %9.5f%s\n", static_cast<long long>(r.step), r.config.c_str(), r.loss,
+                  r.config != last_cfg && !last_cfg.empty() ? "   <- reconfigured" : "");
+    out += line;
+    last_cfg = r.config;
+  }
+  if (!s.reconfigurations.empty()) {
+    out += "\nreconfigurations (seconds: stop + transform + restart to first step done)\n";
+    out += " step  from -> to                               stop  transform  restart   moved      total  note\n";
+    for (const ReconfigureRecord& r : s.reconfigurations) {
+      std::string note = r.after_failure ? "after killing rank(s)" : "";
+      for (std::size_t k = 0; k < r.killed.size(); ++k) note += (k ? "," : " ") + std::to_string(r.killed[k]);
+      std::snprintf(line, sizeof(line), "%5lld  %-17s -> %-17s %6.2f %9.3f %8.2f %10s %10s  %s\n",
+                    static_cast<long long>(r.step), r.from.c_str(), r.to.c_str(), r.stop_seconds, r.transform_seconds,
+                    r.restart_seconds, HumanBytes(r.bytes_moved).c_str(), HumanBytes(r.bytes_total).c_str(), note.c_str());
+      out += line;
+    }
+  }
+  if (s.max_loss_deviation) {
+    std::snprintf(line, sizeof(line), "\nlargest loss deviation from the static run: %.3g (relative); steps with other samples: %lld\n",
+                  *s.max_loss_deviation, static_cast<long long>(*s.sample_mismatches));
+    out += line;
+  }
+  std::snprintf(line, sizeof(line), "total %.1f s\n", s.seconds);
+  out += line;
+  return out;
+}
+
+}  // namespace tenplex::runtime

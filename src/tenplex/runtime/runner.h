@@ -1,0 +1,80 @@
+// The elastic runtime behind `tenplex run`: runs a training command through a
+// schedule of parallel configs, keeping the job's state in a tensor store between
+// configurations.
+//
+// For each schedule entry the runner opens a new store version laid out for the
+// entry's config (zero-filled shared-memory tensors), writes two hand-off files and
+// starts world-size workers, each as
+//   CMD ARGS --config C --world-rank r --world-size n --master-port P
+//            --start-step s --steps k --log LOG --state-out OUT.json [--state-in IN.json]
+// IN.json / OUT.json ({"step", "samples_consumed", "config", "model", "ranks":
+// [{"rank", "tensors": [{"name", "dtype", "shape", "file"}]}]}) name the shared-memory
+// file of every local tensor: workers map them, load their state from IN and write
+// their final state into OUT (no copies through pipes or sockets), and rank 0 writes
+// OUT.json.result ({"step", "samples_consumed"}). When all workers exit 0 the runner
+// commits the version; at a config change it transforms the committed version in the
+// store (transform/local.h) and starts the next workers from it.
+//
+// kill_ranks: during the last step before an entry, the runner SIGKILLs those workers
+// (the others are stopped too: a step cannot finish without them). The open version
+// is dropped and the job resumes from the last committed version, re-running the steps
+// since that commit, in the next entry's config. No disk checkpoint is involved.
+//
+// The log (JSON lines) gets one line per completed step from the workers and one
+// line per reconfiguration and failure from the runner.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tenplex/util/status.h"
+
+namespace tenplex::runtime {
+
+struct RunOptions {
+  std::string schedule_path;
+  std::string log_path;
+  std::string model_path;            // model JSON or preset; default: --model in the command
+  std::vector<std::string> command;  // the worker command and its own arguments
+  std::string job = "train";
+  std::string shm_dir;               // embedded store directory ("" = fresh private one)
+  std::string work_dir;              // hand-off files and worker logs ("" = under the store dir)
+  double hang_seconds = 300;         // no progress for this long: the run fails
+  std::string baseline_log;          // a static run's log to compare losses with
+};
+
+struct StepRecord {
+  int64_t step = 0;
+  double loss = 0;
+  std::string config;
+  std::vector<int64_t> samples;
+};
+
+struct ReconfigureRecord {
+  int64_t step = 0;
+  std::string from, to;
+  bool after_failure = false;
+  std::vector<int> killed;
+  double stop_seconds = 0, transform_seconds = 0, restart_seconds = 0;
+  int64_t bytes_moved = 0, bytes_total = 0, bytes_in_place = 0;
+};
+
+struct RunSummary {
+  std::vector<StepRecord> steps;  // last line per step
+  std::vector<ReconfigureRecord> reconfigurations;
+  std::optional<double> max_loss_deviation;  // relative, against the baseline
+  std::optional<int64_t> sample_mismatches;  // steps whose samples differ from the baseline
+  double seconds = 0;
+};
+
+Result<RunSummary> Run(const RunOptions& options);
+
+// Reads a run log: the last line per step, in step order.
+Result<std::vector<StepRecord>> ReadStepLog(const std::string& path);
+
+// The table a person reads: steps, configs, losses, reconfigurations with their time
+// split, and the deviation from the baseline.
+std::string SummaryTable(const RunSummary& summary);
+
+}  // namespace tenplex::runtime

@@ -1,0 +1,68 @@
+#include "tenplex/runtime/schedule.h"
+
+#include <nlohmann/json.hpp>
+#include <set>
+
+namespace tenplex::runtime {
+
+using nlohmann::json;
+
+Result<std::vector<ScheduleEntry>> ParseSchedule(const std::string& text, const Model& model) {
+  json j = json::parse(text, nullptr, false);
+  if (j.is_discarded()) return InvalidArgument("schedule is not valid JSON");
+  if (!j.is_array() || j.empty()) return InvalidArgument("schedule must be a non-empty JSON list of entries");
+  std::vector<ScheduleEntry> out;
+  for (std::size_t i = 0; i < j.size(); ++i) {
+    const json& e = j[i];
+    const std::string where = "schedule entry " + std::to_string(i);
+    if (!e.is_object()) return InvalidArgument(where + " is not an object");
+    for (auto& [k, v] : e.items()) {
+      (void)v;
+      static const std::set<std::string> known = {"step", "config", "stop", "kill_ranks"};
+      if (!known.count(k)) return InvalidArgument(where + ": unknown field '" + k + "'");
+    }
+    ScheduleEntry s;
+    if (!e.contains("step") || !e["step"].is_number_integer()) {
+      return InvalidArgument(where + ": 'step' must be an integer");
+    }
+    s.step = e["step"].get<int64_t>();
+    if (s.step < 0) return InvalidArgument(where + ": step must be >= 0");
+    if (i == 0 && s.step != 0) return InvalidArgument("schedule must start at step 0");
+    if (i > 0 && s.step <= out.back().step) {
+      return InvalidArgument(where + ": step " + std::to_string(s.step) + " is not after step " +
+                             std::to_string(out.back().step));
+    }
+    s.stop = e.contains("stop") && e["stop"].is_boolean() && e["stop"].get<bool>();
+    if (e.contains("stop") && !e["stop"].is_boolean()) return InvalidArgument(where + ": 'stop' must be true or false");
+    if (s.stop == e.contains("config")) {
+      return InvalidArgument(where + ": needs either a 'config' or \"stop\": true");
+    }
+    if (!s.stop) {
+      if (!e["config"].is_string()) return InvalidArgument(where + ": 'config' must be a string");
+      auto c = ParseConfig(e["config"].get<std::string>());
+      if (!c.ok()) return c.status().WithContext(where);
+      Status v = ValidateConfig(model, *c);
+      if (!v.ok()) return v.WithContext(where);
+      s.config = *c;
+    }
+    if (e.contains("kill_ranks")) {
+      if (i == 0) return InvalidArgument(where + ": kill_ranks needs running workers (not on the first entry)");
+      if (!e["kill_ranks"].is_array()) return InvalidArgument(where + ": 'kill_ranks' must be a list of ranks");
+      const int world = out.back().config.world_size();
+      for (const json& r : e["kill_ranks"]) {
+        if (!r.is_number_integer() || r.get<int64_t>() < 0 || r.get<int64_t>() >= world) {
+          return InvalidArgument(where + ": kill rank " + r.dump() + " is not a rank of the running config " +
+                                 out.back().config.ToString() + " (world size " + std::to_string(world) + ")");
+        }
+        s.kill_ranks.push_back(r.get<int>());
+      }
+    }
+    if (s.stop && i + 1 != j.size()) return InvalidArgument(where + ": a stop entry must be the last entry");
+    out.push_back(std::move(s));
+  }
+  if (!out.back().stop) return InvalidArgument("schedule must end with a {\"step\": N, \"stop\": true} entry");
+  if (out.size() < 2) return InvalidArgument("schedule needs a config entry before the stop entry");
+  return out;
+}
+
+}  // namespace tenplex::runtime

@@ -1,0 +1,34 @@
+// Elastic schedules for `tenplex run`: a JSON list such as
+//   [{"step": 0, "config": "tp=2,pp=2"},
+//    {"step": 10, "config": "dp=3"},
+//    {"step": 20, "config": "tp=2,dp=2", "kill_ranks": [1]},
+//    {"step": 30, "stop": true}]
+// Entry i runs its config from its step up to the next entry's step. `kill_ranks`
+// on an entry kills those ranks of the *previous* entry's workers (SIGKILL) during the
+// step before this entry's step. The last entry, and only it, is {"stop": true}.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tenplex/model/model.h"
+#include "tenplex/ptc/config.h"
+#include "tenplex/util/status.h"
+
+namespace tenplex::runtime {
+
+struct ScheduleEntry {
+  int64_t step = 0;
+  bool stop = false;
+  ParallelConfig config;     // unset when stop
+  std::vector<int> kill_ranks;
+};
+
+// Parses and checks a schedule: a non-empty list, the first entry at step 0 with a
+// config, steps strictly increasing, a stop entry last and nowhere else, configs valid
+// for the model, kill ranks inside the previous config's world size and not on the
+// first entry, no unknown fields.
+Result<std::vector<ScheduleEntry>> ParseSchedule(const std::string& json_text, const Model& model);
+
+}  // namespace tenplex::runtime
