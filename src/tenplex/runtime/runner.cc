@@ -435,11 +435,11 @@ std::string SummaryTable(const RunSummary& s) {
   }
   if (!s.reconfigurations.empty()) {
     out += "\nreconfigurations (seconds: stop + transform + restart to first step done)\n";
-    out += " step  from -> to                               stop  transform  restart   moved      total  note\n";
+    out += " step  from -> to                                         stop  transform  restart      moved      total  note\n";
     for (const ReconfigureRecord& r : s.reconfigurations) {
       std::string note = r.after_failure ? "after killing rank(s)" : "";
       for (std::size_t k = 0; k < r.killed.size(); ++k) note += (k ? "," : " ") + std::to_string(r.killed[k]);
-      std::snprintf(line, sizeof(line), "%5lld  %-17s -> %-17s %6.2f %9.3f %8.2f %10s %10s  %s\n",
+      std::snprintf(line, sizeof(line), "%5lld  %-22s -> %-22s %6.2f %9.3f %8.2f %10s %10s  %s\n",
                     static_cast<long long>(r.step), r.from.c_str(), r.to.c_str(), r.stop_seconds, r.transform_seconds,
                     r.restart_seconds, HumanBytes(r.bytes_moved).c_str(), HumanBytes(r.bytes_total).c_str(), note.c_str());
       out += line;
