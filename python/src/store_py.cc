@@ -1,0 +1,130 @@
+// tenplex._tenplex.Store: one class over the embedded store (store::Store in this
+// process) and a daemon (store::Client over HTTP, with shared memory when local).
+#include <pybind11/stl.h>
+
+#include <memory>
+
+#include "bindings.h"
+#include "tenplex/store/client.h"
+#include "tenplex/store/store.h"
+
+namespace tenplex::py {
+namespace {
+
+class PyStore {
+ public:
+  static std::shared_ptr<PyStore> Embedded(const std::string& shm_dir, uint64_t memory_limit) {
+    store::StoreOptions o;
+    o.shm_dir = shm_dir;
+    o.memory_limit = memory_limit;
+    auto s = std::make_shared<PyStore>();
+    s->store_ = Take(store::Store::Open(o));
+    return s;
+  }
+  static std::shared_ptr<PyStore> Connect(const std::string& url) {
+    auto s = std::make_shared<PyStore>();
+    s->client_ = Take(store::Client::Connect(url));
+    return s;
+  }
+
+  bool local() const { return store_ || client_->local(); }
+  std::string where() const { return store_ ? store_->shm_dir() : client_->url(); }
+
+  uint64_t BeginVersion(const std::string& job, std::optional<uint64_t> version, const std::string& info) {
+    return store_ ? Take(store_->BeginVersion(job, version, info)) : Take(client_->BeginVersion(job, version, info));
+  }
+  void SetVersionInfo(const std::string& job, uint64_t v, const std::string& info) {
+    Check(store_ ? store_->SetVersionInfo(job, v, info) : client_->SetVersionInfo(job, v, info));
+  }
+  void Commit(const std::string& job, uint64_t v, bool keep_old) {
+    Check(store_ ? store_->Commit(job, v, keep_old) : client_->Commit(job, v, keep_old));
+  }
+  void Abort(const std::string& job, uint64_t v) {
+    Check(store_ ? store_->DropVersion(job, v) : client_->Abort(job, v));
+  }
+  pyb::dict Version(const std::string& job, std::optional<uint64_t> v) {
+    store::VersionInfo vi = store_ ? Take(store_->Version(job, v)) : Take(client_->Version(job, v));
+    pyb::dict d;
+    d["job"] = vi.job;
+    d["version"] = vi.version;
+    d["committed"] = vi.committed;
+    d["current"] = vi.current;
+    d["bytes"] = vi.bytes;
+    d["tensors"] = vi.tensors;
+    d["info"] = vi.info;
+    return d;
+  }
+  pyb::list List(const std::string& prefix) {
+    std::vector<store::TensorInfo> infos = store_ ? Take(store_->List(prefix)) : Take(client_->List(prefix));
+    pyb::list out;
+    for (const auto& t : infos) out.append(InfoDict(t));
+    return out;
+  }
+  // Creates zero-filled tensors and returns their infos (with shared-memory files).
+  pyb::list Allocate(const std::vector<std::tuple<std::string, std::string, std::vector<int64_t>>>& reqs) {
+    std::vector<store::Store::AllocRequest> rs;
+    for (const auto& [path, dtype, shape] : reqs) rs.push_back({path, Take(ParseDType(dtype)), shape});
+    pyb::list out;
+    if (store_) {
+      for (const auto& t : Take(store_->AllocateMany(rs))) out.append(InfoDict(t));
+    } else {
+      if (!client_->local()) Check(FailedPrecondition("allocate needs a store on this machine (use write)"));
+      for (const auto& t : Take(client_->Allocate(rs))) out.append(InfoDict(t));
+    }
+    return out;
+  }
+  void Write(const std::string& path, const std::string& dtype, const std::vector<int64_t>& shape, pyb::buffer b) {
+    pyb::buffer_info bi = b.request();
+    const uint64_t size = static_cast<uint64_t>(bi.size) * static_cast<uint64_t>(bi.itemsize);
+    DType dt = Take(ParseDType(dtype));
+    if (store_) {
+      Take(store_->Put(path, dt, shape, bi.ptr, size));
+    } else {
+      Check(client_->Write(path, dt, shape, bi.ptr, size));
+    }
+  }
+  pyb::bytes Read(const std::string& path) {
+    if (store_) {
+      store::TensorRef ref = Take(store_->Get(path));
+      return pyb::bytes(reinterpret_cast<const char*>(ref.data()), ref.size());
+    }
+    std::string bytes = Take(client_->Get(path));
+    return pyb::bytes(bytes);
+  }
+
+ private:
+  static pyb::dict InfoDict(const store::TensorInfo& t) {
+    pyb::dict d;
+    d["path"] = t.path;
+    d["dtype"] = std::string(DTypeName(t.dtype));
+    d["shape"] = t.shape;
+    d["bytes"] = t.bytes;
+    d["committed"] = t.committed;
+    d["file"] = t.file;
+    return d;
+  }
+  std::unique_ptr<store::Store> store_;
+  std::unique_ptr<store::Client> client_;
+};
+
+}  // namespace
+
+void register_store(pyb::module_& m) {
+  pyb::class_<PyStore, std::shared_ptr<PyStore>>(m, "Store")
+      .def_static("embedded", &PyStore::Embedded, pyb::arg("shm_dir") = "", pyb::arg("memory_limit") = 0)
+      .def_static("connect", &PyStore::Connect, pyb::arg("url"))
+      .def_property_readonly("local", &PyStore::local)
+      .def_property_readonly("where", &PyStore::where)
+      .def("begin_version", &PyStore::BeginVersion, pyb::arg("job"), pyb::arg("version") = pyb::none(),
+           pyb::arg("info") = "")
+      .def("set_version_info", &PyStore::SetVersionInfo)
+      .def("commit", &PyStore::Commit, pyb::arg("job"), pyb::arg("version"), pyb::arg("keep_old") = false)
+      .def("abort", &PyStore::Abort)
+      .def("version", &PyStore::Version, pyb::arg("job"), pyb::arg("version") = pyb::none())
+      .def("list", &PyStore::List)
+      .def("allocate", &PyStore::Allocate)
+      .def("write", &PyStore::Write)
+      .def("read", &PyStore::Read);
+}
+
+}  // namespace tenplex::py

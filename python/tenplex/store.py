@@ -1,0 +1,104 @@
+"""The tensor store from Python: hand a rank's state to the store and get it back.
+
+    import tenplex
+    st = tenplex.attach()                      # an embedded store in this process
+    st = tenplex.attach(url="http://127.0.0.1:7070")   # or a `tenplex store serve` daemon
+    v = st.begin("job", info={"config": "tp=2", "step": 10})
+    st.save_state("job", v, rank, model.state_dict())  # straight into shared memory
+    st.commit("job", v)
+    state = st.load_state("job", rank)         # torch tensors mapping the store's memory
+    st.status("job")                           # {"version", "config", "step", ...}
+
+Tensors are saved under the rank's local names (spec ptc-layout.md §4-§5). Loading
+maps the store's shared-memory files copy-on-write (`torch.from_file`), so no bytes are
+copied until a tensor is written to, and the store's committed bytes never change.
+With a daemon on another machine, bytes travel over HTTP instead.
+"""
+import json
+
+import torch
+
+from . import _tenplex
+from .safetensors import DTYPES
+
+_NAME_OF = {t: name for name, (t, _) in DTYPES.items()}
+
+
+def _rank_prefix(job, version, rank):
+    return f"jobs/{job}/{version}/rank-{rank:05d}/"
+
+
+class Store:
+    def __init__(self, native):
+        self._s = native
+
+    @property
+    def local(self):
+        """True when tensors can be mapped (embedded, or a daemon on this machine)."""
+        return self._s.local
+
+    def begin(self, job, info=None, version=None):
+        """Opens a new version of job; returns its number."""
+        return self._s.begin_version(job, version, json.dumps(info or {}))
+
+    def commit(self, job, version, keep_old=False):
+        self._s.commit(job, version, keep_old)
+
+    def abort(self, job, version):
+        self._s.abort(job, version)
+
+    def status(self, job, version=None):
+        """The version's info ({"config", "step", "samples_consumed", ...}) and number."""
+        v = self._s.version(job, version)
+        info = json.loads(v["info"] or "{}")
+        info["version"] = v["version"]
+        info["committed"] = v["committed"]
+        return info
+
+    def save_state(self, job, version, rank, tensors):
+        """Writes {local name: tensor} of a rank into an open version."""
+        prefix = _rank_prefix(job, version, rank)
+        items = [(name, t.detach().contiguous()) for name, t in tensors.items()]
+        for name, t in items:
+            if t.dtype not in _NAME_OF:
+                raise _tenplex.InvalidArgumentError(f"tensor {name}: dtype {t.dtype} is not supported")
+        if self.local:
+            reqs = [(prefix + name, _NAME_OF[t.dtype], list(t.shape)) for name, t in items]
+            infos = self._s.allocate(reqs)
+            for (name, t), info in zip(items, infos):
+                if t.numel() == 0:
+                    continue
+                dst = torch.from_file(info["file"], shared=True, size=t.numel(), dtype=t.dtype)
+                dst.copy_(t.reshape(-1))
+                del dst
+        else:
+            for name, t in items:
+                raw = t.view(torch.int16) if t.dtype == torch.bfloat16 else t
+                self._s.write(prefix + name, _NAME_OF[t.dtype], list(t.shape), raw.numpy())
+
+    def load_state(self, job, rank, version=None):
+        """{local name: tensor} of a rank in a committed version (default: current)."""
+        v = self._s.version(job, version)["version"]
+        out = {}
+        for info in self._s.list(_rank_prefix(job, v, rank)):
+            name = info["path"].rsplit("/", 1)[1]
+            dtype, size = DTYPES[info["dtype"]]
+            n = info["bytes"] // size
+            if n == 0:
+                out[name] = torch.empty(info["shape"], dtype=dtype)
+            elif self.local and info["file"]:
+                out[name] = torch.from_file(info["file"], shared=False, size=n, dtype=dtype).view(info["shape"])
+            else:
+                buf = bytearray(self._s.read(info["path"]))
+                out[name] = torch.frombuffer(buf, dtype=dtype).view(info["shape"])
+        if not out:
+            raise _tenplex.NotFoundError(f"job {job} version {v} has no tensors for rank {rank}")
+        return out
+
+
+def attach(url=None, shm_dir="", memory_limit=0):
+    """A store: the daemon at `url`, or an embedded one (in `shm_dir`, default a fresh
+    private directory in /dev/shm removed when the store is garbage collected)."""
+    if url:
+        return Store(_tenplex.Store.connect(url))
+    return Store(_tenplex.Store.embedded(shm_dir, memory_limit))

@@ -1,0 +1,114 @@
+"""The Python package over the native module: state hand-off through an embedded store
+and through a daemon, zero-copy loading, errors as Python exceptions.
+
+usage: python_api_test.py TENPLEX_BIN REPO_ROOT
+"""
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+sys.path.insert(0, os.path.join(sys.argv[2], "python"))
+import torch  # noqa: E402
+
+import tenplex  # noqa: E402
+
+failures = []
+
+
+def check(cond, what):
+    print(("ok: " if cond else "FAIL: ") + what)
+    if not cond:
+        failures.append(what)
+
+
+def raises(exc, fn, what):
+    try:
+        fn()
+    except exc as e:
+        check(True, f"{what}: {type(e).__name__}: {e}")
+        return
+    except Exception as e:  # noqa: BLE001
+        check(False, f"{what}: expected {exc.__name__}, got {type(e).__name__}: {e}")
+        return
+    check(False, f"{what}: no exception")
+
+
+def state(seed):
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "decoder.layers.0.mlp.linear_fc1.weight": torch.randn(8, 4, generator=g),
+        "embedding.word_embeddings.weight": torch.randn(5, 4, generator=g).to(torch.bfloat16),
+        "optimizer.exp_avg.x": torch.randn(3, generator=g).to(torch.float16),
+        "counts": torch.arange(7, dtype=torch.int64),
+        "empty": torch.zeros(0, 3),
+    }
+
+
+def round_trip(st, label):
+    want = {r: state(r) for r in range(3)}
+    v = st.begin("job", info={"config": "dp=3", "step": 12, "samples_consumed": 96})
+    for r, s in want.items():
+        st.save_state("job", v, r, s)
+    st.commit("job", v)
+    info = st.status("job")
+    check(info["config"] == "dp=3" and info["step"] == 12 and info["samples_consumed"] == 96 and info["committed"],
+          f"{label}: status {info}")
+    for r, s in want.items():
+        got = st.load_state("job", r)
+        check(sorted(got) == sorted(s), f"{label}: rank {r} names")
+        for k, t in s.items():
+            g = got[k]
+            check(g.dtype == t.dtype and tuple(g.shape) == tuple(t.shape) and torch.equal(g, t),
+                  f"{label}: rank {r} {k} equal")
+    # Committed versions are immutable.
+    raises(tenplex.Error, lambda: st.save_state("job", v, 0, state(9)), f"{label}: write into a committed version")
+    raises(tenplex.NotFoundError, lambda: st.load_state("nojob", 0), f"{label}: unknown job")
+    return v
+
+
+def main():
+    tenplex_bin, repo = sys.argv[1], sys.argv[2]
+    st = tenplex.attach()
+    check(st.local, "embedded store is local")
+    round_trip(st, "embedded")
+    # Zero copy: the loaded tensor maps the store's file; writing to it copies on write.
+    t = st.load_state("job", 1)["decoder.layers.0.mlp.linear_fc1.weight"]
+    maps = open("/proc/self/maps").read()
+    check("rank-00001/decoder.layers.0.mlp.linear_fc1.weight" in maps, "loaded tensor maps the store's shm file")
+    t.add_(1)
+    check(torch.equal(st.load_state("job", 1)["decoder.layers.0.mlp.linear_fc1.weight"],
+                      state(1)["decoder.layers.0.mlp.linear_fc1.weight"]), "writes to a loaded tensor do not reach the store")
+    raises(ValueError, lambda: tenplex.parse_config("tp=0"), "bad config is a ValueError")
+    raises(ValueError, lambda: tenplex.layout_json("gpt3-125m", "tp=5"), "impossible layout is a ValueError")
+    lay = json.loads(tenplex.layout_json("gpt3-125m", "tp=2,pp=2"))
+    check(lay["world_size"] == 4, "layout_json gives the spec's JSON")
+
+    # A daemon on this machine, through the same API.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    d = subprocess.Popen([tenplex_bin, "store", "serve", "--listen", f"127.0.0.1:{port}"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(100):
+            try:
+                urllib.request.urlopen(url + "/v1/list/", timeout=1)
+                break
+            except Exception:  # noqa: BLE001
+                time.sleep(0.1)
+        ds = tenplex.attach(url=url)
+        round_trip(ds, "daemon")
+    finally:
+        d.terminate()
+        d.wait(timeout=20)
+    print(f"{1 if not failures else 0} passed, {len(failures)} failed")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
