@@ -105,8 +105,9 @@ class Transport {
 
   // Opens (or returns the open) connection to the transport with this address.
   // InvalidArgument for a token that is not an address of this kind. A failed
-  // connection is replaced by a new one. Connecting does not wait for the peer: an
-  // unreachable peer fails the first Fetch with UNAVAILABLE.
+  // connection is replaced by a new one. Connecting does not wait for the peer to
+  // answer: an unreachable peer fails Connect (when refused at once) or the first Fetch
+  // with UNAVAILABLE.
   virtual Result<PeerId> Connect(std::string_view address) = 0;
 
   // Closes the connection. REQUIRES: no Fetch on this peer in progress.

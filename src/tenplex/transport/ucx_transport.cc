@@ -588,10 +588,14 @@ class UcxTransport final : public Transport {
     }
   }
 
-  // The Pending a message is for; null for unknown ids and for late messages of a
-  // failed or complete request (they are dropped).
-  Pending* FindPending(uint64_t request_id) {
-    auto it = pending_.find(request_id);
+  // Decodes a reply's header into *h and returns the Pending it is for; null for a
+  // header of the wrong size, unknown ids and late messages of a failed or complete
+  // request (such messages are dropped).
+  template <typename Header>
+  Pending* Match(const void* header, size_t header_length, Header* h) {
+    if (header_length != sizeof(Header)) return nullptr;
+    std::memcpy(h, header, sizeof(Header));
+    auto it = pending_.find(h->request_id);
     if (it == pending_.end()) return nullptr;
     Pending* p = it->second.get();
     if (!p->status.ok() || p->all_data) return nullptr;
@@ -600,10 +604,8 @@ class UcxTransport final : public Transport {
 
   ucs_status_t OnData(const void* header, size_t header_length, void* data, size_t length,
                       const ucp_am_recv_param_t* param) {
-    if (header_length != sizeof(DataHeader)) return UCS_OK;
     DataHeader h;
-    std::memcpy(&h, header, sizeof(h));
-    Pending* p = FindPending(h.request_id);
+    Pending* p = Match(header, header_length, &h);
     if (p == nullptr) return UCS_OK;
     const uint64_t total = p->starts.back();
     if (h.version != kProtocolVersion || h.stream_offset > total ||
@@ -657,10 +659,8 @@ class UcxTransport final : public Transport {
 
   ucs_status_t OnStatus(const void* header, size_t header_length, void* data, size_t length,
                         const ucp_am_recv_param_t* param) {
-    if (header_length != sizeof(StatusHeader)) return UCS_OK;
     StatusHeader h;
-    std::memcpy(&h, header, sizeof(h));
-    Pending* p = FindPending(h.request_id);
+    Pending* p = Match(header, header_length, &h);
     if (p == nullptr) return UCS_OK;
     std::string_view text;
     if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) && data != nullptr) {
