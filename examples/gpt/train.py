@@ -54,7 +54,9 @@ def parse_args(argv=None):
     ap.add_argument("--weight-decay", type=float, default=0.01)
     ap.add_argument("--clip-grad", type=float, default=1.0, help="global gradient norm limit (0: off)")
     ap.add_argument("--load-dir")
-    ap.add_argument("--save-dir")
+    ap.add_argument("--save-dir", help="write a checkpoint directory (spec §7) after the last step")
+    ap.add_argument("--save-at", type=int, help="write --save-dir when this many steps are done instead "
+                    "(training goes on)")
     ap.add_argument("--log", help="append one JSON line per completed step (rank 0)")
     ap.add_argument("--state-in", help="hand-off JSON of `tenplex run`: load state from store files")
     ap.add_argument("--state-out", help="hand-off JSON of `tenplex run`: write the final state into store files")
@@ -251,6 +253,8 @@ def main(argv=None):
             raise ValueError(f"--seq-length {args.seq_length} exceeds max_position_embeddings {hp.max_positions}")
         if args.save_dir:
             checkpoint.check_target(args.save_dir)
+        if args.save_at is not None and not args.save_dir:
+            raise ValueError("--save-at needs --save-dir")
         if args.load_dir and args.state_in:
             raise ValueError("give --load-dir or --state-in, not both")
     except (ValueError, KeyError, OSError) as e:
@@ -266,8 +270,13 @@ def main(argv=None):
         or_fail(rank, trainer.load, args.load_dir)
     elif args.state_in:
         or_fail(rank, trainer.load_handoff, args.state_in)
+    if args.save_at is not None and not trainer.step <= args.save_at <= trainer.step + args.steps:
+        fail(f"--save-at {args.save_at} is outside the steps of this run "
+             f"({trainer.step} to {trainer.step + args.steps})")
     times = []
     for _ in range(args.steps):
+        if args.save_dir and args.save_at == trainer.step:
+            or_fail(rank, trainer.save, args.save_dir)
         t0 = time.perf_counter()
         step = trainer.step
         loss, norm, ids = trainer.train_step()
@@ -279,7 +288,7 @@ def main(argv=None):
             if args.log:
                 with open(args.log, "a") as f:
                     f.write(json.dumps(rec) + "\n")
-    if args.save_dir:
+    if args.save_dir and args.save_at in (None, trainer.step):
         or_fail(rank, trainer.save, args.save_dir)
     if args.state_out:
         or_fail(rank, trainer.save_handoff, args.state_out)
