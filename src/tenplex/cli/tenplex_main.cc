@@ -10,6 +10,7 @@ int main(int argc, char** argv) {
   tenplex::cli::Context ctx;
   tenplex::cli::RegisterModel(app, ctx);
   tenplex::cli::RegisterLayout(app, ctx);
+  tenplex::cli::RegisterStore(app, ctx);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,6 +1,7 @@
 #include "tenplex/store/parse.h"
 
 #include <cstdio>
+#include <limits>
 
 #include "tenplex/util/format.h"
 
@@ -365,6 +366,31 @@ Result<HostPort> ParseUrl(std::string_view url) {
   auto hp = ParseHostPort(url);
   if (!hp.ok()) return hp.status().WithContext("store URL");
   return hp;
+}
+
+Result<uint64_t> ParseByteSize(std::string_view text) {
+  std::size_t digits = 0;
+  while (digits < text.size() && text[digits] >= '0' && text[digits] <= '9') ++digits;
+  std::string_view suffix = text.substr(digits);
+  int shift = 0;
+  if (!suffix.empty()) {
+    switch (suffix[0]) {
+      case 'K': case 'k': shift = 10; break;
+      case 'M': case 'm': shift = 20; break;
+      case 'G': case 'g': shift = 30; break;
+      case 'T': case 't': shift = 40; break;
+      case 'B': shift = 0; break;
+      default: shift = -1;
+    }
+    std::string_view rest = suffix.substr(1);
+    if (suffix[0] == 'B' ? !rest.empty() : !(rest.empty() || rest == "i" || rest == "iB" || rest == "B")) shift = -1;
+  }
+  if (digits == 0 || shift < 0) {
+    return InvalidArgument("size " + Quote(text) + " must be a byte count such as 1073741824, 512M or 8G");
+  }
+  TP_ASSIGN_OR_RETURN(int64_t v, ParseNumber(text.substr(0, digits), "size"));
+  if (v > (std::numeric_limits<int64_t>::max() >> shift)) return InvalidArgument("size " + Quote(text) + " is too large");
+  return static_cast<uint64_t>(v) << shift;
 }
 
 bool IsLoopbackHost(std::string_view host) {

@@ -177,6 +177,18 @@ TEST(ParseTest, PercentDecodeAndQueries) {
   EXPECT_NE(s.message().find("unknown query parameter 'flag'"), std::string::npos) << s.message();
 }
 
+TEST(ParseTest, ByteSizes) {
+  EXPECT_EQ(*ParseByteSize("1024"), 1024u);
+  EXPECT_EQ(*ParseByteSize("512M"), 512ull << 20);
+  EXPECT_EQ(*ParseByteSize("8GiB"), 8ull << 30);
+  EXPECT_EQ(*ParseByteSize("2k"), 2048u);
+  EXPECT_EQ(*ParseByteSize("3TB"), 3ull << 40);
+  EXPECT_EQ(*ParseByteSize("7B"), 7u);
+  for (const char* bad : {"", "G", "-1", "1.5G", "1X", "1GG", "1 G", "99999999999999999T", "1BB"}) {
+    EXPECT_FALSE(ParseByteSize(bad).ok()) << bad;
+  }
+}
+
 TEST(ParseTest, HostsAndUrls) {
   auto a = ParseHostPort("127.0.0.1:8080");
   ASSERT_TRUE(a.ok());

@@ -1,0 +1,149 @@
+// tenplex store serve | load | save: the tensor store daemon and checkpoint transfer
+// (docs/store.md).
+#include <pthread.h>
+#include <signal.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+
+#include "tenplex/cli/command.h"
+#include "tenplex/store/checkpoint_transfer.h"
+#include "tenplex/store/client.h"
+#include "tenplex/store/server.h"
+#include "tenplex/store/store.h"
+#include "tenplex/util/format.h"
+
+namespace tenplex::cli {
+
+namespace {
+
+using store::Client;
+using store::ClientOptions;
+
+std::string TokenOrEnv(const std::string& token) {
+  if (!token.empty()) return token;
+  const char* env = std::getenv("TENPLEX_TOKEN");
+  return env ? env : "";
+}
+
+struct ServeOpts {
+  std::string listen = "127.0.0.1:7480", token, memory_limit, shm_dir, max_body = "1G";
+};
+
+Status Serve(const ServeOpts& o) {
+  TP_ASSIGN_OR_RETURN(store::HostPort hp, store::ParseHostPort(o.listen));
+  store::StoreOptions so;
+  so.shm_dir = o.shm_dir;
+  if (!o.memory_limit.empty()) {
+    TP_ASSIGN_OR_RETURN(so.memory_limit, store::ParseByteSize(o.memory_limit));
+  }
+  store::ServerOptions sv;
+  sv.token = TokenOrEnv(o.token);
+  TP_ASSIGN_OR_RETURN(sv.max_body_bytes, store::ParseByteSize(o.max_body));
+  if (!store::IsLoopbackHost(hp.host) && sv.token.empty()) {
+    return InvalidArgument("--listen " + o.listen + " is not a loopback address: it requires --token (or TENPLEX_TOKEN)");
+  }
+  // SIGINT/SIGTERM are taken by a thread of ours (sigwait); every other thread,
+  // including the server's workers created later, inherits the blocked mask.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  TP_ASSIGN_OR_RETURN(std::unique_ptr<store::Store> st, store::Store::Open(so));
+  store::Server server(*st, sv);
+  TP_ASSIGN_OR_RETURN(int port, server.Bind(hp.host, hp.port));
+  const std::string host = hp.host.find(':') != std::string::npos ? "[" + hp.host + "]" : hp.host;
+  std::printf("tenplex store: serving http://%s:%d (shm %s, memory limit %s)\n", host.c_str(), port,
+              st->shm_dir().c_str(), HumanBytes(static_cast<int64_t>(st->memory_limit())).c_str());
+  std::fflush(stdout);
+  std::atomic<bool> done{false};
+  std::thread waiter([&] {
+    timespec tick{0, 200 * 1000 * 1000};
+    while (!done) {
+      int sig = sigtimedwait(&sigs, nullptr, &tick);
+      if (sig == SIGINT || sig == SIGTERM) {
+        std::fprintf(stderr, "tenplex store: signal %d, stopping\n", sig);
+        server.Stop();
+        return;
+      }
+    }
+  });
+  Status s = server.Serve();
+  done = true;
+  waiter.join();
+  return s;
+}
+
+Result<std::unique_ptr<Client>> ConnectFor(const std::string& url, const std::string& token, bool http_only) {
+  ClientOptions co;
+  co.token = TokenOrEnv(token);
+  co.use_shm = !http_only;
+  return Client::Connect(url, co);
+}
+
+std::string Describe(const store::TransferStats& s) {
+  char buf[256];
+  std::snprintf(buf, sizeof(buf), "%zu tensors (%s) of %d ranks via %s in %.2f s (%.2f GB/s)", s.tensors,
+                HumanBytes(static_cast<int64_t>(s.bytes)).c_str(), s.ranks, s.shm ? "shared memory" : "HTTP",
+                s.seconds, s.seconds > 0 ? static_cast<double>(s.bytes) / s.seconds / 1e9 : 0.0);
+  return buf;
+}
+
+}  // namespace
+
+void RegisterStore(CLI::App& app, Context& ctx) {
+  auto* cmd = app.add_subcommand("store", "Tensor store daemon (shared-memory tensors, versions, HTTP API)");
+  cmd->require_subcommand(1);
+
+  auto* serve = cmd->add_subcommand("serve", "Run a store daemon in the foreground (SIGTERM/SIGINT stop it)");
+  auto so = std::make_shared<ServeOpts>();
+  serve->add_option("--listen", so->listen, "host:port to listen on (port 0: any free port)")->capture_default_str();
+  serve->add_option("--token", so->token, "Bearer token every request must carry (or TENPLEX_TOKEN)");
+  serve->add_option("--memory-limit", so->memory_limit, "Bytes of tensors the store may hold (e.g. 8G; default: free shared memory)");
+  serve->add_option("--shm-dir", so->shm_dir, "Shared-memory directory; kept across restarts (default: a fresh private one)");
+  serve->add_option("--max-body", so->max_body, "Largest request body (e.g. 1G)")->capture_default_str();
+  serve->callback([so, &ctx] { Finish(ctx, Serve(*so)); });
+
+  struct XferOpts {
+    std::string url, token, job, dir;
+    bool http = false;
+  };
+  auto lo = std::make_shared<XferOpts>();
+  auto* load = cmd->add_subcommand("load", "Load a checkpoint directory as a new committed version of a job");
+  load->add_option("--url", lo->url, "Store URL, e.g. http://127.0.0.1:7480")->required();
+  load->add_option("--job", lo->job, "Job name")->required();
+  load->add_option("--dir", lo->dir, "Checkpoint directory (spec section 7)")->required();
+  load->add_option("--token", lo->token, "Bearer token (or TENPLEX_TOKEN)");
+  load->add_flag("--http", lo->http, "Send bytes in HTTP bodies even when the store is local");
+  load->callback([lo, &ctx] {
+    auto c = ConnectFor(lo->url, lo->token, lo->http);
+    if (!c.ok()) return Finish(ctx, c.status());
+    auto s = store::LoadCheckpoint(**c, lo->job, lo->dir);
+    if (!s.ok()) return Finish(ctx, s.status());
+    std::printf("loaded %s into jobs/%s/%llu (committed; checksums %s)\n", Describe(*s).c_str(), lo->job.c_str(),
+                static_cast<unsigned long long>(s->version), s->verified ? "verified" : "not recorded");
+    Finish(ctx, Status::Ok());
+  });
+
+  auto vo = std::make_shared<XferOpts>();
+  auto* save = cmd->add_subcommand("save", "Write a job's current version as a checkpoint directory");
+  save->add_option("--url", vo->url, "Store URL, e.g. http://127.0.0.1:7480")->required();
+  save->add_option("--job", vo->job, "Job name")->required();
+  save->add_option("--out", vo->dir, "Output directory (must not exist or be empty)")->required();
+  save->add_option("--token", vo->token, "Bearer token (or TENPLEX_TOKEN)");
+  save->add_flag("--http", vo->http, "Receive bytes in HTTP bodies even when the store is local");
+  save->callback([vo, &ctx] {
+    auto c = ConnectFor(vo->url, vo->token, vo->http);
+    if (!c.ok()) return Finish(ctx, c.status());
+    auto s = store::SaveCheckpoint(**c, vo->job, vo->dir);
+    if (!s.ok()) return Finish(ctx, s.status());
+    std::printf("saved jobs/%s/%llu to %s: %s\n", vo->job.c_str(), static_cast<unsigned long long>(s->version),
+                vo->dir.c_str(), Describe(*s).c_str());
+    Finish(ctx, Status::Ok());
+  });
+}
+
+}  // namespace tenplex::cli

@@ -1,0 +1,349 @@
+#include "tenplex/store/client.h"
+
+#include <fcntl.h>
+#include <httplib.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "tenplex/store/server.h"
+#include "tenplex/util/file.h"
+#include "tenplex/util/thread_pool.h"
+
+namespace tenplex::store {
+
+using nlohmann::json;
+
+namespace {
+
+constexpr uint64_t kIoChunk = 16 << 20;
+
+// Percent-encodes everything but unreserved characters and the separators the API
+// uses in paths and queries.
+std::string Encode(std::string_view s) {
+  std::string out;
+  for (char c : s) {
+    unsigned char u = static_cast<unsigned char>(c);
+    if (std::isalnum(u) || c == '-' || c == '_' || c == '.' || c == '~' || c == '/' || c == ':' || c == ',') {
+      out += c;
+    } else {
+      char buf[4];
+      std::snprintf(buf, sizeof(buf), "%%%02X", u);
+      out += buf;
+    }
+  }
+  return out;
+}
+
+Result<json> ParseJson(const std::string& text) {
+  json j = json::parse(text, nullptr, false);
+  if (j.is_discarded()) return DataLoss("store: the reply is not JSON: " + text.substr(0, 200));
+  return j;
+}
+
+Result<TensorInfo> TensorFromJson(const json& j) {
+  if (!j.is_object() || !j.contains("path") || !j.contains("dtype") || !j.contains("shape") || !j.contains("bytes")) {
+    return DataLoss("store: malformed tensor description " + j.dump().substr(0, 200));
+  }
+  TensorInfo t;
+  t.path = j["path"].get<std::string>();
+  TP_ASSIGN_OR_RETURN(t.dtype, ParseDType(j["dtype"].get<std::string>()));
+  t.shape = j["shape"].get<Shape>();
+  t.bytes = j["bytes"].get<uint64_t>();
+  t.committed = j.value("committed", false);
+  t.file = j.value("file", "");
+  return t;
+}
+
+// The Status of an error reply {"error": ..., "code": ...} (one place for every call).
+Status ReplyError(const std::string& url, const std::string& what, int status, const std::string& body) {
+  json j = json::parse(body, nullptr, false);
+  const bool ok = j.is_object() && j.contains("error") && j["error"].is_string();
+  std::string msg = ok ? j["error"].get<std::string>() : body.substr(0, 200);
+  std::string code = j.is_object() && j.contains("code") && j["code"].is_string() ? j["code"].get<std::string>() : "";
+  return Status(StatusCodeFromName(code, status), "store " + url + ": " + what.substr(0, 200) + ": " + msg);
+}
+
+Status Unreachable(const std::string& url, httplib::Error e) {
+  return Unavailable("cannot reach the store at " + url + " (" + httplib::to_string(e) + ")");
+}
+
+template <typename F>
+Status ChunkedIo(const std::string& file, int flags, uint64_t size, F io) {
+  int fd = ::open(file.c_str(), flags | O_CLOEXEC);
+  if (fd < 0) return ErrnoError("open " + file, errno);
+  const std::size_t chunks = static_cast<std::size_t>((size + kIoChunk - 1) / kIoChunk);
+  std::atomic<int> err{0};
+  ThreadPool::Default().ParallelFor(chunks, [&](std::size_t i) {
+    uint64_t begin = i * kIoChunk, end = std::min(size, begin + kIoChunk);
+    while (begin < end && err == 0) {
+      ssize_t n = io(fd, begin, end - begin);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        err = n < 0 ? errno : EIO;
+        return;
+      }
+      begin += static_cast<uint64_t>(n);
+    }
+  });
+  ::close(fd);
+  if (err != 0) return err == ENOSPC ? ResourceExhausted("shared memory is full writing " + file)
+                                     : ErrnoError("copy " + file, err);
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status PwriteAll(const std::string& file, uint64_t offset, const void* data, uint64_t size) {
+  const char* src = static_cast<const char*>(data);
+  return ChunkedIo(file, O_WRONLY, size, [&](int fd, uint64_t at, uint64_t n) {
+    return ::pwrite(fd, src + at, n, static_cast<off_t>(offset + at));
+  });
+}
+
+Status PreadAll(const std::string& file, uint64_t offset, void* dst, uint64_t size) {
+  char* out = static_cast<char*>(dst);
+  return ChunkedIo(file, O_RDONLY, size, [&](int fd, uint64_t at, uint64_t n) {
+    return ::pread(fd, out + at, n, static_cast<off_t>(offset + at));
+  });
+}
+
+struct Client::Http {
+  httplib::Client cli;
+  Http(const std::string& host, int port) : cli(host, port) {}
+};
+
+Client::~Client() = default;
+
+Result<std::unique_ptr<Client>> Client::Connect(const std::string& url, const ClientOptions& options) {
+  TP_ASSIGN_OR_RETURN(HostPort hp, ParseUrl(url));
+  std::unique_ptr<Client> c(new Client());
+  c->url_ = "http://" + (hp.host.find(':') != std::string::npos ? "[" + hp.host + "]" : hp.host) + ":" +
+            std::to_string(hp.port);
+  c->http_ = std::make_unique<Http>(hp.host, hp.port);
+  auto& cli = c->http_->cli;
+  cli.set_keep_alive(true);
+  cli.set_tcp_nodelay(true);
+  cli.set_connection_timeout(10, 0);
+  cli.set_read_timeout(options.timeout_s, 0);
+  cli.set_write_timeout(options.timeout_s, 0);
+  if (!options.token.empty()) cli.set_bearer_token_auth(options.token.c_str());
+  TP_ASSIGN_OR_RETURN(std::string text, c->Call("GET", "/v1/health"));
+  TP_ASSIGN_OR_RETURN(json health, ParseJson(text));
+  c->store_id_ = health.value("store_id", "");
+  const std::string shm_dir = health.value("shm_dir", "");
+  if (options.use_shm && IsLoopbackHost(hp.host) && !shm_dir.empty() && !c->store_id_.empty()) {
+    auto id = ReadFile(shm_dir + "/STORE_ID");
+    c->local_ = id.ok() && *id == c->store_id_ + "\n";
+  }
+  return c;
+}
+
+Result<std::string> Client::Call(const std::string& method, const std::string& target, const std::string& body,
+                                 const std::string& content_type, int* status) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& cli = http_->cli;
+  httplib::Result r = method == "GET"    ? cli.Get(target.c_str())
+                      : method == "POST" ? cli.Post(target.c_str(), body, content_type.c_str())
+                      : method == "PUT"  ? cli.Put(target.c_str(), body, content_type.c_str())
+                                         : cli.Delete(target.c_str());
+  if (!r) return Unreachable(url_, r.error());
+  if (status) *status = r->status;
+  if (r->status >= 400) return ReplyError(url_, method + " " + target, r->status, r->body);
+  return std::move(r->body);
+}
+
+Result<uint64_t> Client::BeginVersion(const std::string& job, std::optional<uint64_t> version,
+                                      const std::string& info) {
+  std::string target = "/v1/jobs/" + Encode(job) + "/versions";
+  if (version) target += "?version=" + std::to_string(*version);
+  TP_ASSIGN_OR_RETURN(std::string text, Call("POST", target, info));
+  TP_ASSIGN_OR_RETURN(json j, ParseJson(text));
+  return j.value("version", uint64_t{0});
+}
+
+Status Client::SetVersionInfo(const std::string& job, uint64_t version, const std::string& info) {
+  return Call("PUT", "/v1/jobs/" + Encode(job) + "/versions/" + std::to_string(version) + "/info", info).status();
+}
+
+Status Client::Commit(const std::string& job, uint64_t version, bool keep_old) {
+  return Call("POST", "/v1/jobs/" + Encode(job) + "/versions/" + std::to_string(version) + "/commit" +
+                          (keep_old ? "?keep_old=1" : ""))
+      .status();
+}
+
+Status Client::Abort(const std::string& job, uint64_t version) {
+  return Call("POST", "/v1/jobs/" + Encode(job) + "/versions/" + std::to_string(version) + "/abort").status();
+}
+
+Result<VersionInfo> Client::Version(const std::string& job, VersionRef version) {
+  TP_ASSIGN_OR_RETURN(std::string text, Call("GET", "/v1/jobs/" + Encode(job) + "/versions/" +
+                                                        (version ? std::to_string(*version) : "current")));
+  TP_ASSIGN_OR_RETURN(json j, ParseJson(text));
+  VersionInfo v;
+  v.job = j.value("job", "");
+  v.version = j.value("version", uint64_t{0});
+  v.committed = j.value("state", "") == "committed";
+  v.current = j.value("current", false);
+  v.bytes = j.value("bytes", uint64_t{0});
+  v.tensors = j.value("tensors", std::size_t{0});
+  v.info = j.contains("info") ? j["info"].dump() : "{}";
+  return v;
+}
+
+Result<std::vector<TensorInfo>> Client::List(const std::string& prefix) {
+  TP_ASSIGN_OR_RETURN(std::string text, Call("GET", "/v1/list/" + Encode(prefix) + "?detail=1"));
+  TP_ASSIGN_OR_RETURN(json j, ParseJson(text));
+  if (!j.is_array()) return DataLoss("store: /v1/list did not return a list");
+  std::vector<TensorInfo> out;
+  for (const json& e : j) {
+    TP_ASSIGN_OR_RETURN(TensorInfo t, TensorFromJson(e));
+    if (!local_) t.file.clear();
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+Result<std::pair<TensorInfo, std::string>> Client::Meta(const std::string& path) {
+  TP_ASSIGN_OR_RETURN(std::string text, Call("GET", "/v1/meta/" + Encode(path)));
+  TP_ASSIGN_OR_RETURN(json j, ParseJson(text));
+  TP_ASSIGN_OR_RETURN(TensorInfo t, TensorFromJson(j));
+  return std::make_pair(std::move(t), j.value("xxh64", ""));
+}
+
+Status Client::Delete(const std::string& path) { return Call("DELETE", "/v1/tensors/" + Encode(path)).status(); }
+
+Result<TensorInfo> Client::Put(const std::string& path, DType dtype, const Shape& shape, const void* data,
+                               uint64_t size) {
+  std::string target = "/v1/tensors/" + Encode(path) + "?dtype=" + std::string(DTypeName(dtype)) +
+                       "&shape=" + ShapeToString(shape);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto r = http_->cli.Put(target.c_str(), static_cast<const char*>(data), size, "application/octet-stream");
+  if (!r) return Unreachable(url_, r.error());
+  if (r->status >= 400) return ReplyError(url_, "PUT " + path, r->status, r->body);
+  TP_ASSIGN_OR_RETURN(json j, ParseJson(r->body));
+  return TensorFromJson(j);
+}
+
+Result<std::string> Client::Get(const std::string& path, const std::string& range, DType* dtype, Shape* shape) {
+  std::string target = "/v1/tensors/" + Encode(path) + (range.empty() ? "" : "?range=" + Encode(range));
+  std::lock_guard<std::mutex> lock(mu_);
+  auto r = http_->cli.Get(target.c_str());
+  if (!r) return Unreachable(url_, r.error());
+  if (r->status >= 400) return ReplyError(url_, "GET " + path, r->status, r->body);
+  if (dtype) {
+    TP_ASSIGN_OR_RETURN(*dtype, ParseDType(r->get_header_value("X-Tensor-Dtype")));
+  }
+  if (shape) {
+    auto dt = ParseDType(r->get_header_value("X-Tensor-Dtype"));
+    TP_ASSIGN_OR_RETURN(*shape, ParseShape(r->get_header_value("X-Tensor-Shape"), dt.ok() ? *dt : DType::kU8));
+  }
+  return std::move(r->body);
+}
+
+Status Client::GetInto(const std::string& path, const std::string& range, void* dst, uint64_t size) {
+  std::string target = "/v1/tensors/" + Encode(path) + (range.empty() ? "" : "?range=" + Encode(range));
+  uint64_t got = 0;
+  bool overflow = false;
+  std::string error_body;
+  int status = 0;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto r = http_->cli.Get(
+      target.c_str(),
+      [&](const httplib::Response& res) {
+        status = res.status;
+        return true;
+      },
+      [&](const char* data, std::size_t n) {
+        if (status >= 400) {
+          error_body.append(data, n);
+          return true;
+        }
+        if (n > size - got) {
+          overflow = true;
+          return false;
+        }
+        std::memcpy(static_cast<char*>(dst) + got, data, n);
+        got += n;
+        return true;
+      });
+  if (overflow) return DataLoss("store: GET " + path + " returned more than the expected " + std::to_string(size) + " bytes");
+  if (!r) return Unreachable(url_, r.error());
+  if (status >= 400) return ReplyError(url_, "GET " + path, status, error_body);
+  if (got != size) {
+    return DataLoss("store: GET " + path + " returned " + std::to_string(got) + " bytes, expected " +
+                    std::to_string(size));
+  }
+  return Status::Ok();
+}
+
+Result<std::vector<TensorInfo>> Client::Allocate(const std::vector<Store::AllocRequest>& tensors) {
+  if (!local_) return FailedPrecondition("store " + url_ + " is not on this machine: no shared-memory allocation");
+  json req = json::array();
+  for (const auto& t : tensors) {
+    req.push_back({{"path", t.path}, {"dtype", std::string(DTypeName(t.dtype))}, {"shape", t.shape}});
+  }
+  TP_ASSIGN_OR_RETURN(std::string text, Call("POST", "/v1/alloc", json{{"tensors", req}}.dump()));
+  TP_ASSIGN_OR_RETURN(json j, ParseJson(text));
+  if (j.value("store_id", "") != store_id_) return Aborted("store " + url_ + " restarted; reconnect");
+  std::vector<TensorInfo> out;
+  for (const json& e : j["tensors"]) {
+    TP_ASSIGN_OR_RETURN(TensorInfo t, TensorFromJson(e));
+    out.push_back(std::move(t));
+  }
+  if (out.size() != tensors.size()) return DataLoss("store: /v1/alloc returned the wrong number of tensors");
+  return out;
+}
+
+Result<TensorInfo> Client::ShmInfo(const std::string& path) {
+  if (!local_) return FailedPrecondition("store " + url_ + " is not on this machine: no shared-memory access");
+  TP_ASSIGN_OR_RETURN(std::string text, Call("GET", "/v1/shm/" + Encode(path)));
+  TP_ASSIGN_OR_RETURN(json j, ParseJson(text));
+  return TensorFromJson(j);
+}
+
+Result<ShmMapping> Client::Map(const TensorInfo& info, bool writable, bool populate) {
+  if (info.file.empty()) return FailedPrecondition("tensor " + info.path + " has no shared-memory file here");
+  if (writable && info.committed) return FailedPrecondition("tensor " + info.path + " is committed and immutable");
+  return ShmMapping::Map(info.file, 0, info.bytes, writable, populate);
+}
+
+Status Client::WriteMany(const std::vector<Store::AllocRequest>& tensors, const std::vector<const void*>& data) {
+  if (data.size() != tensors.size()) return InvalidArgument("WriteMany: one data pointer per tensor");
+  if (!local_) {
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+      TP_ASSIGN_OR_RETURN(int64_t vol, CheckedVolume(tensors[i].shape, DTypeSize(tensors[i].dtype)));
+      TP_RETURN_IF_ERROR(Put(tensors[i].path, tensors[i].dtype, tensors[i].shape, data[i],
+                             static_cast<uint64_t>(vol) * DTypeSize(tensors[i].dtype))
+                             .status());
+    }
+    return Status::Ok();
+  }
+  TP_ASSIGN_OR_RETURN(std::vector<TensorInfo> infos, Allocate(tensors));
+  for (std::size_t i = 0; i < infos.size(); ++i) {
+    TP_RETURN_IF_ERROR(PwriteAll(infos[i].file, 0, data[i], infos[i].bytes));
+  }
+  return Status::Ok();
+}
+
+Status Client::Write(const std::string& path, DType dtype, const Shape& shape, const void* data, uint64_t size) {
+  TP_ASSIGN_OR_RETURN(int64_t vol, CheckedVolume(shape, DTypeSize(dtype)));
+  if (static_cast<uint64_t>(vol) * DTypeSize(dtype) != size) {
+    return InvalidArgument("Write " + path + ": " + std::to_string(size) + " bytes do not match dtype x shape");
+  }
+  return WriteMany({{path, dtype, shape}}, {data});
+}
+
+Status Client::Read(const TensorInfo& info, void* dst) {
+  if (local_ && !info.file.empty()) {
+    Status s = PreadAll(info.file, 0, dst, info.bytes);
+    if (s.ok()) return s;
+    // The file may have been released meanwhile; the HTTP path reports it clearly.
+  }
+  return GetInto(info.path, "", dst, info.bytes);
+}
+
+}  // namespace tenplex::store

@@ -1,0 +1,57 @@
+// The store's HTTP API (docs/store.md): tensors, metadata, listing, versions and the
+// local shared-memory endpoints, served by cpp-httplib over a Store.
+//
+// Every request is parsed by the pure functions of parse.h from the raw request
+// target; every error is a 4xx/5xx JSON body {"error": "...", "code": "..."} produced
+// in one place (HttpStatusFor). A request that fails never changes stored bytes: all
+// checks run before the Store is asked to write, and the Store itself creates
+// tensors beside the old ones and publishes them by rename. Bulk bytes for local
+// clients go through shared memory (/v1/alloc, /v1/shm), never through HTTP bodies.
+//
+// Security: the server listens on loopback unless told otherwise, refuses a
+// non-loopback address without a token, and with a token requires
+// "Authorization: Bearer <token>" on every request (401 otherwise). The shared-memory
+// endpoints answer loopback peers only.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "tenplex/store/store.h"
+#include "tenplex/util/status.h"
+
+namespace tenplex::store {
+
+struct ServerOptions {
+  std::string token;                             // empty: no authentication
+  uint64_t max_body_bytes = 1ull << 30;          // request bodies (413 above)
+  std::size_t max_header_bytes = 16 << 10;       // all request headers together (431 above)
+};
+
+// The HTTP status for an error code (400 for InvalidArgument, 404 NotFound, 409
+// FailedPrecondition/AlreadyExists, 416 OutOfRange, 507 ResourceExhausted, ...).
+int HttpStatusFor(StatusCode code);
+// The inverse used by clients: the StatusCode named in an error body ("NOT_FOUND").
+StatusCode StatusCodeFromName(std::string_view name, int http_status);
+
+class Server {
+ public:
+  Server(Store& store, ServerOptions options);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // Binds host:port (port 0: any free port) and returns the bound port. A host that
+  // is not loopback needs a token.
+  Result<int> Bind(const std::string& host, int port);
+  // Serves until Stop() is called (from any thread or a signal-handling thread).
+  Status Serve();
+  void Stop();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tenplex::store

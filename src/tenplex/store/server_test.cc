@@ -1,0 +1,170 @@
+// The HTTP server and the C++ client in one process: every client call against a
+// real server on a loopback port, checked against the Store underneath.
+#include "tenplex/store/server.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "tenplex/geometry/copy.h"
+#include "tenplex/io/checkpoint.h"
+#include "tenplex/store/client.h"
+
+namespace tenplex::store {
+namespace {
+
+struct Running {
+  std::unique_ptr<Store> store;
+  std::unique_ptr<Server> server;
+  std::thread thread;
+  std::string url;
+
+  explicit Running(ServerOptions o = {}, StoreOptions so = {}) {
+    store = std::move(Store::Open(so)).value();
+    server = std::make_unique<Server>(*store, o);
+    auto port = server->Bind("127.0.0.1", 0);
+    EXPECT_TRUE(port.ok()) << port.status().ToString();
+    url = "http://127.0.0.1:" + std::to_string(*port);
+    thread = std::thread([this] { EXPECT_TRUE(server->Serve().ok()); });
+  }
+  ~Running() {
+    server->Stop();
+    thread.join();
+  }
+};
+
+std::vector<uint8_t> RandomBytes(std::size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<uint8_t> v(n);
+  for (auto& b : v) b = static_cast<uint8_t>(rng());
+  return v;
+}
+
+std::unique_ptr<Client> Connect(const std::string& url, ClientOptions o = {}) {
+  auto c = Client::Connect(url, o);
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  return std::move(c).value();
+}
+
+TEST(ServerTest, LocalAndHttpPathsAgree) {
+  Running r;
+  auto local = Connect(r.url);
+  auto remote = Connect(r.url, {.token = "", .use_shm = false});
+  EXPECT_TRUE(local->local());
+  EXPECT_FALSE(remote->local());
+  EXPECT_EQ(local->store_id(), r.store->id());
+
+  auto v = local->BeginVersion("j", std::nullopt, R"({"a": 1})");
+  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  const Shape shape{6, 10};
+  auto a = RandomBytes(6 * 10 * 4, 1), b = RandomBytes(6 * 10 * 4, 2);
+  ASSERT_TRUE(local->Write("jobs/j/1/rank-00000/a", DType::kF32, shape, a.data(), a.size()).ok());
+  ASSERT_TRUE(remote->Write("jobs/j/1/rank-00001/b", DType::kF32, shape, b.data(), b.size()).ok());
+  // Both arrived in the store.
+  auto ra = r.store->Get("jobs/j/1/rank-00000/a");
+  ASSERT_TRUE(ra.ok());
+  EXPECT_EQ(std::memcmp(ra->data(), a.data(), a.size()), 0);
+  auto rb = r.store->Get("jobs/j/1/rank-00001/b");
+  ASSERT_TRUE(rb.ok());
+  EXPECT_EQ(std::memcmp(rb->data(), b.data(), b.size()), 0);
+
+  // Reads through both paths, and a strided range against the strided copy.
+  for (Client* c : {local.get(), remote.get()}) {
+    auto list = c->List("jobs/j/1/");
+    ASSERT_TRUE(list.ok());
+    ASSERT_EQ(list->size(), 2u);
+    EXPECT_EQ((*list)[0].file.empty(), !c->local());
+    std::vector<uint8_t> got(a.size());
+    ASSERT_TRUE(c->Read((*list)[0], got.data()).ok());
+    EXPECT_EQ(got, a);
+    DType dt;
+    Shape sh;
+    auto part = c->Get("jobs/j/1/rank-00001/b", "1:4,2:7", &dt, &sh);
+    ASSERT_TRUE(part.ok()) << part.status().ToString();
+    EXPECT_EQ(dt, DType::kF32);
+    EXPECT_EQ(sh, (Shape{3, 5}));
+    std::vector<uint8_t> want(3 * 5 * 4);
+    ASSERT_TRUE(CopyBox(ConstRegion{b.data(), shape, Box({{1, 4}, {2, 7}})},
+                        MutRegion{want.data(), Shape{3, 5}, BoxOf(Shape{3, 5})}, 4)
+                    .ok());
+    EXPECT_EQ(std::vector<uint8_t>(part->begin(), part->end()), want);
+    std::vector<uint8_t> into(want.size());
+    ASSERT_TRUE(c->GetInto("jobs/j/1/rank-00001/b", "1:4,2:7", into.data(), into.size()).ok());
+    EXPECT_EQ(into, want);
+    EXPECT_EQ(c->GetInto("jobs/j/1/rank-00001/b", "1:4", into.data(), into.size()).code(), StatusCode::kDataLoss);
+    auto meta = c->Meta("jobs/j/1/rank-00000/a");
+    ASSERT_TRUE(meta.ok());
+    EXPECT_EQ(meta->second, io::Xxh64Hex(a.data(), a.size()));
+  }
+
+  // Zero-copy: allocate, map writable, write in place; the store sees the bytes.
+  auto infos = local->Allocate({{"jobs/j/1/rank-00002/z", DType::kI32, {100}}});
+  ASSERT_TRUE(infos.ok()) << infos.status().ToString();
+  {
+    auto m = Client::Map((*infos)[0], /*writable=*/true);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    for (int i = 0; i < 100; ++i) std::memcpy(m->data() + 4 * i, &i, 4);
+  }
+  auto z = r.store->Get("jobs/j/1/rank-00002/z");
+  ASSERT_TRUE(z.ok());
+  int v37 = 0;
+  std::memcpy(&v37, z->data() + 4 * 37, 4);
+  EXPECT_EQ(v37, 37);
+  EXPECT_EQ(remote->Allocate({{"jobs/j/1/rank-00002/y", DType::kI32, {1}}}).status().code(),
+            StatusCode::kFailedPrecondition);
+
+  // Errors come back with their codes.
+  EXPECT_EQ(local->Get("jobs/j/1/rank-00000/nope").status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(local->Get("jobs/j/1/rank-00000/a", "0:7").status().code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(local->Get("jobs/j/1/rank-00000/a", "x").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(local->Put("jobs/j/1/rank-00000/a", DType::kF32, shape, a.data(), 3).status().code(),
+            StatusCode::kInvalidArgument);
+  ASSERT_TRUE(local->Commit("j", 1).ok());
+  EXPECT_EQ(local->Put("jobs/j/1/rank-00000/a", DType::kF32, shape, a.data(), a.size()).status().code(),
+            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Client::Map((*infos)[0], true).status().code(), StatusCode::kOk);  // info is stale: still open there
+  auto shm = local->ShmInfo("jobs/j/current/rank-00002/z");
+  ASSERT_TRUE(shm.ok());
+  EXPECT_TRUE(shm->committed);
+  EXPECT_EQ(Client::Map(*shm, true).status().code(), StatusCode::kFailedPrecondition);
+  auto vi = remote->Version("j", std::nullopt);
+  ASSERT_TRUE(vi.ok());
+  EXPECT_EQ(vi->version, 1u);
+  EXPECT_EQ(vi->info, R"({"a":1})");
+  EXPECT_EQ(remote->Abort("j", 1).code(), StatusCode::kFailedPrecondition);
+}
+
+TEST(ServerTest, TokenAndUnreachable) {
+  Running r({.token = "t0k"});
+  EXPECT_EQ(Client::Connect(r.url).status().code(), StatusCode::kUnauthenticated);
+  EXPECT_EQ(Client::Connect(r.url, {.token = "bad"}).status().code(), StatusCode::kUnauthenticated);
+  auto c = Client::Connect(r.url, {.token = "t0k"});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_TRUE((*c)->BeginVersion("j").ok());
+  Server s(*r.store, {});
+  EXPECT_EQ(s.Bind("0.0.0.0", 0).status().code(), StatusCode::kInvalidArgument);  // no token
+  EXPECT_EQ(Client::Connect("http://127.0.0.1:1").status().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(Client::Connect("https://127.0.0.1:1").status().code(), StatusCode::kUnimplemented);
+}
+
+TEST(ServerTest, StopBeforeServeIsNotLost) {
+  auto store = std::move(Store::Open()).value();
+  Server s(*store, {});
+  ASSERT_TRUE(s.Bind("127.0.0.1", 0).ok());
+  s.Stop();
+  EXPECT_TRUE(s.Serve().ok());  // returns at once
+}
+
+TEST(ServerTest, StatusCodesMapBothWays) {
+  for (int c = 1; c <= static_cast<int>(StatusCode::kUnimplemented); ++c) {
+    StatusCode code = static_cast<StatusCode>(c);
+    int http = HttpStatusFor(code);
+    EXPECT_GE(http, 400);
+    EXPECT_EQ(StatusCodeFromName(StatusCodeName(code), http), code);
+  }
+}
+
+}  // namespace
+}  // namespace tenplex::store
