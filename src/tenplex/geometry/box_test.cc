@@ -5,6 +5,7 @@
 #include <random>
 
 #include "tenplex/geometry/dtype.h"
+#include "tenplex/geometry/testing.h"
 
 namespace tenplex {
 namespace {
@@ -40,25 +41,6 @@ TEST(BoxTest, CheckedVolumeRejectsNegativeAndOverflow) {
   EXPECT_FALSE(CheckedVolume({1LL << 31, 1LL << 31}, 8).ok());
 }
 
-// Brute force: the set of flat offsets of a box.
-std::vector<int64_t> Offsets(const Shape& shape, const Box& box) {
-  std::vector<int64_t> out;
-  if (IsEmpty(box)) return out;
-  std::vector<int64_t> idx(shape.size());
-  for (std::size_t k = 0; k < shape.size(); ++k) idx[k] = box[k].begin;
-  for (;;) {
-    int64_t off = 0;
-    for (std::size_t k = 0; k < shape.size(); ++k) off = off * shape[k] + idx[k];
-    out.push_back(off);
-    std::size_t k = shape.size();
-    for (;;) {
-      if (k == 0) return out;
-      --k;
-      if (++idx[k] < box[k].end) break;
-      idx[k] = box[k].begin;
-    }
-  }
-}
 
 TEST(BoxTest, FlatRangeToBoxesMatchesBruteForce) {
   std::mt19937 rng(1);
@@ -75,7 +57,7 @@ TEST(BoxTest, FlatRangeToBoxesMatchesBruteForce) {
     for (const Box& box : boxes) {
       EXPECT_TRUE(IsContiguous(shape, box)) << ToString(box);
       EXPECT_EQ(FlatOffset(shape, box), got.empty() ? b : got.back() + 1);
-      for (int64_t o : Offsets(shape, box)) got.push_back(o);
+      for (int64_t o : testing::BoxOffsets(shape, box)) got.push_back(o);
     }
     std::vector<int64_t> want;
     for (int64_t o = b; o < e; ++o) want.push_back(o);
@@ -97,10 +79,10 @@ TEST(BoxTest, ContiguousPartsCoverBoxInOrder) {
     std::vector<int64_t> got;
     for (const Box& part : ContiguousParts(shape, box)) {
       EXPECT_TRUE(IsContiguous(shape, part));
-      for (int64_t o : Offsets(shape, part)) got.push_back(o);
+      for (int64_t o : testing::BoxOffsets(shape, part)) got.push_back(o);
     }
-    EXPECT_EQ(got, Offsets(shape, box));
-    auto offs = Offsets(shape, box);
+    EXPECT_EQ(got, testing::BoxOffsets(shape, box));
+    auto offs = testing::BoxOffsets(shape, box);
     bool contiguous = true;
     for (std::size_t i = 1; i < offs.size(); ++i) contiguous &= offs[i] == offs[i - 1] + 1;
     EXPECT_EQ(IsContiguous(shape, box), contiguous) << ToString(box);

@@ -5,29 +5,11 @@
 #include <numeric>
 #include <random>
 
+#include "tenplex/geometry/testing.h"
+
 namespace tenplex {
 namespace {
 
-// Per-element reference: the i-th element of src box (row-major) goes to the i-th
-// element of dst box.
-std::vector<int64_t> Elements(const Shape& shape, const Box& box) {
-  std::vector<int64_t> out;
-  if (IsEmpty(box)) return out;
-  std::vector<int64_t> idx(shape.size());
-  for (std::size_t k = 0; k < shape.size(); ++k) idx[k] = box[k].begin;
-  for (;;) {
-    int64_t off = 0;
-    for (std::size_t k = 0; k < shape.size(); ++k) off = off * shape[k] + idx[k];
-    out.push_back(off);
-    std::size_t k = shape.size();
-    for (;;) {
-      if (k == 0) return out;
-      --k;
-      if (++idx[k] < box[k].end) break;
-      idx[k] = box[k].begin;
-    }
-  }
-}
 
 Box RandomBox(std::mt19937& rng, const Shape& shape) {
   Box b;
@@ -56,7 +38,7 @@ TEST(CopyTest, RandomBoxesMatchPerElementReference) {
     std::vector<uint16_t> src(Volume(ss));
     std::iota(src.begin(), src.end(), 1);
     std::vector<uint16_t> dst(Volume(ds), 0), want(Volume(ds), 0);
-    auto se = Elements(ss, sb), de = Elements(ds, db);
+    auto se = testing::BoxOffsets(ss, sb), de = testing::BoxOffsets(ds, db);
     for (std::size_t i = 0; i < se.size(); ++i) want[de[i]] = src[se[i]];
     ASSERT_TRUE(CopyBox({src.data(), ss, sb}, {dst.data(), ds, db}, 2, iter % 2 ? &pool : nullptr,
                         16)
@@ -106,8 +88,8 @@ TEST(CopyTest, PlanCopyRunsMatchPerElementReference) {
       }
     });
     EXPECT_EQ(r, runs->count);
-    EXPECT_EQ(got_src, Elements(ss, sb)) << ToString(sb);
-    EXPECT_EQ(got_dst, Elements(ds, db)) << ToString(db);
+    EXPECT_EQ(got_src, testing::BoxOffsets(ss, sb)) << ToString(sb);
+    EXPECT_EQ(got_dst, testing::BoxOffsets(ds, db)) << ToString(db);
     // A sub-range of runs walks the same offsets.
     if (runs->count > 2) {
       int64_t first = 1, seen = 0;
@@ -144,7 +126,7 @@ TEST(CopyTest, FlatRangeEitherSide) {
     std::iota(src.begin(), src.end(), 0.5f);
     std::vector<float> dst(flat[0], -1.f);
     ASSERT_TRUE(CopyBox({src.data(), ss, sb}, {dst.data(), flat, Box({{off, off + vol}})}, 4).ok());
-    auto se = Elements(ss, sb);
+    auto se = testing::BoxOffsets(ss, sb);
     for (int64_t i = 0; i < vol; ++i) EXPECT_EQ(dst[off + i], src[se[i]]);
     // And back into a zeroed tensor.
     std::vector<float> back(Volume(ss), 0.f);

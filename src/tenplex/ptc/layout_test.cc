@@ -7,10 +7,14 @@
 #include <map>
 #include <regex>
 
+#include "tenplex/geometry/testing.h"
 #include "tenplex/model/gpt.h"
 
 namespace tenplex {
 namespace {
+
+using testing::Ravel;
+using testing::Unravel;
 
 constexpr int64_t kPad = -1;
 
@@ -28,20 +32,7 @@ struct RefTensor {
   std::vector<Elem> elems;
 };
 
-std::vector<int64_t> Unravel(int64_t flat, const Shape& shape) {
-  std::vector<int64_t> idx(shape.size());
-  for (std::size_t k = shape.size(); k > 0; --k) {
-    idx[k - 1] = flat % shape[k - 1];
-    flat /= shape[k - 1];
-  }
-  return idx;
-}
 
-int64_t Ravel(const std::vector<int64_t>& idx, const Shape& shape) {
-  int64_t f = 0;
-  for (std::size_t k = 0; k < shape.size(); ++k) f = f * shape[k] + idx[k];
-  return f;
-}
 
 class Reference {
  public:
