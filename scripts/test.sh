@@ -12,3 +12,5 @@ cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DTENPLEX_SANITIZE=ON
 ninja -C build-asan
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build-asan --output-on-failure -j2 -L unit --timeout 900
+echo "== fuzzing the parsers (libFuzzer, 20 s per target; skipped without clang)"
+bash scripts/fuzz.sh 20

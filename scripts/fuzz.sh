@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets (every src/tenplex/<module>/*_fuzz.cc) with clang into
+# build-fuzz/ (or $TENPLEX_FUZZ_BUILD) and runs each for a bounded time from its seed corpus
+# tests/fuzz/<target>/. Usage: scripts/fuzz.sh [SECONDS_PER_TARGET (default 20)].
+# A finding (crash, sanitizer report, failed property) fails the script and leaves the
+# input in build-fuzz/artifacts/. Without clang it prints why and succeeds.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+secs=${1:-20}
+B=${TENPLEX_FUZZ_BUILD:-build-fuzz}  # build directory
+if ! command -v clang++ >/dev/null 2>&1; then
+  echo "== fuzzing skipped: clang++ is not installed (scripts/install-deps.sh installs it)"
+  exit 0
+fi
+cmake -S . -B "$B" -G Ninja -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTENPLEX_FUZZ=ON -DTENPLEX_BENCH=OFF -DTENPLEX_PYTHON=OFF >/dev/null
+targets=$(ninja -C "$B" -t targets all | sed -n 's/^\(tenplex_[A-Za-z0-9_]*_fuzz\): .*/\1/p' | sort -u)
+if [ -z "$targets" ]; then
+  echo "== fuzzing: no *_fuzz.cc targets"
+  exit 0
+fi
+ninja -C "$B" $targets
+mkdir -p $B/artifacts
+for t in $targets; do
+  echo "== fuzzing $t for ${secs}s"
+  corpus=$B/corpus/$t
+  mkdir -p "$corpus"
+  seeds=()
+  [ -d "tests/fuzz/$t" ] && seeds=("tests/fuzz/$t")
+  log=$B/$t.log
+  set +e
+  ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+    "$B/bin/$t" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -max_len=65536 \
+    -artifact_prefix=$B/artifacts/"$t"- -print_final_stats=1 "$corpus" "${seeds[@]}" >"$log" 2>&1
+  rc=$?
+  set -e
+  grep -E "^#[0-9]+ +DONE|^stat::number_of_executed_units" "$log" || true
+  if [ $rc -ne 0 ]; then
+    tail -60 "$log"
+    echo "== fuzz target $t failed (exit $rc); the input is in $B/artifacts/"
+    exit 1
+  fi
+done
