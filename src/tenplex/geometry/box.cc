@@ -196,8 +196,12 @@ std::vector<Box> ContiguousParts(const Shape& shape, const Box& box) {
 std::string ToString(const Box& box) {
   std::string s = "[";
   for (std::size_t i = 0; i < box.rank(); ++i) {
-    if (i) s += ",";
-    s += "[" + std::to_string(box[i].begin) + "," + std::to_string(box[i].end) + "]";
+    if (i) s += ',';
+    s += '[';
+    s += std::to_string(box[i].begin);
+    s += ',';
+    s += std::to_string(box[i].end);
+    s += ']';
   }
   return s + "]";
 }
