@@ -4,7 +4,7 @@
 #include <httplib.h>
 #include <unistd.h>
 
-#include <atomic>
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -18,8 +18,6 @@ namespace tenplex::store {
 using nlohmann::json;
 
 namespace {
-
-constexpr uint64_t kIoChunk = 16 << 20;
 
 // Percent-encodes everything but unreserved characters and the separators the API
 // uses in paths and queries.
@@ -71,45 +69,7 @@ Status Unreachable(const std::string& url, httplib::Error e) {
   return Unavailable("cannot reach the store at " + url + " (" + httplib::to_string(e) + ")");
 }
 
-template <typename F>
-Status ChunkedIo(const std::string& file, int flags, uint64_t size, F io) {
-  int fd = ::open(file.c_str(), flags | O_CLOEXEC);
-  if (fd < 0) return ErrnoError("open " + file, errno);
-  const std::size_t chunks = static_cast<std::size_t>((size + kIoChunk - 1) / kIoChunk);
-  std::atomic<int> err{0};
-  ThreadPool::Default().ParallelFor(chunks, [&](std::size_t i) {
-    uint64_t begin = i * kIoChunk, end = std::min(size, begin + kIoChunk);
-    while (begin < end && err == 0) {
-      ssize_t n = io(fd, begin, end - begin);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        err = n < 0 ? errno : EIO;
-        return;
-      }
-      begin += static_cast<uint64_t>(n);
-    }
-  });
-  ::close(fd);
-  if (err != 0) return err == ENOSPC ? ResourceExhausted("shared memory is full writing " + file)
-                                     : ErrnoError("copy " + file, err);
-  return Status::Ok();
-}
-
 }  // namespace
-
-Status PwriteAll(const std::string& file, uint64_t offset, const void* data, uint64_t size) {
-  const char* src = static_cast<const char*>(data);
-  return ChunkedIo(file, O_WRONLY, size, [&](int fd, uint64_t at, uint64_t n) {
-    return ::pwrite(fd, src + at, n, static_cast<off_t>(offset + at));
-  });
-}
-
-Status PreadAll(const std::string& file, uint64_t offset, void* dst, uint64_t size) {
-  char* out = static_cast<char*>(dst);
-  return ChunkedIo(file, O_RDONLY, size, [&](int fd, uint64_t at, uint64_t n) {
-    return ::pread(fd, out + at, n, static_cast<off_t>(offset + at));
-  });
-}
 
 struct Client::Http {
   httplib::Client cli;
@@ -221,7 +181,15 @@ Result<TensorInfo> Client::Put(const std::string& path, DType dtype, const Shape
   std::string target = "/v1/tensors/" + Encode(path) + "?dtype=" + std::string(DTypeName(dtype)) +
                        "&shape=" + ShapeToString(shape);
   std::lock_guard<std::mutex> lock(mu_);
-  auto r = http_->cli.Put(target.c_str(), static_cast<const char*>(data), size, "application/octet-stream");
+  // Streamed from the caller's buffer (the buffer-taking overload copies it first).
+  const char* bytes = static_cast<const char*>(data);
+  auto r = http_->cli.Put(
+      target.c_str(), static_cast<std::size_t>(size),
+      [bytes, size](std::size_t offset, std::size_t length, httplib::DataSink& sink) {
+        std::size_t n = std::min<std::size_t>({length, std::size_t{4} << 20, static_cast<std::size_t>(size - offset)});
+        return sink.write(bytes + offset, n);
+      },
+      "application/octet-stream");
   if (!r) return Unreachable(url_, r.error());
   if (r->status >= 400) return ReplyError(url_, "PUT " + path, r->status, r->body);
   TP_ASSIGN_OR_RETURN(json j, ParseJson(r->body));
@@ -280,13 +248,14 @@ Status Client::GetInto(const std::string& path, const std::string& range, void* 
   return Status::Ok();
 }
 
-Result<std::vector<TensorInfo>> Client::Allocate(const std::vector<Store::AllocRequest>& tensors) {
+Result<std::vector<TensorInfo>> Client::Allocate(const std::vector<Store::AllocRequest>& tensors, bool zero_fill) {
   if (!local_) return FailedPrecondition("store " + url_ + " is not on this machine: no shared-memory allocation");
   json req = json::array();
   for (const auto& t : tensors) {
     req.push_back({{"path", t.path}, {"dtype", std::string(DTypeName(t.dtype))}, {"shape", t.shape}});
   }
-  TP_ASSIGN_OR_RETURN(std::string text, Call("POST", "/v1/alloc", json{{"tensors", req}}.dump()));
+  TP_ASSIGN_OR_RETURN(std::string text,
+                      Call("POST", "/v1/alloc", json{{"tensors", req}, {"fill", zero_fill ? "zero" : "none"}}.dump()));
   TP_ASSIGN_OR_RETURN(json j, ParseJson(text));
   if (j.value("store_id", "") != store_id_) return Aborted("store " + url_ + " restarted; reconnect");
   std::vector<TensorInfo> out;
@@ -322,7 +291,7 @@ Status Client::WriteMany(const std::vector<Store::AllocRequest>& tensors, const 
     }
     return Status::Ok();
   }
-  TP_ASSIGN_OR_RETURN(std::vector<TensorInfo> infos, Allocate(tensors));
+  TP_ASSIGN_OR_RETURN(std::vector<TensorInfo> infos, Allocate(tensors, /*zero_fill=*/false));
   for (std::size_t i = 0; i < infos.size(); ++i) {
     TP_RETURN_IF_ERROR(PwriteAll(infos[i].file, 0, data[i], infos[i].bytes));
   }

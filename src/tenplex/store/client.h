@@ -74,7 +74,8 @@ class Client {
   Status GetInto(const std::string& path, const std::string& range, void* dst, uint64_t size);
 
   // ---- local shared memory (local() only)
-  Result<std::vector<TensorInfo>> Allocate(const std::vector<Store::AllocRequest>& tensors);
+  // zero_fill false: sparse files the caller writes completely (Write uses this).
+  Result<std::vector<TensorInfo>> Allocate(const std::vector<Store::AllocRequest>& tensors, bool zero_fill = true);
   Result<TensorInfo> ShmInfo(const std::string& path);
   // Maps a tensor's file; `writable` needs an open version.
   static Result<ShmMapping> Map(const TensorInfo& info, bool writable, bool populate = false);
@@ -90,9 +91,5 @@ class Client {
   std::unique_ptr<Http> http_;
   std::mutex mu_;
 };
-
-// Copies into / out of a file with pwrite / pread in parallel chunks.
-Status PwriteAll(const std::string& file, uint64_t offset, const void* data, uint64_t size);
-Status PreadAll(const std::string& file, uint64_t offset, void* dst, uint64_t size);
 
 }  // namespace tenplex::store

@@ -5,8 +5,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <functional>
 #include <utility>
 
 #include "tenplex/geometry/copy.h"
@@ -64,7 +67,7 @@ Result<ShmMapping> ShmMapping::Map(const std::string& file, uint64_t offset, uin
   return m;
 }
 
-Result<ShmMapping> ShmMapping::Create(const std::string& file, uint64_t bytes, bool populate) {
+Status CreateShmFile(const std::string& file, uint64_t bytes, bool allocate) {
   int fd = ::open(file.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0) return ErrnoError("create " + file, errno);
   auto fail = [&](Status s) {
@@ -72,20 +75,23 @@ Result<ShmMapping> ShmMapping::Create(const std::string& file, uint64_t bytes, b
     ::unlink(file.c_str());
     return s;
   };
-  if (bytes > 0) {
-    int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));
-    if (rc == ENOSPC) {
-      return fail(ResourceExhausted("shared memory is full: cannot allocate " + std::to_string(bytes) +
-                                    " bytes for " + file));
-    }
-    if (rc == EOPNOTSUPP || rc == EINVAL) {
-      // File systems without fallocate: size the file; pages come on first write.
-      if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) return fail(ErrnoError("ftruncate " + file, errno));
-    } else if (rc != 0) {
-      return fail(ErrnoError("fallocate " + file, rc));
-    }
+  int rc = allocate && bytes > 0 ? ::posix_fallocate(fd, 0, static_cast<off_t>(bytes)) : EOPNOTSUPP;
+  if (rc == ENOSPC) {
+    return fail(ResourceExhausted("shared memory is full: cannot allocate " + std::to_string(bytes) + " bytes for " +
+                                  file));
+  }
+  if (rc == EOPNOTSUPP || rc == EINVAL) {
+    // Not asked to, or a file system without fallocate: size the file sparse.
+    if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) return fail(ErrnoError("ftruncate " + file, errno));
+  } else if (rc != 0) {
+    return fail(ErrnoError("fallocate " + file, rc));
   }
   ::close(fd);
+  return Status::Ok();
+}
+
+Result<ShmMapping> ShmMapping::Create(const std::string& file, uint64_t bytes, bool populate) {
+  TP_RETURN_IF_ERROR(CreateShmFile(file, bytes, /*allocate=*/true));
   auto m = Map(file, 0, bytes, /*writable=*/true, populate);
   if (!m.ok()) ::unlink(file.c_str());
   return m;
@@ -123,6 +129,78 @@ void ShmMapping::Prefault() const {
 #if defined(MADV_POPULATE_READ) && defined(MADV_POPULATE_WRITE)
   if (base_) (void)::madvise(base_, map_size_, writable_ ? MADV_POPULATE_WRITE : MADV_POPULATE_READ);
 #endif
+}
+
+namespace {
+
+constexpr uint64_t kIoChunk = 16 << 20;
+
+// Runs io(fd, at, n) over [0, size) in chunks on the default pool until every byte
+// moved; io returns what pread/pwrite return.
+template <typename F>
+Status ChunkedIo(int fd, const std::string& name, uint64_t size, F io) {
+  const std::size_t chunks = static_cast<std::size_t>((size + kIoChunk - 1) / kIoChunk);
+  std::atomic<int> err{0};
+  auto run = [&](std::size_t i) {
+    uint64_t begin = i * kIoChunk, end = std::min(size, begin + kIoChunk);
+    while (begin < end && err == 0) {
+      ssize_t n = io(fd, begin, end - begin);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        err = n < 0 ? errno : -1;
+        return;
+      }
+      begin += static_cast<uint64_t>(n);
+    }
+  };
+  if (chunks <= 1) {
+    if (chunks == 1) run(0);
+  } else {
+    ThreadPool::Default().ParallelFor(chunks, run);
+  }
+  if (err == ENOSPC) return ResourceExhausted("shared memory is full writing " + name);
+  if (err == -1) return DataLoss(name + " is shorter than " + std::to_string(size) + " bytes");
+  if (err != 0) return ErrnoError("copy " + name, err);
+  return Status::Ok();
+}
+
+Status WithFile(const std::string& file, int flags, const std::function<Status(int)>& fn) {
+  int fd = ::open(file.c_str(), flags | O_CLOEXEC);
+  if (fd < 0) return ErrnoError("open " + file, errno);
+  Status s = fn(fd);
+  ::close(fd);
+  return s;
+}
+
+}  // namespace
+
+Status PwriteFd(int fd, const std::string& name, uint64_t offset, const void* data, uint64_t size) {
+  const char* src = static_cast<const char*>(data);
+  return ChunkedIo(fd, name, size, [&](int f, uint64_t at, uint64_t n) {
+    return ::pwrite(f, src + at, n, static_cast<off_t>(offset + at));
+  });
+}
+
+Status PwriteAll(const std::string& file, uint64_t offset, const void* data, uint64_t size) {
+  return WithFile(file, O_WRONLY, [&](int fd) { return PwriteFd(fd, file, offset, data, size); });
+}
+
+Status PreadAll(const std::string& file, uint64_t offset, void* dst, uint64_t size) {
+  char* out = static_cast<char*>(dst);
+  return WithFile(file, O_RDONLY, [&](int fd) {
+    return ChunkedIo(fd, file, size, [&](int f, uint64_t at, uint64_t n) {
+      return ::pread(f, out + at, n, static_cast<off_t>(offset + at));
+    });
+  });
+}
+
+Status TensorSink::Write(const void* data, uint64_t n) {
+  if (n > size_ - written_) {
+    return InvalidArgument("more than the " + std::to_string(size_) + " bytes that dtype x shape needs");
+  }
+  TP_RETURN_IF_ERROR(PwriteFd(fd_, name_, written_, data, n));
+  written_ += n;
+  return Status::Ok();
 }
 
 void ParallelMemcpy(void* dst, const void* src, std::size_t n) {

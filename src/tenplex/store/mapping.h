@@ -49,7 +49,36 @@ class ShmMapping {
   bool writable_ = false;
 };
 
+// Creates a new file (O_EXCL, mode 0600) of `bytes` bytes; with allocate its pages are
+// allocated now (posix_fallocate: zero-filled, and a full file system is
+// ResourceExhausted here rather than a SIGBUS in a process writing through a map).
+Status CreateShmFile(const std::string& file, uint64_t bytes, bool allocate);
+
 // Copies n bytes, split across the default thread pool when large.
 void ParallelMemcpy(void* dst, const void* src, std::size_t n);
+
+// Copies into / out of a file with pwrite / pread, in parallel chunks on the default
+// thread pool when large. On tmpfs this needs no page-table set-up in the calling
+// process, which makes it the fastest one-shot copy into or out of shared memory.
+// A full file system is ResourceExhausted; a short file is DataLoss.
+Status PwriteAll(const std::string& file, uint64_t offset, const void* data, uint64_t size);
+Status PreadAll(const std::string& file, uint64_t offset, void* dst, uint64_t size);
+Status PwriteFd(int fd, const std::string& name, uint64_t offset, const void* data, uint64_t size);
+
+// Receives a new tensor's bytes in order (Store::PutFrom): Write appends at the
+// running offset; more bytes than the tensor holds is InvalidArgument.
+class TensorSink {
+ public:
+  TensorSink(int fd, std::string name, uint64_t size) : fd_(fd), name_(std::move(name)), size_(size) {}
+  Status Write(const void* data, uint64_t n);
+  uint64_t written() const { return written_; }
+  uint64_t size() const { return size_; }
+
+ private:
+  int fd_;
+  std::string name_;
+  uint64_t size_;
+  uint64_t written_ = 0;
+};
 
 }  // namespace tenplex::store

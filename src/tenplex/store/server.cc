@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <thread>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -20,6 +21,8 @@ namespace {
 
 // Bytes handed to the socket per provider call when streaming a tensor.
 constexpr std::size_t kStreamChunk = 4 << 20;
+// Largest JSON request body (version info, allocation lists).
+constexpr std::size_t kMaxJsonBody = 64 << 20;
 
 void SendJson(httplib::Response& res, int status, const json& body) {
   res.status = status;
@@ -144,14 +147,31 @@ struct Server::Impl {
 
   Impl(Store& s, ServerOptions o) : store(s), options(std::move(o)) {}
 
+  // The request body: read on first use from the content reader (PUT and POST
+  // stream), so a tensor PUT can go straight into shared memory.
+  struct Body {
+    const httplib::Request& req;
+    const httplib::ContentReader* reader = nullptr;
+    bool consumed = false;
+    std::string text;
+    // The whole body as text (JSON endpoints), at most kMaxJsonBody bytes.
+    Result<std::string> Text();
+    // Streams the body into fn(data, n); false when fn or the connection failed.
+    bool Stream(const std::function<bool(const char*, std::size_t)>& fn);
+    void Drain();
+  };
+
   void Install();
-  void Handle(const httplib::Request& req, httplib::Response& res);
-  Status Route(const httplib::Request& req, const Target& t, httplib::Response& res);
-  Status Tensors(const httplib::Request& req, const Target& t, const std::string& path, httplib::Response& res);
+  void Handle(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader* reader);
+  Status Route(const httplib::Request& req, Body& body, const Target& t, httplib::Response& res);
+  Status Tensors(const httplib::Request& req, Body& body, const Target& t, const std::string& path,
+                 httplib::Response& res);
   Status GetTensor(const Target& t, const std::string& path, httplib::Response& res);
-  Status PutTensor(const httplib::Request& req, const Target& t, const std::string& path, httplib::Response& res);
-  Status Jobs(const httplib::Request& req, const Target& t, const std::string& rest, httplib::Response& res);
-  Status Alloc(const httplib::Request& req, const Target& t, httplib::Response& res);
+  Status PutTensor(const httplib::Request& req, Body& body, const Target& t, const std::string& path,
+                   httplib::Response& res);
+  Status Jobs(const httplib::Request& req, Body& body, const Target& t, const std::string& rest,
+              httplib::Response& res);
+  Status Alloc(const httplib::Request& req, Body& body, const Target& t, httplib::Response& res);
   static Status RequireLocal(const httplib::Request& req) {
     if (!IsLoopbackHost(req.remote_addr)) {
       return PermissionDenied("shared-memory endpoints answer local (loopback) clients only; " + req.remote_addr +
@@ -189,10 +209,13 @@ void Server::Impl::Install() {
     }
     return httplib::Server::HandlerResponse::Unhandled;
   });
-  auto handler = [this](const httplib::Request& req, httplib::Response& res) { Handle(req, res); };
+  auto handler = [this](const httplib::Request& req, httplib::Response& res) { Handle(req, res, nullptr); };
+  auto streaming = [this](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+    Handle(req, res, &reader);
+  };
   http.Get(".*", handler);
-  http.Put(".*", handler);
-  http.Post(".*", handler);
+  http.Put(".*", httplib::Server::HandlerWithContentReader(streaming));
+  http.Post(".*", httplib::Server::HandlerWithContentReader(streaming));
   http.Delete(".*", handler);
   http.Patch(".*", handler);
   http.Options(".*", handler);
@@ -223,14 +246,55 @@ void Server::Impl::Install() {
   });
 }
 
-void Server::Impl::Handle(const httplib::Request& req, httplib::Response& res) {
-  auto t = ParseTarget(req.target);
-  if (!t.ok()) return SendError(res, t.status());
-  Status s = Route(req, *t, res);
-  if (!s.ok()) SendError(res, s);
+Result<std::string> Server::Impl::Body::Text() {
+  if (!consumed) {
+    consumed = true;
+    if (reader) {
+      bool too_long = false;
+      (*reader)([&](const char* data, std::size_t n) {
+        if (text.size() + n > kMaxJsonBody) {
+          too_long = true;
+          return false;
+        }
+        text.append(data, n);
+        return true;
+      });
+      if (too_long) text = "\x01too long";
+    } else {
+      text = req.body;
+    }
+  }
+  if (text == "\x01too long" || text.size() > kMaxJsonBody) {
+    return InvalidArgument("JSON body is larger than " + std::to_string(kMaxJsonBody >> 20) + " MiB");
+  }
+  return text;
 }
 
-Status Server::Impl::Route(const httplib::Request& req, const Target& t, httplib::Response& res) {
+bool Server::Impl::Body::Stream(const std::function<bool(const char*, std::size_t)>& fn) {
+  if (consumed) return fn(text.data(), text.size());
+  consumed = true;
+  if (!reader) return fn(req.body.data(), req.body.size());
+  return (*reader)([&](const char* data, std::size_t n) { return fn(data, n); });
+}
+
+// An unread body would be taken for the next request on a kept-alive connection, so
+// a request that failed before reading its body still reads (and drops) it. Its size
+// is bounded by --max-body.
+void Server::Impl::Body::Drain() {
+  if (consumed || !reader) return;
+  consumed = true;
+  (*reader)([](const char*, std::size_t) { return true; });
+}
+
+void Server::Impl::Handle(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader* reader) {
+  Body body{req, reader, false, {}};
+  auto t = ParseTarget(req.target);
+  Status s = t.ok() ? Route(req, body, *t, res) : t.status();
+  if (!s.ok()) SendError(res, s);
+  body.Drain();
+}
+
+Status Server::Impl::Route(const httplib::Request& req, Body& body, const Target& t, httplib::Response& res) {
   const std::string& p = t.path;
   const std::string& m = req.method;
   auto method_error = [&]() {
@@ -249,7 +313,7 @@ Status Server::Impl::Route(const httplib::Request& req, const Target& t, httplib
               {"memory_limit", store.memory_limit()}});
     return Status::Ok();
   }
-  if (starts("/v1/tensors/")) return Tensors(req, t, p.substr(12), res);
+  if (starts("/v1/tensors/")) return Tensors(req, body, t, p.substr(12), res);
   if (starts("/v1/meta/")) {
     if (m != "GET") return method_error();
     TP_RETURN_IF_ERROR(CheckQueryKeys(t.query, {}));
@@ -289,16 +353,16 @@ Status Server::Impl::Route(const httplib::Request& req, const Target& t, httplib
   }
   if (p == "/v1/alloc") {
     if (m != "POST") return method_error();
-    return Alloc(req, t, res);
+    return Alloc(req, body, t, res);
   }
-  if (p == "/v1/jobs" || starts("/v1/jobs/")) return Jobs(req, t, p.size() > 8 ? p.substr(9) : "", res);
+  if (p == "/v1/jobs" || starts("/v1/jobs/")) return Jobs(req, body, t, p.size() > 8 ? p.substr(9) : "", res);
   return NotFound("no endpoint " + m + " " + p + " (see docs/store.md)");
 }
 
-Status Server::Impl::Tensors(const httplib::Request& req, const Target& t, const std::string& path,
+Status Server::Impl::Tensors(const httplib::Request& req, Body& body, const Target& t, const std::string& path,
                              httplib::Response& res) {
   if (req.method == "GET") return GetTensor(t, path, res);
-  if (req.method == "PUT") return PutTensor(req, t, path, res);
+  if (req.method == "PUT") return PutTensor(req, body, t, path, res);
   if (req.method == "DELETE") {
     TP_RETURN_IF_ERROR(CheckQueryKeys(t.query, {}));
     TP_RETURN_IF_ERROR(store.Delete(path));
@@ -328,30 +392,45 @@ Status Server::Impl::GetTensor(const Target& t, const std::string& path, httplib
     return Status::Ok();
   }
   // A contiguous box streams straight from the shared memory; any other box is
-  // gathered by the strided copy into one buffer first.
+  // gathered by the strided copy, a slab of whole dim-0 rows (about kStreamChunk
+  // bytes) per provider call into one reused buffer.
   auto holder = std::make_shared<TensorRef>(std::move(ref));
-  const uint8_t* base = nullptr;
-  std::shared_ptr<std::string> gathered;
   if (IsContiguous(info.shape, box)) {
-    base = holder->data() + static_cast<uint64_t>(FlatOffset(info.shape, box)) * elem;
-  } else {
-    gathered = std::make_shared<std::string>(bytes, '\0');
-    TP_RETURN_IF_ERROR(CopyBox(ConstRegion{holder->data(), info.shape, box},
-                               MutRegion{gathered->data(), extents, BoxOf(extents)}, elem, &ThreadPool::Default()));
-    base = reinterpret_cast<const uint8_t*>(gathered->data());
-    holder.reset();
+    const uint8_t* base = holder->data() + static_cast<uint64_t>(FlatOffset(info.shape, box)) * elem;
+    res.set_content_provider(
+        bytes, "application/octet-stream",
+        [holder, base, bytes](std::size_t offset, std::size_t length, httplib::DataSink& sink) {
+          if (offset >= bytes) return false;
+          std::size_t n = std::min<std::size_t>({length, kStreamChunk, bytes - offset});
+          return sink.write(reinterpret_cast<const char*>(base + offset), n);
+        });
+    return Status::Ok();
   }
+  const uint64_t row_bytes = bytes / static_cast<uint64_t>(extents[0]);  // a non-contiguous box has rank >= 2
+  const int64_t rows_per = static_cast<int64_t>(std::max<uint64_t>(1, kStreamChunk / row_bytes));
+  const uint64_t slab_bytes = static_cast<uint64_t>(rows_per) * row_bytes;
+  auto buffer = std::make_shared<std::vector<uint8_t>>();
   res.set_content_provider(
       bytes, "application/octet-stream",
-      [holder, gathered, base, bytes](std::size_t offset, std::size_t length, httplib::DataSink& sink) {
-        if (offset >= bytes) return false;
-        std::size_t n = std::min<std::size_t>({length, kStreamChunk, bytes - offset});
-        return sink.write(reinterpret_cast<const char*>(base + offset), n);
+      [holder, buffer, box, extents, elem, rows_per, slab_bytes, row_bytes](std::size_t offset, std::size_t,
+                                                                           httplib::DataSink& sink) {
+        if (offset % slab_bytes != 0) return false;  // every call writes one whole slab
+        const int64_t r0 = static_cast<int64_t>(offset / slab_bytes) * rows_per;
+        const int64_t r1 = std::min(extents[0], r0 + rows_per);
+        if (r0 >= r1) return false;
+        Box sub = box;
+        sub[0] = Interval{box[0].begin + r0, box[0].begin + r1};
+        const Shape sub_ext = sub.extents();
+        const std::size_t n = static_cast<std::size_t>(r1 - r0) * row_bytes;
+        if (buffer->size() < n) buffer->resize(n);
+        Status s = CopyBox(ConstRegion{holder->data(), holder->info().shape, sub},
+                           MutRegion{buffer->data(), sub_ext, BoxOf(sub_ext)}, elem, &ThreadPool::Default());
+        return s.ok() && sink.write(reinterpret_cast<const char*>(buffer->data()), n);
       });
   return Status::Ok();
 }
 
-Status Server::Impl::PutTensor(const httplib::Request& req, const Target& t, const std::string& path,
+Status Server::Impl::PutTensor(const httplib::Request& req, Body& body, const Target& t, const std::string& path,
                                httplib::Response& res) {
   TP_RETURN_IF_ERROR(CheckQueryKeys(t.query, {"dtype", "shape"}));
   auto dtype_text = ParamOrHeader(t, req, "dtype", "X-Tensor-Dtype");
@@ -366,15 +445,54 @@ Status Server::Impl::PutTensor(const httplib::Request& req, const Target& t, con
   }
   TP_ASSIGN_OR_RETURN(DType dtype, ParseDType(*dtype_text));
   TP_ASSIGN_OR_RETURN(Shape shape, ParseShape(*shape_text, dtype));
-  TP_ASSIGN_OR_RETURN(TensorInfo info, store.Put(path, dtype, shape, req.body.data(), req.body.size()));
+  const uint64_t want = static_cast<uint64_t>(Volume(shape)) * DTypeSize(dtype);
+  if (want > options.max_body_bytes) {
+    SendError(res, 413,
+              "a tensor of " + std::to_string(want) + " bytes is larger than the store's body limit of " +
+                  std::to_string(options.max_body_bytes) + " bytes (--max-body); local clients use shared memory",
+              "INVALID_ARGUMENT");
+    return Status::Ok();
+  }
+  if (req.has_header("Content-Length")) {
+    const std::string len = req.get_header_value("Content-Length");
+    if (len != std::to_string(want)) {
+      return InvalidArgument("body has " + len + " bytes but dtype " + std::string(DTypeName(dtype)) + " x shape [" +
+                             ShapeToString(shape) + "] needs " + std::to_string(want));
+    }
+  }
+  // The body goes from the socket into the new tensor's file in large writes; the
+  // tensor is published only when every byte arrived.
+  auto fill = [&](TensorSink& sink) -> Status {
+    std::string buf;
+    buf.reserve(static_cast<std::size_t>(std::min<uint64_t>(want, kStreamChunk)));
+    Status st;
+    bool ok = body.Stream([&](const char* data, std::size_t n) {
+      if (n > want - sink.written() - buf.size()) {
+        st = InvalidArgument("body is longer than the " + std::to_string(want) + " bytes dtype x shape needs");
+        return false;
+      }
+      buf.append(data, n);
+      if (buf.size() >= kStreamChunk) {
+        st = sink.Write(buf.data(), buf.size());
+        buf.clear();
+      }
+      return st.ok();
+    });
+    if (st.ok() && !buf.empty()) st = sink.Write(buf.data(), buf.size());
+    if (st.ok() && !ok) st = InvalidArgument("the request body ended early or could not be read (or passed --max-body)");
+    return st;
+  };
+  TP_ASSIGN_OR_RETURN(TensorInfo info, store.PutFrom(path, dtype, shape, fill));
   SendJson(res, 201, TensorJson(info, false));
   return Status::Ok();
 }
 
-Status Server::Impl::Alloc(const httplib::Request& req, const Target& t, httplib::Response& res) {
+Status Server::Impl::Alloc(const httplib::Request& req, Body& request_body, const Target& t,
+                           httplib::Response& res) {
   TP_RETURN_IF_ERROR(CheckQueryKeys(t.query, {}));
   TP_RETURN_IF_ERROR(RequireLocal(req));
-  json body = json::parse(req.body, nullptr, false);
+  TP_ASSIGN_OR_RETURN(std::string text, request_body.Text());
+  json body = json::parse(text, nullptr, false);
   if (body.is_discarded() || !body.is_object() || !body.contains("tensors") || !body["tensors"].is_array()) {
     return InvalidArgument("POST /v1/alloc needs a JSON body {\"tensors\": [{\"path\", \"dtype\", \"shape\"}, ...]}");
   }
@@ -394,14 +512,21 @@ Status Server::Impl::Alloc(const httplib::Request& req, const Target& t, httplib
     }
     reqs.push_back(std::move(r));
   }
-  TP_ASSIGN_OR_RETURN(std::vector<TensorInfo> infos, store.AllocateMany(reqs));
+  bool zero_fill = true;
+  if (body.contains("fill")) {
+    if (!body["fill"].is_string() || (body["fill"] != "zero" && body["fill"] != "none")) {
+      return InvalidArgument("/v1/alloc: \"fill\" is \"zero\" (default) or \"none\" (sparse; write every byte)");
+    }
+    zero_fill = body["fill"] == "zero";
+  }
+  TP_ASSIGN_OR_RETURN(std::vector<TensorInfo> infos, store.AllocateMany(reqs, zero_fill));
   json out = json::array();
   for (const TensorInfo& i : infos) out.push_back(TensorJson(i, true));
   SendJson(res, 201, {{"store_id", store.id()}, {"tensors", out}});
   return Status::Ok();
 }
 
-Status Server::Impl::Jobs(const httplib::Request& req, const Target& t, const std::string& rest,
+Status Server::Impl::Jobs(const httplib::Request& req, Body& body, const Target& t, const std::string& rest,
                           httplib::Response& res) {
   const std::string& m = req.method;
   std::vector<std::string_view> seg;
@@ -456,7 +581,8 @@ Status Server::Impl::Jobs(const httplib::Request& req, const Target& t, const st
     if (auto it = t.query.find("version"); it != t.query.end()) {
       TP_ASSIGN_OR_RETURN(want, VersionNumber(it->second));
     }
-    TP_ASSIGN_OR_RETURN(uint64_t v, store.BeginVersion(job, want, req.body));
+    TP_ASSIGN_OR_RETURN(std::string info, body.Text());
+    TP_ASSIGN_OR_RETURN(uint64_t v, store.BeginVersion(job, want, info));
     SendJson(res, 201, {{"job", job}, {"version", v}});
     return Status::Ok();
   }
@@ -501,7 +627,8 @@ Status Server::Impl::Jobs(const httplib::Request& req, const Target& t, const st
   if (seg[3] == "info") {
     if (m != "PUT") return method_error();
     TP_RETURN_IF_ERROR(CheckQueryKeys(t.query, {}));
-    TP_RETURN_IF_ERROR(store.SetVersionInfo(job, v, req.body));
+    TP_ASSIGN_OR_RETURN(std::string info, body.Text());
+    TP_RETURN_IF_ERROR(store.SetVersionInfo(job, v, info));
     res.status = 204;
     return Status::Ok();
   }

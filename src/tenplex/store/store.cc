@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -75,6 +76,25 @@ Status MakeDir(const std::string& path) {
 void ClearDir(const std::string& dir) {
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec)) fs::remove_all(e.path(), ec);
+}
+
+// Creates `file` (sparse, `bytes` long) and lets fill write it; it must write exactly
+// `bytes` bytes.
+Status FillFile(const std::string& file, uint64_t bytes, const std::function<Status(TensorSink&)>& fill) {
+  int fd = ::open(file.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) return ErrnoError("create " + file, errno);
+  Status s;
+  if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) s = ErrnoError("ftruncate " + file, errno);
+  if (s.ok()) {
+    TensorSink sink(fd, file, bytes);
+    s = fill(sink);
+    if (s.ok() && sink.written() != bytes) {
+      s = InvalidArgument("got " + std::to_string(sink.written()) + " bytes but dtype x shape needs " +
+                          std::to_string(bytes));
+    }
+  }
+  ::close(fd);
+  return s;
 }
 
 std::string VersionName(const std::string& job, uint64_t v) {
@@ -180,8 +200,12 @@ struct Store::Impl {
 
   Status Restore();
   Status RestoreJob(const std::string& job);
-  Result<std::vector<TensorInfo>> Create(const std::vector<AllocRequest>& reqs, const void* data, uint64_t size,
-                                         std::vector<std::shared_ptr<ShmMapping>>* maps);
+  // Creates tensors beside the old ones and publishes them by rename. With `fill`
+  // (one tensor), its bytes come from the callback through a sparse file's pwrite;
+  // without, the files are allocated zero-filled and mapped writable into `maps`.
+  using Fill = std::function<Status(TensorSink&)>;
+  Result<std::vector<TensorInfo>> Create(const std::vector<AllocRequest>& reqs, const Fill* fill,
+                                         std::vector<std::shared_ptr<ShmMapping>>* maps, bool zero_fill = true);
 };
 
 Status Store::Impl::Restore() {
@@ -275,8 +299,8 @@ Status Store::Impl::RestoreJob(const std::string& job) {
   return Status::Ok();
 }
 
-Result<std::vector<TensorInfo>> Store::Impl::Create(const std::vector<AllocRequest>& reqs, const void* data,
-                                                    uint64_t size, std::vector<std::shared_ptr<ShmMapping>>* maps) {
+Result<std::vector<TensorInfo>> Store::Impl::Create(const std::vector<AllocRequest>& reqs, const Fill* fill,
+                                                    std::vector<std::shared_ptr<ShmMapping>>* maps, bool zero_fill) {
   struct Pending {
     TensorPath path;
     uint64_t bytes = 0;
@@ -296,11 +320,7 @@ Result<std::vector<TensorInfo>> Store::Impl::Create(const std::vector<AllocReque
     total += pend[i].bytes;  // each < 2^63, and the sum is checked against the limit below
     if (total < pend[i].bytes) return InvalidArgument("allocation sizes overflow");
   }
-  if (data && (reqs.size() != 1 || size != pend[0].bytes)) {
-    return InvalidArgument("body has " + std::to_string(size) + " bytes but dtype " +
-                           std::string(DTypeName(reqs[0].dtype)) + " x shape [" + ShapeToString(reqs[0].shape) +
-                           "] needs " + std::to_string(pend[0].bytes));
-  }
+  if (fill && reqs.size() != 1) return Internal("Store: a filled create takes one tensor");
   {
     std::lock_guard<std::mutex> lock(mu);
     std::set<std::string> seen;
@@ -327,11 +347,20 @@ Result<std::vector<TensorInfo>> Store::Impl::Create(const std::vector<AllocReque
   };
   for (Pending& p : pend) {
     std::string tmp = TmpName();
-    auto m = ShmMapping::Create(tmp, p.bytes, /*populate=*/data != nullptr);
-    if (!m.ok()) return unreserve(m.status());
-    p.tmp = tmp;
-    p.map = std::make_shared<ShmMapping>(std::move(m).value());
-    if (data) ParallelMemcpy(p.map->data(), data, p.bytes);
+    if (fill) {
+      Status s = FillFile(tmp, p.bytes, *fill);
+      p.tmp = tmp;
+      if (!s.ok()) return unreserve(s.WithContext(p.path.WithVersion(*p.path.version)));
+    } else if (maps) {
+      auto m = ShmMapping::Create(tmp, p.bytes);
+      if (!m.ok()) return unreserve(m.status());
+      p.tmp = tmp;
+      p.map = std::make_shared<ShmMapping>(std::move(m).value());
+    } else {
+      Status s = CreateShmFile(tmp, p.bytes, zero_fill);
+      if (!s.ok()) return unreserve(s);
+      p.tmp = tmp;
+    }
   }
   std::vector<TensorInfo> out;
   std::lock_guard<std::mutex> lock(mu);
@@ -640,7 +669,7 @@ Result<VersionInfo> Store::Version(const std::string& job, VersionRef version) c
 
 Result<TensorWriter> Store::Allocate(const std::string& path, DType dtype, const Shape& shape) {
   std::vector<std::shared_ptr<ShmMapping>> maps;
-  TP_ASSIGN_OR_RETURN(std::vector<TensorInfo> infos, impl_->Create({{path, dtype, shape}}, nullptr, 0, &maps));
+  TP_ASSIGN_OR_RETURN(std::vector<TensorInfo> infos, impl_->Create({{path, dtype, shape}}, nullptr, &maps));
   TensorWriter w;
   w.info_ = std::move(infos[0]);
   w.map_ = std::move(maps[0]);
@@ -649,14 +678,24 @@ Result<TensorWriter> Store::Allocate(const std::string& path, DType dtype, const
 
 Result<TensorInfo> Store::Put(const std::string& path, DType dtype, const Shape& shape, const void* data,
                               uint64_t size) {
-  static const uint8_t kEmpty = 0;
-  TP_ASSIGN_OR_RETURN(std::vector<TensorInfo> infos,
-                      impl_->Create({{path, dtype, shape}}, data ? data : &kEmpty, size, nullptr));
+  auto vol = CheckedVolume(shape, static_cast<int64_t>(DTypeSize(dtype)));
+  if (vol.ok() && static_cast<uint64_t>(*vol) * DTypeSize(dtype) != size) {
+    return InvalidArgument("body has " + std::to_string(size) + " bytes but dtype " + std::string(DTypeName(dtype)) +
+                           " x shape [" + ShapeToString(shape) + "] needs " +
+                           std::to_string(static_cast<uint64_t>(*vol) * DTypeSize(dtype)));
+  }
+  return PutFrom(path, dtype, shape, [&](TensorSink& sink) { return sink.Write(data, size); });
+}
+
+Result<TensorInfo> Store::PutFrom(const std::string& path, DType dtype, const Shape& shape,
+                                  const std::function<Status(TensorSink&)>& fill) {
+  Impl::Fill f = fill;
+  TP_ASSIGN_OR_RETURN(std::vector<TensorInfo> infos, impl_->Create({{path, dtype, shape}}, &f, nullptr));
   return std::move(infos[0]);
 }
 
-Result<std::vector<TensorInfo>> Store::AllocateMany(const std::vector<AllocRequest>& requests) {
-  return impl_->Create(requests, nullptr, 0, nullptr);
+Result<std::vector<TensorInfo>> Store::AllocateMany(const std::vector<AllocRequest>& requests, bool zero_fill) {
+  return impl_->Create(requests, nullptr, nullptr, zero_fill);
 }
 
 Result<TensorRef> Store::Get(const std::string& path) const {

@@ -33,6 +33,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -153,13 +154,20 @@ class Store {
   // dtype size x volume. The tensor becomes visible only when fully written.
   Result<TensorInfo> Put(const std::string& path, DType dtype, const Shape& shape, const void* data,
                          uint64_t size);
-  // Several Allocate()s at once: all succeed or none is created.
+  // The same with the bytes streamed in by `fill` (an HTTP body): it must write
+  // exactly dtype size x volume bytes through the sink, else nothing is created.
+  Result<TensorInfo> PutFrom(const std::string& path, DType dtype, const Shape& shape,
+                             const std::function<Status(TensorSink&)>& fill);
+  // Several tensors created at once (for local processes that map or pwrite their
+  // files): all succeed or none is created. With zero_fill their pages are allocated
+  // and zeroed now; without, the files are sparse and must be written completely
+  // (pwrite reports a full file system; a map would get SIGBUS).
   struct AllocRequest {
     std::string path;
     DType dtype = DType::kF32;
     Shape shape;
   };
-  Result<std::vector<TensorInfo>> AllocateMany(const std::vector<AllocRequest>& requests);
+  Result<std::vector<TensorInfo>> AllocateMany(const std::vector<AllocRequest>& requests, bool zero_fill = true);
   Result<TensorRef> Get(const std::string& path) const;
   Result<TensorInfo> Meta(const std::string& path) const;
   // xxh64 of the tensor's bytes as 16 hex digits (cached for committed tensors).
