@@ -29,5 +29,7 @@ Result<std::string> ReadInput(const std::string& path);
 void RegisterModel(CLI::App& app, Context& ctx);
 void RegisterLayout(CLI::App& app, Context& ctx);
 void RegisterStore(CLI::App& app, Context& ctx);
+void RegisterPlan(CLI::App& app, Context& ctx);
+void RegisterCkpt(CLI::App& app, Context& ctx);
 
 }  // namespace tenplex::cli

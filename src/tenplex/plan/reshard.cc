@@ -1,0 +1,200 @@
+#include "tenplex/plan/reshard.h"
+
+#include <chrono>
+
+#include "tenplex/io/checkpoint.h"
+#include "tenplex/plan/executor.h"
+#include "tenplex/plan/synthetic.h"
+
+namespace tenplex::plan {
+namespace {
+
+double Since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::string StageText(const Stage& s) {
+  if (s.kind == Stage::kFirst) return "first";
+  if (s.kind == Stage::kLast) return "last";
+  return "layer " + std::to_string(s.layer);
+}
+
+std::string RuleText(const TpRule& r) {
+  switch (r.kind) {
+    case TpRule::kReplicate:
+      return "replicate";
+    case TpRule::kSplit:
+      return "split dim " + std::to_string(r.dim);
+    case TpRule::kBlocks:
+      return "blocks(" + std::to_string(r.blocks) + ") dim " + std::to_string(r.dim);
+    case TpRule::kVocab:
+      return "vocab dim " + std::to_string(r.dim) + " divisible by " +
+             std::to_string(r.divisible_by);
+  }
+  return "?";
+}
+
+std::string TensorText(const TensorDesc& t) {
+  return t.path + " " + std::string(DTypeName(t.dtype)) + " [" + ShapeToString(t.shape) + "] " +
+         RuleText(t.tp) + ", stage " + StageText(t.stage);
+}
+
+// Maps an output rank file per rank of `layout` inside the writer's staging directory.
+Result<std::vector<io::SafetensorsWriter>> CreateRankFiles(const io::CheckpointWriter& ckpt,
+                                                           const Layout& layout) {
+  std::vector<io::SafetensorsWriter> files;
+  files.reserve(layout.ranks.size());
+  for (const RankLayout& r : layout.ranks) {
+    std::vector<io::SafetensorsEntry> entries;
+    entries.reserve(r.tensors->size());
+    for (const LocalTensor& t : *r.tensors) entries.push_back({t.name, t.dtype, t.shape, 0, 0});
+    TP_ASSIGN_OR_RETURN(io::SafetensorsWriter w,
+                        io::SafetensorsWriter::Create(ckpt.RankPath(r.rank), std::move(entries)));
+    files.push_back(std::move(w));
+  }
+  return files;
+}
+
+}  // namespace
+
+Status CheckSameModel(const Model& given, const Model& ckpt) {
+  auto differ = [](const std::string& what) {
+    return InvalidArgument("the given model does not match the checkpoint's model: " + what);
+  };
+  if (given.num_layers != ckpt.num_layers) {
+    return differ(std::to_string(given.num_layers) + " layers, the checkpoint has " +
+                  std::to_string(ckpt.num_layers));
+  }
+  if (given.layer_prefix != ckpt.layer_prefix) return differ("layer prefix " + given.layer_prefix);
+  if (given.tensors.size() != ckpt.tensors.size()) {
+    return differ(std::to_string(given.tensors.size()) + " parameters, the checkpoint has " +
+                  std::to_string(ckpt.tensors.size()));
+  }
+  for (std::size_t i = 0; i < given.tensors.size(); ++i) {
+    const TensorDesc &a = given.tensors[i], &b = ckpt.tensors[i];
+    if (a.path != b.path || a.dtype != b.dtype || a.shape != b.shape || !(a.tp == b.tp) ||
+        !(a.stage == b.stage)) {
+      return differ("parameter " + std::to_string(i) + " is " + TensorText(a) +
+                    ", the checkpoint has " + TensorText(b));
+    }
+  }
+  if (given.aliases.size() != ckpt.aliases.size()) {
+    return differ(std::to_string(given.aliases.size()) +
+                  " aliases (tied weights), the checkpoint has " +
+                  std::to_string(ckpt.aliases.size()));
+  }
+  for (std::size_t i = 0; i < given.aliases.size(); ++i) {
+    const AliasDesc &a = given.aliases[i], &b = ckpt.aliases[i];
+    if (a.name != b.name || a.target != b.target || !(a.stage == b.stage)) {
+      return differ("alias " + a.name + " -> " + a.target + ", the checkpoint has " + b.name +
+                    " -> " + b.target);
+    }
+  }
+  if (given.optimizer.type != ckpt.optimizer.type ||
+      given.optimizer.states != ckpt.optimizer.states) {
+    return differ("optimizer " + given.optimizer.type + ", the checkpoint has " +
+                  ckpt.optimizer.type);
+  }
+  return Status::Ok();
+}
+
+Result<ReshardReport> Reshard(const ReshardOptions& o) {
+  const auto t0 = std::chrono::steady_clock::now();
+  ReshardReport report;
+  TP_ASSIGN_OR_RETURN(io::CheckpointInfo info, io::ReadCheckpointInfo(o.in));
+  if (o.model) {
+    TP_RETURN_IF_ERROR(CheckSameModel(*o.model, info.model).WithContext(o.in));
+  }
+  if (o.from && !(*o.from == info.config)) {
+    return InvalidArgument("checkpoint " + o.in + " is in config " + info.config.ToString() +
+                           ", not " + o.from->ToString() + " as given");
+  }
+  report.from = info.config;
+  auto from = MakeLayout(info.model, info.config);
+  if (!from.ok()) return from.status().WithContext("checkpoint " + o.in);
+  auto to = MakeLayout(info.model, o.to);
+  if (!to.ok()) return to.status().WithContext("target config " + o.to.ToString());
+  TP_ASSIGN_OR_RETURN(std::vector<io::SafetensorsFile> inputs,
+                      io::OpenCheckpoint(o.in, *from, info, o.verify_checksums));
+
+  const auto tp = std::chrono::steady_clock::now();
+  TP_ASSIGN_OR_RETURN(Plan plan,
+                      MakePlan(info.model, *from, *to, std::vector<int>(from->world_size(), 0),
+                               std::vector<int>(to->world_size(), 0)));
+  report.plan_seconds = Since(tp);
+  report.stats = plan.stats;
+
+  std::vector<std::vector<const void*>> src(from->world_size());
+  for (const RankLayout& r : from->ranks) {
+    for (const LocalTensor& t : *r.tensors)
+      src[r.rank].push_back(inputs[r.rank].data(*inputs[r.rank].Find(t.name)));
+  }
+  // Declared before the rank files, so that on an error the files go first, then the
+  // staging directory.
+  TP_ASSIGN_OR_RETURN(io::CheckpointWriter ckpt, io::CheckpointWriter::Create(o.out));
+  TP_ASSIGN_OR_RETURN(std::vector<io::SafetensorsWriter> outputs, CreateRankFiles(ckpt, *to));
+  std::vector<std::vector<void*>> dst(to->world_size());
+  for (const RankLayout& r : to->ranks) {
+    for (std::size_t i = 0; i < r.tensors->size(); ++i) {
+      dst[r.rank].push_back(outputs[r.rank].data(i));
+      report.bytes_written += (*r.tensors)[i].bytes();
+    }
+  }
+  const auto tc = std::chrono::steady_clock::now();
+  ExecuteOptions ex;
+  ex.pool = o.pool;
+  TP_RETURN_IF_ERROR(ExecutePlan(plan, *from, *to, src, dst, ex));
+  report.copy_seconds = Since(tc);
+  for (io::SafetensorsWriter& w : outputs) TP_RETURN_IF_ERROR(w.Commit());
+  io::CheckpointInfo out_info = info;
+  out_info.config = o.to;
+  TP_RETURN_IF_ERROR(ckpt.Commit(out_info));
+  report.total_seconds = Since(t0);
+  return report;
+}
+
+Status InitCheckpoint(const Model& model, const ParallelConfig& config, const std::string& out,
+                      uint64_t seed, ThreadPool* pool) {
+  TP_ASSIGN_OR_RETURN(Layout layout, MakeLayout(model, config));
+  TP_ASSIGN_OR_RETURN(io::CheckpointWriter ckpt, io::CheckpointWriter::Create(out));
+  for (const RankLayout& r : layout.ranks) {
+    std::vector<io::SafetensorsEntry> entries;
+    for (const LocalTensor& t : *r.tensors) entries.push_back({t.name, t.dtype, t.shape, 0, 0});
+    TP_ASSIGN_OR_RETURN(io::SafetensorsWriter w,
+                        io::SafetensorsWriter::Create(ckpt.RankPath(r.rank), std::move(entries)));
+    for (std::size_t i = 0; i < r.tensors->size(); ++i) {
+      TP_RETURN_IF_ERROR(FillSynthetic(layout, (*r.tensors)[i], seed, w.data(i), pool));
+    }
+    TP_RETURN_IF_ERROR(w.Commit());
+  }
+  io::CheckpointInfo info;
+  info.model = model;
+  info.config = config;
+  info.extra["synthetic_seed"] = seed;
+  return ckpt.Commit(info);
+}
+
+Status VerifyCheckpoint(const std::string& dir, std::optional<uint64_t> seed, ThreadPool* pool) {
+  TP_ASSIGN_OR_RETURN(io::CheckpointInfo info, io::ReadCheckpointInfo(dir));
+  if (!seed) {
+    const auto& s = info.extra["synthetic_seed"];
+    if (!s.is_number_unsigned() && !s.is_number_integer()) {
+      return InvalidArgument(dir + "/tenplex.json records no synthetic_seed; give the seed");
+    }
+    seed = s.get<uint64_t>();
+  }
+  auto layout = MakeLayout(info.model, info.config);
+  if (!layout.ok()) return layout.status().WithContext("checkpoint " + dir);
+  TP_ASSIGN_OR_RETURN(std::vector<io::SafetensorsFile> files,
+                      io::OpenCheckpoint(dir, *layout, info, true));
+  for (const RankLayout& r : layout->ranks) {
+    for (const LocalTensor& t : *r.tensors) {
+      const io::SafetensorsFile& f = files[r.rank];
+      Status s = CheckSynthetic(*layout, t, *seed, f.data(*f.Find(t.name)), pool);
+      if (!s.ok()) return s.WithContext(f.path());
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace tenplex::plan
