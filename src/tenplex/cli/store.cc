@@ -4,6 +4,7 @@
 #include <signal.h>
 
 #include <atomic>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <thread>
@@ -52,6 +53,7 @@ Status Serve(const ServeOpts& o) {
   sigaddset(&sigs, SIGINT);
   sigaddset(&sigs, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);  // a client that goes away mid-reply is an error, not a crash
   TP_ASSIGN_OR_RETURN(std::unique_ptr<store::Store> st, store::Store::Open(so));
   store::Server server(*st, sv);
   TP_ASSIGN_OR_RETURN(int port, server.Bind(hp.host, hp.port));
