@@ -426,7 +426,9 @@ Result<std::unique_ptr<Store>> Store::Open(const StoreOptions& options) {
   } else {
     impl->dir = options.shm_dir;
     while (impl->dir.size() > 1 && impl->dir.back() == '/') impl->dir.pop_back();
-    fs::create_directories(impl->dir, ec);
+    if (!fs::exists(impl->dir, ec) && fs::create_directories(impl->dir, ec)) {
+      fs::permissions(impl->dir, fs::perms::owner_all, ec);  // tensors are for this user only
+    }
     if (!fs::is_directory(impl->dir, ec)) return InvalidArgument("--shm-dir " + impl->dir + " is not a directory");
   }
   // From here on a failure removes a private directory.
