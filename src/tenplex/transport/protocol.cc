@@ -2,6 +2,7 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cstring>
 #include <mutex>
 
@@ -95,6 +96,57 @@ Status CheckReadRequests(const std::vector<ReadRequest>& requests) {
     }
   }
   return Status::Ok();
+}
+
+std::vector<std::vector<ReadRun>> SplitReads(const std::vector<ReadRun>& runs, uint32_t max_runs,
+                                             uint64_t max_bytes) {
+  max_runs = std::max<uint32_t>(max_runs, 1);
+  max_bytes = std::max<uint64_t>(max_bytes, 1);
+  std::vector<std::vector<ReadRun>> groups(1);
+  uint64_t bytes = 0;
+  for (const ReadRun& run : runs) {
+    uint64_t done = 0;
+    do {
+      if (groups.back().size() == max_runs || (bytes == max_bytes && run.length > 0)) {
+        groups.emplace_back();
+        bytes = 0;
+      }
+      const uint64_t len = std::min(run.length - done, max_bytes - bytes);
+      char* dest = run.dest == nullptr ? nullptr : static_cast<char*>(run.dest) + done;
+      groups.back().push_back({run.offset + done, len, dest});
+      bytes += len;
+      done += len;
+    } while (done < run.length);
+  }
+  return groups;
+}
+
+std::vector<std::pair<uint64_t, uint64_t>> PlanMessages(const std::vector<uint64_t>& starts,
+                                                        uint64_t max_message,
+                                                        uint64_t max_packed,
+                                                        uint64_t direct_min) {
+  max_message = std::max<uint64_t>(max_message, 1);
+  max_packed = std::clamp<uint64_t>(max_packed, 1, max_message);
+  std::vector<std::pair<uint64_t, uint64_t>> out;
+  uint64_t group = 0, group_end = 0;  // the open group of short runs: [group, group_end)
+  auto flush = [&] {
+    if (group_end > group) out.push_back({group, group_end});
+    group = group_end;
+  };
+  for (std::size_t i = 0; i + 1 < starts.size(); ++i) {
+    const uint64_t b = starts[i], e = starts[i + 1];
+    if (e == b) continue;
+    if (e - b >= direct_min || e - b > max_packed) {
+      flush();
+      for (uint64_t at = b; at < e; at += max_message) out.push_back({at, std::min(e, at + max_message)});
+      group = group_end = e;
+      continue;
+    }
+    if (e - group > max_packed) flush();
+    group_end = e;
+  }
+  flush();
+  return out;
 }
 
 const Region& ProbeRegion() {

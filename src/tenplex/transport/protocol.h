@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "tenplex/transport/transport.h"
@@ -142,6 +143,23 @@ void ForEachPiece(const std::vector<uint64_t>& starts, uint64_t begin, uint64_t 
     if (b < e) fn(i, b - starts[i], e - b);
   }
 }
+
+// Cuts runs into consecutive groups of at most max_runs runs and max_bytes bytes each
+// (a run longer than max_bytes is split into several runs); the groups' runs, in order,
+// read exactly what `runs` reads. No group is empty unless `runs` is (then one empty
+// group: a request still checks its region).
+std::vector<std::vector<ReadRun>> SplitReads(const std::vector<ReadRun>& runs, uint32_t max_runs,
+                                             uint64_t max_bytes);
+
+// How a server cuts a request's stream into data messages: [begin, end) stream
+// ranges in order, covering the stream. A run of at least direct_min bytes (or longer
+// than the packed limit) is sent on its own (in pieces of at most max_message bytes), so that both sides use it in place;
+// consecutive shorter runs are grouped into messages of at most
+// min(max_packed, max_message) bytes (packed by the sender, scattered by the receiver).
+std::vector<std::pair<uint64_t, uint64_t>> PlanMessages(const std::vector<uint64_t>& starts,
+                                                        uint64_t max_message,
+                                                        uint64_t max_packed,
+                                                        uint64_t direct_min);
 
 // Address tokens: "<kind>:<hex payload>:<xxh64 of payload, 16 hex digits>".
 std::string EncodeAddress(std::string_view kind, std::string_view payload);

@@ -128,6 +128,79 @@ TEST(ProtocolTest, PiecesMatchBruteForce) {
   }
 }
 
+// Expands runs to (remote offset, destination) per byte.
+std::vector<std::pair<uint64_t, char*>> Bytes(const std::vector<ReadRun>& runs) {
+  std::vector<std::pair<uint64_t, char*>> out;
+  for (const ReadRun& r : runs) {
+    for (uint64_t j = 0; j < r.length; ++j) {
+      out.push_back({r.offset + j, static_cast<char*>(r.dest) + j});
+    }
+  }
+  return out;
+}
+
+TEST(ProtocolTest, SplitReadsKeepsTheBytes) {
+  std::mt19937 rng(8);
+  std::vector<char> dst(1 << 16);
+  for (int iter = 0; iter < 300; ++iter) {
+    std::vector<ReadRun> runs(rng() % 12);
+    uint64_t at = 0;
+    for (auto& r : runs) {
+      r = {rng() % 1000, rng() % 4 == 0 ? 0 : rng() % 300, dst.data() + at};
+      at += r.length;
+    }
+    const uint32_t max_runs = 1 + rng() % 4;
+    const uint64_t max_bytes = 1 + rng() % 200;
+    auto groups = SplitReads(runs, max_runs, max_bytes);
+    ASSERT_FALSE(groups.empty());
+    std::vector<ReadRun> joined;
+    for (const auto& g : groups) {
+      EXPECT_LE(g.size(), max_runs);
+      uint64_t bytes = 0;
+      for (const ReadRun& r : g) bytes += r.length;
+      EXPECT_LE(bytes, max_bytes);
+      if (groups.size() > 1) {
+        EXPECT_FALSE(g.empty());
+      }
+      joined.insert(joined.end(), g.begin(), g.end());
+    }
+    EXPECT_EQ(Bytes(joined), Bytes(runs));
+  }
+  EXPECT_EQ(SplitReads({}, 4, 100).size(), 1u);
+}
+
+TEST(ProtocolTest, PlanMessagesCoversTheStream) {
+  std::mt19937 rng(9);
+  for (int iter = 0; iter < 500; ++iter) {
+    std::vector<WireRun> runs(rng() % 10);
+    for (auto& r : runs) r = {0, rng() % 5 == 0 ? 0 : rng() % 100};
+    const auto starts = StreamStarts(runs.data(), runs.size());
+    const uint64_t max_message = 10 + rng() % 60, max_packed = 5 + rng() % 40;
+    const uint64_t direct = 1 + rng() % max_packed;
+    const auto msgs = PlanMessages(starts, max_message, max_packed, direct);
+    uint64_t at = 0;
+    for (auto [b, e] : msgs) {
+      EXPECT_EQ(b, at);
+      EXPECT_LT(b, e);
+      EXPECT_LE(e - b, max_message);
+      // A message is one piece of a long run, or short runs only.
+      int pieces = 0;
+      bool long_run = false;  // a run sent on its own
+      ForEachPiece(starts, b, e, [&](std::size_t i, uint64_t, uint64_t) {
+        ++pieces;
+        long_run |= runs[i].length >= direct || runs[i].length > std::min(max_packed, max_message);
+      });
+      if (long_run) {
+        EXPECT_EQ(pieces, 1);
+      } else {
+        EXPECT_LE(e - b, max_packed);
+      }
+      at = e;
+    }
+    EXPECT_EQ(at, starts.back());
+  }
+}
+
 TEST(ProtocolTest, AddressTokens) {
   const std::string payload("\x00\x01\xfe\xff worker", 11);
   const std::string token = EncodeAddress("ucx", payload);

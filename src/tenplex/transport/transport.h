@@ -83,12 +83,18 @@ struct TransportOptions {
   std::string ucx_tls;
   // UCX only. Detect dead peers (UCX error handling mode PEER). UCX 1.13 cannot detect a
   // dead peer over its shared-memory transports and drops them when this is on (the
-  // connection then uses TCP on the host); turning it off allows them but a peer's
-  // death may then abort this process inside UCX. Off only for benchmarks.
+  // connection then uses TCP on the host); turning it off allows them, but a peer's
+  // death may then abort this process inside UCX and a timeout may not end a Fetch
+  // (UCX cannot cancel its operations). Off only for benchmarks.
   bool peer_failure_detection = true;
   // UCX only. Largest data message; bigger reads are split (progress for the timeout,
-  // pipelining).
+  // pipelining). Must be at least 256 KiB.
   uint64_t max_message_bytes = 4ull << 20;
+  // UCX only. Client-side flow control: a Fetch is sent as requests of at most
+  // max_request_bytes, and at most max_inflight_bytes of requests are outstanding per
+  // peer (this also bounds the server's staging memory for packed short runs).
+  uint64_t max_request_bytes = 16ull << 20;
+  uint64_t max_inflight_bytes = 64ull << 20;
 };
 
 class Transport {

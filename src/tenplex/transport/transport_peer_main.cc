@@ -3,10 +3,8 @@
 //   tenplex_transport_peer <inproc|ucx> [ucx_tls]
 #include <cstdio>
 #include <iostream>
-#include <string>
 
-#include "tenplex/transport/pattern.h"
-#include "tenplex/transport/transport.h"
+#include "tenplex/transport/peer_process.h"
 
 int main(int argc, char** argv) {
   using namespace tenplex::transport;
@@ -16,14 +14,10 @@ int main(int argc, char** argv) {
   }
   TransportOptions options;
   if (argc > 2) options.ucx_tls = argv[2];
-  auto t = NewTransport(argv[1], PatternLookup(), options);
-  if (!t.ok()) {
-    std::fprintf(stderr, "%s\n", t.status().ToString().c_str());
+  tenplex::Status s = ServeUntilStdinCloses(argv[1], options, std::cout, std::cin);
+  if (!s.ok()) {
+    std::fprintf(stderr, "%s\n", s.ToString().c_str());
     return 1;
-  }
-  std::cout << (*t)->LocalAddress() << std::endl;
-  std::string line;
-  while (std::getline(std::cin, line)) {
   }
   return 0;
 }

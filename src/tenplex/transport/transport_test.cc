@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "tenplex/geometry/copy.h"
+#include "tenplex/transport/bandwidth.h"
 #include "tenplex/transport/box_reads.h"
 #include "tenplex/transport/pattern.h"
 
@@ -53,7 +54,10 @@ TransportOptions TestOptions() {
   TransportOptions o;
   o.ucx_tls = "tcp";
   o.timeout = std::chrono::milliseconds(20000);
-  o.max_message_bytes = 64 << 10;  // many messages per request, multi-run iovecs
+  // Many messages per request, several requests per Fetch, a small window.
+  o.max_message_bytes = 256 << 10;
+  o.max_request_bytes = 1 << 20;
+  o.max_inflight_bytes = 3 << 20;
   return o;
 }
 
@@ -275,12 +279,34 @@ TEST_P(TransportTest, DestroyedPeerIsUnavailable) {
             StatusCode::kUnavailable);
 }
 
+TEST_P(TransportTest, FetchBandwidthProbe) {
+  for (uint64_t run : {uint64_t{0}, uint64_t{4096}}) {
+    auto gbps = MeasureFetchBandwidth(*client_, peer_, {8 << 20, run, 2});
+    ASSERT_TRUE(gbps.ok()) << gbps.status().ToString();
+    EXPECT_GT(*gbps, 0.0);
+  }
+  EXPECT_FALSE(MeasureFetchBandwidth(*client_, peer_, {1 << 20, kProbeRegionBytes, 1}).ok());
+}
+
 INSTANTIATE_TEST_SUITE_P(Kinds, TransportTest, ::testing::Values("inproc", "ucx"),
                          [](const auto& info) { return info.param; });
 
-TEST(TransportFactory, UnknownKind) {
+TEST(TransportFactory, BadArguments) {
   EXPECT_EQ(NewTransport("carrier-pigeon", nullptr).status().code(),
             StatusCode::kInvalidArgument);
+  TransportOptions o;
+  o.max_message_bytes = 1000;
+  EXPECT_EQ(NewUcxTransport(nullptr, o).status().code(), StatusCode::kInvalidArgument);
+  o = {};
+  o.ucx_tls = "no-such-transport";
+  EXPECT_FALSE(NewUcxTransport(nullptr, o).ok());
+}
+
+TEST(Bandwidth, Limits) {
+  EXPECT_GT(MeasureMemcpyBandwidth(8 << 20, 2), 0.0);
+  auto tcp = MeasureTcpLoopbackBandwidth(8 << 20, 2);
+  ASSERT_TRUE(tcp.ok()) << tcp.status().ToString();
+  EXPECT_GT(*tcp, 0.0);
 }
 
 TEST(BoxReads, RunsAreTheCopy) {

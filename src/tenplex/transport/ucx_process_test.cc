@@ -1,12 +1,7 @@
 // UCX between two processes: this test and a tenplex_transport_peer child serving
 // pattern regions. Random boxes checked byte by byte; a peer killed or stopped
 // mid-transfer fails the fetch with UNAVAILABLE within seconds.
-#include <fcntl.h>
-#include <poll.h>
 #include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <gtest/gtest.h>
 
@@ -16,83 +11,19 @@
 #include "tenplex/geometry/copy.h"
 #include "tenplex/transport/box_reads.h"
 #include "tenplex/transport/pattern.h"
+#include "tenplex/transport/peer_process.h"
 #include "tenplex/transport/transport.h"
-
-extern char** environ;
 
 namespace tenplex::transport {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// The child process; killed (if still running) and reaped on destruction.
-class PeerProcess {
- public:
-  ~PeerProcess() {
-    if (stdin_fd_ >= 0) ::close(stdin_fd_);
-    if (pid_ > 0) {
-      ::kill(pid_, SIGCONT);
-      // Closing stdin ends a healthy peer; give it a moment, then kill.
-      for (int i = 0; i < 100 && !Reap(false); ++i) ::usleep(20000);
-      if (pid_ > 0) {
-        ::kill(pid_, SIGKILL);
-        Reap(true);
-      }
-    }
-  }
-
-  // Starts the peer; false (with a test failure) when it does not print its address.
-  bool Start(const std::string& tls) {
-    int in[2], out[2];
-    if (::pipe2(in, O_CLOEXEC) != 0 || ::pipe2(out, O_CLOEXEC) != 0) return false;
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, in[0], 0);
-    posix_spawn_file_actions_adddup2(&fa, out[1], 1);
-    std::string bin = TENPLEX_TRANSPORT_PEER;
-    std::string kind = "ucx";
-    std::vector<char*> argv = {bin.data(), kind.data(), const_cast<char*>(tls.c_str()), nullptr};
-    const int rc = posix_spawn(&pid_, bin.c_str(), &fa, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&fa);
-    ::close(in[0]);
-    ::close(out[1]);
-    stdin_fd_ = in[1];
-    if (rc != 0) {
-      pid_ = -1;
-      ::close(out[0]);
-      ADD_FAILURE() << "cannot start " << bin;
-      return false;
-    }
-    // First line: the address.
-    const auto deadline = Clock::now() + std::chrono::seconds(30);
-    char c;
-    while (Clock::now() < deadline) {
-      pollfd p{out[0], POLLIN, 0};
-      if (::poll(&p, 1, 100) <= 0) continue;
-      if (::read(out[0], &c, 1) != 1 || c == '\n') break;
-      address_.push_back(c);
-    }
-    ::close(out[0]);
-    if (address_.empty()) ADD_FAILURE() << "the peer printed no address";
-    return !address_.empty();
-  }
-
-  void Signal(int sig) { ::kill(pid_, sig); }
-  const std::string& address() const { return address_; }
-
-  // Waits for the child (blocking or not); true once it is gone.
-  bool Reap(bool block) {
-    if (pid_ <= 0) return true;
-    int st;
-    if (::waitpid(pid_, &st, block ? 0 : WNOHANG) == pid_) pid_ = -1;
-    return pid_ <= 0;
-  }
-
- private:
-  pid_t pid_ = -1;
-  int stdin_fd_ = -1;
-  std::string address_;
-};
+std::unique_ptr<PeerProcess> StartPeer() {
+  auto p = PeerProcess::Start({TENPLEX_TRANSPORT_PEER, "ucx", "tcp"});
+  EXPECT_TRUE(p.ok()) << p.status().ToString();
+  return p.ok() ? std::move(p).value() : nullptr;
+}
 
 TransportOptions Options(std::chrono::milliseconds timeout) {
   TransportOptions o;
@@ -102,13 +33,29 @@ TransportOptions Options(std::chrono::milliseconds timeout) {
   return o;
 }
 
+// A UCX client connected to a fresh peer process.
+struct Connected {
+  std::unique_ptr<PeerProcess> peer;
+  std::unique_ptr<Transport> client;
+  PeerId id = 0;
+
+  bool Open(std::chrono::milliseconds timeout) {
+    peer = StartPeer();
+    if (!peer) return false;
+    auto c = NewUcxTransport(nullptr, Options(timeout));
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    if (!c.ok()) return false;
+    client = std::move(c).value();
+    auto p = client->Connect(peer->address());
+    EXPECT_TRUE(p.ok()) << p.status().ToString();
+    id = p.ok() ? *p : 0;
+    return p.ok();
+  }
+};
+
 TEST(UcxTwoProcesses, RandomBoxesMatchDirectCopy) {
-  PeerProcess peer;
-  ASSERT_TRUE(peer.Start("tcp"));
-  auto client = NewUcxTransport(nullptr, Options(std::chrono::milliseconds(20000)));
-  ASSERT_TRUE(client.ok()) << client.status().ToString();
-  auto id = (*client)->Connect(peer.address());
-  ASSERT_TRUE(id.ok()) << id.status().ToString();
+  Connected c;
+  ASSERT_TRUE(c.Open(std::chrono::milliseconds(20000)));
   std::mt19937 rng(21);
   for (int round = 0; round < 10; ++round) {
     std::vector<ReadRequest> requests;
@@ -142,13 +89,13 @@ TEST(UcxTwoProcesses, RandomBoxesMatchDirectCopy) {
       ASSERT_TRUE(AppendBoxReads(shape, box, 0, {got.back().data(), ds, db}, elem, &r.runs).ok());
       requests.push_back(std::move(r));
     }
-    Status s = (*client)->Fetch(*id, requests);
+    Status s = c.client->Fetch(c.id, requests);
     ASSERT_TRUE(s.ok()) << s.ToString();
     for (std::size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], want[i]) << round;
   }
   // Unknown regions are NotFound across processes too.
   std::vector<uint8_t> b(8);
-  EXPECT_EQ((*client)->Fetch(*id, {{"nope", {{0, 8, b.data()}}}}).code(), StatusCode::kNotFound);
+  EXPECT_EQ(c.client->Fetch(c.id, {{"nope", {{0, 8, b.data()}}}}).code(), StatusCode::kNotFound);
 }
 
 // Fetches the probe region again and again (into one large buffer) until a fetch fails
@@ -169,52 +116,44 @@ std::pair<Status, Clock::time_point> FetchUntilFailure(Transport& t, PeerId peer
 }
 
 TEST(UcxTwoProcesses, KilledPeerMidTransferIsUnavailable) {
-  PeerProcess peer;
-  ASSERT_TRUE(peer.Start("tcp"));
-  auto client = NewUcxTransport(nullptr, Options(std::chrono::milliseconds(20000)));
-  ASSERT_TRUE(client.ok());
-  auto id = (*client)->Connect(peer.address());
-  ASSERT_TRUE(id.ok());
+  Connected c;
+  ASSERT_TRUE(c.Open(std::chrono::milliseconds(20000)));
   std::vector<uint8_t> buf(64 << 20);
   Clock::time_point killed;
   std::thread killer([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     killed = Clock::now();
-    peer.Signal(SIGKILL);
+    c.peer->Signal(SIGKILL);
   });
-  auto [s, when] = FetchUntilFailure(**client, *id, buf, std::chrono::seconds(60));
+  auto [s, when] = FetchUntilFailure(*c.client, c.id, buf, std::chrono::seconds(60));
   killer.join();
   EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.ToString();
   EXPECT_LT(when - killed, std::chrono::seconds(5));
   // The peer stays failed; a new peer at a new address works.
-  EXPECT_EQ((*client)->Fetch(*id, {{std::string(kProbeRegion), {{0, 8, buf.data()}}}}).code(),
+  EXPECT_EQ(c.client->Fetch(c.id, {{std::string(kProbeRegion), {{0, 8, buf.data()}}}}).code(),
             StatusCode::kUnavailable);
-  PeerProcess other;
-  ASSERT_TRUE(other.Start("tcp"));
-  auto id2 = (*client)->Connect(other.address());
+  auto other = StartPeer();
+  ASSERT_TRUE(other);
+  auto id2 = c.client->Connect(other->address());
   ASSERT_TRUE(id2.ok());
-  ASSERT_TRUE((*client)->Fetch(*id2, {{std::string(kProbeRegion), {{0, 1 << 20, buf.data()}}}}).ok());
+  ASSERT_TRUE(c.client->Fetch(*id2, {{std::string(kProbeRegion), {{0, 1 << 20, buf.data()}}}}).ok());
   for (uint64_t i = 0; i < (1 << 20); i += 4099) ASSERT_EQ(buf[i], ProbeByte(i));
 }
 
 TEST(UcxTwoProcesses, StoppedPeerTimesOut) {
-  PeerProcess peer;
-  ASSERT_TRUE(peer.Start("tcp"));
   const auto timeout = std::chrono::milliseconds(1500);
-  auto client = NewUcxTransport(nullptr, Options(timeout));
-  ASSERT_TRUE(client.ok());
-  auto id = (*client)->Connect(peer.address());
-  ASSERT_TRUE(id.ok());
+  Connected c;
+  ASSERT_TRUE(c.Open(timeout));
   std::vector<uint8_t> buf(64 << 20);
   // Warm up (the peer builds its probe region on first use).
-  ASSERT_TRUE((*client)->Fetch(*id, {{std::string(kProbeRegion), {{0, 8, buf.data()}}}}).ok());
+  ASSERT_TRUE(c.client->Fetch(c.id, {{std::string(kProbeRegion), {{0, 8, buf.data()}}}}).ok());
   Clock::time_point stopped;
   std::thread stopper([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     stopped = Clock::now();
-    peer.Signal(SIGSTOP);
+    c.peer->Signal(SIGSTOP);
   });
-  auto [s, when] = FetchUntilFailure(**client, *id, buf, std::chrono::seconds(60));
+  auto [s, when] = FetchUntilFailure(*c.client, c.id, buf, std::chrono::seconds(60));
   stopper.join();
   EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.ToString();
   // Not before the timeout ran out (counted from the last byte, which came a little
@@ -226,9 +165,9 @@ TEST(UcxTwoProcesses, StoppedPeerTimesOut) {
 TEST(UcxTwoProcesses, DeadBeforeFirstFetch) {
   std::string address;
   {
-    PeerProcess peer;
-    ASSERT_TRUE(peer.Start("tcp"));
-    address = peer.address();
+    auto peer = StartPeer();
+    ASSERT_TRUE(peer);
+    address = peer->address();
   }  // stdin closed: the peer exits
   auto client = NewUcxTransport(nullptr, Options(std::chrono::milliseconds(20000)));
   ASSERT_TRUE(client.ok());

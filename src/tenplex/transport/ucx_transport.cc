@@ -49,6 +49,14 @@ namespace tenplex::transport {
 namespace {
 
 constexpr std::string_view kKind = "ucx";
+// Runs of at least this many bytes travel in messages of their own, used in place on
+// both sides; shorter ones are packed (PlanMessages).
+constexpr uint64_t kDirectBytes = 256 << 10;
+// Largest packed message; staging buffers have this size.
+constexpr uint64_t kPackedBytes = 1 << 20;
+// Free staging buffers kept for reuse while the transport is busy (released after a
+// second without work): the working set of a full window of packed messages.
+constexpr std::size_t kPooledBuffers = 64;
 using Clock = std::chrono::steady_clock;
 
 std::string UcsError(ucs_status_t s) { return ucs_status_string(s); }
@@ -73,13 +81,13 @@ struct Pending {
   Call* call = nullptr;
   std::size_t request_index = 0;
   Peer* peer = nullptr;
-  const ReadRun* runs = nullptr;
-  uint32_t count = 0;
+  std::vector<ReadRun> runs;     // a piece of a ReadRequest (SplitReads)
   std::vector<uint64_t> starts;  // stream positions (protocol.h)
   uint64_t received = 0;         // bytes written into destinations
   bool all_data = false;         // every byte arrived (or an OK status for 0 bytes)
   int inflight = 0;              // UCX operations using this Pending's buffers
   bool queued = false;           // in finish_queue_
+  bool sent = false;             // the request left (it counts against the window)
   Status status;
   RequestHeader header{};
   std::string payload;
@@ -91,8 +99,16 @@ struct Peer {
   ucp_ep_h ep = nullptr;
   Status failure;  // not ok: failed, no new requests
   bool disconnected = false;
-  std::unordered_set<Pending*> pending;
+  std::unordered_set<Pending*> pending;  // sent or waiting
+  std::deque<Pending*> waiting;          // not sent yet (window full)
+  uint64_t inflight_bytes = 0;           // stream bytes of sent, unfinished Pendings
   Clock::time_point last_activity;
+};
+
+// Packed bytes of a message made of several pieces.
+struct Buffer {
+  std::unique_ptr<char[]> data;  // not initialised
+  uint64_t size = 0;
 };
 
 // A UCX operation in flight; its callback finishes it on the progress thread.
@@ -104,6 +120,7 @@ struct Op {
   Pending* pending = nullptr;  // kSendRequest, kRecvData
   uint64_t length = 0;         // kRecvData
   std::vector<ucp_dt_iov_t> iov;
+  Buffer staging;  // kRecvData, kServeData of several pieces: the bytes, packed
   std::shared_ptr<const Region> region;  // kServeData: keeps the region alive
   DataHeader data_header{};
   StatusHeader status_header{};
@@ -127,6 +144,11 @@ class UcxTransport final : public Transport {
   }
 
   Status Init() {
+    if (options_.max_message_bytes < kDirectBytes || options_.max_request_bytes == 0 ||
+        options_.max_inflight_bytes == 0) {
+      return InvalidArgument("UCX transport: max_message_bytes must be at least " +
+                             std::to_string(kDirectBytes) + " and the request limits positive");
+    }
     ucp_config_t* config = nullptr;
     ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
     if (s != UCS_OK) return Unavailable("UCX: cannot read configuration: " + UcsError(s));
@@ -289,7 +311,12 @@ class UcxTransport final : public Transport {
       }
       if (busy) {
         idle = 0;
+        last_busy_ = now;
         continue;
+      }
+      if (!buffers_.empty() && ops_.empty() && pending_.empty() &&
+          now - last_busy_ > std::chrono::seconds(1)) {
+        buffers_.clear();
       }
       if (++idle < 200) continue;
       idle = 0;
@@ -303,7 +330,24 @@ class UcxTransport final : public Transport {
   void Track(Op* op) { ops_.insert(op); }
   void Untrack(Op* op) {
     ops_.erase(op);
+    if (op->staging.data && buffers_.size() < kPooledBuffers) {
+      buffers_.push_back(std::move(op->staging));
+    }
     delete op;
+  }
+
+  // A staging buffer of at least n bytes. They are reused (up to kPooledBuffers):
+  // fresh memory costs page faults and UCX memory-registration events every time.
+  Buffer TakeBuffer(uint64_t n) {
+    for (std::size_t i = buffers_.size(); i > 0; --i) {
+      if (buffers_[i - 1].size >= n) {
+        Buffer b = std::move(buffers_[i - 1]);
+        buffers_.erase(buffers_.begin() + static_cast<std::ptrdiff_t>(i - 1));
+        return b;
+      }
+    }
+    const uint64_t size = std::max(n, kPackedBytes);
+    return Buffer{std::unique_ptr<char[]>(new char[size]), size};
   }
 
   // Posts op's send/receive result: NULL (done now), an error, or a request in flight.
@@ -346,7 +390,10 @@ class UcxTransport final : public Transport {
         Pending* p = op->pending;
         --p->inflight;
         if (status == UCS_OK) {
-          if (op->kind == Op::kRecvData) AddReceived(p, op->length);
+          if (op->kind == Op::kRecvData) {
+            if (op->staging.data) Scatter(op->staging.data.get(), op->iov);
+            AddReceived(p, op->length);
+          }
         } else {
           FailPending(p, Unavailable("transfer from peer " + std::to_string(p->peer->id) +
                                      " failed: " + UcsError(status)));
@@ -365,6 +412,14 @@ class UcxTransport final : public Transport {
   }
 
   // ---- client ----
+
+  // Copies consecutive bytes from src into the pieces.
+  static void Scatter(const char* src, const std::vector<ucp_dt_iov_t>& pieces) {
+    for (const ucp_dt_iov_t& piece : pieces) {
+      std::memcpy(piece.buffer, src, piece.length);
+      src += piece.length;
+    }
+  }
 
   Result<PeerId> DoConnect(const std::string& token, const std::string& bytes) {
     auto it = peer_by_address_.find(token);
@@ -423,33 +478,44 @@ class UcxTransport final : public Transport {
       return;
     }
     Peer* peer = it->second.get();
-    std::vector<Pending*> started;
+    int started = 0;
     for (std::size_t r = 0; r < requests.size(); ++r) {
       const ReadRequest& q = requests[r];
-      std::size_t first = 0;
-      do {
-        const uint32_t count = static_cast<uint32_t>(
-            std::min<std::size_t>(q.runs.size() - first, kMaxRunsPerMessage));
+      for (std::vector<ReadRun>& group :
+           SplitReads(q.runs, kMaxRunsPerMessage, options_.max_request_bytes)) {
         auto p = std::make_unique<Pending>();
         p->id = next_request_++;
         p->call = call;
         p->request_index = r;
         p->peer = peer;
-        p->runs = q.runs.data() + first;
-        p->count = count;
-        p->starts = StreamStarts(p->runs, count);
+        p->runs = std::move(group);
+        const uint32_t count = static_cast<uint32_t>(p->runs.size());
+        p->starts = StreamStarts(p->runs.data(), count);
         p->header = RequestHeader{kProtocolVersion, count, p->id,
                                   static_cast<uint32_t>(q.region.size()), 0};
-        p->payload = EncodeRequestPayload(q.region, p->runs, count);
-        started.push_back(p.get());
+        p->payload = EncodeRequestPayload(q.region, p->runs.data(), count);
+        peer->pending.insert(p.get());
+        peer->waiting.push_back(p.get());
         pending_[p->id] = std::move(p);
-        first += count;
-      } while (first < q.runs.size());
+        ++started;
+      }
     }
-    call->remaining = static_cast<int>(started.size());
-    if (peer->pending.empty()) peer->last_activity = Clock::now();
-    for (Pending* p : started) {
-      peer->pending.insert(p);
+    call->remaining = started;
+    SendWaiting(peer);
+  }
+
+  // Sends waiting requests of the peer while their bytes fit the window (one at least).
+  void SendWaiting(Peer* peer) {
+    while (!peer->waiting.empty() && peer->failure.ok()) {
+      Pending* p = peer->waiting.front();
+      const uint64_t bytes = p->starts.back();
+      if (peer->inflight_bytes > 0 && peer->inflight_bytes + bytes > options_.max_inflight_bytes) {
+        break;
+      }
+      peer->waiting.pop_front();
+      if (peer->inflight_bytes == 0) peer->last_activity = Clock::now();
+      peer->inflight_bytes += bytes;
+      p->sent = true;
       Op* op = new Op(Op::kSendRequest, this);
       op->pending = p;
       Track(op);
@@ -498,6 +564,7 @@ class UcxTransport final : public Transport {
       FailPending(p, s);
       QueueFinish(p);
     }
+    peer->waiting.clear();
     if (peer->ep != nullptr) close_queue_.push_back(peer->id);
   }
 
@@ -518,7 +585,8 @@ class UcxTransport final : public Transport {
       Track(op);
       ucp_request_param_t params = SendParams(op);
       params.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
-      params.flags = UCP_EP_CLOSE_FLAG_FORCE;
+      // Force (cancel everything now) needs peer error handling on both sides.
+      params.flags = options_.peer_failure_detection ? UCP_EP_CLOSE_FLAG_FORCE : 0;
       Posted(op, ucp_ep_close_nbx(ep, &params));
     }
     while (!finish_queue_.empty()) {
@@ -531,8 +599,11 @@ class UcxTransport final : public Transport {
       if (!p->status.ok() && call->statuses[p->request_index].ok()) {
         call->statuses[p->request_index] = p->status;
       }
-      p->peer->pending.erase(p);
+      Peer* peer = p->peer;
+      peer->pending.erase(p);
+      if (p->sent) peer->inflight_bytes -= p->starts.back();
       pending_.erase(p->id);
+      SendWaiting(peer);
       if (--call->remaining == 0) {
         Status first;
         for (const Status& s : call->statuses) {
@@ -561,7 +632,8 @@ class UcxTransport final : public Transport {
 
   void CheckTimeouts(Clock::time_point now) {
     for (auto& [id, peer] : peers_) {
-      if (peer->pending.empty() || !peer->failure.ok()) continue;
+      if (peer->inflight_bytes == 0 && peer->pending.size() == peer->waiting.size()) continue;
+      if (!peer->failure.ok()) continue;
       if (now - peer->last_activity > options_.timeout) {
         FailPeer(peer.get(), Unavailable("peer " + std::to_string(id) + " sent nothing for " +
                                          std::to_string(options_.timeout.count()) + " ms"));
@@ -616,17 +688,14 @@ class UcxTransport final : public Transport {
       return UCS_OK;
     }
     p->peer->last_activity = Clock::now();
+    if (length == 0) return UCS_OK;
     std::vector<ucp_dt_iov_t> pieces;
     ForEachPiece(p->starts, h.stream_offset, h.stream_offset + length,
                  [&](std::size_t i, uint64_t off, uint64_t len) {
                    pieces.push_back({static_cast<char*>(p->runs[i].dest) + off, len});
                  });
     if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
-      const char* src = static_cast<const char*>(data);
-      for (const ucp_dt_iov_t& piece : pieces) {
-        std::memcpy(piece.buffer, src, piece.length);
-        src += piece.length;
-      }
+      Scatter(static_cast<const char*>(data), pieces);
       AddReceived(p, length);
       QueueFinish(p);
       return UCS_OK;
@@ -643,17 +712,12 @@ class UcxTransport final : public Transport {
     params.cb.recv_am = &RecvCb;
     params.user_data = op;
     params.memory_type = UCS_MEMORY_TYPE_HOST;
-    void* buffer = nullptr;
-    size_t count = length;
-    if (op->iov.size() == 1) {
-      buffer = op->iov[0].buffer;
-    } else {
-      params.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
-      params.datatype = ucp_dt_make_iov();
-      buffer = op->iov.data();
-      count = op->iov.size();
+    void* buffer = op->iov[0].buffer;
+    if (op->iov.size() > 1) {
+      op->staging = TakeBuffer(length);
+      buffer = op->staging.data.get();
     }
-    Posted(op, ucp_am_recv_data_nbx(worker_, data, buffer, count, &params));
+    Posted(op, ucp_am_recv_data_nbx(worker_, data, buffer, length, &params));
     return UCS_OK;
   }
 
@@ -729,9 +793,7 @@ class UcxTransport final : public Transport {
     }
     auto shared = std::make_shared<const Region>(std::move(region).value());
     const char* base = static_cast<const char*>(shared->data);
-    const uint64_t chunk = std::max<uint64_t>(options_.max_message_bytes, 1);
-    for (uint64_t begin = 0; begin < total; begin += chunk) {
-      const uint64_t end = std::min(total, begin + chunk);
+    for (auto [begin, end] : PlanMessages(starts, options_.max_message_bytes, kPackedBytes, kDirectBytes)) {
       Op* op = new Op(Op::kServeData, this);
       op->region = shared;
       op->length = end - begin;
@@ -739,20 +801,22 @@ class UcxTransport final : public Transport {
       ForEachPiece(starts, begin, end, [&](std::size_t i, uint64_t off, uint64_t len) {
         op->iov.push_back({const_cast<char*>(base + req->runs[i].offset + off), len});
       });
+      const void* buffer = op->iov[0].buffer;
+      if (op->iov.size() > 1) {
+        op->staging = TakeBuffer(op->length);
+        char* at = op->staging.data.get();
+        for (const ucp_dt_iov_t& piece : op->iov) {
+          std::memcpy(at, piece.buffer, piece.length);
+          at += piece.length;
+        }
+        buffer = op->staging.data.get();
+      }
       Track(op);
       ucp_request_param_t params = SendParams(op);
       params.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMORY_TYPE;
       params.memory_type = UCS_MEMORY_TYPE_HOST;
-      const void* buffer = op->iov[0].buffer;
-      size_t count = op->length;
-      if (op->iov.size() > 1) {
-        params.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
-        params.datatype = ucp_dt_make_iov();
-        buffer = op->iov.data();
-        count = op->iov.size();
-      }
       if (!Posted(op, ucp_am_send_nbx(ep, kFetchData, &op->data_header, sizeof(op->data_header),
-                                      buffer, count, &params))) {
+                                      buffer, op->length, &params))) {
         break;  // the connection failed; the client sees it too
       }
     }
@@ -779,6 +843,8 @@ class UcxTransport final : public Transport {
   std::unordered_map<uint64_t, std::unique_ptr<Pending>> pending_;
   std::deque<Pending*> finish_queue_;
   std::deque<PeerId> close_queue_;
+  std::vector<Buffer> buffers_;  // free staging buffers
+  Clock::time_point last_busy_;
   PeerId next_peer_ = 1;
   uint64_t next_request_ = 1;
   uint64_t bytes_served_ = 0;
