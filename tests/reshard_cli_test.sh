@@ -82,12 +82,18 @@ expect_error "lacks rank-00005.safetensors" "$T" reshard --in "$tmp/missing" "${
 for other in m32 mf32; do
   expect_ok "$T" ckpt init --model "$tmp/$other.json" --config tp=2,pp=2,dp=2 --out "$tmp/$other"
   cp -r "$tmp/A" "$tmp/bad-$other" && cp "$tmp/$other/rank-00002.safetensors" "$tmp/bad-$other/"
-  expect_error "does not match the recorded" "$T" reshard --in "$tmp/bad-$other" "${O[@]}"
+  expect_error "but the layout needs" "$T" reshard --in "$tmp/bad-$other" "${O[@]}"
   expect_error "but the layout needs" "$T" reshard --in "$tmp/bad-$other" "${O[@]}" --no-verify
 done
 cp -r "$tmp/A" "$tmp/trunc" && truncate -s -64 "$tmp/trunc/rank-00001.safetensors"
-expect_error "does not match the recorded" "$T" reshard --in "$tmp/trunc" "${O[@]}"
-expect_error "rank-00001.safetensors" "$T" reshard --in "$tmp/trunc" "${O[@]}" --no-verify
+expect_error "rank-00001.safetensors: safetensors" "$T" reshard --in "$tmp/trunc" "${O[@]}"
+expect_error "rank-00001.safetensors: safetensors" "$T" reshard --in "$tmp/trunc" "${O[@]}" --no-verify
+# A flipped byte in the data: only the checksum sees it.
+cp -r "$tmp/A" "$tmp/flip"
+f="$tmp/flip/rank-00004.safetensors"
+printf '\x7f' | dd of="$f" bs=1 seek=$(( $(stat -c %s "$f") - 3 )) conv=notrunc status=none
+expect_error "does not match the recorded" "$T" reshard --in "$tmp/flip" "${O[@]}"
+expect_error "does not match the recorded" "$T" ckpt verify --in "$tmp/flip"
 expect_error "tenplex.json is missing" "$T" reshard --in "$tmp/nothing" "${O[@]}"
 mkdir "$tmp/full" && touch "$tmp/full/x"
 "$T" reshard --in "$tmp/A" --to tp=2 --out "$tmp/full" >/dev/null 2>"$tmp/err"

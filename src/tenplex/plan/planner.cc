@@ -77,12 +77,18 @@ void SplitFor(const Box& box, const Site& s, std::vector<Box>& out) {
   for (const Box& p : ContiguousParts(ext, Translate(box, neg))) out.push_back(Translate(p, pos));
 }
 
-// Parts of box that are one region on both sites.
-std::vector<Box> SplitForBoth(const Box& box, const Site& a, const Site& b) {
+// Calls fn(part) for the parts of box that are one region on both sites (box itself
+// unless a side is flat).
+template <typename Fn>
+void ForEachPart(Box box, const Site& a, const Site& b, Fn&& fn) {
+  if (!a.flat && !b.flat) {
+    fn(std::move(box));
+    return;
+  }
   std::vector<Box> first, out;
   SplitFor(box, a, first);
   for (const Box& p : first) SplitFor(p, b, out);
-  return out;
+  for (Box& p : out) fn(std::move(p));
 }
 
 struct Holder {
@@ -228,6 +234,9 @@ class Planner {
         }
       }
     }
+    std::size_t total_needs = 0;
+    for (const auto& ns : needs_) total_needs += ns.size();
+    plan_.ops.reserve(total_needs);  // usually one op or fewer per need
     for (auto& ns : needs_) {
       std::stable_sort(ns.begin(), ns.end(),
                        [](const Need& a, const Need& b) { return a.host < b.host; });
@@ -269,13 +278,13 @@ class Planner {
       const Site src = MakeSite(op.global, op.local, r, oi, from_hosts_[r], false, -1);
       next_.clear();
       for (const Box& rem : remaining_) {
-        const Box inter = Intersect(rem, op.global);
+        Box inter = Intersect(rem, op.global);
         if (IsEmpty(inter)) {
           next_.push_back(rem);
           continue;
         }
         for (Box& part : Subtract(rem, inter)) next_.push_back(std::move(part));
-        for (Box& part : SplitForBoth(inter, src, dst)) {
+        ForEachPart(std::move(inter), src, dst, [&](Box part) {
           Box sr = RegionOf(part, src), dr = RegionOf(part, dst);
           if (sr == dr) {
             plan_.stats.bytes_in_place += Volume(part) * elem_[tid];
@@ -284,7 +293,7 @@ class Planner {
           } else {
             next_.push_back(std::move(part));
           }
-        }
+        });
       }
       remaining_.swap(next_);
       if (remaining_.empty()) return;
@@ -296,13 +305,13 @@ class Planner {
                  std::vector<Landed>* landed) {
     next_.clear();
     for (const Box& rem : remaining_) {
-      const Box inter = Intersect(rem, box);
+      Box inter = Intersect(rem, box);
       if (IsEmpty(inter)) {
         next_.push_back(rem);
         continue;
       }
       for (Box& part : Subtract(rem, inter)) next_.push_back(std::move(part));
-      for (Box& part : SplitForBoth(inter, src, dst)) {
+      ForEachPart(std::move(inter), src, dst, [&](Box part) {
         const int64_t bytes = Volume(part) * elem_[tid];
         if (src.host == dst.host) {
           plan_.stats.bytes_host_local += bytes;
@@ -320,7 +329,7 @@ class Planner {
           landed->push_back(
               {op.global, op.dst, dst.rank, dst.tensor, static_cast<int64_t>(plan_.ops.size())});
         plan_.ops.push_back(std::move(op));
-      }
+      });
     }
     remaining_.swap(next_);
   }

@@ -1,9 +1,15 @@
 #include "tenplex/plan/reshard.h"
 
+#include <xxhash.h>
+
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <filesystem>
 
 #include "tenplex/io/checkpoint.h"
 #include "tenplex/plan/executor.h"
+#include "tenplex/plan/pages.h"
 #include "tenplex/plan/synthetic.h"
 
 namespace tenplex::plan {
@@ -39,9 +45,83 @@ std::string TensorText(const TensorDesc& t) {
          RuleText(t.tp) + ", stage " + StageText(t.stage);
 }
 
-// Maps an output rank file per rank of `layout` inside the writer's staging directory.
+template <typename Fn>
+void ForEach(std::size_t n, ThreadPool* pool, Fn&& fn) {
+  if (pool && n > 1) {
+    pool->ParallelFor(n, fn);
+  } else {
+    for (std::size_t i = 0; i < n; ++i) fn(i);
+  }
+}
+
+std::size_t DataBytes(const std::vector<io::SafetensorsEntry>& ts) {
+  std::size_t n = 0;
+  for (const io::SafetensorsEntry& e : ts) n = std::max<std::size_t>(n, e.end);
+  return n;
+}
+
+void PopulateInputs(const std::vector<io::SafetensorsFile>& files, ThreadPool* pool) {
+  for (const io::SafetensorsFile& f : files) {
+    if (!f.tensors().empty())
+      Populate(f.data(f.tensors().front()), DataBytes(f.tensors()), false, pool);
+  }
+}
+
+std::string Hex(uint64_t h) {
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+// The xxh64 of a rank file as written (header, then data), hashed from its mapping
+// where the pages are hot instead of mapping the file again.
+std::string WrittenXxh64(const io::SafetensorsWriter& w, const uint8_t* data) {
+  std::vector<io::SafetensorsEntry> entries = w.tensors();
+  const std::string header = io::EncodeSafetensorsHeader(entries, {});
+  XXH64_state_t* st = XXH64_createState();
+  XXH64_reset(st, 0);
+  XXH64_update(st, header.data(), header.size());
+  if (data) XXH64_update(st, data, DataBytes(entries));
+  const uint64_t h = XXH64_digest(st);
+  XXH64_freeState(st);
+  return Hex(h);
+}
+
+// The xxh64 of an input rank file: from its mapping when the file is exactly header
+// plus data (as every writer of ours makes them), else by reading the file again.
+Result<std::string> InputXxh64(const io::SafetensorsFile& f) {
+  const auto& ts = f.tensors();
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(f.path(), ec);
+  if (ts.empty() || ec || size != f.header().data_offset + DataBytes(ts))
+    return io::FileXxh64(f.path());
+  const uint8_t* base = f.data(ts.front()) - ts.front().begin - f.header().data_offset;
+  return Hex(XXH64(base, static_cast<std::size_t>(size), 0));
+}
+
+// Checks every input file against the checksums tenplex.json records, in parallel.
+Status VerifyInputs(const std::vector<io::SafetensorsFile>& files, const io::CheckpointInfo& info,
+                    ThreadPool* pool) {
+  std::vector<Status> results(files.size());
+  ForEach(files.size(), pool, [&](std::size_t i) {
+    auto it = info.checksums.find(std::filesystem::path(files[i].path()).filename().string());
+    if (it == info.checksums.end() || it->second.empty()) return;
+    auto sum = InputXxh64(files[i]);
+    if (!sum.ok()) {
+      results[i] = sum.status();
+    } else if (*sum != it->second) {
+      results[i] = DataLoss(files[i].path() + ": xxh64 " + *sum + " does not match the recorded " +
+                            it->second);
+    }
+  });
+  for (Status& s : results) TP_RETURN_IF_ERROR(s);
+  return Status::Ok();
+}
+
+// Maps an output rank file per rank of `layout` inside the writer's staging directory,
+// pages populated ahead.
 Result<std::vector<io::SafetensorsWriter>> CreateRankFiles(const io::CheckpointWriter& ckpt,
-                                                           const Layout& layout) {
+                                                           const Layout& layout, ThreadPool* pool) {
   std::vector<io::SafetensorsWriter> files;
   files.reserve(layout.ranks.size());
   for (const RankLayout& r : layout.ranks) {
@@ -50,9 +130,27 @@ Result<std::vector<io::SafetensorsWriter>> CreateRankFiles(const io::CheckpointW
     for (const LocalTensor& t : *r.tensors) entries.push_back({t.name, t.dtype, t.shape, 0, 0});
     TP_ASSIGN_OR_RETURN(io::SafetensorsWriter w,
                         io::SafetensorsWriter::Create(ckpt.RankPath(r.rank), std::move(entries)));
+    if (!w.tensors().empty()) Populate(w.data(0), DataBytes(w.tensors()), true, pool);
     files.push_back(std::move(w));
   }
   return files;
+}
+
+// Hashes the rank files from their mappings (in parallel), syncs and renames them,
+// then writes tenplex.json with those checksums and moves the directory into place.
+Status CommitAll(io::CheckpointWriter& ckpt, std::vector<io::SafetensorsWriter>& files,
+                 io::CheckpointInfo info, ThreadPool* pool) {
+  std::vector<std::string> sums(files.size());
+  ForEach(files.size(), pool, [&](std::size_t i) {
+    sums[i] = WrittenXxh64(files[i], files[i].tensors().empty() ? nullptr : files[i].data(0));
+  });
+  nlohmann::json j = nlohmann::json::object();
+  for (std::size_t i = 0; i < files.size(); ++i) j[io::RankFileName(static_cast<int>(i))] = sums[i];
+  for (io::SafetensorsWriter& w : files) TP_RETURN_IF_ERROR(w.Commit());
+  // CheckpointWriter keeps extra fields as given: with its own hashing off, the
+  // "checksums" computed here are what tenplex.json records.
+  info.extra["checksums"] = std::move(j);
+  return ckpt.Commit(info, /*checksums=*/false);
 }
 
 }  // namespace
@@ -115,7 +213,11 @@ Result<ReshardReport> Reshard(const ReshardOptions& o) {
   auto to = MakeLayout(info.model, o.to);
   if (!to.ok()) return to.status().WithContext("target config " + o.to.ToString());
   TP_ASSIGN_OR_RETURN(std::vector<io::SafetensorsFile> inputs,
-                      io::OpenCheckpoint(o.in, *from, info, o.verify_checksums));
+                      io::OpenCheckpoint(o.in, *from, info, /*verify_checksums=*/false));
+  PopulateInputs(inputs, o.pool);
+  if (o.verify_checksums) {
+    TP_RETURN_IF_ERROR(VerifyInputs(inputs, info, o.pool));
+  }
 
   const auto tp = std::chrono::steady_clock::now();
   TP_ASSIGN_OR_RETURN(Plan plan,
@@ -126,13 +228,15 @@ Result<ReshardReport> Reshard(const ReshardOptions& o) {
 
   std::vector<std::vector<const void*>> src(from->world_size());
   for (const RankLayout& r : from->ranks) {
-    for (const LocalTensor& t : *r.tensors)
+    for (const LocalTensor& t : *r.tensors) {
       src[r.rank].push_back(inputs[r.rank].data(*inputs[r.rank].Find(t.name)));
+    }
   }
   // Declared before the rank files, so that on an error the files go first, then the
   // staging directory.
   TP_ASSIGN_OR_RETURN(io::CheckpointWriter ckpt, io::CheckpointWriter::Create(o.out));
-  TP_ASSIGN_OR_RETURN(std::vector<io::SafetensorsWriter> outputs, CreateRankFiles(ckpt, *to));
+  TP_ASSIGN_OR_RETURN(std::vector<io::SafetensorsWriter> outputs,
+                      CreateRankFiles(ckpt, *to, o.pool));
   std::vector<std::vector<void*>> dst(to->world_size());
   for (const RankLayout& r : to->ranks) {
     for (std::size_t i = 0; i < r.tensors->size(); ++i) {
@@ -145,10 +249,9 @@ Result<ReshardReport> Reshard(const ReshardOptions& o) {
   ex.pool = o.pool;
   TP_RETURN_IF_ERROR(ExecutePlan(plan, *from, *to, src, dst, ex));
   report.copy_seconds = Since(tc);
-  for (io::SafetensorsWriter& w : outputs) TP_RETURN_IF_ERROR(w.Commit());
   io::CheckpointInfo out_info = info;
   out_info.config = o.to;
-  TP_RETURN_IF_ERROR(ckpt.Commit(out_info));
+  TP_RETURN_IF_ERROR(CommitAll(ckpt, outputs, std::move(out_info), o.pool));
   report.total_seconds = Since(t0);
   return report;
 }
@@ -157,21 +260,18 @@ Status InitCheckpoint(const Model& model, const ParallelConfig& config, const st
                       uint64_t seed, ThreadPool* pool) {
   TP_ASSIGN_OR_RETURN(Layout layout, MakeLayout(model, config));
   TP_ASSIGN_OR_RETURN(io::CheckpointWriter ckpt, io::CheckpointWriter::Create(out));
+  TP_ASSIGN_OR_RETURN(std::vector<io::SafetensorsWriter> files,
+                      CreateRankFiles(ckpt, layout, pool));
   for (const RankLayout& r : layout.ranks) {
-    std::vector<io::SafetensorsEntry> entries;
-    for (const LocalTensor& t : *r.tensors) entries.push_back({t.name, t.dtype, t.shape, 0, 0});
-    TP_ASSIGN_OR_RETURN(io::SafetensorsWriter w,
-                        io::SafetensorsWriter::Create(ckpt.RankPath(r.rank), std::move(entries)));
     for (std::size_t i = 0; i < r.tensors->size(); ++i) {
-      TP_RETURN_IF_ERROR(FillSynthetic(layout, (*r.tensors)[i], seed, w.data(i), pool));
+      TP_RETURN_IF_ERROR(FillSynthetic(layout, (*r.tensors)[i], seed, files[r.rank].data(i), pool));
     }
-    TP_RETURN_IF_ERROR(w.Commit());
   }
   io::CheckpointInfo info;
   info.model = model;
   info.config = config;
   info.extra["synthetic_seed"] = seed;
-  return ckpt.Commit(info);
+  return CommitAll(ckpt, files, std::move(info), pool);
 }
 
 Status VerifyCheckpoint(const std::string& dir, std::optional<uint64_t> seed, ThreadPool* pool) {
@@ -186,7 +286,9 @@ Status VerifyCheckpoint(const std::string& dir, std::optional<uint64_t> seed, Th
   auto layout = MakeLayout(info.model, info.config);
   if (!layout.ok()) return layout.status().WithContext("checkpoint " + dir);
   TP_ASSIGN_OR_RETURN(std::vector<io::SafetensorsFile> files,
-                      io::OpenCheckpoint(dir, *layout, info, true));
+                      io::OpenCheckpoint(dir, *layout, info, /*verify_checksums=*/false));
+  PopulateInputs(files, pool);
+  TP_RETURN_IF_ERROR(VerifyInputs(files, info, pool));
   for (const RankLayout& r : layout->ranks) {
     for (const LocalTensor& t : *r.tensors) {
       const io::SafetensorsFile& f = files[r.rank];

@@ -133,8 +133,8 @@ TEST_F(ReshardTest, BadInputsFailAndLeaveNoOutput) {
   fs::copy(Path("A"), Path("missing"));
   fs::remove(Path("missing/rank-00003.safetensors"));
   expect_error("missing", "lacks rank-00003.safetensors", StatusCode::kNotFound);
-  // A rank file of another model (wrong shapes) or dtype, checksums skipped so the
-  // layout check speaks; with checksums the hash catches it first.
+  // A rank file of another model (wrong shapes) or dtype: the layout check speaks, with
+  // or without checksums.
   for (bool bf16 : {false, true}) {
     const std::string other = bf16 ? "other-bf16" : "other-shape";
     ASSERT_TRUE(
@@ -146,16 +146,29 @@ TEST_F(ReshardTest, BadInputsFailAndLeaveNoOutput) {
                   fs::copy_options::overwrite_existing);
     expect_error(bad, "but the layout needs", StatusCode::kDataLoss, std::nullopt, std::nullopt,
                  false);
-    expect_error(bad, "does not match the recorded", StatusCode::kDataLoss);
+    expect_error(bad, "but the layout needs", StatusCode::kDataLoss);
     fs::remove_all(Path(other));
   }
-  // A truncated rank file.
+  // A truncated rank file: the header check names it.
   fs::copy(Path("A"), Path("truncated"));
   const std::string victim = Path("truncated/rank-00002.safetensors");
   fs::resize_file(victim, fs::file_size(victim) - 100);
   expect_error("truncated", "rank-00002.safetensors", StatusCode::kDataLoss, std::nullopt,
                std::nullopt, false);
-  expect_error("truncated", "does not match the recorded", StatusCode::kDataLoss);
+  expect_error("truncated", "rank-00002.safetensors", StatusCode::kDataLoss);
+  // A flipped byte in the data: only the checksum sees it.
+  fs::copy(Path("A"), Path("flipped"));
+  {
+    std::fstream f(Path("flipped/rank-00003.safetensors"),
+                   std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-5, std::ios::end);
+    char c = 0;
+    f.read(&c, 1);
+    c ^= 0x10;
+    f.seekp(-5, std::ios::end);
+    f.write(&c, 1);
+  }
+  expect_error("flipped", "does not match the recorded", StatusCode::kDataLoss);
   // No tenplex.json.
   fs::copy(Path("A"), Path("noinfo"));
   fs::remove(Path("noinfo/tenplex.json"));
@@ -167,7 +180,8 @@ TEST_F(ReshardTest, BadInputsFailAndLeaveNoOutput) {
   EXPECT_EQ(s.code(), StatusCode::kAlreadyExists) << s.ToString();
   EXPECT_TRUE(fs::exists(Path("OUT/keep")));
   fs::remove_all(Path("OUT"));
-  ExpectOnly({"A", "missing", "bad-other-shape", "bad-other-bf16", "truncated", "noinfo"});
+  ExpectOnly(
+      {"A", "missing", "bad-other-shape", "bad-other-bf16", "truncated", "flipped", "noinfo"});
 }
 
 }  // namespace

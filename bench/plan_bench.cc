@@ -1,0 +1,109 @@
+// Planner speed and size. The case: gpt3-175b with fp32 Adam from
+// tp=8,pp=16,dp=8 to tp=8,pp=12,dp=10, 8 GPUs per host; goal under 1 s on one core
+// and under 1 GiB. Counters: ops, the plan's own bytes (ops and their boxes), the
+// process's peak RSS, and limit_ratio = plan seconds / 1 s (below 1 meets the goal).
+// Then growth with the number of layers (world size fixed) and with the world size
+// (dp scaled, model fixed). Layout construction is timed on its own.
+#include <benchmark/benchmark.h>
+#include <sys/resource.h>
+
+#include <chrono>
+
+#include "tenplex/model/gpt.h"
+#include "tenplex/plan/planner.h"
+
+namespace {
+
+using tenplex::Layout;
+using tenplex::Model;
+
+Model Gpt175b(int layers) {
+  auto args = *tenplex::GptPreset("gpt3-175b");
+  args.num_layers = layers;
+  return *tenplex::MakeGpt(args);
+}
+
+double PeakRssMiB() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_maxrss) / 1024.0;
+}
+
+int64_t PlanBytes(const tenplex::plan::Plan& p) {
+  int64_t b =
+      static_cast<int64_t>((p.ops.capacity() + p.kept.capacity()) * sizeof(tenplex::plan::CopyOp));
+  auto boxes = [](const tenplex::plan::CopyOp& op) {
+    // Three boxes, each one heap block of rank intervals (plus allocator overhead).
+    return static_cast<int64_t>(3 * (op.global.rank() * sizeof(tenplex::Interval) + 16));
+  };
+  for (const auto& op : p.ops) b += boxes(op);
+  for (const auto& op : p.kept) b += boxes(op);
+  return b;
+}
+
+void RunPlan(benchmark::State& state, const Model& m, const std::string& from_cfg,
+             const std::string& to_cfg) {
+  const Layout from = *tenplex::MakeLayout(m, *tenplex::ParseConfig(from_cfg));
+  const Layout to = *tenplex::MakeLayout(m, *tenplex::ParseConfig(to_cfg));
+  const auto fh = tenplex::plan::DefaultHosts(from.world_size(), 8);
+  const auto th = tenplex::plan::DefaultHosts(to.world_size(), 8);
+  double seconds = 0;
+  int64_t ops = 0, bytes = 0;
+  bool at_bound = true;
+  for (auto _ : state) {
+    auto t0 = std::chrono::steady_clock::now();
+    auto p = tenplex::plan::MakePlan(m, from, to, fh, th);
+    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (!p.ok()) {
+      state.SkipWithError(p.status().message().c_str());
+      return;
+    }
+    ops = static_cast<int64_t>(p->ops.size());
+    bytes = PlanBytes(*p);
+    at_bound = at_bound && p->stats.bytes_cross_host == p->stats.cross_host_lower_bound;
+  }
+  const double per = seconds / static_cast<double>(state.iterations());
+  state.counters["ops"] = static_cast<double>(ops);
+  state.counters["plan_MiB"] = static_cast<double>(bytes) / (1 << 20);
+  state.counters["peak_rss_MiB"] = PeakRssMiB();
+  state.counters["world"] = from.world_size() + to.world_size();
+  state.counters["limit_ratio"] = per / 1.0;
+  state.counters["at_lower_bound"] = at_bound ? 1 : 0;
+}
+
+void BM_Plan175b(benchmark::State& state) {
+  static const Model m = Gpt175b(96);
+  RunPlan(state, m, "tp=8,pp=16,dp=8", "tp=8,pp=12,dp=10");
+}
+BENCHMARK(BM_Plan175b)->Unit(benchmark::kMillisecond)->MinTime(2.0);
+
+void BM_Layouts175b(benchmark::State& state) {
+  static const Model m = Gpt175b(96);
+  for (auto _ : state) {
+    auto a = tenplex::MakeLayout(m, *tenplex::ParseConfig("tp=8,pp=16,dp=8"));
+    auto b = tenplex::MakeLayout(m, *tenplex::ParseConfig("tp=8,pp=12,dp=10"));
+    benchmark::DoNotOptimize(a);
+    benchmark::DoNotOptimize(b);
+  }
+}
+BENCHMARK(BM_Layouts175b)->Unit(benchmark::kMillisecond);
+
+// Growth with layers: 48 .. 384 layers, same parallel configs.
+void BM_PlanLayers(benchmark::State& state) {
+  const Model m = Gpt175b(static_cast<int>(state.range(0)));
+  RunPlan(state, m, "tp=8,pp=16,dp=8", "tp=8,pp=12,dp=10");
+}
+BENCHMARK(BM_PlanLayers)->Arg(48)->Arg(96)->Arg(192)->Arg(384)->Unit(benchmark::kMillisecond);
+
+// Growth with world size: dp 4 .. 32 (512 .. 4096 old ranks), dp grows by 5/4.
+void BM_PlanWorld(benchmark::State& state) {
+  static const Model m = Gpt175b(96);
+  const int dp = static_cast<int>(state.range(0));
+  RunPlan(state, m, "tp=8,pp=16,dp=" + std::to_string(dp),
+          "tp=8,pp=12,dp=" + std::to_string(dp * 5 / 4));
+}
+BENCHMARK(BM_PlanWorld)->Arg(4)->Arg(8)->Arg(16)->Arg(32)->Unit(benchmark::kMillisecond);
+
+}  // namespace
+
+BENCHMARK_MAIN();
