@@ -56,6 +56,11 @@ PY
 "$T" plan --model "$M" --from tp=2,pp=2,dp=2 --to tp=2,pp=1,dp=3 --gpus-per-host 2 >"$tmp/summary" || fail "plan"
 grep -q "lower bound .*met" "$tmp/summary" && grep -q "busiest host" "$tmp/summary" || fail "plan summary: $(cat "$tmp/summary")"
 
+expect_error "--gpus-per-host must be at least 1" "$T" plan --model "$M" --from tp=2 --to tp=1 --gpus-per-host 0
+expect_error "--to tp=4,pp=1,dp=1: tp=4 does not divide" "$T" plan --model "$M" --from tp=2 --to tp=4
+expect_error "--from: config: unknown key 'xp'" "$T" plan --model "$M" --from xp=2 --to tp=1
+expect_error "unknown model preset" "$T" plan --model gpt5 --from tp=1 --to tp=2
+
 # Round trips through several layouts, content checked at every step.
 expect_ok "$T" ckpt init --model "$M" --config tp=2,pp=2,dp=2 --out "$tmp/A" --seed 42
 expect_ok "$T" ckpt verify --in "$tmp/A"
