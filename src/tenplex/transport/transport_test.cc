@@ -302,6 +302,33 @@ TEST(TransportFactory, BadArguments) {
   EXPECT_FALSE(NewUcxTransport(nullptr, o).ok());
 }
 
+// UCX over shared memory (peer failure detection off, as UCX 1.13 requires): the
+// bytes of long and short runs arrive intact.
+TEST(UcxSharedMemory, LongAndShortRuns) {
+  TransportOptions o;
+  o.ucx_tls = "sm";
+  o.peer_failure_detection = false;
+  auto server = NewUcxTransport(PatternLookup(), o);
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  auto client = NewUcxTransport(nullptr, o);
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  auto peer = (*client)->Connect((*server)->LocalAddress());
+  ASSERT_TRUE(peer.ok()) << peer.status().ToString();
+  const uint64_t bytes = 6 << 20;
+  std::vector<uint8_t> buf(bytes, 0);
+  ReadRequest r{PatternName(5, bytes), {}};
+  r.runs.push_back({1, 3 << 20, buf.data()});                   // long
+  for (uint64_t at = 3 << 20; at + 1000 <= bytes; at += 1000) {  // short, reversed
+    r.runs.push_back({bytes - at - 1000 + (at % 7), 1000, buf.data() + at});
+  }
+  ASSERT_TRUE((*client)->Fetch(*peer, {r}).ok());
+  for (const ReadRun& run : r.runs) {
+    const uint8_t* d = static_cast<const uint8_t*>(run.dest);
+    for (uint64_t k = 0; k < run.length; ++k) ASSERT_EQ(d[k], PatternByte(5, run.offset + k));
+  }
+  client->reset();  // the client goes first: without detection a dead peer is fatal
+}
+
 TEST(Bandwidth, Limits) {
   EXPECT_GT(MeasureMemcpyBandwidth(8 << 20, 2), 0.0);
   auto tcp = MeasureTcpLoopbackBandwidth(8 << 20, 2);
