@@ -134,7 +134,6 @@ json StageToJson(const Stage& s) {
 }
 
 Result<Stage> StageFromJson(const json& j, const std::string& where) {
-  Stage s;
   if (j.is_string()) {
     std::string v = j.get<std::string>();
     if (v == "first") return Stage{Stage::kFirst, 0};
