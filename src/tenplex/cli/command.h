@@ -29,7 +29,9 @@ Result<std::string> ReadInput(const std::string& path);
 void RegisterModel(CLI::App& app, Context& ctx);
 void RegisterLayout(CLI::App& app, Context& ctx);
 void RegisterStore(CLI::App& app, Context& ctx);
+void RegisterRun(CLI::App& app, Context& ctx);
 void RegisterPlan(CLI::App& app, Context& ctx);
 void RegisterCkpt(CLI::App& app, Context& ctx);
+void RegisterData(CLI::App& app, Context& ctx);
 
 }  // namespace tenplex::cli

@@ -11,8 +11,10 @@ int main(int argc, char** argv) {
   tenplex::cli::RegisterModel(app, ctx);
   tenplex::cli::RegisterLayout(app, ctx);
   tenplex::cli::RegisterStore(app, ctx);
+  tenplex::cli::RegisterRun(app, ctx);
   tenplex::cli::RegisterPlan(app, ctx);
   tenplex::cli::RegisterCkpt(app, ctx);
+  tenplex::cli::RegisterData(app, ctx);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,34 @@
+// tenplex data read --index DIR --sample N [--sample M ...]
+#include "tenplex/cli/data_commands.h"
+#include "tenplex/data/dataset.h"
+
+namespace tenplex::cli {
+
+void RegisterDataRead(CLI::App& data, Context& ctx) {
+  auto* cmd = data.add_subcommand(
+      "read", "Print samples: the JSONL line as it was, or a Megatron sequence as a JSON array of token ids");
+  struct Opts {
+    std::string index;
+    std::vector<int64_t> samples;
+  };
+  auto o = std::make_shared<Opts>();
+  cmd->add_option("--index", o->index, "Index directory (tenplex data index)")->required();
+  cmd->add_option("--sample", o->samples, "Sample id (0-based); repeat for several, printed one per line")
+      ->required();
+  cmd->callback([o, &ctx] {
+    auto d = data::Dataset::Open(o->index);
+    if (!d.ok()) return Finish(ctx, d.status());
+    std::string out;
+    for (int64_t id : o->samples) {
+      auto n = CheckCount("--sample", id, /*zero_ok=*/true);
+      if (!n.ok()) return Finish(ctx, n.status());
+      auto text = (*d)->SampleText(*n);
+      if (!text.ok()) return Finish(ctx, text.status());
+      out += *text;
+      out += '\n';
+    }
+    Finish(ctx, WriteOutput("", out));
+  });
+}
+
+}  // namespace tenplex::cli
