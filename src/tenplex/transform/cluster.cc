@@ -1,0 +1,255 @@
+#include "tenplex/transform/cluster.h"
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "tenplex/io/checkpoint.h"
+#include "tenplex/model/model.h"
+#include "tenplex/ptc/layout.h"
+#include "tenplex/store/parse.h"
+#include "tenplex/util/file.h"
+
+namespace tenplex::transform {
+
+using nlohmann::json;
+
+namespace {
+
+double Since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::string RankPrefix(const std::string& job, uint64_t version, int rank) {
+  return "jobs/" + job + "/" + std::to_string(version) + "/" + store::RankSegment(rank) + "/";
+}
+
+Status CheckFits(const Cluster& cluster, int world_size) {
+  if (world_size > cluster.Capacity()) {
+    return InvalidArgument("the layout has " + std::to_string(world_size) + " ranks but the cluster has " +
+                           std::to_string(cluster.hosts.size()) + " hosts x " +
+                           std::to_string(cluster.gpus_per_host) + " GPUs = " +
+                           std::to_string(cluster.Capacity()) + " slots");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::vector<int> Cluster::RankHosts(int world_size) const {
+  std::vector<int> out(world_size);
+  for (int r = 0; r < world_size; ++r) out[r] = HostOfRank(r);
+  return out;
+}
+
+Result<Cluster> ParseCluster(const std::string& json_text) {
+  json j = json::parse(json_text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return InvalidArgument("cluster: not a JSON object");
+  for (const auto& [k, v] : j.items()) {
+    if (k != "hosts" && k != "gpus_per_host") {
+      return InvalidArgument("cluster: unknown field '" + k + "' (expected hosts, gpus_per_host)");
+    }
+  }
+  if (!j.contains("hosts") || !j["hosts"].is_array() || j["hosts"].empty()) {
+    return InvalidArgument("cluster: 'hosts' must be a non-empty array of store URLs");
+  }
+  if (!j.contains("gpus_per_host") || !j["gpus_per_host"].is_number_integer() ||
+      j["gpus_per_host"].get<int64_t>() < 1 || j["gpus_per_host"].get<int64_t>() > 4096) {
+    return InvalidArgument("cluster: 'gpus_per_host' must be an integer in [1, 4096]");
+  }
+  Cluster c;
+  c.gpus_per_host = j["gpus_per_host"].get<int>();
+  std::set<std::string> seen;
+  for (std::size_t i = 0; i < j["hosts"].size(); ++i) {
+    const json& h = j["hosts"][i];
+    if (!h.is_string() || h.get<std::string>().rfind("http://", 0) != 0 || h.get<std::string>().size() <= 7) {
+      return InvalidArgument("cluster: hosts[" + std::to_string(i) + "] must be a URL \"http://host:port\"");
+    }
+    std::string url = h.get<std::string>();
+    if (!seen.insert(url).second) return InvalidArgument("cluster: host " + url + " is listed twice");
+    c.hosts.push_back(std::move(url));
+  }
+  return c;
+}
+
+Result<Cluster> ReadClusterFile(const std::string& path) {
+  TP_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  Result<Cluster> c = ParseCluster(text);
+  if (!c.ok()) return c.status().WithContext(path);
+  return c;
+}
+
+Result<std::vector<std::unique_ptr<store::Client>>> ConnectCluster(const Cluster& cluster,
+                                                                   const store::ClientOptions& options) {
+  std::vector<std::unique_ptr<store::Client>> out;
+  for (std::size_t h = 0; h < cluster.hosts.size(); ++h) {
+    Result<std::unique_ptr<store::Client>> c = store::Client::Connect(cluster.hosts[h], options);
+    if (!c.ok()) return c.status().WithContext("host " + std::to_string(h) + " (" + cluster.hosts[h] + ")");
+    out.push_back(std::move(*c));
+  }
+  return out;
+}
+
+Result<uint64_t> NextCommonVersion(const std::vector<std::unique_ptr<store::Client>>& clients,
+                                   const std::string& job) {
+  uint64_t next = 1;
+  for (const auto& c : clients) {
+    Result<store::VersionInfo> v = c->Version(job, std::nullopt);
+    if (v.ok()) {
+      next = std::max(next, v->version + 1);
+    } else if (v.status().code() != StatusCode::kNotFound) {
+      return v.status().WithContext(c->url());
+    }
+  }
+  return next;
+}
+
+Result<store::TransferStats> LoadCheckpointToCluster(const Cluster& cluster,
+                                                     const std::vector<std::unique_ptr<store::Client>>& clients,
+                                                     const std::string& job, const std::string& dir) {
+  const auto t0 = std::chrono::steady_clock::now();
+  TP_RETURN_IF_ERROR(store::CheckJobName(job));
+  TP_ASSIGN_OR_RETURN(io::CheckpointInfo info, io::ReadCheckpointInfo(dir));
+  TP_ASSIGN_OR_RETURN(Layout layout, MakeLayout(info.model, info.config));
+  TP_RETURN_IF_ERROR(CheckFits(cluster, layout.world_size()));
+  TP_ASSIGN_OR_RETURN(std::vector<io::SafetensorsFile> files,
+                      io::OpenCheckpoint(dir, layout, info, /*verify_checksums=*/true));
+  json vinfo = {{"model", json::parse(ModelToJson(info.model))},
+                {"config", info.config.ToString()},
+                {"extra", info.extra},
+                {"source", dir},
+                {"cluster", {{"hosts", cluster.hosts}, {"gpus_per_host", cluster.gpus_per_host}}}};
+  TP_ASSIGN_OR_RETURN(uint64_t version, NextCommonVersion(clients, job));
+  store::TransferStats stats;
+  stats.version = version;
+  stats.ranks = layout.world_size();
+  std::vector<bool> begun(clients.size(), false);
+  Status s;
+  for (std::size_t h = 0; h < clients.size() && s.ok(); ++h) {
+    Result<uint64_t> v = clients[h]->BeginVersion(job, version, vinfo.dump());
+    if (!v.ok()) {
+      s = v.status().WithContext(clients[h]->url());
+    } else {
+      begun[h] = true;
+    }
+  }
+  for (int r = 0; r < layout.world_size() && s.ok(); ++r) {
+    for (const io::SafetensorsEntry& e : files[r].tensors()) {
+      if (!store::IsValidSegment(e.name)) {
+        s = InvalidArgument(files[r].path() + ": tensor name '" + e.name + "' cannot be a store path");
+      }
+    }
+    if (!s.ok()) break;
+    std::vector<store::Store::AllocRequest> reqs;
+    std::vector<const void*> data;
+    for (const io::SafetensorsEntry& e : files[r].tensors()) {
+      reqs.push_back({RankPrefix(job, version, r) + e.name, e.dtype, e.shape});
+      data.push_back(files[r].data(e));
+      stats.bytes += e.bytes();
+      ++stats.tensors;
+    }
+    s = clients[cluster.HostOfRank(r)]->WriteMany(reqs, data);
+  }
+  // Commit on all hosts; a version is only current once every host has committed it.
+  for (std::size_t h = 0; h < clients.size() && s.ok(); ++h) {
+    s = clients[h]->Commit(job, version);
+    if (!s.ok()) s = s.WithContext("committing on " + clients[h]->url());
+  }
+  if (!s.ok()) {
+    for (std::size_t h = 0; h < clients.size(); ++h) {
+      if (begun[h]) (void)clients[h]->Abort(job, version);  // best effort
+    }
+    return s.WithContext("loading " + dir + " into job " + job + " on the cluster");
+  }
+  stats.seconds = Since(t0);
+  return stats;
+}
+
+Result<store::TransferStats> SaveCheckpointFromCluster(const Cluster& cluster,
+                                                       const std::vector<std::unique_ptr<store::Client>>& clients,
+                                                       const std::string& job, const std::string& out) {
+  const auto t0 = std::chrono::steady_clock::now();
+  TP_RETURN_IF_ERROR(store::CheckJobName(job));
+  std::vector<store::VersionInfo> versions;
+  for (const auto& c : clients) {
+    Result<store::VersionInfo> v = c->Version(job, std::nullopt);
+    if (!v.ok()) return v.status().WithContext(c->url());
+    versions.push_back(std::move(*v));
+  }
+  for (std::size_t h = 1; h < versions.size(); ++h) {
+    if (versions[h].version != versions[0].version || versions[h].info != versions[0].info) {
+      return FailedPrecondition("job '" + job + "': host " + clients[h]->url() + " has current version " +
+                                std::to_string(versions[h].version) + " but host " + clients[0]->url() +
+                                " has " + std::to_string(versions[0].version) + " (or their infos differ)");
+    }
+  }
+  const uint64_t version = versions[0].version;
+  json info = json::parse(versions[0].info, nullptr, false);
+  if (info.is_discarded() || !info.is_object() || !info.contains("model") || !info.contains("config") ||
+      !info["config"].is_string()) {
+    return FailedPrecondition("version " + std::to_string(version) + " of job '" + job +
+                              "' has no model and config in its info");
+  }
+  TP_ASSIGN_OR_RETURN(Model model, ModelFromJson(info["model"].dump()));
+  TP_ASSIGN_OR_RETURN(ParallelConfig config, ParseConfig(info["config"].get<std::string>()));
+  TP_ASSIGN_OR_RETURN(Layout layout, MakeLayout(model, config));
+  TP_RETURN_IF_ERROR(CheckFits(cluster, layout.world_size()));
+  std::map<int, std::map<std::string, store::TensorInfo>> by_rank;
+  for (std::size_t h = 0; h < clients.size(); ++h) {
+    TP_ASSIGN_OR_RETURN(std::vector<store::TensorInfo> list,
+                        clients[h]->List("jobs/" + job + "/" + std::to_string(version) + "/"));
+    for (store::TensorInfo& t : list) {
+      TP_ASSIGN_OR_RETURN(store::TensorPath p, store::ParseTensorPath(t.path));
+      if (p.rank >= layout.world_size() || cluster.HostOfRank(p.rank) != static_cast<int>(h)) {
+        return DataLoss(clients[h]->url() + " holds " + t.path + " of rank " + std::to_string(p.rank) +
+                        ", which does not live on that host");
+      }
+      by_rank[p.rank][p.name] = std::move(t);
+    }
+  }
+  store::TransferStats stats;
+  stats.version = version;
+  stats.ranks = layout.world_size();
+  TP_ASSIGN_OR_RETURN(io::CheckpointWriter writer, io::CheckpointWriter::Create(out));
+  for (int r = 0; r < layout.world_size(); ++r) {
+    std::map<std::string, store::TensorInfo>& have = by_rank[r];
+    std::vector<std::string> order;
+    std::set<std::string> in_layout;
+    for (const LocalTensor& t : *layout.ranks[r].tensors) {
+      auto it = have.find(t.name);
+      if (it == have.end() || it->second.dtype != t.dtype || it->second.shape != t.shape) {
+        return DataLoss("version " + std::to_string(version) + " of job '" + job + "' lacks tensor " + t.name +
+                        " of rank " + std::to_string(r) + " (or it has the wrong dtype or shape)");
+      }
+      order.push_back(t.name);
+      in_layout.insert(t.name);
+    }
+    for (const auto& [n, t] : have) {
+      if (!in_layout.count(n)) order.push_back(n);
+    }
+    std::vector<io::SafetensorsEntry> entries;
+    for (const std::string& n : order) entries.push_back({n, have[n].dtype, have[n].shape, 0, 0});
+    TP_ASSIGN_OR_RETURN(io::SafetensorsWriter w, io::SafetensorsWriter::Create(writer.RankPath(r), entries, {}));
+    store::Client& c = *clients[cluster.HostOfRank(r)];
+    for (std::size_t i = 0; i < order.size(); ++i) {
+      const store::TensorInfo& t = have[order[i]];
+      if (t.bytes > 0) {
+        TP_RETURN_IF_ERROR(c.Read(t, w.data(i)));
+      }
+      stats.bytes += t.bytes;
+      ++stats.tensors;
+    }
+    TP_RETURN_IF_ERROR(w.Commit());
+  }
+  io::CheckpointInfo ci;
+  ci.model = std::move(model);
+  ci.config = config;
+  ci.extra = info.value("extra", json::object());
+  TP_RETURN_IF_ERROR(writer.Commit(ci, /*checksums=*/true));
+  stats.seconds = Since(t0);
+  return stats;
+}
+
+}  // namespace tenplex::transform
