@@ -129,6 +129,7 @@ TEST(UcxTwoProcesses, KilledPeerMidTransferIsUnavailable) {
   killer.join();
   EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.ToString();
   EXPECT_LT(when - killed, std::chrono::seconds(5));
+  RecordProperty("ms_after_kill", static_cast<int>((when - killed) / std::chrono::milliseconds(1)));
   // The peer stays failed; a new peer at a new address works.
   EXPECT_EQ(c.client->Fetch(c.id, {{std::string(kProbeRegion), {{0, 8, buf.data()}}}}).code(),
             StatusCode::kUnavailable);
@@ -160,6 +161,7 @@ TEST(UcxTwoProcesses, StoppedPeerTimesOut) {
   // before the stop on a busy machine), and not long after.
   EXPECT_GE(when - stopped, timeout / 2);
   EXPECT_LT(when - stopped, timeout + std::chrono::seconds(5));
+  RecordProperty("ms_after_stop", static_cast<int>((when - stopped) / std::chrono::milliseconds(1)));
 }
 
 TEST(UcxTwoProcesses, DeadBeforeFirstFetch) {
