@@ -110,17 +110,21 @@ void RegisterStore(CLI::App& app, Context& ctx) {
   serve->callback([so, &ctx] { Finish(ctx, Serve(*so)); });
 
   struct XferOpts {
-    std::string url, token, job, dir;
+    std::string url, token, job, dir, cluster;
     bool http = false;
   };
   auto lo = std::make_shared<XferOpts>();
   auto* load = cmd->add_subcommand("load", "Load a checkpoint directory as a new committed version of a job");
-  load->add_option("--url", lo->url, "Store URL, e.g. http://127.0.0.1:7480")->required();
+  load->add_option("--url", lo->url, "Store URL, e.g. http://127.0.0.1:7480");
+  load->add_option("--cluster", lo->cluster, "Cluster file (docs/transform.md): each rank to its host");
   load->add_option("--job", lo->job, "Job name")->required();
   load->add_option("--dir", lo->dir, "Checkpoint directory (spec section 7)")->required();
   load->add_option("--token", lo->token, "Bearer token (or TENPLEX_TOKEN)");
   load->add_flag("--http", lo->http, "Send bytes in HTTP bodies even when the store is local");
   load->callback([lo, &ctx] {
+    if (!lo->cluster.empty() || lo->url.empty()) {
+      return Finish(ctx, StoreClusterTransfer(/*load=*/true, lo->cluster, lo->url, lo->token, lo->job, lo->dir));
+    }
     auto c = ConnectFor(lo->url, lo->token, lo->http);
     if (!c.ok()) return Finish(ctx, c.status());
     auto s = store::LoadCheckpoint(**c, lo->job, lo->dir);
@@ -132,12 +136,16 @@ void RegisterStore(CLI::App& app, Context& ctx) {
 
   auto vo = std::make_shared<XferOpts>();
   auto* save = cmd->add_subcommand("save", "Write a job's current version as a checkpoint directory");
-  save->add_option("--url", vo->url, "Store URL, e.g. http://127.0.0.1:7480")->required();
+  save->add_option("--url", vo->url, "Store URL, e.g. http://127.0.0.1:7480");
+  save->add_option("--cluster", vo->cluster, "Cluster file (docs/transform.md): ranks from all hosts");
   save->add_option("--job", vo->job, "Job name")->required();
   save->add_option("--out", vo->dir, "Output directory (must not exist or be empty)")->required();
   save->add_option("--token", vo->token, "Bearer token (or TENPLEX_TOKEN)");
   save->add_flag("--http", vo->http, "Receive bytes in HTTP bodies even when the store is local");
   save->callback([vo, &ctx] {
+    if (!vo->cluster.empty() || vo->url.empty()) {
+      return Finish(ctx, StoreClusterTransfer(/*load=*/false, vo->cluster, vo->url, vo->token, vo->job, vo->dir));
+    }
     auto c = ConnectFor(vo->url, vo->token, vo->http);
     if (!c.ok()) return Finish(ctx, c.status());
     auto s = store::SaveCheckpoint(**c, vo->job, vo->dir);
