@@ -164,6 +164,10 @@ class Planner {
     int hosts = 0;
     for (const std::vector<int>* m : {&from_hosts_, &to_hosts_}) {
       for (int h : *m) {
+        if (h == kLostHost && m == &from_hosts_) {
+          any_lost_ = true;
+          continue;
+        }
         if (h < 0) return InvalidArgument("negative host " + std::to_string(h) + " in a host map");
         hosts = std::max(hosts, h + 1);
       }
@@ -210,8 +214,10 @@ class Planner {
           auto [it, fresh] = group_of.try_emplace({id, p.global}, groups_[id].size());
           if (fresh) groups_[id].push_back({&p.global, {}});
           Group& g = groups_[id][it->second];
-          for (int32_t r : ranks)
+          for (int32_t r : ranks) {
+            if (from_hosts_[r] == kLostHost) continue;  // its state is gone
             g.holders.push_back({r, from_hosts_[r], static_cast<int32_t>(lt), &p});
+          }
         }
       }
     }
@@ -395,6 +401,11 @@ class Planner {
           CoverFrom(tid, *gs[g].global, src, dst, &fresh);
         }
         for (Landed& l : fresh) landed.push_back(std::move(l));
+        if (!remaining_.empty() && any_lost_) {
+          return DataLoss("no surviving replica of " + plan_.tensors[tid] + " box " + ToString(remaining_[0]) +
+                          " (every old rank holding it is on a lost host); new rank " +
+                          std::to_string(need.rank) + " needs it");
+        }
         if (!remaining_.empty()) {
           return Internal("the old layout holds no replica of " + plan_.tensors[tid] + " box " +
                           ToString(remaining_[0]) + " that new rank " + std::to_string(need.rank) +
@@ -437,6 +448,7 @@ class Planner {
   const Layout& from_;
   const Layout& to_;
   const std::vector<int>& from_hosts_;
+  bool any_lost_ = false;  // some old rank is on kLostHost
   const std::vector<int>& to_hosts_;
   int num_hosts_ = 0;
   std::vector<GlobalTensor> globals_;

@@ -112,6 +112,11 @@ struct Plan {
 // Rank r on host r / gpus_per_host, for world_size ranks.
 std::vector<int> DefaultHosts(int world_size, int gpus_per_host);
 
+// In from_hosts: the old rank's host is lost, its state unavailable. The plan then takes
+// every box from surviving replicas; a box with none fails with DataLoss naming the
+// tensor and box.
+inline constexpr int kLostHost = -1;
+
 // Plans the move from layout `from` to layout `to` of `model`; from_hosts[r] is the
 // host of old rank r, to_hosts[r] that of new rank r. Fails (InvalidArgument) when a
 // layout does not belong to the model or a host map has the wrong size or a negative
