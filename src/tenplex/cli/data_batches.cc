@@ -40,7 +40,7 @@ void RegisterDataBatches(CLI::App& data, Context& ctx) {
                           data::GlobalOrder::Create({dataset->num_samples(), o->seed, batch}));
       TP_ASSIGN_OR_RETURN(data::StepInfo first, order.Locate(start));
       if (steps > UINT64_MAX - first.step) return InvalidArgument("--steps runs past the last representable step");
-      nlohmann::json out = {{"steps", nlohmann::json::array()}};
+      nlohmann::ordered_json out = {{"steps", nlohmann::ordered_json::array()}};
       std::string text;
       std::vector<uint64_t> ids;
       for (uint64_t g = first.step; g < first.step + steps; ++g) {
