@@ -50,39 +50,47 @@ Result<std::string> BuildJsonlOffsets(std::string_view source) {
   return out;
 }
 
+Result<JsonlOffsetsInfo> CheckJsonlOffsets(const uint8_t* p, std::size_t size) {
+  if (size < kJsonlHeaderBytes) return DataLoss("truncated header (" + N(size) + " bytes)");
+  if (std::memcmp(p, kJsonlMagic.data(), kJsonlMagic.size()) != 0) {
+    return DataLoss("bad magic, not a tenplex JSONL offsets file");
+  }
+  if (Get(p + 8) != kJsonlVersion) return DataLoss("unsupported version " + N(Get(p + 8)));
+  const uint64_t n = Get(p + 16), s = Get(p + 24);
+  const uint64_t entries = (size - kJsonlHeaderBytes) / 8;
+  if ((size - kJsonlHeaderBytes) % 8 != 0 || entries < 2 || n != entries - 1) {
+    return DataLoss("size " + N(size) + " does not match its record count " + N(n));
+  }
+  if (s == UINT64_MAX) return DataLoss("impossible source size");
+  auto off = [&](uint64_t i) { return Get(p + kJsonlHeaderBytes + 8 * i); };
+  if (off(0) != 0) return DataLoss("first offset is " + N(off(0)) + ", not 0");
+  for (uint64_t i = 0; i < n; ++i) {
+    if (off(i + 1) < off(i) + 2 || off(i + 1) > s + 1) {
+      return DataLoss("offset of line " + N(i + 1) + " (" + N(off(i + 1)) +
+                      ") is not increasing by at least 2 within the source size " + N(s));
+    }
+  }
+  if (off(n) != s && off(n) != s + 1) {
+    return DataLoss("last offset " + N(off(n)) + " does not end the " + N(s) + "-byte source");
+  }
+  return JsonlOffsetsInfo{n, s, off(n) == s + 1};
+}
+
 Result<JsonlDataset> JsonlDataset::Open(const std::string& source_path,
                                         const std::string& offsets_path) {
   JsonlDataset d;
   TP_ASSIGN_OR_RETURN(d.offsets_, MappedFile::Open(offsets_path));
-  const uint8_t* p = d.offsets_.data();
-  const uint64_t size = d.offsets_.size();
-  auto bad = [&](const std::string& what) { return DataLoss(offsets_path + ": " + what); };
-  if (size < kJsonlHeaderBytes) return bad("truncated header (" + N(size) + " bytes)");
-  if (std::memcmp(p, kJsonlMagic.data(), kJsonlMagic.size()) != 0) return bad("bad magic, not a tenplex JSONL offsets file");
-  if (Get(p + 8) != kJsonlVersion) return bad("unsupported version " + N(Get(p + 8)));
-  const uint64_t n = Get(p + 16), s = Get(p + 24);
-  const uint64_t entries = (size - kJsonlHeaderBytes) / 8;
-  if ((size - kJsonlHeaderBytes) % 8 != 0 || entries < 2 || n != entries - 1) {
-    return bad("size " + N(size) + " does not match its record count " + N(n));
-  }
-  d.n_ = n;
-  if (d.off(0) != 0) return bad("first offset is " + N(d.off(0)) + ", not 0");
-  for (uint64_t i = 0; i < n; ++i) {
-    if (d.off(i + 1) < d.off(i) + 2 || d.off(i + 1) > s + 1) {
-      return bad("offset of line " + N(i + 1) + " (" + N(d.off(i + 1)) +
-                 ") is not increasing by at least 2 within the source size " + N(s));
-    }
-  }
-  if (d.off(n) != s && d.off(n) != s + 1) {
-    return bad("last offset " + N(d.off(n)) + " does not end the " + N(s) + "-byte source");
-  }
+  auto info = CheckJsonlOffsets(d.offsets_.data(), d.offsets_.size());
+  if (!info.ok()) return info.status().WithContext(offsets_path);
+  d.n_ = info->num_samples;
+  const uint64_t s = info->source_bytes;
   TP_ASSIGN_OR_RETURN(d.source_, MappedFile::Open(source_path));
   if (d.source_.size() != s) {
     return DataLoss(source_path + " has " + N(d.source_.size()) + " bytes but had " + N(s) +
                     " when indexed: the source changed, rebuild the index");
   }
   const bool ends_with_newline = s > 0 && d.source_.data()[s - 1] == '\n';
-  if ((d.off(n) == s) != ends_with_newline) {
+  if (info->last_line_unterminated == ends_with_newline) {
     return DataLoss(source_path + ": its final newline does not match the index, rebuild the index");
   }
   return d;

@@ -37,6 +37,16 @@ inline constexpr uint64_t kJsonlHeaderBytes = 32;
 // in the message, as editors count).
 Result<std::string> BuildJsonlOffsets(std::string_view source);
 
+struct JsonlOffsetsInfo {
+  uint64_t num_samples = 0;
+  uint64_t source_bytes = 0;
+  bool last_line_unterminated = false;  // off[n] = S + 1
+};
+
+// Validates an offsets file image (everything except its agreement with the source).
+// Errors are DataLoss.
+Result<JsonlOffsetsInfo> CheckJsonlOffsets(const uint8_t* data, std::size_t size);
+
 // A validated JSONL dataset: the mapped source and its mapped offsets file. Immutable;
 // thread-safe.
 class JsonlDataset {
