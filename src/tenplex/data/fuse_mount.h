@@ -1,9 +1,9 @@
-// Serving a DatasetView (view.h) as a read-only FUSE file system (libfuse3).
+// Serving a FileTree (view.h; a DatasetView) as a read-only FUSE file system (libfuse3).
 //
 // The file system is a thin shell: getattr/readdir answer from the view's directory
 // table, read calls ViewFile::Read for exactly the requested range (nothing is cached
 // or copied beyond it), everything else is EROFS/EACCES/ENOENT. Requests are served by
-// several threads; the view is immutable so no locks are needed. The
+// several threads; the tree is immutable so no locks are needed. The
 // kernel page cache is dropped on every open (no keep_cache), so each open reads
 // through this process.
 #pragma once
@@ -23,6 +23,9 @@ struct MountOptions {
   // Make SIGTERM, SIGINT and SIGHUP stop serving (and unmount). The calling thread and
   // the serving threads block them; a watcher thread sigwaits for them. For the CLI.
   bool handle_signals = false;
+  // Kernel readahead window for the mount (KiB; 0 = kernel default, 128). Larger
+  // windows mean fewer, larger read requests for sequential readers. Needs root.
+  int read_ahead_kb = 4096;
 };
 
 // A mounted view, served by a few threads of our own (fuse_session_receive_buf /
@@ -32,7 +35,7 @@ struct MountOptions {
 class FuseMount {
  public:
   // Mounts (read-only) and starts serving; returns once the mount is live.
-  static Result<std::unique_ptr<FuseMount>> Start(std::shared_ptr<const DatasetView> view,
+  static Result<std::unique_ptr<FuseMount>> Start(std::shared_ptr<const FileTree> view,
                                                   const std::string& mountpoint,
                                                   const MountOptions& options = {});
   ~FuseMount();  // Stop()

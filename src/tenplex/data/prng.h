@@ -56,22 +56,37 @@ class SplitMix64 {
 constexpr uint64_t EpochState(uint64_t seed, uint64_t epoch) { return Mix64(Mix64(seed) ^ epoch); }
 
 // The order of one epoch: a permutation of [0, n). Stored as 32-bit ids when n fits
-// (half the memory and memory traffic of 64-bit ids), 64-bit otherwise. Immutable
-// after construction, so concurrent readers are safe.
+// (half the memory and memory traffic of 64-bit ids), 64-bit otherwise, in anonymous
+// memory that asks for transparent huge pages when large (the shuffle's random swaps
+// would otherwise miss the TLB on nearly every access). Move-only; immutable after
+// construction, so concurrent readers are safe.
 class Permutation {
  public:
   Permutation() = default;
+  Permutation(Permutation&& o) noexcept;
+  Permutation& operator=(Permutation&& o) noexcept;
+  Permutation(const Permutation&) = delete;
+  Permutation& operator=(const Permutation&) = delete;
+  ~Permutation();
+
   // The Fisher-Yates permutation of epoch `epoch` under `seed` (see above).
   static Permutation ForEpoch(uint64_t n, uint64_t seed, uint64_t epoch);
 
   uint64_t size() const { return n_; }
-  uint64_t operator[](uint64_t i) const { return wide_ ? p64_[i] : p32_[i]; }
+  uint64_t operator[](uint64_t i) const {
+    return wide_ ? static_cast<const uint64_t*>(mem_)[i] : static_cast<const uint32_t*>(mem_)[i];
+  }
 
  private:
+  // At least this many bytes: anonymous map with MADV_HUGEPAGE; fewer: operator new
+  // (a map per small permutation would cost more in system calls than it saves).
+  static constexpr std::size_t kMapBytes = 4u << 20;
+  void Free();
+
   uint64_t n_ = 0;
   bool wide_ = false;
-  std::vector<uint32_t> p32_;
-  std::vector<uint64_t> p64_;
+  void* mem_ = nullptr;
+  std::size_t bytes_ = 0;
 };
 
 }  // namespace tenplex::data

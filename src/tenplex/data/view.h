@@ -51,7 +51,20 @@ class ViewFile {
 // Reads a whole ViewFile (tests, small files).
 Result<std::string> ReadAll(const ViewFile& f);
 
-class DatasetView {
+// A read-only tree of ViewFiles, what FuseMount serves. Paths are relative, without a
+// leading "/" ("" is the root). Thread-safe.
+class FileTree {
+ public:
+  virtual ~FileTree() = default;
+  // The file at `path`, or nullptr.
+  virtual const ViewFile* File(std::string_view path) const = 0;
+  // Whether `path` is a directory.
+  virtual bool IsDir(std::string_view path) const = 0;
+  // Names directly inside directory `path`; empty if it is not one.
+  virtual std::vector<std::string> List(std::string_view path) const = 0;
+};
+
+class DatasetView : public FileTree {
  public:
   static Result<std::shared_ptr<const DatasetView>> Create(std::shared_ptr<const Dataset> dataset,
                                                           const ViewSpec& spec);
@@ -62,12 +75,10 @@ class DatasetView {
   // Rank r's sample ids in file order (tests; O(records)).
   std::vector<uint64_t> RankSampleIds(uint64_t rank) const;
 
-  // The file at `path` ("rank-00000/samples.jsonl"), or nullptr.
-  const ViewFile* File(std::string_view path) const;
-  // Whether `path` is a directory ("" is the root).
-  bool IsDir(std::string_view path) const;
-  // Names directly inside directory `path`; empty if it is not one.
-  std::vector<std::string> List(std::string_view path) const;
+  // FileTree: "info.json", "rank-00000", "rank-00000/samples.jsonl", ...
+  const ViewFile* File(std::string_view path) const override;
+  bool IsDir(std::string_view path) const override;
+  std::vector<std::string> List(std::string_view path) const override;
 
   // "rank-00042".
   static std::string RankDir(uint64_t rank);
