@@ -19,6 +19,7 @@
 //            cost within FUSE, i.e. how close it is to the transport's limit;
 //   in-proc  (for reference) ViewFile::Read called directly, no kernel in between.
 // Best of R.
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -26,7 +27,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fcntl.h>
 #include <filesystem>
 #include <functional>
 #include <numeric>
@@ -50,7 +50,8 @@ double Best(int reps, const std::function<void()>& op) {
   for (int r = 0; r < reps; ++r) {
     auto t0 = std::chrono::steady_clock::now();
     op();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    best = std::min(best,
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   return best;
 }
@@ -94,8 +95,8 @@ void OrderRows(uint64_t n, int reps) {
     std::iota(a.begin(), a.end(), 0u);
     std::shuffle(a.begin(), a.end(), rng);
   });
-  std::printf("%12llu  %14.3g  %14.3g  %6.3f  %14.3g  %6.2f\n", static_cast<unsigned long long>(n), n / fy,
-              n / iota, iota / fy, n / shuf, shuf / fy);
+  std::printf("%12llu  %14.3g  %14.3g  %6.3f  %14.3g  %6.2f\n", static_cast<unsigned long long>(n),
+              n / fy, n / iota, iota / fy, n / shuf, shuf / fy);
 }
 
 // The FUSE transport's own limit: a tree with one file whose bytes are one mapped
@@ -118,7 +119,9 @@ class FlatFile : public td::ViewFile {
 class FlatTree : public td::FileTree {
  public:
   explicit FlatTree(tenplex::MappedFile m) : f_(std::move(m)) {}
-  const td::ViewFile* File(std::string_view p) const override { return p == "flat" ? &f_ : nullptr; }
+  const td::ViewFile* File(std::string_view p) const override {
+    return p == "flat" ? &f_ : nullptr;
+  }
   bool IsDir(std::string_view p) const override { return p.empty(); }
   std::vector<std::string> List(std::string_view p) const override {
     return p.empty() ? std::vector<std::string>{"flat"} : std::vector<std::string>{};
@@ -138,7 +141,8 @@ Fixture MakeJsonl(const std::string& dir, uint64_t bytes) {
   src.reserve(bytes + 4096);
   std::mt19937_64 rng(3);
   for (uint64_t i = 0; src.size() < bytes; ++i) {
-    src += "{\"id\": " + std::to_string(i) + ", \"text\": \"" + std::string(200 + rng() % 1800, 'a' + i % 26) + "\"}\n";
+    src += "{\"id\": " + std::to_string(i) + ", \"text\": \"" +
+           std::string(200 + rng() % 1800, 'a' + i % 26) + "\"}\n";
   }
   Check(tenplex::WriteFileAtomic(dir + "/d.jsonl", src), "write jsonl");
   Check(td::BuildIndex(dir + "/d.jsonl", td::DataFormat::kJsonl, dir + "/jidx"), "index jsonl");
@@ -200,7 +204,8 @@ void FuseRow(const Fixture& f, const char* name, const char* file, uint64_t dp, 
   const td::ViewFile* vf = (*view)->File(rel);
   std::vector<char> buf(1 << 20);
   const double t_view = Best(reps, [&] {
-    for (uint64_t off = 0; off < size; off += buf.size()) Check(vf->Read(off, buf.size(), buf.data()).status(), "read");
+    for (uint64_t off = 0; off < size; off += buf.size())
+      Check(vf->Read(off, buf.size(), buf.data()).status(), "read");
   });
   const double t_fuse = Best(reps, [&] { ReadWhole(mp + "/" + rel); });
   (*mount)->Stop();
@@ -214,8 +219,9 @@ void FuseRow(const Fixture& f, const char* name, const char* file, uint64_t dp, 
   const double t_flat = Best(reps, [&] { ReadWhole(flat_mp + "/flat"); });
   (*flat)->Stop();
   std::printf("%-26s %3llu %7.1f %8.0f %8.0f %6.3f %8.0f %6.3f %8.0f\n", name,
-              static_cast<unsigned long long>(dp), size / 1e6, size / t_fuse / 1e6, size / t_plain / 1e6,
-              t_plain / t_fuse, size / t_flat / 1e6, t_flat / t_fuse, size / t_view / 1e6);
+              static_cast<unsigned long long>(dp), size / 1e6, size / t_fuse / 1e6,
+              size / t_plain / 1e6, t_plain / t_fuse, size / t_flat / 1e6, t_flat / t_fuse,
+              size / t_view / 1e6);
 }
 
 }  // namespace
@@ -225,17 +231,21 @@ int main(int argc, char** argv) {
   int reps = 5;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i];
-    if (k == "--samples") samples = std::strtoull(argv[i + 1], nullptr, 10);
-    else if (k == "--mib") mib = std::strtoull(argv[i + 1], nullptr, 10);
-    else if (k == "--reps") reps = std::atoi(argv[i + 1]);
+    if (k == "--samples")
+      samples = std::strtoull(argv[i + 1], nullptr, 10);
+    else if (k == "--mib")
+      mib = std::strtoull(argv[i + 1], nullptr, 10);
+    else if (k == "--reps")
+      reps = std::atoi(argv[i + 1]);
     else {
       std::fprintf(stderr, "usage: data_bench [--samples N] [--mib M] [--reps R]\n");
       return 2;
     }
   }
-  std::printf("order generation (samples/s; ratio = limit time / our time, 1.0 = as fast as the limit)\n");
-  std::printf("%12s  %14s  %14s  %6s  %14s  %6s\n", "samples", "fisher-yates", "iota (limit)", "ratio",
-              "std::shuffle", "ratio");
+  std::printf(
+      "order generation (samples/s; ratio = limit time / our time, 1.0 = as fast as the limit)\n");
+  std::printf("%12s  %14s  %14s  %6s  %14s  %6s\n", "samples", "fisher-yates", "iota (limit)",
+              "ratio", "std::shuffle", "ratio");
   for (uint64_t n : {samples / 100, samples / 10, samples}) OrderRows(n, reps);
 
   {
@@ -249,17 +259,19 @@ int main(int argc, char** argv) {
       ids.clear();
       for (uint64_t g = 0; g < steps; ++g) o->AppendBatch(g, *td::RankSlice(b, dp, 3), &ids);
     });
-    std::printf("\nrank batches: %llu steps of B=%llu, dp=%llu, rank 3 over two epochs: %.3g samples/s "
-                "(of the global order: %.3g samples/s)\n",
-                static_cast<unsigned long long>(steps), static_cast<unsigned long long>(b),
-                static_cast<unsigned long long>(dp), ids.size() / t, steps * b / t);
+    std::printf(
+        "\nrank batches: %llu steps of B=%llu, dp=%llu, rank 3 over two epochs: %.3g samples/s "
+        "(of the global order: %.3g samples/s)\n",
+        static_cast<unsigned long long>(steps), static_cast<unsigned long long>(b),
+        static_cast<unsigned long long>(dp), ids.size() / t, steps * b / t);
   }
 
-  const std::string dir = fs::temp_directory_path() / ("tenplex-data-bench-" + std::to_string(::getpid()));
+  const std::string dir =
+      fs::temp_directory_path() / ("tenplex-data-bench-" + std::to_string(::getpid()));
   fs::create_directories(dir);
   std::printf("\nFUSE read of rank 0's file (MB/s; ratios = fuse / limit, same bytes, same run)\n");
-  std::printf("%-26s %3s %7s %8s %8s %6s %8s %6s %8s\n", "view file", "dp", "MB", "fuse", "plain", "ratio",
-              "flat", "ratio", "in-proc");
+  std::printf("%-26s %3s %7s %8s %8s %6s %8s %6s %8s\n", "view file", "dp", "MB", "fuse", "plain",
+              "ratio", "flat", "ratio", "in-proc");
   {
     Fixture j = MakeJsonl(dir, mib << 20);
     FuseRow(j, "jsonl samples.jsonl", "samples.jsonl", 1, reps);

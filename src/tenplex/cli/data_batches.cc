@@ -9,7 +9,8 @@
 namespace tenplex::cli {
 
 void RegisterDataBatches(CLI::App& data, Context& ctx) {
-  auto* cmd = data.add_subcommand("batches", "Print a rank's sample ids for N steps from a position");
+  auto* cmd =
+      data.add_subcommand("batches", "Print a rank's sample ids for N steps from a position");
   struct Opts {
     std::string index;
     uint64_t seed = 0;
@@ -22,8 +23,9 @@ void RegisterDataBatches(CLI::App& data, Context& ctx) {
   cmd->add_option("--global-batch", o->global_batch, "Samples per global batch")->required();
   cmd->add_option("--dp", o->dp, "Data-parallel degree")->capture_default_str();
   cmd->add_option("--rank", o->rank, "Data-parallel rank (0-based)")->capture_default_str();
-  cmd->add_option("--start-sample", o->start,
-                  "Position: samples consumed so far, across epochs (a multiple of the global batch)")
+  cmd->add_option(
+         "--start-sample", o->start,
+         "Position: samples consumed so far, across epochs (a multiple of the global batch)")
       ->capture_default_str();
   cmd->add_option("--steps", o->steps, "Number of steps to print")->capture_default_str();
   cmd->add_flag("--json", o->json, R"(Print {"steps": [{"step": g, "samples": [ids]}]})");
@@ -39,7 +41,8 @@ void RegisterDataBatches(CLI::App& data, Context& ctx) {
       TP_ASSIGN_OR_RETURN(data::GlobalOrder order,
                           data::GlobalOrder::Create({dataset->num_samples(), o->seed, batch}));
       TP_ASSIGN_OR_RETURN(data::StepInfo first, order.Locate(start));
-      if (steps > UINT64_MAX - first.step) return InvalidArgument("--steps runs past the last representable step");
+      if (steps > UINT64_MAX - first.step)
+        return InvalidArgument("--steps runs past the last representable step");
       nlohmann::ordered_json out = {{"steps", nlohmann::ordered_json::array()}};
       std::string text;
       std::vector<uint64_t> ids;

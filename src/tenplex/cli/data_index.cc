@@ -10,7 +10,9 @@ void RegisterDataIndex(CLI::App& data, Context& ctx) {
     std::string input, format, out;
   };
   auto o = std::make_shared<Opts>();
-  cmd->add_option("--input", o->input, "JSONL file, or Megatron PREFIX (or PREFIX.bin / PREFIX.idx)")->required();
+  cmd->add_option("--input", o->input,
+                  "JSONL file, or Megatron PREFIX (or PREFIX.bin / PREFIX.idx)")
+      ->required();
   cmd->add_option("--format", o->format, "jsonl or megatron")->required();
   cmd->add_option("-o,--output", o->out, "Index directory to write")->required();
   cmd->callback([o, &ctx] {
@@ -20,7 +22,8 @@ void RegisterDataIndex(CLI::App& data, Context& ctx) {
     if (!s.ok()) return Finish(ctx, s);
     auto d = data::Dataset::Open(o->out);
     if (!d.ok()) return Finish(ctx, d.status());
-    std::printf("indexed %llu samples (%s) into %s\n", static_cast<unsigned long long>((*d)->num_samples()),
+    std::printf("indexed %llu samples (%s) into %s\n",
+                static_cast<unsigned long long>((*d)->num_samples()),
                 std::string(data::DataFormatName(*format)).c_str(), o->out.c_str());
     Finish(ctx, Status::Ok());
   });

@@ -20,11 +20,14 @@ void RegisterDataMount(CLI::App& data, Context& ctx) {
   };
   auto o = std::make_shared<Opts>();
   cmd->add_option("--index", o->index, "Index directory (tenplex data index)")->required();
-  cmd->add_option("--mountpoint", o->mountpoint, "Existing empty directory to mount on")->required();
+  cmd->add_option("--mountpoint", o->mountpoint, "Existing empty directory to mount on")
+      ->required();
   cmd->add_option("--seed", o->seed, "Seed of the order")->required();
   cmd->add_option("--global-batch", o->global_batch, "Samples per global batch")->required();
-  cmd->add_option("--dp", o->dp, "Data-parallel degree (one directory per rank)")->capture_default_str();
-  cmd->add_option("--start-sample", o->start, "Position (a multiple of the global batch)")->capture_default_str();
+  cmd->add_option("--dp", o->dp, "Data-parallel degree (one directory per rank)")
+      ->capture_default_str();
+  cmd->add_option("--start-sample", o->start, "Position (a multiple of the global batch)")
+      ->capture_default_str();
   cmd->add_option("--threads", o->threads, "Request-serving threads")->capture_default_str();
   cmd->add_flag("--allow-other", o->allow_other, "Let other users read the mount");
   cmd->add_flag("--debug", o->debug, "Log FUSE requests to stderr");
@@ -44,11 +47,12 @@ void RegisterDataMount(CLI::App& data, Context& ctx) {
       mo.debug = o->debug;
       mo.handle_signals = true;
       TP_ASSIGN_OR_RETURN(auto mount, data::FuseMount::Start(view, o->mountpoint, mo));
-      std::printf("serving %llu ranks, steps %llu..%llu (epoch %llu) at %s; unmount or SIGTERM to stop\n",
-                  static_cast<unsigned long long>(spec.dp),
-                  static_cast<unsigned long long>(view->first_step().step),
-                  static_cast<unsigned long long>(view->first_step().step + view->steps() - 1),
-                  static_cast<unsigned long long>(view->first_step().epoch), o->mountpoint.c_str());
+      std::printf(
+          "serving %llu ranks, steps %llu..%llu (epoch %llu) at %s; unmount or SIGTERM to stop\n",
+          static_cast<unsigned long long>(spec.dp),
+          static_cast<unsigned long long>(view->first_step().step),
+          static_cast<unsigned long long>(view->first_step().step + view->steps() - 1),
+          static_cast<unsigned long long>(view->first_step().epoch), o->mountpoint.c_str());
       std::fflush(stdout);
       return mount->Wait();
     };

@@ -5,15 +5,17 @@
 namespace tenplex::cli {
 
 void RegisterDataRead(CLI::App& data, Context& ctx) {
-  auto* cmd = data.add_subcommand(
-      "read", "Print samples: the JSONL line as it was, or a Megatron sequence as a JSON array of token ids");
+  auto* cmd = data.add_subcommand("read",
+                                  "Print samples: the JSONL line as it was, or a Megatron sequence "
+                                  "as a JSON array of token ids");
   struct Opts {
     std::string index;
     std::vector<int64_t> samples;
   };
   auto o = std::make_shared<Opts>();
   cmd->add_option("--index", o->index, "Index directory (tenplex data index)")->required();
-  cmd->add_option("--sample", o->samples, "Sample id (0-based); repeat for several, printed one per line")
+  cmd->add_option("--sample", o->samples,
+                  "Sample id (0-based); repeat for several, printed one per line")
       ->required();
   cmd->callback([o, &ctx] {
     auto d = data::Dataset::Open(o->index);

@@ -15,10 +15,13 @@ using nlohmann::json;
 Result<DataFormat> ParseDataFormat(std::string_view name) {
   if (name == "jsonl") return DataFormat::kJsonl;
   if (name == "megatron") return DataFormat::kMegatron;
-  return InvalidArgument("unknown dataset format \"" + std::string(name) + "\" (jsonl or megatron)");
+  return InvalidArgument("unknown dataset format \"" + std::string(name) +
+                         "\" (jsonl or megatron)");
 }
 
-std::string_view DataFormatName(DataFormat f) { return f == DataFormat::kJsonl ? "jsonl" : "megatron"; }
+std::string_view DataFormatName(DataFormat f) {
+  return f == DataFormat::kJsonl ? "jsonl" : "megatron";
+}
 
 namespace {
 
@@ -43,8 +46,8 @@ Status BuildIndex(const std::string& input, DataFormat format, const std::string
   if (format == DataFormat::kJsonl) {
     TP_ASSIGN_OR_RETURN(std::string source, Absolute(input));
     TP_ASSIGN_OR_RETURN(MappedFile src, MappedFile::Open(source));
-    auto offsets = BuildJsonlOffsets(
-        std::string_view(reinterpret_cast<const char*>(src.data()), src.size()));
+    auto offsets =
+        BuildJsonlOffsets(std::string_view(reinterpret_cast<const char*>(src.data()), src.size()));
     if (!offsets.ok()) return offsets.status().WithContext(source);
     TP_RETURN_IF_ERROR(MakeDir(out_dir));
     TP_RETURN_IF_ERROR(WriteFileAtomic(out_dir + "/offsets.bin", *offsets));
@@ -70,7 +73,8 @@ Status BuildIndex(const std::string& input, DataFormat format, const std::string
 Result<std::shared_ptr<const Dataset>> Dataset::Open(const std::string& index_dir) {
   const std::string meta_path = index_dir + "/index.json";
   if (!fs::exists(meta_path)) {
-    return NotFound(index_dir + " is not a dataset index (no index.json; build one with `tenplex data index`)");
+    return NotFound(index_dir +
+                    " is not a dataset index (no index.json; build one with `tenplex data index`)");
   }
   TP_ASSIGN_OR_RETURN(std::string text, ReadFile(meta_path));
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
@@ -78,12 +82,14 @@ Result<std::shared_ptr<const Dataset>> Dataset::Open(const std::string& index_di
   if (!j.is_object()) return bad("not a JSON object");
   auto field_u64 = [&](const char* key) -> Result<uint64_t> {
     auto it = j.find(key);
-    if (it == j.end() || !it->is_number_unsigned()) return bad(std::string("missing or bad \"") + key + "\"");
+    if (it == j.end() || !it->is_number_unsigned())
+      return bad(std::string("missing or bad \"") + key + "\"");
     return it->get<uint64_t>();
   };
   auto field_str = [&](const char* key) -> Result<std::string> {
     auto it = j.find(key);
-    if (it == j.end() || !it->is_string()) return bad(std::string("missing or bad \"") + key + "\"");
+    if (it == j.end() || !it->is_string())
+      return bad(std::string("missing or bad \"") + key + "\"");
     return it->get<std::string>();
   };
   TP_ASSIGN_OR_RETURN(uint64_t version, field_u64("tenplex_data_index"));
@@ -108,7 +114,8 @@ Result<std::shared_ptr<const Dataset>> Dataset::Open(const std::string& index_di
     TP_ASSIGN_OR_RETURN(uint64_t idx_bytes, field_u64("idx_bytes"));
     TP_ASSIGN_OR_RETURN(MegatronDataset md, MegatronDataset::Open(prefix));
     if (md.bin_bytes() != bin_bytes || md.idx_bytes() != idx_bytes) {
-      return DataLoss(prefix + ".bin/.idx changed since indexing (sizes differ), rebuild the index");
+      return DataLoss(prefix +
+                      ".bin/.idx changed since indexing (sizes differ), rebuild the index");
     }
     if (md.num_sequences() != n) return bad("num_samples does not match " + prefix + ".idx");
     d->megatron_ = std::move(md);
@@ -157,14 +164,30 @@ void AppendTokens(std::string_view bytes, json* out) {
 std::string TokensToJson(std::string_view bytes, const MegatronDType& dtype) {
   json a = json::array();
   switch (dtype.code) {
-    case 1: AppendTokens<uint8_t>(bytes, &a); break;
-    case 2: AppendTokens<int8_t>(bytes, &a); break;
-    case 3: AppendTokens<int16_t>(bytes, &a); break;
-    case 4: AppendTokens<int32_t>(bytes, &a); break;
-    case 5: AppendTokens<int64_t>(bytes, &a); break;
-    case 6: AppendTokens<double>(bytes, &a); break;
-    case 7: AppendTokens<float>(bytes, &a); break;
-    case 8: AppendTokens<uint16_t>(bytes, &a); break;
+    case 1:
+      AppendTokens<uint8_t>(bytes, &a);
+      break;
+    case 2:
+      AppendTokens<int8_t>(bytes, &a);
+      break;
+    case 3:
+      AppendTokens<int16_t>(bytes, &a);
+      break;
+    case 4:
+      AppendTokens<int32_t>(bytes, &a);
+      break;
+    case 5:
+      AppendTokens<int64_t>(bytes, &a);
+      break;
+    case 6:
+      AppendTokens<double>(bytes, &a);
+      break;
+    case 7:
+      AppendTokens<float>(bytes, &a);
+      break;
+    case 8:
+      AppendTokens<uint16_t>(bytes, &a);
+      break;
   }
   return a.dump();
 }

@@ -59,7 +59,8 @@ TEST(JsonlTest, BadSourcesAreClearErrors) {
   s = build("{}\n{\"a\": }\n");
   EXPECT_NE(s.message().find("line 2 is not valid JSON"), std::string::npos) << s.message();
   EXPECT_FALSE(build("").ok());
-  EXPECT_EQ(BuildIndex(dir + "/missing.jsonl", DataFormat::kJsonl, dir + "/idx").code(), StatusCode::kNotFound);
+  EXPECT_EQ(BuildIndex(dir + "/missing.jsonl", DataFormat::kJsonl, dir + "/idx").code(),
+            StatusCode::kNotFound);
   EXPECT_EQ(Dataset::Open(dir + "/nothing").status().code(), StatusCode::kNotFound);
   EXPECT_FALSE(ParseDataFormat("csv").ok());
 }
@@ -150,12 +151,15 @@ TEST(MegatronTest, ParsesFilesFromAnIndependentWriter) {
   EXPECT_EQ(meta["num_documents"], 3);
   // A multimodal index (a trailing int8 mode per sequence) is accepted.
   f.idx += std::string(seqs.size(), '\1');
-  EXPECT_TRUE(ParseMegatronIndex(reinterpret_cast<const uint8_t*>(f.idx.data()), f.idx.size(), f.bin.size())
-                  ->has_modes);
+  EXPECT_TRUE(
+      ParseMegatronIndex(reinterpret_cast<const uint8_t*>(f.idx.data()), f.idx.size(), f.bin.size())
+          ->has_modes);
 }
 
 Status Parse(const MegatronFiles& f) {
-  return ParseMegatronIndex(reinterpret_cast<const uint8_t*>(f.idx.data()), f.idx.size(), f.bin.size()).status();
+  return ParseMegatronIndex(reinterpret_cast<const uint8_t*>(f.idx.data()), f.idx.size(),
+                            f.bin.size())
+      .status();
 }
 
 TEST(MegatronTest, CorruptIndexesAreDataLoss) {
@@ -220,12 +224,18 @@ TEST(MegatronTest, RandomCorruptionNeverCrashes) {
     MegatronFiles f = good;
     switch (rng() % 3) {
       case 0:
-        for (int k = 0; k < 1 + int(rng() % 3); ++k) f.idx[rng() % f.idx.size()] = static_cast<char>(rng());
+        for (int k = 0; k < 1 + int(rng() % 3); ++k)
+          f.idx[rng() % f.idx.size()] = static_cast<char>(rng());
         break;
-      case 1: f.idx.resize(rng() % f.idx.size()); break;
-      case 2: f.idx.append(rng() % 40, static_cast<char>(rng())); break;
+      case 1:
+        f.idx.resize(rng() % f.idx.size());
+        break;
+      case 2:
+        f.idx.append(rng() % 40, static_cast<char>(rng()));
+        break;
     }
-    auto l = ParseMegatronIndex(reinterpret_cast<const uint8_t*>(f.idx.data()), f.idx.size(), f.bin.size());
+    auto l = ParseMegatronIndex(reinterpret_cast<const uint8_t*>(f.idx.data()), f.idx.size(),
+                                f.bin.size());
     if (l.ok()) {
       ++ok;
     } else {

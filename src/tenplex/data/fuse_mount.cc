@@ -1,12 +1,12 @@
 #define FUSE_USE_VERSION 312
 #include "tenplex/data/fuse_mount.h"
 
+#include <fcntl.h>
 #include <fuse.h>
 #include <fuse_lowlevel.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/mount.h>
-#include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <sys/wait.h>
@@ -227,7 +227,8 @@ void SetReadAhead(const std::string& mountpoint, int kb) {
   struct stat st;
   if (::stat(mountpoint.c_str(), &st) != 0) return;
   char path[96];
-  std::snprintf(path, sizeof path, "/sys/class/bdi/%u:%u/read_ahead_kb", major(st.st_dev), minor(st.st_dev));
+  std::snprintf(path, sizeof path, "/sys/class/bdi/%u:%u/read_ahead_kb", major(st.st_dev),
+                minor(st.st_dev));
   int fd = ::open(path, O_WRONLY | O_CLOEXEC);
   if (fd < 0) return;
   const std::string v = std::to_string(kb);
@@ -249,7 +250,8 @@ Result<std::unique_ptr<FuseMount>> FuseMount::Start(std::shared_ptr<const FileTr
   if (options.threads < 1) return InvalidArgument("need at least one serving thread");
   struct stat st;
   if (::stat(mountpoint.c_str(), &st) != 0) return ErrnoError("mountpoint " + mountpoint, errno);
-  if (!S_ISDIR(st.st_mode)) return InvalidArgument("mountpoint " + mountpoint + " is not a directory");
+  if (!S_ISDIR(st.st_mode))
+    return InvalidArgument("mountpoint " + mountpoint + " is not a directory");
   if (::access("/dev/fuse", R_OK | W_OK) != 0) {
     return FailedPrecondition(std::string("/dev/fuse is not usable (") + std::strerror(errno) +
                               "): load the fuse module (modprobe fuse) or run the container with "

@@ -32,7 +32,8 @@ bool Mounted(const std::string& mp) {
 
 std::shared_ptr<const DatasetView> MakeView(const std::string& dir, uint64_t dp) {
   std::string src;
-  for (int i = 0; i < 300; ++i) src += "{\"i\": " + std::to_string(i) + ", \"s\": \"" + std::string(i % 50, 'q') + "\"}\n";
+  for (int i = 0; i < 300; ++i)
+    src += "{\"i\": " + std::to_string(i) + ", \"s\": \"" + std::string(i % 50, 'q') + "\"}\n";
   EXPECT_TRUE(WriteFileAtomic(dir + "/d.jsonl", src).ok());
   EXPECT_TRUE(BuildIndex(dir + "/d.jsonl", DataFormat::kJsonl, dir + "/idx").ok());
   auto d = Dataset::Open(dir + "/idx");

@@ -50,19 +50,22 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* in, size_t size) {
       const int64_t ptr = At<int64_t>(p + 34 + 4 * n + 8 * i);
       Require(len >= 0 && ptr >= 0 && uint64_t(ptr) + uint64_t(len) * l->dtype.size <= bin);
     }
-    Require(d >= 1 && At<int64_t>(p + 34 + 12 * n) == 0 && uint64_t(At<int64_t>(p + 34 + 12 * n + 8 * (d - 1))) == n);
+    Require(d >= 1 && At<int64_t>(p + 34 + 12 * n) == 0 &&
+            uint64_t(At<int64_t>(p + 34 + 12 * n + 8 * (d - 1))) == n);
   } else if (which == 1) {
     auto info = data::CheckJsonlOffsets(p, size);
     if (!info.ok()) return 0;
     const uint64_t n = info->num_samples;
-    for (uint64_t i = 0; i < n; ++i) Require(At<uint64_t>(p + 32 + 8 * (i + 1)) >= At<uint64_t>(p + 32 + 8 * i) + 2);
+    for (uint64_t i = 0; i < n; ++i)
+      Require(At<uint64_t>(p + 32 + 8 * (i + 1)) >= At<uint64_t>(p + 32 + 8 * i) + 2);
     const uint64_t last = At<uint64_t>(p + 32 + 8 * n);
     Require(last == info->source_bytes + (info->last_line_unterminated ? 1 : 0));
   } else {
     std::string_view src(reinterpret_cast<const char*>(p), size);
     auto offsets = data::BuildJsonlOffsets(src);
     if (!offsets.ok()) return 0;
-    auto info = data::CheckJsonlOffsets(reinterpret_cast<const uint8_t*>(offsets->data()), offsets->size());
+    auto info =
+        data::CheckJsonlOffsets(reinterpret_cast<const uint8_t*>(offsets->data()), offsets->size());
     Require(info.ok() && info->source_bytes == size);
     const uint8_t* o = reinterpret_cast<const uint8_t*>(offsets->data()) + 32;
     std::string rebuilt;

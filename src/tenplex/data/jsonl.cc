@@ -31,7 +31,8 @@ Result<std::string> BuildJsonlOffsets(std::string_view source) {
     std::string_view line = source.substr(start, end - start);
     const uint64_t number = off.size() + 1;
     if (line.empty() || line == "\r") {
-      return InvalidArgument("line " + N(number) + " is empty (every line must hold one JSON record)");
+      return InvalidArgument("line " + N(number) +
+                             " is empty (every line must hold one JSON record)");
     }
     if (!nlohmann::json::accept(line)) {
       return InvalidArgument("line " + N(number) + " is not valid JSON");
@@ -91,19 +92,23 @@ Result<JsonlDataset> JsonlDataset::Open(const std::string& source_path,
   }
   const bool ends_with_newline = s > 0 && d.source_.data()[s - 1] == '\n';
   if (info->last_line_unterminated == ends_with_newline) {
-    return DataLoss(source_path + ": its final newline does not match the index, rebuild the index");
+    return DataLoss(source_path +
+                    ": its final newline does not match the index, rebuild the index");
   }
   return d;
 }
 
-uint64_t JsonlDataset::off(uint64_t i) const { return Get(offsets_.data() + kJsonlHeaderBytes + 8 * i); }
+uint64_t JsonlDataset::off(uint64_t i) const {
+  return Get(offsets_.data() + kJsonlHeaderBytes + 8 * i);
+}
 
 Result<std::string_view> JsonlDataset::line(uint64_t i) const {
   if (i >= n_) return OutOfRange("sample " + N(i) + " is out of range (dataset has " + N(n_) + ")");
   const uint64_t begin = off(i), end = off(i + 1) - 1;  // end = the newline's position
   const char* src = reinterpret_cast<const char*>(source_.data());
   if (end < source_.size() && src[end] != '\n') {
-    return DataLoss(source_.path() + ": line " + N(i) + " does not end where the index says, rebuild the index");
+    return DataLoss(source_.path() + ": line " + N(i) +
+                    " does not end where the index says, rebuild the index");
   }
   return std::string_view(src + begin, end - begin);
 }

@@ -24,14 +24,22 @@ std::string N(uint64_t v) { return std::to_string(v); }
 
 Result<MegatronDType> MegatronDTypeFromCode(uint8_t code) {
   switch (code) {
-    case 1: return MegatronDType{1, "uint8", 1, false};
-    case 2: return MegatronDType{2, "int8", 1, false};
-    case 3: return MegatronDType{3, "int16", 2, false};
-    case 4: return MegatronDType{4, "int32", 4, false};
-    case 5: return MegatronDType{5, "int64", 8, false};
-    case 6: return MegatronDType{6, "float64", 8, true};
-    case 7: return MegatronDType{7, "float32", 4, true};
-    case 8: return MegatronDType{8, "uint16", 2, false};
+    case 1:
+      return MegatronDType{1, "uint8", 1, false};
+    case 2:
+      return MegatronDType{2, "int8", 1, false};
+    case 3:
+      return MegatronDType{3, "int16", 2, false};
+    case 4:
+      return MegatronDType{4, "int32", 4, false};
+    case 5:
+      return MegatronDType{5, "int64", 8, false};
+    case 6:
+      return MegatronDType{6, "float64", 8, true};
+    case 7:
+      return MegatronDType{7, "float32", 4, true};
+    case 8:
+      return MegatronDType{8, "uint16", 2, false};
   }
   return DataLoss("unknown Megatron dtype code " + N(code) + " (known: 1..8)");
 }
@@ -73,9 +81,9 @@ Result<MegatronLayout> ParseMegatronIndex(const uint8_t* idx, std::size_t idx_si
   } else if (idx_size == base + n && n > 0) {
     l.has_modes = true;
   } else {
-    return DataLoss("index has " + N(idx_size) + " bytes but its counts (" + N(n) +
-                    " sequences, " + N(d) + " document entries) imply " + N(base) +
-                    " (or " + N(base + n) + " with modes)");
+    return DataLoss("index has " + N(idx_size) + " bytes but its counts (" + N(n) + " sequences, " +
+                    N(d) + " document entries) imply " + N(base) + " (or " + N(base + n) +
+                    " with modes)");
   }
   const uint8_t* lengths = idx + kMegatronHeaderBytes;
   const uint8_t* pointers = lengths + 4 * n;
@@ -83,7 +91,8 @@ Result<MegatronLayout> ParseMegatronIndex(const uint8_t* idx, std::size_t idx_si
   for (uint64_t i = 0; i < n; ++i) {
     const int32_t len = Load<int32_t>(lengths + 4 * i);
     const int64_t ptr = Load<int64_t>(pointers + 8 * i);
-    if (len < 0) return DataLoss("sequence " + N(i) + " has negative length " + std::to_string(len));
+    if (len < 0)
+      return DataLoss("sequence " + N(i) + " has negative length " + std::to_string(len));
     if (ptr < 0 || static_cast<uint64_t>(ptr) > bin_size ||
         static_cast<uint64_t>(len) * l.dtype.size > bin_size - static_cast<uint64_t>(ptr)) {
       return DataLoss("sequence " + N(i) + " (pointer " + std::to_string(ptr) + ", " +
@@ -102,7 +111,8 @@ Result<MegatronLayout> ParseMegatronIndex(const uint8_t* idx, std::size_t idx_si
     prev = v;
   }
   if (static_cast<uint64_t>(prev) != n) {
-    return DataLoss("document index ends at " + std::to_string(prev) + ", not at the sequence count " + N(n));
+    return DataLoss("document index ends at " + std::to_string(prev) +
+                    ", not at the sequence count " + N(n));
   }
   return l;
 }

@@ -14,7 +14,8 @@ Result<Slice> RankSlice(uint64_t global_batch, uint64_t dp, uint64_t rank) {
                            std::to_string(global_batch) + ": some ranks would get no samples");
   }
   if (rank >= dp) {
-    return InvalidArgument("rank " + std::to_string(rank) + " is not below dp " + std::to_string(dp));
+    return InvalidArgument("rank " + std::to_string(rank) + " is not below dp " +
+                           std::to_string(dp));
   }
   const uint64_t q = global_batch / dp, m = global_batch % dp;
   auto begin = [&](uint64_t r) { return r * q + std::min(r, m); };
@@ -36,10 +37,9 @@ Result<GlobalOrder> GlobalOrder::Create(const OrderSpec& spec) {
 
 Result<StepInfo> GlobalOrder::Locate(uint64_t position) const {
   if (position % spec_.global_batch != 0) {
-    return InvalidArgument("start sample " + std::to_string(position) +
-                           " is not a multiple of the global batch " +
-                           std::to_string(spec_.global_batch) +
-                           " (positions lie on step boundaries)");
+    return InvalidArgument(
+        "start sample " + std::to_string(position) + " is not a multiple of the global batch " +
+        std::to_string(spec_.global_batch) + " (positions lie on step boundaries)");
   }
   return LocateStep(position / spec_.global_batch);
 }

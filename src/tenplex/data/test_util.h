@@ -26,7 +26,8 @@ inline std::string TempDir(const std::string& name) {
 template <typename T>
 void PutLE(std::string* s, T v) {
   unsigned char b[sizeof(T)];
-  for (std::size_t i = 0; i < sizeof(T); ++i) b[i] = static_cast<unsigned char>((static_cast<uint64_t>(v) >> (8 * i)) & 0xff);
+  for (std::size_t i = 0; i < sizeof(T); ++i)
+    b[i] = static_cast<unsigned char>((static_cast<uint64_t>(v) >> (8 * i)) & 0xff);
   s->append(reinterpret_cast<const char*>(b), sizeof(T));
 }
 

@@ -58,7 +58,8 @@ class RecordsFile : public ViewFile {
     uint64_t pos = 0;
     for (uint64_t t = 0; t < r_.steps; ++t) {
       step_start_.push_back(pos);
-      for (uint64_t k = t * r_.per_step(); k < (t + 1) * r_.per_step(); ++k) pos += src_.Size(r_.Id(k));
+      for (uint64_t k = t * r_.per_step(); k < (t + 1) * r_.per_step(); ++k)
+        pos += src_.Size(r_.Id(k));
     }
     step_start_.push_back(pos);
   }
@@ -143,9 +144,11 @@ class MegatronIdxFile : public ViewFile {
 
  private:
   // Copies the part of bytes [at, at + n) of the file that lies in [offset, end).
-  static void Copy(uint64_t at, const void* src, uint64_t n, uint64_t offset, uint64_t end, char* out) {
+  static void Copy(uint64_t at, const void* src, uint64_t n, uint64_t offset, uint64_t end,
+                   char* out) {
     const uint64_t lo = std::max(at, offset), hi = std::min(at + n, end);
-    if (lo < hi) std::memcpy(out + (lo - offset), static_cast<const char*>(src) + (lo - at), hi - lo);
+    if (lo < hi)
+      std::memcpy(out + (lo - offset), static_cast<const char*>(src) + (lo - at), hi - lo);
   }
   // An array of `count` elements of `width` bytes at file offset `at`: asks `gen` for
   // the elements overlapping [offset, end) and copies the overlapping bytes.
@@ -200,10 +203,10 @@ std::string DatasetView::RankDir(uint64_t rank) {
   return buf;
 }
 
-Result<std::shared_ptr<const DatasetView>> DatasetView::Create(std::shared_ptr<const Dataset> dataset,
-                                                               const ViewSpec& spec) {
-  TP_ASSIGN_OR_RETURN(GlobalOrder order, GlobalOrder::Create(
-                                             {dataset->num_samples(), spec.seed, spec.global_batch}));
+Result<std::shared_ptr<const DatasetView>> DatasetView::Create(
+    std::shared_ptr<const Dataset> dataset, const ViewSpec& spec) {
+  TP_ASSIGN_OR_RETURN(GlobalOrder order,
+                      GlobalOrder::Create({dataset->num_samples(), spec.seed, spec.global_batch}));
   TP_ASSIGN_OR_RETURN(StepInfo first, order.Locate(spec.start_sample));
   TP_RETURN_IF_ERROR(RankSlice(spec.global_batch, spec.dp, 0).status());
   std::shared_ptr<DatasetView> v(new DatasetView());
@@ -232,9 +235,8 @@ Result<std::shared_ptr<const DatasetView>> DatasetView::Create(std::shared_ptr<c
     const std::string dir = RankDir(r);
     root.push_back(dir);
     auto bin = std::make_unique<RecordsFile>(rr, RecordSource(dataset));
-    nlohmann::json rank = {{"rank", r},
-                           {"slice", {slice.begin, slice.end}},
-                           {"samples", rr.count()}};
+    nlohmann::json rank = {
+        {"rank", r}, {"slice", {slice.begin, slice.end}}, {"samples", rr.count()}};
     if (dataset->format() == DataFormat::kJsonl) {
       rank["samples.jsonl"] = bin->size();
       v->dirs_[dir] = {"samples.jsonl"};

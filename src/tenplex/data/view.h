@@ -67,7 +67,7 @@ class FileTree {
 class DatasetView : public FileTree {
  public:
   static Result<std::shared_ptr<const DatasetView>> Create(std::shared_ptr<const Dataset> dataset,
-                                                          const ViewSpec& spec);
+                                                           const ViewSpec& spec);
 
   const ViewSpec& spec() const { return spec_; }
   StepInfo first_step() const { return first_; }

@@ -41,7 +41,8 @@ std::vector<uint64_t> ExpectedIds(const Dataset& d, const ViewSpec& s, uint64_t 
   StepInfo first = *o->Locate(s.start_sample);
   std::vector<uint64_t> ids;
   for (uint64_t j = first.batch_in_epoch; j < o->batches_per_epoch(); ++j) {
-    o->AppendBatch(first.step + (j - first.batch_in_epoch), *RankSlice(s.global_batch, s.dp, rank), &ids);
+    o->AppendBatch(first.step + (j - first.batch_in_epoch), *RankSlice(s.global_batch, s.dp, rank),
+                   &ids);
   }
   return ids;
 }
@@ -125,7 +126,8 @@ TEST(ViewTest, MegatronBinAndIdxDescribeTheRanksSequences) {
       // the rank's sequences in order, one document each.
       const std::string idx_bytes = *ReadAll(*idx);
       CheckRandomReads(*idx, idx_bytes, 9 * r + 1);
-      auto l = ParseMegatronIndex(reinterpret_cast<const uint8_t*>(idx_bytes.data()), idx_bytes.size(), want.size());
+      auto l = ParseMegatronIndex(reinterpret_cast<const uint8_t*>(idx_bytes.data()),
+                                  idx_bytes.size(), want.size());
       ASSERT_TRUE(l.ok()) << l.status().ToString();
       ASSERT_EQ(l->num_sequences, ids.size());
       EXPECT_EQ(l->num_document_entries, ids.size() + 1);
