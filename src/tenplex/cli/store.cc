@@ -14,6 +14,7 @@
 #include "tenplex/store/client.h"
 #include "tenplex/store/server.h"
 #include "tenplex/store/store.h"
+#include "tenplex/transform/agent.h"
 #include "tenplex/util/format.h"
 
 namespace tenplex::cli {
@@ -30,7 +31,7 @@ std::string TokenOrEnv(const std::string& token) {
 }
 
 struct ServeOpts {
-  std::string listen = "127.0.0.1:7480", token, memory_limit, shm_dir, max_body = "1G";
+  std::string listen = "127.0.0.1:7480", token, memory_limit, shm_dir, max_body = "1G", transport = "ucx";
 };
 
 Status Serve(const ServeOpts& o) {
@@ -56,6 +57,15 @@ Status Serve(const ServeOpts& o) {
   std::signal(SIGPIPE, SIG_IGN);  // a client that goes away mid-reply is an error, not a crash
   TP_ASSIGN_OR_RETURN(std::unique_ptr<store::Store> st, store::Store::Open(so));
   store::Server server(*st, sv);
+  // The transform agent: a data-plane endpoint serving this store's tensors to peer
+  // daemons, and the /v1/transform/ endpoints (docs/transform.md).
+  std::unique_ptr<transform::Agent> agent;
+  if (o.transport != "none") {
+    transform::AgentOptions ao;
+    ao.transport = o.transport;
+    TP_ASSIGN_OR_RETURN(agent, transform::Agent::Create(*st, ao));
+    agent->Install(server);
+  }
   TP_ASSIGN_OR_RETURN(int port, server.Bind(hp.host, hp.port));
   const std::string host = hp.host.find(':') != std::string::npos ? "[" + hp.host + "]" : hp.host;
   std::printf("tenplex store: serving http://%s:%d (shm %s, memory limit %s)\n", host.c_str(), port,
@@ -107,6 +117,9 @@ void RegisterStore(CLI::App& app, Context& ctx) {
   serve->add_option("--memory-limit", so->memory_limit, "Bytes of tensors the store may hold (e.g. 8G; default: free shared memory)");
   serve->add_option("--shm-dir", so->shm_dir, "Shared-memory directory; kept across restarts (default: a fresh private one)");
   serve->add_option("--max-body", so->max_body, "Largest request body (e.g. 1G)")->capture_default_str();
+  serve->add_option("--transport", so->transport, "Data plane to peer daemons: ucx or none (no transform agent)")
+      ->check(CLI::IsMember({"ucx", "none"}))
+      ->capture_default_str();
   serve->callback([so, &ctx] { Finish(ctx, Serve(*so)); });
 
   struct XferOpts {

@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   tenplex::cli::RegisterPlan(app, ctx);
   tenplex::cli::RegisterCkpt(app, ctx);
   tenplex::cli::RegisterData(app, ctx);
+  tenplex::cli::RegisterTransform(app, ctx);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

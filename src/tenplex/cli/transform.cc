@@ -1,22 +1,114 @@
 // `tenplex store load|save --cluster`: a checkpoint across the store daemons of a
-// cluster file (src/tenplex/transform/cluster.h, docs/transform.md).
+// cluster file (src/tenplex/transform/cluster.h, docs/transform.md), and
+// `tenplex transform --cluster C [--to-cluster C2] --job J --to CONFIG [--json]`: the
+// distributed state transformation (src/tenplex/transform/distributed.h).
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
+#include <nlohmann/json.hpp>
 
 #include "tenplex/cli/command.h"
 #include "tenplex/transform/cluster.h"
+#include "tenplex/transform/distributed.h"
 #include "tenplex/util/format.h"
 
 namespace tenplex::cli {
+
+namespace {
+
+store::ClientOptions ClusterClientOptions(const std::string& token) {
+  store::ClientOptions co;
+  co.token = token;
+  if (co.token.empty() && std::getenv("TENPLEX_TOKEN") != nullptr) co.token = std::getenv("TENPLEX_TOKEN");
+  return co;
+}
+
+struct TransformOpts {
+  std::string cluster, to_cluster, job, to, token;
+  int attempts = 3;
+  bool central = false, json = false, quiet = false;
+};
+
+Status Transform(const TransformOpts& o) {
+  TP_ASSIGN_OR_RETURN(transform::Cluster cluster, transform::ReadClusterFile(o.cluster));
+  transform::ClusterTransformOptions opts;
+  if (!o.to_cluster.empty()) {
+    TP_ASSIGN_OR_RETURN(opts.to, transform::ReadClusterFile(o.to_cluster));
+  }
+  Result<ParallelConfig> to = ParseConfig(o.to);
+  if (!to.ok()) return to.status().WithContext("--to");
+  opts.max_attempts = o.attempts;
+  opts.central = o.central;
+  if (!o.quiet) opts.log = [](const std::string& line) { std::fprintf(stderr, "tenplex transform: %s\n", line.c_str()); };
+  TP_ASSIGN_OR_RETURN(transform::ClusterTransformStats s,
+                      transform::TransformCluster(cluster, o.job, *to, ClusterClientOptions(o.token), opts));
+  if (!o.json) {
+    std::printf("%s\n", transform::ClusterTransformSummary(s).c_str());
+    return Status::Ok();
+  }
+  nlohmann::json hosts = nlohmann::json::array();
+  for (const transform::HostTransformReport& h : s.hosts) {
+    hosts.push_back({{"url", h.url},
+                     {"ranks", h.ranks},
+                     {"bytes_kept", h.bytes_kept},
+                     {"bytes_local", h.bytes_local},
+                     {"bytes_fetched", h.bytes_fetched},
+                     {"seconds", h.seconds},
+                     {"alloc_seconds", h.alloc_seconds},
+                     {"local_seconds", h.local_seconds},
+                     {"fetch_seconds", h.fetch_seconds}});
+  }
+  nlohmann::json j = {{"from_version", s.from_version},
+                      {"to_version", s.to_version},
+                      {"from", s.from_config},
+                      {"to", s.to_config},
+                      {"attempts", s.attempts},
+                      {"lost_hosts", s.lost_hosts},
+                      {"new_hosts", s.new_hosts},
+                      {"central", o.central},
+                      {"seconds", s.seconds},
+                      {"plan_seconds", s.plan_seconds},
+                      {"prepare_seconds", s.prepare_seconds},
+                      {"commit_seconds", s.commit_seconds},
+                      {"round_seconds", s.round_seconds},
+                      {"plan",
+                       {{"bytes_total", s.plan.bytes_total},
+                        {"bytes_in_place", s.plan.bytes_in_place},
+                        {"bytes_host_local", s.plan.bytes_host_local},
+                        {"bytes_cross_host", s.plan.bytes_cross_host},
+                        {"cross_host_lower_bound", s.plan.cross_host_lower_bound},
+                        {"max_host_recv_bytes", s.plan.max_host_recv_bytes},
+                        {"max_host_send_bytes", s.plan.max_host_send_bytes}}},
+                      {"hosts", hosts}};
+  std::printf("%s\n", j.dump(2).c_str());
+  return Status::Ok();
+}
+
+}  // namespace
+
+void RegisterTransform(CLI::App& app, Context& ctx) {
+  auto* cmd = app.add_subcommand(
+      "transform", "Transform a job's state across the store daemons of a cluster to a new parallel config");
+  auto o = std::make_shared<TransformOpts>();
+  cmd->add_option("--cluster", o->cluster, "Cluster file of the hosts holding the state (docs/transform.md)")
+      ->required();
+  cmd->add_option("--to-cluster", o->to_cluster, "Place the new layout on these hosts instead (redeployment)");
+  cmd->add_option("--job", o->job, "Job name")->required();
+  cmd->add_option("--to", o->to, "New parallel config, e.g. tp=2,pp=2,dp=2,zero=1")->required();
+  cmd->add_option("--token", o->token, "Bearer token of the daemons (or TENPLEX_TOKEN)");
+  cmd->add_option("--attempts", o->attempts, "Attempts when hosts are lost mid-transform")->capture_default_str();
+  cmd->add_flag("--central", o->central,
+                "Baseline for benchmarks: gather all state on one host, re-slice there, scatter");
+  cmd->add_flag("--json", o->json, "Print the statistics as JSON");
+  cmd->add_flag("--quiet", o->quiet, "No progress lines on stderr");
+  cmd->callback([o, &ctx] { Finish(ctx, Transform(*o)); });
+}
 
 Status StoreClusterTransfer(bool load, const std::string& cluster_path, const std::string& url,
                             const std::string& token, const std::string& job, const std::string& dir) {
   if (cluster_path.empty() == url.empty()) return InvalidArgument("give exactly one of --url and --cluster");
   TP_ASSIGN_OR_RETURN(transform::Cluster cluster, transform::ReadClusterFile(cluster_path));
-  store::ClientOptions co;
-  co.token = token;
-  if (co.token.empty() && std::getenv("TENPLEX_TOKEN") != nullptr) co.token = std::getenv("TENPLEX_TOKEN");
-  TP_ASSIGN_OR_RETURN(auto clients, transform::ConnectCluster(cluster, co));
+  TP_ASSIGN_OR_RETURN(auto clients, transform::ConnectCluster(cluster, ClusterClientOptions(token), /*allow_lost=*/!load));
   if (load) {
     TP_ASSIGN_OR_RETURN(store::TransferStats s, transform::LoadCheckpointToCluster(cluster, clients, job, dir));
     std::printf("loaded %zu tensors (%s) of %d ranks onto %zu hosts as jobs/%s/%llu (committed on all) in %.2f s\n",

@@ -77,6 +77,12 @@ class Client {
   // zero_fill false: sparse files the caller writes completely (Write uses this).
   Result<std::vector<TensorInfo>> Allocate(const std::vector<Store::AllocRequest>& tensors, bool zero_fill = true);
   Result<TensorInfo> ShmInfo(const std::string& path);
+  // A JSON request to any endpoint (e.g. one added with Server::AddJsonRoute): the reply
+  // body, or the error the store sent (its code and message).
+  Result<std::string> CallJson(const std::string& method, const std::string& target, const std::string& body = "") {
+    return Call(method, target, body);
+  }
+
   // Maps a tensor's file; `writable` needs an open version.
   static Result<ShmMapping> Map(const TensorInfo& info, bool writable, bool populate = false);
 

@@ -145,6 +145,8 @@ struct Server::Impl {
   std::atomic<bool> serving{false};
   std::atomic<bool> stopping{false};
 
+  std::vector<std::pair<std::string, JsonHandler>> extra_routes;
+
   Impl(Store& s, ServerOptions o) : store(s), options(std::move(o)) {}
 
   // The request body: read on first use from the content reader (PUT and POST
@@ -356,6 +358,18 @@ Status Server::Impl::Route(const httplib::Request& req, Body& body, const Target
     return Alloc(req, body, t, res);
   }
   if (p == "/v1/jobs" || starts("/v1/jobs/")) return Jobs(req, body, t, p.size() > 8 ? p.substr(9) : "", res);
+  for (const auto& [prefix, handler] : extra_routes) {
+    if (!starts(prefix)) continue;
+    TP_RETURN_IF_ERROR(CheckQueryKeys(t.query, {}));
+    std::string text;
+    if (m == "POST" || m == "PUT") {
+      TP_ASSIGN_OR_RETURN(text, body.Text());
+    }
+    TP_ASSIGN_OR_RETURN(std::string reply, handler(m, p, text));
+    res.status = 200;
+    res.set_content(reply, "application/json");
+    return Status::Ok();
+  }
   return NotFound("no endpoint " + m + " " + p + " (see docs/store.md)");
 }
 
@@ -640,6 +654,10 @@ Server::Server(Store& store, ServerOptions options) : impl_(std::make_unique<Imp
 }
 
 Server::~Server() { Stop(); }
+
+void Server::AddJsonRoute(const std::string& prefix, JsonHandler handler) {
+  impl_->extra_routes.emplace_back(prefix, std::move(handler));
+}
 
 Result<int> Server::Bind(const std::string& host, int port) {
   if (!IsLoopbackHost(host) && impl_->options.token.empty()) {

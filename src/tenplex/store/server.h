@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -45,6 +46,16 @@ class Server {
   // Binds host:port (port 0: any free port) and returns the bound port. A host that
   // is not loopback needs a token.
   Result<int> Bind(const std::string& host, int port);
+  // An extra JSON endpoint of another module (the transform agent): requests whose path
+  // starts with `prefix` go to `handler` with the method, the path and the body text
+  // (at most 64 MiB); its result is sent as a 200 JSON reply, or its error as a JSON
+  // error body (HttpStatusFor). Authentication applies as to every endpoint. The handler
+  // runs on a server thread and may block (other requests are served meanwhile).
+  // REQUIRES: called before Serve().
+  using JsonHandler =
+      std::function<Result<std::string>(const std::string& method, const std::string& path, const std::string& body)>;
+  void AddJsonRoute(const std::string& prefix, JsonHandler handler);
+
   // Serves until Stop() is called (from any thread or a signal-handling thread).
   Status Serve();
   void Stop();

@@ -82,10 +82,15 @@ Result<Cluster> ReadClusterFile(const std::string& path) {
 }
 
 Result<std::vector<std::unique_ptr<store::Client>>> ConnectCluster(const Cluster& cluster,
-                                                                   const store::ClientOptions& options) {
+                                                                   const store::ClientOptions& options,
+                                                                   bool allow_lost) {
   std::vector<std::unique_ptr<store::Client>> out;
   for (std::size_t h = 0; h < cluster.hosts.size(); ++h) {
     Result<std::unique_ptr<store::Client>> c = store::Client::Connect(cluster.hosts[h], options);
+    if (!c.ok() && allow_lost && c.status().code() == StatusCode::kUnavailable) {
+      out.push_back(nullptr);
+      continue;
+    }
     if (!c.ok()) return c.status().WithContext("host " + std::to_string(h) + " (" + cluster.hosts[h] + ")");
     out.push_back(std::move(*c));
   }
@@ -94,13 +99,30 @@ Result<std::vector<std::unique_ptr<store::Client>>> ConnectCluster(const Cluster
 
 Result<uint64_t> NextCommonVersion(const std::vector<std::unique_ptr<store::Client>>& clients,
                                    const std::string& job) {
+  std::vector<store::Client*> raw;
+  for (const auto& c : clients) raw.push_back(c.get());
+  return NextCommonVersion(raw, job);
+}
+
+Result<uint64_t> NextCommonVersion(const std::vector<store::Client*>& clients, const std::string& job) {
+  // One past every version any host has had: committed, current, or left open by a
+  // coordinator that died (an explicit BeginVersion must not collide with it).
   uint64_t next = 1;
-  for (const auto& c : clients) {
-    Result<store::VersionInfo> v = c->Version(job, std::nullopt);
-    if (v.ok()) {
-      next = std::max(next, v->version + 1);
-    } else if (v.status().code() != StatusCode::kNotFound) {
-      return v.status().WithContext(c->url());
+  for (store::Client* c : clients) {
+    if (c == nullptr) continue;
+    Result<std::string> text = c->CallJson("GET", "/v1/jobs/" + job);
+    if (!text.ok()) {
+      if (text.status().code() == StatusCode::kNotFound) continue;
+      return text.status().WithContext(c->url());
+    }
+    json j = json::parse(*text, nullptr, false);
+    if (j.is_discarded() || !j.is_object() || !j.contains("versions") || !j["versions"].is_array()) {
+      return Internal(c->url() + ": malformed reply to GET /v1/jobs/" + job);
+    }
+    for (const json& v : j["versions"]) {
+      if (v.contains("version") && v["version"].is_number_unsigned()) {
+        next = std::max(next, v["version"].get<uint64_t>() + 1);
+      }
     }
   }
   return next;
@@ -167,26 +189,54 @@ Result<store::TransferStats> LoadCheckpointToCluster(const Cluster& cluster,
   return stats;
 }
 
+Cluster VersionPlacement(const std::string& info_json, const Cluster& fallback) {
+  json info = json::parse(info_json, nullptr, false);
+  if (!info.is_discarded() && info.is_object() && info.contains("cluster") && info["cluster"].is_object()) {
+    Result<Cluster> c = ParseCluster(info["cluster"].dump());
+    if (c.ok()) return *c;
+  }
+  return fallback;
+}
+
 Result<store::TransferStats> SaveCheckpointFromCluster(const Cluster& cluster,
                                                        const std::vector<std::unique_ptr<store::Client>>& clients,
                                                        const std::string& job, const std::string& out) {
   const auto t0 = std::chrono::steady_clock::now();
   TP_RETURN_IF_ERROR(store::CheckJobName(job));
-  std::vector<store::VersionInfo> versions;
-  for (const auto& c : clients) {
-    Result<store::VersionInfo> v = c->Version(job, std::nullopt);
-    if (!v.ok()) return v.status().WithContext(c->url());
-    versions.push_back(std::move(*v));
-  }
-  for (std::size_t h = 1; h < versions.size(); ++h) {
-    if (versions[h].version != versions[0].version || versions[h].info != versions[0].info) {
-      return FailedPrecondition("job '" + job + "': host " + clients[h]->url() + " has current version " +
-                                std::to_string(versions[h].version) + " but host " + clients[0]->url() +
-                                " has " + std::to_string(versions[0].version) + " (or their infos differ)");
+  // The newest current version of any host that answers, and where it lives.
+  std::vector<std::optional<store::VersionInfo>> versions(clients.size());
+  int ref = -1;
+  for (std::size_t h = 0; h < clients.size(); ++h) {
+    if (clients[h] == nullptr) continue;
+    Result<store::VersionInfo> v = clients[h]->Version(job, std::nullopt);
+    if (!v.ok()) {
+      if (v.status().code() == StatusCode::kNotFound) continue;
+      return v.status().WithContext(clients[h]->url());
     }
+    versions[h] = std::move(*v);
+    if (ref < 0 || versions[h]->version > versions[ref]->version) ref = static_cast<int>(h);
   }
-  const uint64_t version = versions[0].version;
-  json info = json::parse(versions[0].info, nullptr, false);
+  if (ref < 0) return NotFound("no host of the cluster holds a version of job '" + job + "'");
+  const uint64_t version = versions[ref]->version;
+  const Cluster place = VersionPlacement(versions[ref]->info, cluster);
+  std::vector<store::Client*> host_clients;  // per host of `place`
+  for (const std::string& url : place.hosts) {
+    auto it = std::find(cluster.hosts.begin(), cluster.hosts.end(), url);
+    if (it == cluster.hosts.end()) {
+      return FailedPrecondition("version " + std::to_string(version) + " of job '" + job + "' lives on host " + url +
+                                ", which the cluster file does not list");
+    }
+    const std::size_t h = static_cast<std::size_t>(it - cluster.hosts.begin());
+    if (clients[h] == nullptr) return Unavailable("host " + url + " holds part of job '" + job + "' but does not answer");
+    if (!versions[h] || versions[h]->version != version || versions[h]->info != versions[ref]->info) {
+      return FailedPrecondition("job '" + job + "': host " + url + " has current version " +
+                                (versions[h] ? std::to_string(versions[h]->version) : std::string("none")) +
+                                " but host " + clients[ref]->url() + " has " + std::to_string(version) +
+                                " (or their infos differ)");
+    }
+    host_clients.push_back(clients[h].get());
+  }
+  json info = json::parse(versions[ref]->info, nullptr, false);
   if (info.is_discarded() || !info.is_object() || !info.contains("model") || !info.contains("config") ||
       !info["config"].is_string()) {
     return FailedPrecondition("version " + std::to_string(version) + " of job '" + job +
@@ -195,15 +245,15 @@ Result<store::TransferStats> SaveCheckpointFromCluster(const Cluster& cluster,
   TP_ASSIGN_OR_RETURN(Model model, ModelFromJson(info["model"].dump()));
   TP_ASSIGN_OR_RETURN(ParallelConfig config, ParseConfig(info["config"].get<std::string>()));
   TP_ASSIGN_OR_RETURN(Layout layout, MakeLayout(model, config));
-  TP_RETURN_IF_ERROR(CheckFits(cluster, layout.world_size()));
+  TP_RETURN_IF_ERROR(CheckFits(place, layout.world_size()));
   std::map<int, std::map<std::string, store::TensorInfo>> by_rank;
-  for (std::size_t h = 0; h < clients.size(); ++h) {
+  for (std::size_t h = 0; h < host_clients.size(); ++h) {
     TP_ASSIGN_OR_RETURN(std::vector<store::TensorInfo> list,
-                        clients[h]->List("jobs/" + job + "/" + std::to_string(version) + "/"));
+                        host_clients[h]->List("jobs/" + job + "/" + std::to_string(version) + "/"));
     for (store::TensorInfo& t : list) {
       TP_ASSIGN_OR_RETURN(store::TensorPath p, store::ParseTensorPath(t.path));
-      if (p.rank >= layout.world_size() || cluster.HostOfRank(p.rank) != static_cast<int>(h)) {
-        return DataLoss(clients[h]->url() + " holds " + t.path + " of rank " + std::to_string(p.rank) +
+      if (p.rank >= layout.world_size() || place.HostOfRank(p.rank) != static_cast<int>(h)) {
+        return DataLoss(host_clients[h]->url() + " holds " + t.path + " of rank " + std::to_string(p.rank) +
                         ", which does not live on that host");
       }
       by_rank[p.rank][p.name] = std::move(t);
@@ -232,7 +282,7 @@ Result<store::TransferStats> SaveCheckpointFromCluster(const Cluster& cluster,
     std::vector<io::SafetensorsEntry> entries;
     for (const std::string& n : order) entries.push_back({n, have[n].dtype, have[n].shape, 0, 0});
     TP_ASSIGN_OR_RETURN(io::SafetensorsWriter w, io::SafetensorsWriter::Create(writer.RankPath(r), entries, {}));
-    store::Client& c = *clients[cluster.HostOfRank(r)];
+    store::Client& c = *host_clients[place.HostOfRank(r)];
     for (std::size_t i = 0; i < order.size(); ++i) {
       const store::TensorInfo& t = have[order[i]];
       if (t.bytes > 0) {

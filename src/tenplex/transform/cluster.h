@@ -32,12 +32,15 @@ struct Cluster {
 Result<Cluster> ParseCluster(const std::string& json_text);
 Result<Cluster> ReadClusterFile(const std::string& path);
 
-// One client per host, connected in host order.
+// One client per host, connected in host order. With allow_lost, a host that cannot
+// be reached gets a null client instead of failing the whole call.
 Result<std::vector<std::unique_ptr<store::Client>>> ConnectCluster(const Cluster& cluster,
-                                                                   const store::ClientOptions& options);
+                                                                   const store::ClientOptions& options,
+                                                                   bool allow_lost = false);
 
-// The version number one past every version the hosts report for `job` (committed
-// or current); 1 for a new job.
+// The version number one past every version the hosts report for `job` (committed,
+// current or open); 1 for a new job. Null clients (lost hosts) are skipped.
+Result<uint64_t> NextCommonVersion(const std::vector<store::Client*>& clients, const std::string& job);
 Result<uint64_t> NextCommonVersion(const std::vector<std::unique_ptr<store::Client>>& clients,
                                    const std::string& job);
 
@@ -47,8 +50,13 @@ Result<store::TransferStats> LoadCheckpointToCluster(const Cluster& cluster,
                                                      const std::vector<std::unique_ptr<store::Client>>& clients,
                                                      const std::string& job, const std::string& dir);
 
-// Writes the current version of `job` (the same number and info on all hosts) as one
-// checkpoint directory, atomically.
+// Where a version's ranks live: the "cluster" of its info (written by load and
+// transform), or `fallback` when it has none.
+Cluster VersionPlacement(const std::string& info_json, const Cluster& fallback);
+
+// Writes the newest current version of `job` as one checkpoint directory, atomically.
+// The hosts the version lives on (VersionPlacement) must all be in `cluster`, answer
+// and report the same version and info; other hosts (null clients: lost) are ignored.
 Result<store::TransferStats> SaveCheckpointFromCluster(const Cluster& cluster,
                                                        const std::vector<std::unique_ptr<store::Client>>& clients,
                                                        const std::string& job, const std::string& out);

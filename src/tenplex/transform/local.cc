@@ -3,7 +3,7 @@
 #include <chrono>
 #include <nlohmann/json.hpp>
 
-#include "tenplex/plan/executor.h"
+#include "tenplex/transform/host_exec.h"
 #include "tenplex/ptc/layout.h"
 #include "tenplex/store/parse.h"
 
@@ -15,10 +15,6 @@ namespace {
 
 double Since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-std::string TensorPathOf(const std::string& job, uint64_t version, int rank, const std::string& name) {
-  return "jobs/" + job + "/" + std::to_string(version) + "/" + store::RankSegment(rank) + "/" + name;
 }
 
 }  // namespace
@@ -40,6 +36,49 @@ Result<VersionState> ReadVersionState(const store::Store& store, const std::stri
   return s;
 }
 
+std::string TensorPathOf(const std::string& job, uint64_t version, int rank, const std::string& name) {
+  return "jobs/" + job + "/" + std::to_string(version) + "/" + store::RankSegment(rank) + "/" + name;
+}
+
+Result<MappedSources> MapSources(const store::Store& store, const std::string& job, uint64_t version,
+                                 const Layout& layout, const std::vector<int>* hosts, int host) {
+  MappedSources m;
+  m.refs.resize(layout.world_size());
+  m.ptrs.resize(layout.world_size());
+  for (const RankLayout& r : layout.ranks) {
+    if (hosts != nullptr && hosts->at(r.rank) != host) continue;
+    for (const LocalTensor& t : *r.tensors) {
+      auto ref = store.Get(TensorPathOf(job, version, r.rank, t.name));
+      if (!ref.ok()) return ref.status().WithContext("job " + job + " rank " + std::to_string(r.rank));
+      if (ref->info().dtype != t.dtype || ref->info().shape != t.shape) {
+        return DataLoss("job " + job + " version " + std::to_string(version) + " rank " + std::to_string(r.rank) +
+                        " tensor " + t.name + " is " + std::string(DTypeName(ref->info().dtype)) + " [" +
+                        ShapeToString(ref->info().shape) + "] but config " + layout.config.ToString() + " needs " +
+                        std::string(DTypeName(t.dtype)) + " [" + ShapeToString(t.shape) + "]");
+      }
+      m.ptrs[r.rank].push_back(ref->data());
+      m.refs[r.rank].push_back(std::move(ref).value());
+    }
+  }
+  return m;
+}
+
+Result<MappedDests> AllocateDests(store::Store& store, const std::string& job, uint64_t version,
+                                  const Layout& layout, const std::vector<int>* hosts, int host) {
+  MappedDests m;
+  m.writers.resize(layout.world_size());
+  m.ptrs.resize(layout.world_size());
+  for (const RankLayout& r : layout.ranks) {
+    if (hosts != nullptr && hosts->at(r.rank) != host) continue;
+    for (const LocalTensor& t : *r.tensors) {
+      TP_ASSIGN_OR_RETURN(store::TensorWriter w, store.Allocate(TensorPathOf(job, version, r.rank, t.name), t.dtype, t.shape));
+      m.ptrs[r.rank].push_back(w.data());
+      m.writers[r.rank].push_back(std::move(w));
+    }
+  }
+  return m;
+}
+
 Result<LocalTransformStats> TransformLocal(store::Store& store, const std::string& job,
                                            const ParallelConfig& to, bool keep_old) {
   LocalTransformStats stats;
@@ -53,22 +92,7 @@ Result<LocalTransformStats> TransformLocal(store::Store& store, const std::strin
   stats.plan_seconds = Since(t0);
 
   auto t1 = std::chrono::steady_clock::now();
-  // Sources: the committed tensors, mapped read-only.
-  std::vector<std::vector<store::TensorRef>> refs(from_layout.world_size());
-  std::vector<std::vector<const void*>> src(from_layout.world_size());
-  for (const RankLayout& r : from_layout.ranks) {
-    for (const LocalTensor& t : *r.tensors) {
-      auto ref = store.Get(TensorPathOf(job, cur.version, r.rank, t.name));
-      if (!ref.ok()) return ref.status().WithContext("job " + job + " rank " + std::to_string(r.rank));
-      if (ref->info().dtype != t.dtype || ref->info().shape != t.shape) {
-        return DataLoss("job " + job + " rank " + std::to_string(r.rank) + " tensor " + t.name + " is " +
-                        std::string(DTypeName(ref->info().dtype)) + " [" + ShapeToString(ref->info().shape) +
-                        "] but config " + cur.config.ToString() + " needs [" + ShapeToString(t.shape) + "]");
-      }
-      src[r.rank].push_back(ref->data());
-      refs[r.rank].push_back(std::move(ref).value());
-    }
-  }
+  TP_ASSIGN_OR_RETURN(MappedSources src, MapSources(store, job, cur.version, from_layout, nullptr, 0));
   json info = json::parse(cur.info);
   info["config"] = to.ToString();
   TP_ASSIGN_OR_RETURN(uint64_t v, store.BeginVersion(job, std::nullopt, info.dump()));
@@ -77,31 +101,25 @@ Result<LocalTransformStats> TransformLocal(store::Store& store, const std::strin
     (void)store.DropVersion(job, v);
     return s;
   };
-  std::vector<std::vector<store::TensorWriter>> writers(to_layout.world_size());
-  std::vector<std::vector<void*>> dst(to_layout.world_size());
-  for (const RankLayout& r : to_layout.ranks) {
-    for (const LocalTensor& t : *r.tensors) {
-      auto w = store.Allocate(TensorPathOf(job, v, r.rank, t.name), t.dtype, t.shape);
-      if (!w.ok()) return fail(w.status());
-      dst[r.rank].push_back(w->data());
-      writers[r.rank].push_back(std::move(w).value());
-    }
-  }
-  plan::ExecuteOptions opts;
-  opts.pool = &ThreadPool::Default();
-  opts.zero_padding = false;  // fresh store tensors are zero-filled
-  Status st = plan::ExecutePlan(p, from_layout, to_layout, src, dst, opts);
-  if (!st.ok()) return fail(st);
-  for (const plan::CopyOp& op : p.ops) {
-    stats.bytes_copied += Volume(op.global) * static_cast<int64_t>(DTypeSize(from_layout.globals.at(p.tensors[op.tensor]).dtype));
-  }
-  for (const plan::CopyOp& op : p.kept) {
-    stats.bytes_copied += Volume(op.global) * static_cast<int64_t>(DTypeSize(from_layout.globals.at(p.tensors[op.tensor]).dtype));
-  }
+  Result<MappedDests> dst = AllocateDests(store, job, v, to_layout, nullptr, 0);
+  if (!dst.ok()) return fail(dst.status());
+  HostExecInput in;
+  in.plan = &p;
+  in.from = &from_layout;
+  in.to = &to_layout;
+  in.from_hosts = &from_hosts;
+  in.to_hosts = &to_hosts;
+  in.host = 0;
+  in.src = &src.ptrs;
+  in.dst = &dst->ptrs;
+  in.pool = &ThreadPool::Default();
+  Result<HostExecStats> ex = ExecuteHostPart(in);
+  if (!ex.ok()) return fail(ex.status());
+  stats.bytes_copied = ex->bytes_kept + ex->bytes_local;
   stats.execute_seconds = Since(t1);
   auto t2 = std::chrono::steady_clock::now();
-  writers.clear();
-  st = store.Commit(job, v, keep_old);
+  dst->writers.clear();
+  Status st = store.Commit(job, v, keep_old);
   if (!st.ok()) return fail(st);
   stats.commit_seconds = Since(t2);
   return stats;

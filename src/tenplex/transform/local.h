@@ -16,6 +16,7 @@
 #include "tenplex/model/model.h"
 #include "tenplex/plan/planner.h"
 #include "tenplex/ptc/config.h"
+#include "tenplex/ptc/layout.h"
 #include "tenplex/store/store.h"
 #include "tenplex/util/status.h"
 
@@ -31,6 +32,27 @@ struct VersionState {
 // Reads the model and config of a version of a job (nullopt: current).
 Result<VersionState> ReadVersionState(const store::Store& store, const std::string& job,
                                       store::VersionRef version = {});
+
+// The tensors of one version of a job that live on one host, mapped: the old ranks'
+// committed tensors read-only (sources of a transform) or the new ranks' tensors of an
+// open version writable (destinations). Indexed [rank][local tensor]; ranks of other
+// hosts are empty.
+struct MappedSources {
+  std::vector<std::vector<store::TensorRef>> refs;
+  std::vector<std::vector<const void*>> ptrs;
+};
+struct MappedDests {
+  std::vector<std::vector<store::TensorWriter>> writers;
+  std::vector<std::vector<void*>> ptrs;
+};
+// hosts[r] == host selects the ranks (hosts may be null: every rank). Checks every
+// tensor's dtype and shape against the layout (DataLoss naming it otherwise).
+Result<MappedSources> MapSources(const store::Store& store, const std::string& job, uint64_t version,
+                                 const Layout& layout, const std::vector<int>* hosts, int host);
+Result<MappedDests> AllocateDests(store::Store& store, const std::string& job, uint64_t version,
+                                  const Layout& layout, const std::vector<int>* hosts, int host);
+// jobs/<job>/<version>/rank-NNNNN/<name>
+std::string TensorPathOf(const std::string& job, uint64_t version, int rank, const std::string& name);
 
 struct LocalTransformStats {
   uint64_t new_version = 0;

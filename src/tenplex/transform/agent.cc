@@ -1,0 +1,277 @@
+#include "tenplex/transform/agent.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "tenplex/model/model.h"
+#include "tenplex/plan/planner.h"
+#include "tenplex/ptc/layout.h"
+#include "tenplex/store/mapping.h"
+#include "tenplex/store/parse.h"
+#include "tenplex/transform/host_exec.h"
+#include "tenplex/transform/local.h"
+#include "tenplex/transport/bandwidth.h"
+
+namespace tenplex::transform {
+
+using nlohmann::json;
+
+namespace {
+
+double Since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+Result<json> ParseBody(const std::string& body) {
+  json j = json::parse(body, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return InvalidArgument("request body is not a JSON object");
+  return j;
+}
+
+Result<uint64_t> U64Field(const json& j, const char* key) {
+  if (!j.contains(key) || !j[key].is_number_unsigned()) {
+    return InvalidArgument(std::string("'") + key + "' must be a non-negative integer");
+  }
+  return j[key].get<uint64_t>();
+}
+
+Result<std::string> StringField(const json& j, const char* key) {
+  if (!j.contains(key) || !j[key].is_string()) return InvalidArgument(std::string("'") + key + "' must be a string");
+  return j[key].get<std::string>();
+}
+
+// A rank -> host map: integers in [lowest, hosts).
+Result<std::vector<int>> HostMap(const json& j, const char* key, int hosts, int lowest) {
+  if (!j.contains(key) || !j[key].is_array()) return InvalidArgument(std::string("'") + key + "' must be an array");
+  std::vector<int> out;
+  for (const json& v : j[key]) {
+    if (!v.is_number_integer() || v.get<int64_t>() < lowest || v.get<int64_t>() >= hosts) {
+      return InvalidArgument(std::string("'") + key + "' entries must be host indexes in [" + std::to_string(lowest) +
+                             ", " + std::to_string(hosts) + ")");
+    }
+    out.push_back(v.get<int>());
+  }
+  return out;
+}
+
+struct PrepareRequest {
+  std::string job;
+  uint64_t from_version = 0, to_version = 0;
+  int host = 0;
+  Model model;
+  ParallelConfig from_config, to_config;
+  std::string new_info;
+  std::vector<std::string> addresses;
+  std::vector<int> from_hosts, to_hosts;
+};
+
+Result<PrepareRequest> ParsePrepare(const std::string& body) {
+  TP_ASSIGN_OR_RETURN(json j, ParseBody(body));
+  static const char* kKeys[] = {"job",  "from_version", "to_version", "host",      "info",
+                                "to_config", "new_info", "addresses", "from_hosts", "to_hosts"};
+  for (const auto& [k, v] : j.items()) {
+    bool known = false;
+    for (const char* key : kKeys) known = known || k == key;
+    if (!known) return InvalidArgument("prepare: unknown field '" + k + "'");
+  }
+  PrepareRequest r;
+  TP_ASSIGN_OR_RETURN(r.job, StringField(j, "job"));
+  TP_RETURN_IF_ERROR(store::CheckJobName(r.job));
+  TP_ASSIGN_OR_RETURN(r.from_version, U64Field(j, "from_version"));
+  TP_ASSIGN_OR_RETURN(r.to_version, U64Field(j, "to_version"));
+  if (r.to_version <= r.from_version) return InvalidArgument("'to_version' must be greater than 'from_version'");
+  if (!j.contains("addresses") || !j["addresses"].is_array() || j["addresses"].empty()) {
+    return InvalidArgument("'addresses' must be a non-empty array of transport addresses");
+  }
+  for (const json& a : j["addresses"]) {
+    if (!a.is_string()) return InvalidArgument("'addresses' entries must be strings");
+    r.addresses.push_back(a.get<std::string>());
+  }
+  const int hosts = static_cast<int>(r.addresses.size());
+  TP_ASSIGN_OR_RETURN(uint64_t host, U64Field(j, "host"));
+  if (host >= r.addresses.size()) return InvalidArgument("'host' is not an index into 'addresses'");
+  r.host = static_cast<int>(host);
+  if (!j.contains("info") || !j["info"].is_object() || !j["info"].contains("model") ||
+      !j["info"].contains("config") || !j["info"]["config"].is_string()) {
+    return InvalidArgument("'info' must be the old version's info with a model and a config");
+  }
+  TP_ASSIGN_OR_RETURN(r.model, ModelFromJson(j["info"]["model"].dump()));
+  TP_ASSIGN_OR_RETURN(r.from_config, ParseConfig(j["info"]["config"].get<std::string>()));
+  TP_ASSIGN_OR_RETURN(std::string to, StringField(j, "to_config"));
+  TP_ASSIGN_OR_RETURN(r.to_config, ParseConfig(to));
+  if (!j.contains("new_info") || !j["new_info"].is_object()) return InvalidArgument("'new_info' must be an object");
+  r.new_info = j["new_info"].dump();
+  TP_ASSIGN_OR_RETURN(r.from_hosts, HostMap(j, "from_hosts", hosts, plan::kLostHost));
+  TP_ASSIGN_OR_RETURN(r.to_hosts, HostMap(j, "to_hosts", hosts, 0));
+  for (int h : r.to_hosts) {
+    if (r.addresses[h].empty()) return InvalidArgument("a new rank is placed on host " + std::to_string(h) + ", which has no address");
+  }
+  return r;
+}
+
+}  // namespace
+
+struct Agent::Impl {
+  store::Store& store;
+  AgentOptions options;
+  std::unique_ptr<transport::Transport> transport;
+
+  explicit Impl(store::Store& s, AgentOptions o) : store(s), options(std::move(o)) {}
+
+  // Peers read committed tensors only, by store path.
+  Result<transport::Region> Lookup(std::string_view name) const {
+    TP_ASSIGN_OR_RETURN(store::TensorRef ref, store.Get(std::string(name)));
+    if (!ref.info().committed) return NotFound(std::string(name) + " is not committed");
+    auto hold = std::make_shared<store::TensorRef>(std::move(ref));
+    return transport::Region{hold->data(), hold->size(), hold};
+  }
+
+  Result<std::string> Prepare(const std::string& body);
+  Result<std::string> Probe(const std::string& body);
+};
+
+Result<std::string> Agent::Impl::Prepare(const std::string& body) {
+  const auto t0 = std::chrono::steady_clock::now();
+  TP_ASSIGN_OR_RETURN(PrepareRequest r, ParsePrepare(body));
+  TP_ASSIGN_OR_RETURN(Layout from, MakeLayout(r.model, r.from_config));
+  TP_ASSIGN_OR_RETURN(Layout to, MakeLayout(r.model, r.to_config));
+  if (static_cast<int>(r.from_hosts.size()) != from.world_size() ||
+      static_cast<int>(r.to_hosts.size()) != to.world_size()) {
+    return InvalidArgument("'from_hosts' and 'to_hosts' must have one entry per old and new rank (" +
+                           std::to_string(from.world_size()) + " and " + std::to_string(to.world_size()) + ")");
+  }
+  TP_ASSIGN_OR_RETURN(plan::Plan p, plan::MakePlan(r.model, from, to, r.from_hosts, r.to_hosts));
+  const double plan_seconds = Since(t0);
+  TP_ASSIGN_OR_RETURN(MappedSources src, MapSources(store, r.job, r.from_version, from, &r.from_hosts, r.host));
+
+  auto t1 = std::chrono::steady_clock::now();
+  TP_ASSIGN_OR_RETURN(uint64_t v, store.BeginVersion(r.job, r.to_version, r.new_info));
+  auto fail = [&](const Status& s) {
+    (void)store.DropVersion(r.job, v);
+    return s;
+  };
+  Result<MappedDests> dst = AllocateDests(store, r.job, v, to, &r.to_hosts, r.host);
+  if (!dst.ok()) return fail(dst.status());
+  const double alloc_seconds = Since(t1);
+
+  // Connections to the peers this host reads from (Connect replaces a failed one).
+  std::vector<transport::PeerId> peer_ids(r.addresses.size(), 0);
+  std::mutex mu;
+  HostExecInput in;
+  in.plan = &p;
+  in.from = &from;
+  in.to = &to;
+  in.from_hosts = &r.from_hosts;
+  in.to_hosts = &r.to_hosts;
+  in.host = r.host;
+  in.src = &src.ptrs;
+  in.dst = &dst->ptrs;
+  in.pool = &ThreadPool::Default();
+  in.region_name = [&](int rank, int tensor) {
+    return TensorPathOf(r.job, r.from_version, rank, (*from.ranks[rank].tensors)[tensor].name);
+  };
+  in.fetch = [&](int peer, const std::vector<transport::ReadRequest>& reqs) -> Status {
+    Result<transport::PeerId> id = transport->Connect(r.addresses.at(peer));
+    if (!id.ok()) return Unavailable("host " + std::to_string(peer) + ": " + id.status().message());
+    Status s = transport->Fetch(*id, reqs);
+    if (!s.ok()) {
+      if (s.code() == StatusCode::kUnavailable) return Unavailable("host " + std::to_string(peer) + ": " + s.message());
+      return s.WithContext("host " + std::to_string(peer));
+    }
+    return Status::Ok();
+  };
+  Result<HostExecStats> ex = ExecuteHostPart(in);
+  if (!ex.ok()) return fail(ex.status().WithContext("host " + std::to_string(r.host) + " preparing version " +
+                                                    std::to_string(v) + " of job " + r.job));
+  json reply = {{"version", v},
+                {"host", r.host},
+                {"bytes_kept", ex->bytes_kept},
+                {"bytes_local", ex->bytes_local},
+                {"bytes_fetched", ex->bytes_fetched},
+                {"remote_ops", ex->remote_ops},
+                {"peers", ex->peers},
+                {"plan_seconds", plan_seconds},
+                {"alloc_seconds", alloc_seconds},
+                {"local_seconds", ex->local_seconds},
+                {"fetch_seconds", ex->fetch_seconds},
+                {"landed_seconds", ex->landed_seconds},
+                {"seconds", Since(t0)}};
+  return reply.dump();
+}
+
+Result<std::string> Agent::Impl::Probe(const std::string& body) {
+  TP_ASSIGN_OR_RETURN(json j, ParseBody(body));
+  TP_ASSIGN_OR_RETURN(std::string address, StringField(j, "address"));
+  uint64_t bytes = 256ull << 20;
+  if (j.contains("bytes")) {
+    TP_ASSIGN_OR_RETURN(bytes, U64Field(j, "bytes"));
+  }
+  if (bytes < (1ull << 20) || bytes > (4ull << 30)) return InvalidArgument("'bytes' must be in [1 MiB, 4 GiB]");
+  TP_ASSIGN_OR_RETURN(transport::PeerId peer, transport->Connect(address));
+  transport::FetchBandwidthOptions fo;
+  fo.bytes = bytes;
+  TP_ASSIGN_OR_RETURN(double fetch_gbps, transport::MeasureFetchBandwidth(*transport, peer, fo));
+  // Writing fresh shared memory, as a transform does: allocate a new tmpfs file, map
+  // it and copy a warm buffer into it (best of 3).
+  std::vector<uint8_t> warm(bytes, 0x5a);
+  double best = 0;
+  for (int i = 0; i < 3; ++i) {
+    std::random_device rd;
+    const std::string file = store.shm_dir() + "/tmp/probe-" + std::to_string(getpid()) + "-" + std::to_string(rd());
+    auto t0 = std::chrono::steady_clock::now();
+    Result<store::ShmMapping> m = store::ShmMapping::Create(file, bytes);
+    if (!m.ok()) return m.status();
+    std::memcpy(m->data(), warm.data(), bytes);
+    const double s = Since(t0);
+    ::unlink(file.c_str());
+    best = std::max(best, static_cast<double>(bytes) / s / 1e9);
+  }
+  json reply = {{"bytes", bytes},
+                {"fetch_gbps", fetch_gbps},
+                {"fresh_write_gbps", best},
+                {"memcpy_gbps", transport::MeasureMemcpyBandwidth(bytes)}};
+  return reply.dump();
+}
+
+Agent::Agent(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Agent::~Agent() = default;
+
+Result<std::unique_ptr<Agent>> Agent::Create(store::Store& store, const AgentOptions& options) {
+  auto impl = std::make_unique<Impl>(store, options);
+  Impl* raw = impl.get();
+  TP_ASSIGN_OR_RETURN(impl->transport,
+                      transport::NewTransport(options.transport,
+                                              [raw](std::string_view name) { return raw->Lookup(name); },
+                                              options.transport_options));
+  return std::unique_ptr<Agent>(new Agent(std::move(impl)));
+}
+
+std::string Agent::address() const { return impl_->transport->LocalAddress(); }
+
+void Agent::Install(store::Server& server) {
+  server.AddJsonRoute("/v1/transform/", [this](const std::string& method, const std::string& path,
+                                               const std::string& body) { return Handle(method, path, body); });
+}
+
+Result<std::string> Agent::Handle(const std::string& method, const std::string& path, const std::string& body) {
+  if (path == "/v1/transform/address") {
+    if (method != "GET") return InvalidArgument(method + " is not allowed on " + path);
+    return json{{"address", address()}, {"kind", std::string(impl_->transport->kind())}}.dump();
+  }
+  if (path == "/v1/transform/prepare") {
+    if (method != "POST") return InvalidArgument(method + " is not allowed on " + path);
+    return impl_->Prepare(body);
+  }
+  if (path == "/v1/transform/probe") {
+    if (method != "POST") return InvalidArgument(method + " is not allowed on " + path);
+    return impl_->Probe(body);
+  }
+  return NotFound("no endpoint " + method + " " + path + " (see docs/transform.md)");
+}
+
+}  // namespace tenplex::transform

@@ -1,0 +1,67 @@
+// The transform agent of a store daemon: its part of a distributed state
+// transformation (docs/transform.md).
+//
+// A store daemon (`tenplex store serve`) owns a data-plane endpoint (transport.h) that
+// serves the committed tensors of its store to peer daemons by name (the store path,
+// jobs/<job>/<version>/rank-NNNNN/<name>), and installs these endpoints on its HTTP
+// server:
+//   GET  /v1/transform/address   {"address": "<transport token>", "kind": "ucx"}
+//   POST /v1/transform/prepare   executes this host's share of a plan into a new open
+//                                version (phase one of the two-phase commit)
+//   POST /v1/transform/probe     {"address": A, "bytes": N}: the fetch bandwidth from
+//                                the peer at A and the bandwidth of writing fresh
+//                                shared memory here (the limits of a benchmark)
+// Phase two uses the store's own endpoints: .../versions/<v>/commit or /abort.
+//
+// Prepare request:
+//   {"job": J, "from_version": v0, "to_version": v1, "host": h,
+//    "info": {<info of v0: model, config, ...>}, "to_config": "tp=..,pp=..",
+//    "new_info": {<info of v1>},
+//    "addresses": ["<token of host 0>", ...]   ("" for a host that is lost)
+//    "from_hosts": [host of old rank r, -1 if lost], "to_hosts": [host of new rank r]}
+// Every host receives the same request except "host", computes the same plan
+// (plan::MakePlan is deterministic) and executes the ops whose destination is on it
+// (host_exec.h): local copies from its old tensors, fetches of the rest from the peers
+// named in the plan. The new version is left open, fully written: a commit only
+// renames. Any failure drops the version here and answers the error; a peer that
+// fails or does not answer is UNAVAILABLE with "host <i>" in the message.
+// The reply: {"version", "host", "bytes_kept", "bytes_local", "bytes_fetched",
+// "peers", "plan_seconds", "alloc_seconds", "local_seconds", "fetch_seconds",
+// "landed_seconds", "seconds"}.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "tenplex/store/server.h"
+#include "tenplex/store/store.h"
+#include "tenplex/transport/transport.h"
+#include "tenplex/util/status.h"
+
+namespace tenplex::transform {
+
+struct AgentOptions {
+  std::string transport = "ucx";  // "ucx" or "inproc" (tests within one process)
+  transport::TransportOptions transport_options;
+};
+
+class Agent {
+ public:
+  static Result<std::unique_ptr<Agent>> Create(store::Store& store, const AgentOptions& options = {});
+  ~Agent();
+  Agent(const Agent&) = delete;
+  Agent& operator=(const Agent&) = delete;
+
+  std::string address() const;
+  // Adds the /v1/transform/ endpoints to the server.
+  void Install(store::Server& server);
+  // The endpoints' handler (method, path, body) -> reply JSON.
+  Result<std::string> Handle(const std::string& method, const std::string& path, const std::string& body);
+
+ private:
+  struct Impl;
+  explicit Agent(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tenplex::transform

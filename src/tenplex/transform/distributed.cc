@@ -1,0 +1,356 @@
+#include "tenplex/transform/distributed.h"
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "tenplex/model/model.h"
+#include "tenplex/ptc/layout.h"
+#include "tenplex/store/parse.h"
+#include "tenplex/util/format.h"
+
+namespace tenplex::transform {
+
+using nlohmann::json;
+
+namespace {
+
+double Since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+struct Host {
+  std::string url;
+  std::unique_ptr<store::Client> client;  // null: lost
+  std::string address;                    // data-plane address ("" until asked, or lost)
+};
+
+struct Round {
+  uint64_t from_version = 0, to_version = 0;
+  json info;  // of from_version: model, config, cluster, ...
+  ParallelConfig to_config;
+  json new_info;
+  std::vector<int> from_hosts, to_hosts;
+};
+
+struct RoundResult {
+  Status status;
+  std::vector<HostTransformReport> hosts;
+  double prepare_seconds = 0, commit_seconds = 0;
+};
+
+void Log(const ClusterTransformOptions& o, const std::string& line) {
+  if (o.log) o.log(line);
+}
+
+json ClusterJson(const std::vector<std::string>& hosts, int gpus_per_host) {
+  return {{"hosts", hosts}, {"gpus_per_host", gpus_per_host}};
+}
+
+// Phase one on every host with new ranks, then phase two (commit, or abort on all).
+RoundResult RunRound(std::vector<Host>& hosts, const std::string& job, const Round& r) {
+  RoundResult out;
+  std::vector<int> participants;
+  for (int h : r.to_hosts) {
+    if (std::find(participants.begin(), participants.end(), h) == participants.end()) participants.push_back(h);
+  }
+  std::sort(participants.begin(), participants.end());
+  json addresses = json::array();
+  for (const Host& h : hosts) addresses.push_back(h.client ? h.address : "");
+  json req = {{"job", job},
+              {"from_version", r.from_version},
+              {"to_version", r.to_version},
+              {"info", r.info},
+              {"to_config", r.to_config.ToString()},
+              {"new_info", r.new_info},
+              {"addresses", addresses},
+              {"from_hosts", r.from_hosts},
+              {"to_hosts", r.to_hosts}};
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<Result<std::string>> replies(participants.size(), Internal("not sent"));
+  {
+    std::vector<std::thread> threads;
+    for (std::size_t i = 0; i < participants.size(); ++i) {
+      json body = req;
+      body["host"] = participants[i];
+      threads.emplace_back([&, i, text = body.dump()] {
+        replies[i] = hosts[participants[i]].client->CallJson("POST", "/v1/transform/prepare", text);
+      });
+    }
+    for (std::thread& t : threads) t.join();
+  }
+  out.prepare_seconds = Since(t0);
+  for (std::size_t i = 0; i < participants.size(); ++i) {
+    Host& h = hosts[participants[i]];
+    if (!replies[i].ok()) {
+      if (out.status.ok()) out.status = replies[i].status().WithContext("host " + std::to_string(participants[i]) + " (" + h.url + ")");
+      continue;
+    }
+    json j = json::parse(*replies[i], nullptr, false);
+    if (j.is_discarded() || !j.is_object()) {
+      if (out.status.ok()) out.status = Internal(h.url + ": malformed prepare reply");
+      continue;
+    }
+    HostTransformReport rep;
+    rep.url = h.url;
+    rep.ranks = static_cast<int>(std::count(r.to_hosts.begin(), r.to_hosts.end(), participants[i]));
+    rep.bytes_kept = j.value("bytes_kept", int64_t{0});
+    rep.bytes_local = j.value("bytes_local", int64_t{0});
+    rep.bytes_fetched = j.value("bytes_fetched", int64_t{0});
+    rep.seconds = j.value("seconds", 0.0);
+    rep.fetch_seconds = j.value("fetch_seconds", 0.0);
+    rep.local_seconds = j.value("local_seconds", 0.0);
+    rep.alloc_seconds = j.value("alloc_seconds", 0.0);
+    out.hosts.push_back(rep);
+  }
+  if (!out.status.ok()) {
+    for (int p : participants) {
+      if (hosts[p].client) (void)hosts[p].client->Abort(job, r.to_version);  // best effort
+    }
+    return out;
+  }
+  const auto t1 = std::chrono::steady_clock::now();
+  std::vector<Status> commits(participants.size());
+  {
+    std::vector<std::thread> threads;
+    for (std::size_t i = 0; i < participants.size(); ++i) {
+      threads.emplace_back([&, i] { commits[i] = hosts[participants[i]].client->Commit(job, r.to_version); });
+    }
+    for (std::thread& t : threads) t.join();
+  }
+  out.commit_seconds = Since(t1);
+  for (std::size_t i = 0; i < participants.size(); ++i) {
+    if (!commits[i].ok() && out.status.ok()) {
+      out.status = DataLoss("version " + std::to_string(r.to_version) + " of job " + job +
+                            " was prepared on every host but its commit failed on " + hosts[participants[i]].url +
+                            ": " + commits[i].ToString());
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+Result<ClusterTransformStats> TransformCluster(const Cluster& from, const std::string& job, const ParallelConfig& to,
+                                               const store::ClientOptions& client_options,
+                                               const ClusterTransformOptions& options) {
+  const auto t_start = std::chrono::steady_clock::now();
+  TP_RETURN_IF_ERROR(store::CheckJobName(job));
+  if (options.max_attempts < 1) return InvalidArgument("max_attempts must be at least 1");
+  const Cluster& target = options.to ? *options.to : from;
+  // Every host of either cluster, old ones first.
+  std::vector<Host> hosts;
+  std::map<std::string, int> index;
+  auto add = [&](const std::string& url) {
+    if (index.count(url)) return;
+    index[url] = static_cast<int>(hosts.size());
+    hosts.push_back({url, nullptr, ""});
+  };
+  for (const std::string& u : from.hosts) add(u);
+  for (const std::string& u : target.hosts) add(u);
+  for (Host& h : hosts) {
+    Result<std::unique_ptr<store::Client>> c = store::Client::Connect(h.url, client_options);
+    if (c.ok()) {
+      h.client = std::move(*c);
+    } else if (c.status().code() != StatusCode::kUnavailable) {
+      return c.status().WithContext(h.url);  // e.g. a wrong token: not a lost host
+    }
+  }
+  ClusterTransformStats stats;
+  stats.to_config = to.ToString();
+  for (int attempt = 1; attempt <= options.max_attempts; ++attempt) {
+    stats.attempts = attempt;
+    stats.lost_hosts.clear();
+    for (const Host& h : hosts) {
+      if (!h.client) stats.lost_hosts.push_back(h.url);
+    }
+    // 1. The state: the newest current version any host reports, and who holds it.
+    std::vector<std::optional<store::VersionInfo>> cur(hosts.size());
+    for (std::size_t h = 0; h < hosts.size(); ++h) {
+      if (!hosts[h].client) continue;
+      Result<store::VersionInfo> v = hosts[h].client->Version(job, std::nullopt);
+      if (v.ok()) {
+        cur[h] = std::move(*v);
+      } else if (v.status().code() == StatusCode::kUnavailable) {
+        hosts[h].client.reset();
+        stats.lost_hosts.push_back(hosts[h].url);
+      } else if (v.status().code() != StatusCode::kNotFound) {
+        return v.status().WithContext(hosts[h].url);
+      }
+    }
+    int ref = -1;
+    for (std::size_t h = 0; h < hosts.size(); ++h) {
+      if (cur[h] && (ref < 0 || cur[h]->version > cur[ref]->version)) ref = static_cast<int>(h);
+    }
+    if (ref < 0) return FailedPrecondition("no live host holds a committed version of job '" + job + "'");
+    const uint64_t version = cur[ref]->version;
+    const std::string info_text = cur[ref]->info;
+    json info = json::parse(info_text, nullptr, false);
+    if (info.is_discarded() || !info.is_object() || !info.contains("model") || !info.contains("config") ||
+        !info["config"].is_string()) {
+      return FailedPrecondition("version " + std::to_string(version) + " of job '" + job +
+                                "' has no model and config in its info");
+    }
+    TP_ASSIGN_OR_RETURN(Model model, ModelFromJson(info["model"].dump()));
+    TP_ASSIGN_OR_RETURN(ParallelConfig from_config, ParseConfig(info["config"].get<std::string>()));
+    TP_ASSIGN_OR_RETURN(Layout from_layout, MakeLayout(model, from_config));
+    TP_ASSIGN_OR_RETURN(Layout to_layout, MakeLayout(model, to));
+    stats.from_version = version;
+    stats.from_config = from_config.ToString();
+    const Cluster old_place = VersionPlacement(info_text, from);
+    Round round;
+    round.from_version = version;
+    round.info = info;
+    round.to_config = to;
+    round.from_hosts.resize(from_layout.world_size());
+    for (int r = 0; r < from_layout.world_size(); ++r) {
+      const std::size_t slot = static_cast<std::size_t>(old_place.HostOfRank(r));
+      auto it = slot < old_place.hosts.size() ? index.find(old_place.hosts[slot]) : index.end();
+      const bool holds = it != index.end() && hosts[it->second].client && cur[it->second] &&
+                         cur[it->second]->version == version && cur[it->second]->info == info_text;
+      round.from_hosts[r] = holds ? it->second : plan::kLostHost;
+    }
+    // 2. The new placement: the live hosts of the target cluster, K ranks each.
+    std::vector<int> live;
+    std::vector<std::string> live_urls;
+    for (const std::string& u : target.hosts) {
+      if (hosts[index[u]].client) {
+        live.push_back(index[u]);
+        live_urls.push_back(u);
+      }
+    }
+    const int k = target.gpus_per_host;
+    if (to_layout.world_size() > static_cast<int>(live.size()) * k) {
+      return FailedPrecondition("config " + to.ToString() + " has " + std::to_string(to_layout.world_size()) +
+                                " ranks but the live hosts of the target cluster have " +
+                                std::to_string(live.size()) + " x " + std::to_string(k) + " slots" +
+                                (stats.lost_hosts.empty() ? "" : " (lost: " + std::to_string(stats.lost_hosts.size()) + " hosts)"));
+    }
+    round.to_hosts.resize(to_layout.world_size());
+    for (int r = 0; r < to_layout.world_size(); ++r) round.to_hosts[r] = live[r / k];
+    stats.new_hosts = live_urls;
+    round.new_info = info;
+    round.new_info["config"] = to.ToString();
+    round.new_info["cluster"] = ClusterJson(live_urls, k);
+    // 3. The plan (the agents compute the same one): fails here if state is lost.
+    const auto t_plan = std::chrono::steady_clock::now();
+    TP_ASSIGN_OR_RETURN(plan::Plan p, plan::MakePlan(model, from_layout, to_layout, round.from_hosts, round.to_hosts));
+    stats.plan = p.stats;
+    stats.plan_seconds = Since(t_plan);
+    std::vector<store::Client*> live_clients;
+    for (Host& h : hosts) live_clients.push_back(h.client.get());
+    TP_ASSIGN_OR_RETURN(round.to_version, NextCommonVersion(live_clients, job));
+    Status addr_status;
+    for (Host& h : hosts) {
+      if (!h.client) continue;
+      Result<std::string> a = h.client->CallJson("GET", "/v1/transform/address");
+      if (!a.ok()) {
+        addr_status = a.status().WithContext(h.url);
+        break;
+      }
+      json aj = json::parse(*a, nullptr, false);
+      if (aj.is_discarded() || !aj.contains("address") || !aj["address"].is_string()) {
+        return Internal(h.url + ": malformed reply to GET /v1/transform/address");
+      }
+      h.address = aj["address"].get<std::string>();
+    }
+    RoundResult rr;
+    if (!addr_status.ok()) {
+      rr.status = addr_status;
+    } else if (!options.central) {
+      Log(options, "attempt " + std::to_string(attempt) + ": version " + std::to_string(version) + " (" +
+                       stats.from_config + ") -> " + std::to_string(round.to_version) + " (" + stats.to_config +
+                       ") on " + std::to_string(live.size()) + " hosts");
+      rr = RunRound(hosts, job, round);
+      stats.round_seconds = {rr.prepare_seconds + rr.commit_seconds};
+    } else {
+      // Gather on the first live target host, re-slice there, scatter.
+      const int c = live[0];
+      Round gather = round, reslice = round, scatter = round;
+      gather.to_config = from_config;
+      gather.to_hosts.assign(from_layout.world_size(), c);
+      gather.new_info = info;
+      gather.new_info["cluster"] = ClusterJson({hosts[c].url}, from_layout.world_size());
+      reslice.from_version = gather.to_version;
+      reslice.to_version = gather.to_version + 1;
+      reslice.info = gather.new_info;
+      reslice.from_hosts.assign(from_layout.world_size(), c);
+      reslice.to_hosts.assign(to_layout.world_size(), c);
+      reslice.new_info = round.new_info;
+      reslice.new_info["cluster"] = ClusterJson({hosts[c].url}, to_layout.world_size());
+      scatter.from_version = reslice.to_version;
+      scatter.to_version = reslice.to_version + 1;
+      scatter.info = reslice.new_info;
+      scatter.from_hosts.assign(to_layout.world_size(), c);
+      stats.round_seconds.clear();
+      for (Round* step : {&gather, &reslice, &scatter}) {
+        Log(options, "central: version " + std::to_string(step->from_version) + " -> " +
+                         std::to_string(step->to_version));
+        RoundResult part = RunRound(hosts, job, *step);
+        stats.round_seconds.push_back(part.prepare_seconds + part.commit_seconds);
+        rr.prepare_seconds += part.prepare_seconds;
+        rr.commit_seconds += part.commit_seconds;
+        rr.hosts = std::move(part.hosts);
+        rr.status = part.status;
+        if (!rr.status.ok()) break;
+      }
+      if (rr.status.ok()) round.to_version = scatter.to_version;
+    }
+    stats.prepare_seconds = rr.prepare_seconds;
+    stats.commit_seconds = rr.commit_seconds;
+    stats.hosts = std::move(rr.hosts);
+    if (rr.status.ok()) {
+      stats.to_version = round.to_version;
+      stats.seconds = Since(t_start);
+      return stats;
+    }
+    if (rr.status.code() == StatusCode::kDataLoss || options.central) return rr.status;
+    // Which hosts are gone? Retry without them; if none is, the error stands.
+    int newly_lost = 0;
+    for (Host& h : hosts) {
+      if (!h.client) continue;
+      if (!h.client->CallJson("GET", "/v1/health").ok()) {
+        Log(options, "host " + h.url + " does not answer: treating it as lost");
+        h.client.reset();
+        h.address.clear();
+        ++newly_lost;
+      }
+    }
+    if (newly_lost == 0) return rr.status;
+    if (attempt == options.max_attempts) {
+      return rr.status.WithContext("gave up after " + std::to_string(attempt) + " attempts");
+    }
+    Log(options, "attempt " + std::to_string(attempt) + " failed (" + rr.status.ToString() + "); re-planning");
+  }
+  return Internal("unreachable");
+}
+
+std::string ClusterTransformSummary(const ClusterTransformStats& s) {
+  int64_t kept = 0, local = 0, fetched = 0, busiest = 0;
+  for (const HostTransformReport& h : s.hosts) {
+    kept += h.bytes_kept;
+    local += h.bytes_local;
+    fetched += h.bytes_fetched;
+    busiest = std::max(busiest, h.bytes_fetched);
+  }
+  const double total = static_cast<double>(kept + local + fetched);
+  char buf[512];
+  std::snprintf(buf, sizeof(buf),
+                "job version %llu (%s) -> %llu (%s) on %zu hosts in %.2f s (prepare %.2f s, commit %.3f s, "
+                "attempts %d): kept %s, local %s, cross-host %s (busiest host %s), %.2f GB/s",
+                static_cast<unsigned long long>(s.from_version), s.from_config.c_str(),
+                static_cast<unsigned long long>(s.to_version), s.to_config.c_str(), s.new_hosts.size(), s.seconds,
+                s.prepare_seconds, s.commit_seconds, s.attempts, HumanBytes(kept).c_str(), HumanBytes(local).c_str(),
+                HumanBytes(fetched).c_str(), HumanBytes(busiest).c_str(),
+                s.seconds > 0 ? total / s.seconds / 1e9 : 0.0);
+  std::string out = buf;
+  if (!s.lost_hosts.empty()) {
+    out += "; lost hosts:";
+    for (const std::string& u : s.lost_hosts) out += " " + u;
+  }
+  return out;
+}
+
+}  // namespace tenplex::transform

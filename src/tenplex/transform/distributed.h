@@ -1,0 +1,80 @@
+// The distributed state transformation (`tenplex transform --cluster`): the committed
+// version of a job, spread over the store daemons of a cluster, becomes a new version
+// laid out for another parallel config, on the same hosts or on others.
+//
+// Coordinator (this code, in the CLI process) and agents (agent.h, one per daemon):
+//  1. Ask every host for the job's current version. The newest version that a host
+//     reports is the state; hosts that report it with the same info hold their ranks
+//     of it (the info's "cluster" says which ranks live where); the ranks of every
+//     other host (dead, restarted empty, stale) are plan::kLostHost.
+//  2. Place the new layout: new rank r on the r / K-th live host of the target cluster
+//     (`to`, default the old cluster), K = its gpus_per_host.
+//  3. Plan here too (plan::MakePlan, the same deterministic plan every agent computes):
+//     a state with no surviving replica fails now with DataLoss naming the tensor and
+//     box, before any host changed anything.
+//  4. Phase one: every host with new ranks is sent the same prepare request (with its
+//     host index), all at once; each writes its ranks into an open version v+1 from
+//     its own tensors and, over the data plane, from its peers (host_exec.h).
+//  5. Phase two: when every prepare succeeded, v+1 is committed on each of them (a
+//     rename of CURRENT there). If any prepare failed, v+1 is aborted everywhere; hosts
+//     that no longer answer are marked lost and the transform starts again from 1
+//     (at most max_attempts times). If no host was lost, the error is returned. Either
+//     way every surviving host still serves the old version, unchanged.
+// A commit is only sent after all prepares succeeded, and a prepared version needs no
+// more work than a rename to commit; a host that dies between the first and the last
+// commit loses its memory with it, and the survivors hold the new version.
+//
+// The central baseline (`--central`, for benchmarks) moves the same state the way a
+// single-process converter would, using the same agents: gather every old rank on one
+// host, re-slice there, scatter the new ranks (three rounds of the above, the first
+// and last cross-host, the middle one local).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tenplex/plan/planner.h"
+#include "tenplex/ptc/config.h"
+#include "tenplex/store/client.h"
+#include "tenplex/transform/cluster.h"
+#include "tenplex/util/status.h"
+
+namespace tenplex::transform {
+
+struct ClusterTransformOptions {
+  std::optional<Cluster> to;  // the target hosts; default: the old cluster
+  int max_attempts = 3;
+  bool central = false;
+  std::function<void(const std::string&)> log;  // progress lines (may be empty)
+};
+
+struct HostTransformReport {
+  std::string url;
+  int ranks = 0;  // new ranks placed on it
+  int64_t bytes_kept = 0, bytes_local = 0, bytes_fetched = 0;
+  double seconds = 0, fetch_seconds = 0, local_seconds = 0, alloc_seconds = 0;
+};
+
+struct ClusterTransformStats {
+  uint64_t from_version = 0, to_version = 0;
+  std::string from_config, to_config;
+  int attempts = 0;
+  std::vector<std::string> lost_hosts;  // URLs treated as lost
+  std::vector<std::string> new_hosts;   // where the new version lives (its "cluster")
+  plan::PlanStats plan;
+  std::vector<HostTransformReport> hosts;  // the last round's participants
+  double plan_seconds = 0, prepare_seconds = 0, commit_seconds = 0, seconds = 0;
+  std::vector<double> round_seconds;  // central: gather, re-slice, scatter
+};
+
+Result<ClusterTransformStats> TransformCluster(const Cluster& from, const std::string& job, const ParallelConfig& to,
+                                               const store::ClientOptions& client_options,
+                                               const ClusterTransformOptions& options = {});
+
+// "kept 1.2 GiB, local 300 MiB, cross-host 2.1 GiB (busiest host 600 MiB) in 3.4 s ..."
+std::string ClusterTransformSummary(const ClusterTransformStats& s);
+
+}  // namespace tenplex::transform

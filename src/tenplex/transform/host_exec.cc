@@ -1,0 +1,120 @@
+#include "tenplex/transform/host_exec.h"
+
+#include <chrono>
+#include <map>
+#include <thread>
+
+#include "tenplex/geometry/copy.h"
+#include "tenplex/plan/executor.h"
+#include "tenplex/transport/box_reads.h"
+
+namespace tenplex::transform {
+namespace {
+
+double Since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+int64_t OpBytes(const plan::Plan& p, const Layout& from, const plan::CopyOp& op) {
+  return Volume(op.global) * static_cast<int64_t>(DTypeSize(from.globals.at(p.tensors[op.tensor]).dtype));
+}
+
+// A plan with the same tensors and only the given ops (the executor runs them in order).
+plan::Plan SubPlan(const plan::Plan& p, std::vector<plan::CopyOp> ops, std::vector<plan::CopyOp> kept) {
+  plan::Plan sub;
+  sub.tensors = p.tensors;
+  sub.ops = std::move(ops);
+  sub.kept = std::move(kept);
+  return sub;
+}
+
+struct PeerReads {
+  std::vector<transport::ReadRequest> requests;
+  std::map<std::pair<int, int>, std::size_t> index;  // (old rank, tensor) -> request
+};
+
+}  // namespace
+
+Result<HostExecStats> ExecuteHostPart(const HostExecInput& in) {
+  const plan::Plan& p = *in.plan;
+  const Layout& from = *in.from;
+  const Layout& to = *in.to;
+  const auto& fh = *in.from_hosts;
+  const auto& th = *in.to_hosts;
+  HostExecStats stats;
+  std::vector<plan::CopyOp> kept, local, landed;
+  std::map<int, PeerReads> peers;
+  for (const plan::CopyOp& op : p.kept) {
+    if (th.at(op.dst_rank) != in.host) continue;
+    kept.push_back(op);
+    stats.bytes_kept += OpBytes(p, from, op);
+  }
+  for (const plan::CopyOp& op : p.ops) {
+    if (th.at(op.dst_rank) != in.host) continue;
+    if (op.src_new) {
+      landed.push_back(op);
+      stats.bytes_local += OpBytes(p, from, op);
+      continue;
+    }
+    const int src_host = fh.at(op.src_rank);
+    if (src_host == in.host) {
+      local.push_back(op);
+      stats.bytes_local += OpBytes(p, from, op);
+      continue;
+    }
+    if (src_host == plan::kLostHost) {
+      return Internal("the plan reads " + p.tensors[op.tensor] + " from old rank " + std::to_string(op.src_rank) +
+                      " on a lost host");
+    }
+    // Remote: the runs of the box, read from the peer's tensor into ours.
+    const LocalTensor& st = (*from.ranks.at(op.src_rank).tensors).at(op.src_tensor);
+    const LocalTensor& dt = (*to.ranks.at(op.dst_rank).tensors).at(op.dst_tensor);
+    const auto& dst_bufs = in.dst->at(op.dst_rank);
+    if (static_cast<std::size_t>(op.dst_tensor) >= dst_bufs.size() || dst_bufs[op.dst_tensor] == nullptr) {
+      return InvalidArgument("no destination buffer for rank " + std::to_string(op.dst_rank) + " tensor " + dt.name);
+    }
+    PeerReads& pr = peers[src_host];
+    auto key = std::make_pair(static_cast<int>(op.src_rank), static_cast<int>(op.src_tensor));
+    auto it = pr.index.find(key);
+    if (it == pr.index.end()) {
+      it = pr.index.emplace(key, pr.requests.size()).first;
+      pr.requests.push_back({in.region_name(op.src_rank, op.src_tensor), {}});
+    }
+    Status s = transport::AppendBoxReads(st.shape, op.src, 0, {dst_bufs[op.dst_tensor], dt.shape, op.dst},
+                                         DTypeSize(dt.dtype), &pr.requests[it->second].runs);
+    if (!s.ok()) return s.WithContext("reading " + p.tensors[op.tensor] + " " + ToString(op.global));
+    stats.bytes_fetched += OpBytes(p, from, op);
+    ++stats.remote_ops;
+  }
+  stats.peers = static_cast<int>(peers.size());
+
+  // Fetches from every peer at once, each on its own thread; local copies meanwhile.
+  auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::thread> threads;
+  std::vector<Status> fetched(peers.size());
+  std::size_t i = 0;
+  for (auto& [peer, pr] : peers) {
+    threads.emplace_back([&, peer = peer, slot = i] { fetched[slot] = in.fetch(peer, peers.at(peer).requests); });
+    ++i;
+  }
+  plan::ExecuteOptions opts;
+  opts.pool = in.pool;
+  opts.zero_padding = false;
+  Status local_status =
+      plan::ExecutePlan(SubPlan(p, std::move(local), std::move(kept)), from, to, *in.src, *in.dst, opts);
+  stats.local_seconds = Since(t0);
+  for (std::thread& t : threads) t.join();
+  stats.fetch_seconds = Since(t0);
+  TP_RETURN_IF_ERROR(local_status);
+  i = 0;
+  for (const auto& [peer, pr] : peers) {
+    if (!fetched[i].ok()) return fetched[i].WithContext("fetching from host " + std::to_string(peer));
+    ++i;
+  }
+  auto t1 = std::chrono::steady_clock::now();
+  TP_RETURN_IF_ERROR(plan::ExecutePlan(SubPlan(p, std::move(landed), {}), from, to, *in.src, *in.dst, opts));
+  stats.landed_seconds = Since(t1);
+  return stats;
+}
+
+}  // namespace tenplex::transform
