@@ -63,6 +63,7 @@ Status Serve(const ServeOpts& o) {
   if (o.transport != "none") {
     transform::AgentOptions ao;
     ao.transport = o.transport;
+    if (const char* fault = std::getenv("TENPLEX_FAULT")) ao.fault = fault;
     TP_ASSIGN_OR_RETURN(agent, transform::Agent::Create(*st, ao));
     agent->Install(server);
   }

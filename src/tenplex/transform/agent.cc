@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -158,6 +160,10 @@ Result<std::string> Agent::Impl::Prepare(const std::string& body) {
   Result<MappedDests> dst = AllocateDests(store, r.job, v, to, &r.to_hosts, r.host);
   if (!dst.ok()) return fail(dst.status());
   const double alloc_seconds = Since(t1);
+  if (options.fault == "exit-in-prepare") {
+    std::fprintf(stderr, "tenplex store: fault injection: exiting in the middle of a prepare\n");
+    std::_Exit(137);  // as if SIGKILLed: peers may be reading from us right now
+  }
 
   // Connections to the peers this host reads from (Connect replaces a failed one).
   std::vector<transport::PeerId> peer_ids(r.addresses.size(), 0);

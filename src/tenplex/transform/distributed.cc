@@ -230,6 +230,8 @@ Result<ClusterTransformStats> TransformCluster(const Cluster& from, const std::s
     }
     round.to_hosts.resize(to_layout.world_size());
     for (int r = 0; r < to_layout.world_size(); ++r) round.to_hosts[r] = live[r / k];
+    // The version lives on the hosts that get ranks (a prefix of the live ones).
+    live_urls.resize(static_cast<std::size_t>((to_layout.world_size() + k - 1) / k));
     stats.new_hosts = live_urls;
     round.new_info = info;
     round.new_info["config"] = to.ToString();
