@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -123,6 +124,9 @@ struct Agent::Impl {
   AgentOptions options;
   std::unique_ptr<transport::Transport> transport;
 
+  int fault_at = 0;  // exit in this prepare (1-based); 0: never
+  std::atomic<int> prepares{0};
+
   explicit Impl(store::Store& s, AgentOptions o) : store(s), options(std::move(o)) {}
 
   // Peers read committed tensors only, by store path.
@@ -160,7 +164,7 @@ Result<std::string> Agent::Impl::Prepare(const std::string& body) {
   Result<MappedDests> dst = AllocateDests(store, r.job, v, to, &r.to_hosts, r.host);
   if (!dst.ok()) return fail(dst.status());
   const double alloc_seconds = Since(t1);
-  if (options.fault == "exit-in-prepare") {
+  if (fault_at > 0 && ++prepares == fault_at) {
     std::fprintf(stderr, "tenplex store: fault injection: exiting in the middle of a prepare\n");
     std::_Exit(137);  // as if SIGKILLed: peers may be reading from us right now
   }
@@ -249,6 +253,16 @@ Agent::~Agent() = default;
 
 Result<std::unique_ptr<Agent>> Agent::Create(store::Store& store, const AgentOptions& options) {
   auto impl = std::make_unique<Impl>(store, options);
+  if (!options.fault.empty()) {
+    const std::string f = options.fault;
+    const std::string kind = f.substr(0, f.find(':'));
+    const std::string n = f.find(':') == std::string::npos ? "1" : f.substr(f.find(':') + 1);
+    if (kind != "exit-in-prepare" || n.empty() || n.size() > 6 || n.find_first_not_of("0123456789") != std::string::npos ||
+        std::stoi(n) < 1) {
+      return InvalidArgument("fault '" + f + "': expected exit-in-prepare or exit-in-prepare:N (N >= 1)");
+    }
+    impl->fault_at = std::stoi(n);
+  }
   Impl* raw = impl.get();
   TP_ASSIGN_OR_RETURN(impl->transport,
                       transport::NewTransport(options.transport,

@@ -43,8 +43,9 @@ namespace tenplex::transform {
 struct AgentOptions {
   std::string transport = "ucx";  // "ucx" or "inproc" (tests within one process)
   transport::TransportOptions transport_options;
-  // Fault injection for failure tests: "exit-in-prepare" makes the process exit (as
-  // if killed) in a prepare, after allocating its new tensors and before copying.
+  // Fault injection for failure tests: "exit-in-prepare[:N]" makes the process exit
+  // (as if killed) in its N-th prepare (default 1st), after allocating its new tensors
+  // and before copying.
   // `tenplex store serve` takes it from the environment variable TENPLEX_FAULT.
   std::string fault;
 };

@@ -1,0 +1,208 @@
+#!/usr/bin/python3
+"""Integration test of `tenplex transform --cluster`: 4 store daemons as 4 hosts
+(2 GPUs each) on loopback, bytes between them over UCX.
+
+Usage: cluster_transform_test.py TENPLEX_BIN
+
+- a synthetic checkpoint (`tenplex ckpt init`: every element a function of its global
+  index) is loaded, transformed through tp, pp, dp and zero changes, and after each
+  transform saved back from the daemons and checked element by element by
+  `tenplex ckpt verify` (the spec's slicing of the synthetic global tensors); the JSON
+  stats must show cross-host bytes equal to the lower bound and to the bytes the hosts
+  fetched;
+- --to-cluster moves the state to two other daemons (4 GPUs each);
+- a daemon killed (SIGKILL) before a transform, and a daemon that dies in the middle
+  of its prepare (TENPLEX_FAULT=exit-in-prepare) are survived from the dp replicas,
+  the result verified;
+- with no replica (zero=1 optimizer shards) a lost host fails with a clear error and
+  every survivor still serves the old version, with no newer version left behind.
+"""
+import json
+import os
+import re
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+TENPLEX = sys.argv[1]
+
+
+def check(cond, msg):
+    if not cond:
+        print("FAIL:", msg)
+        sys.exit(1)
+
+
+class Daemon:
+    def __init__(self, env=None):
+        self.proc = subprocess.Popen([TENPLEX, "store", "serve", "--listen", "127.0.0.1:0"],
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     env=dict(os.environ, **(env or {})))
+        line, deadline = b"", time.time() + 20
+        while time.time() < deadline and not line.endswith(b"\n"):
+            r, _, _ = select.select([self.proc.stdout], [], [], 0.2)
+            if r:
+                c = os.read(self.proc.stdout.fileno(), 1)
+                if not c:
+                    break
+                line += c
+        m = re.search(r"http://127\.0\.0\.1:(\d+)", line.decode())
+        check(m, "daemon did not announce its address: %r" % line)
+        self.url = "http://127.0.0.1:%s" % m.group(1)
+
+    def get(self, path):
+        with urllib.request.urlopen(self.url + path, timeout=20) as r:
+            return json.loads(r.read())
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(20)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def run(*args, expect_ok=True):
+    p = subprocess.run([TENPLEX, *args], capture_output=True, text=True, timeout=300)
+    if expect_ok:
+        check(p.returncode == 0, "%s failed: %s%s" % (" ".join(args), p.stdout, p.stderr))
+    else:
+        check(p.returncode != 0, "%s should have failed: %s" % (" ".join(args), p.stdout))
+        check("error" in p.stderr and "Traceback" not in p.stderr, "unclear error: %r" % p.stderr)
+    return p
+
+
+def write_cluster(path, daemons, k):
+    with open(path, "w") as f:
+        json.dump({"hosts": [d.url for d in daemons], "gpus_per_host": k}, f)
+
+
+def transform(cluster, to, *extra):
+    p = run("transform", "--cluster", cluster, "--job", "j", "--to", to, "--json", *extra)
+    s = json.loads(p.stdout)
+    fetched = sum(h["bytes_fetched"] for h in s["hosts"])
+    if not s["central"]:  # (the central baseline reports its last round, the scatter)
+        check(s["plan"]["bytes_cross_host"] == s["plan"]["cross_host_lower_bound"] == fetched,
+              "cross-host bytes %r vs fetched %d" % (s["plan"], fetched))
+    print("%s -> %s: v%d, %d attempt(s), lost %s, %.3f s, fetched %d B" %
+          (s["from"], s["to"], s["to_version"], s["attempts"], s["lost_hosts"], s["seconds"], fetched))
+    return s
+
+
+def canon(config):
+    c = {"tp": "1", "pp": "1", "dp": "1", "zero": "0"}
+    for kv in config.split(","):
+        k, v = kv.split("=")
+        if k in c:
+            c[k] = v
+    return c
+
+
+def verify(tmp, cluster, config):
+    out = os.path.join(tmp, "out")
+    shutil.rmtree(out, ignore_errors=True)
+    run("store", "save", "--cluster", cluster, "--job", "j", "--out", out)
+    with open(os.path.join(out, "tenplex.json")) as f:
+        saved = json.load(f)
+    check(canon(saved["config"]) == canon(config), "saved config %r, expected %r" % (saved["config"], config))
+    run("ckpt", "verify", "--in", out)
+
+
+def main():
+    tmp = tempfile.mkdtemp(prefix="tenplex-transform-test-")
+    daemons = []
+    try:
+        daemons = [Daemon() for _ in range(4)]
+        cluster = os.path.join(tmp, "cluster.json")
+        write_cluster(cluster, daemons, 2)
+        model = os.path.join(tmp, "m.json")
+        run("model", "gpt", "--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "4",
+            "--num-query-groups", "2", "--ffn-hidden-size", "48", "--vocab-size", "301",
+            "--make-vocab-size-divisible-by", "8", "--max-position-embeddings", "16", "--swiglu",
+            "-o", model)
+        ckpt = os.path.join(tmp, "in")
+        run("ckpt", "init", "--model", model, "--config", "tp=2,pp=2,dp=2,zero=1", "--out", ckpt, "--seed", "5")
+        run("store", "load", "--cluster", cluster, "--job", "j", "--dir", ckpt)
+
+        # Every dimension, byte-exact.
+        for to in ["tp=2,pp=4", "tp=1,pp=2,dp=4,zero=1", "tp=2,pp=2,dp=2", "tp=2,dp=4,zero=1",
+                   "tp=2,pp=2,dp=2"]:
+            s = transform(cluster, to)
+            check(s["attempts"] == 1 and not s["lost_hosts"], "unexpected retry: %r" % s)
+            verify(tmp, cluster, to)
+        s = transform(cluster, "tp=1,pp=4,dp=2", "--central")
+        check(len(s["round_seconds"]) == 3, "central baseline has 3 rounds")
+        verify(tmp, cluster, "tp=1,pp=4,dp=2")
+
+        # Redeployment onto two other daemons with 4 GPUs each.
+        extra = [Daemon() for _ in range(2)]
+        daemons += extra
+        other = os.path.join(tmp, "other.json")
+        write_cluster(other, extra, 4)
+        s = transform(cluster, "tp=2,pp=2,dp=2", "--to-cluster", other)
+        check(s["new_hosts"] == [d.url for d in extra], "new hosts %r" % s["new_hosts"])
+        both = os.path.join(tmp, "both.json")
+        write_cluster(both, daemons, 2)
+        verify(tmp, both, "tp=2,pp=2,dp=2")
+        # ... and back onto the first four.
+        s = transform(other, "tp=2,pp=2,dp=2", "--to-cluster", cluster)
+        verify(tmp, cluster, "tp=2,pp=2,dp=2")
+
+        # A host killed before the transform: replicas on the others survive it.
+        daemons[3].kill()
+        s = transform(cluster, "tp=2,dp=3")
+        check(s["lost_hosts"] == [daemons[3].url], "lost %r" % s["lost_hosts"])
+        check(len(s["new_hosts"]) == 3, "new hosts %r" % s["new_hosts"])
+        verify(tmp, cluster, "tp=2,dp=3")
+
+        # A host that dies in the middle of its prepare (its second one), while it holds
+        # old state that its peers may be fetching: the transform is retried without it,
+        # from the replicas on the others.
+        faulty = Daemon({"TENPLEX_FAULT": "exit-in-prepare:2"})
+        daemons.append(faulty)
+        c4 = os.path.join(tmp, "c4.json")
+        write_cluster(c4, [daemons[0], daemons[1], daemons[2], faulty], 2)
+        s = transform(cluster, "tp=2,pp=2,dp=2", "--to-cluster", c4)
+        check(s["attempts"] == 1 and faulty.url in s["new_hosts"], "first move onto the faulty host: %r" % s)
+        f4 = os.path.join(tmp, "f4.json")
+        write_cluster(f4, [faulty, daemons[0], daemons[1], daemons[2]], 2)
+        s = transform(c4, "tp=1,pp=2,dp=3", "--to-cluster", f4, "--attempts", "3")
+        check(faulty.proc.poll() is not None, "the faulty daemon did not exit")
+        check(s["attempts"] == 2 and s["lost_hosts"] == [faulty.url], "no retry after the fault: %r" % s)
+        check(s["new_hosts"] == [d.url for d in daemons[:3]], "new hosts %r" % s["new_hosts"])
+        verify(tmp, f4, "tp=1,pp=2,dp=3")
+
+        # Total loss: zero=1 optimizer shards have no replica.
+        transform(f4, "tp=2,pp=1,dp=3,zero=1")
+        before = [d.get("/v1/jobs/j")["current"] for d in daemons[:3]]
+        daemons[2].kill()
+        p = run("transform", "--cluster", f4, "--job", "j", "--to", "tp=2,pp=1,dp=2", expect_ok=False)
+        check("no surviving replica" in p.stderr, "unclear total-loss error: %r" % p.stderr)
+        for d, b in zip(daemons[:2], before[:2]):
+            j = d.get("/v1/jobs/j")
+            check(j["current"] == b and all(v["version"] <= b for v in j["versions"]),
+                  "survivor changed after a failed transform: %r" % j)
+
+        # Bad input.
+        run("transform", "--cluster", cluster, "--job", "j", "--to", "tp=zz", expect_ok=False)
+        run("transform", "--cluster", os.path.join(tmp, "missing.json"), "--job", "j", "--to", "tp=1",
+            expect_ok=False)
+        print("PASS")
+    finally:
+        for d in daemons:
+            d.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+main()
