@@ -10,6 +10,8 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <set>
+#include <unordered_map>
 
 #include "tenplex/model/model.h"
 #include "tenplex/plan/planner.h"
@@ -129,12 +131,50 @@ struct Agent::Impl {
 
   explicit Impl(store::Store& s, AgentOptions o) : store(s), options(std::move(o)) {}
 
+  // Maps of the committed tensors peers read, kept between requests: a fresh map of
+  // a tmpfs file starts with empty page tables, and on some machines a page fault
+  // costs more than copying the page, so every map is pre-faulted once and reused.
+  // Committed tensors never change; an entry is dropped when its tensor is gone (its
+  // version released) or replaced, checked at every prepare (Purge).
+  std::mutex cache_mu;
+  std::unordered_map<std::string, std::shared_ptr<const store::TensorRef>> cache;
+
   // Peers read committed tensors only, by store path.
-  Result<transport::Region> Lookup(std::string_view name) const {
-    TP_ASSIGN_OR_RETURN(store::TensorRef ref, store.Get(std::string(name)));
-    if (!ref.info().committed) return NotFound(std::string(name) + " is not committed");
-    auto hold = std::make_shared<store::TensorRef>(std::move(ref));
-    return transport::Region{hold->data(), hold->size(), hold};
+  Result<transport::Region> Lookup(std::string_view name) {
+    const std::string path(name);
+    TP_ASSIGN_OR_RETURN(store::TensorInfo meta, store.Meta(path));
+    if (!meta.committed) return NotFound(path + " is not committed");
+    {
+      std::lock_guard<std::mutex> lock(cache_mu);
+      auto it = cache.find(path);
+      if (it != cache.end() && it->second->info().file == meta.file) {
+        return transport::Region{it->second->data(), it->second->size(), it->second};
+      }
+    }
+    TP_ASSIGN_OR_RETURN(std::shared_ptr<const store::TensorRef> ref, Warm(path));
+    return transport::Region{ref->data(), ref->size(), ref};
+  }
+
+  Result<std::shared_ptr<const store::TensorRef>> Warm(const std::string& path) {
+    TP_ASSIGN_OR_RETURN(store::TensorRef ref, store.Get(path));
+    if (!ref.info().committed) return NotFound(path + " is not committed");
+    ref.Prefault();
+    auto hold = std::make_shared<const store::TensorRef>(std::move(ref));
+    std::lock_guard<std::mutex> lock(cache_mu);
+    cache[path] = hold;
+    return hold;
+  }
+
+  void Purge() {
+    std::lock_guard<std::mutex> lock(cache_mu);
+    for (auto it = cache.begin(); it != cache.end();) {
+      Result<store::TensorInfo> meta = store.Meta(it->first);
+      if (!meta.ok() || meta->file != it->second->info().file) {
+        it = cache.erase(it);
+      } else {
+        ++it;
+      }
+    }
   }
 
   Result<std::string> Prepare(const std::string& body);
@@ -153,6 +193,19 @@ Result<std::string> Agent::Impl::Prepare(const std::string& body) {
   }
   TP_ASSIGN_OR_RETURN(plan::Plan p, plan::MakePlan(r.model, from, to, r.from_hosts, r.to_hosts));
   const double plan_seconds = Since(t0);
+  // The old tensors of this host that peers will read: mapped and pre-faulted now, so
+  // that serving them does not fault page by page on the transport's thread.
+  Purge();
+  std::set<std::pair<int, int>> served;
+  for (const plan::CopyOp& op : p.ops) {
+    if (!op.src_new && r.from_hosts[op.src_rank] == r.host && r.to_hosts[op.dst_rank] != r.host) {
+      served.insert({op.src_rank, op.src_tensor});
+    }
+  }
+  std::vector<std::pair<int, int>> warm(served.begin(), served.end());
+  ThreadPool::Default().ParallelFor(warm.size(), [&](std::size_t i) {
+    (void)Warm(TensorPathOf(r.job, r.from_version, warm[i].first, (*from.ranks[warm[i].first].tensors)[warm[i].second].name));
+  });
   TP_ASSIGN_OR_RETURN(MappedSources src, MapSources(store, r.job, r.from_version, from, &r.from_hosts, r.host));
 
   auto t1 = std::chrono::steady_clock::now();

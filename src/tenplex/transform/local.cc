@@ -60,6 +60,11 @@ Result<MappedSources> MapSources(const store::Store& store, const std::string& j
       m.refs[r.rank].push_back(std::move(ref).value());
     }
   }
+  std::vector<const store::TensorRef*> all;
+  for (const auto& rank : m.refs) {
+    for (const store::TensorRef& ref : rank) all.push_back(&ref);
+  }
+  ThreadPool::Default().ParallelFor(all.size(), [&](std::size_t i) { all[i]->Prefault(); });
   return m;
 }
 
@@ -76,6 +81,11 @@ Result<MappedDests> AllocateDests(store::Store& store, const std::string& job, u
       m.writers[r.rank].push_back(std::move(w));
     }
   }
+  std::vector<const store::TensorWriter*> all;
+  for (const auto& rank : m.writers) {
+    for (const store::TensorWriter& w : rank) all.push_back(&w);
+  }
+  ThreadPool::Default().ParallelFor(all.size(), [&](std::size_t i) { all[i]->Prefault(); });
   return m;
 }
 

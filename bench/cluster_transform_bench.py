@@ -1,0 +1,233 @@
+#!/usr/bin/python3
+"""Benchmark of the distributed state transformation (`tenplex transform --cluster`).
+
+Store daemons on this machine play the hosts (2 GPUs each), connected over UCX. A
+synthetic GPT state with Adam (fp32; gpt3-350m: about 4.6 GiB) is loaded and
+transformed; each case is run twice from the same loaded state: ours (every host moves
+its share in parallel) and the central baseline (`--central`: one host gathers all
+state, re-slices it, scatters it: what a single-process converter does).
+
+Limits, measured in the same run:
+  fetch_gbps  UCX fetch bandwidth between two daemons (POST /v1/transform/probe)
+  write_gbps  writing fresh shared memory in a daemon (allocate + memcpy), which is
+              what every new byte of a new version costs
+  limit (s)   max over hosts of  fetched_h / fetch_gbps + (kept_h + local_h) / write_gbps
+              (hosts work in parallel, as separate machines would)
+Note that here all daemons share this machine's cores and memory bus, which separate
+hosts would not: docs/transform.md discusses what that means for the ratio.
+
+Figures:
+  per-dimension (paper Fig. 14): 4 hosts; from tp=2,pp=2 on 4 GPUs to 8 GPUs with a
+      DP, a TP and a PP change;
+  cluster size (paper Fig. 15): 2, 4, 8 hosts; a TP change over all of their GPUs.
+
+Usage: cluster_transform_bench.py [--tenplex build/bin/tenplex] [--model gpt3-350m]
+       [--out docs/benchmarks] [--quick] [--figures dims,size]
+"""
+import argparse
+import csv
+import json
+import os
+import re
+import select
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+ARGS = None
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+class Daemon:
+    def __init__(self):
+        self.proc = subprocess.Popen([ARGS.tenplex, "store", "serve", "--listen", "127.0.0.1:0"],
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        line, deadline = b"", time.time() + 30
+        while time.time() < deadline and not line.endswith(b"\n"):
+            r, _, _ = select.select([self.proc.stdout], [], [], 0.2)
+            if r:
+                c = os.read(self.proc.stdout.fileno(), 1)
+                if not c:
+                    break
+                line += c
+        m = re.search(r"http://127\.0\.0\.1:(\d+)", line.decode())
+        if not m:
+            sys.exit("daemon did not start: %r" % line)
+        self.url = "http://127.0.0.1:%s" % m.group(1)
+
+    def call(self, method, path, body=None):
+        req = urllib.request.Request(self.url + path, method=method,
+                                     data=None if body is None else json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=600) as r:
+            return json.loads(r.read() or b"null")
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+def tenplex(*args):
+    p = subprocess.run([ARGS.tenplex, *args], capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.exit("tenplex %s failed:\n%s%s" % (" ".join(args), p.stdout, p.stderr))
+    return p.stdout
+
+
+def probe(daemons):
+    """Two-daemon limits, then the same probe on every daemon at once (daemon i fetching
+    from daemon i+1): the aggregate this machine sustains when all hosts work together."""
+    addrs = [d.call("GET", "/v1/transform/address")["address"] for d in daemons]
+    pair = daemons[0].call("POST", "/v1/transform/probe", {"address": addrs[1], "bytes": 256 << 20})
+    results = [None] * len(daemons)
+
+    def one(i):
+        results[i] = daemons[i].call("POST", "/v1/transform/probe",
+                                     {"address": addrs[(i + 1) % len(daemons)], "bytes": 128 << 20})
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(daemons))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    pair["all_fetch_gbps"] = sum(r["fetch_gbps"] for r in results)
+    pair["all_write_gbps"] = sum(r["fresh_write_gbps"] for r in results)
+    return pair
+
+
+class Cluster:
+    def __init__(self, hosts, tmp):
+        self.daemons = [Daemon() for _ in range(hosts)]
+        self.file = os.path.join(tmp, "cluster-%d.json" % hosts)
+        with open(self.file, "w") as f:
+            json.dump({"hosts": [d.url for d in self.daemons], "gpus_per_host": 2}, f)
+        self.limits = probe(self.daemons)
+
+    def stop(self):
+        for d in self.daemons:
+            d.stop()
+
+
+def checkpoint(tmp, config):
+    """A synthetic checkpoint on disk (kept for the whole run)."""
+    path = os.path.join(tmp, "ckpt-" + config.replace(",", "_").replace("=", ""))
+    if not os.path.exists(path):
+        t0 = time.time()
+        tenplex("ckpt", "init", "--model", ARGS.model, "--config", config, "--out", path)
+        log("  checkpoint %s written in %.1f s" % (config, time.time() - t0))
+    return path
+
+
+def transform_once(cluster, ckpt, job, to, central):
+    tenplex("store", "load", "--cluster", cluster.file, "--job", job, "--dir", ckpt)
+    args = ["transform", "--cluster", cluster.file, "--job", job, "--to", to, "--json", "--quiet"]
+    if central:
+        args.append("--central")
+    s = json.loads(tenplex(*args))
+    for d in cluster.daemons:
+        try:
+            d.call("DELETE", "/v1/jobs/" + job)
+        except urllib.error.HTTPError:
+            pass  # a host that holds nothing of the job
+    return s
+
+
+def measure(figure, case, cluster, tmp, frm, to):
+    ckpt = checkpoint(tmp, frm)
+    ours = transform_once(cluster, ckpt, "bench", to, central=False)
+    central = transform_once(cluster, ckpt, "bench", to, central=True)
+    fetch_gbps = cluster.limits["fetch_gbps"]
+    write_gbps = cluster.limits["fresh_write_gbps"]
+    per_host = [h["bytes_fetched"] / fetch_gbps / 1e9 + (h["bytes_kept"] + h["bytes_local"]) / write_gbps / 1e9
+                for h in ours["hosts"]]
+    limit = max(per_host)
+    fetched = sum(h["bytes_fetched"] for h in ours["hosts"])
+    written = sum(h["bytes_kept"] + h["bytes_local"] for h in ours["hosts"])
+    machine_limit = (fetched / cluster.limits["all_fetch_gbps"] + written / cluster.limits["all_write_gbps"]) / 1e9
+    busiest = max(h["bytes_fetched"] for h in ours["hosts"])
+    local = sum(h["bytes_kept"] + h["bytes_local"] for h in ours["hosts"])
+    row = {
+        "figure": figure, "case": case, "hosts": len(cluster.daemons), "from": frm, "to": to,
+        "state_bytes": ours["plan"]["bytes_total"], "cross_bytes": ours["plan"]["bytes_cross_host"],
+        "busiest_host_cross_bytes": busiest, "local_bytes": local,
+        "ours_s": round(ours["seconds"], 3), "ours_prepare_s": round(ours["prepare_seconds"], 3),
+        "central_s": round(central["seconds"], 3),
+        "central_rounds_s": "/".join("%.2f" % x for x in central["round_seconds"]),
+        "limit_s": round(limit, 3), "ratio_to_limit": round(ours["seconds"] / limit, 2),
+        "machine_limit_s": round(machine_limit, 3),
+        "ratio_to_machine_limit": round(ours["seconds"] / machine_limit, 2),
+        "speedup_vs_central": round(central["seconds"] / ours["seconds"], 2),
+        "fetch_gbps": round(fetch_gbps, 2), "write_gbps": round(write_gbps, 2),
+        "all_fetch_gbps": round(cluster.limits["all_fetch_gbps"], 2),
+        "all_write_gbps": round(cluster.limits["all_write_gbps"], 2),
+    }
+    log("  %-4s %-12s -> %-22s ours %6.2f s  central %6.2f s (%s)  limit %5.2f s  ours/limit %.2f  "
+        "machine limit %5.2f s  ours/machine %.2f  central/ours %.2f" %
+        (case, frm, to, row["ours_s"], row["central_s"], row["central_rounds_s"], row["limit_s"],
+         row["ratio_to_limit"], row["machine_limit_s"], row["ratio_to_machine_limit"], row["speedup_vs_central"]))
+    return row
+
+
+def main():
+    global ARGS
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tenplex", default="build/bin/tenplex")
+    ap.add_argument("--model", default=None, help="preset or model JSON (default gpt3-350m, --quick: a small GPT)")
+    ap.add_argument("--out", default="docs/benchmarks")
+    ap.add_argument("--quick", action="store_true", help="a small model, for a smoke run")
+    ap.add_argument("--figures", default="dims,size")
+    ARGS = ap.parse_args()
+    tmp = tempfile.mkdtemp(prefix="tenplex-bench-", dir="/tmp")
+    if ARGS.model is None:
+        if ARGS.quick:
+            ARGS.model = os.path.join(tmp, "small.json")
+            tenplex("model", "gpt", "--num-layers", "4", "--hidden-size", "256", "--num-attention-heads", "16",
+                    "--vocab-size", "5000", "-o", ARGS.model)
+        else:
+            ARGS.model = "gpt3-350m"
+    os.makedirs(ARGS.out, exist_ok=True)
+    rows = []
+    figures = ARGS.figures.split(",")
+    try:
+        if "dims" in figures:
+            log("reconfiguration per dimension (4 hosts x 2 GPUs, %s with Adam):" % ARGS.model)
+            c = Cluster(4, tmp)
+            log("  limits: UCX fetch %.2f GB/s between two daemons, fresh shared-memory write %.2f GB/s, "
+                "memcpy %.2f GB/s; all daemons at once: fetch %.2f GB/s, fresh write %.2f GB/s" %
+                (c.limits["fetch_gbps"], c.limits["fresh_write_gbps"], c.limits["memcpy_gbps"],
+                 c.limits["all_fetch_gbps"], c.limits["all_write_gbps"]))
+            try:
+                for case, to in [("DP", "tp=2,pp=2,dp=2,zero=1"), ("TP", "tp=4,pp=2"), ("PP", "tp=2,pp=4")]:
+                    rows.append(measure("dims", case, c, tmp, "tp=2,pp=2", to))
+            finally:
+                c.stop()
+        if "size" in figures:
+            log("reconfiguration against cluster size (TP change over all GPUs):")
+            for hosts in ([2, 4] if ARGS.quick else [2, 4, 8]):
+                c = Cluster(hosts, tmp)
+                try:
+                    gpus = 2 * hosts
+                    rows.append(measure("size", "TP", c, tmp, "tp=%d,pp=2" % (gpus // 2), "tp=%d" % gpus))
+                finally:
+                    c.stop()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    path = os.path.join(ARGS.out, "cluster_transform.csv")
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
+        w.writeheader()
+        w.writerows(rows)
+    log("wrote", path)
+
+
+main()
