@@ -1,13 +1,37 @@
 """End to end: an elastic schedule (tensor and pipeline changes, a killed worker) gives the
 same samples and losses, step by step, as a static run of the same steps.
 
-usage: elastic_run_test.py TENPLEX_BIN REPO_ROOT
+usage: elastic_run_test.py TENPLEX_BIN REPO_ROOT [--cluster]
+
+With --cluster the elastic run keeps its state in 2 store daemons (1 GPU per host), so
+every reconfiguration is a distributed transform over UCX between them; the static
+run uses the embedded store.
 """
 import json
 import os
+import re
+import select
 import subprocess
 import sys
 import tempfile
+import time
+
+
+def start_daemon(tenplex):
+    proc = subprocess.Popen([tenplex, "store", "serve", "--listen", "127.0.0.1:0"], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL)
+    line, deadline = b"", time.time() + 20
+    while time.time() < deadline and not line.endswith(b"\n"):
+        r, _, _ = select.select([proc.stdout], [], [], 0.2)
+        if r:
+            c = os.read(proc.stdout.fileno(), 1)
+            if not c:
+                break
+            line += c
+    m = re.search(r"http://127\.0\.0\.1:(\d+)", line.decode())
+    if not m:
+        raise SystemExit("daemon did not start: %r" % line)
+    return proc, "http://127.0.0.1:%s" % m.group(1)
 
 
 def steps_of(log):
@@ -23,7 +47,7 @@ def steps_of(log):
     return last, events
 
 
-def run(tenplex, repo, tmp, name, schedule, model, baseline=None):
+def run(tenplex, repo, tmp, name, schedule, model, baseline=None, cluster=None):
     sched = os.path.join(tmp, name + ".json")
     with open(sched, "w") as f:
         json.dump(schedule, f)
@@ -32,6 +56,8 @@ def run(tenplex, repo, tmp, name, schedule, model, baseline=None):
            "--hang-seconds", "240"]
     if baseline:
         cmd += ["--baseline", baseline]
+    if cluster:
+        cmd += ["--cluster", cluster]
     cmd += ["--", "/usr/bin/python3", os.path.join(repo, "examples/gpt/train.py"), "--model", model,
             "--global-batch-size", "8", "--micro-batch-size", "2", "--seq-length", "32"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
@@ -44,7 +70,9 @@ def run(tenplex, repo, tmp, name, schedule, model, baseline=None):
 
 def main():
     tenplex, repo = sys.argv[1], sys.argv[2]
+    use_cluster = len(sys.argv) > 3 and sys.argv[3] == "--cluster"
     failures = []
+    daemons = []
 
     def check(cond, what):
         print(("ok: " if cond else "FAIL: ") + what)
@@ -52,6 +80,12 @@ def main():
             failures.append(what)
 
     with tempfile.TemporaryDirectory() as tmp:
+        cluster = None
+        if use_cluster:
+            daemons = [start_daemon(tenplex) for _ in range(2)]
+            cluster = os.path.join(tmp, "cluster.json")
+            with open(cluster, "w") as f:
+                json.dump({"hosts": [u for _, u in daemons], "gpus_per_host": 1}, f)
         model = os.path.join(tmp, "model.json")
         subprocess.run([tenplex, "model", "gpt", "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
                         "--num-query-groups", "2", "--swiglu", "--vocab-size", "200", "--make-vocab-size-divisible-by", "16",
@@ -62,7 +96,12 @@ def main():
                    {"step": 2, "config": "pp=2"},
                    {"step": 4, "config": "dp=2,zero=1", "kill_ranks": [1]},
                    {"step": n, "stop": True}]
-        log, out = run(tenplex, repo, tmp, "elastic", elastic, model, baseline=static_log)
+        try:
+            log, out = run(tenplex, repo, tmp, "elastic", elastic, model, baseline=static_log, cluster=cluster)
+        finally:
+            for proc, _ in daemons:
+                proc.terminate()
+                proc.wait(20)
         base, _ = steps_of(static_log)
         got, events = steps_of(log)
         check(sorted(got) == list(range(n)), f"every step logged: {sorted(got)}")

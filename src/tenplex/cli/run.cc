@@ -13,6 +13,10 @@ void RegisterRun(CLI::App& app, Context& ctx) {
   cmd->add_option("--model", o->model_path, "Model JSON or preset (default: --model of the command)");
   cmd->add_option("--job", o->job, "Job name in the store");
   cmd->add_option("--shm-dir", o->shm_dir, "Store directory (default: a fresh one in /dev/shm, removed at exit)");
+  cmd->add_option("--cluster", o->cluster_path,
+                  "Keep the state in the store daemons of this cluster file (docs/transform.md) instead of an "
+                  "embedded store; needs --work-dir");
+  cmd->add_option("--token", o->token, "Bearer token of the daemons (or TENPLEX_TOKEN)");
   cmd->add_option("--work-dir", o->work_dir, "Hand-off files and worker logs (default: inside the store directory)");
   cmd->add_option("--hang-seconds", o->hang_seconds, "Fail when no step completes for this long");
   cmd->add_option("--baseline", o->baseline_log, "Log of a static run to compare losses and samples with");

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -21,6 +22,9 @@
 #include "tenplex/runtime/schedule.h"
 #include "tenplex/store/parse.h"
 #include "tenplex/store/store.h"
+#include "tenplex/store/client.h"
+#include "tenplex/transform/cluster.h"
+#include "tenplex/transform/distributed.h"
 #include "tenplex/transform/local.h"
 #include "tenplex/util/file.h"
 #include "tenplex/util/format.h"
@@ -141,16 +145,189 @@ std::string TensorPath(const std::string& job, uint64_t v, int rank, const std::
   return "jobs/" + job + "/" + std::to_string(v) + "/" + store::RankSegment(rank) + "/" + name;
 }
 
+// Where the job's state lives between segments: the store embedded in the runner, or
+// the store daemons of a cluster file (rank r on host r / K, every daemon on this
+// machine so that workers map its shared memory). The runner drives both the same way.
+class StateBackend {
+ public:
+  virtual ~StateBackend() = default;
+  virtual std::string work_dir() const = 0;
+  // Opens a new version laid out for `layout`, every tensor allocated (zero-filled).
+  virtual Result<uint64_t> BeginLayout(const std::string& job, const Layout& layout, json info) = 0;
+  // The shared-memory file of every tensor of every rank of version v.
+  virtual Result<std::vector<std::map<std::string, std::string>>> Files(const std::string& job, uint64_t v,
+                                                                        const Layout& layout) = 0;
+  virtual Status Commit(const std::string& job, uint64_t v, const json& info) = 0;
+  virtual void Drop(const std::string& job, uint64_t v) = 0;
+  struct Moved {
+    uint64_t version = 0;
+    int64_t bytes_moved = 0, bytes_total = 0, bytes_in_place = 0;
+  };
+  // Transforms the committed version to `to`, committed.
+  virtual Result<Moved> Transform(const std::string& job, const ParallelConfig& to) = 0;
+};
+
+class EmbeddedBackend : public StateBackend {
+ public:
+  static Result<std::unique_ptr<StateBackend>> Open(const RunOptions& o) {
+    auto b = std::make_unique<EmbeddedBackend>();
+    store::StoreOptions so;
+    so.shm_dir = o.shm_dir;
+    TP_ASSIGN_OR_RETURN(b->st_, store::Store::Open(so));
+    b->work_ = o.work_dir.empty() ? b->st_->shm_dir() + "/run" : o.work_dir;
+    return std::unique_ptr<StateBackend>(std::move(b));
+  }
+  std::string work_dir() const override { return work_; }
+  Result<uint64_t> BeginLayout(const std::string& job, const Layout& layout, json info) override {
+    TP_ASSIGN_OR_RETURN(uint64_t v, st_->BeginVersion(job, std::nullopt, info.dump()));
+    for (const RankLayout& r : layout.ranks) {
+      for (const LocalTensor& t : *r.tensors) {
+        auto w = st_->Allocate(TensorPath(job, v, r.rank, t.name), t.dtype, t.shape);
+        if (!w.ok()) {
+          (void)st_->DropVersion(job, v);
+          return w.status();
+        }
+      }
+    }
+    return v;
+  }
+  Result<std::vector<std::map<std::string, std::string>>> Files(const std::string& job, uint64_t v,
+                                                                const Layout& layout) override {
+    std::vector<std::map<std::string, std::string>> out(layout.world_size());
+    for (const RankLayout& r : layout.ranks) {
+      for (const LocalTensor& t : *r.tensors) {
+        TP_ASSIGN_OR_RETURN(store::TensorInfo ti, st_->Meta(TensorPath(job, v, r.rank, t.name)));
+        out[r.rank][t.name] = ti.file;
+      }
+    }
+    return out;
+  }
+  Status Commit(const std::string& job, uint64_t v, const json& info) override {
+    TP_RETURN_IF_ERROR(st_->SetVersionInfo(job, v, info.dump()));
+    return st_->Commit(job, v);
+  }
+  void Drop(const std::string& job, uint64_t v) override { (void)st_->DropVersion(job, v); }
+  Result<Moved> Transform(const std::string& job, const ParallelConfig& to) override {
+    TP_ASSIGN_OR_RETURN(transform::LocalTransformStats ts, transform::TransformLocal(*st_, job, to));
+    return Moved{ts.new_version, ts.bytes_copied, ts.plan.bytes_total, ts.plan.bytes_in_place};
+  }
+
+ private:
+  std::unique_ptr<store::Store> st_;
+  std::string work_;
+};
+
+class ClusterBackend : public StateBackend {
+ public:
+  static Result<std::unique_ptr<StateBackend>> Open(const RunOptions& o) {
+    auto b = std::make_unique<ClusterBackend>();
+    TP_ASSIGN_OR_RETURN(b->cluster_, transform::ReadClusterFile(o.cluster_path));
+    b->co_.token = o.token;
+    if (b->co_.token.empty() && std::getenv("TENPLEX_TOKEN") != nullptr) b->co_.token = std::getenv("TENPLEX_TOKEN");
+    TP_ASSIGN_OR_RETURN(b->clients_, transform::ConnectCluster(b->cluster_, b->co_));
+    for (const auto& c : b->clients_) {
+      if (!c->local()) {
+        return FailedPrecondition("tenplex run --cluster: the store at " + c->url() +
+                                  " is not on this machine; workers hand their state over through the shared "
+                                  "memory of their host's daemon, so every daemon must run here");
+      }
+    }
+    if (o.work_dir.empty()) {
+      return InvalidArgument("tenplex run --cluster needs --work-dir (hand-off files and worker logs)");
+    }
+    b->work_ = o.work_dir;
+    return std::unique_ptr<StateBackend>(std::move(b));
+  }
+  std::string work_dir() const override { return work_; }
+  Result<uint64_t> BeginLayout(const std::string& job, const Layout& layout, json info) override {
+    if (layout.world_size() > cluster_.Capacity()) {
+      return FailedPrecondition("config " + layout.config.ToString() + " has " + std::to_string(layout.world_size()) +
+                                " ranks but the cluster has " + std::to_string(cluster_.Capacity()) + " GPUs");
+    }
+    info["cluster"] = {{"hosts", cluster_.hosts}, {"gpus_per_host", cluster_.gpus_per_host}};
+    TP_ASSIGN_OR_RETURN(uint64_t v, transform::NextCommonVersion(clients_, job));
+    std::vector<std::vector<store::Store::AllocRequest>> reqs(clients_.size());
+    for (const RankLayout& r : layout.ranks) {
+      for (const LocalTensor& t : *r.tensors) {
+        reqs[cluster_.HostOfRank(r.rank)].push_back({TensorPath(job, v, r.rank, t.name), t.dtype, t.shape});
+      }
+    }
+    Status s;
+    for (std::size_t h = 0; h < clients_.size() && s.ok(); ++h) {
+      if (reqs[h].empty()) continue;  // hosts without ranks keep their older version
+      Result<uint64_t> b = clients_[h]->BeginVersion(job, v, info.dump());
+      if (!b.ok()) {
+        s = b.status().WithContext(clients_[h]->url());
+        break;
+      }
+      s = clients_[h]->Allocate(reqs[h]).status();
+    }
+    if (!s.ok()) {
+      Drop(job, v);
+      return s;
+    }
+    return v;
+  }
+  Result<std::vector<std::map<std::string, std::string>>> Files(const std::string& job, uint64_t v,
+                                                                const Layout& layout) override {
+    std::vector<std::map<std::string, std::string>> out(layout.world_size());
+    for (std::size_t h = 0; h < clients_.size(); ++h) {
+      Result<std::vector<store::TensorInfo>> list = clients_[h]->List("jobs/" + job + "/" + std::to_string(v) + "/");
+      if (!list.ok() && list.status().code() == StatusCode::kNotFound) continue;
+      if (!list.ok()) return list.status().WithContext(clients_[h]->url());
+      for (const store::TensorInfo& t : *list) {
+        TP_ASSIGN_OR_RETURN(store::TensorPath p, store::ParseTensorPath(t.path));
+        if (p.rank < layout.world_size()) out[p.rank][p.name] = t.file;
+      }
+    }
+    return out;
+  }
+  Status Commit(const std::string& job, uint64_t v, const json& info) override {
+    // Every part is written (the workers exited 0): set the info everywhere, then
+    // commit on every host that holds ranks.
+    std::vector<std::size_t> holders;
+    for (std::size_t h = 0; h < clients_.size(); ++h) {
+      if (clients_[h]->Version(job, v).ok()) holders.push_back(h);
+    }
+    json full = info;
+    full["cluster"] = {{"hosts", cluster_.hosts}, {"gpus_per_host", cluster_.gpus_per_host}};
+    for (std::size_t h : holders) TP_RETURN_IF_ERROR(clients_[h]->SetVersionInfo(job, v, full.dump()));
+    for (std::size_t h : holders) TP_RETURN_IF_ERROR(clients_[h]->Commit(job, v));
+    return Status::Ok();
+  }
+  void Drop(const std::string& job, uint64_t v) override {
+    for (const auto& c : clients_) (void)c->Abort(job, v);  // best effort; NotFound where never begun
+  }
+  Result<Moved> Transform(const std::string& job, const ParallelConfig& to) override {
+    transform::ClusterTransformOptions opts;
+    TP_ASSIGN_OR_RETURN(transform::ClusterTransformStats ts, transform::TransformCluster(cluster_, job, to, co_, opts));
+    Moved m{ts.to_version, 0, ts.plan.bytes_total, ts.plan.bytes_in_place};
+    for (const transform::HostTransformReport& h : ts.hosts) m.bytes_moved += h.bytes_kept + h.bytes_local + h.bytes_fetched;
+    return m;
+  }
+
+ private:
+  transform::Cluster cluster_;
+  store::ClientOptions co_;
+  std::vector<std::unique_ptr<store::Client>> clients_;
+  std::string work_;
+};
+
 // The hand-off file of a version: every rank's tensors and their shm files.
-Result<json> HandoffJson(const store::Store& st, const std::string& job, uint64_t v, const Layout& layout,
+Result<json> HandoffJson(StateBackend& st, const std::string& job, uint64_t v, const Layout& layout,
                          const json& info) {
+  TP_ASSIGN_OR_RETURN(auto files, st.Files(job, v, layout));
   json j = info;
   json ranks = json::array();
   for (const RankLayout& r : layout.ranks) {
     json ts = json::array();
     for (const LocalTensor& t : *r.tensors) {
-      TP_ASSIGN_OR_RETURN(store::TensorInfo ti, st.Meta(TensorPath(job, v, r.rank, t.name)));
-      ts.push_back({{"name", t.name}, {"dtype", std::string(DTypeName(t.dtype))}, {"shape", t.shape}, {"file", ti.file}});
+      auto it = files[r.rank].find(t.name);
+      if (it == files[r.rank].end() || it->second.empty()) {
+        return DataLoss("version " + std::to_string(v) + " of job " + job + " has no shared-memory file for rank " +
+                        std::to_string(r.rank) + " tensor " + t.name);
+      }
+      ts.push_back({{"name", t.name}, {"dtype", std::string(DTypeName(t.dtype))}, {"shape", t.shape}, {"file", it->second}});
     }
     ranks.push_back({{"rank", r.rank}, {"tensors", std::move(ts)}});
   }
@@ -208,10 +385,14 @@ Result<RunSummary> Run(const RunOptions& o) {
   const std::vector<ScheduleEntry>& entries = *sched;
   TP_RETURN_IF_ERROR(store::CheckJobName(o.job));
 
-  store::StoreOptions so;
-  so.shm_dir = o.shm_dir;
-  TP_ASSIGN_OR_RETURN(std::unique_ptr<store::Store> st, store::Store::Open(so));
-  const std::string work = o.work_dir.empty() ? st->shm_dir() + "/run" : o.work_dir;
+  std::unique_ptr<StateBackend> st;
+  if (o.cluster_path.empty()) {
+    TP_ASSIGN_OR_RETURN(st, EmbeddedBackend::Open(o));
+  } else {
+    if (!o.shm_dir.empty()) return InvalidArgument("give --shm-dir (embedded store) or --cluster, not both");
+    TP_ASSIGN_OR_RETURN(st, ClusterBackend::Open(o));
+  }
+  const std::string work = st->work_dir();
   std::error_code ec;
   fs::create_directories(work, ec);
   if (ec) return Internal("cannot create " + work + ": " + ec.message());
@@ -231,13 +412,7 @@ Result<RunSummary> Run(const RunOptions& o) {
     const int64_t end = entries[i + 1].step;
     TP_ASSIGN_OR_RETURN(Layout layout, MakeLayout(model, cfg));
     json info = {{"model", model_json}, {"config", cfg.ToString()}, {"step", step}, {"samples_consumed", samples_consumed}};
-    TP_ASSIGN_OR_RETURN(uint64_t v_out, st->BeginVersion(o.job, std::nullopt, info.dump()));
-    for (const RankLayout& r : layout.ranks) {
-      for (const LocalTensor& t : *r.tensors) {
-        auto w = st->Allocate(TensorPath(o.job, v_out, r.rank, t.name), t.dtype, t.shape);
-        if (!w.ok()) return w.status();
-      }
-    }
+    TP_ASSIGN_OR_RETURN(uint64_t v_out, st->BeginLayout(o.job, layout, info));
     const std::string out_json = work + "/state-out-" + std::to_string(segment) + ".json";
     const std::string in_json = work + "/state-in-" + std::to_string(segment) + ".json";
     TP_ASSIGN_OR_RETURN(json hout, HandoffJson(*st, o.job, v_out, layout, info));
@@ -343,7 +518,7 @@ Result<RunSummary> Run(const RunOptions& o) {
     const int64_t seg_start = step;
     double stop_seconds = 0;
     if (failed && !killed) {
-      (void)st->DropVersion(o.job, v_out);
+      st->Drop(o.job, v_out);
       return Internal("segment " + cfg.ToString() + " from step " + std::to_string(step) + " failed: " + failure);
     }
     if (!failed) {
@@ -360,12 +535,11 @@ Result<RunSummary> Run(const RunOptions& o) {
       }
       info["step"] = step;
       info["samples_consumed"] = samples_consumed;
-      TP_RETURN_IF_ERROR(st->SetVersionInfo(o.job, v_out, info.dump()));
-      TP_RETURN_IF_ERROR(st->Commit(o.job, v_out));
+      TP_RETURN_IF_ERROR(st->Commit(o.job, v_out, info));
       committed = v_out;
       stop_seconds = Since(t_last_step);
     } else {
-      (void)st->DropVersion(o.job, v_out);
+      st->Drop(o.job, v_out);
       stop_seconds = Since(t_kill);
       json ev = {{"event", "failure"}, {"config", cfg.ToString()}, {"killed_ranks", to_kill},
                  {"during_step", end - 1}, {"rerun_from", step}, {"segment_start", seg_start}};
@@ -386,13 +560,13 @@ Result<RunSummary> Run(const RunOptions& o) {
       rec.stop_seconds = stop_seconds;
       if (committed && next != cfg) {
         auto t0 = Clock::now();
-        auto ts = transform::TransformLocal(*st, o.job, next);
+        auto ts = st->Transform(o.job, next);
         if (!ts.ok()) return ts.status().WithContext("transform " + cfg.ToString() + " -> " + next.ToString());
-        committed = ts->new_version;
+        committed = ts->version;
         rec.transform_seconds = Since(t0);
-        rec.bytes_moved = ts->bytes_copied;
-        rec.bytes_total = ts->plan.bytes_total;
-        rec.bytes_in_place = ts->plan.bytes_in_place;
+        rec.bytes_moved = ts->bytes_moved;
+        rec.bytes_total = ts->bytes_total;
+        rec.bytes_in_place = ts->bytes_in_place;
       }
       pending = rec;
     }

@@ -20,6 +20,10 @@
 // is dropped and the job resumes from the last committed version, re-running the steps
 // since that commit, in the next entry's config. No disk checkpoint is involved.
 //
+// With a cluster file (--cluster), the state lives in the store daemons instead: rank r
+// on host r / K, one version number on all hosts, and a config change is the
+// distributed transform (transform/distributed.h).
+//
 // The log (JSON lines) gets one line per completed step from the workers and one
 // line per reconfiguration and failure from the runner.
 #pragma once
@@ -42,6 +46,10 @@ struct RunOptions {
   std::string work_dir;              // hand-off files and worker logs ("" = under the store dir)
   double hang_seconds = 300;         // no progress for this long: the run fails
   std::string baseline_log;          // a static run's log to compare losses with
+  // The store daemons of a cluster file instead of the embedded store (all on this
+  // machine: workers map their host daemon's shared memory); needs work_dir.
+  std::string cluster_path;
+  std::string token;                 // of the daemons (TENPLEX_TOKEN when empty)
 };
 
 struct StepRecord {
