@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -36,6 +37,31 @@ using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 namespace {
+
+// SIGINT/SIGTERM while the runner waits for workers (they run in their own process
+// groups, so a terminal's Ctrl-C reaches only the runner): it kills them, drops the
+// open version and returns, leaving the last committed version in the store.
+volatile std::sig_atomic_t g_interrupted = 0;
+extern "C" void OnInterrupt(int sig) { g_interrupted = sig; }
+
+class InterruptGuard {
+ public:
+  InterruptGuard() {
+    g_interrupted = 0;
+    struct sigaction sa {};
+    sa.sa_handler = OnInterrupt;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGINT, &sa, &old_int_);
+    ::sigaction(SIGTERM, &sa, &old_term_);
+  }
+  ~InterruptGuard() {
+    ::sigaction(SIGINT, &old_int_, nullptr);
+    ::sigaction(SIGTERM, &old_term_, nullptr);
+  }
+
+ private:
+  struct sigaction old_int_ {}, old_term_ {};
+};
 
 double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
@@ -400,6 +426,7 @@ Result<RunSummary> Run(const RunOptions& o) {
   TP_RETURN_IF_ERROR(WriteFileAtomic(o.log_path, ""));
   const json model_json = json::parse(ModelToJson(model));
 
+  InterruptGuard interrupt_guard;
   RunSummary summary;
   std::optional<uint64_t> committed;
   int64_t step = 0, samples_consumed = 0;
@@ -505,6 +532,18 @@ Result<RunSummary> Run(const RunOptions& o) {
             }
           }
         }
+      }
+      if (alive > 0 && g_interrupted != 0) {
+        for (Worker& x : workers) {
+          if (!x.exited) ::kill(-x.pid, SIGKILL);
+        }
+        for (Worker& x : workers) {
+          if (!x.exited) ::waitpid(x.pid, nullptr, 0);
+        }
+        st->Drop(o.job, v_out);
+        return Aborted("interrupted by signal " + std::to_string(static_cast<int>(g_interrupted)) +
+                       ": workers stopped; the store keeps the last committed version" +
+                       (committed ? " (" + std::to_string(*committed) + ")" : std::string(" (none)")));
       }
       if (alive > 0 && Since(t_progress) > o.hang_seconds) {
         for (Worker& x : workers) {
