@@ -28,54 +28,22 @@ import argparse
 import csv
 import json
 import os
-import re
-import select
 import shutil
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
+import urllib.error
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+from daemons import Daemon, write_cluster  # noqa: E402
 
 ARGS = None
 
 
 def log(*a):
     print(*a, flush=True)
-
-
-class Daemon:
-    def __init__(self):
-        self.proc = subprocess.Popen([ARGS.tenplex, "store", "serve", "--listen", "127.0.0.1:0"],
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-        line, deadline = b"", time.time() + 30
-        while time.time() < deadline and not line.endswith(b"\n"):
-            r, _, _ = select.select([self.proc.stdout], [], [], 0.2)
-            if r:
-                c = os.read(self.proc.stdout.fileno(), 1)
-                if not c:
-                    break
-                line += c
-        m = re.search(r"http://127\.0\.0\.1:(\d+)", line.decode())
-        if not m:
-            sys.exit("daemon did not start: %r" % line)
-        self.url = "http://127.0.0.1:%s" % m.group(1)
-
-    def call(self, method, path, body=None):
-        req = urllib.request.Request(self.url + path, method=method,
-                                     data=None if body is None else json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=600) as r:
-            return json.loads(r.read() or b"null")
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
 
 
 def tenplex(*args):
@@ -107,10 +75,9 @@ def probe(daemons):
 
 class Cluster:
     def __init__(self, hosts, tmp):
-        self.daemons = [Daemon() for _ in range(hosts)]
+        self.daemons = [Daemon(ARGS.tenplex) for _ in range(hosts)]
         self.file = os.path.join(tmp, "cluster-%d.json" % hosts)
-        with open(self.file, "w") as f:
-            json.dump({"hosts": [d.url for d in self.daemons], "gpus_per_host": 2}, f)
+        write_cluster(self.file, self.daemons, 2)
         self.limits = probe(self.daemons)
 
     def stop(self):

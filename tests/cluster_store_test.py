@@ -16,13 +16,13 @@ Usage: cluster_store_test.py TENPLEX_BIN
 import json
 import os
 import re
-import select
 import shutil
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from daemons import Daemon  # noqa: E402
 
 TENPLEX = sys.argv[1]
 
@@ -31,32 +31,6 @@ def check(cond, msg):
     if not cond:
         print("FAIL:", msg)
         sys.exit(1)
-
-
-class Daemon:
-    def __init__(self):
-        self.proc = subprocess.Popen([TENPLEX, "store", "serve", "--listen", "127.0.0.1:0"],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        line, deadline = b"", time.time() + 20
-        while time.time() < deadline and not line.endswith(b"\n"):
-            r, _, _ = select.select([self.proc.stdout], [], [], 0.2)
-            if r:
-                c = os.read(self.proc.stdout.fileno(), 1)
-                if not c:
-                    break
-                line += c
-        m = re.search(r"http://127\.0\.0\.1:(\d+)", line.decode())
-        check(m, "daemon did not announce its address: %r" % line)
-        self.url = "http://127.0.0.1:%s" % m.group(1)
-
-    def get(self, path):
-        with urllib.request.urlopen(self.url + path, timeout=20) as r:
-            return json.loads(r.read())
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(20)
 
 
 def run(*args, expect_ok=True):
@@ -71,7 +45,7 @@ def run(*args, expect_ok=True):
 
 def main():
     tmp = tempfile.mkdtemp(prefix="tenplex-cluster-test-")
-    daemons = [Daemon() for _ in range(4)]
+    daemons = [Daemon(TENPLEX) for _ in range(4)]
     try:
         cluster = os.path.join(tmp, "cluster.json")
         with open(cluster, "w") as f:

@@ -19,15 +19,13 @@ Usage: cluster_transform_test.py TENPLEX_BIN
 """
 import json
 import os
-import re
-import select
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from daemons import Daemon, write_cluster  # noqa: E402
 
 TENPLEX = sys.argv[1]
 
@@ -38,41 +36,6 @@ def check(cond, msg):
         sys.exit(1)
 
 
-class Daemon:
-    def __init__(self, env=None):
-        self.proc = subprocess.Popen([TENPLEX, "store", "serve", "--listen", "127.0.0.1:0"],
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                     env=dict(os.environ, **(env or {})))
-        line, deadline = b"", time.time() + 20
-        while time.time() < deadline and not line.endswith(b"\n"):
-            r, _, _ = select.select([self.proc.stdout], [], [], 0.2)
-            if r:
-                c = os.read(self.proc.stdout.fileno(), 1)
-                if not c:
-                    break
-                line += c
-        m = re.search(r"http://127\.0\.0\.1:(\d+)", line.decode())
-        check(m, "daemon did not announce its address: %r" % line)
-        self.url = "http://127.0.0.1:%s" % m.group(1)
-
-    def get(self, path):
-        with urllib.request.urlopen(self.url + path, timeout=20) as r:
-            return json.loads(r.read())
-
-    def kill(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(20)
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-
 def run(*args, expect_ok=True):
     p = subprocess.run([TENPLEX, *args], capture_output=True, text=True, timeout=300)
     if expect_ok:
@@ -81,11 +44,6 @@ def run(*args, expect_ok=True):
         check(p.returncode != 0, "%s should have failed: %s" % (" ".join(args), p.stdout))
         check("error" in p.stderr and "Traceback" not in p.stderr, "unclear error: %r" % p.stderr)
     return p
-
-
-def write_cluster(path, daemons, k):
-    with open(path, "w") as f:
-        json.dump({"hosts": [d.url for d in daemons], "gpus_per_host": k}, f)
 
 
 def transform(cluster, to, *extra):
@@ -123,7 +81,7 @@ def main():
     tmp = tempfile.mkdtemp(prefix="tenplex-transform-test-")
     daemons = []
     try:
-        daemons = [Daemon() for _ in range(4)]
+        daemons = [Daemon(TENPLEX) for _ in range(4)]
         cluster = os.path.join(tmp, "cluster.json")
         write_cluster(cluster, daemons, 2)
         model = os.path.join(tmp, "m.json")
@@ -146,7 +104,7 @@ def main():
         verify(tmp, cluster, "tp=1,pp=4,dp=2")
 
         # Redeployment onto two other daemons with 4 GPUs each.
-        extra = [Daemon() for _ in range(2)]
+        extra = [Daemon(TENPLEX) for _ in range(2)]
         daemons += extra
         other = os.path.join(tmp, "other.json")
         write_cluster(other, extra, 4)
@@ -169,7 +127,7 @@ def main():
         # A host that dies in the middle of its prepare (its second one), while it holds
         # old state that its peers may be fetching: the transform is retried without it,
         # from the replicas on the others.
-        faulty = Daemon({"TENPLEX_FAULT": "exit-in-prepare:2"})
+        faulty = Daemon(TENPLEX, {"TENPLEX_FAULT": "exit-in-prepare:2"})
         daemons.append(faulty)
         c4 = os.path.join(tmp, "c4.json")
         write_cluster(c4, [daemons[0], daemons[1], daemons[2], faulty], 2)

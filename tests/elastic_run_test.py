@@ -9,29 +9,12 @@ run uses the embedded store.
 """
 import json
 import os
-import re
-import select
 import subprocess
 import sys
 import tempfile
-import time
 
-
-def start_daemon(tenplex):
-    proc = subprocess.Popen([tenplex, "store", "serve", "--listen", "127.0.0.1:0"], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL)
-    line, deadline = b"", time.time() + 20
-    while time.time() < deadline and not line.endswith(b"\n"):
-        r, _, _ = select.select([proc.stdout], [], [], 0.2)
-        if r:
-            c = os.read(proc.stdout.fileno(), 1)
-            if not c:
-                break
-            line += c
-    m = re.search(r"http://127\.0\.0\.1:(\d+)", line.decode())
-    if not m:
-        raise SystemExit("daemon did not start: %r" % line)
-    return proc, "http://127.0.0.1:%s" % m.group(1)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from daemons import Daemon, write_cluster  # noqa: E402
 
 
 def steps_of(log):
@@ -82,10 +65,9 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         cluster = None
         if use_cluster:
-            daemons = [start_daemon(tenplex) for _ in range(2)]
+            daemons = [Daemon(tenplex) for _ in range(2)]
             cluster = os.path.join(tmp, "cluster.json")
-            with open(cluster, "w") as f:
-                json.dump({"hosts": [u for _, u in daemons], "gpus_per_host": 1}, f)
+            write_cluster(cluster, daemons, 1)
         model = os.path.join(tmp, "model.json")
         subprocess.run([tenplex, "model", "gpt", "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
                         "--num-query-groups", "2", "--swiglu", "--vocab-size", "200", "--make-vocab-size-divisible-by", "16",
@@ -99,9 +81,8 @@ def main():
         try:
             log, out = run(tenplex, repo, tmp, "elastic", elastic, model, baseline=static_log, cluster=cluster)
         finally:
-            for proc, _ in daemons:
-                proc.terminate()
-                proc.wait(20)
+            for d in daemons:
+                d.stop()
         base, _ = steps_of(static_log)
         got, events = steps_of(log)
         check(sorted(got) == list(range(n)), f"every step logged: {sorted(got)}")

@@ -10,6 +10,7 @@
 #include "tenplex/model/model.h"
 #include "tenplex/ptc/layout.h"
 #include "tenplex/store/parse.h"
+#include "tenplex/transform/local.h"
 #include "tenplex/util/file.h"
 
 namespace tenplex::transform {
@@ -236,14 +237,10 @@ Result<store::TransferStats> SaveCheckpointFromCluster(const Cluster& cluster,
     }
     host_clients.push_back(clients[h].get());
   }
-  json info = json::parse(versions[ref]->info, nullptr, false);
-  if (info.is_discarded() || !info.is_object() || !info.contains("model") || !info.contains("config") ||
-      !info["config"].is_string()) {
-    return FailedPrecondition("version " + std::to_string(version) + " of job '" + job +
-                              "' has no model and config in its info");
-  }
-  TP_ASSIGN_OR_RETURN(Model model, ModelFromJson(info["model"].dump()));
-  TP_ASSIGN_OR_RETURN(ParallelConfig config, ParseConfig(info["config"].get<std::string>()));
+  TP_ASSIGN_OR_RETURN(VersionState vs, ParseVersionState(job, version, versions[ref]->info));
+  const json info = json::parse(vs.info);
+  Model model = std::move(vs.model);
+  const ParallelConfig config = vs.config;
   TP_ASSIGN_OR_RETURN(Layout layout, MakeLayout(model, config));
   TP_RETURN_IF_ERROR(CheckFits(place, layout.world_size()));
   std::map<int, std::map<std::string, store::TensorInfo>> by_rank;

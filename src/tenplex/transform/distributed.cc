@@ -9,6 +9,7 @@
 #include "tenplex/model/model.h"
 #include "tenplex/ptc/layout.h"
 #include "tenplex/store/parse.h"
+#include "tenplex/transform/local.h"
 #include "tenplex/util/format.h"
 
 namespace tenplex::transform {
@@ -187,14 +188,10 @@ Result<ClusterTransformStats> TransformCluster(const Cluster& from, const std::s
     if (ref < 0) return FailedPrecondition("no live host holds a committed version of job '" + job + "'");
     const uint64_t version = cur[ref]->version;
     const std::string info_text = cur[ref]->info;
-    json info = json::parse(info_text, nullptr, false);
-    if (info.is_discarded() || !info.is_object() || !info.contains("model") || !info.contains("config") ||
-        !info["config"].is_string()) {
-      return FailedPrecondition("version " + std::to_string(version) + " of job '" + job +
-                                "' has no model and config in its info");
-    }
-    TP_ASSIGN_OR_RETURN(Model model, ModelFromJson(info["model"].dump()));
-    TP_ASSIGN_OR_RETURN(ParallelConfig from_config, ParseConfig(info["config"].get<std::string>()));
+    TP_ASSIGN_OR_RETURN(VersionState vs, ParseVersionState(job, version, info_text));
+    const json info = json::parse(info_text);
+    const Model& model = vs.model;
+    const ParallelConfig& from_config = vs.config;
     TP_ASSIGN_OR_RETURN(Layout from_layout, MakeLayout(model, from_config));
     TP_ASSIGN_OR_RETURN(Layout to_layout, MakeLayout(model, to));
     stats.from_version = version;

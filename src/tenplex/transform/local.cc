@@ -19,21 +19,25 @@ double Since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
-Result<VersionState> ReadVersionState(const store::Store& store, const std::string& job,
-                                      store::VersionRef version) {
-  TP_ASSIGN_OR_RETURN(store::VersionInfo vi, store.Version(job, version));
-  json j = json::parse(vi.info, nullptr, false);
+Result<VersionState> ParseVersionState(const std::string& job, uint64_t version, const std::string& info) {
+  json j = json::parse(info, nullptr, false);
   if (j.is_discarded() || !j.is_object() || !j.contains("model") || !j.contains("config") ||
       !j["config"].is_string()) {
-    return FailedPrecondition("version " + std::to_string(vi.version) + " of job " + job +
-                              " has no model and config in its info");
+    return FailedPrecondition("version " + std::to_string(version) + " of job '" + job +
+                              "' has no model and config in its info");
   }
   VersionState s;
-  s.version = vi.version;
-  s.info = vi.info;
+  s.version = version;
+  s.info = info;
   TP_ASSIGN_OR_RETURN(s.model, ModelFromJson(j["model"].dump()));
   TP_ASSIGN_OR_RETURN(s.config, ParseConfig(j["config"].get<std::string>()));
   return s;
+}
+
+Result<VersionState> ReadVersionState(const store::Store& store, const std::string& job,
+                                      store::VersionRef version) {
+  TP_ASSIGN_OR_RETURN(store::VersionInfo vi, store.Version(job, version));
+  return ParseVersionState(job, vi.version, vi.info);
 }
 
 std::string TensorPathOf(const std::string& job, uint64_t version, int rank, const std::string& name) {

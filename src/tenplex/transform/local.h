@@ -29,6 +29,10 @@ struct VersionState {
   std::string info;  // the whole info JSON
 };
 
+// The model and config of a version from its info JSON (FailedPrecondition naming the
+// version when they are missing or malformed).
+Result<VersionState> ParseVersionState(const std::string& job, uint64_t version, const std::string& info);
+
 // Reads the model and config of a version of a job (nullopt: current).
 Result<VersionState> ReadVersionState(const store::Store& store, const std::string& job,
                                       store::VersionRef version = {});

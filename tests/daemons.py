@@ -1,0 +1,58 @@
+"""Store daemons for integration tests and benchmarks: start `tenplex store serve` on a
+free loopback port, read the URL it announces, stop it."""
+import json
+import os
+import re
+import select
+import signal
+import subprocess
+import time
+import urllib.request
+
+
+class Daemon:
+    def __init__(self, tenplex, env=None, stderr=subprocess.DEVNULL):
+        self.proc = subprocess.Popen([tenplex, "store", "serve", "--listen", "127.0.0.1:0"],
+                                     stdout=subprocess.PIPE, stderr=stderr,
+                                     env=dict(os.environ, **(env or {})))
+        line, deadline = b"", time.time() + 30
+        while time.time() < deadline and not line.endswith(b"\n"):
+            r, _, _ = select.select([self.proc.stdout], [], [], 0.2)
+            if r:
+                c = os.read(self.proc.stdout.fileno(), 1)
+                if not c:
+                    break
+                line += c
+        m = re.search(r"http://127\.0\.0\.1:(\d+)", line.decode())
+        if not m:
+            self.kill()
+            raise SystemExit("FAIL: store daemon did not announce its address: %r" % line)
+        self.url = "http://127.0.0.1:%s" % m.group(1)
+
+    def call(self, method, path, body=None, timeout=600):
+        req = urllib.request.Request(self.url + path, method=method,
+                                     data=None if body is None else json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return json.loads(r.read() or b"null")
+
+    def get(self, path):
+        return self.call("GET", path, timeout=20)
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(20)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def write_cluster(path, daemons, gpus_per_host):
+    with open(path, "w") as f:
+        json.dump({"hosts": [d.url for d in daemons], "gpus_per_host": gpus_per_host}, f)
