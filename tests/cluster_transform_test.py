@@ -2,7 +2,10 @@
 """Integration test of `tenplex transform --cluster`: 4 store daemons as 4 hosts
 (2 GPUs each) on loopback, bytes between them over UCX.
 
-Usage: cluster_transform_test.py TENPLEX_BIN
+Usage: cluster_transform_test.py TENPLEX_BIN [--netns]
+
+With --netns the daemons run in 4 network namespaces joined by veth pairs on a bridge
+(exit 77, skipped, where namespaces cannot be created): see netns_main.
 
 - a synthetic checkpoint (`tenplex ckpt init`: every element a function of its global
   index) is loaded, transformed through tp, pp, dp and zero changes, and after each
@@ -77,6 +80,82 @@ def verify(tmp, cluster, config):
     run("ckpt", "verify", "--in", out)
 
 
+def load_state(tmp, cluster):
+    model = os.path.join(tmp, "m.json")
+    run("model", "gpt", "--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "4",
+        "--num-query-groups", "2", "--ffn-hidden-size", "48", "--vocab-size", "301",
+        "--make-vocab-size-divisible-by", "8", "--max-position-embeddings", "16", "--swiglu",
+        "-o", model)
+    ckpt = os.path.join(tmp, "in")
+    run("ckpt", "init", "--model", model, "--config", "tp=2,pp=2,dp=2,zero=1", "--out", ckpt, "--seed", "5")
+    run("store", "load", "--cluster", cluster, "--job", "j", "--dir", ckpt)
+
+
+def netns_main():
+    """4 daemons in 4 network namespaces on a bridge (veth pairs), a token on every
+    request, UCX over the veths: transforms across every dimension, a host killed."""
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        print("SKIP: needs root and iproute2 for network namespaces")
+        sys.exit(77)
+    tag = "%04d" % (os.getpid() % 10000)
+    bridge, spaces, subnet = "tpbr" + tag, ["tpns%s-%d" % (tag, i) for i in range(4)], "10.213.%d" % (os.getpid() % 200 + 20)
+
+    def ip(*args, check_rc=True):
+        p = subprocess.run(["ip", *args], capture_output=True, text=True)
+        if check_rc and p.returncode != 0:
+            raise RuntimeError("ip %s: %s" % (" ".join(args), p.stderr.strip()))
+
+    tmp = tempfile.mkdtemp(prefix="tenplex-netns-test-")
+    daemons = []
+    try:
+        try:
+            ip("link", "add", bridge, "type", "bridge")
+            ip("link", "set", bridge, "up")
+            ip("addr", "add", subnet + ".1/24", "dev", bridge)
+            for i, ns in enumerate(spaces):
+                ip("netns", "add", ns)
+                veth = "tpv%s%d" % (tag, i)
+                ip("link", "add", veth, "type", "veth", "peer", "name", veth + "p")
+                ip("link", "set", veth + "p", "netns", ns)
+                ip("link", "set", veth, "master", bridge)
+                ip("link", "set", veth, "up")
+                ip("netns", "exec", ns, "ip", "addr", "add", "%s.%d/24" % (subnet, 10 + i), "dev", veth + "p")
+                ip("netns", "exec", ns, "ip", "link", "set", veth + "p", "up")
+                ip("netns", "exec", ns, "ip", "link", "set", "lo", "up")
+        except RuntimeError as e:
+            print("SKIP: network namespaces are not available here (%s)" % e)
+            sys.exit(77)
+        os.environ["TENPLEX_TOKEN"] = "netns-test-token"
+        daemons = [Daemon(TENPLEX, listen="%s.%d:7480" % (subnet, 10 + i), prefix=("ip", "netns", "exec", ns))
+                   for i, ns in enumerate(spaces)]
+        try:  # the bridge may be filtered on some machines: that is the environment, not us
+            for d in daemons:
+                d.get("/v1/health")
+        except OSError as e:
+            print("SKIP: the namespaces' daemons cannot be reached over the bridge (%s)" % e)
+            sys.exit(77)
+        cluster = os.path.join(tmp, "cluster.json")
+        write_cluster(cluster, daemons, 2)
+        load_state(tmp, cluster)
+        for to in ["tp=1,pp=4,dp=2", "tp=2,dp=4,zero=1", "tp=2,pp=2,dp=2"]:
+            s = transform(cluster, to)
+            check(s["attempts"] == 1 and sum(h["bytes_fetched"] for h in s["hosts"]) > 0,
+                  "no bytes crossed the namespaces: %r" % s)
+            verify(tmp, cluster, to)
+        daemons[1].kill()
+        s = transform(cluster, "tp=2,dp=3")
+        check(s["lost_hosts"] == [daemons[1].url], "lost %r" % s["lost_hosts"])
+        verify(tmp, cluster, "tp=2,dp=3")
+        print("PASS")
+    finally:
+        for d in daemons:
+            d.stop()
+        for ns in spaces:
+            ip("netns", "del", ns, check_rc=False)
+        ip("link", "del", bridge, check_rc=False)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def main():
     tmp = tempfile.mkdtemp(prefix="tenplex-transform-test-")
     daemons = []
@@ -84,14 +163,7 @@ def main():
         daemons = [Daemon(TENPLEX) for _ in range(4)]
         cluster = os.path.join(tmp, "cluster.json")
         write_cluster(cluster, daemons, 2)
-        model = os.path.join(tmp, "m.json")
-        run("model", "gpt", "--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "4",
-            "--num-query-groups", "2", "--ffn-hidden-size", "48", "--vocab-size", "301",
-            "--make-vocab-size-divisible-by", "8", "--max-position-embeddings", "16", "--swiglu",
-            "-o", model)
-        ckpt = os.path.join(tmp, "in")
-        run("ckpt", "init", "--model", model, "--config", "tp=2,pp=2,dp=2,zero=1", "--out", ckpt, "--seed", "5")
-        run("store", "load", "--cluster", cluster, "--job", "j", "--dir", ckpt)
+        load_state(tmp, cluster)
 
         # Every dimension, byte-exact.
         for to in ["tp=2,pp=4", "tp=1,pp=2,dp=4,zero=1", "tp=2,pp=2,dp=2", "tp=2,dp=4,zero=1",
@@ -163,4 +235,7 @@ def main():
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-main()
+if len(sys.argv) > 2 and sys.argv[2] == "--netns":
+    netns_main()
+else:
+    main()

@@ -11,8 +11,9 @@ import urllib.request
 
 
 class Daemon:
-    def __init__(self, tenplex, env=None, stderr=subprocess.DEVNULL):
-        self.proc = subprocess.Popen([tenplex, "store", "serve", "--listen", "127.0.0.1:0"],
+    def __init__(self, tenplex, env=None, stderr=subprocess.DEVNULL, listen="127.0.0.1:0", prefix=()):
+        """prefix: a command the daemon runs under (e.g. ip netns exec NS)."""
+        self.proc = subprocess.Popen([*prefix, tenplex, "store", "serve", "--listen", listen],
                                      stdout=subprocess.PIPE, stderr=stderr,
                                      env=dict(os.environ, **(env or {})))
         line, deadline = b"", time.time() + 30
@@ -23,16 +24,18 @@ class Daemon:
                 if not c:
                     break
                 line += c
-        m = re.search(r"http://127\.0\.0\.1:(\d+)", line.decode())
+        m = re.search(r"(http://[0-9.]+:\d+)", line.decode())
         if not m:
             self.kill()
             raise SystemExit("FAIL: store daemon did not announce its address: %r" % line)
-        self.url = "http://127.0.0.1:%s" % m.group(1)
+        self.url = m.group(1)
 
     def call(self, method, path, body=None, timeout=600):
+        headers = {"Content-Type": "application/json"}
+        if os.environ.get("TENPLEX_TOKEN"):
+            headers["Authorization"] = "Bearer " + os.environ["TENPLEX_TOKEN"]
         req = urllib.request.Request(self.url + path, method=method,
-                                     data=None if body is None else json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+                                     data=None if body is None else json.dumps(body).encode(), headers=headers)
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return json.loads(r.read() or b"null")
 
