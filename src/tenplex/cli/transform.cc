@@ -51,6 +51,7 @@ Status Transform(const TransformOpts& o) {
     hosts.push_back({{"url", h.url},
                      {"ranks", h.ranks},
                      {"bytes_kept", h.bytes_kept},
+                     {"bytes_linked", h.bytes_linked},
                      {"bytes_local", h.bytes_local},
                      {"bytes_fetched", h.bytes_fetched},
                      {"seconds", h.seconds},

@@ -700,6 +700,45 @@ Result<std::vector<TensorInfo>> Store::AllocateMany(const std::vector<AllocReque
   return impl_->Create(requests, nullptr, nullptr, zero_fill);
 }
 
+Result<TensorInfo> Store::Link(const std::string& from, const std::string& to) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  TP_ASSIGN_OR_RETURN(auto src, impl_->FindTensor(from));
+  if (!src.first.committed) {
+    return FailedPrecondition(src.first.path + " is not committed: only immutable tensors can be linked");
+  }
+  TP_ASSIGN_OR_RETURN(TensorPath p, ParseTensorPath(to));
+  TP_ASSIGN_OR_RETURN(auto v, impl_->FindOpenVersion(p));
+  const uint64_t bytes = src.second->bytes;
+  if (bytes > impl_->limit || impl_->used > impl_->limit - bytes) {
+    return ResourceExhausted("memory limit: linking " + std::to_string(bytes) + " bytes would raise the store's " +
+                             std::to_string(impl_->used) + " bytes in use above its limit of " +
+                             std::to_string(impl_->limit) + " bytes (--memory-limit)");
+  }
+  const std::string key = p.Key();
+  const std::string vdir = impl_->VersionDir(p.job, v.first);
+  const std::string file = vdir + "/" + key;
+  TP_RETURN_IF_ERROR(MakeDir(vdir + "/" + RankSegment(p.rank)));
+  const std::string tmp = impl_->TmpName();
+  if (::link(src.first.file.c_str(), tmp.c_str()) != 0) return ErrnoError("link " + src.first.file + " to " + tmp, errno);
+  if (::rename(tmp.c_str(), file.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    return ErrnoError("rename " + tmp + " to " + file, err);
+  }
+  VersionState* vs = v.second;
+  auto old = vs->tensors.find(key);
+  if (old != vs->tensors.end()) {
+    impl_->used -= old->second.bytes;
+    vs->bytes -= old->second.bytes;
+    vs->tensors.erase(old);
+  }
+  Entry e = *src.second;
+  impl_->used += e.bytes;
+  vs->bytes += e.bytes;
+  auto ins = vs->tensors.emplace(key, std::move(e)).first;
+  return impl_->MakeInfo(p.job, v.first, *vs, ins->first, ins->second);
+}
+
 Result<TensorRef> Store::Get(const std::string& path) const {
   std::lock_guard<std::mutex> lock(impl_->mu);
   TP_ASSIGN_OR_RETURN(auto t, impl_->FindTensor(path));

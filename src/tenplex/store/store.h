@@ -176,6 +176,13 @@ class Store {
     Shape shape;
   };
   Result<std::vector<TensorInfo>> AllocateMany(const std::vector<AllocRequest>& requests, bool zero_fill = true);
+  // Makes `to` (in an open version) a second name of the committed tensor `from`: the
+  // same shared-memory pages, no copy (a hard link of its file). A transform uses it
+  // for tensors that stay exactly where they are. Committed tensors are immutable and
+  // `to` must never be written either (REQUIRES of callers); releasing `from`'s
+  // version leaves `to` intact. Counted against the memory limit like a new tensor
+  // until `from` is released.
+  Result<TensorInfo> Link(const std::string& from, const std::string& to);
   Result<TensorRef> Get(const std::string& path) const;
   Result<TensorInfo> Meta(const std::string& path) const;
   // xxh64 of the tensor's bytes as 16 hex digits (cached for committed tensors).

@@ -104,6 +104,35 @@ TEST(StoreTest, VersionsCommitAndImmutability) {
   EXPECT_FALSE(fs::exists(store->shm_dir() + "/jobs/j/1"));
 }
 
+TEST(StoreTest, LinkSharesACommittedTensorAcrossVersions) {
+  auto store = OpenStore();
+  auto a = RandomBytes(4096 * 3, 7);
+  ASSERT_TRUE(store->BeginVersion("j").ok());
+  ASSERT_TRUE(store->Put("jobs/j/1/rank-00000/w", DType::kU8, {4096 * 3}, a.data(), a.size()).ok());
+  ASSERT_TRUE(store->BeginVersion("j", 2).ok());
+  // Only committed sources; only open destinations.
+  EXPECT_EQ(store->Link("jobs/j/1/rank-00000/w", "jobs/j/2/rank-00001/w").status().code(),
+            StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(store->Commit("j", 1, /*keep_old=*/true).ok());
+  EXPECT_EQ(store->Link("jobs/j/1/rank-00000/x", "jobs/j/2/rank-00001/w").status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(store->Link("jobs/j/1/rank-00000/w", "jobs/j/1/rank-00001/w").status().code(),
+            StatusCode::kFailedPrecondition);
+  const uint64_t used = store->used_bytes();
+  Result<TensorInfo> l = store->Link("jobs/j/1/rank-00000/w", "jobs/j/2/rank-00001/w");
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  EXPECT_EQ(l->dtype, DType::kU8);
+  EXPECT_EQ(l->shape, (Shape{4096 * 3}));
+  EXPECT_EQ(store->used_bytes(), used + a.size());
+  EXPECT_EQ(Bytes(*store->Get("jobs/j/2/rank-00001/w")), a);
+  // Committing 2 releases 1; the linked tensor keeps its bytes, and the accounting
+  // drops the released copy.
+  ASSERT_TRUE(store->Commit("j", 2).ok());
+  EXPECT_EQ(store->Get("jobs/j/1/rank-00000/w").status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(Bytes(*store->Get("jobs/j/current/rank-00001/w")), a);
+  EXPECT_EQ(store->used_bytes(), used);
+  EXPECT_EQ(*store->Checksum("jobs/j/2/rank-00001/w"), io::Xxh64Hex(a.data(), a.size()));
+}
+
 TEST(StoreTest, ExplicitVersionNumbersAndKeepOld) {
   auto store = OpenStore();
   ASSERT_EQ(*store->BeginVersion("j", 5), 5u);

@@ -214,7 +214,11 @@ Result<std::string> Agent::Impl::Prepare(const std::string& body) {
     (void)store.DropVersion(r.job, v);
     return s;
   };
-  Result<MappedDests> dst = AllocateDests(store, r.job, v, to, &r.to_hosts, r.host);
+  int64_t bytes_linked = 0;
+  Result<std::set<std::pair<int, int>>> linked = LinkUnchanged(
+      store, r.job, r.from_version, v, from, to, p, &r.from_hosts, &r.to_hosts, r.host, &bytes_linked);
+  if (!linked.ok()) return fail(linked.status());
+  Result<MappedDests> dst = AllocateDests(store, r.job, v, to, &r.to_hosts, r.host, &*linked);
   if (!dst.ok()) return fail(dst.status());
   const double alloc_seconds = Since(t1);
   if (fault_at > 0 && ++prepares == fault_at) {
@@ -235,6 +239,7 @@ Result<std::string> Agent::Impl::Prepare(const std::string& body) {
   in.src = &src.ptrs;
   in.dst = &dst->ptrs;
   in.pool = &ThreadPool::Default();
+  in.linked = &*linked;
   in.region_name = [&](int rank, int tensor) {
     return TensorPathOf(r.job, r.from_version, rank, (*from.ranks[rank].tensors)[tensor].name);
   };
@@ -254,6 +259,7 @@ Result<std::string> Agent::Impl::Prepare(const std::string& body) {
   json reply = {{"version", v},
                 {"host", r.host},
                 {"bytes_kept", ex->bytes_kept},
+                {"bytes_linked", bytes_linked},
                 {"bytes_local", ex->bytes_local},
                 {"bytes_fetched", ex->bytes_fetched},
                 {"remote_ops", ex->remote_ops},

@@ -25,7 +25,9 @@
 // named in the plan. The new version is left open, fully written: a commit only
 // renames. Any failure drops the version here and answers the error; a peer that
 // fails or does not answer is UNAVAILABLE with "host <i>" in the message.
-// The reply: {"version", "host", "bytes_kept", "bytes_local", "bytes_fetched",
+// Tensors that stay exactly where they are (same device, same slice) are linked, not
+// copied (Store::Link, local.h LinkUnchanged).
+// The reply: {"version", "host", "bytes_kept", "bytes_linked", "bytes_local", "bytes_fetched",
 // "peers", "plan_seconds", "alloc_seconds", "local_seconds", "fetch_seconds",
 // "landed_seconds", "seconds"}.
 #pragma once

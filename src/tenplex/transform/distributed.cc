@@ -98,6 +98,7 @@ RoundResult RunRound(std::vector<Host>& hosts, const std::string& job, const Rou
     rep.url = h.url;
     rep.ranks = static_cast<int>(std::count(r.to_hosts.begin(), r.to_hosts.end(), participants[i]));
     rep.bytes_kept = j.value("bytes_kept", int64_t{0});
+    rep.bytes_linked = j.value("bytes_linked", int64_t{0});
     rep.bytes_local = j.value("bytes_local", int64_t{0});
     rep.bytes_fetched = j.value("bytes_fetched", int64_t{0});
     rep.seconds = j.value("seconds", 0.0);
@@ -327,21 +328,23 @@ Result<ClusterTransformStats> TransformCluster(const Cluster& from, const std::s
 }
 
 std::string ClusterTransformSummary(const ClusterTransformStats& s) {
-  int64_t kept = 0, local = 0, fetched = 0, busiest = 0;
+  int64_t kept = 0, linked = 0, local = 0, fetched = 0, busiest = 0;
   for (const HostTransformReport& h : s.hosts) {
     kept += h.bytes_kept;
+    linked += h.bytes_linked;
     local += h.bytes_local;
     fetched += h.bytes_fetched;
     busiest = std::max(busiest, h.bytes_fetched);
   }
-  const double total = static_cast<double>(kept + local + fetched);
+  const double total = static_cast<double>(kept + linked + local + fetched);
   char buf[512];
   std::snprintf(buf, sizeof(buf),
                 "job version %llu (%s) -> %llu (%s) on %zu hosts in %.2f s (prepare %.2f s, commit %.3f s, "
-                "attempts %d): kept %s, local %s, cross-host %s (busiest host %s), %.2f GB/s",
+                "attempts %d): linked %s, kept %s, local %s, cross-host %s (busiest host %s), %.2f GB/s",
                 static_cast<unsigned long long>(s.from_version), s.from_config.c_str(),
                 static_cast<unsigned long long>(s.to_version), s.to_config.c_str(), s.new_hosts.size(), s.seconds,
-                s.prepare_seconds, s.commit_seconds, s.attempts, HumanBytes(kept).c_str(), HumanBytes(local).c_str(),
+                s.prepare_seconds, s.commit_seconds, s.attempts, HumanBytes(linked).c_str(), HumanBytes(kept).c_str(),
+                HumanBytes(local).c_str(),
                 HumanBytes(fetched).c_str(), HumanBytes(busiest).c_str(),
                 s.seconds > 0 ? total / s.seconds / 1e9 : 0.0);
   std::string out = buf;

@@ -54,7 +54,7 @@ struct ClusterTransformOptions {
 struct HostTransformReport {
   std::string url;
   int ranks = 0;  // new ranks placed on it
-  int64_t bytes_kept = 0, bytes_local = 0, bytes_fetched = 0;
+  int64_t bytes_kept = 0, bytes_linked = 0, bytes_local = 0, bytes_fetched = 0;
   double seconds = 0, fetch_seconds = 0, local_seconds = 0, alloc_seconds = 0;
 };
 

@@ -159,6 +159,29 @@ TEST_F(DistributedTest, ChangesEveryDimensionExactly) {
   }
 }
 
+TEST_F(DistributedTest, UnchangedTensorsAreLinkedNotCopied) {
+  Cluster c = ClusterOf({0, 1, 2, 3}, 2);
+  Load(c, "tp=2,pp=2");  // ranks 0-3 on hosts 0 and 1
+  Result<ClusterTransformStats> s = TransformCluster(c, "j", *ParseConfig("tp=2,pp=2,dp=2,zero=1"), {});
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  int64_t linked = 0;
+  for (const HostTransformReport& h : s->hosts) linked += h.bytes_linked;
+  // A new rank with the (tp, pp) coordinates of the old rank of the same number (the
+  // same device) keeps its parameters; optimizer state is resharded (zero=1).
+  Layout from = *MakeLayout(model_, *ParseConfig("tp=2,pp=2"));
+  Layout to = *MakeLayout(model_, *ParseConfig("tp=2,pp=2,dp=2,zero=1"));
+  int64_t params = 0;
+  for (int r = 0; r < 4; ++r) {
+    if (to.ranks[r].tp != from.ranks[r].tp || to.ranks[r].pp != from.ranks[r].pp) continue;
+    for (const LocalTensor& t : *to.ranks[r].tensors) {
+      if (t.name.find("optimizer") == std::string::npos) params += t.bytes();
+    }
+  }
+  EXPECT_GT(params, 0);
+  EXPECT_EQ(linked, params);
+  Verify(*s, "tp=2,pp=2,dp=2,zero=1", 2);  // the old version is released by now
+}
+
 TEST_F(DistributedTest, CentralBaselineGivesTheSameState) {
   Cluster c = ClusterOf({0, 1, 2, 3}, 2);
   Load(c, "tp=2,pp=2,dp=2,zero=1");

@@ -46,6 +46,10 @@ Result<HostExecStats> ExecuteHostPart(const HostExecInput& in) {
   std::map<int, PeerReads> peers;
   for (const plan::CopyOp& op : p.kept) {
     if (th.at(op.dst_rank) != in.host) continue;
+    if (in.linked != nullptr && in.linked->count({op.dst_rank, op.dst_tensor})) {
+      stats.bytes_linked += OpBytes(p, from, op);
+      continue;
+    }
     kept.push_back(op);
     stats.bytes_kept += OpBytes(p, from, op);
   }

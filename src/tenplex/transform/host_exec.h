@@ -22,7 +22,9 @@
 
 #include <cstdint>
 #include <functional>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tenplex/plan/planner.h"
@@ -35,6 +37,7 @@ namespace tenplex::transform {
 
 struct HostExecStats {
   int64_t bytes_kept = 0;     // in-place regions copied into the new tensors
+  int64_t bytes_linked = 0;   // in-place regions of linked tensors (no copy)
   int64_t bytes_local = 0;    // local and landed ops
   int64_t bytes_fetched = 0;  // remote ops (payload bytes)
   int64_t remote_ops = 0;
@@ -60,6 +63,9 @@ struct HostExecInput {
   // Reads the requests from host `peer`; called once per peer, from one thread per peer.
   std::function<Status(int peer, const std::vector<transport::ReadRequest>&)> fetch;
   ThreadPool* pool = nullptr;
+  // New tensors (rank, index) that were linked to their unchanged old tensor: their
+  // in-place regions need no copy (and their dst pointer is null). May be null.
+  const std::set<std::pair<int, int>>* linked = nullptr;
 };
 
 // Executes this host's ops. Destination padding is not written (fresh store tensors

@@ -1,5 +1,6 @@
 #include "tenplex/transform/local.h"
 
+#include <algorithm>
 #include <chrono>
 #include <nlohmann/json.hpp>
 
@@ -72,14 +73,59 @@ Result<MappedSources> MapSources(const store::Store& store, const std::string& j
   return m;
 }
 
+Result<std::set<std::pair<int, int>>> LinkUnchanged(store::Store& store, const std::string& job,
+                                                    uint64_t from_version, uint64_t to_version, const Layout& from,
+                                                    const Layout& to, const plan::Plan& plan,
+                                                    const std::vector<int>* from_hosts,
+                                                    const std::vector<int>* to_hosts, int host, int64_t* bytes) {
+  std::set<std::pair<int, int>> written;  // destinations of ops: never linked
+  for (const plan::CopyOp& op : plan.ops) written.insert({op.dst_rank, op.dst_tensor});
+  std::set<std::pair<int, int>> linked;
+  for (const RankLayout& r : to.ranks) {
+    if (r.rank >= from.world_size()) continue;
+    if (to_hosts != nullptr && to_hosts->at(r.rank) != host) continue;
+    if (from_hosts != nullptr && from_hosts->at(r.rank) != host) continue;
+    const std::vector<LocalTensor>& old = *from.ranks[r.rank].tensors;
+    for (std::size_t i = 0; i < r.tensors->size(); ++i) {
+      const LocalTensor& t = (*r.tensors)[i];
+      if (written.count({r.rank, static_cast<int>(i)})) continue;
+      auto same = std::find_if(old.begin(), old.end(), [&](const LocalTensor& o) {
+        if (o.name != t.name || o.dtype != t.dtype || o.shape != t.shape || o.pieces.size() != t.pieces.size()) {
+          return false;
+        }
+        for (std::size_t k = 0; k < o.pieces.size(); ++k) {
+          if (o.pieces[k].tensor != t.pieces[k].tensor || o.pieces[k].global != t.pieces[k].global ||
+              o.pieces[k].local != t.pieces[k].local) {
+            return false;
+          }
+        }
+        return true;
+      });
+      if (same == old.end()) continue;
+      TP_RETURN_IF_ERROR(store.Link(TensorPathOf(job, from_version, r.rank, t.name),
+                                    TensorPathOf(job, to_version, r.rank, t.name))
+                             .status());
+      linked.insert({r.rank, static_cast<int>(i)});
+      *bytes += t.bytes();
+    }
+  }
+  return linked;
+}
+
 Result<MappedDests> AllocateDests(store::Store& store, const std::string& job, uint64_t version,
-                                  const Layout& layout, const std::vector<int>* hosts, int host) {
+                                  const Layout& layout, const std::vector<int>* hosts, int host,
+                                  const std::set<std::pair<int, int>>* skip) {
   MappedDests m;
   m.writers.resize(layout.world_size());
   m.ptrs.resize(layout.world_size());
   for (const RankLayout& r : layout.ranks) {
     if (hosts != nullptr && hosts->at(r.rank) != host) continue;
     for (const LocalTensor& t : *r.tensors) {
+      if (skip != nullptr && skip->count({r.rank, static_cast<int>(m.ptrs[r.rank].size())})) {
+        m.ptrs[r.rank].push_back(nullptr);
+        m.writers[r.rank].emplace_back();
+        continue;
+      }
       TP_ASSIGN_OR_RETURN(store::TensorWriter w, store.Allocate(TensorPathOf(job, version, r.rank, t.name), t.dtype, t.shape));
       m.ptrs[r.rank].push_back(w.data());
       m.writers[r.rank].push_back(std::move(w));
@@ -115,7 +161,10 @@ Result<LocalTransformStats> TransformLocal(store::Store& store, const std::strin
     (void)store.DropVersion(job, v);
     return s;
   };
-  Result<MappedDests> dst = AllocateDests(store, job, v, to_layout, nullptr, 0);
+  Result<std::set<std::pair<int, int>>> linked =
+      LinkUnchanged(store, job, cur.version, v, from_layout, to_layout, p, nullptr, nullptr, 0, &stats.bytes_linked);
+  if (!linked.ok()) return fail(linked.status());
+  Result<MappedDests> dst = AllocateDests(store, job, v, to_layout, nullptr, 0, &*linked);
   if (!dst.ok()) return fail(dst.status());
   HostExecInput in;
   in.plan = &p;
@@ -127,6 +176,7 @@ Result<LocalTransformStats> TransformLocal(store::Store& store, const std::strin
   in.src = &src.ptrs;
   in.dst = &dst->ptrs;
   in.pool = &ThreadPool::Default();
+  in.linked = &*linked;
   Result<HostExecStats> ex = ExecuteHostPart(in);
   if (!ex.ok()) return fail(ex.status());
   stats.bytes_copied = ex->bytes_kept + ex->bytes_local;

@@ -11,7 +11,9 @@
 #pragma once
 
 #include <cstdint>
+#include <set>
 #include <string>
+#include <utility>
 
 #include "tenplex/model/model.h"
 #include "tenplex/plan/planner.h"
@@ -53,8 +55,22 @@ struct MappedDests {
 // tensor's dtype and shape against the layout (DataLoss naming it otherwise).
 Result<MappedSources> MapSources(const store::Store& store, const std::string& job, uint64_t version,
                                  const Layout& layout, const std::vector<int>* hosts, int host);
+// `skip`: tensors (rank, index) not to allocate (linked ones); their pointer is null.
 Result<MappedDests> AllocateDests(store::Store& store, const std::string& job, uint64_t version,
-                                  const Layout& layout, const std::vector<int>* hosts, int host);
+                                  const Layout& layout, const std::vector<int>* hosts, int host,
+                                  const std::set<std::pair<int, int>>* skip = nullptr);
+
+// The new ranks' tensors on this host that equal, element for element, a tensor of the
+// same old rank on this host (the same device): same name, dtype, shape and pieces
+// (so the same global elements at the same offsets, padding zero in both), and no op
+// writes them. They are linked into the new version (Store::Link: the same pages, no
+// allocation, no copy) instead of allocated and copied; returns them as (rank,
+// tensor index) and adds their bytes to *bytes. hosts null: every rank on this host.
+Result<std::set<std::pair<int, int>>> LinkUnchanged(store::Store& store, const std::string& job,
+                                                    uint64_t from_version, uint64_t to_version, const Layout& from,
+                                                    const Layout& to, const plan::Plan& plan,
+                                                    const std::vector<int>* from_hosts,
+                                                    const std::vector<int>* to_hosts, int host, int64_t* bytes);
 // jobs/<job>/<version>/rank-NNNNN/<name>
 std::string TensorPathOf(const std::string& job, uint64_t version, int rank, const std::string& name);
 
@@ -62,6 +78,7 @@ struct LocalTransformStats {
   uint64_t new_version = 0;
   plan::PlanStats plan;
   int64_t bytes_copied = 0;  // bytes written by copies (ops and kept regions)
+  int64_t bytes_linked = 0;  // unchanged tensors shared with the old version, not copied
   double plan_seconds = 0;
   double execute_seconds = 0;
   double commit_seconds = 0;
