@@ -18,4 +18,19 @@ $T run --quiet --schedule examples/schedules/static.json --log "$OUT/static.json
 echo "== elastic run: $(tr -d '\n ' < examples/schedules/demo.json)"
 $T run --schedule examples/schedules/demo.json --log "$OUT/elastic.jsonl" --work-dir "$OUT/elastic" \
   --baseline "$OUT/static.jsonl" -- "${TRAIN[@]}"
-echo "logs: $OUT/elastic.jsonl, $OUT/static.jsonl"
+# The same elastic job with its state in two store daemons (2 GPUs per host): every
+# reconfiguration is a distributed transform between them over UCX.
+PIDS=()
+trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done' EXIT
+URLS=()
+for h in 0 1; do
+  $T store serve --listen 127.0.0.1:0 >"$OUT/daemon$h.log" 2>&1 &
+  PIDS+=($!)
+  for _ in $(seq 100); do grep -q "serving http" "$OUT/daemon$h.log" && break; sleep 0.1; done
+  URLS+=("$(grep -o 'http://127.0.0.1:[0-9]*' "$OUT/daemon$h.log")")
+done
+printf '{"hosts": ["%s", "%s"], "gpus_per_host": 2}\n' "${URLS[0]}" "${URLS[1]}" >"$OUT/cluster.json"
+echo "== elastic run across 2 store daemons: tenplex run --cluster $OUT/cluster.json"
+$T run --cluster "$OUT/cluster.json" --schedule examples/schedules/demo.json --log "$OUT/elastic-cluster.jsonl" \
+  --work-dir "$OUT/elastic-cluster" --baseline "$OUT/static.jsonl" -- "${TRAIN[@]}"
+echo "logs: $OUT/elastic.jsonl, $OUT/elastic-cluster.jsonl, $OUT/static.jsonl"
