@@ -129,7 +129,8 @@ def measure(figure, case, cluster, tmp, frm, to):
     busiest = max(h["bytes_fetched"] for h in ours["hosts"])
     local = sum(h["bytes_kept"] + h["bytes_local"] for h in ours["hosts"])
     row = {
-        "figure": figure, "case": case, "hosts": len(cluster.daemons), "from": frm, "to": to,
+        "figure": figure, "model": os.path.basename(ARGS.model), "case": case, "hosts": len(cluster.daemons),
+        "from": frm, "to": to,
         "state_bytes": ours["plan"]["bytes_total"], "cross_bytes": ours["plan"]["bytes_cross_host"],
         "busiest_host_cross_bytes": busiest, "local_bytes": local,
         "ours_s": round(ours["seconds"], 3), "ours_prepare_s": round(ours["prepare_seconds"], 3),
