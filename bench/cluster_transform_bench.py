@@ -8,11 +8,14 @@ its share in parallel) and the central baseline (`--central`: one host gathers a
 state, re-slices it, scatters it: what a single-process converter does).
 
 Limits, measured in the same run:
-  fetch_gbps  UCX fetch bandwidth between two daemons (POST /v1/transform/probe)
+  fetch_gbps  UCX fetch bandwidth between two daemons (POST /v1/transform/probe: 512 MiB
+              of distinct memory on both sides, as a transform moves)
   write_gbps  writing fresh shared memory in a daemon (allocate + memcpy), which is
               what every new byte of a new version costs
-  limit (s)   max over hosts of  fetched_h / fetch_gbps + (kept_h + local_h) / write_gbps
-              (hosts work in parallel, as separate machines would)
+  limit (s)   max over hosts of  max(sent_h, received_h) / fetch_gbps
+                                 + (kept_h + local_h) / write_gbps
+              (hosts work in parallel, as separate machines would; linked tensors
+              cost nothing)
 Note that here all daemons share this machine's cores and memory bus, which separate
 hosts would not: docs/transform.md discusses what that means for the ratio.
 
@@ -68,7 +71,7 @@ def probe(daemons):
         t.start()
     for t in threads:
         t.join()
-    pair["all_fetch_gbps"] = sum(r["fetch_gbps"] for r in results)
+    pair["all_fetch_gbps"] = sum(r["fetch_large_gbps"] for r in results)
     pair["all_write_gbps"] = sum(r["fresh_write_gbps"] for r in results)
     return pair
 
@@ -116,17 +119,22 @@ def measure(figure, case, cluster, tmp, frm, to):
     # The limits again, right after the runs: the best of the two probes counts (a
     # limit must not be lowered by a probe that ran while the machine was busy).
     again = probe(cluster.daemons)
-    for k in ("fetch_gbps", "fresh_write_gbps", "all_fetch_gbps", "all_write_gbps"):
+    for k in ("fetch_gbps", "fetch_large_gbps", "fresh_write_gbps", "all_fetch_gbps", "all_write_gbps"):
         cluster.limits[k] = max(cluster.limits[k], again[k])
-    fetch_gbps = cluster.limits["fetch_gbps"]
+    fetch_gbps = cluster.limits["fetch_large_gbps"]
     write_gbps = cluster.limits["fresh_write_gbps"]
-    per_host = [h["bytes_fetched"] / fetch_gbps / 1e9 + (h["bytes_kept"] + h["bytes_local"]) / write_gbps / 1e9
-                for h in ours["hosts"]]
+    # A host's link carries what it receives and what it sends: the busier side counts.
+    plan = ours["plan"]
+    sent = dict(zip(plan["hosts"], plan["host_send_bytes"]))
+    recv = dict(zip(plan["hosts"], plan["host_recv_bytes"]))
+    copied = {h["url"]: h["bytes_kept"] + h["bytes_local"] for h in ours["hosts"]}
+    per_host = [max(sent.get(u, 0), recv.get(u, 0)) / fetch_gbps / 1e9 + copied.get(u, 0) / write_gbps / 1e9
+                for u in plan["hosts"]]
     limit = max(per_host)
     fetched = sum(h["bytes_fetched"] for h in ours["hosts"])
     written = sum(h["bytes_kept"] + h["bytes_local"] for h in ours["hosts"])
     machine_limit = (fetched / cluster.limits["all_fetch_gbps"] + written / cluster.limits["all_write_gbps"]) / 1e9
-    busiest = max(h["bytes_fetched"] for h in ours["hosts"])
+    busiest = max(max(plan["host_send_bytes"]), max(plan["host_recv_bytes"]))
     local = sum(h["bytes_kept"] + h["bytes_local"] for h in ours["hosts"])
     row = {
         "figure": figure, "model": os.path.basename(ARGS.model), "case": case, "hosts": len(cluster.daemons),
@@ -175,9 +183,11 @@ def main():
         if "dims" in figures:
             log("reconfiguration per dimension (4 hosts x 2 GPUs, %s with Adam):" % ARGS.model)
             c = Cluster(4, tmp)
-            log("  limits: UCX fetch %.2f GB/s between two daemons, fresh shared-memory write %.2f GB/s, "
-                "memcpy %.2f GB/s; all daemons at once: fetch %.2f GB/s, fresh write %.2f GB/s" %
-                (c.limits["fetch_gbps"], c.limits["fresh_write_gbps"], c.limits["memcpy_gbps"],
+            log("  limits: UCX fetch %.2f GB/s between two daemons (%.2f GB/s from a 64 MiB region), fresh "
+                "shared-memory write %.2f GB/s, memcpy %.2f GB/s; all daemons at once: fetch %.2f GB/s, "
+                "fresh write %.2f GB/s" %
+                (c.limits["fetch_large_gbps"], c.limits["fetch_gbps"], c.limits["fresh_write_gbps"],
+                 c.limits["memcpy_gbps"],
                  c.limits["all_fetch_gbps"], c.limits["all_write_gbps"]))
             try:
                 for case, to in [("DP", "tp=2,pp=2,dp=2,zero=1"), ("TP", "tp=4,pp=2"), ("PP", "tp=2,pp=4")]:

@@ -79,7 +79,10 @@ Status Transform(const TransformOpts& o) {
                         {"bytes_cross_host", s.plan.bytes_cross_host},
                         {"cross_host_lower_bound", s.plan.cross_host_lower_bound},
                         {"max_host_recv_bytes", s.plan.max_host_recv_bytes},
-                        {"max_host_send_bytes", s.plan.max_host_send_bytes}}},
+                        {"max_host_send_bytes", s.plan.max_host_send_bytes},
+                        {"hosts", s.all_hosts},
+                        {"host_send_bytes", s.plan.host_send_bytes},
+                        {"host_recv_bytes", s.plan.host_recv_bytes}}},
                       {"hosts", hosts}};
   std::printf("%s\n", j.dump(2).c_str());
   return Status::Ok();

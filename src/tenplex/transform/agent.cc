@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -139,8 +140,23 @@ struct Agent::Impl {
   std::mutex cache_mu;
   std::unordered_map<std::string, std::shared_ptr<const store::TensorRef>> cache;
 
+  // A large region of a fixed pattern (transport::ProbeByte) for probes that move
+  // distinct memory, as a transform does (the transport's own probe region is 64 MiB,
+  // which caches flatter than any real state). Allocated on first use.
+  static constexpr std::string_view kScratchRegion = "tenplex.agent.scratch";
+  static constexpr uint64_t kScratchBytes = 512ull << 20;
+  std::shared_ptr<std::vector<uint8_t>> scratch;
+
   // Peers read committed tensors only, by store path.
   Result<transport::Region> Lookup(std::string_view name) {
+    if (name == kScratchRegion) {
+      std::lock_guard<std::mutex> lock(cache_mu);
+      if (!scratch) {
+        scratch = std::make_shared<std::vector<uint8_t>>(kScratchBytes);
+        for (uint64_t i = 0; i < kScratchBytes; ++i) (*scratch)[i] = transport::ProbeByte(i);
+      }
+      return transport::Region{scratch->data(), scratch->size(), scratch};
+    }
     const std::string path(name);
     TP_ASSIGN_OR_RETURN(store::TensorInfo meta, store.Meta(path));
     if (!meta.committed) return NotFound(path + " is not committed");
@@ -285,6 +301,24 @@ Result<std::string> Agent::Impl::Probe(const std::string& body) {
   transport::FetchBandwidthOptions fo;
   fo.bytes = bytes;
   TP_ASSIGN_OR_RETURN(double fetch_gbps, transport::MeasureFetchBandwidth(*transport, peer, fo));
+  // The same from the peer's large scratch region into a large local buffer: distinct
+  // memory on both sides (best of 3; the first also makes the peer allocate it).
+  const uint64_t large = std::min<uint64_t>(bytes, kScratchBytes);
+  std::vector<uint8_t> dest(large, 0);
+  double large_gbps = 0;
+  for (int rep = 0; rep < 4; ++rep) {
+    transport::ReadRequest req{std::string(kScratchRegion), {}};
+    for (uint64_t at = 0; at < large; at += 16ull << 20) {
+      req.runs.push_back({at, std::min<uint64_t>(16ull << 20, large - at), dest.data() + at});
+    }
+    auto t0 = std::chrono::steady_clock::now();
+    TP_RETURN_IF_ERROR(transport->Fetch(peer, {req}));
+    const double s = Since(t0);
+    for (uint64_t at = 0; at < large; at += 1 << 20) {
+      if (dest[at] != transport::ProbeByte(at)) return DataLoss("probe: wrong byte at offset " + std::to_string(at));
+    }
+    if (rep > 0) large_gbps = std::max(large_gbps, static_cast<double>(large) / s / 1e9);
+  }
   // Writing fresh shared memory, as a transform does: allocate a new tmpfs file, map
   // it and copy a warm buffer into it (best of 3).
   std::vector<uint8_t> warm(bytes, 0x5a);
@@ -302,6 +336,7 @@ Result<std::string> Agent::Impl::Probe(const std::string& body) {
   }
   json reply = {{"bytes", bytes},
                 {"fetch_gbps", fetch_gbps},
+                {"fetch_large_gbps", large_gbps},
                 {"fresh_write_gbps", best},
                 {"memcpy_gbps", transport::MeasureMemcpyBandwidth(bytes)}};
   return reply.dump();

@@ -9,8 +9,10 @@
 //   POST /v1/transform/prepare   executes this host's share of a plan into a new open
 //                                version (phase one of the two-phase commit)
 //   POST /v1/transform/probe     {"address": A, "bytes": N}: the fetch bandwidth from
-//                                the peer at A and the bandwidth of writing fresh
-//                                shared memory here (the limits of a benchmark)
+//                                the peer at A (its 64 MiB probe region, and a 512 MiB
+//                                scratch region into distinct memory) and the bandwidth
+//                                of writing fresh shared memory here (the limits of a
+//                                benchmark)
 // Phase two uses the store's own endpoints: .../versions/<v>/commit or /abort.
 //
 // Prepare request:

@@ -162,6 +162,7 @@ Result<ClusterTransformStats> TransformCluster(const Cluster& from, const std::s
   }
   ClusterTransformStats stats;
   stats.to_config = to.ToString();
+  for (const Host& h : hosts) stats.all_hosts.push_back(h.url);
   for (int attempt = 1; attempt <= options.max_attempts; ++attempt) {
     stats.attempts = attempt;
     stats.lost_hosts.clear();
