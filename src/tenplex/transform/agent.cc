@@ -304,21 +304,33 @@ Result<std::string> Agent::Impl::Probe(const std::string& body) {
   // The same from the peer's large scratch region into a large local buffer: distinct
   // memory on both sides (best of 3; the first also makes the peer allocate it).
   const uint64_t large = std::min<uint64_t>(bytes, kScratchBytes);
+  auto fetch_into = [&](uint8_t* dest) -> Result<double> {
+    double best = 0;
+    for (int rep = 0; rep < 4; ++rep) {
+      transport::ReadRequest req{std::string(kScratchRegion), {}};
+      for (uint64_t at = 0; at < large; at += 16ull << 20) {
+        req.runs.push_back({at, std::min<uint64_t>(16ull << 20, large - at), dest + at});
+      }
+      auto t0 = std::chrono::steady_clock::now();
+      TP_RETURN_IF_ERROR(transport->Fetch(peer, {req}));
+      const double s = Since(t0);
+      for (uint64_t at = 0; at < large; at += 1 << 20) {
+        if (dest[at] != transport::ProbeByte(at)) return DataLoss("probe: wrong byte at offset " + std::to_string(at));
+      }
+      if (rep > 0) best = std::max(best, static_cast<double>(large) / s / 1e9);
+    }
+    return best;
+  };
   std::vector<uint8_t> dest(large, 0);
-  double large_gbps = 0;
-  for (int rep = 0; rep < 4; ++rep) {
-    transport::ReadRequest req{std::string(kScratchRegion), {}};
-    for (uint64_t at = 0; at < large; at += 16ull << 20) {
-      req.runs.push_back({at, std::min<uint64_t>(16ull << 20, large - at), dest.data() + at});
-    }
-    auto t0 = std::chrono::steady_clock::now();
-    TP_RETURN_IF_ERROR(transport->Fetch(peer, {req}));
-    const double s = Since(t0);
-    for (uint64_t at = 0; at < large; at += 1 << 20) {
-      if (dest[at] != transport::ProbeByte(at)) return DataLoss("probe: wrong byte at offset " + std::to_string(at));
-    }
-    if (rep > 0) large_gbps = std::max(large_gbps, static_cast<double>(large) / s / 1e9);
-  }
+  TP_ASSIGN_OR_RETURN(double large_gbps, fetch_into(dest.data()));
+  // And into a shared-memory tensor file, where a transform writes.
+  std::random_device rd;
+  const std::string shm_file = store.shm_dir() + "/tmp/probe-" + std::to_string(getpid()) + "-" + std::to_string(rd());
+  Result<store::ShmMapping> shm = store::ShmMapping::Create(shm_file, large);
+  ::unlink(shm_file.c_str());
+  if (!shm.ok()) return shm.status();
+  shm->Prefault();
+  TP_ASSIGN_OR_RETURN(double shm_gbps, fetch_into(shm->data()));
   // Writing fresh shared memory, as a transform does: allocate a new tmpfs file, map
   // it and copy a warm buffer into it (best of 3).
   std::vector<uint8_t> warm(bytes, 0x5a);
@@ -337,6 +349,7 @@ Result<std::string> Agent::Impl::Probe(const std::string& body) {
   json reply = {{"bytes", bytes},
                 {"fetch_gbps", fetch_gbps},
                 {"fetch_large_gbps", large_gbps},
+                {"fetch_into_shm_gbps", shm_gbps},
                 {"fresh_write_gbps", best},
                 {"memcpy_gbps", transport::MeasureMemcpyBandwidth(bytes)}};
   return reply.dump();
