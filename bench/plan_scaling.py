@@ -1,0 +1,70 @@
+#!/usr/bin/python3
+"""Planner scaling: runs bench/plan_bench (Google Benchmark) for growth with the number of
+layers (gpt3-175b shape, tp=8,pp=16,dp=8 -> tp=8,pp=12,dp=10) and with the world size
+(dp 4..32, i.e. up to 4096 old + 5120 new ranks), and writes docs/benchmarks/plan_scaling.csv.
+
+The limit is the goal stated in plan_bench.cc: a plan in under 1 s on one core, so
+limit_ratio = plan seconds / 1 s (below 1 meets it). at_lower_bound = 1 when the plan's
+cross-host bytes equal the planner's lower bound.
+"""
+import argparse
+import csv
+import io
+import os
+import subprocess
+import sys
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--plan-bench", default="build/bin/plan_bench")
+    ap.add_argument("--out", default="docs/benchmarks")
+    ap.add_argument("--quick", action="store_true", help="skip the largest cases, 1 repetition")
+    ap.add_argument("--reps", type=int, default=3)
+    a = ap.parse_args()
+    if a.quick:
+        a.reps = 1
+    filt = "BM_Plan(Layers|World)/"
+    if a.quick:
+        filt = "BM_Plan(Layers/(48|96)|World/(4|8))$"
+    # Each case repeated; the fastest repetition counts (the machine is shared, so the
+    # slower ones measure the neighbours).
+    r = subprocess.run([a.plan_bench, f"--benchmark_filter={filt}", "--benchmark_format=csv",
+                        "--benchmark_min_time=0.01", f"--benchmark_repetitions={a.reps}"],
+                       check=True, capture_output=True, text=True)
+    text = r.stdout[r.stdout.index("name,"):]
+    best = {}
+    for b in csv.DictReader(io.StringIO(text)):
+        name = b["name"].strip('"')
+        if name.endswith(("_mean", "_median", "_stddev", "_cv")):
+            continue
+        if name not in best or float(b["real_time"]) < float(best[name]["real_time"]):
+            best[name] = b
+    rows = []
+    for name, b in best.items():
+        kind, arg = name.split("/")[0], int(name.split("/")[1])
+        sweep = "layers" if kind == "BM_PlanLayers" else "world"
+        ms = float(b["real_time"])  # unit is ms
+        layers = arg if sweep == "layers" else 96
+        old_world = 8 * 16 * (8 if sweep == "layers" else arg)
+        row = {"sweep": sweep, "layers": layers, "old_world": old_world,
+               "ranks_both": int(float(b["world"])), "plan_ms": round(ms, 2),
+               "limit_ms": 1000.0, "limit_ratio": round(ms / 1000.0, 4),
+               "ops": int(float(b["ops"])), "plan_MiB": round(float(b["plan_MiB"]), 1),
+               "peak_rss_MiB": round(float(b["peak_rss_MiB"]), 1),
+               "at_lower_bound": int(float(b["at_lower_bound"]))}
+        rows.append(row)
+        print(f"[plan_scaling] {sweep}: layers {layers}, ranks {row['ranks_both']}: plan "
+              f"{ms:.1f} ms, limit 1000 ms, ratio {row['limit_ratio']:.3f}, ops {row['ops']}, "
+              f"plan {row['plan_MiB']} MiB, at lower bound {row['at_lower_bound']}", flush=True)
+    os.makedirs(a.out, exist_ok=True)
+    path = os.path.join(a.out, "plan_scaling.csv")
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
+        w.writeheader()
+        w.writerows(rows)
+    print(f"[plan_scaling] wrote {path}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

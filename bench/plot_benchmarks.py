@@ -1,0 +1,97 @@
+#!/usr/bin/python3
+"""Plots every docs/benchmarks/*.csv this script knows about into PNGs beside them:
+dcp_peer.csv (bench/dcp_peer_bench.py), plan_scaling.csv (bench/plan_scaling.py), and
+cluster_transform.csv through bench/plot_cluster_transform.py when that script exists.
+Unknown CSVs are listed and skipped. Usage: plot_benchmarks.py [--dir docs/benchmarks]
+"""
+import argparse
+import csv
+import glob
+import os
+import subprocess
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def read(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def plot_dcp(path, out_dir):
+    rows = read(path)
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    series = [("ours_s", "tenplex reshard (ours)", "tab:blue"),
+              ("peer_s", "torch DCP load+save (peer)", "tab:orange"),
+              ("write_limit_s", "limit: write+fsync", "tab:gray"),
+              ("limit_s", "limit: memcpy", "black")]
+    width = 0.2
+    for i, (key, label, color) in enumerate(series):
+        xs = [j + (i - 1.5) * width for j in range(len(rows))]
+        ys = [float(r[key]) for r in rows]
+        bars = ax.bar(xs, ys, width, label=label, color=color)
+        for b, y in zip(bars, ys):
+            ax.annotate(f"{y:.2f}", (b.get_x() + b.get_width() / 2, y), ha="center",
+                        va="bottom", fontsize=8)
+    ax.set_xticks(range(len(rows)))
+    ax.set_xticklabels([f"{r['place']}\n{r['state_MB']} MB, {r['old_world']}->{r['new_world']} "
+                        f"ranks\nspeed-up {r['speedup_vs_peer']}x" for r in rows])
+    ax.set_ylabel("seconds (lower is better)")
+    ax.set_title("Re-partitioning a GPT + Adam checkpoint")
+    top = max(float(r[k]) for r in rows for k, _, _ in series)
+    ax.set_ylim(0, 1.35 * top)
+    ax.legend(fontsize=8, loc="upper center", ncol=2)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "dcp_peer.png"), dpi=120)
+    plt.close(fig)
+
+
+def plot_plan(path, out_dir):
+    rows = read(path)
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.8))
+    for ax, sweep, xkey, xlabel in [(axes[0], "layers", "layers", "model layers (ranks fixed)"),
+                                    (axes[1], "world", "ranks_both",
+                                     "old + new ranks (96 layers)")]:
+        sel = [r for r in rows if r["sweep"] == sweep]
+        xs = [int(r[xkey]) for r in sel]
+        ax.plot(xs, [float(r["plan_ms"]) for r in sel], "o-", label="plan time (ours)")
+        ax.axhline(1000.0, color="red", ls="--", label="goal: 1 s")
+        for r, x in zip(sel, xs):
+            ax.annotate(f"{float(r['plan_ms']):.0f}", (x, float(r["plan_ms"])),
+                        textcoords="offset points", xytext=(0, 6), ha="center", fontsize=8)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("ms")
+        ax.set_ylim(0, max(1100, 1.15 * max([float(r["plan_ms"]) for r in sel] + [0])))
+        ax.legend(fontsize=8, loc="upper left")
+        ax.grid(alpha=0.3)
+    fig.suptitle("Planner scaling, gpt3-175b shape, one core")
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "plan_scaling.png"), dpi=120)
+    plt.close(fig)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--dir", default="docs/benchmarks")
+    a = ap.parse_args()
+    known = {"dcp_peer.csv": plot_dcp, "plan_scaling.csv": plot_plan}
+    here = os.path.dirname(os.path.abspath(__file__))
+    for path in sorted(glob.glob(os.path.join(a.dir, "*.csv"))):
+        name = os.path.basename(path)
+        if name in known:
+            known[name](path, a.dir)
+            print(f"[plot] {name} -> {name[:-4]}.png")
+        elif name == "cluster_transform.csv" and \
+                os.path.exists(os.path.join(here, "plot_cluster_transform.py")):
+            subprocess.run([sys.executable, os.path.join(here, "plot_cluster_transform.py"),
+                            "--dir", a.dir], check=True)
+        else:
+            print(f"[plot] {name}: no plot known, skipped")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Runs every side-by-side benchmark in one go on this machine and plots the results:
+#   bash bench/run_all.sh [--quick]
+# Binaries come from $BIN (default build/bin; build it with
+#   cmake -S . -B build -G Ninja -DTENPLEX_BENCH=ON && ninja -C build tenplex plan_bench).
+# Writes docs/benchmarks/*.csv and *.png and docs/benchmarks/machine.txt. See docs/benchmarks.md.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${BIN:-build/bin}
+OUT=${OUT:-docs/benchmarks}
+QUICK=()
+if [[ "${1:-}" == "--quick" ]]; then QUICK=(--quick); fi
+PY=/usr/bin/python3
+for b in tenplex plan_bench; do
+  [[ -x "$BIN/$b" ]] || { echo "run_all: $BIN/$b missing (set BIN= or build it)" >&2; exit 1; }
+done
+mkdir -p "$OUT"
+{
+  echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
+  echo "cpu: $(lscpu | sed -n 's/^Model name: *//p')"
+  echo "cores: $(nproc)"
+  echo "ram: $(free -g | awk '/^Mem:/{print $2}') GiB"
+  echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  echo "mode: ${QUICK[*]:-full}"
+} > "$OUT/machine.txt"
+cat "$OUT/machine.txt"
+start=$(date +%s)
+echo "== 1. planner scaling"
+$PY bench/plan_scaling.py --plan-bench "$BIN/plan_bench" --out "$OUT" "${QUICK[@]}"
+echo "== 2. re-partitioning vs torch DCP (peer) and the limits"
+$PY bench/dcp_peer_bench.py --tenplex "$BIN/tenplex" --out "$OUT" "${QUICK[@]}"
+echo "== 3. distributed transform across store daemons"
+if [[ -f bench/cluster_transform_bench.py ]]; then
+  $PY bench/cluster_transform_bench.py --tenplex "$BIN/tenplex" --out "$OUT" "${QUICK[@]}"
+else
+  echo "bench/cluster_transform_bench.py not present: skipped"
+fi
+echo "== plots"
+$PY bench/plot_benchmarks.py --dir "$OUT"
+echo "run_all: done in $(( $(date +%s) - start )) s; results in $OUT"
