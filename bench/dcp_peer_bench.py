@@ -22,7 +22,6 @@ _import_dcp() (see docs/benchmarks.md).
 """
 import argparse
 import copy
-import csv
 import dataclasses
 import json
 import math
@@ -33,6 +32,7 @@ import sys
 import time
 
 import numpy as np
+from bench_csv import write_rows
 
 
 def _import_dcp():
@@ -223,12 +223,7 @@ def main():
               f"torch DCP {p:.3f} s (with process start {pw:.3f} s), memcpy limit "
               f"{limit_s:.3f} s, write+fsync limit {wl:.3f} s; speed-up {p / o:.2f}x, ours/memcpy {o / limit_s:.1f}, ours/write {o / wl:.2f}",
               flush=True)
-    path = os.path.join(a.out, "dcp_peer.csv")
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
-        w.writeheader()
-        w.writerows(rows)
-    print(f"[dcp_peer] wrote {path}")
+    write_rows(a.out, "dcp_peer.csv", rows, "dcp_peer")
 
 
 if __name__ == "__main__":

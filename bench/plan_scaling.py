@@ -14,6 +14,8 @@ import os
 import subprocess
 import sys
 
+from bench_csv import write_rows
+
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -57,13 +59,7 @@ def main():
         print(f"[plan_scaling] {sweep}: layers {layers}, ranks {row['ranks_both']}: plan "
               f"{ms:.1f} ms, limit 1000 ms, ratio {row['limit_ratio']:.3f}, ops {row['ops']}, "
               f"plan {row['plan_MiB']} MiB, at lower bound {row['at_lower_bound']}", flush=True)
-    os.makedirs(a.out, exist_ok=True)
-    path = os.path.join(a.out, "plan_scaling.csv")
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
-        w.writeheader()
-        w.writerows(rows)
-    print(f"[plan_scaling] wrote {path}")
+    write_rows(a.out, "plan_scaling.csv", rows, "plan_scaling")
 
 
 if __name__ == "__main__":
