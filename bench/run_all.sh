@@ -25,16 +25,23 @@ mkdir -p "$OUT"
 } > "$OUT/machine.txt"
 cat "$OUT/machine.txt"
 start=$(date +%s)
+FAILED=()
+# A failing benchmark is reported and the others still run (and are plotted).
+step() {
+  local name=$1; shift
+  "$@" || { echo "run_all: $name FAILED (exit $?)" >&2; FAILED+=("$name"); }
+}
 echo "== 1. planner scaling"
-$PY bench/plan_scaling.py --plan-bench "$BIN/plan_bench" --out "$OUT" "${QUICK[@]}"
+step plan_scaling $PY bench/plan_scaling.py --plan-bench "$BIN/plan_bench" --out "$OUT" "${QUICK[@]}"
 echo "== 2. re-partitioning vs torch DCP (peer) and the limits"
-$PY bench/dcp_peer_bench.py --tenplex "$BIN/tenplex" --out "$OUT" "${QUICK[@]}"
+step dcp_peer $PY bench/dcp_peer_bench.py --tenplex "$BIN/tenplex" --out "$OUT" "${QUICK[@]}"
 echo "== 3. distributed transform across store daemons"
 if [[ -f bench/cluster_transform_bench.py ]]; then
-  $PY bench/cluster_transform_bench.py --tenplex "$BIN/tenplex" --out "$OUT" "${QUICK[@]}"
+  step cluster_transform $PY bench/cluster_transform_bench.py --tenplex "$BIN/tenplex" --out "$OUT" "${QUICK[@]}"
 else
   echo "bench/cluster_transform_bench.py not present: skipped"
 fi
 echo "== plots"
 $PY bench/plot_benchmarks.py --dir "$OUT"
 echo "run_all: done in $(( $(date +%s) - start )) s; results in $OUT"
+if (( ${#FAILED[@]} )); then echo "run_all: failed: ${FAILED[*]}" >&2; exit 1; fi
