@@ -27,11 +27,13 @@ def plot_dcp(path, out_dir):
     fig, ax = plt.subplots(figsize=(7, 4.2))
     series = [("ours_s", "tenplex reshard (ours)", "tab:blue"),
               ("peer_s", "torch DCP load+save (peer)", "tab:orange"),
+              ("fresh_mmap_memcpy_s", "memcpy into fresh mmap pages", "tab:green"),
               ("write_limit_s", "limit: write+fsync", "tab:gray"),
               ("limit_s", "limit: memcpy", "black")]
-    width = 0.2
+    series = [x for x in series if x[0] in rows[0]]
+    width = 0.8 / len(series)
     for i, (key, label, color) in enumerate(series):
-        xs = [j + (i - 1.5) * width for j in range(len(rows))]
+        xs = [j + (i - (len(series) - 1) / 2) * width for j in range(len(rows))]
         ys = [float(r[key]) for r in rows]
         bars = ax.bar(xs, ys, width, label=label, color=color)
         for b, y in zip(bars, ys):
@@ -45,6 +47,7 @@ def plot_dcp(path, out_dir):
     top = max(float(r[k]) for r in rows for k, _, _ in series)
     ax.set_ylim(0, 1.35 * top)
     ax.legend(fontsize=8, loc="upper center", ncol=2)
+    ax.set_xlim(-0.6, len(rows) - 0.4)
     fig.tight_layout()
     fig.savefig(os.path.join(out_dir, "dcp_peer.png"), dpi=120)
     plt.close(fig)
