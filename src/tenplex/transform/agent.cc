@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <set>
+#include <thread>
 #include <unordered_map>
 
 #include "tenplex/model/model.h"
@@ -145,16 +146,29 @@ struct Agent::Impl {
   // which caches flatter than any real state). Allocated on first use.
   static constexpr std::string_view kScratchRegion = "tenplex.agent.scratch";
   static constexpr uint64_t kScratchBytes = 512ull << 20;
-  std::shared_ptr<std::vector<uint8_t>> scratch;
+  std::shared_ptr<std::vector<uint8_t>> scratch;  // guarded by cache_mu
+
+  // Makes the scratch region (on the prober's thread and the pool, never on the
+  // transport's thread, which must stay responsive).
+  void EnsureScratch() {
+    {
+      std::lock_guard<std::mutex> lock(cache_mu);
+      if (scratch) return;
+    }
+    auto s = std::make_shared<std::vector<uint8_t>>(kScratchBytes);
+    constexpr uint64_t kChunk = 8ull << 20;
+    ThreadPool::Default().ParallelFor(kScratchBytes / kChunk, [&](std::size_t c) {
+      for (uint64_t i = c * kChunk; i < (c + 1) * kChunk; ++i) (*s)[i] = transport::ProbeByte(i);
+    });
+    std::lock_guard<std::mutex> lock(cache_mu);
+    if (!scratch) scratch = std::move(s);
+  }
 
   // Peers read committed tensors only, by store path.
   Result<transport::Region> Lookup(std::string_view name) {
     if (name == kScratchRegion) {
       std::lock_guard<std::mutex> lock(cache_mu);
-      if (!scratch) {
-        scratch = std::make_shared<std::vector<uint8_t>>(kScratchBytes);
-        for (uint64_t i = 0; i < kScratchBytes; ++i) (*scratch)[i] = transport::ProbeByte(i);
-      }
+      if (!scratch) return NotFound("this daemon has no probe scratch region yet (it makes one when probed)");
       return transport::Region{scratch->data(), scratch->size(), scratch};
     }
     const std::string path(name);
@@ -297,6 +311,7 @@ Result<std::string> Agent::Impl::Probe(const std::string& body) {
     TP_ASSIGN_OR_RETURN(bytes, U64Field(j, "bytes"));
   }
   if (bytes < (1ull << 20) || bytes > (4ull << 30)) return InvalidArgument("'bytes' must be in [1 MiB, 4 GiB]");
+  EnsureScratch();
   TP_ASSIGN_OR_RETURN(transport::PeerId peer, transport->Connect(address));
   transport::FetchBandwidthOptions fo;
   fo.bytes = bytes;
@@ -304,7 +319,7 @@ Result<std::string> Agent::Impl::Probe(const std::string& body) {
   // The same from the peer's large scratch region into a large local buffer: distinct
   // memory on both sides (best of 3; the first also makes the peer allocate it).
   const uint64_t large = std::min<uint64_t>(bytes, kScratchBytes);
-  auto fetch_into = [&](uint8_t* dest) -> Result<double> {
+  auto fetch_into = [&](uint8_t* dest, double* first = nullptr) -> Result<double> {
     double best = 0;
     for (int rep = 0; rep < 4; ++rep) {
       transport::ReadRequest req{std::string(kScratchRegion), {}};
@@ -312,12 +327,20 @@ Result<std::string> Agent::Impl::Probe(const std::string& body) {
         req.runs.push_back({at, std::min<uint64_t>(16ull << 20, large - at), dest + at});
       }
       auto t0 = std::chrono::steady_clock::now();
-      TP_RETURN_IF_ERROR(transport->Fetch(peer, {req}));
+      Status st = transport->Fetch(peer, {req});
+      // A peer probed at the same moment may still be making its scratch region.
+      for (int wait = 0; st.code() == StatusCode::kNotFound && wait < 150; ++wait) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        t0 = std::chrono::steady_clock::now();
+        st = transport->Fetch(peer, {req});
+      }
+      TP_RETURN_IF_ERROR(st);
       const double s = Since(t0);
       for (uint64_t at = 0; at < large; at += 1 << 20) {
         if (dest[at] != transport::ProbeByte(at)) return DataLoss("probe: wrong byte at offset " + std::to_string(at));
       }
       if (rep > 0) best = std::max(best, static_cast<double>(large) / s / 1e9);
+      if (rep == 0 && first != nullptr) *first = static_cast<double>(large) / s / 1e9;
     }
     return best;
   };
@@ -330,7 +353,8 @@ Result<std::string> Agent::Impl::Probe(const std::string& body) {
   ::unlink(shm_file.c_str());
   if (!shm.ok()) return shm.status();
   shm->Prefault();
-  TP_ASSIGN_OR_RETURN(double shm_gbps, fetch_into(shm->data()));
+  double shm_first_gbps = 0;
+  TP_ASSIGN_OR_RETURN(double shm_gbps, fetch_into(shm->data(), &shm_first_gbps));
   // Writing fresh shared memory, as a transform does: allocate a new tmpfs file, map
   // it and copy a warm buffer into it (best of 3).
   std::vector<uint8_t> warm(bytes, 0x5a);
@@ -350,6 +374,7 @@ Result<std::string> Agent::Impl::Probe(const std::string& body) {
                 {"fetch_gbps", fetch_gbps},
                 {"fetch_large_gbps", large_gbps},
                 {"fetch_into_shm_gbps", shm_gbps},
+                {"fetch_into_shm_first_gbps", shm_first_gbps},
                 {"fresh_write_gbps", best},
                 {"memcpy_gbps", transport::MeasureMemcpyBandwidth(bytes)}};
   return reply.dump();
