@@ -17,11 +17,13 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 def bars(ax, rows, labels, title):
     series = [("ours", "ours_s", "#1f77b4"), ("central baseline", "central_s", "#d62728"),
-              ("limit (separate hosts)", "limit_s", "#2ca02c"),
-              ("limit (this machine, all at once)", "machine_limit_s", "#98df8a")]
-    width = 0.2
+              ("limit: link + memcpy per host", "limit_s", "#2ca02c"),
+              ("limit: with new memory per host", "alloc_limit_s", "#bcbd22"),
+              ("limit: this machine, all at once", "machine_limit_s", "#98df8a")]
+    series = [x for x in series if x[1] in rows[0]]
+    width = 0.8 / len(series)
     for k, (name, key, color) in enumerate(series):
-        xs = [i + (k - 1.5) * width for i in range(len(rows))]
+        xs = [i + (k - (len(series) - 1) / 2) * width for i in range(len(rows))]
         ys = [float(r[key]) for r in rows]
         ax.bar(xs, ys, width, label=name, color=color)
         if key == "ours_s":
