@@ -22,25 +22,13 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from daemons import Daemon  # noqa: E402
+from daemons import Daemon, check, run_cli  # noqa: E402
 
 TENPLEX = sys.argv[1]
 
 
-def check(cond, msg):
-    if not cond:
-        print("FAIL:", msg)
-        sys.exit(1)
-
-
 def run(*args, expect_ok=True):
-    p = subprocess.run([TENPLEX, *args], capture_output=True, text=True, timeout=300)
-    if expect_ok:
-        check(p.returncode == 0, "%s failed: %s%s" % (" ".join(args), p.stdout, p.stderr))
-    else:
-        check(p.returncode != 0, "%s should have failed: %s" % (" ".join(args), p.stdout))
-        check("error" in p.stderr and "Traceback" not in p.stderr, "unclear error: %r" % p.stderr)
-    return p
+    return run_cli(TENPLEX, *args, expect_ok=expect_ok)
 
 
 def main():

@@ -1,13 +1,31 @@
 """Store daemons for integration tests and benchmarks: start `tenplex store serve` on a
-free loopback port, read the URL it announces, stop it."""
+free loopback port, read the URL it announces, stop it; and the tests' CLI runner."""
 import json
 import os
 import re
 import select
 import signal
 import subprocess
+import sys
 import time
 import urllib.request
+
+
+def check(cond, msg):
+    if not cond:
+        print("FAIL:", msg)
+        sys.exit(1)
+
+
+def run_cli(tenplex, *args, expect_ok=True):
+    """Runs `tenplex ARGS`; expect_ok=False requires a failure with a clear error."""
+    p = subprocess.run([tenplex, *args], capture_output=True, text=True, timeout=300)
+    if expect_ok:
+        check(p.returncode == 0, "%s failed: %s%s" % (" ".join(args), p.stdout, p.stderr))
+    else:
+        check(p.returncode != 0, "%s should have failed: %s" % (" ".join(args), p.stdout))
+        check("error" in p.stderr and "Traceback" not in p.stderr, "unclear error: %r" % p.stderr)
+    return p
 
 
 class Daemon:
