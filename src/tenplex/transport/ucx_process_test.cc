@@ -146,8 +146,17 @@ TEST(UcxTwoProcesses, StoppedPeerTimesOut) {
   Connected c;
   ASSERT_TRUE(c.Open(timeout));
   std::vector<uint8_t> buf(64 << 20);
-  // Warm up (the peer builds its probe region on first use).
-  ASSERT_TRUE(c.client->Fetch(c.id, {{std::string(kProbeRegion), {{0, 8, buf.data()}}}}).ok());
+  // Warm up (the peer builds its probe region on first use, which under sanitizers on
+  // a busy machine can take longer than the short timeout: then reconnect and retry).
+  Status warm = c.client->Fetch(c.id, {{std::string(kProbeRegion), {{0, 8, buf.data()}}}});
+  for (int attempt = 0; !warm.ok() && warm.code() == StatusCode::kUnavailable && attempt < 10; ++attempt) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    auto id = c.client->Connect(c.peer->address());
+    ASSERT_TRUE(id.ok()) << id.status().ToString();
+    c.id = *id;
+    warm = c.client->Fetch(c.id, {{std::string(kProbeRegion), {{0, 8, buf.data()}}}});
+  }
+  ASSERT_TRUE(warm.ok()) << warm.ToString();
   Clock::time_point stopped;
   std::thread stopper([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
