@@ -60,6 +60,9 @@ def parse_args(argv=None):
     ap.add_argument("--log", help="append one JSON line per completed step (rank 0)")
     ap.add_argument("--state-in", help="hand-off JSON of `tenplex run`: load state from store files")
     ap.add_argument("--state-out", help="hand-off JSON of `tenplex run`: write the final state into store files")
+    ap.add_argument("--commit-every", type=int, default=0, help="with `tenplex run --commit-every`: also write "
+                    "the state every N steps into <commit-prefix><step>.json and train on")
+    ap.add_argument("--commit-prefix", help="hand-off file prefix of the periodic commits")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads per process")
     ap.add_argument("--timeout", type=float, default=300, help="seconds a collective may wait")
     return ap.parse_args(argv)
@@ -134,12 +137,21 @@ class Trainer:
         self.restore(f"hand-off {path}", h, lambda: handoff.map_rank(h, self.rank))
 
     def save_handoff(self, path):
+        t0 = time.perf_counter()
+        handoff.wait_for(path, self.args.timeout)  # the runner opens versions one by one
         handoff.write_rank(handoff.read(path), self.rank, self.state_tensors())
         dist.barrier()
         if self.rank == 0:
             handoff.write_result(path, self.step, self.samples_consumed)
+            self.log_event({"event": "commit", "step": self.step, "seconds": round(time.perf_counter() - t0, 4)})
+
+    def log_event(self, rec):
+        if self.args.log:
+            with open(self.args.log, "a") as f:
+                f.write(json.dumps(rec) + "\n")
 
     def save(self, directory):
+        t0 = time.perf_counter()
         if self.rank == 0:
             checkpoint.begin(directory)
         dist.barrier()
@@ -149,6 +161,9 @@ class Trainer:
         if self.rank == 0:
             checkpoint.commit(directory, self.info(), self.cfg.world_size)
         dist.barrier()
+        if self.rank == 0:
+            self.log_event({"event": "checkpoint", "step": self.step, "dir": directory,
+                            "seconds": round(time.perf_counter() - t0, 4)})
 
     # ---- one step ----------------------------------------------------------------
 
@@ -234,7 +249,12 @@ def main(argv=None):
         elif args.load_dir:
             model = L.Model(checkpoint.read_info(args.load_dir)["model"])
         elif args.state_in or args.state_out:
-            model = L.Model(handoff.read(args.state_in or args.state_out)["model"])
+            # The first hand-off the runner has written: --state-in, else --state-out or,
+            # with periodic commits, the first of those.
+            first = args.state_in or args.state_out
+            if not args.state_in and args.commit_every > 0 and not os.path.exists(first):
+                first = f"{args.commit_prefix}{(args.start_step or 0) + args.commit_every}.json"
+            model = L.Model(handoff.read(first)["model"])
         else:
             raise ValueError("give --model (a JSON file from `tenplex model gpt`), --load-dir or --state-in")
         L.validate(model, cfg)
@@ -255,6 +275,8 @@ def main(argv=None):
             checkpoint.check_target(args.save_dir)
         if args.save_at is not None and not args.save_dir:
             raise ValueError("--save-at needs --save-dir")
+        if args.commit_every < 0 or (args.commit_every > 0 and not (args.commit_prefix and args.state_out)):
+            raise ValueError("--commit-every N needs N >= 0, --commit-prefix and --state-out")
         if args.load_dir and args.state_in:
             raise ValueError("give --load-dir or --state-in, not both")
     except (ValueError, KeyError, OSError) as e:
@@ -274,6 +296,7 @@ def main(argv=None):
         fail(f"--save-at {args.save_at} is outside the steps of this run "
              f"({trainer.step} to {trainer.step + args.steps})")
     times = []
+    end = trainer.step + args.steps
     for _ in range(args.steps):
         if args.save_dir and args.save_at == trainer.step:
             or_fail(rank, trainer.save, args.save_dir)
@@ -285,9 +308,10 @@ def main(argv=None):
             rec = {"step": step, "loss": loss, "config": str(cfg), "samples": ids,
                    "grad_norm": norm, "seconds": round(times[-1], 4)}
             print(json.dumps(rec), flush=True)
-            if args.log:
-                with open(args.log, "a") as f:
-                    f.write(json.dumps(rec) + "\n")
+            trainer.log_event(rec)
+        n = args.commit_every
+        if n > 0 and trainer.step < end and (trainer.step - (end - args.steps)) % n == 0:
+            or_fail(rank, trainer.save_handoff, f"{args.commit_prefix}{trainer.step}.json")
     if args.save_dir and args.save_at in (None, trainer.step):
         or_fail(rank, trainer.save, args.save_dir)
     if args.state_out:

@@ -6,10 +6,13 @@ The runner (src/tenplex/runtime/runner.h) writes a hand-off JSON per segment:
 where `file` is a store file holding the local tensor's bytes at offset 0. A worker
 maps its rank's files: from --state-in it loads its state, into --state-out it writes
 its final state; rank 0 then writes `<state-out>.result` ({"step",
-"samples_consumed"}), which tells the runner the segment finished.
+"samples_consumed"}), which tells the runner the segment finished. With
+--commit-every N the same happens every N steps into `<commit-prefix><step>.json`
+while training goes on (the runner commits each of those versions).
 """
 import json
 import os
+import time
 
 import numpy as np
 import torch
@@ -30,6 +33,16 @@ def read(path):
     if not isinstance(h, dict) or not isinstance(h.get("ranks"), list) or "config" not in h:
         raise HandoffError(f"{path}: not a hand-off file (needs \"config\" and \"ranks\")")
     return h
+
+
+def wait_for(path, timeout):
+    """Waits until the runner has written the hand-off file `path` (periodic commits
+    are opened one after another); HandoffError after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise HandoffError(f"hand-off file {path} did not appear within {timeout:g} s")
+        time.sleep(0.002)
 
 
 def map_rank(handoff, rank, writable=False):

@@ -19,6 +19,10 @@ void RegisterRun(CLI::App& app, Context& ctx) {
   cmd->add_option("--token", o->token, "Bearer token of the daemons (or TENPLEX_TOKEN)");
   cmd->add_option("--work-dir", o->work_dir, "Hand-off files and worker logs (default: inside the store directory)");
   cmd->add_option("--hang-seconds", o->hang_seconds, "Fail when no step completes for this long");
+  cmd->add_option("--commit-every", o->commit_every,
+                  "Workers also commit their state into the store every N steps while they train on "
+                  "(0: only when the config changes); a failure re-runs only the steps since")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--baseline", o->baseline_log, "Log of a static run to compare losses and samples with");
   cmd->add_flag("--quiet", *quiet, "Do not print the summary table");
   cmd->add_option("command", o->command, "Worker command and arguments (after --)")->required();

@@ -431,6 +431,8 @@ Result<RunSummary> Run(const RunOptions& o) {
   std::optional<uint64_t> committed;
   int64_t step = 0, samples_consumed = 0;
   std::optional<ReconfigureRecord> pending;  // waiting for its restart time
+  std::ptrdiff_t recovering = -1;            // a failure's record, until its step is re-done
+  Clock::time_point t_failure;
   std::set<std::size_t> kills_done;
   std::size_t i = 0;
   ParallelConfig cfg = entries[0].config;
@@ -439,15 +441,48 @@ Result<RunSummary> Run(const RunOptions& o) {
     const int64_t end = entries[i + 1].step;
     TP_ASSIGN_OR_RETURN(Layout layout, MakeLayout(model, cfg));
     json info = {{"model", model_json}, {"config", cfg.ToString()}, {"step", step}, {"samples_consumed", samples_consumed}};
-    TP_ASSIGN_OR_RETURN(uint64_t v_out, st->BeginLayout(o.job, layout, info));
     const std::string out_json = work + "/state-out-" + std::to_string(segment) + ".json";
     const std::string in_json = work + "/state-in-" + std::to_string(segment) + ".json";
-    TP_ASSIGN_OR_RETURN(json hout, HandoffJson(*st, o.job, v_out, layout, info));
-    TP_RETURN_IF_ERROR(WriteFileAtomic(out_json, hout.dump()));
-    fs::remove(out_json + ".result", ec);
+    const std::string commit_prefix = work + "/commit-seg" + std::to_string(segment) + "-step";
+    // Where the workers write their state, in order: the periodic commits inside the
+    // segment (--commit-every), then its end. Each is a version of its own, opened when
+    // the one before is committed (versions are committed in the order they are begun).
+    struct Target {
+      int64_t step;
+      std::string path;
+    };
+    std::vector<Target> targets;
+    if (o.commit_every > 0) {
+      for (int64_t s = step + o.commit_every; s < end; s += o.commit_every) {
+        targets.push_back({s, commit_prefix + std::to_string(s) + ".json"});
+      }
+    }
+    targets.push_back({end, out_json});
+    for (const Target& t : targets) {
+      fs::remove(t.path, ec);
+      fs::remove(t.path + ".result", ec);
+    }
+    std::size_t target = 0;
+    std::optional<uint64_t> v_open;
+    auto open_target = [&]() -> Status {
+      json tinfo = info;
+      tinfo["step"] = targets[target].step;
+      TP_ASSIGN_OR_RETURN(uint64_t v, st->BeginLayout(o.job, layout, tinfo));
+      v_open = v;
+      TP_ASSIGN_OR_RETURN(json h, HandoffJson(*st, o.job, v, layout, tinfo));
+      return WriteFileAtomic(targets[target].path, h.dump());
+    };
+    if (Status s = open_target(); !s.ok()) {
+      if (v_open) st->Drop(o.job, *v_open);
+      return s;
+    }
     if (committed) {
-      TP_ASSIGN_OR_RETURN(json hin, HandoffJson(*st, o.job, *committed, layout, info));
-      TP_RETURN_IF_ERROR(WriteFileAtomic(in_json, hin.dump()));
+      Result<json> hin = HandoffJson(*st, o.job, *committed, layout, info);
+      Status s = hin.ok() ? WriteFileAtomic(in_json, hin->dump()) : hin.status();
+      if (!s.ok()) {
+        st->Drop(o.job, *v_open);
+        return s;
+      }
     }
     TP_ASSIGN_OR_RETURN(int port, FreePort());
     LogTail tail(o.log_path);
@@ -462,6 +497,12 @@ Result<RunSummary> Run(const RunOptions& o) {
                                    std::string("--log"), o.log_path, std::string("--state-out"), out_json}) {
         argv.push_back(a);
       }
+      if (o.commit_every > 0) {
+        for (const std::string& a : {std::string("--commit-every"), std::to_string(o.commit_every),
+                                     std::string("--commit-prefix"), commit_prefix}) {
+          argv.push_back(a);
+        }
+      }
       if (committed) {
         argv.push_back("--state-in");
         argv.push_back(in_json);
@@ -469,6 +510,7 @@ Result<RunSummary> Run(const RunOptions& o) {
       auto w = Spawn(argv, r, work + "/worker-seg" + std::to_string(segment) + "-rank" + std::to_string(r) + ".log");
       if (!w.ok()) {
         for (Worker& x : workers) ::kill(-x.pid, SIGKILL);
+        st->Drop(o.job, *v_open);
         return w.status();
       }
       workers.push_back(*w);
@@ -477,13 +519,41 @@ Result<RunSummary> Run(const RunOptions& o) {
     if (!kills_done.count(i + 1)) to_kill = entries[i + 1].kill_ranks;
     bool killed = false, failed = false;
     std::string failure;
+    const int64_t seg_start = step;
     int64_t last_step_seen = step - 1;
     auto t_progress = Clock::now(), t_last_step = Clock::now(), t_kill = Clock::now();
+    double step_interval = 0.4;  // between the last two step lines (a guess until two are seen)
+    std::optional<Clock::time_point> kill_at;
     std::size_t alive = workers.size();
+    auto stop_workers = [&] {
+      for (Worker& x : workers) {
+        if (!x.exited) ::kill(-x.pid, SIGKILL);
+      }
+      for (Worker& x : workers) {
+        if (!x.exited) ::waitpid(x.pid, nullptr, 0);
+        x.exited = true;
+      }
+      alive = 0;
+    };
+    // Reads the result of the target the workers are writing, when there is one.
+    auto read_result = [&](const Target& t) -> Result<std::pair<int64_t, int64_t>> {
+      TP_ASSIGN_OR_RETURN(std::string text, ReadFile(t.path + ".result"));
+      json res = json::parse(text, nullptr, false);
+      if (res.is_discarded() || !res.contains("step") || !res["step"].is_number_integer() ||
+          !res.contains("samples_consumed") || !res["samples_consumed"].is_number_integer()) {
+        return DataLoss(t.path + ".result is not {\"step\", \"samples_consumed\"}");
+      }
+      if (res["step"].get<int64_t>() != t.step) {
+        return DataLoss("workers wrote their state at step " + std::to_string(res["step"].get<int64_t>()) + " into " +
+                        t.path + ", which is for step " + std::to_string(t.step));
+      }
+      return std::make_pair(t.step, res["samples_consumed"].get<int64_t>());
+    };
     while (alive > 0) {
       for (const json& line : tail.Poll()) {
         if (!line.contains("step") || line.contains("event") || !line["step"].is_number_integer()) continue;
         int64_t s = line["step"].get<int64_t>();
+        if (s > last_step_seen && last_step_seen >= seg_start) step_interval = Since(t_last_step);
         last_step_seen = std::max(last_step_seen, s);
         t_progress = t_last_step = Clock::now();
         if (pending && s >= step) {
@@ -495,14 +565,54 @@ Result<RunSummary> Run(const RunOptions& o) {
                      {"restart_seconds", pending->restart_seconds}, {"bytes_moved", pending->bytes_moved},
                      {"bytes_total", pending->bytes_total}, {"bytes_in_place", pending->bytes_in_place},
                      {"after_failure", pending->after_failure}, {"killed_ranks", pending->killed}};
+          if (pending->after_failure) ev["lost_steps"] = pending->lost_steps;
           TP_RETURN_IF_ERROR(AppendLine(o.log_path, ev));
+          if (pending->after_failure) recovering = static_cast<std::ptrdiff_t>(summary.reconfigurations.size()) - 1;
           pending.reset();
         }
+        if (recovering >= 0 && s >= summary.reconfigurations[recovering].failed_step) {
+          // Back where the failure struck: the lost steps are re-done.
+          ReconfigureRecord& r = summary.reconfigurations[recovering];
+          r.recovered_seconds = Since(t_failure);
+          TP_RETURN_IF_ERROR(AppendLine(o.log_path, {{"event", "recovered"},
+                                                     {"step", r.failed_step},
+                                                     {"seconds", r.recovered_seconds},
+                                                     {"lost_steps", r.lost_steps}}));
+          recovering = -1;
+        }
       }
-      // Kill during the step before the change: once step end-2 is done (or right
-      // away when the segment has a single step).
-      if (!to_kill.empty() && !killed && (last_step_seen >= end - 2 || end - 1 == step)) {
-        if (end - 1 == step) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      // A periodic commit written by every worker: commit its version, open the next.
+      if (target + 1 < targets.size() && !failed && fs::exists(targets[target].path + ".result", ec)) {
+        Result<std::pair<int64_t, int64_t>> res = read_result(targets[target]);
+        Status s = res.status();
+        if (s.ok()) {
+          json cinfo = info;
+          cinfo["step"] = res->first;
+          cinfo["samples_consumed"] = res->second;
+          s = st->Commit(o.job, *v_open, cinfo);
+        }
+        if (s.ok()) {
+          committed = *v_open;
+          v_open.reset();
+          step = res->first;
+          samples_consumed = res->second;
+          ++target;
+          s = open_target();
+        }
+        if (!s.ok()) {
+          stop_workers();
+          if (v_open) st->Drop(o.job, *v_open);
+          return s.WithContext("periodic commit of segment " + cfg.ToString());
+        }
+        t_progress = Clock::now();
+      }
+      // Kill during the step before the change: half a step after step end-2 is done
+      // (or 200 ms in when the segment has a single step).
+      if (!to_kill.empty() && !killed && !kill_at && (last_step_seen >= end - 2 || end - 1 == seg_start)) {
+        kill_at = end - 1 == seg_start ? Clock::now() + std::chrono::milliseconds(200)
+                                       : t_last_step + std::chrono::microseconds(static_cast<int64_t>(step_interval * 5e5));
+      }
+      if (kill_at && !killed && Clock::now() >= *kill_at) {
         for (int r : to_kill) ::kill(-workers[r].pid, SIGKILL);
         killed = true;
         t_kill = Clock::now();
@@ -534,13 +644,8 @@ Result<RunSummary> Run(const RunOptions& o) {
         }
       }
       if (alive > 0 && g_interrupted != 0) {
-        for (Worker& x : workers) {
-          if (!x.exited) ::kill(-x.pid, SIGKILL);
-        }
-        for (Worker& x : workers) {
-          if (!x.exited) ::waitpid(x.pid, nullptr, 0);
-        }
-        st->Drop(o.job, v_out);
+        stop_workers();
+        if (v_open) st->Drop(o.job, *v_open);
         return Aborted("interrupted by signal " + std::to_string(static_cast<int>(g_interrupted)) +
                        ": workers stopped; the store keeps the last committed version" +
                        (committed ? " (" + std::to_string(*committed) + ")" : std::string(" (none)")));
@@ -554,31 +659,35 @@ Result<RunSummary> Run(const RunOptions& o) {
       }
       if (alive > 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
-    const int64_t seg_start = step;
     double stop_seconds = 0;
     if (failed && !killed) {
-      st->Drop(o.job, v_out);
-      return Internal("segment " + cfg.ToString() + " from step " + std::to_string(step) + " failed: " + failure);
+      if (v_open) st->Drop(o.job, *v_open);
+      return Internal("segment " + cfg.ToString() + " from step " + std::to_string(seg_start) + " failed: " + failure);
     }
     if (!failed) {
-      auto res_text = ReadFile(out_json + ".result");
-      if (!res_text.ok()) return Internal("workers exited 0 but rank 0 wrote no " + out_json + ".result");
-      json res = json::parse(*res_text, nullptr, false);
-      if (res.is_discarded() || !res.contains("step") || !res.contains("samples_consumed")) {
-        return Internal(out_json + ".result is not {\"step\", \"samples_consumed\"}");
+      if (target + 1 != targets.size()) {
+        // The workers exited 0 without writing every periodic commit.
+        if (v_open) st->Drop(o.job, *v_open);
+        return Internal("workers exited 0 but wrote no " + targets[target].path + ".result");
       }
-      step = res["step"].get<int64_t>();
-      samples_consumed = res["samples_consumed"].get<int64_t>();
-      if (step != end) {
-        return Internal("workers stopped at step " + std::to_string(step) + " instead of " + std::to_string(end));
+      if (!fs::exists(out_json + ".result", ec)) {
+        st->Drop(o.job, *v_open);
+        return Internal("workers exited 0 but rank 0 wrote no " + out_json + ".result");
       }
+      Result<std::pair<int64_t, int64_t>> res = read_result(targets.back());
+      if (!res.ok()) {
+        st->Drop(o.job, *v_open);
+        return Internal(res.status().message());
+      }
+      step = res->first;
+      samples_consumed = res->second;
       info["step"] = step;
       info["samples_consumed"] = samples_consumed;
-      TP_RETURN_IF_ERROR(st->Commit(o.job, v_out, info));
-      committed = v_out;
+      TP_RETURN_IF_ERROR(st->Commit(o.job, *v_open, info));
+      committed = *v_open;
       stop_seconds = Since(t_last_step);
     } else {
-      st->Drop(o.job, v_out);
+      if (v_open) st->Drop(o.job, *v_open);
       stop_seconds = Since(t_kill);
       json ev = {{"event", "failure"}, {"config", cfg.ToString()}, {"killed_ranks", to_kill},
                  {"during_step", end - 1}, {"rerun_from", step}, {"segment_start", seg_start}};
@@ -595,7 +704,12 @@ Result<RunSummary> Run(const RunOptions& o) {
       rec.from = cfg.ToString();
       rec.to = next.ToString();
       rec.after_failure = failed;
-      if (failed) rec.killed = to_kill;
+      if (failed) {
+        rec.killed = to_kill;
+        rec.failed_step = end - 1;
+        rec.lost_steps = end - 1 - step;
+        t_failure = t_kill;
+      }
       rec.stop_seconds = stop_seconds;
       if (committed && next != cfg) {
         auto t0 = Clock::now();
@@ -652,6 +766,12 @@ std::string SummaryTable(const RunSummary& s) {
     for (const ReconfigureRecord& r : s.reconfigurations) {
       std::string note = r.after_failure ? "after killing rank(s)" : "";
       for (std::size_t k = 0; k < r.killed.size(); ++k) note += (k ? "," : " ") + std::to_string(r.killed[k]);
+      if (r.after_failure && r.recovered_seconds > 0) {
+        char buf[160];
+        std::snprintf(buf, sizeof(buf), "; %lld lost step(s), step %lld done again %.2f s after the kill",
+                      static_cast<long long>(r.lost_steps), static_cast<long long>(r.failed_step), r.recovered_seconds);
+        note += buf;
+      }
       std::snprintf(line, sizeof(line), "%5lld  %-22s -> %-22s %6.2f %9.3f %8.2f %10s %10s  %s\n",
                     static_cast<long long>(r.step), r.from.c_str(), r.to.c_str(), r.stop_seconds, r.transform_seconds,
                     r.restart_seconds, HumanBytes(r.bytes_moved).c_str(), HumanBytes(r.bytes_total).c_str(), note.c_str());

@@ -15,10 +15,16 @@
 // commits the version; at a config change it transforms the committed version in the
 // store (transform/local.h) and starts the next workers from it.
 //
-// kill_ranks: during the last step before an entry, the runner SIGKILLs those workers
-// (the others are stopped too: a step cannot finish without them). The open version
-// is dropped and the job resumes from the last committed version, re-running the steps
-// since that commit, in the next entry's config. No disk checkpoint is involved.
+// With commit_every = N the workers also get --commit-every N --commit-prefix P: after
+// every N-th step of the segment (not its last) they wait for the hand-off file
+// P<step>.json, write their state into it and go on training; rank 0 writes
+// P<step>.json.result, and the runner commits that version and opens the next one.
+//
+// kill_ranks: in the middle of the last step before an entry, the runner SIGKILLs those
+// workers (the others are stopped too: a step cannot finish without them). The open
+// version is dropped and the job resumes from the last committed version, re-running
+// the steps since that commit, in the next entry's config. No disk checkpoint is
+// involved.
 //
 // With a cluster file (--cluster), the state lives in the store daemons instead: rank r
 // on host r / K, one version number on all hosts, and a config change is the
@@ -50,6 +56,10 @@ struct RunOptions {
   // machine: workers map their host daemon's shared memory); needs work_dir.
   std::string cluster_path;
   std::string token;                 // of the daemons (TENPLEX_TOKEN when empty)
+  // Every this many steps inside a segment the workers also write their state into a
+  // new store version, which the runner commits while they train on (0: only at the
+  // segment's end). A failure then re-runs only the steps since the last commit.
+  int64_t commit_every = 0;
 };
 
 struct StepRecord {
@@ -66,6 +76,11 @@ struct ReconfigureRecord {
   std::vector<int> killed;
   double stop_seconds = 0, transform_seconds = 0, restart_seconds = 0;
   int64_t bytes_moved = 0, bytes_total = 0, bytes_in_place = 0;
+  // After a failure: the step that was running, how many finished steps were lost
+  // (re-run from the last commit) and the seconds from the kill until that step was
+  // done again.
+  int64_t failed_step = 0, lost_steps = 0;
+  double recovered_seconds = 0;
 };
 
 struct RunSummary {
