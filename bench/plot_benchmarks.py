@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """Plots every docs/benchmarks/*.csv this script knows about into PNGs beside them:
-dcp_peer.csv (bench/dcp_peer_bench.py), plan_scaling.csv (bench/plan_scaling.py), and
+dcp_peer.csv (bench/dcp_peer_bench.py), plan_scaling.csv (bench/plan_scaling.py),
+failure_recovery.csv (bench/failure_recovery_bench.py), and
 cluster_transform.csv through bench/plot_cluster_transform.py when that script exists.
 Unknown CSVs are listed and skipped. Usage: plot_benchmarks.py [--dir docs/benchmarks]
 """
@@ -77,11 +78,55 @@ def plot_plan(path, out_dir):
     plt.close(fig)
 
 
+def plot_failure(path, out_dir):
+    """Stacked seconds from the kill until the failed step is done again, per scenario
+    and method, with the restart limit as a line over each group."""
+    rows = read(path)
+    scenarios = list(dict.fromkeys(r["scenario"] for r in rows))
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    parts = [("stop_s", "stop survivors", "tab:gray"), ("convert_s", "transform / reshard", "tab:purple"),
+             ("restart_s", "restart to first step", "tab:blue"), ("rerun_s", "re-run lost steps", "tab:red")]
+    fig, ax = plt.subplots(figsize=(8, 4.4))
+    width = 0.8 / len(methods)
+    labelled = set()
+    for g, scen in enumerate(scenarios):
+        group = [r for r in rows if r["scenario"] == scen]
+        for i, m in enumerate(methods):
+            r = next((x for x in group if x["method"] == m), None)
+            if r is None:
+                continue
+            x = g + (i - (len(methods) - 1) / 2) * width
+            bottom = 0.0
+            for key, label, color in parts:
+                v = float(r[key])
+                ax.bar(x, v, width * 0.9, bottom=bottom, color=color,
+                       label=None if label in labelled else label)
+                labelled.add(label)
+                bottom += v
+            ax.annotate(f"{m.replace('checkpoint ', 'ckpt ')}\n{bottom:.1f}s", (x, bottom), ha="center",
+                        va="bottom", fontsize=7)
+        lim = float(group[0]["limit_s"])
+        ax.hlines(lim, g - 0.45, g + 0.45, colors="black", linestyles="dashed",
+                  label=None if "limit" in labelled else "limit: restart with state in place")
+        labelled.add("limit")
+    ax.set_xticks(range(len(scenarios)))
+    ax.set_xticklabels([f"{s}\n{next(r for r in rows if r['scenario'] == s)['from']} -> "
+                        f"{next(r for r in rows if r['scenario'] == s)['to']}" for s in scenarios])
+    ax.set_ylabel("seconds from the kill until the failed step is done again")
+    ax.set_title("Failure recovery: ours (store commits) vs restart from an L-step-old disk checkpoint",
+                 fontsize=9)
+    ax.set_ylim(0, 1.5 * max(sum(float(r[k]) for k, _, _ in parts) for r in rows))
+    ax.legend(fontsize=7, loc="upper center", ncol=3)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "failure_recovery.png"), dpi=130)
+    plt.close(fig)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dir", default="docs/benchmarks")
     a = ap.parse_args()
-    known = {"dcp_peer.csv": plot_dcp, "plan_scaling.csv": plot_plan}
+    known = {"dcp_peer.csv": plot_dcp, "plan_scaling.csv": plot_plan, "failure_recovery.csv": plot_failure}
     here = os.path.dirname(os.path.abspath(__file__))
     for path in sorted(glob.glob(os.path.join(a.dir, "*.csv"))):
         name = os.path.basename(path)

@@ -41,6 +41,8 @@ if [[ -f bench/cluster_transform_bench.py ]]; then
 else
   echo "bench/cluster_transform_bench.py not present: skipped"
 fi
+echo "== 4. failure recovery: store commits vs restarting from a disk checkpoint"
+step failure_recovery $PY bench/failure_recovery_bench.py --tenplex "$BIN/tenplex" --out "$OUT" "${QUICK[@]}"
 echo "== plots"
 $PY bench/plot_benchmarks.py --dir "$OUT"
 echo "run_all: done in $(( $(date +%s) - start )) s; results in $OUT"
