@@ -1,13 +1,16 @@
 """End to end: an elastic schedule (tensor and pipeline changes, a killed worker) gives the
 same samples and losses, step by step, as a static run of the same steps.
 
-usage: elastic_run_test.py TENPLEX_BIN REPO_ROOT [--cluster] [--commit-every N]
+usage: elastic_run_test.py TENPLEX_BIN REPO_ROOT [--cluster] [--commit-every N] [--lose-host]
 
 With --cluster the elastic run keeps its state in 2 store daemons (1 GPU per host), so
 every reconfiguration is a distributed transform over UCX between them; the static
 run uses the embedded store. With --commit-every N the workers also commit their state
 every N steps while they train on, so the killed worker costs at most the steps since
-the last commit, and the checks include the commits and the recovery.
+the last commit, and the checks include the commits and the recovery. With --lose-host
+the job runs as tp=2,dp=2 on 2 daemons x 2 GPUs, host 1 (its daemon and its workers) is
+killed in step 3, and the job goes on as tp=2 on host 0 from the data-parallel replica
+there: same samples and losses as the static run, the daemon gone.
 """
 import argparse
 import json
@@ -18,6 +21,22 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from daemons import Daemon, write_cluster  # noqa: E402
+
+
+class Checks:
+    """check(cond, what) prints each result and goes on; finish() exits 1 if any failed."""
+
+    def __init__(self):
+        self.failures = []
+
+    def __call__(self, cond, what):
+        print(("ok: " if cond else "FAIL: ") + what)
+        if not cond:
+            self.failures.append(what)
+
+    def finish(self):
+        print(f"{1 if not self.failures else 0} passed, {len(self.failures)} failed")
+        sys.exit(1 if self.failures else 0)
 
 
 def steps_of(log):
@@ -62,15 +81,13 @@ def main():
     ap.add_argument("repo")
     ap.add_argument("--cluster", action="store_true")
     ap.add_argument("--commit-every", type=int, default=0)
+    ap.add_argument("--lose-host", action="store_true")
     a = ap.parse_args()
+    if a.lose_host:
+        return lose_host(a.tenplex, a.repo, a.commit_every)
     tenplex, repo, use_cluster, commit_every = a.tenplex, a.repo, a.cluster, a.commit_every
-    failures = []
+    check = Checks()
     daemons = []
-
-    def check(cond, what):
-        print(("ok: " if cond else "FAIL: ") + what)
-        if not cond:
-            failures.append(what)
 
     with tempfile.TemporaryDirectory() as tmp:
         cluster = None
@@ -134,8 +151,75 @@ def main():
         else:
             check(fails and fails[0]["rerun_from"] == fails[0]["segment_start"] == 2,
                   f"without periodic commits the failed segment re-runs from its start: {fails}")
-    print(f"{1 if not failures else 0} passed, {len(failures)} failed")
-    sys.exit(1 if failures else 0)
+    check.finish()
+
+
+def lose_host(tenplex, repo, commit_every):
+    check = Checks()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        daemons = [Daemon(tenplex) for _ in range(2)]
+        try:
+            cluster = os.path.join(tmp, "cluster.json")
+            write_cluster(cluster, daemons, 2)
+            model = os.path.join(tmp, "model.json")
+            subprocess.run([tenplex, "model", "gpt", "--num-layers", "2", "--hidden-size", "32",
+                            "--num-attention-heads", "4", "--vocab-size", "128", "--max-position-embeddings", "32",
+                            "-o", model], check=True)
+            n = 5
+            static_log, _ = run(tenplex, repo, tmp, "static", [{"step": 0, "config": "tp=1"}, {"step": n, "stop": True}],
+                                model)
+            sched = [{"step": 0, "config": "tp=2,dp=2"}, {"step": 4, "config": "tp=2", "kill_hosts": [1]},
+                     {"step": n, "stop": True}]
+            log, out = run(tenplex, repo, tmp, "lose-host", sched, model, baseline=static_log, cluster=cluster,
+                           commit_every=commit_every)
+            check(daemons[1].proc.poll() is not None, "the daemon of host 1 was killed")
+            check(daemons[0].proc.poll() is None, "the daemon of host 0 still runs")
+            base, _ = steps_of(static_log)
+            got, events = steps_of(log)
+            check(sorted(got) == list(range(n)), f"every step logged: {sorted(got)}")
+            for s in range(n):
+                if s in got and s in base:
+                    rel = abs(got[s]["loss"] - base[s]["loss"]) / abs(base[s]["loss"])
+                    check(got[s]["samples"] == base[s]["samples"] and rel <= 1e-3,
+                          f"step {s}: same samples, loss {got[s]['loss']:.6f} vs static {base[s]['loss']:.6f}")
+            fails = [e for e in events if e["event"] == "failure"]
+            check(len(fails) == 1 and fails[0]["lost_hosts"] == [daemons[1].url] and fails[0]["killed_ranks"] == [2, 3],
+                  f"one failure: host 1 and its ranks 2, 3: {fails}")
+            reconf = [e for e in events if e["event"] == "reconfigure"]
+            check(len(reconf) == 1 and reconf[0]["after_failure"] and reconf[0]["to"] == "tp=2,pp=1,dp=1",
+                  f"recovered as tp=2 from the replica on host 0: {reconf}")
+            check(any(e["event"] == "recovered" and e["step"] == 3 for e in events), "recovered event at step 3")
+            if commit_every:
+                check(fails and fails[0]["rerun_from"] >= 3 - commit_every, f"re-runs at most {commit_every} step(s)")
+            # The final state lives on host 0 only.
+            j = daemons[0].get("/v1/jobs/train")
+            check((j.get("current") or 0) > 0, f"host 0 holds the committed state (version {j.get('current')})")
+        finally:
+            for d in daemons:
+                d.stop()
+        # tp=4 over both hosts has no replica: losing host 1 loses half of every shard,
+        # and the run must stop with an error that says so, not train on zeros.
+        daemons = [Daemon(tenplex) for _ in range(2)]
+        try:
+            write_cluster(cluster, daemons, 2)
+            sched = os.path.join(tmp, "unrecoverable.json")
+            with open(sched, "w") as f:
+                json.dump([{"step": 0, "config": "tp=4"}, {"step": 3, "config": "tp=2", "kill_hosts": [1]},
+                           {"step": 4, "stop": True}], f)
+            p = subprocess.run([tenplex, "run", "--schedule", sched, "--log", os.path.join(tmp, "u.jsonl"),
+                                "--work-dir", os.path.join(tmp, "u"), "--cluster", cluster, "--commit-every", "1",
+                                "--hang-seconds", "240", "--", "/usr/bin/python3",
+                                os.path.join(repo, "examples/gpt/train.py"), "--model", model,
+                                "--global-batch-size", "8", "--micro-batch-size", "2", "--seq-length", "32"],
+                               capture_output=True, text=True, timeout=600)
+            print(p.stderr[-600:])
+            check(p.returncode != 0 and "lost" in p.stderr,
+                  f"losing the only copy of state fails with an error naming it (exit {p.returncode})")
+        finally:
+            for d in daemons:
+                d.stop()
+    check.finish()
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cmath>
@@ -191,6 +192,23 @@ class StateBackend {
   };
   // Transforms the committed version to `to`, committed.
   virtual Result<Moved> Transform(const std::string& job, const ParallelConfig& to) = 0;
+  // Host failures (kill_hosts; the cluster backend only): the ranks of a world of
+  // `world` ranks that live on those hosts (indexes into the cluster file), and killing
+  // their daemons. The backend then goes on with the other hosts; the next Transform
+  // re-places the state on them.
+  virtual Status CheckHosts(const std::vector<int>& hosts) const {
+    if (hosts.empty()) return Status::Ok();
+    return InvalidArgument("kill_hosts needs tenplex run --cluster (store daemons as hosts)");
+  }
+  virtual Result<std::vector<int>> RanksOnHosts(const std::vector<int>& hosts, int world) const {
+    TP_RETURN_IF_ERROR(CheckHosts(hosts));
+    (void)world;
+    return std::vector<int>{};
+  }
+  virtual Result<std::vector<std::string>> KillHosts(const std::vector<int>& hosts) {
+    TP_RETURN_IF_ERROR(CheckHosts(hosts));
+    return std::vector<std::string>{};
+  }
 };
 
 class EmbeddedBackend : public StateBackend {
@@ -262,6 +280,8 @@ class ClusterBackend : public StateBackend {
       return InvalidArgument("tenplex run --cluster needs --work-dir (hand-off files and worker logs)");
     }
     b->work_ = o.work_dir;
+    b->file_hosts_ = b->cluster_.hosts;
+    b->from_cluster_ = b->cluster_;
     return std::unique_ptr<StateBackend>(std::move(b));
   }
   std::string work_dir() const override { return work_; }
@@ -326,14 +346,61 @@ class ClusterBackend : public StateBackend {
   }
   Result<Moved> Transform(const std::string& job, const ParallelConfig& to) override {
     transform::ClusterTransformOptions opts;
-    TP_ASSIGN_OR_RETURN(transform::ClusterTransformStats ts, transform::TransformCluster(cluster_, job, to, co_, opts));
+    opts.to = cluster_;  // the live hosts (all of them unless some were killed)
+    TP_ASSIGN_OR_RETURN(transform::ClusterTransformStats ts,
+                        transform::TransformCluster(from_cluster_, job, to, co_, opts));
+    from_cluster_ = cluster_;
     Moved m{ts.to_version, 0, ts.plan.bytes_total, ts.plan.bytes_in_place};
     for (const transform::HostTransformReport& h : ts.hosts) m.bytes_moved += h.bytes_kept + h.bytes_local + h.bytes_fetched;
     return m;
   }
+  Status CheckHosts(const std::vector<int>& hosts) const override {
+    for (int h : hosts) {
+      if (h < 0 || h >= static_cast<int>(file_hosts_.size())) {
+        return InvalidArgument("kill host " + std::to_string(h) + " is not a host of the cluster file (" +
+                               std::to_string(file_hosts_.size()) + " hosts)");
+      }
+    }
+    return Status::Ok();
+  }
+  Result<std::vector<int>> RanksOnHosts(const std::vector<int>& hosts, int world) const override {
+    TP_RETURN_IF_ERROR(CheckHosts(hosts));
+    std::vector<int> ranks;
+    for (int r = 0; r < world; ++r) {
+      const std::string& url = cluster_.hosts[cluster_.HostOfRank(r)];
+      for (int h : hosts) {
+        if (file_hosts_[h] == url) ranks.push_back(r);
+      }
+    }
+    return ranks;
+  }
+  Result<std::vector<std::string>> KillHosts(const std::vector<int>& hosts) override {
+    TP_RETURN_IF_ERROR(CheckHosts(hosts));
+    std::vector<std::string> killed;
+    for (int h : hosts) {
+      const std::string& url = file_hosts_[h];
+      auto it = std::find(cluster_.hosts.begin(), cluster_.hosts.end(), url);
+      if (it == cluster_.hosts.end()) return FailedPrecondition("host " + url + " was already lost");
+      const std::size_t at = static_cast<std::size_t>(it - cluster_.hosts.begin());
+      const int64_t pid = clients_[at]->pid();
+      if (pid <= 0) return FailedPrecondition("the store daemon at " + url + " does not say its process id");
+      if (::kill(static_cast<pid_t>(pid), SIGKILL) != 0) return ErrnoError("kill the store daemon at " + url, errno);
+      // Gone once it no longer answers (its sockets close when it dies).
+      const auto t0 = Clock::now();
+      while (clients_[at]->CallJson("GET", "/v1/health").ok() && Since(t0) < 5) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+      clients_.erase(clients_.begin() + static_cast<std::ptrdiff_t>(at));
+      cluster_.hosts.erase(it);
+      killed.push_back(url);
+    }
+    return killed;
+  }
 
  private:
-  transform::Cluster cluster_;
+  transform::Cluster cluster_;       // the live hosts
+  transform::Cluster from_cluster_;  // where the committed version was placed (incl. lost hosts)
+  std::vector<std::string> file_hosts_;
   store::ClientOptions co_;
   std::vector<std::unique_ptr<store::Client>> clients_;
   std::string work_;
@@ -417,6 +484,10 @@ Result<RunSummary> Run(const RunOptions& o) {
   } else {
     if (!o.shm_dir.empty()) return InvalidArgument("give --shm-dir (embedded store) or --cluster, not both");
     TP_ASSIGN_OR_RETURN(st, ClusterBackend::Open(o));
+  }
+  for (const ScheduleEntry& e : entries) {
+    Status s = st->CheckHosts(e.kill_hosts);
+    if (!s.ok()) return s.WithContext(o.schedule_path);
   }
   const std::string work = st->work_dir();
   std::error_code ec;
@@ -515,8 +586,23 @@ Result<RunSummary> Run(const RunOptions& o) {
       }
       workers.push_back(*w);
     }
-    std::vector<int> to_kill;
-    if (!kills_done.count(i + 1)) to_kill = entries[i + 1].kill_ranks;
+    std::vector<int> to_kill, kill_hosts;
+    if (!kills_done.count(i + 1)) {
+      to_kill = entries[i + 1].kill_ranks;
+      kill_hosts = entries[i + 1].kill_hosts;
+      // A lost host takes its workers with it.
+      Result<std::vector<int>> on_hosts = st->RanksOnHosts(kill_hosts, cfg.world_size());
+      if (!on_hosts.ok()) {
+        for (Worker& x : workers) ::kill(-x.pid, SIGKILL);
+        for (Worker& x : workers) ::waitpid(x.pid, nullptr, 0);
+        st->Drop(o.job, *v_open);
+        return on_hosts.status();
+      }
+      to_kill.insert(to_kill.end(), on_hosts->begin(), on_hosts->end());
+      std::sort(to_kill.begin(), to_kill.end());
+      to_kill.erase(std::unique(to_kill.begin(), to_kill.end()), to_kill.end());
+    }
+    std::vector<std::string> lost_hosts;
     bool killed = false, failed = false;
     std::string failure;
     const int64_t seg_start = step;
@@ -608,12 +694,19 @@ Result<RunSummary> Run(const RunOptions& o) {
       }
       // Kill during the step before the change: half a step after step end-2 is done
       // (or 200 ms in when the segment has a single step).
-      if (!to_kill.empty() && !killed && !kill_at && (last_step_seen >= end - 2 || end - 1 == seg_start)) {
+      if ((!to_kill.empty() || !kill_hosts.empty()) && !killed && !kill_at && (last_step_seen >= end - 2 || end - 1 == seg_start)) {
         kill_at = end - 1 == seg_start ? Clock::now() + std::chrono::milliseconds(200)
                                        : t_last_step + std::chrono::microseconds(static_cast<int64_t>(step_interval * 5e5));
       }
       if (kill_at && !killed && Clock::now() >= *kill_at) {
         for (int r : to_kill) ::kill(-workers[r].pid, SIGKILL);
+        Result<std::vector<std::string>> gone = st->KillHosts(kill_hosts);
+        if (!gone.ok()) {
+          stop_workers();
+          if (v_open) st->Drop(o.job, *v_open);
+          return gone.status();
+        }
+        lost_hosts = *gone;
         killed = true;
         t_kill = Clock::now();
         kills_done.insert(i + 1);
@@ -689,7 +782,7 @@ Result<RunSummary> Run(const RunOptions& o) {
     } else {
       if (v_open) st->Drop(o.job, *v_open);
       stop_seconds = Since(t_kill);
-      json ev = {{"event", "failure"}, {"config", cfg.ToString()}, {"killed_ranks", to_kill},
+      json ev = {{"event", "failure"}, {"config", cfg.ToString()}, {"killed_ranks", to_kill}, {"lost_hosts", lost_hosts},
                  {"during_step", end - 1}, {"rerun_from", step}, {"segment_start", seg_start}};
       TP_RETURN_IF_ERROR(AppendLine(o.log_path, ev));
     }
@@ -699,6 +792,7 @@ Result<RunSummary> Run(const RunOptions& o) {
     if (entries[i].stop && failed) --i;  // a failure in the last segment re-runs it
     const ParallelConfig next = entries[i].stop ? cfg : entries[i].config;
     if (next != cfg || failed) {
+      const bool replace = !lost_hosts.empty();  // the state on lost hosts is re-placed
       ReconfigureRecord rec;
       rec.step = step;
       rec.from = cfg.ToString();
@@ -711,7 +805,7 @@ Result<RunSummary> Run(const RunOptions& o) {
         t_failure = t_kill;
       }
       rec.stop_seconds = stop_seconds;
-      if (committed && next != cfg) {
+      if (committed && (next != cfg || replace)) {
         auto t0 = Clock::now();
         auto ts = st->Transform(o.job, next);
         if (!ts.ok()) return ts.status().WithContext("transform " + cfg.ToString() + " -> " + next.ToString());

@@ -18,7 +18,7 @@ Result<std::vector<ScheduleEntry>> ParseSchedule(const std::string& text, const 
     if (!e.is_object()) return InvalidArgument(where + " is not an object");
     for (auto& [k, v] : e.items()) {
       (void)v;
-      static const std::set<std::string> known = {"step", "config", "stop", "kill_ranks"};
+      static const std::set<std::string> known = {"step", "config", "stop", "kill_ranks", "kill_hosts"};
       if (!known.count(k)) return InvalidArgument(where + ": unknown field '" + k + "'");
     }
     ScheduleEntry s;
@@ -55,6 +55,16 @@ Result<std::vector<ScheduleEntry>> ParseSchedule(const std::string& text, const 
                                  out.back().config.ToString() + " (world size " + std::to_string(world) + ")");
         }
         s.kill_ranks.push_back(r.get<int>());
+      }
+    }
+    if (e.contains("kill_hosts")) {
+      if (i == 0) return InvalidArgument(where + ": kill_hosts needs running workers (not on the first entry)");
+      if (!e["kill_hosts"].is_array()) return InvalidArgument(where + ": 'kill_hosts' must be a list of host indexes");
+      for (const json& h : e["kill_hosts"]) {
+        if (!h.is_number_integer() || h.get<int64_t>() < 0 || h.get<int64_t>() > 1 << 20) {
+          return InvalidArgument(where + ": kill host " + h.dump() + " is not a host index of the cluster file");
+        }
+        s.kill_hosts.push_back(h.get<int>());
       }
     }
     if (s.stop && i + 1 != j.size()) return InvalidArgument(where + ": a stop entry must be the last entry");

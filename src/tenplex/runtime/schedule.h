@@ -5,7 +5,10 @@
 //    {"step": 30, "stop": true}]
 // Entry i runs its config from its step up to the next entry's step. `kill_ranks`
 // on an entry kills those ranks of the *previous* entry's workers (SIGKILL) during the
-// step before this entry's step. The last entry, and only it, is {"stop": true}.
+// step before this entry's step. `kill_hosts` (with `tenplex run --cluster` only) makes
+// those hosts of the cluster file fail at the same moment: their workers and their
+// store daemon are killed, so the job goes on from the state on the other hosts. The
+// last entry, and only it, is {"stop": true}.
 #pragma once
 
 #include <cstdint>
@@ -23,12 +26,14 @@ struct ScheduleEntry {
   bool stop = false;
   ParallelConfig config;     // unset when stop
   std::vector<int> kill_ranks;
+  std::vector<int> kill_hosts;  // indexes into the cluster file's hosts
 };
 
 // Parses and checks a schedule: a non-empty list, the first entry at step 0 with a
 // config, steps strictly increasing, a stop entry last and nowhere else, configs valid
 // for the model, kill ranks inside the previous config's world size and not on the
-// first entry, no unknown fields.
+// first entry, kill hosts non-negative (the runner checks them against its cluster),
+// no unknown fields.
 Result<std::vector<ScheduleEntry>> ParseSchedule(const std::string& json_text, const Model& model);
 
 }  // namespace tenplex::runtime

@@ -15,12 +15,14 @@ Model Small() {
 
 TEST(ScheduleTest, ParsesTheIssueExample) {
   auto s = ParseSchedule(R"([{"step": 0, "config": "tp=2,pp=2"}, {"step": 10, "config": "dp=3"},
-      {"step": 20, "config": "tp=2,dp=2", "kill_ranks": [1]}, {"step": 30, "stop": true}])",
+      {"step": 20, "config": "tp=2,dp=2", "kill_ranks": [1], "kill_hosts": [1]}, {"step": 30, "stop": true}])",
                          Small());
   ASSERT_TRUE(s.ok()) << s.status().ToString();
   ASSERT_EQ(s->size(), 4u);
   EXPECT_EQ((*s)[1].config.dp, 3);
   EXPECT_EQ((*s)[2].kill_ranks, std::vector<int>{1});
+  EXPECT_EQ((*s)[2].kill_hosts, std::vector<int>{1});
+  EXPECT_TRUE((*s)[1].kill_hosts.empty());
   EXPECT_TRUE((*s)[3].stop);
 }
 
@@ -41,6 +43,9 @@ TEST(ScheduleTest, RejectsBadSchedules) {
       {R"([{"step": 0, "config": "tp=2"}, {"step": 2, "config": "dp=2", "kill_ranks": [2]}, {"step": 3, "stop": true}])", "world size 2"},
       {R"([{"step": 0, "config": "tp=1", "kill_ranks": [0]}, {"step": 2, "stop": true}])", "first entry"},
       {R"([{"step": 0, "config": "tp=1", "stop": true}])", "either"},
+      {R"([{"step": 0, "config": "tp=1", "kill_hosts": [0]}, {"step": 2, "stop": true}])", "first entry"},
+      {R"([{"step": 0, "config": "tp=1"}, {"step": 2, "config": "tp=1", "kill_hosts": [-1]}, {"step": 3, "stop": true}])", "kill host -1"},
+      {R"([{"step": 0, "config": "tp=1"}, {"step": 2, "config": "tp=1", "kill_hosts": 1}, {"step": 3, "stop": true}])", "list of host"},
       {R"([{"step": 0, "config": "tp=1", "bogus": 1}, {"step": 2, "stop": true}])", "unknown field 'bogus'"},
       {R"([{"step": "0", "config": "tp=1"}, {"step": 2, "stop": true}])", "integer"},
   };

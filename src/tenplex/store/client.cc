@@ -98,6 +98,9 @@ Result<std::unique_ptr<Client>> Client::Connect(const std::string& url, const Cl
   if (options.use_shm && IsLoopbackHost(hp.host) && !shm_dir.empty() && !c->store_id_.empty()) {
     auto id = ReadFile(shm_dir + "/STORE_ID");
     c->local_ = id.ok() && *id == c->store_id_ + "\n";
+    if (c->local_ && health.contains("pid") && health["pid"].is_number_integer()) {
+      c->pid_ = health["pid"].get<int64_t>();
+    }
   }
   return c;
 }

@@ -41,6 +41,8 @@ class Client {
   const std::string& url() const { return url_; }
   // True when bulk bytes go through shared memory.
   bool local() const { return local_; }
+  // The daemon's process id when local() (0 otherwise or when it does not say).
+  int64_t pid() const { return pid_; }
   const std::string& store_id() const { return store_id_; }
 
   // ---- versions
@@ -94,6 +96,7 @@ class Client {
   std::string url_;
   std::string store_id_;
   bool local_ = false;
+  int64_t pid_ = 0;
   std::unique_ptr<Http> http_;
   std::mutex mu_;
 };

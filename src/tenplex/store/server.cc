@@ -311,6 +311,7 @@ Status Server::Impl::Route(const httplib::Request& req, Body& body, const Target
              {{"ok", true},
               {"store_id", store.id()},
               {"shm_dir", store.shm_dir()},
+              {"pid", static_cast<int64_t>(::getpid())},
               {"used_bytes", store.used_bytes()},
               {"memory_limit", store.memory_limit()}});
     return Status::Ok();
