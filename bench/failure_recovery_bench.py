@@ -4,7 +4,9 @@ the store, against restarting from the last on-disk checkpoint.
 
 A GPT job (examples/gpt/train.py, CPU, gloo) runs on 4 workers (tp=2,dp=2); in the
 middle of step F the benchmark kills 1 or 2 of them and the job goes on with the
-workers that are left (3: dp=3; 2: tp=2).
+workers that are left (3: dp=3; 2: tp=2). A third case keeps the state in 2 store
+daemons (2 GPUs each; `tenplex run --cluster`) and loses host 1, its daemon with its
+workers: the state comes back from the data-parallel replica on host 0.
 
   ours        `tenplex run --commit-every N`: the workers commit their state into the
               store every N steps while they train; after the kill the runner stops
@@ -40,14 +42,20 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 from bench_csv import write_rows  # noqa: E402
+from daemons import Daemon, write_cluster  # noqa: E402
 
 REPO = os.path.abspath(os.path.join(HERE, ".."))
 PY = "/usr/bin/python3"
 TRAIN = os.path.join(REPO, "examples", "gpt", "train.py")
 LAUNCH = os.path.join(REPO, "examples", "gpt", "launch.py")
 FROM = "tp=2,dp=2"
-SCENARIOS = [("kill 1 of 4", [3], "dp=3"), ("kill 2 of 4", [2, 3], "tp=2")]
+# (name, killed ranks, new config, lost host): "lose host 1 of 2" keeps the state in 2
+# store daemons (2 GPUs each) and kills host 1's daemon with its workers: the state
+# comes back from the data-parallel replica on host 0.
+SCENARIOS = [("kill 1 of 4", [3], "dp=3", False), ("kill 2 of 4", [2, 3], "tp=2", False),
+             ("lose host 1 of 2", [2, 3], "tp=2", True)]
 ARGS = None
 
 
@@ -83,16 +91,28 @@ def run(cmd, what):
     return p
 
 
-def ours(tmp, model, killed, to, fail_step):
+def ours(tmp, model, killed, to, fail_step, lose_host):
     """One elastic run with a kill in step fail_step; its timings from the log."""
-    name = f"ours-{to}"
+    name = f"ours-{to}" + ("-host" if lose_host else "")
     sched = os.path.join(tmp, name + ".json")
+    kill = {"kill_hosts": [1]} if lose_host else {"kill_ranks": killed}
     with open(sched, "w") as f:
-        json.dump([{"step": 0, "config": FROM}, {"step": fail_step + 1, "config": to, "kill_ranks": killed},
+        json.dump([{"step": 0, "config": FROM}, {"step": fail_step + 1, "config": to, **kill},
                    {"step": fail_step + 3, "stop": True}], f)
     logf = os.path.join(tmp, name + ".jsonl")
-    run([ARGS.tenplex, "run", "--quiet", "--schedule", sched, "--log", logf, "--work-dir", os.path.join(tmp, name),
-         "--commit-every", str(ARGS.commit_every), "--", PY, TRAIN, *train_args(model)], "tenplex run " + name)
+    daemons, where = [], []
+    if lose_host:
+        daemons = [Daemon(ARGS.tenplex) for _ in range(2)]
+        cluster = os.path.join(tmp, "cluster.json")
+        write_cluster(cluster, daemons, 2)
+        where = ["--cluster", cluster]
+    try:
+        run([ARGS.tenplex, "run", "--quiet", "--schedule", sched, "--log", logf, "--work-dir",
+             os.path.join(tmp, name), *where, "--commit-every", str(ARGS.commit_every), "--", PY, TRAIN,
+             *train_args(model)], "tenplex run " + name)
+    finally:
+        for d in daemons:
+            d.stop()
     steps, events = read_log(logf)
     fail = [e for e in events if e["event"] == "failure"]
     rec = [e for e in events if e["event"] == "reconfigure" and e["after_failure"]]
@@ -186,14 +206,14 @@ def main():
              "-o", model], "tenplex model gpt")
         log(f"[failure] GPT {layers} layers, hidden {hidden}, vocab {vocab}, Adam; {FROM} on 4 workers, "
             f"kill in step {ARGS.fail_step}; ours commits every {ARGS.commit_every} step(s)")
-        for scen, killed, to in SCENARIOS:
-            o = best(lambda: ours(tmp, model, killed, to, ARGS.fail_step))
+        for scen, killed, to, lose_host in SCENARIOS:
+            o = best(lambda: ours(tmp, model, killed, to, ARGS.fail_step, lose_host))
             entries = [("ours", o)]
             for L in lost:
                 entries.append((f"checkpoint L={L}", best(lambda: checkpoint_restart(tmp, model, to, ARGS.fail_step, L,
                                                                                      o["stop_s"]))))
             for method, m in entries:
-                row = {"scenario": scen, "from": FROM, "to": to, "killed_ranks": "+".join(map(str, killed)),
+                row = {"scenario": scen, "from": FROM, "to": to, "killed_ranks": "+".join(map(str, killed)) + (" and host 1's daemon" if lose_host else ""),
                        "method": method, "lost_steps": m["lost_steps"],
                        "stop_s": round(m["stop_s"], 3), "convert_s": round(m["convert_s"], 3),
                        "restart_s": round(m["restart_s"], 3), "rerun_s": round(m["rerun_s"], 3),
