@@ -81,7 +81,7 @@ def train(config, model, steps, tag, extra=()):
         if "s/step" in line:
             print(f"  {tag}: {line.split(': ', 1)[1]}", flush=True)
     with open(log) as f:
-        return [json.loads(line) for line in f]
+        return [j for j in map(json.loads, f) if "event" not in j]  # steps, not checkpoint events
 
 
 def layout(model, config):

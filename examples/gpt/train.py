@@ -57,7 +57,8 @@ def parse_args(argv=None):
     ap.add_argument("--save-dir", help="write a checkpoint directory (spec §7) after the last step")
     ap.add_argument("--save-at", type=int, help="write --save-dir when this many steps are done instead "
                     "(training goes on)")
-    ap.add_argument("--log", help="append one JSON line per completed step (rank 0)")
+    ap.add_argument("--log", help="append one JSON line per completed step (rank 0), "
+                    "and {\"event\": \"checkpoint\" or \"commit\", \"step\", \"seconds\"} per state save")
     ap.add_argument("--state-in", help="hand-off JSON of `tenplex run`: load state from store files")
     ap.add_argument("--state-out", help="hand-off JSON of `tenplex run`: write the final state into store files")
     ap.add_argument("--commit-every", type=int, default=0, help="with `tenplex run --commit-every`: also write "
