@@ -256,6 +256,7 @@ def test_api():
     try:
         h = jget(url, "/v1/health")
         check(h["ok"] and h["used_bytes"] == 0 and h["memory_limit"] == 64 << 20, h)
+        check(h.get("pid") == d.proc.pid, f"health names the daemon's process: {h}")
         v = begin(url, "gpt", info={"note": "first"})
         check(v == 1, v)
         shape = [5, 6, 7]
