@@ -19,7 +19,9 @@ echo "== elastic run: $(tr -d '\n ' < examples/schedules/demo.json)"
 $T run --schedule examples/schedules/demo.json --log "$OUT/elastic.jsonl" --work-dir "$OUT/elastic" \
   --baseline "$OUT/static.jsonl" -- "${TRAIN[@]}"
 # The same elastic job with its state in two store daemons (2 GPUs per host): every
-# reconfiguration is a distributed transform between them over UCX.
+# reconfiguration is a distributed transform between them over UCX, and the workers
+# commit their state into the daemons after every step, so the killed worker costs
+# no finished step.
 PIDS=()
 trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done' EXIT
 URLS=()
@@ -30,7 +32,7 @@ for h in 0 1; do
   URLS+=("$(grep -o 'http://127.0.0.1:[0-9]*' "$OUT/daemon$h.log")")
 done
 printf '{"hosts": ["%s", "%s"], "gpus_per_host": 2}\n' "${URLS[0]}" "${URLS[1]}" >"$OUT/cluster.json"
-echo "== elastic run across 2 store daemons: tenplex run --cluster $OUT/cluster.json"
+echo "== elastic run across 2 store daemons: tenplex run --cluster $OUT/cluster.json --commit-every 1"
 $T run --cluster "$OUT/cluster.json" --schedule examples/schedules/demo.json --log "$OUT/elastic-cluster.jsonl" \
-  --work-dir "$OUT/elastic-cluster" --baseline "$OUT/static.jsonl" -- "${TRAIN[@]}"
+  --work-dir "$OUT/elastic-cluster" --commit-every 1 --baseline "$OUT/static.jsonl" -- "${TRAIN[@]}"
 echo "logs: $OUT/elastic.jsonl, $OUT/elastic-cluster.jsonl, $OUT/static.jsonl"
