@@ -1,0 +1,146 @@
+#include <set>
+
+#include "tenplex/store/store_internal.h"
+#include "tenplex/util/file.h"
+
+namespace tenplex::store {
+
+namespace {
+
+// Creates `file` (sparse, `bytes` long) and lets fill write it; it must write exactly
+// `bytes` bytes.
+Status FillFile(const std::string& file, uint64_t bytes,
+                const std::function<Status(TensorSink&)>& fill) {
+  int fd = ::open(file.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) return ErrnoError("create " + file, errno);
+  Status s;
+  if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) s = ErrnoError("ftruncate " + file, errno);
+  if (s.ok()) {
+    TensorSink sink(fd, file, bytes);
+    s = fill(sink);
+    if (s.ok() && sink.written() != bytes) {
+      s = InvalidArgument("got " + std::to_string(sink.written()) +
+                          " bytes but dtype x shape needs " + std::to_string(bytes));
+    }
+  }
+  ::close(fd);
+  return s;
+}
+
+}  // namespace
+
+Result<std::vector<TensorInfo>> Store::Impl::Create(const std::vector<AllocRequest>& reqs,
+                                                    const Fill* fill,
+                                                    std::vector<std::shared_ptr<ShmMapping>>* maps,
+                                                    bool zero_fill) {
+  struct Pending {
+    TensorPath path;
+    uint64_t bytes = 0;
+    std::string tmp;
+    std::shared_ptr<ShmMapping> map;
+  };
+  std::vector<Pending> pend(reqs.size());
+  uint64_t total = 0;
+  for (std::size_t i = 0; i < reqs.size(); ++i) {
+    TP_ASSIGN_OR_RETURN(pend[i].path, ParseTensorPath(reqs[i].path));
+    auto vol = CheckedVolume(reqs[i].shape, static_cast<int64_t>(DTypeSize(reqs[i].dtype)));
+    if (!vol.ok()) return vol.status().WithContext(reqs[i].path);
+    if (static_cast<std::size_t>(reqs[i].shape.size()) > kMaxRank) {
+      return InvalidArgument(reqs[i].path + ": more than " + std::to_string(kMaxRank) +
+                             " dimensions");
+    }
+    pend[i].bytes = static_cast<uint64_t>(*vol) * DTypeSize(reqs[i].dtype);
+    total += pend[i].bytes;  // each < 2^63, and the sum is checked against the limit below
+    if (total < pend[i].bytes) return InvalidArgument("allocation sizes overflow");
+  }
+  if (fill && reqs.size() != 1) return Internal("Store: a filled create takes one tensor");
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    std::set<std::string> seen;
+    for (Pending& p : pend) {
+      TP_RETURN_IF_ERROR(FindOpenVersion(p.path).status());
+      if (!seen.insert(p.path.job + "/" + std::to_string(*p.path.version) + "/" + p.path.Key())
+               .second) {
+        return InvalidArgument("tensor '" + p.path.WithVersion(*p.path.version) +
+                               "' is allocated twice in one request");
+      }
+    }
+    if (total > limit || used > limit - total) {
+      return ResourceExhausted("memory limit: allocating " + std::to_string(total) +
+                               " bytes would raise the store's " + std::to_string(used) +
+                               " bytes in use above its limit of " + std::to_string(limit) +
+                               " bytes (--memory-limit)");
+    }
+    used += total;
+  }
+  auto unreserve = [&](Status s) {
+    for (Pending& p : pend) {
+      if (!p.tmp.empty()) ::unlink(p.tmp.c_str());
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    used -= total;
+    return s;
+  };
+  for (Pending& p : pend) {
+    std::string tmp = TmpName();
+    if (fill) {
+      Status s = FillFile(tmp, p.bytes, *fill);
+      p.tmp = tmp;
+      if (!s.ok()) return unreserve(s.WithContext(p.path.WithVersion(*p.path.version)));
+    } else if (maps) {
+      auto m = ShmMapping::Create(tmp, p.bytes);
+      if (!m.ok()) return unreserve(m.status());
+      p.tmp = tmp;
+      p.map = std::make_shared<ShmMapping>(std::move(m).value());
+    } else {
+      Status s = CreateShmFile(tmp, p.bytes, zero_fill);
+      if (!s.ok()) return unreserve(s);
+      p.tmp = tmp;
+    }
+  }
+  std::vector<TensorInfo> out;
+  std::lock_guard<std::mutex> lock(mu);
+  for (Pending& p : pend) {  // all versions must still be open
+    auto v = FindOpenVersion(p.path);
+    if (!v.ok()) {
+      Status s = v.status().WithContext("while tensors were being created");
+      for (Pending& q : pend) ::unlink(q.tmp.c_str());
+      used -= total;
+      return s;
+    }
+  }
+  for (std::size_t i = 0; i < pend.size(); ++i) {
+    Pending& p = pend[i];
+    auto [num, vs] = *FindOpenVersion(p.path);
+    const std::string key = p.path.Key();
+    const std::string vdir = VersionDir(p.path.job, num);
+    const std::string file = vdir + "/" + key;
+    Status s = MakeDir(vdir + "/" + RankSegment(p.path.rank));
+    if (s.ok() && ::rename(p.tmp.c_str(), file.c_str()) != 0)
+      s = ErrnoError("rename " + p.tmp + " to " + file, errno);
+    if (!s.ok()) {  // an internal file-system error: the tensors before i stay published
+      for (std::size_t k = i; k < pend.size(); ++k) {
+        ::unlink(pend[k].tmp.c_str());
+        used -= pend[k].bytes;
+      }
+      return s;
+    }
+    auto old = vs->tensors.find(key);
+    if (old != vs->tensors.end()) {
+      used -= old->second.bytes;
+      vs->bytes -= old->second.bytes;
+      vs->tensors.erase(old);
+    }
+    Entry e;
+    e.dtype = reqs[i].dtype;
+    e.shape = reqs[i].shape;
+    e.bytes = p.bytes;
+    vs->bytes += e.bytes;
+    auto ins = vs->tensors.emplace(key, std::move(e)).first;
+    out.push_back(MakeInfo(p.path.job, num, *vs, ins->first, ins->second));
+    if (maps) maps->push_back(p.map);
+  }
+  return out;
+}
+
+}  // namespace tenplex::store

@@ -1,0 +1,204 @@
+// Internal to the store (not a public header): the in-memory state of a Store and the
+// helpers its implementation files share.
+//   store.cc          versions and tensors (the public methods)
+//   store_open.cc     opening a directory (lock, restore after a restart) and closing
+//   store_create.cc   creating tensors beside the old ones and publishing them by rename
+//
+// Thread-safety: Impl::mu guards `jobs` and `used`; methods marked REQUIRES: mu held
+// must be called with it held. Bulk file work (filling, hashing, removing trash) runs
+// without it.
+#pragma once
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <utility>
+
+#include "tenplex/store/store.h"
+
+namespace tenplex::store {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+inline constexpr char kManifest[] = "MANIFEST.json";
+inline constexpr char kCurrent[] = "CURRENT";
+inline constexpr char kManifestFormat[] = "tenplex.store.version.v1";
+
+struct Entry {
+  DType dtype = DType::kF32;
+  Shape shape;
+  uint64_t bytes = 0;
+  std::string xxh64;  // cached checksum (committed tensors only)
+};
+
+struct VersionState {
+  bool committed = false;
+  std::string info = "{}";
+  std::map<std::string, Entry> tensors;  // key "rank-00000/name"
+  uint64_t bytes = 0;
+};
+
+struct JobState {
+  std::optional<uint64_t> current;
+  uint64_t last = 0;  // highest version number the job has had
+  std::map<uint64_t, VersionState> versions;
+};
+
+inline std::string RandomHex() {
+  std::random_device rd;
+  uint64_t v = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+inline Result<std::string> CanonicalInfo(const std::string& info) {
+  if (info.empty()) return std::string("{}");
+  json j = json::parse(info, nullptr, false);
+  if (j.is_discarded() || !j.is_object())
+    return InvalidArgument("version info must be a JSON object");
+  return j.dump();
+}
+
+inline Status MakeDir(const std::string& path) {
+  if (::mkdir(path.c_str(), 0700) != 0 && errno != EEXIST)
+    return ErrnoError("mkdir " + path, errno);
+  return Status::Ok();
+}
+
+// Removes everything inside dir (not dir itself).
+inline void ClearDir(const std::string& dir) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) fs::remove_all(e.path(), ec);
+}
+
+inline std::string VersionName(const std::string& job, uint64_t v) {
+  return "version " + std::to_string(v) + " of job '" + job + "'";
+}
+
+struct Store::Impl {
+  std::string dir;
+  bool owned = false;
+  int lock_fd = -1;
+  std::string id;
+  uint64_t limit = 0;
+  std::atomic<uint64_t> counter{0};
+
+  mutable std::mutex mu;
+  std::map<std::string, JobState> jobs;  // guarded by mu
+  uint64_t used = 0;                     // guarded by mu; includes reservations
+
+  std::string JobDir(const std::string& job) const { return dir + "/jobs/" + job; }
+  std::string VersionDir(const std::string& job, uint64_t v) const {
+    return JobDir(job) + "/" + std::to_string(v);
+  }
+  std::string TmpName() { return dir + "/tmp/" + std::to_string(counter.fetch_add(1)); }
+
+  // Moves a directory to trash/ (fast, under mu); the caller removes the returned
+  // path after releasing mu.
+  std::string Trash(const std::string& path) {
+    std::string t = dir + "/trash/" + std::to_string(counter.fetch_add(1));
+    if (::rename(path.c_str(), t.c_str()) != 0) return path;  // remove in place
+    return t;
+  }
+
+  // REQUIRES: mu held.
+  Result<JobState*> FindJob(const std::string& job) {
+    TP_RETURN_IF_ERROR(CheckJobName(job));
+    auto it = jobs.find(job);
+    if (it == jobs.end()) return NotFound("job '" + job + "' does not exist");
+    return &it->second;
+  }
+
+  // REQUIRES: mu held. Resolves "current" (nullopt) to the current version.
+  Result<std::pair<uint64_t, VersionState*>> FindVersion(const std::string& job, VersionRef ref) {
+    TP_ASSIGN_OR_RETURN(JobState * j, FindJob(job));
+    if (!ref) {
+      if (!j->current) return NotFound("job '" + job + "' has no committed version");
+      ref = j->current;
+    }
+    auto it = j->versions.find(*ref);
+    if (it == j->versions.end()) {
+      std::string have;
+      for (const auto& [v, s] : j->versions) {
+        have += (have.empty() ? "" : ", ") + std::to_string(v) +
+                (j->current == v ? " (current)"
+                 : s.committed   ? " (committed)"
+                                 : " (open)");
+      }
+      return NotFound(VersionName(job, *ref) +
+                      " does not exist (versions: " + (have.empty() ? "none" : have) + ")");
+    }
+    return std::make_pair(*ref, &it->second);
+  }
+
+  // REQUIRES: mu held.
+  Result<std::pair<uint64_t, VersionState*>> FindOpenVersion(const TensorPath& p) {
+    if (!p.version) {
+      return FailedPrecondition(
+          "jobs/" + p.job +
+          "/current is a committed version and immutable; write into an open version");
+    }
+    TP_ASSIGN_OR_RETURN(auto v, FindVersion(p.job, p.version));
+    if (v.second->committed) {
+      return FailedPrecondition(VersionName(p.job, v.first) + " is committed and immutable");
+    }
+    return v;
+  }
+
+  // REQUIRES: mu held.
+  Result<std::pair<TensorInfo, Entry*>> FindTensor(const std::string& path) {
+    TP_ASSIGN_OR_RETURN(TensorPath p, ParseTensorPath(path));
+    TP_ASSIGN_OR_RETURN(auto v, FindVersion(p.job, p.version));
+    auto it = v.second->tensors.find(p.Key());
+    if (it == v.second->tensors.end()) {
+      return NotFound("tensor '" + p.WithVersion(v.first) + "' does not exist");
+    }
+    return std::make_pair(MakeInfo(p.job, v.first, *v.second, it->first, it->second), &it->second);
+  }
+
+  TensorInfo MakeInfo(const std::string& job, uint64_t v, const VersionState& vs,
+                      const std::string& key, const Entry& e) const {
+    TensorInfo info;
+    info.path = "jobs/" + job + "/" + std::to_string(v) + "/" + key;
+    info.dtype = e.dtype;
+    info.shape = e.shape;
+    info.bytes = e.bytes;
+    info.committed = vs.committed;
+    info.file = VersionDir(job, v) + "/" + key;
+    return info;
+  }
+
+  // REQUIRES: mu held. Removes a version from memory; returns its directory (moved to
+  // trash) for removal after mu is released.
+  std::string EraseVersion(const std::string& job, JobState& j, uint64_t v) {
+    auto it = j.versions.find(v);
+    used -= it->second.bytes;
+    j.versions.erase(it);
+    return Trash(VersionDir(job, v));
+  }
+
+  Status Restore();
+  Status RestoreJob(const std::string& job);
+  // Creates tensors beside the old ones and publishes them by rename. With `fill`
+  // (one tensor), its bytes come from the callback through a sparse file's pwrite;
+  // without, the files are allocated zero-filled and mapped writable into `maps`.
+  using Fill = std::function<Status(TensorSink&)>;
+  Result<std::vector<TensorInfo>> Create(const std::vector<AllocRequest>& reqs, const Fill* fill,
+                                         std::vector<std::shared_ptr<ShmMapping>>* maps,
+                                         bool zero_fill = true);
+};
+
+}  // namespace tenplex::store

@@ -1,0 +1,194 @@
+#include <sys/file.h>
+#include <sys/statvfs.h>
+
+#include "tenplex/store/store_internal.h"
+#include "tenplex/util/file.h"
+
+namespace tenplex::store {
+
+Status Store::Impl::Restore() {
+  const std::string jobs_dir = dir + "/jobs";
+  TP_RETURN_IF_ERROR(MakeDir(jobs_dir));
+  std::error_code ec;
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(jobs_dir, ec))
+    names.push_back(e.path().filename().string());
+  if (ec) return Internal("cannot list " + jobs_dir + ": " + ec.message());
+  for (const std::string& job : names) {
+    if (!IsValidSegment(job)) {
+      fs::remove_all(jobs_dir + "/" + job, ec);
+      continue;
+    }
+    TP_RETURN_IF_ERROR(RestoreJob(job));
+  }
+  return Status::Ok();
+}
+
+Status Store::Impl::RestoreJob(const std::string& job) {
+  const std::string jdir = JobDir(job);
+  std::error_code ec;
+  auto cur_text = ReadFile(jdir + "/" + kCurrent);
+  if (!cur_text.ok()) {  // never committed: nothing to keep
+    fs::remove_all(jdir, ec);
+    return Status::Ok();
+  }
+  std::string t = *cur_text;
+  while (!t.empty() && (t.back() == '\n' || t.back() == ' ')) t.pop_back();
+  auto cur = ParseVersion(t);
+  if (!cur.ok() || !*cur)
+    return DataLoss(jdir + "/" + kCurrent + " does not hold a version number");
+  const uint64_t current = **cur;
+  JobState js;
+  for (const auto& e : fs::directory_iterator(jdir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name == kCurrent) continue;
+    auto v = ParseVersion(name);
+    const bool keep = v.ok() && *v && **v <= current && fs::exists(e.path() / kManifest);
+    if (!keep) {  // temp files, open versions, versions whose commit did not finish
+      fs::remove_all(e.path(), ec);
+      continue;
+    }
+    const std::string mpath = (e.path() / kManifest).string();
+    TP_ASSIGN_OR_RETURN(std::string text, ReadFile(mpath));
+    json m = json::parse(text, nullptr, false);
+    if (m.is_discarded() || !m.is_object() || m.value("format", "") != kManifestFormat ||
+        !m.contains("tensors") || !m["tensors"].is_array()) {
+      return DataLoss(mpath + " is not a " + kManifestFormat + " manifest");
+    }
+    VersionState vs;
+    vs.committed = true;
+    if (m.contains("info") && m["info"].is_object()) vs.info = m["info"].dump();
+    for (const json& t : m["tensors"]) {
+      if (!t.is_object() || !t.contains("key") || !t["key"].is_string() || !t.contains("dtype") ||
+          !t["dtype"].is_string() || !t.contains("shape") || !t["shape"].is_array()) {
+        return DataLoss(mpath + ": malformed tensor entry");
+      }
+      const std::string key = t["key"].get<std::string>();
+      auto p = ParseTensorPath("jobs/" + job + "/" + name + "/" + key);
+      if (!p.ok()) return DataLoss(mpath + ": " + p.status().message());
+      Entry en;
+      auto dt = ParseDType(t["dtype"].get<std::string>());
+      if (!dt.ok()) return DataLoss(mpath + ": " + dt.status().message());
+      en.dtype = *dt;
+      for (const json& d : t["shape"]) {
+        if (!d.is_number_integer())
+          return DataLoss(mpath + ": shape of " + key + " has a non-integer");
+        en.shape.push_back(d.get<int64_t>());
+      }
+      auto vol = CheckedVolume(en.shape, static_cast<int64_t>(DTypeSize(en.dtype)));
+      if (!vol.ok()) return DataLoss(mpath + ": " + vol.status().message());
+      en.bytes = static_cast<uint64_t>(*vol) * DTypeSize(en.dtype);
+      const std::string file = (e.path() / key).string();
+      struct stat st;
+      if (::stat(file.c_str(), &st) != 0 || static_cast<uint64_t>(st.st_size) != en.bytes) {
+        return DataLoss("committed tensor file " + file + " is missing or not " +
+                        std::to_string(en.bytes) +
+                        " bytes long; the shared-memory directory was modified outside the store");
+      }
+      vs.bytes += en.bytes;
+      vs.tensors.emplace(key, std::move(en));
+    }
+    used += vs.bytes;
+    js.last = std::max(js.last, **v);
+    js.versions.emplace(**v, std::move(vs));
+  }
+  if (!js.versions.count(current)) {
+    return DataLoss(jdir + "/" + kCurrent + " names version " + std::to_string(current) +
+                    " but its directory or manifest is missing");
+  }
+  js.current = current;
+  jobs.emplace(job, std::move(js));
+  return Status::Ok();
+}
+
+Store::Store(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Result<std::unique_ptr<Store>> Store::Open(const StoreOptions& options) {
+  auto impl = std::make_unique<Impl>();
+  std::error_code ec;
+  if (options.shm_dir.empty()) {
+    std::string root = "/dev/shm";
+    if (!fs::is_directory(root, ec)) root = fs::temp_directory_path(ec).string();
+    for (int attempt = 0;; ++attempt) {
+      std::string d =
+          root + "/tenplex-" + std::to_string(::getpid()) + "-" + RandomHex().substr(0, 8);
+      if (::mkdir(d.c_str(), 0700) == 0) {
+        impl->dir = d;
+        break;
+      }
+      if (errno != EEXIST || attempt > 16) return ErrnoError("mkdir " + d, errno);
+    }
+    impl->owned = true;
+  } else {
+    impl->dir = options.shm_dir;
+    while (impl->dir.size() > 1 && impl->dir.back() == '/') impl->dir.pop_back();
+    if (!fs::exists(impl->dir, ec) && fs::create_directories(impl->dir, ec)) {
+      fs::permissions(impl->dir, fs::perms::owner_all, ec);  // tensors are for this user only
+    }
+    if (!fs::is_directory(impl->dir, ec))
+      return InvalidArgument("--shm-dir " + impl->dir + " is not a directory");
+  }
+  // From here on a failure removes a private directory.
+  struct Cleanup {
+    Impl* impl;
+    ~Cleanup() {
+      if (!impl) return;
+      if (impl->lock_fd >= 0) ::close(impl->lock_fd);
+      std::error_code ec;
+      if (impl->owned) fs::remove_all(impl->dir, ec);
+    }
+  } cleanup{impl.get()};
+  const std::string lock_path = impl->dir + "/LOCK";
+  impl->lock_fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (impl->lock_fd < 0) return ErrnoError("open " + lock_path, errno);
+  if (::flock(impl->lock_fd, LOCK_EX | LOCK_NB) != 0) {
+    if (errno == EWOULDBLOCK) {
+      return FailedPrecondition(
+          "shared-memory directory " + impl->dir +
+          " is in use by another tenplex store (its LOCK is held); give each store its own "
+          "--shm-dir");
+    }
+    return ErrnoError("flock " + lock_path, errno);
+  }
+  for (const char* sub : {"/tmp", "/trash"}) {
+    TP_RETURN_IF_ERROR(MakeDir(impl->dir + sub));
+    ClearDir(impl->dir + sub);
+  }
+  TP_RETURN_IF_ERROR(impl->Restore());
+  impl->id = RandomHex();
+  TP_RETURN_IF_ERROR(WriteFileAtomic(impl->dir + "/STORE_ID", impl->id + "\n"));
+  if (options.memory_limit > 0) {
+    impl->limit = options.memory_limit;
+  } else {
+    struct statvfs sv;
+    if (::statvfs(impl->dir.c_str(), &sv) != 0) return ErrnoError("statvfs " + impl->dir, errno);
+    impl->limit = static_cast<uint64_t>(sv.f_bavail) * sv.f_frsize + impl->used;
+  }
+  cleanup.impl = nullptr;
+  return std::unique_ptr<Store>(new Store(std::move(impl)));
+}
+
+Store::~Store() {
+  std::error_code ec;
+  if (impl_->owned) {
+    fs::remove_all(impl_->dir, ec);
+  } else {
+    std::vector<std::string> trash;
+    {
+      std::lock_guard<std::mutex> lock(impl_->mu);
+      for (auto& [name, j] : impl_->jobs) {
+        std::vector<uint64_t> open;
+        for (auto& [v, s] : j.versions) {
+          if (!s.committed) open.push_back(v);
+        }
+        for (uint64_t v : open) trash.push_back(impl_->EraseVersion(name, j, v));
+      }
+    }
+    for (const std::string& t : trash) fs::remove_all(t, ec);
+    ClearDir(impl_->dir + "/tmp");
+    ClearDir(impl_->dir + "/trash");
+  }
+  if (impl_->lock_fd >= 0) ::close(impl_->lock_fd);
+}
+
+}  // namespace tenplex::store
