@@ -18,11 +18,9 @@ the old world size and end with a checkpoint written for the new world size:
 
 Runs in /dev/shm and on disk (a directory in the repository's parent file system).
 Writes docs/benchmarks/dcp_peer.csv. The DCP import fix for Python 3.11 is in
-_import_dcp() (see docs/benchmarks.md).
+python/tenplex/dcp_compat.py (see docs/benchmarks.md).
 """
 import argparse
-import copy
-import dataclasses
 import json
 import math
 import os
@@ -36,29 +34,11 @@ from bench_csv import write_rows
 
 
 def _import_dcp():
-    """torch 1.13's sharded_tensor/metadata.py declares
-    `tensor_properties: TensorProperties = field(default=TensorProperties())`. Python 3.11
-    rejects an unhashable dataclass instance as a default ("mutable default ... use
-    default_factory"). We wrap dataclasses.field during the import so such a default becomes
-    a default_factory returning a deep copy. System files stay untouched."""
-    orig = dataclasses.field
-
-    def field(*args, **kw):
-        d = kw.get("default", dataclasses.MISSING)
-        if d is not dataclasses.MISSING and dataclasses.is_dataclass(d) and \
-                type(d).__hash__ is None:
-            kw.pop("default")
-            kw["default_factory"] = lambda d=d: copy.deepcopy(d)
-        return orig(*args, **kw)
-
-    dataclasses.field = field
-    try:
-        import torch.distributed._shard.checkpoint as dcp  # noqa: F401
-        import torch.distributed._shard.sharded_tensor as st  # noqa: F401
-        from torch.distributed._shard.sharding_spec import ChunkShardingSpec  # noqa: F401
-    finally:
-        dataclasses.field = orig
-    return dcp, st, ChunkShardingSpec
+    """The torch 1.13 / Python 3.11 DCP import fix, shared with the interop helper
+    (python/tenplex/dcp_compat.py)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+    from tenplex.dcp_compat import import_dcp
+    return import_dcp()
 
 
 def state_tensors(model):

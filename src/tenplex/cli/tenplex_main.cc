@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   tenplex::cli::RegisterCkpt(app, ctx);
   tenplex::cli::RegisterData(app, ctx);
   tenplex::cli::RegisterTransform(app, ctx);
+  tenplex::cli::RegisterInterop(app, ctx);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,653 @@
+#!/usr/bin/python3
+"""`tenplex import` / `tenplex export` (docs/interop.md) against independent references.
+
+  interop_test.py TENPLEX_BIN hf|dcp|megatron|errors
+
+Every part draws the model's global tensors with numpy (seeded) and checks every
+element, with slicing written here independently of the code under test:
+
+  hf       Llama (GQA, SwiGLU, RMSNorm, untied, bf16) and GPT-2 (fp32): an HF directory
+           cut from the global tensors by numpy (q/k/v rows per query group, gate/up,
+           Conv1D transposes) is imported into tp=2,pp=2, checked against the Python
+           layout (tenplex.layout), exported (single file and sharded with an index)
+           and compared with the HF files tensor by tensor.
+  dcp      4 processes save ShardedTensors in the layout tp=2,pp=2 with torch's DCP;
+           import, `tenplex reshard` to tp=1,dp=2 (and zero=1), export, and 2 processes
+           load with torch's DCP and compare every element; step and samples carried.
+  megatron files written with torch.save in Megatron-LM's structure for TP=2 x PP=2
+           (padded vocabulary, fused QKV, SwiGLU blocks, tied output copy on the last
+           stage, _extra_state entries, args, iteration, consumed samples); import into
+           tp=1,pp=2,dp=2, export to TP=4 x PP=1 and to TP=1 x PP=4, compared with
+           the same independent slicing; a re-import equals the first.
+  errors   unknown keys, shape and dtype mismatches, truncated files, missing files,
+           bad arguments: exit 2 with a message naming the problem and nothing left at
+           the output path.
+"""
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "python"))
+
+import torch  # noqa: E402
+
+from tenplex import layout as L  # noqa: E402
+from tenplex import safetensors as sf  # noqa: E402
+
+BIN = None
+TMP = None
+NP = {"F32": np.float32, "BF16": np.uint16, "F16": np.float16}
+TORCH = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+
+
+def run(*args, expect=0):
+    p = subprocess.run([BIN, *map(str, args)], capture_output=True, text=True)
+    if p.returncode != expect:
+        sys.exit(f"FAIL: tenplex {' '.join(map(str, args))}: exit {p.returncode}, expected {expect}\n"
+                 f"{p.stdout}\n{p.stderr}")
+    return p
+
+
+def model_json(name, *flags):
+    path = os.path.join(TMP, name + ".json")
+    run("model", "gpt", *flags, "-o", path)
+    with open(path) as f:
+        return path, json.load(f)
+
+
+def draw_globals(model, seed, with_optimizer=True):
+    """{global name: raw numpy array} for parameters (and companions)."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for t in model["tensors"]:
+        v = rng.standard_normal(t["shape"]).astype(np.float32)
+        out[t["path"]] = bf16_bits(v) if t["dtype"] == "BF16" else v.astype(NP[t["dtype"]])
+    if with_optimizer and model["optimizer"]["states"]:
+        for k in model["optimizer"]["states"] + ["fp32_param"]:
+            for t in model["tensors"]:
+                if k == "fp32_param" and t["dtype"] == "F32":
+                    continue
+                out[f"optimizer.{k}.{t['path']}"] = rng.standard_normal(t["shape"]).astype(np.float32)
+    return out
+
+
+def bf16_bits(v):
+    return (v.view(np.uint32) >> 16).astype(np.uint16)
+
+
+def bits_to_f32(b):
+    return (b.astype(np.uint32) << 16).view(np.float32)
+
+
+def to_torch(a, dt):
+    if dt == "BF16":
+        return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
+    return torch.from_numpy(a.copy())
+
+
+def to_np(t):
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(np.uint16)
+    return t.numpy()
+
+
+def check_equal(what, got, want):
+    if list(got.shape) != list(want.shape):
+        sys.exit(f"FAIL: {what}: shape {list(got.shape)}, expected {list(want.shape)}")
+    if not np.array_equal(np.asarray(got).view(np.uint8), np.ascontiguousarray(want).view(np.uint8)):
+        bad = int(np.sum(np.asarray(got) != want))
+        sys.exit(f"FAIL: {what}: {bad} elements differ")
+
+
+def check_ckpt(ckpt, model, G, optimizer="given"):
+    """Every rank file of a tenplex checkpoint against G sliced by tenplex.layout.
+    optimizer: "given" (companions from G), "fresh" (moments zero, fp32 = params)."""
+    with open(os.path.join(ckpt, "tenplex.json")) as f:
+        info = json.load(f)
+    m = L.Model(info["model"])
+    cfg = L.Config.parse(info["config"])
+    assert not cfg.zero, "check_ckpt slices non-ZeRO layouts"
+    n = 0
+    for r in range(cfg.world_size):
+        got = sf.load(os.path.join(ckpt, f"rank-{r:05d}.safetensors"))
+        params = L.local_params(m, cfg, cfg.pp_rank(r), cfg.tp_rank(r))
+        want = {}
+        for p in params:
+            want[p.name] = np.asarray(to_np(p.slice(to_torch(G[p.path], p.dtype))))
+            for k in L.companion_kinds(m, p.dtype):
+                gname = f"optimizer.{k}.{p.path}"
+                if optimizer == "given":
+                    src = G[gname]
+                elif k == "fp32_param":
+                    src = bits_to_f32(G[p.path]) if p.dtype == "BF16" else G[p.path].astype(np.float32)
+                else:
+                    src = np.zeros(p.global_shape, np.float32)
+                want[f"optimizer.{k}.{p.name}"] = p.slice(torch.from_numpy(np.ascontiguousarray(src))).numpy()
+        if set(got) != set(want):
+            sys.exit(f"FAIL: {ckpt} rank {r}: tensors {sorted(set(got) ^ set(want))} differ in presence")
+        for name, w in want.items():
+            check_equal(f"{ckpt} rank {r} {name}", to_np(got[name]), w)
+            n += w.size
+    return info, n
+
+
+# ----------------------------------------------------------------------------- hf
+
+def hf_reference(model, G):
+    """{hf name: numpy} cut from the global tensors here, independently."""
+    i = model["info"]
+    a, g, d = int(i["num_attention_heads"]), int(i["num_query_groups"]), int(i["kv_channels"])
+    f, nl = int(i["ffn_hidden_size"]), int(i["num_layers"])
+    per = a // g
+    out = {}
+
+    def split_qkv(w):
+        q, k, v = [], [], []
+        for j in range(g):
+            grp = w[j * (per + 2) * d:(j + 1) * (per + 2) * d]
+            q.append(grp[:per * d])
+            k.append(grp[per * d:(per + 1) * d])
+            v.append(grp[(per + 1) * d:])
+        return np.concatenate(q), np.concatenate(k), np.concatenate(v)
+
+    if i["swiglu"] == "true":
+        out["model.embed_tokens.weight"] = G["embedding.word_embeddings.weight"]
+        for n in range(nl):
+            p, h = f"decoder.layers.{n}.", f"model.layers.{n}."
+            q, k, v = split_qkv(G[p + "self_attention.linear_qkv.weight"])
+            fc1 = G[p + "mlp.linear_fc1.weight"]
+            out.update({h + "input_layernorm.weight": G[p + "self_attention.linear_qkv.layer_norm_weight"],
+                        h + "self_attn.q_proj.weight": q, h + "self_attn.k_proj.weight": k,
+                        h + "self_attn.v_proj.weight": v,
+                        h + "self_attn.o_proj.weight": G[p + "self_attention.linear_proj.weight"],
+                        h + "post_attention_layernorm.weight": G[p + "mlp.linear_fc1.layer_norm_weight"],
+                        h + "mlp.gate_proj.weight": fc1[:f], h + "mlp.up_proj.weight": fc1[f:],
+                        h + "mlp.down_proj.weight": G[p + "mlp.linear_fc2.weight"]})
+        out["model.norm.weight"] = G["decoder.final_layernorm.weight"]
+        out["lm_head.weight"] = G["output_layer.weight"]
+    else:
+        out["transformer.wte.weight"] = G["embedding.word_embeddings.weight"]
+        out["transformer.wpe.weight"] = G["embedding.position_embeddings.weight"]
+        for n in range(nl):
+            p, h = f"decoder.layers.{n}.", f"transformer.h.{n}."
+            q, k, v = split_qkv(G[p + "self_attention.linear_qkv.weight"])
+            qb, kb, vb = split_qkv(G[p + "self_attention.linear_qkv.bias"])
+            out.update({h + "ln_1.weight": G[p + "self_attention.linear_qkv.layer_norm_weight"],
+                        h + "ln_1.bias": G[p + "self_attention.linear_qkv.layer_norm_bias"],
+                        h + "attn.c_attn.weight": np.concatenate([q, k, v]).T,
+                        h + "attn.c_attn.bias": np.concatenate([qb, kb, vb]),
+                        h + "attn.c_proj.weight": G[p + "self_attention.linear_proj.weight"].T,
+                        h + "attn.c_proj.bias": G[p + "self_attention.linear_proj.bias"],
+                        h + "ln_2.weight": G[p + "mlp.linear_fc1.layer_norm_weight"],
+                        h + "ln_2.bias": G[p + "mlp.linear_fc1.layer_norm_bias"],
+                        h + "mlp.c_fc.weight": G[p + "mlp.linear_fc1.weight"].T,
+                        h + "mlp.c_fc.bias": G[p + "mlp.linear_fc1.bias"],
+                        h + "mlp.c_proj.weight": G[p + "mlp.linear_fc2.weight"].T,
+                        h + "mlp.c_proj.bias": G[p + "mlp.linear_fc2.bias"]})
+        out["transformer.ln_f.weight"] = G["decoder.final_layernorm.weight"]
+        out["transformer.ln_f.bias"] = G["decoder.final_layernorm.bias"]
+    return {k: np.ascontiguousarray(v) for k, v in out.items()}
+
+
+def write_hf(path, model, ref, config, dt):
+    os.makedirs(path)
+    sf.save(os.path.join(path, "model.safetensors"), {k: to_torch(v, dt) for k, v in ref.items()})
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config, f)
+
+
+def read_hf(path):
+    idx = os.path.join(path, "model.safetensors.index.json")
+    out = {}
+    if os.path.exists(idx):
+        with open(idx) as f:
+            index = json.load(f)
+        files = sorted(set(index["weight_map"].values()))
+        for fn in files:
+            out.update({k: to_np(v) for k, v in sf.load(os.path.join(path, fn)).items()})
+        if set(out) != set(index["weight_map"]):
+            sys.exit("FAIL: index weight_map does not list exactly the tensors of the shards")
+        size = sum(v.nbytes for v in out.values())
+        if index["metadata"]["total_size"] != size:
+            sys.exit(f"FAIL: index total_size {index['metadata']['total_size']} != {size}")
+        return out, len(files)
+    return {k: to_np(v) for k, v in sf.load(os.path.join(path, "model.safetensors")).items()}, 1
+
+
+def part_hf():
+    cases = [
+        ("llama", ["--num-layers", 2, "--hidden-size", 64, "--ffn-hidden-size", 96, "--num-attention-heads", 8,
+                   "--num-query-groups", 2, "--vocab-size", 200, "--make-vocab-size-divisible-by", 16,
+                   "--max-position-embeddings", 64, "--position-embedding-type", "rope", "--swiglu",
+                   "--disable-bias-linear", "--untie-embeddings-and-output-weights", "--normalization",
+                   "RMSNorm", "--params-dtype", "bf16"], "BF16",
+         {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64,
+          "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 2,
+          "vocab_size": 200, "max_position_embeddings": 64, "tie_word_embeddings": False}),
+        ("gpt2", ["--num-layers", 2, "--hidden-size", 48, "--num-attention-heads", 4, "--vocab-size", 100,
+                  "--make-vocab-size-divisible-by", 8, "--max-position-embeddings", 32], "F32",
+         {"model_type": "gpt2", "n_embd": 48, "n_layer": 2, "n_head": 4, "n_positions": 32, "vocab_size": 100,
+          "n_inner": None}),
+    ]
+    for fam, flags, dt, config in cases:
+        mpath, model = model_json(fam, *[str(x) for x in flags])
+        G = draw_globals(model, seed=1 if fam == "llama" else 2, with_optimizer=False)
+        ref = hf_reference(model, G)
+        src = os.path.join(TMP, fam + "-hf")
+        write_hf(src, model, ref, config, dt)
+        ck = os.path.join(TMP, fam + "-ck")
+        run("import", "--from", "hf", src, "--model", mpath, "--config", "tp=2,pp=2", "--out", ck, "--step", 5)
+        info, n = check_ckpt(ck, model, G, optimizer="fresh")
+        assert info["step"] == 5, info
+        for shard, want_files in ((None, 1), (sum(v.nbytes for v in ref.values()) // 3, None)):
+            out = os.path.join(TMP, f"{fam}-export-{shard}")
+            extra = ["--max-shard-size", shard] if shard else []
+            run("export", "--to", "hf", ck, "--out", out, *extra)
+            got, files = read_hf(out)
+            if want_files and files != want_files or (shard and files < 3):
+                sys.exit(f"FAIL: {out}: {files} safetensors files")
+            if set(got) != set(ref):
+                sys.exit(f"FAIL: {out}: tensors {sorted(set(got) ^ set(ref))} differ in presence")
+            for k, v in ref.items():
+                check_equal(f"{out} {k}", got[k], v)
+            with open(os.path.join(out, "config.json")) as f:
+                cfg = json.load(f)
+            for k, v in config.items():
+                if v is not None and cfg.get(k) != v:
+                    sys.exit(f"FAIL: {out}/config.json: {k} = {cfg.get(k)!r}, expected {v!r}")
+        print(f"hf {fam}: import tp=2,pp=2 ({n} elements), export 1 file and {files} shards: every element equal")
+
+
+# ----------------------------------------------------------------------------- dcp
+
+def owned_pieces(lay, rank):
+    """[(tensor, global box, local name)] of pieces this rank owns: the first rank
+    listing a (tensor, box) owns it (ShardedTensor shards must not overlap)."""
+    seen, out = set(), []
+    for r in lay["ranks"]:
+        for t in r["tensors"]:
+            for p in t["pieces"]:
+                key = (p["tensor"], tuple(map(tuple, p["global"])))
+                if key in seen:
+                    continue
+                seen.add(key)
+                if r["rank"] == rank:
+                    out.append((p["tensor"], [tuple(x) for x in p["global"]]))
+    return out
+
+
+def _dcp_worker(rank, world, port, mode, lay_path, dcp_dir, globals_path, result_dir):
+    import torch.distributed as dist
+    from tenplex.dcp_compat import import_dcp
+    dcp, _, _ = import_dcp()
+    from torch.distributed._shard.metadata import ShardMetadata
+    from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    with open(lay_path) as f:
+        lay = json.load(f)
+    G = dict(np.load(globals_path))
+    mine = owned_pieces(lay, rank)
+    sd = {}
+    for name in sorted(G):
+        arr = G[name]
+        shards = []
+        for tensor, box in mine:
+            if tensor != name:
+                continue
+            sl = tuple(slice(b, e) for b, e in box)
+            data = torch.from_numpy(np.ascontiguousarray(arr[sl])) if mode == "save" else \
+                torch.zeros([e - b for b, e in box], dtype=torch.float32)
+            shards.append(Shard(tensor=data, metadata=ShardMetadata(
+                shard_offsets=[b for b, _ in box], shard_sizes=[e - b for b, e in box],
+                placement=f"rank:{rank}/cpu")))
+        sd[name] = ShardedTensor._init_from_local_shards(shards, *arr.shape)
+    if mode == "save":
+        sd["step"] = 7
+        sd["samples_consumed"] = 448
+        dcp.save_state_dict(sd, dcp.FileSystemWriter(dcp_dir))
+    else:
+        sd["step"] = 0
+        sd["samples_consumed"] = 0
+        dcp.load_state_dict(sd, dcp.FileSystemReader(dcp_dir))
+        n = 0
+        for name in sorted(G):
+            for sh in sd[name].local_shards():
+                box = [(o, o + s) for o, s in zip(sh.metadata.shard_offsets, sh.metadata.shard_sizes)]
+                want = G[name][tuple(slice(b, e) for b, e in box)]
+                if not np.array_equal(sh.tensor.numpy(), want):
+                    raise SystemExit(f"rank {rank}: {name} {box}: {int(np.sum(sh.tensor.numpy() != want))} differ")
+                n += want.size
+        with open(os.path.join(result_dir, f"rank{rank}.json"), "w") as f:
+            json.dump({"elements": n, "step": sd["step"], "samples": sd["samples_consumed"]}, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def dcp_world(world, mode, lay, dcp_dir, globals_path):
+    import torch.multiprocessing as mp
+    lay_path = os.path.join(TMP, f"layout-{mode}-{world}.json")
+    with open(lay_path, "w") as f:
+        json.dump(lay, f)
+    res = tempfile.mkdtemp(dir=TMP)
+    port = 20000 + (os.getpid() * 7 + world) % 20000
+    mp.start_processes(_dcp_worker, args=(world, port, mode, lay_path, dcp_dir, globals_path, res),
+                       nprocs=world, join=True, start_method="spawn")
+    return [json.load(open(os.path.join(res, f"rank{r}.json"))) for r in range(world)] if mode == "load" else []
+
+
+def layout_of(mpath, config):
+    return json.loads(run("layout", "--model", mpath, "--config", config, "--json").stdout)
+
+
+def part_dcp():
+    mpath, model = model_json("dcp", "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
+                              "--num-query-groups", "2", "--vocab-size", "100", "--make-vocab-size-divisible-by",
+                              "8", "--max-position-embeddings", "16", "--swiglu")
+    G = draw_globals(model, seed=3)
+    gpath = os.path.join(TMP, "dcp-globals.npz")
+    np.savez(gpath, **G)
+    d1 = os.path.join(TMP, "dcp-n4")
+    dcp_world(4, "save", layout_of(mpath, "tp=2,pp=2"), d1, gpath)
+    c1 = os.path.join(TMP, "dcp-ck1")
+    run("import", "--from", "dcp", d1, "--model", mpath, "--config", "tp=2,pp=2", "--out", c1)
+    info, n = check_ckpt(c1, model, G)
+    assert info["step"] == 7 and info["samples_consumed"] == 448, info
+    for cfg in ("tp=1,pp=1,dp=2", "tp=2,pp=1,dp=1,zero=1"):
+        c2 = os.path.join(TMP, "dcp-ck2-" + cfg)
+        run("reshard", "--in", c1, "--to", cfg, "--out", c2)
+        d2 = os.path.join(TMP, "dcp-m2-" + cfg)
+        run("export", "--to", "dcp", c2, "--out", d2)
+        res = dcp_world(2, "load", layout_of(mpath, cfg), d2, gpath)
+        total = sum(r["elements"] for r in res)
+        want = sum(v.size for v in G.values())
+        if total != want or any(r["step"] != 7 or r["samples"] != 448 for r in res):
+            sys.exit(f"FAIL: dcp load on 2 ranks ({cfg}): {res}, expected {want} elements, step 7, samples 448")
+        print(f"dcp: 4 ranks (tp=2,pp=2) -> import -> reshard {cfg} -> export -> 2 ranks loaded "
+              f"{total} elements, all equal; step and samples carried")
+    # a DCP checkpoint of parameters only: Adam starts fresh
+    P = {k: v for k, v in G.items() if not k.startswith("optimizer.")}
+    ppath = os.path.join(TMP, "dcp-params.npz")
+    np.savez(ppath, **P)
+    d3 = os.path.join(TMP, "dcp-params")
+    dcp_world(2, "save", layout_of(mpath, "tp=2,pp=1"), d3, ppath)
+    c3 = os.path.join(TMP, "dcp-ck3")
+    run("import", "--from", "dcp", d3, "--model", mpath, "--config", "tp=1,pp=2", "--out", c3)
+    check_ckpt(c3, model, G, optimizer="fresh")
+    print("dcp: parameters-only checkpoint imported with fresh Adam state")
+
+
+# ----------------------------------------------------------------------------- megatron
+
+def megatron_slices(model, G, T, P):
+    """{(t, p): {local name: numpy}}: Megatron's per-rank model state, cut here."""
+    i = model["info"]
+    V, m = int(i["vocab_size"]), int(i["make_vocab_size_divisible_by"])
+    nl, f = int(i["num_layers"]), int(i["ffn_hidden_size"])
+    swiglu, tied = i["swiglu"] == "true", i["tied"] == "true"
+    per_stage = nl // P
+    Vp = math.ceil(V / (m * T)) * m * T
+    out = {}
+    for t in range(T):
+        for p in range(P):
+            sd = {}
+
+            def vocab(w):
+                padded = np.zeros((Vp,) + w.shape[1:], w.dtype)
+                padded[:V] = w
+                return padded[t * Vp // T:(t + 1) * Vp // T]
+
+            def rows(w):
+                n = w.shape[0] // T
+                return w[t * n:(t + 1) * n]
+
+            def cols(w):
+                n = w.shape[1] // T
+                return w[:, t * n:(t + 1) * n]
+
+            def fc1(w):
+                if not swiglu:
+                    return rows(w)
+                return np.concatenate([rows(w[:f]), rows(w[f:])])
+
+            if p == 0:
+                sd["embedding.word_embeddings.weight"] = vocab(G["embedding.word_embeddings.weight"])
+                if "embedding.position_embeddings.weight" in G:
+                    sd["embedding.position_embeddings.weight"] = G["embedding.position_embeddings.weight"]
+            for li in range(per_stage):
+                gp, lp = f"decoder.layers.{p * per_stage + li}.", f"decoder.layers.{li}."
+                for name, arr in G.items():
+                    if not name.startswith(gp):
+                        continue
+                    tail = name[len(gp):]
+                    if tail.endswith(("layer_norm_weight", "layer_norm_bias")) or tail in (
+                            "self_attention.linear_proj.bias", "mlp.linear_fc2.bias"):
+                        v = arr
+                    elif tail.startswith("self_attention.linear_qkv."):
+                        v = rows(arr)
+                    elif tail == "self_attention.linear_proj.weight" or tail == "mlp.linear_fc2.weight":
+                        v = cols(arr)
+                    elif tail.startswith("mlp.linear_fc1."):
+                        v = fc1(arr)
+                    else:
+                        raise AssertionError(tail)
+                    sd[lp + tail] = v
+                for mod in ("self_attention.linear_qkv", "self_attention.linear_proj", "mlp.linear_fc1",
+                            "mlp.linear_fc2"):
+                    sd[lp + mod + "._extra_state"] = None
+            if p == P - 1:
+                for k in ("decoder.final_layernorm.weight", "decoder.final_layernorm.bias"):
+                    if k in G:
+                        sd[k] = G[k]
+                if not tied:
+                    sd["output_layer.weight"] = vocab(G["output_layer.weight"])
+                elif P > 1:
+                    sd["output_layer.weight"] = vocab(G["embedding.word_embeddings.weight"])
+            out[(t, p)] = {k: (np.ascontiguousarray(v) if v is not None else None) for k, v in sd.items()}
+    return out
+
+
+def write_megatron(path, model, G, T, P, iteration, samples):
+    os.makedirs(path)
+    it = os.path.join(path, f"iter_{iteration:07d}")
+    i = model["info"]
+    for (t, p), sd in megatron_slices(model, G, T, P).items():
+        d = os.path.join(it, f"mp_rank_{t:02d}" if P == 1 else f"mp_rank_{t:02d}_{p:03d}")
+        os.makedirs(d)
+        args = argparse.Namespace(num_layers=int(i["num_layers"]), hidden_size=int(i["hidden_size"]),
+                                  ffn_hidden_size=int(i["ffn_hidden_size"]),
+                                  num_attention_heads=int(i["num_attention_heads"]),
+                                  num_query_groups=int(i["num_query_groups"]), group_query_attention=True,
+                                  kv_channels=int(i["kv_channels"]), swiglu=i["swiglu"] == "true",
+                                  tensor_model_parallel_size=T, pipeline_model_parallel_size=P,
+                                  consumed_train_samples=samples, consumed_valid_samples=0,
+                                  params_dtype=torch.float32, iteration=iteration)
+        state = {k: (torch.from_numpy(v) if v is not None else None) for k, v in sd.items()}
+        torch.save({"args": args, "checkpoint_version": 3.0, "iteration": iteration, "model": state,
+                    "optimizer": {"optimizer": {"state": {}, "param_groups": []}},
+                    "opt_param_scheduler": {"num_steps": iteration * 8}, "rng_state": [{"random_rng_state": None}],
+                    "num_floating_point_operations_so_far": 0},
+                   os.path.join(d, "model_optim_rng.pt"))
+    with open(os.path.join(path, "latest_checkpointed_iteration.txt"), "w") as f:
+        f.write(str(iteration))
+
+
+def check_megatron(path, model, G, T, P, iteration, samples):
+    want = megatron_slices(model, G, T, P)
+    with open(os.path.join(path, "latest_checkpointed_iteration.txt")) as f:
+        assert f.read().strip() == str(iteration)
+    n = 0
+    for (t, p), sd in want.items():
+        d = os.path.join(path, f"iter_{iteration:07d}", f"mp_rank_{t:02d}" if P == 1 else f"mp_rank_{t:02d}_{p:03d}")
+        got = torch.load(os.path.join(d, "model_optim_rng.pt"))
+        a = got["args"]
+        if got["iteration"] != iteration or a.tensor_model_parallel_size != T or \
+                a.pipeline_model_parallel_size != P or a.consumed_train_samples != samples or \
+                got["checkpoint_version"] != 3.0:
+            sys.exit(f"FAIL: {d}: iteration/args wrong: {got['iteration']}, {a}")
+        if set(got["model"]) != set(sd):
+            sys.exit(f"FAIL: {d}: keys {sorted(set(got['model']) ^ set(sd))} differ in presence")
+        for k, v in sd.items():
+            if v is None:
+                continue
+            check_equal(f"{d} {k}", got["model"][k].numpy(), v)
+            n += v.size
+    return n
+
+
+def part_megatron():
+    mpath, model = model_json("meg", "--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "4",
+                              "--vocab-size", "90", "--make-vocab-size-divisible-by", "8",
+                              "--max-position-embeddings", "16")
+    G = draw_globals(model, seed=4, with_optimizer=False)
+    src = os.path.join(TMP, "meg-src")
+    write_megatron(src, model, G, 2, 2, 100, 3200)
+    ck = os.path.join(TMP, "meg-ck")
+    p = run("import", "--from", "megatron", src, "--model", mpath, "--config", "tp=1,pp=2,dp=2", "--out", ck)
+    if "optimizer state is not imported" not in p.stderr:
+        sys.exit(f"FAIL: megatron import does not say the optimizer is not imported: {p.stderr}")
+    info, n = check_ckpt(ck, model, G, optimizer="fresh")
+    assert info["step"] == 100 and info["samples_consumed"] == 3200, info
+    for T, P in ((4, 1), (1, 4), (2, 2)):
+        out = os.path.join(TMP, f"meg-out-{T}-{P}")
+        run("export", "--to", "megatron", ck, "--out", out, "--config", f"tp={T},pp={P}")
+        m = check_megatron(out, model, G, T, P, 100, 3200)
+        print(f"megatron: TP=2 x PP=2 -> tp=1,pp=2,dp=2 -> TP={T} x PP={P}: {m} elements equal")
+    back = os.path.join(TMP, "meg-back")
+    run("import", "--from", "megatron", os.path.join(TMP, "meg-out-4-1"), "--model", mpath, "--config",
+        "tp=1,pp=2,dp=2", "--out", back)
+    for r in range(4):
+        a = sf.load(os.path.join(ck, f"rank-{r:05d}.safetensors"))
+        b = sf.load(os.path.join(back, f"rank-{r:05d}.safetensors"))
+        for k in a:
+            check_equal(f"re-import rank {r} {k}", b[k].numpy(), a[k].numpy())
+    print(f"megatron: import checked ({n} elements), re-import of the TP=4 export equals the first import")
+
+
+# ----------------------------------------------------------------------------- errors
+
+def expect_error(what, args, needle, out):
+    p = run(*args, expect=2)
+    if needle not in p.stderr:
+        sys.exit(f"FAIL: {what}: stderr lacks {needle!r}:\n{p.stderr}")
+    leftovers = [x for x in os.listdir(os.path.dirname(out)) if x.startswith(os.path.basename(out))]
+    if leftovers:
+        sys.exit(f"FAIL: {what}: left behind {leftovers}")
+    print(f"errors: {what}: exit 2, '{p.stderr.strip().splitlines()[-1][:110]}'")
+
+
+def part_errors():
+    mpath, model = model_json("err", "--num-layers", "2", "--hidden-size", "48", "--num-attention-heads", "4",
+                              "--vocab-size", "100", "--make-vocab-size-divisible-by", "8",
+                              "--max-position-embeddings", "32")
+    G = draw_globals(model, seed=5, with_optimizer=False)
+    ref = hf_reference(model, G)
+    cfg = {"model_type": "gpt2", "n_embd": 48, "n_layer": 2, "n_head": 4, "n_positions": 32, "vocab_size": 100}
+    out = os.path.join(TMP, "err-out")
+
+    def hf_variant(name, mutate, config=cfg):
+        d = os.path.join(TMP, "err-" + name)
+        r = dict(ref)
+        mutate(r)
+        write_hf(d, model, r, config, "F32")
+        return d
+
+    imp = ["import", "--from", "hf", None, "--model", mpath, "--config", "tp=2", "--out", out]
+
+    def with_src(d):
+        a = list(imp)
+        a[3] = d
+        return a
+
+    expect_error("unknown HF key", with_src(hf_variant("unknown", lambda r: r.update(
+        {"transformer.h.0.attn.extra": np.zeros(3, np.float32)}))), "unknown tensor 'transformer.h.0.attn.extra'", out)
+    expect_error("missing HF key", with_src(hf_variant("missing", lambda r: r.pop("transformer.ln_f.bias"))),
+                 "'transformer.ln_f.bias' is missing", out)
+    expect_error("HF shape mismatch", with_src(hf_variant("shape", lambda r: r.update(
+        {"transformer.wpe.weight": np.zeros((31, 48), np.float32)}))), "transformer.wpe.weight", out)
+    expect_error("HF config mismatch", with_src(hf_variant("config", lambda r: None, dict(cfg, n_layer=3))),
+                 "n_layer is 3", out)
+    trunc = hf_variant("trunc", lambda r: None)
+    fpath = os.path.join(trunc, "model.safetensors")
+    with open(fpath, "r+b") as f:
+        f.truncate(os.path.getsize(fpath) - 100)
+    expect_error("truncated safetensors", with_src(trunc), "model.safetensors", out)
+    # DCP: a data file cut short, a key the model does not have
+    gpath = os.path.join(TMP, "err-globals.npz")
+    np.savez(gpath, **G)
+    d = os.path.join(TMP, "err-dcp")
+    dcp_world(2, "save", layout_of(mpath, "tp=2"), d, gpath)
+    bad = os.path.join(TMP, "err-dcp-trunc")
+    shutil.copytree(d, bad)
+    data = sorted(x for x in os.listdir(bad) if x.endswith(".distcp"))[0]
+    with open(os.path.join(bad, data), "r+b") as f:
+        f.truncate(os.path.getsize(os.path.join(bad, data)) // 2)
+    expect_error("truncated DCP data file", ["import", "--from", "dcp", bad, "--model", mpath, "--config", "tp=1",
+                                             "--out", out], "torch's DCP failed to read", out)
+    small_path, _ = model_json("err-small", "--num-layers", "1", "--hidden-size", "48", "--num-attention-heads",
+                               "4", "--vocab-size", "100", "--make-vocab-size-divisible-by", "8",
+                               "--max-position-embeddings", "32")
+    expect_error("DCP key not in the model", ["import", "--from", "dcp", d, "--model", small_path, "--config",
+                                              "tp=1", "--out", out], "unknown tensor 'decoder.layers.1.", out)
+    # Megatron: a missing rank file, a truncated file, args that disagree
+    m = os.path.join(TMP, "err-meg")
+    write_megatron(m, model, G, 2, 1, 10, 80)
+    shutil.rmtree(os.path.join(m, "iter_0000010", "mp_rank_01"))
+    expect_error("missing Megatron rank", ["import", "--from", "megatron", m, "--model", mpath, "--config", "tp=1",
+                                           "--out", out], "mp_rank_01/model_optim_rng.pt is missing", out)
+    m2 = os.path.join(TMP, "err-meg2")
+    write_megatron(m2, model, G, 2, 1, 10, 80)
+    f2 = os.path.join(m2, "iter_0000010", "mp_rank_01", "model_optim_rng.pt")
+    with open(f2, "r+b") as f:
+        f.truncate(os.path.getsize(f2) // 2)
+    expect_error("truncated Megatron file", ["import", "--from", "megatron", m2, "--model", mpath, "--config",
+                                             "tp=1", "--out", out], "torch.load failed", out)
+    expect_error("Megatron args mismatch", ["import", "--from", "megatron", os.path.join(TMP, "meg-src-err"),
+                                            "--model", mpath, "--config", "tp=1", "--out", out],
+                 "does not exist", out)
+    m3 = os.path.join(TMP, "err-meg3")
+    write_megatron(m3, model, G, 2, 1, 10, 80)
+    expect_error("Megatron model of another size", ["import", "--from", "megatron", m3, "--model", small_path,
+                                                    "--config", "tp=1", "--out", out], "args.num_layers is 2", out)
+    # arguments
+    expect_error("unknown format", ["import", "--from", "onnx", m3, "--model", mpath, "--config", "tp=1", "--out",
+                                    out], "unknown format 'onnx'", out)
+    expect_error("impossible config", ["import", "--from", "megatron", m3, "--model", mpath, "--config", "tp=3",
+                                       "--out", out], "tp=3", out)
+    ck = os.path.join(TMP, "err-ck")
+    run("import", "--from", "megatron", m3, "--model", mpath, "--config", "tp=1", "--out", ck)
+    expect_error("export onto a non-empty directory", ["export", "--to", "hf", ck, "--out", m3], "not an empty", m3 + "x")
+    expect_error("dcp export to another layout", ["export", "--to", "dcp", ck, "--out", out, "--config", "tp=2"],
+                 "reshard it to tp=2", out)
+    llama_path, _ = model_json("err-llama-ish", "--num-layers", "1", "--hidden-size", "48", "--num-attention-heads",
+                               "4", "--vocab-size", "100", "--swiglu")
+    ck2 = os.path.join(TMP, "err-ck2")
+    run("ckpt", "init", "--model", llama_path, "--config", "tp=1", "--out", ck2)
+    expect_error("no HF mapping for the model", ["export", "--to", "hf", ck2, "--out", out], "no Hugging Face mapping",
+                 out)
+
+
+def main():
+    global BIN, TMP
+    BIN = os.path.abspath(sys.argv[1])
+    part = sys.argv[2]
+    TMP = tempfile.mkdtemp(prefix=f"tenplex-interop-{part}-")
+    try:
+        {"hf": part_hf, "dcp": part_dcp, "megatron": part_megatron, "errors": part_errors}[part]()
+    finally:
+        shutil.rmtree(TMP, ignore_errors=True)
+    print(f"interop {part}: OK")
+
+
+if __name__ == "__main__":
+    main()
