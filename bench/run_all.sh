@@ -43,6 +43,8 @@ else
 fi
 echo "== 4. failure recovery: store commits vs restarting from a disk checkpoint"
 step failure_recovery $PY bench/failure_recovery_bench.py --tenplex "$BIN/tenplex" --out "$OUT" "${QUICK[@]}"
+echo "== 5. checkpoint import/export (hf, dcp, megatron) against the write limit"
+step interop $PY bench/interop_bench.py --tenplex "$BIN/tenplex" --out "$OUT" "${QUICK[@]}"
 echo "== plots"
 $PY bench/plot_benchmarks.py --dir "$OUT"
 echo "run_all: done in $(( $(date +%s) - start )) s; results in $OUT"

@@ -61,12 +61,12 @@ def _single_rank_group(tmp):
 
 
 def export(reader, out):
+    dcp, _, _ = _dcp()  # first: the fix must precede any import of torch.distributed._shard
     import torch
     import torch.distributed as dist
     from torch.distributed._shard.metadata import ShardMetadata
     from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor
     from torch.distributed._shard.sharded_tensor.metadata import ShardedTensorMetadata, TensorProperties
-    dcp, _, _ = _dcp()
     model = reader.info["model"]
     ptc.check_target_dir(out)
     stage = out.rstrip("/") + ".partial"
@@ -118,9 +118,9 @@ def read_metadata(src):
 
 
 def import_(src, writer, batch_bytes=1 << 29):
+    dcp, _, _ = _dcp()
     import torch
     from torch.distributed._shard.checkpoint.metadata import TensorStorageMetadata
-    dcp, _, _ = _dcp()
     meta = read_metadata(src)
     globals_ = writer.globals
     tensors, extra = [], {}
