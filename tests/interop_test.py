@@ -612,7 +612,15 @@ def part_errors():
         f.truncate(os.path.getsize(f2) // 2)
     expect_error("truncated Megatron file", ["import", "--from", "megatron", m2, "--model", mpath, "--config",
                                              "tp=1", "--out", out], "torch.load failed", out)
-    expect_error("Megatron args mismatch", ["import", "--from", "megatron", os.path.join(TMP, "meg-src-err"),
+    m4 = os.path.join(TMP, "err-meg4")
+    write_megatron(m4, model, G, 2, 1, 10, 80)
+    f4 = os.path.join(m4, "iter_0000010", "mp_rank_01", "model_optim_rng.pt")
+    sd = torch.load(f4)
+    sd["model"]["decoder.layers.0.mlp.router.weight"] = torch.zeros(4, 48)
+    torch.save(sd, f4)
+    expect_error("unknown Megatron key", ["import", "--from", "megatron", m4, "--model", mpath, "--config", "tp=1",
+                                          "--out", out], "unknown tensor 'decoder.layers.0.mlp.router.weight'", out)
+    expect_error("missing source directory", ["import", "--from", "megatron", os.path.join(TMP, "meg-src-err"),
                                             "--model", mpath, "--config", "tp=1", "--out", out],
                  "does not exist", out)
     m3 = os.path.join(TMP, "err-meg3")

@@ -113,8 +113,18 @@ def read_metadata(src):
         raise InteropError(f"{src}: no .metadata file (not a PyTorch distributed checkpoint)")
     try:
         return dcp.FileSystemReader(src).read_metadata()
-    except Exception as e:  # a truncated or foreign pickle
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:  # a truncated or foreign pickle
         raise InteropError(f"{src}/.metadata: cannot be read by torch's DCP ({type(e).__name__}: {e})") from None
+
+
+def _cause(e):
+    """The last error line of an exception (torch's CheckpointException embeds whole
+    per-rank tracebacks)."""
+    lines = [x.strip() for x in str(e).splitlines() if x.strip()]
+    errs = [x for x in lines if "Error" in x.split(":")[0] or "Exception" in x.split(":")[0]]
+    return errs[-1] if errs else f"{type(e).__name__}: {lines[-1] if lines else ''}"
 
 
 def import_(src, writer, batch_bytes=1 << 29):
@@ -157,9 +167,11 @@ def import_(src, writer, batch_bytes=1 << 29):
     def load(sd):
         try:
             dcp.load_state_dict(sd, reader, no_dist=True)
-        except Exception as e:
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as e:  # torch 1.13's CheckpointException is a BaseException
             raise InteropError(f"{src}: torch's DCP failed to read {', '.join(list(sd)[:3])}"
-                               f"{'...' if len(sd) > 3 else ''} ({type(e).__name__}: {e}); "
+                               f"{'...' if len(sd) > 3 else ''} ({_cause(e)}); "
                                "truncated or damaged files?") from None
 
     batch, size = {}, 0

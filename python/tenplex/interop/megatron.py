@@ -60,8 +60,9 @@ def iteration_dir(src):
     return os.path.join(src, f"iter_{int(text):07d}"), int(text)
 
 
-def rank_files(it_dir):
-    """{(tp, pp): path} and (T, P) of an iteration directory; every combination present."""
+def rank_files(it_dir, want=None):
+    """{(tp, pp): path} and (T, P) of an iteration directory; every combination present
+    (of want = (T, P) when the stored args give it)."""
     if not os.path.isdir(it_dir):
         raise InteropError(f"{it_dir} is missing")
     found, with_pp = {}, set()
@@ -77,12 +78,14 @@ def rank_files(it_dir):
         raise InteropError(f"{it_dir}: mixes mp_rank_TT and mp_rank_TT_PPP directories")
     T = max(t for t, _ in found) + 1
     P = max(p for _, p in found) + 1
+    if want:
+        T, P = max(T, want[0]), max(P, want[1])
     for t in range(T):
         for p in range(P):
             path = found.get((t, p))
             if path is None or not os.path.isfile(path):
                 raise InteropError(f"{it_dir}: {_rank_dir(t, p, P)}/{MODEL_FILE} is missing "
-                                   f"(expected tp={T} x pp={P} files)")
+                                   f"(expected TP={T} x PP={P} files{' as the stored args say' if want else ''})")
     return found, T, P
 
 
@@ -132,6 +135,12 @@ def check_args(args, model, T, P, path):
 def import_(tenplex_bin, model_path, src, writer, log):
     it_dir, iteration = iteration_dir(src)
     files, T, P = rank_files(it_dir)
+    first = _load(files[min(files)])
+    args = first.get("args") if isinstance(first, dict) else None
+    del first
+    if args is not None:  # the run's TP x PP: every one of its files must be there
+        files, T, P = rank_files(it_dir, (getattr(args, "tensor_model_parallel_size", T),
+                                          getattr(args, "pipeline_model_parallel_size", P)))
     lay = ptc.layout(tenplex_bin, model_path, f"tp={T},pp={P},dp=1")
     model = writer.model
     step = samples = None
