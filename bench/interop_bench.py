@@ -14,7 +14,9 @@ bytes) is written by `tenplex ckpt init --config tp=2,pp=2`; then, timed:
 GB/s is the model's bytes over the command's wall time (process start, Python and torch
 imports, checks before and after included). The limit is writing the same bytes to one
 file in the same directory with fsync, measured in this run; `ratio` = limit time /
-command time (1.0 = as fast as the write alone).
+command time (1.0 = as fast as the write alone). `startup_s` is the fixed cost of every
+command measured in the same run (`/usr/bin/python3 -c "import torch, numpy"`, the
+helper's interpreter start), and `gb_per_s_after_startup` the rate without it.
 
   interop_bench.py --tenplex build/bin/tenplex [--out docs/benchmarks] [--quick] [--dir D]
 Writes OUT/interop.csv.
@@ -61,6 +63,7 @@ def main():
         subprocess.run([a.tenplex, "ckpt", "init", "--model", model, "--config", "tp=2,pp=2", "--out", ck],
                        check=True, capture_output=True)
         nbytes = du_bytes(ck)
+        startup = min(timed(["/usr/bin/python3", "-c", "import torch, numpy"]) for _ in range(3))
         for fmt in ("hf", "dcp", "megatron"):
             out = os.path.join(root, fmt)
             back = os.path.join(root, fmt + "-back")
@@ -79,9 +82,12 @@ def main():
                 limit = write_limit_s(root, nbytes)
                 rows.append({"step": f"{what} {fmt}", "bytes": nbytes, "seconds": round(best, 4),
                              "gb_per_s": round(nbytes / best / 1e9, 3),
+                             "startup_s": round(startup, 3),
+                             "gb_per_s_after_startup": round(nbytes / max(best - startup, 1e-9) / 1e9, 3),
                              "write_limit_gb_per_s": round(nbytes / limit / 1e9, 3),
                              "ratio_to_limit": round(limit / best, 3)})
                 print(f"{what:6s} {fmt:8s} {nbytes / 1e9:6.3f} GB  {best:7.3f} s  {nbytes / best / 1e9:6.3f} GB/s  "
+                      f"(startup {startup:.2f} s: {nbytes / max(best - startup, 1e-9) / 1e9:6.3f} GB/s)  "
                       f"write limit {nbytes / limit / 1e9:6.3f} GB/s  ratio {limit / best:5.2f}", flush=True)
             shutil.rmtree(out, ignore_errors=True)
             shutil.rmtree(back, ignore_errors=True)
