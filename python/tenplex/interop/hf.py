@@ -309,8 +309,9 @@ def import_(src, writer):
             continue
         if fam == "gpt2" and (name.endswith(_GPT2_BUFFERS) or name == "lm_head.weight"):
             continue  # causal-mask buffers; the tied head (a copy of wte)
-        if fam == "llama" and name == "lm_head.weight" and _info(model)["tied"]:
-            continue
+        if fam == "llama" and (name.endswith(".rotary_emb.inv_freq") or
+                               name == "lm_head.weight" and _info(model)["tied"]):
+            continue  # rotary frequency buffers of older files; the tied head
         raise InteropError(f"{path}: unknown tensor '{name}' (not part of a {fam} model of this description)")
     globals_ = writer.globals
     for hf_name, p in parts.items():
