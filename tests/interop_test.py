@@ -10,7 +10,8 @@ element, with slicing written here independently of the code under test:
            cut from the global tensors by numpy (q/k/v rows per query group, gate/up,
            Conv1D transposes) is imported into tp=2,pp=2, checked against the Python
            layout (tenplex.layout), exported (single file and sharded with an index)
-           and compared with the HF files tensor by tensor.
+           and compared with the HF files tensor by tensor; the sharded export imports
+           again (into tp=1,pp=2) to the same elements.
   dcp      4 processes save ShardedTensors in the layout tp=2,pp=2 with torch's DCP;
            import, `tenplex reshard` to tp=1,dp=2 (and zero=1), export, and 2 processes
            load with torch's DCP and compare every element; step and samples carried.
@@ -263,7 +264,11 @@ def part_hf():
             for k, v in config.items():
                 if v is not None and cfg.get(k) != v:
                     sys.exit(f"FAIL: {out}/config.json: {k} = {cfg.get(k)!r}, expected {v!r}")
-        print(f"hf {fam}: import tp=2,pp=2 ({n} elements), export 1 file and {files} shards: every element equal")
+        back = os.path.join(TMP, fam + "-back")  # the sharded export (index JSON) imports again
+        run("import", "--from", "hf", out, "--model", mpath, "--config", "tp=1,pp=2", "--out", back)
+        check_ckpt(back, model, G, optimizer="fresh")
+        print(f"hf {fam}: import tp=2,pp=2 ({n} elements), export 1 file and {files} shards, re-import of the "
+              "shards into tp=1,pp=2: every element equal")
 
 
 # ----------------------------------------------------------------------------- dcp
