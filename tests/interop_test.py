@@ -264,6 +264,12 @@ def part_hf():
             for k, v in config.items():
                 if v is not None and cfg.get(k) != v:
                     sys.exit(f"FAIL: {out}/config.json: {k} = {cfg.get(k)!r}, expected {v!r}")
+        if fam == "llama":  # into a ZeRO-1 layout (flat fp32 master copies), checked after a reshard
+            z, r = os.path.join(TMP, "llama-zero"), os.path.join(TMP, "llama-zero-r")
+            run("import", "--from", "hf", src, "--model", mpath, "--config", "tp=2,dp=2,zero=1", "--out", z)
+            run("reshard", "--in", z, "--to", "tp=2,pp=2", "--out", r)
+            check_ckpt(r, model, G, optimizer="fresh")
+            print("hf llama: import into tp=2,dp=2,zero=1, resharded to tp=2,pp=2: every element equal")
         back = os.path.join(TMP, fam + "-back")  # the sharded export (index JSON) imports again
         run("import", "--from", "hf", out, "--model", mpath, "--config", "tp=1,pp=2", "--out", back)
         check_ckpt(back, model, G, optimizer="fresh")
