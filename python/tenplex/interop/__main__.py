@@ -83,6 +83,9 @@ def main(argv):
     except (InteropError, ptc.ckpt.CheckpointError, ptc.st.SafetensorsError) as err:
         print(f"tenplex: error: {err}", file=sys.stderr)
         return 2
+    except OSError as err:  # disk full, permissions: not the input's fault
+        print(f"tenplex: error: {err}", file=sys.stderr)
+        return 1
     finally:
         ptc.cleanup()
     print(json.dumps({"format": a.fmt, "bytes": int(n), "seconds": round(time.perf_counter() - t0, 6),

@@ -283,15 +283,19 @@ class Writer:
         self.files = []
         self.written = {}  # global tensor -> set of boxes put
         self.covered = {}  # global tensor -> elements put
-        for r in lay["ranks"]:
-            path = os.path.join(self.stage, ckpt.rank_file(r["rank"]))
-            expect = rank_expect(r)
-            offset, ranges = create_safetensors(path, expect)
-            mm, arrays = map_tensors(path, expect, offset, ranges)
-            self.files.append((path, mm))
-            for t in r["tensors"]:
-                for p in t["pieces"]:
-                    self.targets.setdefault(p["tensor"], []).append(piece_view(arrays[t["name"]], p))
+        try:
+            for r in lay["ranks"]:
+                path = os.path.join(self.stage, ckpt.rank_file(r["rank"]))
+                expect = rank_expect(r)
+                offset, ranges = create_safetensors(path, expect)
+                mm, arrays = map_tensors(path, expect, offset, ranges)
+                self.files.append((path, mm))
+                for t in r["tensors"]:
+                    for p in t["pieces"]:
+                        self.targets.setdefault(p["tensor"], []).append(piece_view(arrays[t["name"]], p))
+        except BaseException:
+            self.abort()
+            raise
 
     def put(self, tensor, box, arr, dtype=None):
         """Copies arr (box's extents, raw dtype of the tensor) into every target piece."""
