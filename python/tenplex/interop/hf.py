@@ -326,5 +326,5 @@ def import_(src, writer):
         off = 0
         for b, e in rows:
             box = [(b, e)] + [(0, n) for n in gshape[1:]]
-            writer.put_param(p.src, box, np.ascontiguousarray(a[off:off + e - b]), dt, derive_fp32=True)
+            writer.put_param(p.src, box, a[off:off + e - b], dt, derive_fp32=True)
             off += e - b
