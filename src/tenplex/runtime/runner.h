@@ -32,6 +32,10 @@
 //
 // The log (JSON lines) gets one line per completed step from the workers and one
 // line per reconfiguration and failure from the runner.
+//
+// The code: schedule_loop.h (the loop over segments), segment.h (one set of workers:
+// commits, kills, failures), backend.h (embedded store or cluster daemons), handoff.h
+// (files between runner and workers), process.h (the process seam), report.h.
 #pragma once
 
 #include <optional>
@@ -48,14 +52,14 @@ struct RunOptions {
   std::string model_path;            // model JSON or preset; default: --model in the command
   std::vector<std::string> command;  // the worker command and its own arguments
   std::string job = "train";
-  std::string shm_dir;               // embedded store directory ("" = fresh private one)
-  std::string work_dir;              // hand-off files and worker logs ("" = under the store dir)
-  double hang_seconds = 300;         // no progress for this long: the run fails
-  std::string baseline_log;          // a static run's log to compare losses with
+  std::string shm_dir;        // embedded store directory ("" = fresh private one)
+  std::string work_dir;       // hand-off files and worker logs ("" = under the store dir)
+  double hang_seconds = 300;  // no progress for this long: the run fails
+  std::string baseline_log;   // a static run's log to compare losses with
   // The store daemons of a cluster file instead of the embedded store (all on this
   // machine: workers map their host daemon's shared memory); needs work_dir.
   std::string cluster_path;
-  std::string token;                 // of the daemons (TENPLEX_TOKEN when empty)
+  std::string token;  // of the daemons (TENPLEX_TOKEN when empty)
   // Every this many steps inside a segment the workers also write their state into a
   // new store version, which the runner commits while they train on (0: only at the
   // segment's end). A failure then re-runs only the steps since the last commit.

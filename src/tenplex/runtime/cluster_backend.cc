@@ -1,0 +1,215 @@
+// The state backend of `tenplex run --cluster`: the store daemons of a cluster file.
+#include <signal.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "tenplex/runtime/backend.h"
+#include "tenplex/runtime/process.h"
+#include "tenplex/store/client.h"
+#include "tenplex/store/parse.h"
+#include "tenplex/transform/cluster.h"
+#include "tenplex/transform/distributed.h"
+
+namespace tenplex::runtime {
+
+using nlohmann::json;
+
+namespace {
+
+class ClusterBackend : public StateBackend {
+ public:
+  static Result<std::unique_ptr<StateBackend>> Open(const RunOptions& o) {
+    auto b = std::make_unique<ClusterBackend>();
+    TP_ASSIGN_OR_RETURN(b->cluster_, transform::ReadClusterFile(o.cluster_path));
+    b->co_.token = o.token;
+    if (b->co_.token.empty() && std::getenv("TENPLEX_TOKEN") != nullptr)
+      b->co_.token = std::getenv("TENPLEX_TOKEN");
+    TP_ASSIGN_OR_RETURN(b->clients_, transform::ConnectCluster(b->cluster_, b->co_));
+    for (const auto& c : b->clients_) {
+      if (!c->local()) {
+        return FailedPrecondition(
+            "tenplex run --cluster: the store at " + c->url() +
+            " is not on this machine; workers hand their state over through the shared "
+            "memory of their host's daemon, so every daemon must run here");
+      }
+    }
+    if (o.work_dir.empty()) {
+      return InvalidArgument(
+          "tenplex run --cluster needs --work-dir (hand-off files and worker logs)");
+    }
+    b->work_ = o.work_dir;
+    b->file_hosts_ = b->cluster_.hosts;
+    b->from_cluster_ = b->cluster_;
+    return std::unique_ptr<StateBackend>(std::move(b));
+  }
+
+  std::string work_dir() const override { return work_; }
+
+  // The newest current version any host reports; the next transform starts from
+  // where it was placed (its info's "cluster").
+  Result<std::optional<Committed>> Current(const std::string& job) override {
+    std::optional<store::VersionInfo> newest;
+    for (const auto& c : clients_) {
+      Result<store::VersionInfo> v = c->Version(job, std::nullopt);
+      if (!v.ok() && v.status().code() == StatusCode::kNotFound) continue;
+      if (!v.ok()) return v.status().WithContext(c->url());
+      if (!newest || v->version > newest->version) newest = *v;
+    }
+    if (!newest) return std::optional<Committed>();
+    json info = json::parse(newest->info, nullptr, false);
+    if (info.is_discarded() || !info.is_object()) {
+      return DataLoss("version " + std::to_string(newest->version) + " of job " + job +
+                      " has an info that is not a JSON object");
+    }
+    from_cluster_ = transform::VersionPlacement(newest->info, cluster_);
+    return std::optional<Committed>(Committed{newest->version, std::move(info)});
+  }
+
+  Result<uint64_t> BeginLayout(const std::string& job, const Layout& layout, json info) override {
+    if (layout.world_size() > cluster_.Capacity()) {
+      return FailedPrecondition(
+          "config " + layout.config.ToString() + " has " + std::to_string(layout.world_size()) +
+          " ranks but the cluster has " + std::to_string(cluster_.Capacity()) + " GPUs");
+    }
+    info["cluster"] = {{"hosts", cluster_.hosts}, {"gpus_per_host", cluster_.gpus_per_host}};
+    TP_ASSIGN_OR_RETURN(uint64_t v, transform::NextCommonVersion(clients_, job));
+    std::vector<std::vector<store::Store::AllocRequest>> reqs(clients_.size());
+    for (const RankLayout& r : layout.ranks) {
+      for (const LocalTensor& t : *r.tensors) {
+        reqs[cluster_.HostOfRank(r.rank)].push_back(
+            {RankTensorPath(job, v, r.rank, t.name), t.dtype, t.shape});
+      }
+    }
+    Status s;
+    for (std::size_t h = 0; h < clients_.size() && s.ok(); ++h) {
+      if (reqs[h].empty()) continue;  // hosts without ranks keep their older version
+      Result<uint64_t> b = clients_[h]->BeginVersion(job, v, info.dump());
+      if (!b.ok()) {
+        s = b.status().WithContext(clients_[h]->url());
+        break;
+      }
+      s = clients_[h]->Allocate(reqs[h]).status();
+    }
+    if (!s.ok()) {
+      Drop(job, v);
+      return s;
+    }
+    return v;
+  }
+
+  Result<std::vector<std::map<std::string, std::string>>> Files(const std::string& job, uint64_t v,
+                                                                const Layout& layout) override {
+    std::vector<std::map<std::string, std::string>> out(layout.world_size());
+    for (std::size_t h = 0; h < clients_.size(); ++h) {
+      Result<std::vector<store::TensorInfo>> list =
+          clients_[h]->List("jobs/" + job + "/" + std::to_string(v) + "/");
+      if (!list.ok() && list.status().code() == StatusCode::kNotFound) continue;
+      if (!list.ok()) return list.status().WithContext(clients_[h]->url());
+      for (const store::TensorInfo& t : *list) {
+        TP_ASSIGN_OR_RETURN(store::TensorPath p, store::ParseTensorPath(t.path));
+        if (p.rank < layout.world_size()) out[p.rank][p.name] = t.file;
+      }
+    }
+    return out;
+  }
+
+  Status Commit(const std::string& job, uint64_t v, const json& info) override {
+    // Every part is written (the workers exited 0): set the info everywhere, then
+    // commit on every host that holds ranks.
+    std::vector<std::size_t> holders;
+    for (std::size_t h = 0; h < clients_.size(); ++h) {
+      if (clients_[h]->Version(job, v).ok()) holders.push_back(h);
+    }
+    json full = info;
+    full["cluster"] = {{"hosts", cluster_.hosts}, {"gpus_per_host", cluster_.gpus_per_host}};
+    for (std::size_t h : holders)
+      TP_RETURN_IF_ERROR(clients_[h]->SetVersionInfo(job, v, full.dump()));
+    for (std::size_t h : holders) TP_RETURN_IF_ERROR(clients_[h]->Commit(job, v));
+    return Status::Ok();
+  }
+
+  void Drop(const std::string& job, uint64_t v) override {
+    for (const auto& c : clients_)
+      (void)c->Abort(job, v);  // best effort; NotFound where never begun
+  }
+
+  Result<Moved> Transform(const std::string& job, const ParallelConfig& to) override {
+    transform::ClusterTransformOptions opts;
+    opts.to = cluster_;  // the live hosts (all of them unless some were killed)
+    TP_ASSIGN_OR_RETURN(transform::ClusterTransformStats ts,
+                        transform::TransformCluster(from_cluster_, job, to, co_, opts));
+    from_cluster_ = cluster_;
+    Moved m{ts.to_version, 0, ts.plan.bytes_total, ts.plan.bytes_in_place};
+    for (const transform::HostTransformReport& h : ts.hosts)
+      m.bytes_moved += h.bytes_kept + h.bytes_local + h.bytes_fetched;
+    return m;
+  }
+
+  Status CheckHosts(const std::vector<int>& hosts) const override {
+    for (int h : hosts) {
+      if (h < 0 || h >= static_cast<int>(file_hosts_.size())) {
+        return InvalidArgument("kill host " + std::to_string(h) +
+                               " is not a host of the cluster file (" +
+                               std::to_string(file_hosts_.size()) + " hosts)");
+      }
+    }
+    return Status::Ok();
+  }
+
+  Result<std::vector<int>> RanksOnHosts(const std::vector<int>& hosts, int world) const override {
+    TP_RETURN_IF_ERROR(CheckHosts(hosts));
+    std::vector<int> ranks;
+    for (int r = 0; r < world; ++r) {
+      const std::string& url = cluster_.hosts[cluster_.HostOfRank(r)];
+      for (int h : hosts) {
+        if (file_hosts_[h] == url) ranks.push_back(r);
+      }
+    }
+    return ranks;
+  }
+
+  Result<std::vector<std::string>> KillHosts(const std::vector<int>& hosts) override {
+    TP_RETURN_IF_ERROR(CheckHosts(hosts));
+    std::vector<std::string> killed;
+    for (int h : hosts) {
+      const std::string& url = file_hosts_[h];
+      auto it = std::find(cluster_.hosts.begin(), cluster_.hosts.end(), url);
+      if (it == cluster_.hosts.end())
+        return FailedPrecondition("host " + url + " was already lost");
+      const std::size_t at = static_cast<std::size_t>(it - cluster_.hosts.begin());
+      const int64_t pid = clients_[at]->pid();
+      if (pid <= 0)
+        return FailedPrecondition("the store daemon at " + url + " does not say its process id");
+      if (::kill(static_cast<pid_t>(pid), SIGKILL) != 0)
+        return ErrnoError("kill the store daemon at " + url, errno);
+      // Gone once it no longer answers (its sockets close when it dies).
+      const auto t0 = Clock::now();
+      while (clients_[at]->CallJson("GET", "/v1/health").ok() && Since(t0) < 5) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+      clients_.erase(clients_.begin() + static_cast<std::ptrdiff_t>(at));
+      cluster_.hosts.erase(it);
+      killed.push_back(url);
+    }
+    return killed;
+  }
+
+ private:
+  transform::Cluster cluster_;       // the live hosts
+  transform::Cluster from_cluster_;  // where the committed version was placed (incl. lost hosts)
+  std::vector<std::string> file_hosts_;
+  store::ClientOptions co_;
+  std::vector<std::unique_ptr<store::Client>> clients_;
+  std::string work_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<StateBackend>> OpenClusterBackend(const RunOptions& o) {
+  return ClusterBackend::Open(o);
+}
+
+}  // namespace tenplex::runtime

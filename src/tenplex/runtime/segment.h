@@ -1,0 +1,126 @@
+// One segment of a run: the lifetime of one set of workers, from a committed state
+// (or none) in one parallel config to the segment's end step.
+//
+// States, in order:
+//   kOpening    opens the first version the workers write (hand-off files, the
+//               committed version's files as --state-in) and starts world-size workers
+//   kRunning    follows the log; when the workers have written a periodic commit
+//               (--commit-every) commits that version and opens the next; kills the
+//               scheduled ranks and hosts in the middle of the step before the end
+//   kCompleted  every worker exited 0 and wrote the last version: it is committed
+//   kKilled     the scheduled kill struck: the open version is dropped, the job goes
+//               on from the last commit (step()), re-running the steps since
+//   kFailed     Run() returned an error: an unscheduled worker failure (with the
+//               end of its output), no progress for hang_seconds, SIGINT/SIGTERM, or a
+//               store error. Workers are stopped and the open version is dropped; the
+//               last committed version stays.
+// Versions are opened one at a time and committed in step order, so at most one is
+// open. REQUIRES: an InterruptGuard is alive while Run() runs.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tenplex/ptc/layout.h"
+#include "tenplex/runtime/backend.h"
+#include "tenplex/runtime/handoff.h"
+#include "tenplex/runtime/process.h"
+#include "tenplex/runtime/report.h"
+#include "tenplex/runtime/runner.h"
+
+namespace tenplex::runtime {
+
+// What a segment works with; all outlive the segment.
+struct SegmentEnv {
+  const RunOptions* options = nullptr;
+  StateBackend* backend = nullptr;
+  ProcessLauncher* launcher = nullptr;
+  RunRecorder* recorder = nullptr;
+};
+
+struct SegmentSpec {
+  int index = 0;  // numbers the segment's files (handoff.h)
+  const Layout* layout = nullptr;
+  int64_t start = 0, end = 0;  // the steps [start, end)
+  int64_t samples_consumed = 0;
+  nlohmann::json info;                // the versions' info: model, config, ...
+  std::optional<uint64_t> committed;  // the version the workers load, if any
+  std::vector<int> kill_ranks;        // killed in the step before `end`
+  std::vector<int> kill_hosts;
+};
+
+class Segment {
+ public:
+  enum class State { kOpening, kRunning, kCompleted, kKilled, kFailed };
+
+  Segment(SegmentEnv env, SegmentSpec spec);
+  Segment(const Segment&) = delete;
+  Segment& operator=(const Segment&) = delete;
+
+  // Runs the segment to kCompleted or kKilled, or returns the error of kFailed.
+  Status Run();
+
+  State state() const { return state_; }
+  // The last committed step, its samples and version (the start's when none).
+  int64_t step() const { return step_; }
+  int64_t samples_consumed() const { return samples_; }
+  std::optional<uint64_t> committed() const { return committed_; }
+  // kCompleted: from the last step line to the commit; kKilled: from the kill to the
+  // end of the survivors.
+  double stop_seconds() const { return stop_seconds_; }
+  Clock::time_point kill_time() const { return t_kill_; }
+  // Whether the scheduled kill struck, the ranks it killed and the hosts it lost.
+  bool kill_struck() const { return killed_; }
+  const std::vector<int>& killed_ranks() const { return to_kill_; }
+  const std::vector<std::string>& lost_hosts() const { return lost_hosts_; }
+
+ private:
+  struct Worker {
+    pid_t pid = -1;
+    int rank = 0;
+    std::string log;
+    bool exited = false;
+    int status = 0;
+  };
+
+  Status Open();
+  Status OpenTarget();
+  Status Launch();
+  Status Watch();
+  Status ReadLog();
+  Status CommitIfWritten();
+  Status KillIfDue();
+  void Reap();
+  Status Finish();
+  // Stops the workers, drops the open version, enters kFailed and returns s.
+  Status Fail(Status s);
+  void KillWorkers();
+  void StopWorkers();
+
+  SegmentEnv env_;
+  SegmentSpec spec_;
+  SegmentFiles files_;
+  State state_ = State::kOpening;
+  std::vector<Target> targets_;
+  std::size_t target_ = 0;
+  std::optional<uint64_t> open_;
+  std::optional<uint64_t> committed_;
+  int64_t step_, samples_;
+  std::vector<Worker> workers_;
+  std::size_t alive_ = 0;
+  std::optional<LogTail> tail_;
+  std::vector<int> to_kill_;
+  std::vector<std::string> lost_hosts_;
+  bool kill_scheduled_ = false, killed_ = false, failed_ = false;
+  std::string failure_;
+  int64_t last_step_seen_;
+  double step_interval_ = 0.4;  // between the last two step lines (a guess until two are seen)
+  Clock::time_point t_launch_, t_progress_, t_last_step_, t_kill_;
+  std::optional<Clock::time_point> kill_at_;
+  double stop_seconds_ = 0;
+};
+
+}  // namespace tenplex::runtime
