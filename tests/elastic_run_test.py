@@ -1,7 +1,7 @@
 """End to end: an elastic schedule (tensor and pipeline changes, a killed worker) gives the
 same samples and losses, step by step, as a static run of the same steps.
 
-usage: elastic_run_test.py TENPLEX_BIN REPO_ROOT [--cluster] [--commit-every N] [--lose-host]
+usage: elastic_run_test.py TENPLEX_BIN REPO_ROOT [--cluster] [--commit-every N] [--lose-host] [--resume]
 
 With --cluster the elastic run keeps its state in 2 store daemons (1 GPU per host), so
 every reconfiguration is a distributed transform over UCX between them; the static
@@ -10,11 +10,16 @@ every N steps while they train on, so the killed worker costs at most the steps 
 the last commit, and the checks include the commits and the recovery. With --lose-host
 the job runs as tp=2,dp=2 on 2 daemons x 2 GPUs, host 1 (its daemon and its workers) is
 killed in step 3, and the job goes on as tp=2 on host 0 from the data-parallel replica
-there: same samples and losses as the static run, the daemon gone.
+there: same samples and losses as the static run, the daemon gone. With --resume a run
+stops at step 3 with its state in --shm-dir, and a second `tenplex run` with the same
+--shm-dir and --job continues from that commit in another config: steps 3-5 have the
+static run's samples and losses, the log keeps the first run's lines (with --cluster:
+the same with the state in 2 store daemons).
 """
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -52,11 +57,11 @@ def steps_of(log):
     return last, events
 
 
-def run(tenplex, repo, tmp, name, schedule, model, baseline=None, cluster=None, commit_every=0):
+def run(tenplex, repo, tmp, name, schedule, model, baseline=None, cluster=None, commit_every=0, extra=(), log=None):
     sched = os.path.join(tmp, name + ".json")
     with open(sched, "w") as f:
         json.dump(schedule, f)
-    log = os.path.join(tmp, name + ".jsonl")
+    log = log or os.path.join(tmp, name + ".jsonl")
     cmd = [tenplex, "run", "--schedule", sched, "--log", log, "--work-dir", os.path.join(tmp, name),
            "--hang-seconds", "240"]
     if baseline:
@@ -65,6 +70,7 @@ def run(tenplex, repo, tmp, name, schedule, model, baseline=None, cluster=None, 
         cmd += ["--cluster", cluster]
     if commit_every:
         cmd += ["--commit-every", str(commit_every)]
+    cmd += list(extra)
     cmd += ["--", "/usr/bin/python3", os.path.join(repo, "examples/gpt/train.py"), "--model", model,
             "--global-batch-size", "8", "--micro-batch-size", "2", "--seq-length", "32"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
@@ -72,6 +78,8 @@ def run(tenplex, repo, tmp, name, schedule, model, baseline=None, cluster=None, 
     if p.returncode != 0:
         print(p.stderr)
         raise SystemExit(f"tenplex run {name} failed with {p.returncode}")
+    if extra:
+        return log, p.stdout, p.stderr
     return log, p.stdout
 
 
@@ -82,7 +90,10 @@ def main():
     ap.add_argument("--cluster", action="store_true")
     ap.add_argument("--commit-every", type=int, default=0)
     ap.add_argument("--lose-host", action="store_true")
+    ap.add_argument("--resume", action="store_true")
     a = ap.parse_args()
+    if a.resume:
+        return resume(a.tenplex, a.repo, a.cluster)
     if a.lose_host:
         return lose_host(a.tenplex, a.repo, a.commit_every)
     tenplex, repo, use_cluster, commit_every = a.tenplex, a.repo, a.cluster, a.commit_every
@@ -217,6 +228,64 @@ def lose_host(tenplex, repo, commit_every):
             check(p.returncode != 0 and "lost" in p.stderr,
                   f"losing the only copy of state fails with an error naming it (exit {p.returncode})")
         finally:
+            for d in daemons:
+                d.stop()
+    check.finish()
+
+
+def resume(tenplex, repo, use_cluster):
+    check = Checks()
+    daemons = []
+    h = subprocess.run([tenplex, "run", "--help"], capture_output=True, text=True).stdout
+    check("since the last commit" in h, "run --help: the --commit-every text is complete")
+    with tempfile.TemporaryDirectory() as tmp:
+        shm = tempfile.mkdtemp(prefix="tenplex-resume-test-", dir="/dev/shm")
+        where = ["--shm-dir", shm, "--job", "j"]
+        if use_cluster:  # the state in 2 store daemons (1 GPU each) instead
+            daemons = [Daemon(tenplex) for _ in range(2)]
+            write_cluster(os.path.join(tmp, "cluster.json"), daemons, 1)
+            where = ["--cluster", os.path.join(tmp, "cluster.json"), "--job", "j"]
+        try:
+            model = os.path.join(tmp, "model.json")
+            subprocess.run([tenplex, "model", "gpt", "--num-layers", "2", "--hidden-size", "32",
+                            "--num-attention-heads", "4", "--vocab-size", "128", "--max-position-embeddings", "32",
+                            "-o", model], check=True)
+            n = 6
+            static_log, _ = run(tenplex, repo, tmp, "static", [{"step": 0, "config": "tp=1"}, {"step": n, "stop": True}],
+                                model)
+            log = os.path.join(tmp, "job.jsonl")
+            _, _, err1 = run(tenplex, repo, tmp, "first", [{"step": 0, "config": "tp=2"}, {"step": 3, "stop": True}],
+                             model, extra=where, log=log)
+            check("continuing" not in err1, "the first run starts the job")
+            sched = [{"step": 0, "config": "tp=2"}, {"step": 2, "config": "pp=2"}, {"step": n, "stop": True}]
+            _, out, err = run(tenplex, repo, tmp, "second", sched, model, baseline=static_log, extra=where, log=log)
+            print(err)
+            check("continuing job 'j' from its committed version" in err and "step 3, 24 samples consumed" in err,
+                  "the second run says it continues from the committed step 3")
+            check("continued from version" in out, "the summary table says so too")
+            with open(log) as f:
+                lines = [json.loads(x) for x in f]
+            first = [x["step"] for x in lines[:3]]
+            check(first == [0, 1, 2] and all(x.get("config") == "tp=2,pp=1,dp=1" for x in lines[:3]),
+                  f"the log keeps the first run's steps: {first}")
+            base, _ = steps_of(static_log)
+            got, events = steps_of(log)
+            check(sorted(got) == list(range(n)), f"every step logged once or more: {sorted(got)}")
+            check([s for s in range(n) if sum(1 for x in lines if x.get("step") == s and "event" not in x) != 1] == [],
+                  "no step ran twice")
+            for s in range(n):
+                if s in got and s in base:
+                    rel = abs(got[s]["loss"] - base[s]["loss"]) / abs(base[s]["loss"])
+                    check(got[s]["samples"] == base[s]["samples"] and rel <= 1e-3,
+                          f"step {s} ({got[s]['config']}): same samples, loss {got[s]['loss']:.6f} vs static "
+                          f"{base[s]['loss']:.6f}")
+            check(all(got[s]["config"] == "tp=1,pp=2,dp=1" for s in range(3, n) if s in got),
+                  "steps 3-5 ran in the schedule's config for step 3 (pp=2)")
+            check(any(e["event"] == "resume" and e["step"] == 3 for e in events), "a resume event at step 3")
+            _, _, err3 = run(tenplex, repo, tmp, "third", sched, model, extra=where, log=log)
+            check("nothing to run" in err3, f"a finished job has nothing to run: {err3.strip()}")
+        finally:
+            shutil.rmtree(shm, ignore_errors=True)
             for d in daemons:
                 d.stop()
     check.finish()

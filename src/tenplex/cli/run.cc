@@ -9,24 +9,33 @@ void RegisterRun(CLI::App& app, Context& ctx) {
   auto o = std::make_shared<runtime::RunOptions>();
   auto quiet = std::make_shared<bool>(false);
   cmd->add_option("--schedule", o->schedule_path, "JSON list of {step, config | stop, kill_ranks}")->required();
-  cmd->add_option("--log", o->log_path, "JSON-lines log: one line per step and per reconfiguration")->required();
+  cmd->add_option("--log", o->log_path,
+                  "JSON-lines log: one line per step and per reconfiguration (an existing log is appended to)")
+      ->required();
   cmd->add_option("--model", o->model_path, "Model JSON or preset (default: --model of the command)");
-  cmd->add_option("--job", o->job, "Job name in the store");
-  cmd->add_option("--shm-dir", o->shm_dir, "Store directory (default: a fresh one in /dev/shm, removed at exit)");
+  cmd->add_option("--job", o->job,
+                  "Job name in the store; a job with a committed version is continued from it")
+      ->capture_default_str();
+  cmd->add_option("--shm-dir", o->shm_dir,
+                  "Store directory, kept: a second run with the same --job continues from its last commit "
+                  "(default: a fresh one in /dev/shm, removed at exit)");
   cmd->add_option("--cluster", o->cluster_path,
                   "Keep the state in the store daemons of this cluster file (docs/transform.md) instead of an "
                   "embedded store; needs --work-dir");
   cmd->add_option("--token", o->token, "Bearer token of the daemons (or TENPLEX_TOKEN)");
   cmd->add_option("--work-dir", o->work_dir, "Hand-off files and worker logs (default: inside the store directory)");
-  cmd->add_option("--hang-seconds", o->hang_seconds, "Fail when no step completes for this long");
+  cmd->add_option("--hang-seconds", o->hang_seconds, "Fail when no step completes for this long")
+      ->capture_default_str();
   cmd->add_option("--commit-every", o->commit_every,
-                  "Workers also commit their state into the store every N steps while they train on "
-                  "(0: only when the config changes); a failure re-runs only the steps since")
-      ->check(CLI::NonNegativeNumber);
+                  "Also commit the workers' state every N steps while they train on (0: only at config "
+                  "changes); a failure then re-runs at most the N steps since the last commit")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   cmd->add_option("--baseline", o->baseline_log, "Log of a static run to compare losses and samples with");
   cmd->add_flag("--quiet", *quiet, "Do not print the summary table");
   cmd->add_option("command", o->command, "Worker command and arguments (after --)")->required();
   cmd->callback([o, quiet, &ctx] {
+    o->notify = [](const std::string& m) { std::fprintf(stderr, "tenplex run: %s\n", m.c_str()); };
     auto s = runtime::Run(*o);
     if (!s.ok()) return Finish(ctx, s.status());
     if (!*quiet) std::fputs(runtime::SummaryTable(*s).c_str(), stdout);

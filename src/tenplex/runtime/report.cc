@@ -15,6 +15,13 @@ namespace tenplex::runtime {
 
 using nlohmann::json;
 
+Status CreateLog(const std::string& path) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoError("open " + path, errno);
+  ::close(fd);
+  return Status::Ok();
+}
+
 Status AppendLogLine(const std::string& path, const json& j) {
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd < 0) return ErrnoError("open " + path, errno);
@@ -75,10 +82,12 @@ void RunRecorder::Finish() {
   pending_.reset();
 }
 
-Result<std::vector<StepRecord>> ReadStepLog(const std::string& path) {
+Result<std::vector<StepRecord>> ReadStepLog(const std::string& path, uint64_t offset) {
   TP_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
   std::map<int64_t, StepRecord> steps;
-  std::size_t start = 0, lineno = 0;
+  std::size_t start = std::min<std::size_t>(offset, text.size());
+  std::size_t lineno =
+      static_cast<std::size_t>(std::count(text.begin(), text.begin() + start, '\n'));
   while (start < text.size()) {
     std::size_t end = text.find('\n', start);
     if (end == std::string::npos) end = text.size();
@@ -133,6 +142,12 @@ Status CompareWithBaseline(RunSummary& summary, const std::string& baseline_log)
 std::string SummaryTable(const RunSummary& s) {
   std::string out;
   char line[512];
+  if (s.resumed_version) {
+    std::snprintf(line, sizeof(line), "continued from version %llu at step %lld\n",
+                  static_cast<unsigned long long>(*s.resumed_version),
+                  static_cast<long long>(s.resumed_step));
+    out += line;
+  }
   out += "step  config                     loss\n";
   std::string last_cfg;
   for (const StepRecord& r : s.steps) {

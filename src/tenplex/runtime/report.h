@@ -17,6 +17,8 @@
 
 namespace tenplex::runtime {
 
+// Creates the JSON-lines file `path` unless it exists (an existing one is kept).
+Status CreateLog(const std::string& path);
 // Appends one line (j and a newline, one write(2)) to the JSON-lines file `path`.
 Status AppendLogLine(const std::string& path, const nlohmann::json& j);
 

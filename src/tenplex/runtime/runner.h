@@ -30,14 +30,22 @@
 // on host r / K, one version number on all hosts, and a config change is the
 // distributed transform (transform/distributed.h).
 //
+// Continuing a job: when the store (--shm-dir, or the daemons of --cluster) already
+// holds a committed version of the job, the run continues from it: its step, samples
+// consumed and config (transformed into the schedule's config for that step when they
+// differ); the schedule position follows from the step. The run says so (notify, the
+// log's {"event": "resume"} and the summary).
+//
 // The log (JSON lines) gets one line per completed step from the workers and one
-// line per reconfiguration and failure from the runner.
+// line per reconfiguration and failure from the runner. An existing log is appended
+// to (as train.py does); the summary covers the lines this run added.
 //
 // The code: schedule_loop.h (the loop over segments), segment.h (one set of workers:
 // commits, kills, failures), backend.h (embedded store or cluster daemons), handoff.h
 // (files between runner and workers), process.h (the process seam), report.h.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -64,6 +72,9 @@ struct RunOptions {
   // new store version, which the runner commits while they train on (0: only at the
   // segment's end). A failure then re-runs only the steps since the last commit.
   int64_t commit_every = 0;
+  // Messages for the person running it (continuing a job, where a failed worker's log
+  // was kept); none when empty.
+  std::function<void(const std::string&)> notify;
 };
 
 struct StepRecord {
@@ -93,12 +104,15 @@ struct RunSummary {
   std::optional<double> max_loss_deviation;  // relative, against the baseline
   std::optional<int64_t> sample_mismatches;  // steps whose samples differ from the baseline
   double seconds = 0;
+  // The committed version this run continued from, and its step.
+  std::optional<uint64_t> resumed_version;
+  int64_t resumed_step = 0;
 };
 
 Result<RunSummary> Run(const RunOptions& options);
 
-// Reads a run log: the last line per step, in step order.
-Result<std::vector<StepRecord>> ReadStepLog(const std::string& path);
+// Reads a run log from byte `offset` on: the last line per step, in step order.
+Result<std::vector<StepRecord>> ReadStepLog(const std::string& path, uint64_t offset = 0);
 
 // The table a person reads: steps, configs, losses, reconfigurations with their time
 // split, and the deviation from the baseline.

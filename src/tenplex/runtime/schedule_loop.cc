@@ -1,5 +1,7 @@
 #include "tenplex/runtime/schedule_loop.h"
 
+#include <sys/stat.h>
+
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -40,7 +42,8 @@ class ScheduleLoop {
   ScheduleLoop(const RunOptions& o, const RunInputs& in, StateBackend& st,
                ProcessLauncher& launcher)
       : o_(o), entries_(in.schedule), model_(in.model), st_(st), recorder_(o.log_path, &summary_) {
-    env_ = SegmentEnv{&o_, &st_, &launcher, &recorder_};
+    env_ = SegmentEnv{&o_, &st_, &launcher, &recorder_,
+                      st.work_dir_kept() ? "" : o.log_path + ".workers"};
   }
 
   Result<RunSummary> Run() {
@@ -48,12 +51,12 @@ class ScheduleLoop {
     TP_RETURN_IF_ERROR(Prepare());
     InterruptGuard interrupt_guard;
     cfg_ = entries_[0].config;
-    bool done = false;
+    TP_ASSIGN_OR_RETURN(bool done, Resume());
     while (!done) {
       TP_ASSIGN_OR_RETURN(done, RunSegment());
     }
     recorder_.Finish();
-    TP_ASSIGN_OR_RETURN(summary_.steps, ReadStepLog(o_.log_path));
+    TP_ASSIGN_OR_RETURN(summary_.steps, ReadStepLog(o_.log_path, log_offset_));
     if (!o_.baseline_log.empty())
       TP_RETURN_IF_ERROR(CompareWithBaseline(summary_, o_.baseline_log));
     summary_.seconds = Since(t_run);
@@ -70,10 +73,73 @@ class ScheduleLoop {
     std::error_code ec;
     fs::create_directories(work, ec);
     if (ec) return Internal("cannot create " + work + ": " + ec.message());
-    // Start a fresh log.
-    TP_RETURN_IF_ERROR(WriteFileAtomic(o_.log_path, ""));
+    // The log is appended to (as train.py does); this run's lines start here.
+    struct stat st;
+    if (::stat(o_.log_path.c_str(), &st) == 0) log_offset_ = static_cast<uint64_t>(st.st_size);
+    TP_RETURN_IF_ERROR(CreateLog(o_.log_path));
     model_json_ = json::parse(ModelToJson(model_));
     return Status::Ok();
+  }
+
+  void Notify(const std::string& message) const {
+    if (o_.notify) o_.notify(message);
+  }
+
+  // Continues from the job's committed version, if the store holds one: its step,
+  // samples and config; the schedule entry follows from the step. True when the
+  // schedule has nothing left to run.
+  Result<bool> Resume() {
+    TP_ASSIGN_OR_RETURN(std::optional<StateBackend::Committed> cur, st_.Current(o_.job));
+    if (!cur) return false;
+    const json& info = cur->info;
+    const std::string what =
+        "version " + std::to_string(cur->version) + " of job '" + o_.job + "' in the store";
+    for (const char* key : {"step", "samples_consumed"}) {
+      if (!info.contains(key) || !info[key].is_number_integer() || info[key].get<int64_t>() < 0) {
+        return FailedPrecondition(
+            what + " has no " + key +
+            " in its info, so the run cannot continue it: give another --job (or remove the job)");
+      }
+    }
+    if (!info.contains("config") || !info["config"].is_string())
+      return FailedPrecondition(what + " has no config in its info");
+    if (!info.contains("model") || info["model"] != model_json_) {
+      return FailedPrecondition(
+          what + " holds another model than this run's; give another --job (or remove the job)");
+    }
+    auto cfg = ParseConfig(info["config"].get<std::string>());
+    if (!cfg.ok()) return cfg.status().WithContext(what);
+    committed_ = cur->version;
+    step_ = info["step"].get<int64_t>();
+    samples_ = info["samples_consumed"].get<int64_t>();
+    cfg_ = *cfg;
+    summary_.resumed_version = cur->version;
+    summary_.resumed_step = step_;
+    TP_RETURN_IF_ERROR(AppendLogLine(o_.log_path, {{"event", "resume"},
+                                                   {"version", cur->version},
+                                                   {"step", step_},
+                                                   {"samples_consumed", samples_},
+                                                   {"config", cfg_.ToString()}}));
+    if (step_ >= entries_.back().step) {
+      Notify("job '" + o_.job + "' is at step " + std::to_string(step_) + " (committed version " +
+             std::to_string(cur->version) + "); the schedule ends at step " +
+             std::to_string(entries_.back().step) + ": nothing to run");
+      return true;
+    }
+    while (entries_[i_ + 1].step <= step_) ++i_;
+    Notify("continuing job '" + o_.job + "' from its committed version " +
+           std::to_string(cur->version) + ": step " + std::to_string(step_) + ", " +
+           std::to_string(samples_) + " samples consumed, config " + cfg_.ToString());
+    const ParallelConfig& want = entries_[i_].config;
+    if (want == cfg_) return false;
+    ReconfigureRecord rec;
+    rec.step = step_;
+    rec.from = cfg_.ToString();
+    rec.to = want.ToString();
+    TP_RETURN_IF_ERROR(TransformTo(want, rec));
+    recorder_.SetPending(rec, Clock::now());
+    cfg_ = want;
+    return false;
   }
 
   // Runs entry i_'s segment and moves on; true when the schedule is done.
@@ -126,18 +192,22 @@ class ScheduleLoop {
       rec.lost_steps = end - 1 - step_;
     }
     rec.stop_seconds = seg.stop_seconds();
-    if (committed_ && (next != cfg_ || replace)) {
-      auto t0 = Clock::now();
-      auto ts = st_.Transform(o_.job, next);
-      if (!ts.ok())
-        return ts.status().WithContext("transform " + cfg_.ToString() + " -> " + next.ToString());
-      committed_ = ts->version;
-      rec.transform_seconds = Since(t0);
-      rec.bytes_moved = ts->bytes_moved;
-      rec.bytes_total = ts->bytes_total;
-      rec.bytes_in_place = ts->bytes_in_place;
-    }
+    if (committed_ && (next != cfg_ || replace)) TP_RETURN_IF_ERROR(TransformTo(next, rec));
     recorder_.SetPending(rec, seg.kill_time());
+    return Status::Ok();
+  }
+
+  // Transforms the committed version into `next`, recording time and bytes in rec.
+  Status TransformTo(const ParallelConfig& next, ReconfigureRecord& rec) {
+    auto t0 = Clock::now();
+    auto ts = st_.Transform(o_.job, next);
+    if (!ts.ok())
+      return ts.status().WithContext("transform " + cfg_.ToString() + " -> " + next.ToString());
+    committed_ = ts->version;
+    rec.transform_seconds = Since(t0);
+    rec.bytes_moved = ts->bytes_moved;
+    rec.bytes_total = ts->bytes_total;
+    rec.bytes_in_place = ts->bytes_in_place;
     return Status::Ok();
   }
 
@@ -149,6 +219,7 @@ class ScheduleLoop {
   RunRecorder recorder_;
   SegmentEnv env_;
   json model_json_;
+  uint64_t log_offset_ = 0;
   std::optional<uint64_t> committed_;
   int64_t step_ = 0, samples_ = 0;
   std::set<std::size_t> kills_done_;

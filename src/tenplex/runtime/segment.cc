@@ -198,7 +198,7 @@ void Segment::Reap() {
     failed_ = true;
     if (!killed_) {
       failure_ = "worker rank " + std::to_string(w.rank) + " " + DescribeExit(*status) +
-                 "; its output (" + w.log + ") ends with:\n" + FileTail(w.log);
+                 "; its output (" + KeepLog(w.log) + ") ends with:\n" + FileTail(w.log);
     }
     KillWorkers();  // the others cannot finish the step without it
   }
@@ -253,6 +253,17 @@ Status Segment::Fail(Status s) {
   open_.reset();
   state_ = State::kFailed;
   return s;
+}
+
+// The path of a (complete) worker log that outlives the run.
+std::string Segment::KeepLog(const std::string& log) const {
+  if (env_.kept_logs_dir.empty()) return log;
+  std::error_code ec;
+  fs::create_directories(env_.kept_logs_dir, ec);
+  const std::string to = env_.kept_logs_dir + "/" + fs::path(log).filename().string();
+  if (!ec) fs::copy_file(log, to, fs::copy_options::overwrite_existing, ec);
+  if (ec) return log + ", removed at exit: copying it to " + to + " failed: " + ec.message();
+  return to;
 }
 
 void Segment::KillWorkers() {

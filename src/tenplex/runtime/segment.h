@@ -39,6 +39,9 @@ struct SegmentEnv {
   StateBackend* backend = nullptr;
   ProcessLauncher* launcher = nullptr;
   RunRecorder* recorder = nullptr;
+  // Where a failed worker's log is copied when the work directory goes away with the
+  // run (StateBackend::work_dir_kept() false); empty: the log stays where it is.
+  std::string kept_logs_dir;
 };
 
 struct SegmentSpec {
@@ -99,6 +102,7 @@ class Segment {
   Status Fail(Status s);
   void KillWorkers();
   void StopWorkers();
+  std::string KeepLog(const std::string& log) const;
 
   SegmentEnv env_;
   SegmentSpec spec_;
