@@ -83,6 +83,13 @@ def run(tenplex, repo, tmp, name, schedule, model, baseline=None, cluster=None, 
     return log, p.stdout
 
 
+def small_model(tenplex, tmp):
+    model = os.path.join(tmp, "model.json")
+    subprocess.run([tenplex, "model", "gpt", "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
+                    "--vocab-size", "128", "--max-position-embeddings", "32", "-o", model], check=True)
+    return model
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("tenplex")
@@ -173,10 +180,7 @@ def lose_host(tenplex, repo, commit_every):
         try:
             cluster = os.path.join(tmp, "cluster.json")
             write_cluster(cluster, daemons, 2)
-            model = os.path.join(tmp, "model.json")
-            subprocess.run([tenplex, "model", "gpt", "--num-layers", "2", "--hidden-size", "32",
-                            "--num-attention-heads", "4", "--vocab-size", "128", "--max-position-embeddings", "32",
-                            "-o", model], check=True)
+            model = small_model(tenplex, tmp)
             n = 5
             static_log, _ = run(tenplex, repo, tmp, "static", [{"step": 0, "config": "tp=1"}, {"step": n, "stop": True}],
                                 model)
@@ -246,10 +250,7 @@ def resume(tenplex, repo, use_cluster):
             write_cluster(os.path.join(tmp, "cluster.json"), daemons, 1)
             where = ["--cluster", os.path.join(tmp, "cluster.json"), "--job", "j"]
         try:
-            model = os.path.join(tmp, "model.json")
-            subprocess.run([tenplex, "model", "gpt", "--num-layers", "2", "--hidden-size", "32",
-                            "--num-attention-heads", "4", "--vocab-size", "128", "--max-position-embeddings", "32",
-                            "-o", model], check=True)
+            model = small_model(tenplex, tmp)
             n = 6
             static_log, _ = run(tenplex, repo, tmp, "static", [{"step": 0, "config": "tp=1"}, {"step": n, "stop": True}],
                                 model)

@@ -258,6 +258,13 @@ class RunnerTest : public ::testing::Test {
     TP_ASSIGN_OR_RETURN(RunInputs in, LoadRunInputs(o_));
     return RunSchedule(o_, in, *backend_, launcher_);
   }
+  // A committed version as an earlier run leaves it: this model, 8 samples a step.
+  void PreloadAt(int64_t step, const std::string& config) {
+    backend_->Preload({{"model", json::parse(*ReadFile(o_.model_path))},
+                       {"config", config},
+                       {"step", step},
+                       {"samples_consumed", 8 * step}});
+  }
   // The runner's events of the log, by name.
   std::vector<json> Events(const std::string& name) {
     std::vector<json> out;
@@ -461,15 +468,10 @@ TEST_F(RunnerTest, NoProgressFailsTheRun) {
 
 // ---- continuing a job, kept logs, the log file (issue 16 bugs 2, 3, 4)
 
-json ModelJson(const std::string& path) { return json::parse(*ReadFile(path)); }
-
 TEST_F(RunnerTest, ContinuesFromTheCommittedVersion) {
   std::vector<std::string> notes;
   o_.notify = [&](const std::string& m) { notes.push_back(m); };
-  backend_->Preload({{"model", ModelJson(o_.model_path)},
-                     {"config", "tp=1,pp=1,dp=2"},
-                     {"step", 3},
-                     {"samples_consumed", 24}});
+  PreloadAt(3, "tp=1,pp=1,dp=2");
   auto s = RunIt(json::parse(R"([{"step": 0, "config": "tp=2"}, {"step": 2, "config": "dp=2"},
                                  {"step": 5, "stop": true}])"));
   ASSERT_TRUE(s.ok()) << s.status().ToString();
@@ -499,10 +501,7 @@ TEST_F(RunnerTest, ContinuesFromTheCommittedVersion) {
 }
 
 TEST_F(RunnerTest, ContinuingInAnotherConfigTransformsFirst) {
-  backend_->Preload({{"model", ModelJson(o_.model_path)},
-                     {"config", "tp=2,pp=1,dp=1"},
-                     {"step", 3},
-                     {"samples_consumed", 24}});
+  PreloadAt(3, "tp=2,pp=1,dp=1");
   auto s = RunIt(json::parse(R"([{"step": 0, "config": "tp=2"}, {"step": 2, "config": "dp=2"},
                                  {"step": 4, "stop": true}])"));
   ASSERT_TRUE(s.ok()) << s.status().ToString();
@@ -515,10 +514,7 @@ TEST_F(RunnerTest, ContinuingInAnotherConfigTransformsFirst) {
 }
 
 TEST_F(RunnerTest, InterruptNamesTheVersionItContinuedFrom) {
-  backend_->Preload({{"model", ModelJson(o_.model_path)},
-                     {"config", "tp=1,pp=1,dp=2"},
-                     {"step", 12},
-                     {"samples_consumed", 96}});
+  PreloadAt(12, "tp=1,pp=1,dp=2");
   auto run = std::async(std::launch::async, [&] {
     return RunIt(json::parse(R"([{"step": 0, "config": "dp=2"}, {"step": 60, "stop": true}])"));
   });
@@ -535,7 +531,7 @@ TEST_F(RunnerTest, InterruptNamesTheVersionItContinuedFrom) {
 }
 
 TEST_F(RunnerTest, RefusesToContinueStateItCannotUse) {
-  backend_->Preload({{"model", ModelJson(o_.model_path)},
+  backend_->Preload({{"model", json::parse(*ReadFile(o_.model_path))},
                      {"config", "tp=1,pp=1,dp=2"},
                      {"samples_consumed", 24}});
   auto s = RunIt(json::parse(R"([{"step": 0, "config": "dp=2"}, {"step": 4, "stop": true}])"));
@@ -557,10 +553,7 @@ TEST_F(RunnerTest, RefusesToContinueStateItCannotUse) {
 TEST_F(RunnerTest, AFinishedJobHasNothingToRun) {
   std::vector<std::string> notes;
   o_.notify = [&](const std::string& m) { notes.push_back(m); };
-  backend_->Preload({{"model", ModelJson(o_.model_path)},
-                     {"config", "tp=1,pp=1,dp=2"},
-                     {"step", 4},
-                     {"samples_consumed", 32}});
+  PreloadAt(4, "tp=1,pp=1,dp=2");
   auto s = RunIt(json::parse(R"([{"step": 0, "config": "dp=2"}, {"step": 4, "stop": true}])"));
   ASSERT_TRUE(s.ok()) << s.status().ToString();
   EXPECT_EQ(launcher_.starts(), 0u);
