@@ -1,8 +1,8 @@
 #include "tenplex/store/store.h"
 
-#include "tenplex/io/checkpoint.h"
 #include "tenplex/store/store_internal.h"
 #include "tenplex/util/file.h"
+#include "tenplex/util/hash.h"
 
 namespace tenplex::store {
 
@@ -289,7 +289,7 @@ Result<std::string> Store::Checksum(const std::string& path) const {
     if (!t.second->xxh64.empty()) return t.second->xxh64;
   }
   TP_ASSIGN_OR_RETURN(TensorRef ref, Get(path));
-  std::string sum = io::Xxh64Hex(ref.data(), ref.size());
+  std::string sum = Xxh64Hex(ref.data(), ref.size());
   if (ref.info().committed) {
     std::lock_guard<std::mutex> lock(impl_->mu);
     auto t = impl_->FindTensor(ref.info().path);  // committed tensors never change
