@@ -169,7 +169,7 @@ std::string Tail(const std::string& path, std::size_t bytes = 2000) {
 }
 
 std::string TensorPath(const std::string& job, uint64_t v, int rank, const std::string& name) {
-  return "jobs/" + job + "/" + std::to_string(v) + "/" + store::RankSegment(rank) + "/" + name;
+  return store::TensorPathOf(job, v, rank, name);
 }
 
 // Where the job's state lives between segments: the store embedded in the runner, or
@@ -318,7 +318,7 @@ class ClusterBackend : public StateBackend {
                                                                 const Layout& layout) override {
     std::vector<std::map<std::string, std::string>> out(layout.world_size());
     for (std::size_t h = 0; h < clients_.size(); ++h) {
-      Result<std::vector<store::TensorInfo>> list = clients_[h]->List("jobs/" + job + "/" + std::to_string(v) + "/");
+      Result<std::vector<store::TensorInfo>> list = clients_[h]->List(store::VersionPrefix(job, v));
       if (!list.ok() && list.status().code() == StatusCode::kNotFound) continue;
       if (!list.ok()) return list.status().WithContext(clients_[h]->url());
       for (const store::TensorInfo& t : *list) {

@@ -329,7 +329,7 @@ Result<std::vector<TensorInfo>> Store::List(const std::string& prefix) const {
     if (lp.segments.size() >= 2 && job != lp.segments[1]) continue;
     for (const auto& [v, vs] : j.versions) {
       if (lp.segments.size() >= 3 && std::to_string(v) != lp.segments[2]) continue;
-      const std::string vprefix = "jobs/" + job + "/" + std::to_string(v) + "/";
+      const std::string vprefix = VersionPrefix(job, v);
       for (const auto& [key, e] : vs.tensors) {
         if ((vprefix + key).compare(0, want.size(), want) == 0)
           out.push_back(impl_->MakeInfo(job, v, vs, key, e));

@@ -172,7 +172,7 @@ struct Store::Impl {
   TensorInfo MakeInfo(const std::string& job, uint64_t v, const VersionState& vs,
                       const std::string& key, const Entry& e) const {
     TensorInfo info;
-    info.path = "jobs/" + job + "/" + std::to_string(v) + "/" + key;
+    info.path = VersionPrefix(job, v) + key;
     info.dtype = e.dtype;
     info.shape = e.shape;
     info.bytes = e.bytes;
