@@ -25,6 +25,7 @@
 #include <string>
 #include <utility>
 
+#include "tenplex/store/manifest.h"
 #include "tenplex/store/store.h"
 
 namespace tenplex::store {
@@ -34,7 +35,6 @@ using nlohmann::json;
 
 inline constexpr char kManifest[] = "MANIFEST.json";
 inline constexpr char kCurrent[] = "CURRENT";
-inline constexpr char kManifestFormat[] = "tenplex.store.version.v1";
 
 struct Entry {
   DType dtype = DType::kF32;
