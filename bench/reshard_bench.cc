@@ -27,8 +27,8 @@
 
 #include "tenplex/io/checkpoint.h"
 #include "tenplex/model/model.h"
-#include "tenplex/plan/pages.h"
-#include "tenplex/plan/reshard.h"
+#include "tenplex/transform/pages.h"
+#include "tenplex/transform/reshard.h"
 #include "tenplex/util/format.h"
 #include "tenplex/util/thread_pool.h"
 
@@ -73,8 +73,8 @@ double MemcpyFiles(tenplex::ThreadPool& pool, const std::string& in, const std::
     void* p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) Die(tenplex::ErrnoError("mmap " + out, errno));
     const char* src = reinterpret_cast<const char*>(f->data(ts.front()));
-    tenplex::plan::Populate(src, n, false, &pool);
-    tenplex::plan::Populate(p, n, true, &pool);
+    tenplex::transform::Populate(src, n, false, &pool);
+    tenplex::transform::Populate(p, n, true, &pool);
     ParallelMemcpy(pool, static_cast<char*>(p), src, n);
     ::munmap(p, n);
     ::close(fd);
@@ -124,7 +124,7 @@ int main(int argc, char** argv) {
   } cleanup{dir};
 
   auto t0 = Clock::now();
-  if (auto s = tenplex::plan::InitCheckpoint(*model, *from, a, 1, &pool); !s.ok()) Die(s);
+  if (auto s = tenplex::transform::InitCheckpoint(*model, *from, a, 1, &pool); !s.ok()) Die(s);
   std::printf("model %s, %s -> %s, %d threads, files in %s\n", model_name.c_str(),
               from->ToString().c_str(), to->ToString().c_str(), static_cast<int>(pool.size()) + 1,
               dir.c_str());
@@ -136,22 +136,22 @@ int main(int argc, char** argv) {
 
   // Interleaved rounds, best of each: load from others on the machine hits both alike.
   double best[2] = {1e9, 1e9};
-  tenplex::plan::ReshardReport report;
+  tenplex::transform::ReshardReport report;
   for (int i = 0; i < 3; ++i) {
     memcpy_s = std::min(memcpy_s, MemcpyFiles(pool, a, dir + "/memcpy", &bytes));
     for (int verify = 0; verify < 2; ++verify) {
-      tenplex::plan::ReshardOptions o;
+      tenplex::transform::ReshardOptions o;
       o.in = a;
       o.out = b;
       o.to = *to;
       o.verify_checksums = verify == 1;
       o.pool = &pool;
-      auto r = tenplex::plan::Reshard(o);
+      auto r = tenplex::transform::Reshard(o);
       if (!r.ok()) Die(r.status());
       report = *r;
       best[verify] = std::min(best[verify], r->total_seconds);
       if (i == 0 && verify == 1) {
-        if (auto s = tenplex::plan::VerifyCheckpoint(b, std::nullopt, &pool); !s.ok()) Die(s);
+        if (auto s = tenplex::transform::VerifyCheckpoint(b, std::nullopt, &pool); !s.ok()) Die(s);
       }
       fs::remove_all(b);
     }

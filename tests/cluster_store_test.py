@@ -10,8 +10,12 @@ Usage: cluster_store_test.py TENPLEX_BIN
 - saved back from the 4 daemons, the rank files are byte-identical to the input and
   `tenplex ckpt verify` (the synthetic oracle) accepts every element;
 - a second load gets the next common version on all hosts;
+- a layout smaller than the cluster lives on the hosts that get ranks, and load and
+  save report those hosts;
 - bad cluster files and a dead host fail with a clear error and leave no new version
-  on the surviving hosts (they still serve the old one).
+  on the surviving hosts (they still serve the old one);
+- with a dead host, save rebuilds its ranks from dp replicas on the others (byte-
+  identical output) or, with ZeRO-1 (no replica of the optimizer shards), fails.
 """
 import json
 import os
@@ -19,6 +23,7 @@ import re
 import shutil
 import sys
 import tempfile
+import urllib.error
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from daemons import Daemon, check, run_cli  # noqa: E402
@@ -28,6 +33,23 @@ TENPLEX = sys.argv[1]
 
 def run(*args, expect_ok=True):
     return run_cli(TENPLEX, *args, expect_ok=expect_ok)
+
+
+def holds(d, job):
+    try:
+        return bool(d.get("/v1/list/jobs/%s/" % job))
+    except urllib.error.HTTPError as e:
+        if e.code == 404:
+            return False
+        raise
+
+
+def same_ranks(a, b):
+    names = sorted(n for n in os.listdir(a) if n.endswith(".safetensors"))
+    check(names == sorted(n for n in os.listdir(b) if n.endswith(".safetensors")), "rank files differ")
+    for name in names:
+        with open(os.path.join(a, name), "rb") as x, open(os.path.join(b, name), "rb") as y:
+            check(x.read() == y.read(), "%s differs after the round trip" % name)
 
 
 def main():
@@ -66,6 +88,26 @@ def main():
         for d in daemons:
             check(d.get("/v1/jobs/j/versions/current")["version"] == 2, "second load is not version 2")
 
+        # A layout smaller than the cluster: only the hosts that get ranks hold the
+        # version, and the report names them (issue 16 bug 5).
+        small = os.path.join(tmp, "small")
+        run("ckpt", "init", "--model", model, "--config", "tp=2,pp=2,dp=1", "--out", small, "--seed", "3")
+        p = run("store", "load", "--cluster", cluster, "--job", "s", "--dir", small)
+        check("onto 2 hosts" in p.stdout, "load report: " + p.stdout)
+        for h, d in enumerate(daemons):
+            has = holds(d, "s")
+            check(has == (h < 2), "host %d %s job s" % (h, "holds" if has else "lacks"))
+        out_s = os.path.join(tmp, "out-s")
+        p = run("store", "save", "--cluster", cluster, "--job", "s", "--out", out_s)
+        check("from 2 hosts" in p.stdout, "save report: " + p.stdout)
+        same_ranks(small, out_s)
+
+        # dp replicas on other hosts (tp=2,pp=2,dp=2 without ZeRO: host 3's ranks 6, 7
+        # are replicas of ranks 4, 5 on host 2), loaded before a host dies.
+        rep = os.path.join(tmp, "rep")
+        run("ckpt", "init", "--model", model, "--config", "tp=2,pp=2,dp=2", "--out", rep, "--seed", "5")
+        run("store", "load", "--cluster", cluster, "--job", "r", "--dir", rep)
+
         # Bad cluster files.
         for bad in ['{"hosts": [], "gpus_per_host": 2}', '{"hosts": ["x"], "gpus_per_host": 2}', "not json",
                     json.dumps({"hosts": [daemons[0].url], "gpus_per_host": 2})]:  # too few slots
@@ -81,6 +123,15 @@ def main():
         run("store", "save", "--cluster", cluster, "--job", "j", "--out", os.path.join(tmp, "o2"), expect_ok=False)
         check(not os.path.exists(os.path.join(tmp, "o2")) or not os.listdir(os.path.join(tmp, "o2")),
               "a failed save left files")
+        # With a dead host, save reads the lost ranks from surviving replicas (issue 19),
+        # and reports the 3 hosts it used and the lost one (issue 16 bug 5).
+        out_r = os.path.join(tmp, "out-r")
+        p = run("store", "save", "--cluster", cluster, "--job", "r", "--out", out_r)
+        print(p.stdout.strip())
+        check("from 3 hosts" in p.stdout and daemons[3].url in p.stdout and "2 ranks rebuilt" in p.stdout,
+              "save report: " + p.stdout)
+        run("ckpt", "verify", "--in", out_r)
+        same_ranks(rep, out_r)
         for d in daemons[:3]:
             v = d.get("/v1/jobs/j/versions/current")
             check(v["version"] == 2 and v["state"] == "committed", "survivor changed: %r" % v)

@@ -21,6 +21,7 @@ data (data.step_samples, data.Corpus). The re-slicer works from the C++ layout's
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -497,6 +498,15 @@ def test_errors():
                 "load in another config")
     expect_fail([launch, "--config", "tp=2", "--model", model, "--save-dir", ck], "not overwritten",
                 "save over a checkpoint")
+    # State without a step is refused, not trained from step 0 (issue 16 bug 1).
+    nostep = os.path.join(TMP, "err_nostep")
+    shutil.copytree(ck, nostep)
+    info = json.load(open(os.path.join(nostep, "tenplex.json")))
+    del info["step"]
+    with open(os.path.join(nostep, "tenplex.json"), "w") as f:
+        json.dump(info, f)
+    expect_fail([launch, "--config", "tp=2", "--load-dir", nostep, "--steps", "1"], "no training position",
+                "checkpoint without a step")
     broken = os.path.join(TMP, "err_broken")
     os.makedirs(broken)
     with open(os.path.join(broken, "tenplex.json"), "w") as f:

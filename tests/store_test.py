@@ -691,6 +691,65 @@ def same_checkpoint(a, b):
             check(x == y, "%s differs after the round trip" % n)
 
 
+def read_safetensors(path):
+    """[(name, dtype, shape, bytes)] in data order."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    header.pop("__metadata__", None)
+    out = []
+    for name, e in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
+        b, end = e["data_offsets"]
+        out.append((name, e["dtype"], e["shape"], raw[8 + n + b:8 + n + end]))
+    return out
+
+
+def check_info_fields(d, tmp):
+    """Every field of a version's info survives `store save` and `store load` (issue 16 bug 1).
+
+    A version as `tenplex run` commits it (step, samples_consumed and other training
+    fields at the top of its info) is saved: tenplex.json must carry every field; loaded
+    back, the new version's info must carry them again, where the runner reads them."""
+    src = os.path.join(tmp, "fields-src")
+    layout = make_checkpoint(src, "tp=2,pp=1,dp=1")
+    with open(os.path.join(src, "tenplex.json")) as f:
+        meta = json.load(f)
+    fields = {"step": 24, "samples_consumed": 192, "seed": 5, "global_batch_size": 8, "note": {"a": [1, 2]}}
+    info = {"model": meta["model"], "config": "tp=2,pp=1,dp=1", **fields}
+    v = begin(d.url, "run", info=info)
+    for rank in layout["ranks"]:
+        name = "rank-%05d.safetensors" % rank["rank"]
+        for t, dtype, shape, data in read_safetensors(os.path.join(src, name)):
+            put(d.url, "jobs/run/%d/rank-%05d/%s" % (v, rank["rank"], t), dtype, shape, data)
+    commit(d.url, "run", v)
+    out = os.path.join(tmp, "fields-out")
+    run("store", "save", "--url", d.url, "--job", "run", "--out", out)
+    with open(os.path.join(out, "tenplex.json")) as f:
+        saved = json.load(f)
+    for k, want in fields.items():
+        check(saved.get(k) == want, "store save lost info field %s: %r in tenplex.json" % (k, saved.get(k)))
+    check(saved["config"] == "tp=2,pp=1,dp=1" and saved["model"] == meta["model"], "model/config changed")
+    run("store", "load", "--url", d.url, "--job", "run2", "--dir", out)
+    back = jget(d.url, "/v1/jobs/run2/versions/current")["info"]
+    for k, want in fields.items():
+        check(back.get(k) == want, "store load lost tenplex.json field %s: %r in the info" % (k, back.get(k)))
+    # A tenplex.json field named like the store's bookkeeping ("cluster", "source") survives too.
+    with open(os.path.join(src, "tenplex.json")) as f:
+        meta = json.load(f)
+    meta["cluster"] = "not ours"
+    meta["source"] = [1, 2]
+    with open(os.path.join(src, "tenplex.json"), "w") as f:
+        json.dump(meta, f)
+    run("store", "load", "--url", d.url, "--job", "run3", "--dir", src)
+    out2 = os.path.join(tmp, "fields-out2")
+    run("store", "save", "--url", d.url, "--job", "run3", "--out", out2)
+    with open(os.path.join(out2, "tenplex.json")) as f:
+        saved = json.load(f)
+    for k in ("cluster", "source", "step"):
+        check(saved.get(k) == meta[k], "field %s: %r after a round trip, %r before" % (k, saved.get(k), meta[k]))
+
+
 def test_checkpoint():
     tmp = tempfile.mkdtemp(prefix="tenplex-store-ckpt-")
     d = Daemon()
@@ -717,6 +776,7 @@ def test_checkpoint():
             # Saving onto an existing checkpoint is refused.
             p = run("store", "save", "--url", d.url, "--job", job, "--out", out, ok=False)
             check(p.returncode != 0 and "already exists" in p.stderr, p.stderr)
+        check_info_fields(d, tmp)
         # A corrupted rank file: the recorded checksum does not match, the load fails
         # and leaves no version behind.
         bad = os.path.join(tmp, "bad")

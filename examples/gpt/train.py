@@ -122,7 +122,12 @@ class Trainer:
                              f"convert it with `tenplex reshard --in DIR --to {self.cfg} --out DIR2`")
         if info.get("model") != self.model.desc:
             raise ValueError(f"{what} holds a different model than --model")
-        step = int(info.get("step", 0))
+        # The training position must come with the state: assuming step 0 would silently
+        # restart the data order and the optimizer's step count.
+        if not isinstance(info.get("step"), int) or info["step"] < 0:
+            raise ValueError(f"{what} has no training position (\"step\" is {info.get('step')!r}): "
+                             "refusing to guess; save it with its step (tenplex store save keeps every field)")
+        step = info["step"]
         if self.args.start_step is not None and self.args.start_step != step:
             raise ValueError(f"--start-step {self.args.start_step} but {what} is at step {step}")
         self.load_state_tensors(read_tensors())

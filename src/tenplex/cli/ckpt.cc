@@ -3,7 +3,7 @@
 #include <cstdio>
 
 #include "tenplex/cli/command.h"
-#include "tenplex/plan/reshard.h"
+#include "tenplex/transform/reshard.h"
 
 namespace tenplex::cli {
 
@@ -28,7 +28,7 @@ void RegisterCkpt(CLI::App& app, Context& ctx) {
         TP_ASSIGN_OR_RETURN(Model m, LoadModel(o->model));
         auto c = ParseConfig(o->config);
         if (!c.ok()) return c.status().WithContext("--config");
-        return plan::InitCheckpoint(m, *c, o->out, o->seed, &ThreadPool::Default());
+        return transform::InitCheckpoint(m, *c, o->out, o->seed, &ThreadPool::Default());
       };
       Finish(ctx, run());
     });
@@ -46,7 +46,7 @@ void RegisterCkpt(CLI::App& app, Context& ctx) {
     cmd->callback([o, seed, &ctx] {
       std::optional<uint64_t> s;
       if (seed->count() > 0) s = o->seed;
-      Status st = plan::VerifyCheckpoint(o->in, s, &ThreadPool::Default());
+      Status st = transform::VerifyCheckpoint(o->in, s, &ThreadPool::Default());
       if (st.ok()) std::printf("%s: every element matches\n", o->in.c_str());
       Finish(ctx, st);
     });

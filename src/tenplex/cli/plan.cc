@@ -4,7 +4,7 @@
 
 #include "tenplex/cli/command.h"
 #include "tenplex/plan/planner.h"
-#include "tenplex/plan/reshard.h"
+#include "tenplex/transform/reshard.h"
 #include "tenplex/util/format.h"
 
 namespace tenplex::cli {
@@ -71,7 +71,7 @@ void RegisterPlan(CLI::App& app, Context& ctx) {
     cmd->add_flag("-q,--quiet", o->quiet, "Print nothing on success");
     cmd->callback([o, &ctx] {
       auto run = [&]() -> Status {
-        plan::ReshardOptions ro;
+        transform::ReshardOptions ro;
         ro.in = o->in;
         ro.out = o->out;
         auto to = ParseConfig(o->to);
@@ -89,7 +89,7 @@ void RegisterPlan(CLI::App& app, Context& ctx) {
         }
         ro.verify_checksums = !o->no_verify;
         ro.pool = &ThreadPool::Default();
-        TP_ASSIGN_OR_RETURN(plan::ReshardReport r, plan::Reshard(ro));
+        TP_ASSIGN_OR_RETURN(transform::ReshardReport r, transform::Reshard(ro));
         if (!o->quiet) {
           std::printf(
               "resharded %s (%s) -> %s (%s): %s written in %.2f s (%.2f GB/s), plan %.3f s\n",

@@ -10,11 +10,11 @@
 #include <thread>
 
 #include "tenplex/cli/command.h"
-#include "tenplex/store/checkpoint_transfer.h"
 #include "tenplex/store/client.h"
 #include "tenplex/store/server.h"
 #include "tenplex/store/store.h"
 #include "tenplex/transform/agent.h"
+#include "tenplex/transform/checkpoint_transfer.h"
 #include "tenplex/util/format.h"
 
 namespace tenplex::cli {
@@ -97,7 +97,7 @@ Result<std::unique_ptr<Client>> ConnectFor(const std::string& url, const std::st
   return Client::Connect(url, co);
 }
 
-std::string Describe(const store::TransferStats& s) {
+std::string Describe(const transform::TransferStats& s) {
   char buf[256];
   std::snprintf(buf, sizeof(buf), "%zu tensors (%s) of %d ranks via %s in %.2f s (%.2f GB/s)", s.tensors,
                 HumanBytes(static_cast<int64_t>(s.bytes)).c_str(), s.ranks, s.shm ? "shared memory" : "HTTP",
@@ -141,7 +141,7 @@ void RegisterStore(CLI::App& app, Context& ctx) {
     }
     auto c = ConnectFor(lo->url, lo->token, lo->http);
     if (!c.ok()) return Finish(ctx, c.status());
-    auto s = store::LoadCheckpoint(**c, lo->job, lo->dir);
+    auto s = transform::LoadCheckpoint(**c, lo->job, lo->dir);
     if (!s.ok()) return Finish(ctx, s.status());
     std::printf("loaded %s into jobs/%s/%llu (committed; checksums %s)\n", Describe(*s).c_str(), lo->job.c_str(),
                 static_cast<unsigned long long>(s->version), s->verified ? "verified" : "not recorded");
@@ -162,7 +162,7 @@ void RegisterStore(CLI::App& app, Context& ctx) {
     }
     auto c = ConnectFor(vo->url, vo->token, vo->http);
     if (!c.ok()) return Finish(ctx, c.status());
-    auto s = store::SaveCheckpoint(**c, vo->job, vo->dir);
+    auto s = transform::SaveCheckpoint(**c, vo->job, vo->dir);
     if (!s.ok()) return Finish(ctx, s.status());
     std::printf("saved jobs/%s/%llu to %s: %s\n", vo->job.c_str(), static_cast<unsigned long long>(s->version),
                 vo->dir.c_str(), Describe(*s).c_str());

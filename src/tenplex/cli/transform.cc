@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tenplex/cli/command.h"
+#include "tenplex/transform/checkpoint_transfer.h"
 #include "tenplex/transform/cluster.h"
 #include "tenplex/transform/distributed.h"
 #include "tenplex/util/format.h"
@@ -114,15 +115,21 @@ Status StoreClusterTransfer(bool load, const std::string& cluster_path, const st
   TP_ASSIGN_OR_RETURN(transform::Cluster cluster, transform::ReadClusterFile(cluster_path));
   TP_ASSIGN_OR_RETURN(auto clients, transform::ConnectCluster(cluster, ClusterClientOptions(token), /*allow_lost=*/!load));
   if (load) {
-    TP_ASSIGN_OR_RETURN(store::TransferStats s, transform::LoadCheckpointToCluster(cluster, clients, job, dir));
+    TP_ASSIGN_OR_RETURN(transform::TransferStats s, transform::LoadCheckpointToCluster(cluster, clients, job, dir));
     std::printf("loaded %zu tensors (%s) of %d ranks onto %zu hosts as jobs/%s/%llu (committed on all) in %.2f s\n",
-                s.tensors, HumanBytes(static_cast<int64_t>(s.bytes)).c_str(), s.ranks, cluster.hosts.size(),
-                job.c_str(), static_cast<unsigned long long>(s.version), s.seconds);
+                s.tensors, HumanBytes(static_cast<int64_t>(s.bytes)).c_str(), s.ranks, s.hosts.size(), job.c_str(),
+                static_cast<unsigned long long>(s.version), s.seconds);
   } else {
-    TP_ASSIGN_OR_RETURN(store::TransferStats s, transform::SaveCheckpointFromCluster(cluster, clients, job, dir));
-    std::printf("saved jobs/%s/%llu from %zu hosts to %s: %zu tensors (%s) of %d ranks in %.2f s\n", job.c_str(),
-                static_cast<unsigned long long>(s.version), cluster.hosts.size(), dir.c_str(), s.tensors,
-                HumanBytes(static_cast<int64_t>(s.bytes)).c_str(), s.ranks, s.seconds);
+    TP_ASSIGN_OR_RETURN(transform::TransferStats s, transform::SaveCheckpointFromCluster(cluster, clients, job, dir));
+    std::string lost;
+    if (!s.lost_hosts.empty()) {
+      lost = "; lost hosts:";
+      for (const std::string& u : s.lost_hosts) lost += " " + u;
+    }
+    if (s.rebuilt_ranks > 0) lost += "; " + std::to_string(s.rebuilt_ranks) + " ranks rebuilt from replicas";
+    std::printf("saved jobs/%s/%llu from %zu hosts to %s: %zu tensors (%s) of %d ranks in %.2f s%s\n", job.c_str(),
+                static_cast<unsigned long long>(s.version), s.hosts.size(), dir.c_str(), s.tensors,
+                HumanBytes(static_cast<int64_t>(s.bytes)).c_str(), s.ranks, s.seconds, lost.c_str());
   }
   return Status::Ok();
 }

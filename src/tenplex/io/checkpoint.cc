@@ -1,13 +1,13 @@
 #include "tenplex/io/checkpoint.h"
 
 #include <unistd.h>
-#include <xxhash.h>
 
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
 
 #include "tenplex/util/file.h"
+#include "tenplex/util/hash.h"
 
 namespace tenplex::io {
 
@@ -17,12 +17,6 @@ using nlohmann::json;
 std::string RankFileName(int rank) {
   char buf[64];
   std::snprintf(buf, sizeof(buf), "rank-%05d.safetensors", rank);
-  return buf;
-}
-
-std::string Xxh64Hex(const void* data, std::size_t size) {
-  char buf[17];
-  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(XXH64(data, size, 0)));
   return buf;
 }
 

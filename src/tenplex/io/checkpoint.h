@@ -43,8 +43,6 @@ Result<std::vector<SafetensorsFile>> OpenCheckpoint(const std::string& dir, cons
 
 // xxh64 of a whole file, as 16 hex digits.
 Result<std::string> FileXxh64(const std::string& path);
-// xxh64 of a buffer, as 16 hex digits.
-std::string Xxh64Hex(const void* data, std::size_t size);
 
 class CheckpointWriter {
  public:

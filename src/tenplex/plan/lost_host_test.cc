@@ -7,12 +7,15 @@
 #include <vector>
 
 #include "tenplex/model/gpt.h"
-#include "tenplex/plan/executor.h"
+#include "tenplex/transform/executor.h"
 #include "tenplex/plan/planner.h"
 #include "tenplex/plan/synthetic.h"
 
 namespace tenplex::plan {
 namespace {
+
+using transform::ExecuteOptions;
+using transform::ExecutePlan;
 
 Model Tiny() {
   GptArgs a;

@@ -17,11 +17,14 @@
 
 #include "tenplex/model/gpt.h"
 #include "tenplex/plan/box_set.h"
-#include "tenplex/plan/executor.h"
+#include "tenplex/transform/executor.h"
 #include "tenplex/plan/synthetic.h"
 
 namespace tenplex::plan {
 namespace {
+
+using transform::ExecuteOptions;
+using transform::ExecutePlan;
 
 constexpr uint64_t kSeed = 7;
 // Fewer random cases under the sanitizers (Debug, several times slower).

@@ -11,7 +11,7 @@ namespace tenplex::runtime {
 using nlohmann::json;
 
 std::string RankTensorPath(const std::string& job, uint64_t v, int rank, const std::string& name) {
-  return "jobs/" + job + "/" + std::to_string(v) + "/" + store::RankSegment(rank) + "/" + name;
+  return store::TensorPathOf(job, v, rank, name);
 }
 
 Status StateBackend::CheckHosts(const std::vector<int>& hosts) const {

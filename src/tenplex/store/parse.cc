@@ -100,6 +100,18 @@ std::string RankSegment(int rank) {
   return buf;
 }
 
+std::string VersionPrefix(std::string_view job, uint64_t version) {
+  return "jobs/" + std::string(job) + "/" + std::to_string(version) + "/";
+}
+
+std::string RankPrefix(std::string_view job, uint64_t version, int rank) {
+  return VersionPrefix(job, version) + RankSegment(rank) + "/";
+}
+
+std::string TensorPathOf(std::string_view job, uint64_t version, int rank, std::string_view name) {
+  return RankPrefix(job, version, rank) + std::string(name);
+}
+
 Result<int> ParseRankSegment(std::string_view s) {
   constexpr std::string_view kPrefix = "rank-";
   if (s.substr(0, kPrefix.size()) != kPrefix || s.size() > kPrefix.size() + 10 ||

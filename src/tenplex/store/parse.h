@@ -63,6 +63,13 @@ Status CheckJobName(std::string_view job);
 // Parses a full tensor path.
 Result<TensorPath> ParseTensorPath(std::string_view path);
 
+// Path builders, the inverse of ParseTensorPath (arguments are not validated):
+// "jobs/<job>/<version>/", "jobs/<job>/<version>/rank-NNNNN/" and
+// "jobs/<job>/<version>/rank-NNNNN/<name>".
+std::string VersionPrefix(std::string_view job, uint64_t version);
+std::string RankPrefix(std::string_view job, uint64_t version, int rank);
+std::string TensorPathOf(std::string_view job, uint64_t version, int rank, std::string_view name);
+
 // A list prefix: complete segments (each validated; "current" allowed as the version)
 // and a trailing partial segment matched as a string prefix.
 struct ListPrefix {

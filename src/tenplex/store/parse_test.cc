@@ -34,6 +34,18 @@ TEST(ParseTest, TensorPaths) {
   }
   EXPECT_FALSE(ParseTensorPath("jobs/j/1/rank-00000/" + std::string(201, 'a')).ok());
   EXPECT_TRUE(ParseTensorPath("jobs/j/1/rank-00000/" + std::string(200, 'a')).ok());
+  // The builders are the inverse of the parser.
+  EXPECT_EQ(VersionPrefix("j", 7), "jobs/j/7/");
+  EXPECT_EQ(RankPrefix("j", 7, 3), "jobs/j/7/rank-00003/");
+  for (int rank : {0, 3, 99999, 123456}) {
+    auto back = ParseTensorPath(TensorPathOf("a.b-c", 42, rank, "x.weight"));
+    ASSERT_TRUE(back.ok()) << back.status().ToString();
+    EXPECT_EQ(back->job, "a.b-c");
+    EXPECT_EQ(back->version, VersionRef(42));
+    EXPECT_EQ(back->rank, rank);
+    EXPECT_EQ(back->name, "x.weight");
+    EXPECT_EQ(back->WithVersion(42), TensorPathOf("a.b-c", 42, rank, "x.weight"));
+  }
   auto trav = ParseTensorPath("jobs/j/1/rank-00000/../../etc/passwd");
   ASSERT_FALSE(trav.ok());
   EXPECT_NE(trav.status().message().find("traversal"), std::string::npos) << trav.status().message();

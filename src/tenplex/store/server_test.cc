@@ -9,8 +9,8 @@
 #include <thread>
 
 #include "tenplex/geometry/copy.h"
-#include "tenplex/io/checkpoint.h"
 #include "tenplex/store/client.h"
+#include "tenplex/util/hash.h"
 
 namespace tenplex::store {
 namespace {
@@ -96,7 +96,7 @@ TEST(ServerTest, LocalAndHttpPathsAgree) {
     EXPECT_EQ(c->GetInto("jobs/j/1/rank-00001/b", "1:4", into.data(), into.size()).code(), StatusCode::kDataLoss);
     auto meta = c->Meta("jobs/j/1/rank-00000/a");
     ASSERT_TRUE(meta.ok());
-    EXPECT_EQ(meta->second, io::Xxh64Hex(a.data(), a.size()));
+    EXPECT_EQ(meta->second, Xxh64Hex(a.data(), a.size()));
   }
 
   // Zero-copy: allocate, map writable, write in place; the store sees the bytes.

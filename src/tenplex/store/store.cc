@@ -1,8 +1,8 @@
 #include "tenplex/store/store.h"
 
-#include "tenplex/io/checkpoint.h"
 #include "tenplex/store/store_internal.h"
 #include "tenplex/util/file.h"
+#include "tenplex/util/hash.h"
 
 namespace tenplex::store {
 
@@ -289,7 +289,7 @@ Result<std::string> Store::Checksum(const std::string& path) const {
     if (!t.second->xxh64.empty()) return t.second->xxh64;
   }
   TP_ASSIGN_OR_RETURN(TensorRef ref, Get(path));
-  std::string sum = io::Xxh64Hex(ref.data(), ref.size());
+  std::string sum = Xxh64Hex(ref.data(), ref.size());
   if (ref.info().committed) {
     std::lock_guard<std::mutex> lock(impl_->mu);
     auto t = impl_->FindTensor(ref.info().path);  // committed tensors never change
@@ -329,7 +329,7 @@ Result<std::vector<TensorInfo>> Store::List(const std::string& prefix) const {
     if (lp.segments.size() >= 2 && job != lp.segments[1]) continue;
     for (const auto& [v, vs] : j.versions) {
       if (lp.segments.size() >= 3 && std::to_string(v) != lp.segments[2]) continue;
-      const std::string vprefix = "jobs/" + job + "/" + std::to_string(v) + "/";
+      const std::string vprefix = VersionPrefix(job, v);
       for (const auto& [key, e] : vs.tensors) {
         if ((vprefix + key).compare(0, want.size(), want) == 0)
           out.push_back(impl_->MakeInfo(job, v, vs, key, e));

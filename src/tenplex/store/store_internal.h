@@ -25,6 +25,7 @@
 #include <string>
 #include <utility>
 
+#include "tenplex/store/manifest.h"
 #include "tenplex/store/store.h"
 
 namespace tenplex::store {
@@ -34,7 +35,6 @@ using nlohmann::json;
 
 inline constexpr char kManifest[] = "MANIFEST.json";
 inline constexpr char kCurrent[] = "CURRENT";
-inline constexpr char kManifestFormat[] = "tenplex.store.version.v1";
 
 struct Entry {
   DType dtype = DType::kF32;
@@ -172,7 +172,7 @@ struct Store::Impl {
   TensorInfo MakeInfo(const std::string& job, uint64_t v, const VersionState& vs,
                       const std::string& key, const Entry& e) const {
     TensorInfo info;
-    info.path = "jobs/" + job + "/" + std::to_string(v) + "/" + key;
+    info.path = VersionPrefix(job, v) + key;
     info.dtype = e.dtype;
     info.shape = e.shape;
     info.bytes = e.bytes;

@@ -1,6 +1,7 @@
 #include <sys/file.h>
 #include <sys/statvfs.h>
 
+#include "tenplex/store/manifest.h"
 #include "tenplex/store/store_internal.h"
 #include "tenplex/util/file.h"
 
@@ -50,34 +51,17 @@ Status Store::Impl::RestoreJob(const std::string& job) {
     }
     const std::string mpath = (e.path() / kManifest).string();
     TP_ASSIGN_OR_RETURN(std::string text, ReadFile(mpath));
-    json m = json::parse(text, nullptr, false);
-    if (m.is_discarded() || !m.is_object() || m.value("format", "") != kManifestFormat ||
-        !m.contains("tensors") || !m["tensors"].is_array()) {
-      return DataLoss(mpath + " is not a " + kManifestFormat + " manifest");
-    }
+    Result<Manifest> m = ParseManifest(text, job, name);
+    if (!m.ok()) return m.status().WithContext(mpath);
     VersionState vs;
     vs.committed = true;
-    if (m.contains("info") && m["info"].is_object()) vs.info = m["info"].dump();
-    for (const json& t : m["tensors"]) {
-      if (!t.is_object() || !t.contains("key") || !t["key"].is_string() || !t.contains("dtype") ||
-          !t["dtype"].is_string() || !t.contains("shape") || !t["shape"].is_array()) {
-        return DataLoss(mpath + ": malformed tensor entry");
-      }
-      const std::string key = t["key"].get<std::string>();
-      auto p = ParseTensorPath("jobs/" + job + "/" + name + "/" + key);
-      if (!p.ok()) return DataLoss(mpath + ": " + p.status().message());
+    vs.info = std::move(m->info);
+    for (ManifestTensor& t : m->tensors) {
+      const std::string key = t.key;
       Entry en;
-      auto dt = ParseDType(t["dtype"].get<std::string>());
-      if (!dt.ok()) return DataLoss(mpath + ": " + dt.status().message());
-      en.dtype = *dt;
-      for (const json& d : t["shape"]) {
-        if (!d.is_number_integer())
-          return DataLoss(mpath + ": shape of " + key + " has a non-integer");
-        en.shape.push_back(d.get<int64_t>());
-      }
-      auto vol = CheckedVolume(en.shape, static_cast<int64_t>(DTypeSize(en.dtype)));
-      if (!vol.ok()) return DataLoss(mpath + ": " + vol.status().message());
-      en.bytes = static_cast<uint64_t>(*vol) * DTypeSize(en.dtype);
+      en.dtype = t.dtype;
+      en.shape = std::move(t.shape);
+      en.bytes = t.bytes;
       const std::string file = (e.path() / key).string();
       struct stat st;
       if (::stat(file.c_str(), &st) != 0 || static_cast<uint64_t>(st.st_size) != en.bytes) {

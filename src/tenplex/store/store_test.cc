@@ -8,8 +8,8 @@
 #include <random>
 #include <thread>
 
-#include "tenplex/io/checkpoint.h"
 #include "tenplex/util/file.h"
+#include "tenplex/util/hash.h"
 
 namespace tenplex::store {
 namespace {
@@ -130,7 +130,7 @@ TEST(StoreTest, LinkSharesACommittedTensorAcrossVersions) {
   EXPECT_EQ(store->Get("jobs/j/1/rank-00000/w").status().code(), StatusCode::kNotFound);
   EXPECT_EQ(Bytes(*store->Get("jobs/j/current/rank-00001/w")), a);
   EXPECT_EQ(store->used_bytes(), used);
-  EXPECT_EQ(*store->Checksum("jobs/j/2/rank-00001/w"), io::Xxh64Hex(a.data(), a.size()));
+  EXPECT_EQ(*store->Checksum("jobs/j/2/rank-00001/w"), Xxh64Hex(a.data(), a.size()));
 }
 
 TEST(StoreTest, ExplicitVersionNumbersAndKeepOld) {
@@ -266,10 +266,10 @@ TEST(StoreTest, ChecksumIsXxh64OfTheBytes) {
   ASSERT_TRUE(store->BeginVersion("j").ok());
   auto a = RandomBytes(4096 + 5, 9);
   ASSERT_TRUE(store->Put("jobs/j/1/rank-00000/w", DType::kU8, {4101}, a.data(), a.size()).ok());
-  EXPECT_EQ(*store->Checksum("jobs/j/1/rank-00000/w"), io::Xxh64Hex(a.data(), a.size()));
+  EXPECT_EQ(*store->Checksum("jobs/j/1/rank-00000/w"), Xxh64Hex(a.data(), a.size()));
   ASSERT_TRUE(store->Commit("j", 1).ok());
-  EXPECT_EQ(*store->Checksum("jobs/j/current/rank-00000/w"), io::Xxh64Hex(a.data(), a.size()));
-  EXPECT_EQ(*store->Checksum("jobs/j/current/rank-00000/w"), io::Xxh64Hex(a.data(), a.size()));  // cached
+  EXPECT_EQ(*store->Checksum("jobs/j/current/rank-00000/w"), Xxh64Hex(a.data(), a.size()));
+  EXPECT_EQ(*store->Checksum("jobs/j/current/rank-00000/w"), Xxh64Hex(a.data(), a.size()));  // cached
 }
 
 TEST(StoreTest, PrivateDirectoriesNeverCollideAndAreRemoved) {

@@ -20,6 +20,7 @@
 #include "tenplex/ptc/layout.h"
 #include "tenplex/store/mapping.h"
 #include "tenplex/store/parse.h"
+#include "tenplex/transform/control_protocol.h"
 #include "tenplex/transform/host_exec.h"
 #include "tenplex/transform/local.h"
 #include "tenplex/transport/bandwidth.h"
@@ -38,87 +39,6 @@ Result<json> ParseBody(const std::string& body) {
   json j = json::parse(body, nullptr, false);
   if (j.is_discarded() || !j.is_object()) return InvalidArgument("request body is not a JSON object");
   return j;
-}
-
-Result<uint64_t> U64Field(const json& j, const char* key) {
-  if (!j.contains(key) || !j[key].is_number_unsigned()) {
-    return InvalidArgument(std::string("'") + key + "' must be a non-negative integer");
-  }
-  return j[key].get<uint64_t>();
-}
-
-Result<std::string> StringField(const json& j, const char* key) {
-  if (!j.contains(key) || !j[key].is_string()) return InvalidArgument(std::string("'") + key + "' must be a string");
-  return j[key].get<std::string>();
-}
-
-// A rank -> host map: integers in [lowest, hosts).
-Result<std::vector<int>> HostMap(const json& j, const char* key, int hosts, int lowest) {
-  if (!j.contains(key) || !j[key].is_array()) return InvalidArgument(std::string("'") + key + "' must be an array");
-  std::vector<int> out;
-  for (const json& v : j[key]) {
-    if (!v.is_number_integer() || v.get<int64_t>() < lowest || v.get<int64_t>() >= hosts) {
-      return InvalidArgument(std::string("'") + key + "' entries must be host indexes in [" + std::to_string(lowest) +
-                             ", " + std::to_string(hosts) + ")");
-    }
-    out.push_back(v.get<int>());
-  }
-  return out;
-}
-
-struct PrepareRequest {
-  std::string job;
-  uint64_t from_version = 0, to_version = 0;
-  int host = 0;
-  Model model;
-  ParallelConfig from_config, to_config;
-  std::string new_info;
-  std::vector<std::string> addresses;
-  std::vector<int> from_hosts, to_hosts;
-};
-
-Result<PrepareRequest> ParsePrepare(const std::string& body) {
-  TP_ASSIGN_OR_RETURN(json j, ParseBody(body));
-  static const char* kKeys[] = {"job",  "from_version", "to_version", "host",      "info",
-                                "to_config", "new_info", "addresses", "from_hosts", "to_hosts"};
-  for (const auto& [k, v] : j.items()) {
-    bool known = false;
-    for (const char* key : kKeys) known = known || k == key;
-    if (!known) return InvalidArgument("prepare: unknown field '" + k + "'");
-  }
-  PrepareRequest r;
-  TP_ASSIGN_OR_RETURN(r.job, StringField(j, "job"));
-  TP_RETURN_IF_ERROR(store::CheckJobName(r.job));
-  TP_ASSIGN_OR_RETURN(r.from_version, U64Field(j, "from_version"));
-  TP_ASSIGN_OR_RETURN(r.to_version, U64Field(j, "to_version"));
-  if (r.to_version <= r.from_version) return InvalidArgument("'to_version' must be greater than 'from_version'");
-  if (!j.contains("addresses") || !j["addresses"].is_array() || j["addresses"].empty()) {
-    return InvalidArgument("'addresses' must be a non-empty array of transport addresses");
-  }
-  for (const json& a : j["addresses"]) {
-    if (!a.is_string()) return InvalidArgument("'addresses' entries must be strings");
-    r.addresses.push_back(a.get<std::string>());
-  }
-  const int hosts = static_cast<int>(r.addresses.size());
-  TP_ASSIGN_OR_RETURN(uint64_t host, U64Field(j, "host"));
-  if (host >= r.addresses.size()) return InvalidArgument("'host' is not an index into 'addresses'");
-  r.host = static_cast<int>(host);
-  if (!j.contains("info") || !j["info"].is_object() || !j["info"].contains("model") ||
-      !j["info"].contains("config") || !j["info"]["config"].is_string()) {
-    return InvalidArgument("'info' must be the old version's info with a model and a config");
-  }
-  TP_ASSIGN_OR_RETURN(r.model, ModelFromJson(j["info"]["model"].dump()));
-  TP_ASSIGN_OR_RETURN(r.from_config, ParseConfig(j["info"]["config"].get<std::string>()));
-  TP_ASSIGN_OR_RETURN(std::string to, StringField(j, "to_config"));
-  TP_ASSIGN_OR_RETURN(r.to_config, ParseConfig(to));
-  if (!j.contains("new_info") || !j["new_info"].is_object()) return InvalidArgument("'new_info' must be an object");
-  r.new_info = j["new_info"].dump();
-  TP_ASSIGN_OR_RETURN(r.from_hosts, HostMap(j, "from_hosts", hosts, plan::kLostHost));
-  TP_ASSIGN_OR_RETURN(r.to_hosts, HostMap(j, "to_hosts", hosts, 0));
-  for (int h : r.to_hosts) {
-    if (r.addresses[h].empty()) return InvalidArgument("a new rank is placed on host " + std::to_string(h) + ", which has no address");
-  }
-  return r;
 }
 
 }  // namespace
@@ -213,15 +133,19 @@ struct Agent::Impl {
 
 Result<std::string> Agent::Impl::Prepare(const std::string& body) {
   const auto t0 = std::chrono::steady_clock::now();
-  TP_ASSIGN_OR_RETURN(PrepareRequest r, ParsePrepare(body));
-  TP_ASSIGN_OR_RETURN(Layout from, MakeLayout(r.model, r.from_config));
-  TP_ASSIGN_OR_RETURN(Layout to, MakeLayout(r.model, r.to_config));
-  if (static_cast<int>(r.from_hosts.size()) != from.world_size() ||
-      static_cast<int>(r.to_hosts.size()) != to.world_size()) {
-    return InvalidArgument("'from_hosts' and 'to_hosts' must have one entry per old and new rank (" +
-                           std::to_string(from.world_size()) + " and " + std::to_string(to.world_size()) + ")");
+  TP_ASSIGN_OR_RETURN(DecodedPrepare d, DecodePrepare(body));
+  const PrepareRequest& r = d.request;
+  const Model& model = d.from.model();
+  TP_ASSIGN_OR_RETURN(Layout from, MakeLayout(model, d.from.config()));
+  TP_ASSIGN_OR_RETURN(Layout to, MakeLayout(model, r.to_config));
+  TP_ASSIGN_OR_RETURN(plan::Plan p, plan::MakePlan(model, from, to, r.from_hosts, r.to_hosts));
+  // Every host must run the coordinator's plan: a daemon of another build (another
+  // planner) refuses instead of silently moving different bytes.
+  if (const std::string mine = PlanDigest(p); mine != r.plan_digest) {
+    return FailedPrecondition("host " + std::to_string(r.host) + " computes a plan with digest " + mine +
+                              " but the coordinator's has " + r.plan_digest +
+                              ": the daemons run different builds of tenplex");
   }
-  TP_ASSIGN_OR_RETURN(plan::Plan p, plan::MakePlan(r.model, from, to, r.from_hosts, r.to_hosts));
   const double plan_seconds = Since(t0);
   // The old tensors of this host that peers will read: mapped and pre-faulted now, so
   // that serving them does not fault page by page on the transport's thread.
@@ -234,7 +158,7 @@ Result<std::string> Agent::Impl::Prepare(const std::string& body) {
   }
   std::vector<std::pair<int, int>> warm(served.begin(), served.end());
   ThreadPool::Default().ParallelFor(warm.size(), [&](std::size_t i) {
-    (void)Warm(TensorPathOf(r.job, r.from_version, warm[i].first, (*from.ranks[warm[i].first].tensors)[warm[i].second].name));
+    (void)Warm(store::TensorPathOf(r.job, r.from_version, warm[i].first, (*from.ranks[warm[i].first].tensors)[warm[i].second].name));
   });
   TP_ASSIGN_OR_RETURN(MappedSources src, MapSources(store, r.job, r.from_version, from, &r.from_hosts, r.host));
 
@@ -271,7 +195,7 @@ Result<std::string> Agent::Impl::Prepare(const std::string& body) {
   in.pool = &ThreadPool::Default();
   in.linked = &*linked;
   in.region_name = [&](int rank, int tensor) {
-    return TensorPathOf(r.job, r.from_version, rank, (*from.ranks[rank].tensors)[tensor].name);
+    return store::TensorPathOf(r.job, r.from_version, rank, (*from.ranks[rank].tensors)[tensor].name);
   };
   in.fetch = [&](int peer, const std::vector<transport::ReadRequest>& reqs) -> Status {
     Result<transport::PeerId> id = transport->Connect(r.addresses.at(peer));
@@ -305,10 +229,12 @@ Result<std::string> Agent::Impl::Prepare(const std::string& body) {
 
 Result<std::string> Agent::Impl::Probe(const std::string& body) {
   TP_ASSIGN_OR_RETURN(json j, ParseBody(body));
-  TP_ASSIGN_OR_RETURN(std::string address, StringField(j, "address"));
+  if (!j.contains("address") || !j["address"].is_string()) return InvalidArgument("'address' must be a string");
+  const std::string address = j["address"].get<std::string>();
   uint64_t bytes = 256ull << 20;
   if (j.contains("bytes")) {
-    TP_ASSIGN_OR_RETURN(bytes, U64Field(j, "bytes"));
+    if (!j["bytes"].is_number_unsigned()) return InvalidArgument("'bytes' must be a non-negative integer");
+    bytes = j["bytes"].get<uint64_t>();
   }
   if (bytes < (1ull << 20) || bytes > (4ull << 30)) return InvalidArgument("'bytes' must be in [1 MiB, 4 GiB]");
   EnsureScratch();

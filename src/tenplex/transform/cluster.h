@@ -6,14 +6,14 @@
 // number common to all of them, so "version v of job J" names the same state
 // everywhere: a version is started on every host with the same explicit number, the
 // ranks of each host are written to it, and it is committed on all hosts or aborted
-// on all.
+// on all. Checkpoint directories in and out of a cluster: checkpoint_transfer.h; where
+// a job's committed state lives: cluster_state.h.
 #pragma once
 
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "tenplex/store/checkpoint_transfer.h"
 #include "tenplex/store/client.h"
 #include "tenplex/util/status.h"
 
@@ -43,22 +43,5 @@ Result<std::vector<std::unique_ptr<store::Client>>> ConnectCluster(const Cluster
 Result<uint64_t> NextCommonVersion(const std::vector<store::Client*>& clients, const std::string& job);
 Result<uint64_t> NextCommonVersion(const std::vector<std::unique_ptr<store::Client>>& clients,
                                    const std::string& job);
-
-// Loads a checkpoint directory: each rank's tensors go to its host; one version with
-// the same number is committed on all hosts (or none).
-Result<store::TransferStats> LoadCheckpointToCluster(const Cluster& cluster,
-                                                     const std::vector<std::unique_ptr<store::Client>>& clients,
-                                                     const std::string& job, const std::string& dir);
-
-// Where a version's ranks live: the "cluster" of its info (written by load and
-// transform), or `fallback` when it has none.
-Cluster VersionPlacement(const std::string& info_json, const Cluster& fallback);
-
-// Writes the newest current version of `job` as one checkpoint directory, atomically.
-// The hosts the version lives on (VersionPlacement) must all be in `cluster`, answer
-// and report the same version and info; other hosts (null clients: lost) are ignored.
-Result<store::TransferStats> SaveCheckpointFromCluster(const Cluster& cluster,
-                                                       const std::vector<std::unique_ptr<store::Client>>& clients,
-                                                       const std::string& job, const std::string& out);
 
 }  // namespace tenplex::transform

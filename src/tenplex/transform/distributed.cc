@@ -9,7 +9,9 @@
 #include "tenplex/model/model.h"
 #include "tenplex/ptc/layout.h"
 #include "tenplex/store/parse.h"
-#include "tenplex/transform/local.h"
+#include "tenplex/transform/cluster_state.h"
+#include "tenplex/transform/control_protocol.h"
+#include "tenplex/transform/state_info.h"
 #include "tenplex/util/format.h"
 
 namespace tenplex::transform {
@@ -34,6 +36,7 @@ struct Round {
   ParallelConfig to_config;
   json new_info;
   std::vector<int> from_hosts, to_hosts;
+  std::string plan_digest;  // of the plan every participant must compute
 };
 
 struct RoundResult {
@@ -46,8 +49,12 @@ void Log(const ClusterTransformOptions& o, const std::string& line) {
   if (o.log) o.log(line);
 }
 
-json ClusterJson(const std::vector<std::string>& hosts, int gpus_per_host) {
-  return {{"hosts", hosts}, {"gpus_per_host", gpus_per_host}};
+// The info of a new version: the old one's with the new config and placement.
+json NewInfo(const StateInfo& old, const ParallelConfig& config, const Cluster& placement) {
+  StateInfo info = old;
+  info.set_config(config);
+  info.set_placement(placement);
+  return json::parse(info.ToJson());
 }
 
 // Phase one on every host with new ranks, then phase two (commit, or abort on all).
@@ -58,25 +65,25 @@ RoundResult RunRound(std::vector<Host>& hosts, const std::string& job, const Rou
     if (std::find(participants.begin(), participants.end(), h) == participants.end()) participants.push_back(h);
   }
   std::sort(participants.begin(), participants.end());
-  json addresses = json::array();
-  for (const Host& h : hosts) addresses.push_back(h.client ? h.address : "");
-  json req = {{"job", job},
-              {"from_version", r.from_version},
-              {"to_version", r.to_version},
-              {"info", r.info},
-              {"to_config", r.to_config.ToString()},
-              {"new_info", r.new_info},
-              {"addresses", addresses},
-              {"from_hosts", r.from_hosts},
-              {"to_hosts", r.to_hosts}};
+  PrepareRequest req;
+  req.job = job;
+  req.from_version = r.from_version;
+  req.to_version = r.to_version;
+  req.info = r.info.dump();
+  req.to_config = r.to_config;
+  req.new_info = r.new_info.dump();
+  for (const Host& h : hosts) req.addresses.push_back(h.client ? h.address : "");
+  req.from_hosts = r.from_hosts;
+  req.to_hosts = r.to_hosts;
+  req.plan_digest = r.plan_digest;
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<Result<std::string>> replies(participants.size(), Internal("not sent"));
   {
     std::vector<std::thread> threads;
     for (std::size_t i = 0; i < participants.size(); ++i) {
-      json body = req;
-      body["host"] = participants[i];
-      threads.emplace_back([&, i, text = body.dump()] {
+      PrepareRequest mine = req;
+      mine.host = participants[i];
+      threads.emplace_back([&, i, text = EncodePrepare(mine)] {
         replies[i] = hosts[participants[i]].client->CallJson("POST", "/v1/transform/prepare", text);
       });
     }
@@ -165,52 +172,33 @@ Result<ClusterTransformStats> TransformCluster(const Cluster& from, const std::s
   for (const Host& h : hosts) stats.all_hosts.push_back(h.url);
   for (int attempt = 1; attempt <= options.max_attempts; ++attempt) {
     stats.attempts = attempt;
-    stats.lost_hosts.clear();
-    for (const Host& h : hosts) {
-      if (!h.client) stats.lost_hosts.push_back(h.url);
-    }
     // 1. The state: the newest current version any host reports, and who holds it.
-    std::vector<std::optional<store::VersionInfo>> cur(hosts.size());
-    for (std::size_t h = 0; h < hosts.size(); ++h) {
-      if (!hosts[h].client) continue;
-      Result<store::VersionInfo> v = hosts[h].client->Version(job, std::nullopt);
-      if (v.ok()) {
-        cur[h] = std::move(*v);
-      } else if (v.status().code() == StatusCode::kUnavailable) {
-        hosts[h].client.reset();
-        stats.lost_hosts.push_back(hosts[h].url);
-      } else if (v.status().code() != StatusCode::kNotFound) {
-        return v.status().WithContext(hosts[h].url);
-      }
+    std::vector<std::string> urls;
+    std::vector<store::Client*> live_clients;
+    for (Host& h : hosts) {
+      urls.push_back(h.url);
+      live_clients.push_back(h.client.get());
     }
-    int ref = -1;
-    for (std::size_t h = 0; h < hosts.size(); ++h) {
-      if (cur[h] && (ref < 0 || cur[h]->version > cur[ref]->version)) ref = static_cast<int>(h);
+    TP_ASSIGN_OR_RETURN(CommittedState cs, FindCommittedState(urls, live_clients, job, from));
+    stats.lost_hosts.clear();
+    for (int h : cs.unavailable) {
+      hosts[h].client.reset();
+      hosts[h].address.clear();
+      stats.lost_hosts.push_back(hosts[h].url);
     }
-    if (ref < 0) return FailedPrecondition("no live host holds a committed version of job '" + job + "'");
-    const uint64_t version = cur[ref]->version;
-    const std::string info_text = cur[ref]->info;
-    TP_ASSIGN_OR_RETURN(VersionState vs, ParseVersionState(job, version, info_text));
-    const json info = json::parse(info_text);
-    const Model& model = vs.model;
-    const ParallelConfig& from_config = vs.config;
+    const uint64_t version = cs.version;
+    const json info = json::parse(cs.info_text);
+    const Model& model = cs.info.model();
+    const ParallelConfig& from_config = cs.info.config();
     TP_ASSIGN_OR_RETURN(Layout from_layout, MakeLayout(model, from_config));
     TP_ASSIGN_OR_RETURN(Layout to_layout, MakeLayout(model, to));
     stats.from_version = version;
     stats.from_config = from_config.ToString();
-    const Cluster old_place = VersionPlacement(info_text, from);
     Round round;
     round.from_version = version;
     round.info = info;
     round.to_config = to;
-    round.from_hosts.resize(from_layout.world_size());
-    for (int r = 0; r < from_layout.world_size(); ++r) {
-      const std::size_t slot = static_cast<std::size_t>(old_place.HostOfRank(r));
-      auto it = slot < old_place.hosts.size() ? index.find(old_place.hosts[slot]) : index.end();
-      const bool holds = it != index.end() && hosts[it->second].client && cur[it->second] &&
-                         cur[it->second]->version == version && cur[it->second]->info == info_text;
-      round.from_hosts[r] = holds ? it->second : plan::kLostHost;
-    }
+    round.from_hosts = cs.rank_hosts;
     // 2. The new placement: the live hosts of the target cluster, K ranks each.
     std::vector<int> live;
     std::vector<std::string> live_urls;
@@ -232,15 +220,14 @@ Result<ClusterTransformStats> TransformCluster(const Cluster& from, const std::s
     // The version lives on the hosts that get ranks (a prefix of the live ones).
     live_urls.resize(static_cast<std::size_t>((to_layout.world_size() + k - 1) / k));
     stats.new_hosts = live_urls;
-    round.new_info = info;
-    round.new_info["config"] = to.ToString();
-    round.new_info["cluster"] = ClusterJson(live_urls, k);
+    round.new_info = NewInfo(cs.info, to, Cluster{live_urls, k});
     // 3. The plan (the agents compute the same one): fails here if state is lost.
     const auto t_plan = std::chrono::steady_clock::now();
     TP_ASSIGN_OR_RETURN(plan::Plan p, plan::MakePlan(model, from_layout, to_layout, round.from_hosts, round.to_hosts));
     stats.plan = p.stats;
+    round.plan_digest = PlanDigest(p);
     stats.plan_seconds = Since(t_plan);
-    std::vector<store::Client*> live_clients;
+    live_clients.clear();
     for (Host& h : hosts) live_clients.push_back(h.client.get());
     TP_ASSIGN_OR_RETURN(round.to_version, NextCommonVersion(live_clients, job));
     Status addr_status;
@@ -272,19 +259,23 @@ Result<ClusterTransformStats> TransformCluster(const Cluster& from, const std::s
       Round gather = round, reslice = round, scatter = round;
       gather.to_config = from_config;
       gather.to_hosts.assign(from_layout.world_size(), c);
-      gather.new_info = info;
-      gather.new_info["cluster"] = ClusterJson({hosts[c].url}, from_layout.world_size());
+      gather.new_info = NewInfo(cs.info, from_config, Cluster{{hosts[c].url}, from_layout.world_size()});
       reslice.from_version = gather.to_version;
       reslice.to_version = gather.to_version + 1;
       reslice.info = gather.new_info;
       reslice.from_hosts.assign(from_layout.world_size(), c);
       reslice.to_hosts.assign(to_layout.world_size(), c);
-      reslice.new_info = round.new_info;
-      reslice.new_info["cluster"] = ClusterJson({hosts[c].url}, to_layout.world_size());
+      reslice.new_info = NewInfo(cs.info, to, Cluster{{hosts[c].url}, to_layout.world_size()});
       scatter.from_version = reslice.to_version;
       scatter.to_version = reslice.to_version + 1;
       scatter.info = reslice.new_info;
       scatter.from_hosts.assign(to_layout.world_size(), c);
+      for (Round* step : {&gather, &reslice, &scatter}) {
+        const Layout& a = step == &gather ? from_layout : (step == &reslice ? from_layout : to_layout);
+        const Layout& b = step == &gather ? from_layout : to_layout;
+        TP_ASSIGN_OR_RETURN(plan::Plan sp, plan::MakePlan(model, a, b, step->from_hosts, step->to_hosts));
+        step->plan_digest = PlanDigest(sp);
+      }
       stats.round_seconds.clear();
       for (Round* step : {&gather, &reslice, &scatter}) {
         Log(options, "central: version " + std::to_string(step->from_version) + " -> " +

@@ -12,8 +12,11 @@
 
 #include "tenplex/model/gpt.h"
 #include "tenplex/plan/synthetic.h"
+#include "tenplex/store/parse.h"
 #include "tenplex/store/server.h"
 #include "tenplex/transform/agent.h"
+#include "tenplex/transform/cluster_state.h"
+#include "tenplex/transform/control_protocol.h"
 #include "tenplex/transform/local.h"
 
 namespace tenplex::transform {
@@ -99,7 +102,7 @@ class DistributedTest : public ::testing::Test {
       for (const RankLayout& r : layout.ranks) {
         if (cluster.HostOfRank(r.rank) != static_cast<int>(h)) continue;
         for (const LocalTensor& t : *r.tensors) {
-          Result<store::TensorWriter> w = st.Allocate(TensorPathOf("j", 1, r.rank, t.name), t.dtype, t.shape);
+          Result<store::TensorWriter> w = st.Allocate(store::TensorPathOf("j", 1, r.rank, t.name), t.dtype, t.shape);
           ASSERT_TRUE(w.ok()) << w.status().ToString();
           ASSERT_TRUE(plan::FillSynthetic(layout, t, kSeed, w->data()).ok());
         }
@@ -128,7 +131,7 @@ class DistributedTest : public ::testing::Test {
         if (r.rank / k != static_cast<int>(h)) continue;
         for (const LocalTensor& t : *r.tensors) {
           ++expected;
-          Result<store::TensorRef> ref = st.Get(TensorPathOf("j", s.to_version, r.rank, t.name));
+          Result<store::TensorRef> ref = st.Get(store::TensorPathOf("j", s.to_version, r.rank, t.name));
           ASSERT_TRUE(ref.ok()) << ref.status().ToString();
           Status c = plan::CheckSynthetic(layout, t, kSeed, ref->data());
           EXPECT_TRUE(c.ok()) << config << " rank " << r.rank << ": " << c.ToString();
@@ -195,7 +198,7 @@ TEST_F(DistributedTest, CentralBaselineGivesTheSameState) {
     for (const RankLayout& r : layout.ranks) {
       if (r.rank / 2 != h) continue;
       for (const LocalTensor& t : *r.tensors) {
-        Result<store::TensorRef> ref = hosts_[h]->store->Get(TensorPathOf("j", s->to_version, r.rank, t.name));
+        Result<store::TensorRef> ref = hosts_[h]->store->Get(store::TensorPathOf("j", s->to_version, r.rank, t.name));
         ASSERT_TRUE(ref.ok()) << ref.status().ToString();
         EXPECT_TRUE(plan::CheckSynthetic(layout, t, kSeed, ref->data()).ok()) << t.name;
       }
@@ -252,13 +255,116 @@ TEST_F(DistributedTest, NotEnoughSlotsIsAClearError) {
   EXPECT_EQ(hosts_[0]->store->Version("j", std::nullopt)->version, 1u);
 }
 
+// The prepare request carries the protocol version and the digest of the
+// coordinator's plan; an agent runs it only when both match its own.
+TEST_F(DistributedTest, AgentRefusesAnotherProtocolOrPlan) {
+  const Cluster c = ClusterOf({0, 1}, 2);
+  Load(c, "tp=2,pp=2");
+  const ParallelConfig from = *ParseConfig("tp=2,pp=2"), to = *ParseConfig("tp=1,pp=2,dp=2");
+  const Layout a = *MakeLayout(model_, from), b = *MakeLayout(model_, to);
+  PrepareRequest req;
+  req.job = "j";
+  req.from_version = 1;
+  req.to_version = 2;
+  req.host = 1;
+  req.info = hosts_[0]->store->Version("j", std::nullopt)->info;
+  req.to_config = to;
+  req.new_info = req.info;
+  req.addresses = {hosts_[0]->agent->address(), hosts_[1]->agent->address()};
+  req.from_hosts = c.RankHosts(a.world_size());
+  req.to_hosts = c.RankHosts(b.world_size());
+  const plan::Plan p = *plan::MakePlan(model_, a, b, req.from_hosts, req.to_hosts);
+  Agent& agent = *hosts_[1]->agent;
+
+  req.plan_digest = "0123456789abcdef";
+  ASSERT_NE(req.plan_digest, PlanDigest(p));
+  Result<std::string> r = agent.Handle("POST", "/v1/transform/prepare", EncodePrepare(req));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("digest"), std::string::npos) << r.status().message();
+
+  req.plan_digest = PlanDigest(p);
+  json other = json::parse(EncodePrepare(req));
+  other["protocol"] = kControlProtocolVersion + 1;
+  r = agent.Handle("POST", "/v1/transform/prepare", other.dump());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("version " + std::to_string(kControlProtocolVersion + 1)), std::string::npos)
+      << r.status().message();
+  other.erase("protocol");
+  EXPECT_EQ(agent.Handle("POST", "/v1/transform/prepare", other.dump()).status().code(),
+            StatusCode::kFailedPrecondition);
+  // Nothing was begun by the refused requests.
+  EXPECT_FALSE(hosts_[1]->store->Version("j", 2).ok());
+
+  // The same request with the right digest runs (and its open version is dropped).
+  r = agent.Handle("POST", "/v1/transform/prepare", EncodePrepare(req));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(hosts_[1]->store->DropVersion("j", 2).ok());
+}
+
+// One rule for where a job's committed state lives across hosts (cluster_state.h).
+TEST_F(DistributedTest, FindsTheCommittedStateAndItsLostRanks) {
+  const Cluster c = ClusterOf({0, 1, 2}, 2);  // ranks 2h, 2h+1 on host h
+  Load(c, "tp=2,pp=2,dp=1");  // 4 ranks on hosts 0, 1 (placement: hosts 0-2, K=2)
+  std::vector<std::string> urls = {hosts_[0]->url, hosts_[1]->url, hosts_[2]->url, hosts_[3]->url};
+  std::vector<std::unique_ptr<store::Client>> owned;
+  std::vector<store::Client*> clients;
+  for (const std::string& u : urls) {
+    owned.push_back(*store::Client::Connect(u));
+    clients.push_back(owned.back().get());
+  }
+  Result<CommittedState> s = FindCommittedState(urls, clients, "j", ClusterOf({5}, 1));
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_EQ(s->version, 1u);
+  EXPECT_EQ(s->info.config().ToString(), "tp=2,pp=2,dp=1");
+  EXPECT_EQ(s->placement.hosts, c.hosts);  // the info's, not the fallback
+  EXPECT_EQ(s->rank_hosts, (std::vector<int>{0, 0, 1, 1}));
+  EXPECT_EQ(s->holders, (std::vector<int>{0, 1}));
+  EXPECT_TRUE(s->unavailable.empty());
+  EXPECT_EQ(s->lost_ranks(), 0);
+
+  // A host that is known lost (null client), a host with a newer version of other
+  // info (it is then the state and host 0 is stale), and a dead host.
+  clients[1] = nullptr;
+  s = FindCommittedState(urls, clients, "j", c);
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->rank_hosts, (std::vector<int>{0, 0, plan::kLostHost, plan::kLostHost}));
+  EXPECT_EQ(s->unavailable, (std::vector<int>{1}));
+  EXPECT_EQ(s->lost_ranks(), 2);
+  clients[1] = owned[1].get();
+  hosts_[1]->Kill();
+  s = FindCommittedState(urls, clients, "j", c);
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->rank_hosts, (std::vector<int>{0, 0, plan::kLostHost, plan::kLostHost}));
+  EXPECT_EQ(s->unavailable, (std::vector<int>{1}));
+  // A stale host: host 3 has a newer version of the job, so host 0 no longer holds the state.
+  json info = {{"model", json::parse(ModelToJson(model_))}, {"config", "tp=1,pp=1,dp=1"}};
+  ASSERT_TRUE(hosts_[3]->store->BeginVersion("j", 5, info.dump()).ok());
+  ASSERT_TRUE(hosts_[3]->store->Commit("j", 5).ok());
+  s = FindCommittedState(urls, clients, "j", ClusterOf({3}, 1));
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->version, 5u);
+  EXPECT_EQ(s->rank_hosts, (std::vector<int>{3}));
+  // Hosts of the placement that are not given are lost too.
+  s = FindCommittedState({urls[0], urls[1], urls[2]}, {clients[0], clients[1], clients[2]}, "j", c);
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->version, 1u);
+  EXPECT_EQ(s->rank_hosts, (std::vector<int>{0, 0, plan::kLostHost, plan::kLostHost}));
+  s = FindCommittedState({urls[1]}, {clients[1]}, "j", c);  // only the dead host
+  EXPECT_EQ(s.status().code(), StatusCode::kUnavailable) << s.status().ToString();
+  EXPECT_EQ(FindCommittedState({urls[2]}, {clients[2]}, "nojob", c).status().code(), StatusCode::kNotFound);
+}
+
 TEST_F(DistributedTest, AgentRejectsMalformedRequests) {
   Agent& a = *hosts_[0]->agent;
-  for (const char* bad : {"", "[]", "{}", R"({"job": "j"})",
-                          R"({"job": "j", "from_version": 2, "to_version": 1, "host": 0, "addresses": ["x"]})",
-                          R"({"job": "../x", "from_version": 1, "to_version": 2})",
-                          R"({"job": "j", "from_version": 1, "to_version": 2, "host": 5, "addresses": ["x"]})",
-                          R"({"job": "j", "unknown": 1})"}) {
+  for (const char* bad : {"", "[]", R"({"protocol": 1})", R"({"protocol": 1, "job": "j"})",
+                          R"({"protocol": 1, "job": "j", "from_version": 2, "to_version": 1, "host": 0,
+                              "addresses": ["x"]})",
+                          R"({"protocol": 1, "job": "../x", "from_version": 1, "to_version": 2})",
+                          R"({"protocol": 1, "job": "j", "from_version": 1, "to_version": 2, "host": 5,
+                              "addresses": ["x"]})",
+                          R"({"protocol": 1, "job": "j", "unknown": 1})"}) {
     Result<std::string> r = a.Handle("POST", "/v1/transform/prepare", bad);
     ASSERT_FALSE(r.ok()) << bad;
     EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << bad << ": " << r.status().ToString();

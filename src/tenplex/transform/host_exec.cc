@@ -5,7 +5,7 @@
 #include <thread>
 
 #include "tenplex/geometry/copy.h"
-#include "tenplex/plan/executor.h"
+#include "tenplex/transform/executor.h"
 #include "tenplex/transport/box_reads.h"
 
 namespace tenplex::transform {
@@ -101,11 +101,11 @@ Result<HostExecStats> ExecuteHostPart(const HostExecInput& in) {
     threads.emplace_back([&, peer = peer, slot = i] { fetched[slot] = in.fetch(peer, peers.at(peer).requests); });
     ++i;
   }
-  plan::ExecuteOptions opts;
+  ExecuteOptions opts;
   opts.pool = in.pool;
   opts.zero_padding = false;
   Status local_status =
-      plan::ExecutePlan(SubPlan(p, std::move(local), std::move(kept)), from, to, *in.src, *in.dst, opts);
+      ExecutePlan(SubPlan(p, std::move(local), std::move(kept)), from, to, *in.src, *in.dst, opts);
   stats.local_seconds = Since(t0);
   for (std::thread& t : threads) t.join();
   stats.fetch_seconds = Since(t0);
@@ -116,7 +116,7 @@ Result<HostExecStats> ExecuteHostPart(const HostExecInput& in) {
     ++i;
   }
   auto t1 = std::chrono::steady_clock::now();
-  TP_RETURN_IF_ERROR(plan::ExecutePlan(SubPlan(p, std::move(landed), {}), from, to, *in.src, *in.dst, opts));
+  TP_RETURN_IF_ERROR(ExecutePlan(SubPlan(p, std::move(landed), {}), from, to, *in.src, *in.dst, opts));
   stats.landed_seconds = Since(t1);
   return stats;
 }

@@ -63,8 +63,8 @@ TEST(TransformLocalTest, EveryElementMatchesTheSyntheticOracle) {
         ASSERT_TRUE(stats.ok()) << stats.status().ToString();
         auto cur = ReadVersionState(**st, job);
         ASSERT_TRUE(cur.ok());
-        EXPECT_EQ(cur->config, to);
-        EXPECT_EQ(json::parse(cur->info)["step"], 7);  // carried over
+        EXPECT_EQ(cur->info.config(), to);
+        EXPECT_EQ(cur->info.step(), 7);  // carried over
         Layout l = *MakeLayout(m, to);
         for (const RankLayout& r : l.ranks) {
           for (const LocalTensor& t : *r.tensors) {

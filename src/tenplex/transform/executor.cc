@@ -1,11 +1,13 @@
-#include "tenplex/plan/executor.h"
+#include "tenplex/transform/executor.h"
 
 #include <algorithm>
 
 #include "tenplex/geometry/copy.h"
 #include "tenplex/plan/box_set.h"
 
-namespace tenplex::plan {
+namespace tenplex::transform {
+
+using plan::CopyOp;
 namespace {
 
 Status CheckBuffers(std::size_t ranks, const Layout& layout, std::size_t got, const char* which) {
@@ -52,11 +54,11 @@ std::vector<Box> PaddingBoxes(const LocalTensor& t) {
   }
   if (Volume(t.shape) == 0) return pad;
   pad.push_back(BoxOf(t.shape));
-  for (const Piece& p : t.pieces) SubtractFrom(pad, p.local);
+  for (const Piece& p : t.pieces) plan::SubtractFrom(pad, p.local);
   return pad;
 }
 
-Status ExecutePlan(const Plan& plan, const Layout& from, const Layout& to,
+Status ExecutePlan(const plan::Plan& plan, const Layout& from, const Layout& to,
                    const std::vector<std::vector<const void*>>& src,
                    const std::vector<std::vector<void*>>& dst, const ExecuteOptions& options) {
   TP_RETURN_IF_ERROR(CheckBuffers(from.world_size(), from, src.size(), "source"));
@@ -103,4 +105,4 @@ Status ExecutePlan(const Plan& plan, const Layout& from, const Layout& to,
   return Status::Ok();
 }
 
-}  // namespace tenplex::plan
+}  // namespace tenplex::transform

@@ -17,19 +17,19 @@
 #include "tenplex/util/status.h"
 #include "tenplex/util/thread_pool.h"
 
-namespace tenplex::plan {
+namespace tenplex::transform {
 
 struct ExecuteOptions {
   ThreadPool* pool = nullptr;  // splits copies above parallel_threshold bytes
   std::size_t parallel_threshold = 1 << 20;
-  bool copy_kept = true;     // copy Plan::kept regions unless src and dst share memory
+  bool copy_kept = true;     // copy plan::Plan::kept regions unless src and dst share memory
   bool zero_padding = true;  // zero destination padding
 };
 
 // src[r][i] is the data of old rank r's local tensor i (layout `from`), dst[r][i] that
 // of new rank r's local tensor i (layout `to`); each holds Volume(shape) elements of
 // the tensor's dtype. A missing buffer that an op needs is InvalidArgument.
-Status ExecutePlan(const Plan& plan, const Layout& from, const Layout& to,
+Status ExecutePlan(const plan::Plan& plan, const Layout& from, const Layout& to,
                    const std::vector<std::vector<const void*>>& src,
                    const std::vector<std::vector<void*>>& dst, const ExecuteOptions& options = {});
 
@@ -37,4 +37,4 @@ Status ExecutePlan(const Plan& plan, const Layout& from, const Layout& to,
 // flat tensor).
 std::vector<Box> PaddingBoxes(const LocalTensor& t);
 
-}  // namespace tenplex::plan
+}  // namespace tenplex::transform

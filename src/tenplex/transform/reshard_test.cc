@@ -1,6 +1,6 @@
 // Reshard on real checkpoint directories: synthetic content checked element by element
 // after each step, round trips byte-identical, bad inputs rejected with nothing left.
-#include "tenplex/plan/reshard.h"
+#include "tenplex/transform/reshard.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -13,7 +13,7 @@
 #include "tenplex/model/gpt.h"
 #include "tenplex/util/file.h"
 
-namespace tenplex::plan {
+namespace tenplex::transform {
 namespace {
 
 namespace fs = std::filesystem;
@@ -185,4 +185,4 @@ TEST_F(ReshardTest, BadInputsFailAndLeaveNoOutput) {
 }
 
 }  // namespace
-}  // namespace tenplex::plan
+}  // namespace tenplex::transform

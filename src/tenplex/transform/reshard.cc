@@ -1,4 +1,4 @@
-#include "tenplex/plan/reshard.h"
+#include "tenplex/transform/reshard.h"
 
 #include <xxhash.h>
 
@@ -8,11 +8,11 @@
 #include <filesystem>
 
 #include "tenplex/io/checkpoint.h"
-#include "tenplex/plan/executor.h"
-#include "tenplex/plan/pages.h"
+#include "tenplex/transform/executor.h"
+#include "tenplex/transform/pages.h"
 #include "tenplex/plan/synthetic.h"
 
-namespace tenplex::plan {
+namespace tenplex::transform {
 namespace {
 
 double Since(std::chrono::steady_clock::time_point t0) {
@@ -220,8 +220,8 @@ Result<ReshardReport> Reshard(const ReshardOptions& o) {
   }
 
   const auto tp = std::chrono::steady_clock::now();
-  TP_ASSIGN_OR_RETURN(Plan plan,
-                      MakePlan(info.model, *from, *to, std::vector<int>(from->world_size(), 0),
+  TP_ASSIGN_OR_RETURN(plan::Plan plan,
+                      plan::MakePlan(info.model, *from, *to, std::vector<int>(from->world_size(), 0),
                                std::vector<int>(to->world_size(), 0)));
   report.plan_seconds = Since(tp);
   report.stats = plan.stats;
@@ -264,7 +264,7 @@ Status InitCheckpoint(const Model& model, const ParallelConfig& config, const st
                       CreateRankFiles(ckpt, layout, pool));
   for (const RankLayout& r : layout.ranks) {
     for (std::size_t i = 0; i < r.tensors->size(); ++i) {
-      TP_RETURN_IF_ERROR(FillSynthetic(layout, (*r.tensors)[i], seed, files[r.rank].data(i), pool));
+      TP_RETURN_IF_ERROR(plan::FillSynthetic(layout, (*r.tensors)[i], seed, files[r.rank].data(i), pool));
     }
   }
   io::CheckpointInfo info;
@@ -292,11 +292,11 @@ Status VerifyCheckpoint(const std::string& dir, std::optional<uint64_t> seed, Th
   for (const RankLayout& r : layout->ranks) {
     for (const LocalTensor& t : *r.tensors) {
       const io::SafetensorsFile& f = files[r.rank];
-      Status s = CheckSynthetic(*layout, t, *seed, f.data(*f.Find(t.name)), pool);
+      Status s = plan::CheckSynthetic(*layout, t, *seed, f.data(*f.Find(t.name)), pool);
       if (!s.ok()) return s.WithContext(f.path());
     }
   }
   return Status::Ok();
 }
 
-}  // namespace tenplex::plan
+}  // namespace tenplex::transform

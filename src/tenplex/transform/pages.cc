@@ -1,4 +1,4 @@
-#include "tenplex/plan/pages.h"
+#include "tenplex/transform/pages.h"
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 
-namespace tenplex::plan {
+namespace tenplex::transform {
 
 void Populate(const void* p, std::size_t n, bool write, ThreadPool* pool) {
 #if defined(MADV_POPULATE_READ) && defined(MADV_POPULATE_WRITE)
@@ -31,4 +31,4 @@ void Populate(const void* p, std::size_t n, bool write, ThreadPool* pool) {
 #endif
 }
 
-}  // namespace tenplex::plan
+}  // namespace tenplex::transform

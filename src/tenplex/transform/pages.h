@@ -11,9 +11,9 @@
 
 #include "tenplex/util/thread_pool.h"
 
-namespace tenplex::plan {
+namespace tenplex::transform {
 
 // Best effort: on kernels without MADV_POPULATE_* it does nothing and pages fault later.
 void Populate(const void* p, std::size_t n, bool write, ThreadPool* pool = nullptr);
 
-}  // namespace tenplex::plan
+}  // namespace tenplex::transform

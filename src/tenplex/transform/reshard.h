@@ -20,7 +20,7 @@
 #include "tenplex/util/status.h"
 #include "tenplex/util/thread_pool.h"
 
-namespace tenplex::plan {
+namespace tenplex::transform {
 
 struct ReshardOptions {
   std::string in;
@@ -34,7 +34,7 @@ struct ReshardOptions {
 
 struct ReshardReport {
   ParallelConfig from;
-  PlanStats stats;
+  plan::PlanStats stats;
   int64_t bytes_written = 0;  // tensor bytes of the output, padding included
   double plan_seconds = 0;
   double copy_seconds = 0;
@@ -57,4 +57,4 @@ Status InitCheckpoint(const Model& model, const ParallelConfig& config, const st
 Status VerifyCheckpoint(const std::string& dir, std::optional<uint64_t> seed,
                         ThreadPool* pool = nullptr);
 
-}  // namespace tenplex::plan
+}  // namespace tenplex::transform

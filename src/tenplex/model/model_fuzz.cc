@@ -1,0 +1,28 @@
+// libFuzzer target for the model description parser (model.h), which reads user files
+// and the "model" of every version info and prepare request. Besides "no crash, no
+// sanitizer report": an accepted model serialises to JSON that parses to the same
+// serialisation (a fixed point).
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
+#include "tenplex/model/model.h"
+
+namespace {
+
+void Require(bool cond) {
+  if (!cond) std::abort();
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const std::string in(reinterpret_cast<const char*>(data), size);
+  auto m = tenplex::ModelFromJson(in);
+  if (!m.ok()) return 0;
+  const std::string text = tenplex::ModelToJson(*m);
+  auto again = tenplex::ModelFromJson(text);
+  Require(again.ok());
+  Require(tenplex::ModelToJson(*again) == text);
+  return 0;
+}

@@ -1,0 +1,389 @@
+#include "tenplex/transform/checkpoint_transfer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+
+#include "tenplex/io/checkpoint.h"
+#include "tenplex/plan/planner.h"
+#include "tenplex/ptc/layout.h"
+#include "tenplex/store/parse.h"
+#include "tenplex/transform/cluster_state.h"
+#include "tenplex/transform/host_exec.h"
+#include "tenplex/transform/state_info.h"
+#include "tenplex/util/thread_pool.h"
+
+namespace tenplex::transform {
+
+using nlohmann::json;
+
+namespace {
+
+double Since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::string Versioned(const std::string& job, uint64_t version) {
+  return "version " + std::to_string(version) + " of job '" + job + "'";
+}
+
+// The default order of a rank file: the layout's local tensors, then other names sorted.
+std::vector<std::string> DefaultOrder(const RankLayout& rank, const std::set<std::string>& names) {
+  std::vector<std::string> out;
+  std::set<std::string> seen;
+  for (const LocalTensor& t : *rank.tensors) {
+    if (names.count(t.name)) {
+      out.push_back(t.name);
+      seen.insert(t.name);
+    }
+  }
+  for (const std::string& n : names) {
+    if (!seen.count(n)) out.push_back(n);
+  }
+  return out;
+}
+
+// How rank file r was laid out when it was loaded: its tensor order when the info
+// recorded one for the same tensors (else the default), and its __metadata__.
+struct RankFileShape {
+  std::vector<std::string> order;
+  std::map<std::string, std::string> metadata;
+};
+
+RankFileShape RecordedShape(const StateInfo& info, const RankLayout& rank,
+                            const std::set<std::string>& names) {
+  RankFileShape out;
+  out.order = DefaultOrder(rank, names);
+  const json& st = info.field("safetensors");
+  if (!st.is_object()) return out;
+  auto fe = st.find(io::RankFileName(rank.rank));
+  if (fe == st.end() || !fe->is_object()) return out;
+  if (fe->contains("order") && (*fe)["order"].is_array()) {
+    std::vector<std::string> recorded;
+    for (const json& n : (*fe)["order"]) {
+      if (n.is_string()) recorded.push_back(n.get<std::string>());
+    }
+    std::vector<std::string> a = recorded, b = out.order;
+    std::sort(a.begin(), a.end());
+    std::sort(b.begin(), b.end());
+    if (a == b) out.order = std::move(recorded);  // the same tensors: keep the file's order
+  }
+  if (fe->contains("metadata") && (*fe)["metadata"].is_object()) {
+    for (const auto& [k, v] : (*fe)["metadata"].items()) {
+      if (v.is_string()) out.metadata[k] = v.get<std::string>();
+    }
+  }
+  return out;
+}
+
+Status CheckFits(const Cluster& cluster, int world_size) {
+  if (world_size > cluster.Capacity()) {
+    return InvalidArgument("the layout has " + std::to_string(world_size) +
+                           " ranks but the cluster has " + std::to_string(cluster.hosts.size()) +
+                           " hosts x " + std::to_string(cluster.gpus_per_host) +
+                           " GPUs = " + std::to_string(cluster.Capacity()) + " slots");
+  }
+  return Status::Ok();
+}
+
+// A single store: one host that holds every rank.
+Cluster SingleHost(const store::Client& client) {
+  return Cluster{{client.url()}, std::numeric_limits<int>::max()};
+}
+
+Result<TransferStats> Load(const Cluster& cluster, const std::vector<store::Client*>& clients,
+                           const std::string& job, const std::string& dir, bool single) {
+  const auto t0 = std::chrono::steady_clock::now();
+  TP_RETURN_IF_ERROR(store::CheckJobName(job));
+  TP_ASSIGN_OR_RETURN(io::CheckpointInfo ci, io::ReadCheckpointInfo(dir));
+  TP_ASSIGN_OR_RETURN(Layout layout, MakeLayout(ci.model, ci.config));
+  const int world = layout.world_size();
+  TP_RETURN_IF_ERROR(CheckFits(cluster, world));
+  TP_ASSIGN_OR_RETURN(std::vector<io::SafetensorsFile> files,
+                      io::OpenCheckpoint(dir, layout, ci, /*verify_checksums=*/true));
+  TransferStats stats;
+  stats.ranks = world;
+  stats.verified = !ci.checksums.empty();
+  for (int r = 0; r < world; ++r) {
+    if (ci.checksums.count(io::RankFileName(r)) == 0) stats.verified = false;
+  }
+  StateInfo info = StateInfo::FromCheckpoint(ci, dir);
+  json st = json::object();
+  for (int r = 0; r < world; ++r) {
+    const io::SafetensorsFile& f = files[r];
+    std::set<std::string> names;
+    std::vector<std::string> order;
+    for (const io::SafetensorsEntry& e : f.tensors()) {
+      if (!store::IsValidSegment(e.name)) {
+        return InvalidArgument(
+            f.path() + ": tensor name '" + e.name +
+            "' cannot be a store path (A-Z a-z 0-9 . _ - only, at most 200 characters)");
+      }
+      names.insert(e.name);
+      order.push_back(e.name);
+    }
+    json entry = json::object();
+    if (!f.metadata().empty()) entry["metadata"] = f.metadata();
+    if (order != DefaultOrder(layout.ranks[r], names)) entry["order"] = order;
+    if (!entry.empty()) st[io::RankFileName(r)] = entry;
+  }
+  if (!st.empty()) info.set_field("safetensors", st);
+  // The hosts that get ranks: a prefix of the cluster.
+  const int k = cluster.gpus_per_host;
+  const std::size_t used = single ? 1 : static_cast<std::size_t>((world + k - 1) / k);
+  for (std::size_t h = 0; h < used; ++h) {
+    if (clients[h] == nullptr) {
+      return Unavailable("host " + std::to_string(h) + " (" + cluster.hosts[h] +
+                         ") gets ranks but does not answer");
+    }
+    stats.hosts.push_back(cluster.hosts[h]);
+  }
+  std::optional<uint64_t> want;
+  if (!single) {
+    info.set_placement(Cluster{stats.hosts, k});
+    TP_ASSIGN_OR_RETURN(want, NextCommonVersion(clients, job));
+  }
+  stats.shm = true;
+  for (std::size_t h = 0; h < used; ++h) stats.shm = stats.shm && clients[h]->local();
+  const std::string info_text = info.ToJson();
+  std::vector<bool> begun(used, false);
+  Status s;
+  for (std::size_t h = 0; h < used && s.ok(); ++h) {
+    Result<uint64_t> v = clients[h]->BeginVersion(job, want, info_text);
+    if (!v.ok()) {
+      s = v.status().WithContext(clients[h]->url());
+    } else {
+      begun[h] = true;
+      stats.version = *v;
+      want = *v;
+    }
+  }
+  for (int r = 0; r < world && s.ok(); ++r) {
+    std::vector<store::Store::AllocRequest> reqs;
+    std::vector<const void*> data;
+    for (const io::SafetensorsEntry& e : files[r].tensors()) {
+      reqs.push_back({store::TensorPathOf(job, stats.version, r, e.name), e.dtype, e.shape});
+      data.push_back(files[r].data(e));
+      stats.bytes += e.bytes();
+      ++stats.tensors;
+    }
+    s = clients[single ? 0 : cluster.HostOfRank(r)]->WriteMany(reqs, data);
+  }
+  // Commit on all hosts; the version is only current once every host has committed it.
+  for (std::size_t h = 0; h < used && s.ok(); ++h) {
+    s = clients[h]->Commit(job, stats.version);
+    if (!s.ok()) s = s.WithContext("committing on " + clients[h]->url());
+  }
+  if (!s.ok()) {
+    for (std::size_t h = 0; h < used; ++h) {
+      if (begun[h]) (void)clients[h]->Abort(job, stats.version);  // best effort; never committed
+    }
+    return s.WithContext("loading " + dir + " into job " + job + (single ? "" : " on the cluster"));
+  }
+  stats.seconds = Since(t0);
+  return stats;
+}
+
+Result<TransferStats> Save(const Cluster& cluster, const std::vector<store::Client*>& clients,
+                           const std::string& job, const std::string& out, bool single) {
+  const auto t0 = std::chrono::steady_clock::now();
+  TP_RETURN_IF_ERROR(store::CheckJobName(job));
+  TP_ASSIGN_OR_RETURN(CommittedState cs, FindCommittedState(cluster.hosts, clients, job, cluster));
+  const std::string what = Versioned(job, cs.version);
+  if (single) {  // everything is in the one store, wherever the info says it was placed
+    cs.placement = cluster;
+    cs.rank_hosts.assign(cs.info.config().world_size(), 0);
+    cs.holders = {0};
+  }
+  const Model& model = cs.info.model();
+  TP_ASSIGN_OR_RETURN(Layout layout, MakeLayout(model, cs.info.config()));
+  const int world = layout.world_size();
+  TransferStats stats;
+  stats.version = cs.version;
+  stats.ranks = world;
+  for (int h : cs.unavailable) stats.lost_hosts.push_back(cluster.hosts[h]);
+
+  // What every holder has of the version.
+  std::vector<std::map<std::string, store::TensorInfo>> have(world);
+  std::map<int, std::map<std::string, store::TensorInfo>> by_path;  // host -> path -> tensor
+  for (int h : cs.holders) {
+    TP_ASSIGN_OR_RETURN(std::vector<store::TensorInfo> list,
+                        clients[h]->List(store::VersionPrefix(job, cs.version)));
+    for (store::TensorInfo& t : list) {
+      TP_ASSIGN_OR_RETURN(store::TensorPath p, store::ParseTensorPath(t.path));
+      if (p.rank >= world || cs.rank_hosts[p.rank] != h) {
+        return DataLoss(clients[h]->url() + " holds " + t.path + " of rank " +
+                        std::to_string(p.rank) + ", which does not live on that host in config " +
+                        cs.info.config().ToString());
+      }
+      by_path[h][t.path] = t;
+      have[p.rank][p.name] = std::move(t);
+    }
+    stats.hosts.push_back(cluster.hosts[h]);
+  }
+  std::vector<int> lost;
+  bool extras = false;  // tensors outside the layout on a surviving rank
+  for (int r = 0; r < world; ++r) {
+    if (cs.rank_hosts[r] == plan::kLostHost) {
+      lost.push_back(r);
+      continue;
+    }
+    std::set<std::string> in_layout;
+    for (const LocalTensor& t : *layout.ranks[r].tensors) {
+      in_layout.insert(t.name);
+      auto it = have[r].find(t.name);
+      if (it == have[r].end()) {
+        return DataLoss(what + " lacks tensor " + t.name + " of rank " + std::to_string(r));
+      }
+      if (it->second.dtype != t.dtype || it->second.shape != t.shape) {
+        return DataLoss(it->second.path + " is " + std::string(DTypeName(it->second.dtype)) + " [" +
+                        ShapeToString(it->second.shape) + "] but the layout needs " +
+                        std::string(DTypeName(t.dtype)) + " [" + ShapeToString(t.shape) + "]");
+      }
+    }
+    for (const auto& [n, t] : have[r]) extras = extras || !in_layout.count(n);
+  }
+  // The ranks of lost hosts, from replicas: plan the move of the same layout onto a
+  // virtual saver host V, surviving ranks staying in place.
+  std::optional<plan::Plan> rebuild;
+  std::vector<int> to_hosts = cs.rank_hosts;
+  const int saver = static_cast<int>(clients.size());
+  if (!lost.empty()) {
+    std::string lost_urls;
+    for (const std::string& u : stats.lost_hosts) lost_urls += (lost_urls.empty() ? "" : ", ") + u;
+    const std::string why = std::to_string(lost.size()) + " of " + std::to_string(world) +
+                            " ranks of " + what + " are on hosts that are lost (" +
+                            (lost_urls.empty() ? "stale or not listed" : lost_urls) + ")";
+    if (extras) {
+      return DataLoss(why +
+                      " and ranks hold tensors outside the layout, which have no replicas to "
+                      "rebuild them from");
+    }
+    for (int r : lost) to_hosts[r] = saver;
+    Result<plan::Plan> p = plan::MakePlan(model, layout, layout, cs.rank_hosts, to_hosts);
+    if (!p.ok()) return p.status().WithContext(why);
+    rebuild = std::move(p).value();
+    stats.rebuilt_ranks = static_cast<int>(lost.size());
+  }
+
+  TP_ASSIGN_OR_RETURN(io::CheckpointWriter writer, io::CheckpointWriter::Create(out));
+  std::vector<io::SafetensorsWriter> files;
+  std::vector<std::vector<void*>> dst(world);  // lost ranks: [local tensor] -> bytes in its file
+  for (int r = 0; r < world; ++r) {
+    const bool is_lost = cs.rank_hosts[r] == plan::kLostHost;
+    std::set<std::string> names;
+    if (is_lost) {
+      for (const LocalTensor& t : *layout.ranks[r].tensors) names.insert(t.name);
+    } else {
+      for (const auto& [n, t] : have[r]) names.insert(n);
+    }
+    RankFileShape shape = RecordedShape(cs.info, layout.ranks[r], names);
+    std::map<std::string, std::pair<DType, Shape>> types;
+    for (const LocalTensor& t : *layout.ranks[r].tensors) types[t.name] = {t.dtype, t.shape};
+    for (const auto& [n, t] : have[r]) types[n] = {t.dtype, t.shape};
+    std::vector<io::SafetensorsEntry> entries;
+    for (const std::string& n : shape.order)
+      entries.push_back({n, types[n].first, types[n].second, 0, 0});
+    TP_ASSIGN_OR_RETURN(io::SafetensorsWriter w,
+                        io::SafetensorsWriter::Create(writer.RankPath(r), entries, shape.metadata));
+    if (is_lost) {
+      for (const LocalTensor& t : *layout.ranks[r].tensors) {
+        auto at = std::find(shape.order.begin(), shape.order.end(), t.name) - shape.order.begin();
+        dst[r].push_back(w.data(static_cast<std::size_t>(at)));
+        stats.bytes += t.bytes();
+        ++stats.tensors;
+      }
+    } else {
+      store::Client& c = *clients[cs.rank_hosts[r]];
+      for (std::size_t i = 0; i < shape.order.size(); ++i) {
+        const store::TensorInfo& t = have[r][shape.order[i]];
+        if (t.bytes > 0) TP_RETURN_IF_ERROR(c.Read(t, w.data(i)));
+        stats.bytes += t.bytes;
+        ++stats.tensors;
+      }
+    }
+    files.push_back(std::move(w));
+  }
+  if (rebuild) {
+    const std::vector<std::vector<const void*>> src(world);  // the saver holds no old rank
+    HostExecInput in;
+    in.plan = &*rebuild;
+    in.from = &layout;
+    in.to = &layout;
+    in.from_hosts = &cs.rank_hosts;
+    in.to_hosts = &to_hosts;
+    in.host = saver;
+    in.src = &src;
+    in.dst = &dst;
+    in.pool = &ThreadPool::Default();
+    in.region_name = [&](int rank, int tensor) {
+      return store::TensorPathOf(job, cs.version, rank, (*layout.ranks[rank].tensors)[tensor].name);
+    };
+    // A replica's tensor is read whole from its store, then its runs are copied out.
+    in.fetch = [&](int peer, const std::vector<transport::ReadRequest>& reqs) -> Status {
+      std::vector<uint8_t> buf;
+      for (const transport::ReadRequest& req : reqs) {
+        auto it = by_path[peer].find(req.region);
+        if (it == by_path[peer].end())
+          return DataLoss(clients[peer]->url() + " lacks " + req.region);
+        buf.resize(it->second.bytes);
+        if (!buf.empty()) TP_RETURN_IF_ERROR(clients[peer]->Read(it->second, buf.data()));
+        for (const transport::ReadRun& run : req.runs) {
+          if (run.offset + run.length > buf.size())
+            return Internal("a read run is outside " + req.region);
+          std::memcpy(run.dest, buf.data() + run.offset, run.length);
+        }
+      }
+      return Status::Ok();
+    };
+    Result<HostExecStats> ex = ExecuteHostPart(in);
+    if (!ex.ok()) return ex.status().WithContext("rebuilding the ranks of lost hosts of " + what);
+  }
+  for (io::SafetensorsWriter& w : files) TP_RETURN_IF_ERROR(w.Commit());
+  TP_RETURN_IF_ERROR(writer.Commit(cs.info.ToCheckpoint(), /*checksums=*/true));
+  stats.shm = true;
+  for (int h : cs.holders) stats.shm = stats.shm && clients[h]->local();
+  stats.seconds = Since(t0);
+  return stats;
+}
+
+std::vector<store::Client*> Raw(const std::vector<std::unique_ptr<store::Client>>& clients) {
+  std::vector<store::Client*> out;
+  for (const auto& c : clients) out.push_back(c.get());
+  return out;
+}
+
+}  // namespace
+
+Result<TransferStats> LoadCheckpoint(store::Client& client, const std::string& job,
+                                     const std::string& dir) {
+  return Load(SingleHost(client), {&client}, job, dir, /*single=*/true);
+}
+
+Result<TransferStats> SaveCheckpoint(store::Client& client, const std::string& job,
+                                     const std::string& out) {
+  return Save(SingleHost(client), {&client}, job, out, /*single=*/true);
+}
+
+Result<TransferStats> LoadCheckpointToCluster(
+    const Cluster& cluster, const std::vector<std::unique_ptr<store::Client>>& clients,
+    const std::string& job, const std::string& dir) {
+  if (clients.size() != cluster.hosts.size())
+    return InvalidArgument("one client per host of the cluster");
+  return Load(cluster, Raw(clients), job, dir, /*single=*/false);
+}
+
+Result<TransferStats> SaveCheckpointFromCluster(
+    const Cluster& cluster, const std::vector<std::unique_ptr<store::Client>>& clients,
+    const std::string& job, const std::string& out) {
+  if (clients.size() != cluster.hosts.size())
+    return InvalidArgument("one client per host of the cluster");
+  return Save(cluster, Raw(clients), job, out, /*single=*/false);
+}
+
+}  // namespace tenplex::transform

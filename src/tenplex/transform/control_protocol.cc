@@ -1,0 +1,174 @@
+#include "tenplex/transform/control_protocol.h"
+
+#include <nlohmann/json.hpp>
+
+#include "tenplex/store/parse.h"
+#include "tenplex/util/hash.h"
+
+namespace tenplex::transform {
+
+using nlohmann::json;
+
+namespace {
+
+Result<uint64_t> U64Field(const json& j, const char* key) {
+  if (!j.contains(key) || !j[key].is_number_unsigned()) {
+    return InvalidArgument(std::string("'") + key + "' must be a non-negative integer");
+  }
+  return j[key].get<uint64_t>();
+}
+
+Result<std::string> StringField(const json& j, const char* key) {
+  if (!j.contains(key) || !j[key].is_string())
+    return InvalidArgument(std::string("'") + key + "' must be a string");
+  return j[key].get<std::string>();
+}
+
+// A rank -> host map: integers in [lowest, hosts).
+Result<std::vector<int>> HostMap(const json& j, const char* key, int hosts, int lowest) {
+  if (!j.contains(key) || !j[key].is_array())
+    return InvalidArgument(std::string("'") + key + "' must be an array");
+  std::vector<int> out;
+  for (const json& v : j[key]) {
+    if (!v.is_number_integer() || v.get<int64_t>() < lowest || v.get<int64_t>() >= hosts) {
+      return InvalidArgument(std::string("'") + key + "' entries must be host indexes in [" +
+                             std::to_string(lowest) + ", " + std::to_string(hosts) + ")");
+    }
+    out.push_back(v.get<int>());
+  }
+  return out;
+}
+
+void Put(std::string& out, int64_t v) { out.append(reinterpret_cast<const char*>(&v), sizeof(v)); }
+
+void PutBox(std::string& out, const Box& b) {
+  Put(out, static_cast<int64_t>(b.rank()));
+  for (const Interval& i : b.dims) {
+    Put(out, i.begin);
+    Put(out, i.end);
+  }
+}
+
+void PutOp(std::string& out, const plan::CopyOp& op) {
+  for (int64_t v : {int64_t{op.tensor}, int64_t{op.src_rank}, int64_t{op.src_tensor},
+                    int64_t{op.dst_rank}, int64_t{op.dst_tensor}, int64_t{op.src_new}, op.after}) {
+    Put(out, v);
+  }
+  PutBox(out, op.global);
+  PutBox(out, op.src);
+  PutBox(out, op.dst);
+}
+
+}  // namespace
+
+std::string EncodePrepare(const PrepareRequest& r) {
+  json info = json::parse(r.info, nullptr, false);
+  json new_info = json::parse(r.new_info, nullptr, false);
+  return json{{"protocol", kControlProtocolVersion},
+              {"job", r.job},
+              {"from_version", r.from_version},
+              {"to_version", r.to_version},
+              {"host", r.host},
+              {"info", info},
+              {"to_config", r.to_config.ToString()},
+              {"new_info", new_info},
+              {"addresses", r.addresses},
+              {"from_hosts", r.from_hosts},
+              {"to_hosts", r.to_hosts},
+              {"plan_digest", r.plan_digest}}
+      .dump();
+}
+
+Result<DecodedPrepare> DecodePrepare(std::string_view body) {
+  json j = json::parse(body, nullptr, false);
+  if (j.is_discarded() || !j.is_object())
+    return InvalidArgument("prepare: request body is not a JSON object");
+  if (!j.contains("protocol") || !j["protocol"].is_number_unsigned()) {
+    return FailedPrecondition(
+        "prepare: the request has no control protocol version (this daemon speaks version " +
+        std::to_string(kControlProtocolVersion) + "): a coordinator of another build?");
+  }
+  if (j["protocol"].get<uint64_t>() != kControlProtocolVersion) {
+    return FailedPrecondition(
+        "prepare: control protocol version " + std::to_string(j["protocol"].get<uint64_t>()) +
+        " but this daemon speaks version " + std::to_string(kControlProtocolVersion));
+  }
+  static const char* kKeys[] = {"protocol",  "job",        "from_version", "to_version",
+                                "host",      "info",       "to_config",    "new_info",
+                                "addresses", "from_hosts", "to_hosts",     "plan_digest"};
+  for (const auto& [k, v] : j.items()) {
+    bool known = false;
+    for (const char* key : kKeys) known = known || k == key;
+    if (!known) return InvalidArgument("prepare: unknown field '" + k + "'");
+  }
+  DecodedPrepare d;
+  PrepareRequest& r = d.request;
+  TP_ASSIGN_OR_RETURN(r.job, StringField(j, "job"));
+  TP_RETURN_IF_ERROR(store::CheckJobName(r.job));
+  TP_ASSIGN_OR_RETURN(r.from_version, U64Field(j, "from_version"));
+  TP_ASSIGN_OR_RETURN(r.to_version, U64Field(j, "to_version"));
+  if (r.to_version <= r.from_version)
+    return InvalidArgument("'to_version' must be greater than 'from_version'");
+  if (!j.contains("addresses") || !j["addresses"].is_array() || j["addresses"].empty()) {
+    return InvalidArgument("'addresses' must be a non-empty array of transport addresses");
+  }
+  for (const json& a : j["addresses"]) {
+    if (!a.is_string()) return InvalidArgument("'addresses' entries must be strings");
+    r.addresses.push_back(a.get<std::string>());
+  }
+  const int hosts = static_cast<int>(r.addresses.size());
+  TP_ASSIGN_OR_RETURN(uint64_t host, U64Field(j, "host"));
+  if (host >= r.addresses.size()) return InvalidArgument("'host' is not an index into 'addresses'");
+  r.host = static_cast<int>(host);
+  if (!j.contains("info") || !j["info"].is_object())
+    return InvalidArgument("'info' must be an object");
+  r.info = j["info"].dump();
+  Result<StateInfo> from = StateInfo::Parse(r.info);
+  if (!from.ok())
+    return InvalidArgument("'info' must be the old version's info: " + from.status().message());
+  d.from = std::move(from).value();
+  TP_ASSIGN_OR_RETURN(std::string to, StringField(j, "to_config"));
+  Result<ParallelConfig> to_config = ParseConfig(to);
+  if (!to_config.ok()) return to_config.status().WithContext("'to_config'");
+  r.to_config = *to_config;
+  if (!j.contains("new_info") || !j["new_info"].is_object())
+    return InvalidArgument("'new_info' must be an object");
+  r.new_info = j["new_info"].dump();
+  TP_ASSIGN_OR_RETURN(r.from_hosts, HostMap(j, "from_hosts", hosts, plan::kLostHost));
+  TP_ASSIGN_OR_RETURN(r.to_hosts, HostMap(j, "to_hosts", hosts, 0));
+  if (static_cast<int>(r.from_hosts.size()) != d.from.config().world_size() ||
+      static_cast<int>(r.to_hosts.size()) != r.to_config.world_size()) {
+    return InvalidArgument(
+        "'from_hosts' and 'to_hosts' must have one entry per old and new rank (" +
+        std::to_string(d.from.config().world_size()) + " and " +
+        std::to_string(r.to_config.world_size()) + ")");
+  }
+  for (int h : r.to_hosts) {
+    if (r.addresses[h].empty()) {
+      return InvalidArgument("a new rank is placed on host " + std::to_string(h) +
+                             ", which has no address");
+    }
+  }
+  TP_ASSIGN_OR_RETURN(r.plan_digest, StringField(j, "plan_digest"));
+  if (r.plan_digest.size() != 16 ||
+      r.plan_digest.find_first_not_of("0123456789abcdef") != std::string::npos) {
+    return InvalidArgument("'plan_digest' must be 16 lower-case hex digits");
+  }
+  return d;
+}
+
+std::string PlanDigest(const plan::Plan& plan) {
+  std::string out;
+  Put(out, static_cast<int64_t>(plan.tensors.size()));
+  for (const std::string& t : plan.tensors) {
+    Put(out, static_cast<int64_t>(t.size()));
+    out += t;
+  }
+  Put(out, static_cast<int64_t>(plan.ops.size()));
+  for (const plan::CopyOp& op : plan.ops) PutOp(out, op);
+  Put(out, static_cast<int64_t>(plan.kept.size()));
+  for (const plan::CopyOp& op : plan.kept) PutOp(out, op);
+  return Xxh64Hex(out.data(), out.size());
+}
+
+}  // namespace tenplex::transform

@@ -1,0 +1,37 @@
+// libFuzzer target for the control-plane prepare decoder (control_protocol.h), the
+// body every daemon's agent accepts from the network. Besides "no crash, no sanitizer
+// report": an accepted request re-encodes to a request that decodes to the same
+// fields, and its host indexes lie inside its address list.
+#include <cstdint>
+#include <cstdlib>
+#include <string_view>
+
+#include "tenplex/transform/control_protocol.h"
+
+namespace tt = tenplex::transform;
+
+namespace {
+
+void Require(bool cond) {
+  if (!cond) std::abort();
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const std::string_view in(reinterpret_cast<const char*>(data), size);
+  auto d = tt::DecodePrepare(in);
+  if (!d.ok()) return 0;
+  const tt::PrepareRequest& r = d->request;
+  const int hosts = static_cast<int>(r.addresses.size());
+  Require(r.host >= 0 && r.host < hosts && r.to_version > r.from_version);
+  for (int h : r.from_hosts) Require(h >= -1 && h < hosts);
+  for (int h : r.to_hosts) Require(h >= 0 && h < hosts && !r.addresses[h].empty());
+  auto again = tt::DecodePrepare(tt::EncodePrepare(r));
+  Require(again.ok());
+  Require(again->request.job == r.job && again->request.from_hosts == r.from_hosts &&
+          again->request.to_hosts == r.to_hosts && again->request.addresses == r.addresses &&
+          again->request.to_config == r.to_config && again->request.plan_digest == r.plan_digest &&
+          again->from.config() == d->from.config());
+  return 0;
+}
