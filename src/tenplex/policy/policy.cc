@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "tenplex/store/parse.h"
 #include "tenplex/util/format.h"
 
 namespace tenplex::policy {
@@ -256,6 +257,39 @@ std::string SuggestionToText(const Model& model, const SuggestOptions& o, const 
   out += "  (" + std::to_string(s.considered) + " valid configs considered, " +
          std::to_string(s.ranked.size()) + " listed)\n";
   return out;
+}
+
+Result<ParallelConfig> ChooseForWorkers(const Model& model, const std::vector<std::string>& command,
+                                        int gpus, const std::string& profile,
+                                        const std::string& gpu_memory) {
+  SuggestOptions o;
+  o.gpus = gpus;
+  o.shape.global_batch = 8;
+  o.shape.micro_batch = 2;
+  o.shape.seq_length = 64;
+  for (std::size_t i = 0; i + 1 < command.size(); ++i) {
+    int64_t* field = command[i] == "--global-batch-size"  ? &o.shape.global_batch
+                     : command[i] == "--micro-batch-size" ? &o.shape.micro_batch
+                     : command[i] == "--seq-length"       ? &o.shape.seq_length
+                                                          : nullptr;
+    if (!field) continue;
+    try {
+      std::size_t used = 0;
+      *field = std::stoll(command[i + 1], &used);
+      if (used != command[i + 1].size()) throw std::invalid_argument("");
+    } catch (const std::exception&) {
+      return InvalidArgument("worker argument " + command[i] + " " + command[i + 1] +
+                             " is not an integer");
+    }
+  }
+  TP_ASSIGN_OR_RETURN(o.profile, LoadDeviceProfile(profile.empty() ? "cpu" : profile));
+  if (!gpu_memory.empty()) {
+    auto b = store::ParseByteSize(gpu_memory);
+    if (!b.ok()) return b.status().WithContext("gpu_memory");
+    o.profile.memory_bytes = static_cast<int64_t>(*b);
+  }
+  TP_ASSIGN_OR_RETURN(Suggestion s, Suggest(model, o));
+  return s.ranked.front().config;
 }
 
 }  // namespace tenplex::policy

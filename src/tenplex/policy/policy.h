@@ -83,7 +83,7 @@ namespace tenplex::policy {
 struct DeviceProfile {
   std::string name = "a100";
   double peak_flops = 312e12;  // dense 16-bit FLOP/s per GPU
-  double efficiency = 0.5;     // calibrated fraction of peak reached by the layers' math
+  double efficiency = 0.59;    // calibrated on Narayanan et al. Table 1 (docs/policy.md)
   int64_t memory_bytes = 80LL << 30;
   int gpus_per_host = 8;
   double intra_bw = 230e9;      // bytes/s, bus bandwidth within a host
@@ -212,5 +212,14 @@ std::string SuggestionToJson(const Model& model, const SuggestOptions& opts, con
 // A table a person reads.
 std::string SuggestionToText(const Model& model, const SuggestOptions& opts, const Suggestion& s,
                              int top);
+
+// For `tenplex run` schedules with "gpus": N: the best config for N GPUs, the training
+// shape read from the worker command's Megatron-style arguments (--global-batch-size,
+// --micro-batch-size, --seq-length; examples/gpt/train.py's defaults 8, 2 and 64 when
+// absent), the device profile `profile` ("cpu" when empty) and, when not empty,
+// `gpu_memory` (e.g. "1MiB") instead of the profile's memory.
+Result<ParallelConfig> ChooseForWorkers(const Model& model, const std::vector<std::string>& command,
+                                        int gpus, const std::string& profile,
+                                        const std::string& gpu_memory);
 
 }  // namespace tenplex::policy
