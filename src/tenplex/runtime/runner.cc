@@ -20,6 +20,7 @@
 #include <set>
 #include <thread>
 
+#include "tenplex/policy/policy.h"
 #include "tenplex/ptc/layout.h"
 #include "tenplex/runtime/schedule.h"
 #include "tenplex/store/parse.h"
@@ -473,7 +474,9 @@ Result<RunSummary> Run(const RunOptions& o) {
   if (model_spec.empty()) return InvalidArgument("no model: give --model M (or --model in the worker command)");
   TP_ASSIGN_OR_RETURN(Model model, LoadModel(model_spec));
   TP_ASSIGN_OR_RETURN(std::string sched_text, ReadFile(o.schedule_path));
-  auto sched = ParseSchedule(sched_text, model);
+  auto sched = ParseSchedule(sched_text, model, [&](int gpus, const std::string& profile, const std::string& memory) {
+    return policy::ChooseForWorkers(model, o.command, gpus, profile, memory);
+  });
   if (!sched.ok()) return sched.status().WithContext(o.schedule_path);
   const std::vector<ScheduleEntry>& entries = *sched;
   TP_RETURN_IF_ERROR(store::CheckJobName(o.job));
