@@ -6,6 +6,8 @@ bandwidths from the measured figures of docs/benchmarks.md §3.
 
 Policies, at every change of the GPU count N:
   ours        the best config for N (`config suggest`), state moved by the planner's plan;
+  paper-table (tenplex-xl only) the same mechanics with the Tenplex paper's hand-filled
+              table of configs instead of our policy;
   tenplex-dp  tp x pp fixed at the start, dp = floor(N / (tp pp)), extra GPUs idle, paused
               while N < tp pp; state moved by our planner (no lost work): the paper's
               "Tenplex-DP";
@@ -106,8 +108,7 @@ class Tenplex:
             out = os.path.join(self.tmp, "plan.json")
             subprocess.run([self.bin, "plan", "--model", self.model(sc["model"]), "--from", src, "--to", dst,
                             "--gpus-per-host", str(sc["per_host"]), "--json", "-o", out], check=True)
-            with open(out) as f:
-                self.plan_cache[key] = json.load(f)["stats"]
+            self.plan_cache[key] = plan_stats(out)
         return self.plan_cache[key]
 
     def transform_seconds(self, sc, src, dst):
@@ -120,6 +121,21 @@ class Tenplex:
 
     def state_bytes(self, sc, config):
         return self.plan(sc, config, config)["bytes_total"]
+
+
+def plan_stats(path):
+    """The "stats" object of a plan JSON (docs/planner.md: it comes last, after the ops,
+    which can be hundreds of MB): read from the file's end."""
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        size = f.tell()
+        f.seek(max(0, size - (1 << 20)))
+        tail = f.read().decode(errors="replace")
+    i = tail.rfind('"stats":')
+    if i < 0:
+        with open(path) as f:
+            return json.load(f)["stats"]
+    return json.JSONDecoder().raw_decode(tail[i + len('"stats":'):])[0]
 
 
 def parse(config):
@@ -147,6 +163,8 @@ def world(config):
 
 
 def choose(tx, sc, policy, gpus, fixed):
+    if policy == "paper-table":  # fixed: {gpus: config}, the Tenplex paper's hand-filled table
+        return fixed.get(gpus)
     if policy == "ours":
         b = tx.best(sc, gpus)
         return b["config"] if b else None
@@ -246,7 +264,7 @@ def traces(quick):
     return out
 
 
-def run_scenario(tx, name, sc, trace, cyclic, ours_minutes, fixed_dp=None):
+def run_scenario(tx, name, sc, trace, cyclic, ours_minutes, fixed_dp=None, table=None):
     # The job's work: what ours completes in ours_minutes of this trace.
     _, work, _, timeline = simulate(tx, sc, trace, cyclic, "ours", 0, horizon_s=ours_minutes * 60)
     first = tx.best(sc, trace[0][1])["config"]
@@ -254,12 +272,15 @@ def run_scenario(tx, name, sc, trace, cyclic, ours_minutes, fixed_dp=None):
     smallest = min(g for _, g, _ in trace)
     sb = tx.best(sc, smallest)
     rows = []
-    for policy, cfg in [("ours", None), ("tenplex-dp", fixed), ("dp-ckpt", fixed), ("static", sb["config"] if sb else None)]:
+    runs = [("ours", None)] + ([("paper-table", table)] if table else [])
+    runs += [("tenplex-dp", fixed), ("dp-ckpt", fixed), ("static", sb["config"] if sb else None)]
+    for policy, cfg in runs:
         if policy == "static" and cfg is None:
             continue
         secs, steps, br, tl = simulate(tx, sc, trace, cyclic, policy, work, fixed=cfg)
         rows.append({"scenario": name, "model": sc["model"], "policy": policy,
-                     "fixed_config": cfg or "", "jct_min": round(secs / 60, 1), "steps": round(steps),
+                     "fixed_config": (cfg if isinstance(cfg, str) else "; ".join(f"{k}: {v}" for k, v in cfg.items()))
+                     if cfg else "", "jct_min": round(secs / 60, 1), "steps": round(steps),
                      "train_min": round(br["train"] / 60, 1), "reconfigure_min": round(br["reconfigure"] / 60, 2),
                      "lost_min": round(br["lost"] / 60, 1), "paused_min": round(br["paused"] / 60, 1),
                      "idle_gpu_hours": round(br["idle_gpu_s"] / 3600, 1), "changes": br["changes"]})
@@ -288,7 +309,9 @@ def main():
             pt = tx.config_time(xl, paper)
             print(f"  {n:2d} GPUs: " + "; ".join(f"{c['config']} {c['step_seconds']:.3f} s" for c in top) +
                   f"   (paper's {paper}: {pt:.3f} s)" if pt else "")
-        r, timeline = run_scenario(tx, "tenplex-xl", xl, tr["tenplex-xl"], True, 538, fixed_dp="tp=2,pp=4,dp=2")
+        paper = {4: "tp=2,pp=2,dp=1", 8: "tp=2,pp=4,dp=1", 16: "tp=2,pp=4,dp=2"}
+        r, timeline = run_scenario(tx, "tenplex-xl", xl, tr["tenplex-xl"], True, 538, fixed_dp="tp=2,pp=4,dp=2",
+                                   table=paper)
         rows += r
         if not a.quick:
             for model in ("gpt3-2.7b", "gpt3-6.7b"):
@@ -326,16 +349,17 @@ def plot(rows, path):
         print("matplotlib missing: no plot")
         return
     scen = list(dict.fromkeys(r["scenario"] for r in rows))
-    pols = ["ours", "tenplex-dp", "dp-ckpt", "static"]
-    colors = {"ours": "tab:blue", "tenplex-dp": "tab:orange", "dp-ckpt": "tab:red", "static": "tab:gray"}
+    pols = ["ours", "paper-table", "tenplex-dp", "dp-ckpt", "static"]
+    colors = {"ours": "tab:blue", "paper-table": "tab:cyan", "tenplex-dp": "tab:orange", "dp-ckpt": "tab:red",
+              "static": "tab:gray"}
     fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(scen)), 4.2))
-    width = 0.2
+    width = 0.16
     for k, p in enumerate(pols):
         xs, ys = [], []
         for i, s in enumerate(scen):
             r = [x for x in rows if x["scenario"] == s and x["policy"] == p]
             if r:
-                xs.append(i + (k - 1.5) * width)
+                xs.append(i + (k - 2) * width)
                 ys.append(r[0]["jct_min"] / [x for x in rows if x["scenario"] == s and x["policy"] == "ours"][0]["jct_min"])
         ax.bar(xs, ys, width, label=p, color=colors[p])
     ax.set_xticks(range(len(scen)))
