@@ -52,7 +52,8 @@ FETCH_BPS = 4.41e9
 FRESH_WRITE_BPS = 0.26e9
 STOP_S = 5.0        # workers stop at a step boundary and commit (docs/runtime.md: 0.1 s on the demo)
 RESTART_S = 60.0    # process start, CUDA/NCCL init, first step: the same for every policy
-CKPT_EVERY_S = 1800.0  # DP-only with checkpoints: a disk checkpoint every 30 minutes
+CKPT_EVERY_S = 1800.0  # DP-only with checkpoints: a disk checkpoint every 30 minutes,
+CKPT_FIRST_S = 1020.0  # the first after 17 (not in step with the traces' changes)
 DISK_BPS = 2e9      # loading that checkpoint, per host
 
 MODELS = {
@@ -119,8 +120,12 @@ class Tenplex:
         written = (s["bytes_total"] - s["bytes_in_place"]) / hosts
         return s["max_host_recv_bytes"] / FETCH_BPS + written / FRESH_WRITE_BPS, s
 
-    def state_bytes(self, sc, config):
-        return self.plan(sc, config, config)["bytes_total"]
+    def load_seconds(self, sc, config):
+        """Loading a checkpoint of `config`: per host, its share from disk, written into
+        fresh memory at the same measured rate as a transform's new bytes."""
+        hosts = max(1, (world(config) + sc["per_host"] - 1) // sc["per_host"])
+        per_host = self.plan(sc, config, config)["bytes_total"] / hosts
+        return per_host / DISK_BPS + per_host / FRESH_WRITE_BPS
 
 
 def plan_stats(path):
@@ -182,7 +187,7 @@ def simulate(tx, sc, trace, cyclic, policy, work_steps, horizon_s=None, fixed=No
     """Runs the trace until `work_steps` steps are done (or horizon_s passes).
     Returns (seconds, steps, breakdown, timeline)."""
     t, steps, config = 0.0, 0.0, None
-    ckpt_steps, next_ckpt = 0.0, CKPT_EVERY_S  # dp-ckpt: steps at the last disk checkpoint
+    ckpt_steps, next_ckpt = 0.0, CKPT_FIRST_S  # dp-ckpt: steps at the last disk checkpoint
     br = {"train": 0.0, "reconfigure": 0.0, "lost": 0.0, "paused": 0.0, "idle_gpu_s": 0.0, "changes": 0}
     timeline = []
     for seg_start, seg_end, gpus, event in segments(trace, cyclic):
@@ -198,14 +203,13 @@ def simulate(tx, sc, trace, cyclic, policy, work_steps, horizon_s=None, fixed=No
             if new is not None:
                 br["changes"] += 1
                 if policy == "dp-ckpt":
-                    hosts = max(1, (world(new) + sc["per_host"] - 1) // sc["per_host"])
-                    cost = STOP_S + RESTART_S + tx.state_bytes(sc, new) / (DISK_BPS * hosts)
+                    cost = STOP_S + RESTART_S + tx.load_seconds(sc, new)
                 else:
                     cost = STOP_S + tx.transform_seconds(sc, config, new)[0] + RESTART_S
         elif config is None and new is not None and steps > 0:
             cost = RESTART_S  # resuming after a pause
             if policy == "dp-ckpt":
-                cost += tx.state_bytes(sc, new) / (DISK_BPS * max(1, world(new) // sc["per_host"]))
+                cost += tx.load_seconds(sc, new)
         config = new
         br["reconfigure"] += cost
         t += cost
