@@ -45,6 +45,13 @@ echo "== 4. failure recovery: store commits vs restarting from a disk checkpoint
 step failure_recovery $PY bench/failure_recovery_bench.py --tenplex "$BIN/tenplex" --out "$OUT" "${QUICK[@]}"
 echo "== 5. checkpoint import/export (hf, dcp, megatron) against the write limit"
 step interop $PY bench/interop_bench.py --tenplex "$BIN/tenplex" --out "$OUT" "${QUICK[@]}"
+echo "== 6. config policy: validation against published runs, job completion time under changing GPUs"
+step policy_validate $PY bench/policy_validate.py --bin "$BIN/tenplex" --out "$OUT"
+if [[ ${#QUICK[@]} -gt 0 ]]; then
+  step jct_sim $PY bench/jct_sim.py --bin "$BIN/tenplex" --out "$OUT" --quick
+else
+  step jct_sim $PY bench/jct_sim.py --bin "$BIN/tenplex" --out "$OUT"
+fi
 echo "== plots"
 $PY bench/plot_benchmarks.py --dir "$OUT"
 echo "run_all: done in $(( $(date +%s) - start )) s; results in $OUT"

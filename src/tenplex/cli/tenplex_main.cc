@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   tenplex::cli::RegisterData(app, ctx);
   tenplex::cli::RegisterTransform(app, ctx);
   tenplex::cli::RegisterInterop(app, ctx);
+  tenplex::cli::RegisterConfig(app, ctx);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

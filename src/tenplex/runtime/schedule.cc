@@ -7,7 +7,8 @@ namespace tenplex::runtime {
 
 using nlohmann::json;
 
-Result<std::vector<ScheduleEntry>> ParseSchedule(const std::string& text, const Model& model) {
+Result<std::vector<ScheduleEntry>> ParseSchedule(const std::string& text, const Model& model,
+                                                 const ConfigChooser& choose) {
   json j = json::parse(text, nullptr, false);
   if (j.is_discarded()) return InvalidArgument("schedule is not valid JSON");
   if (!j.is_array() || j.empty()) return InvalidArgument("schedule must be a non-empty JSON list of entries");
@@ -18,7 +19,8 @@ Result<std::vector<ScheduleEntry>> ParseSchedule(const std::string& text, const 
     if (!e.is_object()) return InvalidArgument(where + " is not an object");
     for (auto& [k, v] : e.items()) {
       (void)v;
-      static const std::set<std::string> known = {"step", "config", "stop", "kill_ranks", "kill_hosts"};
+      static const std::set<std::string> known = {"step",  "config",     "stop",           "kill_ranks",
+                                                  "kill_hosts", "gpus", "device_profile", "gpu_memory"};
       if (!known.count(k)) return InvalidArgument(where + ": unknown field '" + k + "'");
     }
     ScheduleEntry s;
@@ -34,10 +36,25 @@ Result<std::vector<ScheduleEntry>> ParseSchedule(const std::string& text, const 
     }
     s.stop = e.contains("stop") && e["stop"].is_boolean() && e["stop"].get<bool>();
     if (e.contains("stop") && !e["stop"].is_boolean()) return InvalidArgument(where + ": 'stop' must be true or false");
-    if (s.stop == e.contains("config")) {
-      return InvalidArgument(where + ": needs either a 'config' or \"stop\": true");
+    if (e.contains("gpus")) {
+      if (s.stop || e.contains("config")) return InvalidArgument(where + ": give one of 'config', 'gpus' or \"stop\"");
+      if (!e["gpus"].is_number_integer() || e["gpus"].get<int64_t>() < 1 || e["gpus"].get<int64_t>() > 1 << 20) {
+        return InvalidArgument(where + ": 'gpus' must be an integer >= 1");
+      }
+      for (const char* k : {"device_profile", "gpu_memory"}) {
+        if (e.contains(k) && !e[k].is_string()) return InvalidArgument(where + ": '" + k + "' must be a string");
+      }
+      if (!choose) return InvalidArgument(where + ": 'gpus' entries need the config policy (tenplex run)");
+      s.gpus = e["gpus"].get<int>();
+      auto c = choose(s.gpus, e.value("device_profile", ""), e.value("gpu_memory", ""));
+      if (!c.ok()) return c.status().WithContext(where + " (" + std::to_string(s.gpus) + " GPUs)");
+      s.config = *c;
+    } else if (s.stop == e.contains("config")) {
+      return InvalidArgument(where + ": needs either a 'config', 'gpus' or \"stop\": true");
+    } else if (e.contains("device_profile") || e.contains("gpu_memory")) {
+      return InvalidArgument(where + ": 'device_profile' and 'gpu_memory' go with 'gpus'");
     }
-    if (!s.stop) {
+    if (!s.stop && !s.gpus) {
       if (!e["config"].is_string()) return InvalidArgument(where + ": 'config' must be a string");
       auto c = ParseConfig(e["config"].get<std::string>());
       if (!c.ok()) return c.status().WithContext(where);

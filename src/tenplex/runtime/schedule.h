@@ -8,10 +8,13 @@
 // step before this entry's step. `kill_hosts` (with `tenplex run --cluster` only) makes
 // those hosts of the cluster file fail at the same moment: their workers and their
 // store daemon are killed, so the job goes on from the state on the other hosts. The
-// last entry, and only it, is {"stop": true}.
+// last entry, and only it, is {"stop": true}. An entry may give {"gpus": N} instead of
+// a config (optional "device_profile" and "gpu_memory"): the config policy
+// (src/tenplex/policy) picks the config for N GPUs.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -27,13 +30,19 @@ struct ScheduleEntry {
   ParallelConfig config;     // unset when stop
   std::vector<int> kill_ranks;
   std::vector<int> kill_hosts;  // indexes into the cluster file's hosts
+  int gpus = 0;                 // "gpus": N entries: the count the policy chose `config` for
 };
+
+// Picks the config of a {"gpus": N, "device_profile": P, "gpu_memory": M} entry.
+using ConfigChooser =
+    std::function<Result<ParallelConfig>(int gpus, const std::string& device_profile, const std::string& gpu_memory)>;
 
 // Parses and checks a schedule: a non-empty list, the first entry at step 0 with a
 // config, steps strictly increasing, a stop entry last and nowhere else, configs valid
 // for the model, kill ranks inside the previous config's world size and not on the
 // first entry, kill hosts non-negative (the runner checks them against its cluster),
-// no unknown fields.
-Result<std::vector<ScheduleEntry>> ParseSchedule(const std::string& json_text, const Model& model);
+// no unknown fields; "gpus" entries resolved by `choose` (an error without one).
+Result<std::vector<ScheduleEntry>> ParseSchedule(const std::string& json_text, const Model& model,
+                                                 const ConfigChooser& choose = {});
 
 }  // namespace tenplex::runtime

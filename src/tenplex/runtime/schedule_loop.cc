@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "tenplex/policy/policy.h"
 #include "tenplex/runtime/report.h"
 #include "tenplex/runtime/segment.h"
 #include "tenplex/store/parse.h"
@@ -28,7 +29,11 @@ Result<RunInputs> LoadRunInputs(const RunOptions& o) {
   RunInputs in;
   TP_ASSIGN_OR_RETURN(in.model, LoadModel(model_spec));
   TP_ASSIGN_OR_RETURN(std::string sched_text, ReadFile(o.schedule_path));
-  auto sched = ParseSchedule(sched_text, in.model);
+  auto sched = ParseSchedule(
+      sched_text, in.model,
+      [&](int gpus, const std::string& profile, const std::string& memory) {
+        return policy::ChooseForWorkers(in.model, o.command, gpus, profile, memory);
+      });
   if (!sched.ok()) return sched.status().WithContext(o.schedule_path);
   in.schedule = std::move(*sched);
   TP_RETURN_IF_ERROR(store::CheckJobName(o.job));

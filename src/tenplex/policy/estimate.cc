@@ -1,0 +1,282 @@
+// The memory and step-time models of policy.h.
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "tenplex/policy/policy.h"
+#include "tenplex/ptc/layout.h"
+
+namespace tenplex::policy {
+namespace {
+
+constexpr int64_t kGradBytes = 4;  // FP32 main gradients
+
+Result<int64_t> InfoInt(const Model& m, const char* key) {
+  auto it = m.info.find(key);
+  if (it == m.info.end()) {
+    return InvalidArgument(
+        "the policy needs a GPT model (`tenplex model gpt` or a preset): model '" + m.name +
+        "' has no '" + key + "' in its info");
+  }
+  try {
+    std::size_t used = 0;
+    long long v = std::stoll(it->second, &used);
+    if (used != it->second.size() || v <= 0) throw std::invalid_argument("");
+    return static_cast<int64_t>(v);
+  } catch (const std::exception&) {
+    return InvalidArgument("model info '" + std::string(key) + "' is not a positive integer: '" +
+                           it->second + "'");
+  }
+}
+
+// Vp = ceil(V / (m t)) m t, the padded vocabulary of a tp group (spec §4).
+int64_t PaddedVocab(const GptShape& g, int tp) {
+  const int64_t unit = g.vocab_divisible_by * tp;
+  return (g.vocab + unit - 1) / unit * unit;
+}
+
+// Ring all-reduce (or reduce-scatter + all-gather) of `bytes` over n ranks.
+double RingAllReduce(double bytes, int n, double bw, double latency) {
+  if (n <= 1) return 0;
+  return 2.0 * (n - 1) / n * bytes / bw + 2.0 * (n - 1) * latency;
+}
+double RingHalf(double bytes, int n, double bw, double latency) {
+  if (n <= 1) return 0;
+  return 1.0 * (n - 1) / n * bytes / bw + (n - 1) * latency;
+}
+
+bool SameHost(int64_t first_rank, int64_t last_rank, int gpus_per_host) {
+  return first_rank / gpus_per_host == last_rank / gpus_per_host;
+}
+
+// Forward FLOPs per token of one transformer layer: its matmul weights twice, plus the
+// attention core QK^T and AV over s positions (4·s·a·d).
+double LayerForwardFlopsPerToken(const GptShape& g, int64_t s) {
+  const double h = g.hidden, a = g.heads, d = g.head_dim, f = g.ffn, k = g.swiglu ? 2 : 1;
+  const double weights = (a + 2.0 * g.groups) * d * h + h * a * d + k * f * h + h * f;
+  return 2 * weights + 4.0 * s * a * d;
+}
+double AttentionCoreFlopsPerToken(const GptShape& g, int64_t s) {
+  return 4.0 * s * g.heads * g.head_dim;
+}
+
+// Training FLOPs per token of one layer: forward, backward (2x), recomputation.
+double LayerTrainFlopsPerToken(const GptShape& g, const TrainingShape& sh) {
+  const double fwd = LayerForwardFlopsPerToken(g, sh.seq_length);
+  double f = 3 * fwd;
+  if (sh.recompute == Recompute::kFull) f += fwd;
+  if (sh.recompute == Recompute::kSelective) f += AttentionCoreFlopsPerToken(g, sh.seq_length);
+  return f;
+}
+
+}  // namespace
+
+Result<Recompute> ParseRecompute(const std::string& text) {
+  if (text == "selective") return Recompute::kSelective;
+  if (text == "full") return Recompute::kFull;
+  if (text == "none") return Recompute::kNone;
+  return InvalidArgument("--recompute must be selective, full or none (got '" + text + "')");
+}
+
+const char* RecomputeName(Recompute r) {
+  switch (r) {
+    case Recompute::kSelective:
+      return "selective";
+    case Recompute::kFull:
+      return "full";
+    case Recompute::kNone:
+      return "none";
+  }
+  return "?";
+}
+
+Result<GptShape> GptShapeOf(const Model& model) {
+  GptShape g;
+  TP_ASSIGN_OR_RETURN(g.layers, InfoInt(model, "num_layers"));
+  TP_ASSIGN_OR_RETURN(g.hidden, InfoInt(model, "hidden_size"));
+  TP_ASSIGN_OR_RETURN(g.ffn, InfoInt(model, "ffn_hidden_size"));
+  TP_ASSIGN_OR_RETURN(g.heads, InfoInt(model, "num_attention_heads"));
+  TP_ASSIGN_OR_RETURN(g.groups, InfoInt(model, "num_query_groups"));
+  TP_ASSIGN_OR_RETURN(g.head_dim, InfoInt(model, "kv_channels"));
+  TP_ASSIGN_OR_RETURN(g.vocab, InfoInt(model, "vocab_size"));
+  TP_ASSIGN_OR_RETURN(g.vocab_divisible_by, InfoInt(model, "make_vocab_size_divisible_by"));
+  if (g.layers != model.num_layers) {
+    return InvalidArgument("model info num_layers (" + std::to_string(g.layers) +
+                           ") differs from num_layers (" + std::to_string(model.num_layers) + ")");
+  }
+  auto sw = model.info.find("swiglu");
+  g.swiglu = sw != model.info.end() && sw->second == "true";
+  auto dt = model.info.find("params_dtype");
+  g.activation_bytes = dt != model.info.end() && dt->second == "fp32" ? 4 : 2;
+  return g;
+}
+
+Result<std::vector<RankState>> StateBytes(const Model& model, const ParallelConfig& config) {
+  ParallelConfig one = config;
+  one.dp = 1;
+  TP_ASSIGN_OR_RETURN(Layout layout, MakeLayout(model, one));
+  std::vector<RankState> out;
+  for (const RankLayout& r : layout.ranks) {
+    RankState st;
+    st.stage = r.pp;
+    st.tp = r.tp;
+    for (const LocalTensor& t : *r.tensors) {
+      const bool opt = t.name.rfind("optimizer.", 0) == 0;
+      if (!opt) {
+        st.params += t.bytes();
+        st.param_elements += Volume(t.shape);
+        st.param_dtype_bytes = DTypeSize(t.dtype);
+      } else if (config.zero && t.name.rfind("optimizer.flat.", 0) == 0) {
+        const int64_t n = Volume(t.shape), shard = (n + config.dp - 1) / config.dp;
+        st.optimizer += shard * static_cast<int64_t>(DTypeSize(t.dtype));
+      } else {
+        st.optimizer += t.bytes();
+      }
+    }
+    out.push_back(st);
+  }
+  return out;
+}
+
+int64_t StageActivationBytes(const GptShape& g, const ParallelConfig& c,
+                             const std::vector<int>& bounds, int stage, const TrainingShape& sh) {
+  const double s = sh.seq_length, b = sh.micro_batch, h = g.hidden, t = c.tp;
+  const double sbh = s * b * h;
+  const bool sp = sh.sequence_parallel;  // at t = 1 only the logits term differs (FP32 logits)
+  const int64_t m =
+      std::max<int64_t>(1, sh.global_batch / (static_cast<int64_t>(c.dp) * sh.micro_batch));
+  const double inflight = static_cast<double>(std::min<int64_t>(c.pp - stage, m));
+  const double layers = bounds[stage + 1] - bounds[stage];
+  // Korthikanti et al. Table 2 (f = ffn width; f = 4h gives 34/t and 10 + 24/t).
+  const double selective =
+      sp ? sbh * (18 + 4.0 * g.ffn / h) / t : sbh * (10 + (8 + 4.0 * g.ffn / h) / t);
+  double per_layer = selective, once = 0;
+  if (sh.recompute == Recompute::kNone) per_layer += 5.0 * g.heads * s * s * b / t;
+  if (sh.recompute == Recompute::kFull) {
+    per_layer = 2 * sbh / (sp ? t : 1);
+    once = layers > 0 ? selective : 0;  // the layer being recomputed in the backward
+  }
+  double bytes = per_layer * layers * inflight + once;
+  if (stage == 0)
+    bytes += (8 * s * b + sbh) * inflight / (sp ? t : 1);  // token ids, embedding dropout
+  if (stage == c.pp - 1) {
+    const double vp = static_cast<double>(PaddedVocab(g, c.tp));
+    bytes +=
+        sp ? 4 * sbh * (1 + vp / h) / t : 2 * (s * b * vp / t + sbh);  // logits and loss inputs
+  }
+  return static_cast<int64_t>(std::llround(bytes * g.activation_bytes / 2.0));
+}
+
+double StepFlops(const GptShape& g, const TrainingShape& sh) {
+  const double tokens = static_cast<double>(sh.global_batch) * sh.seq_length;
+  return tokens * (g.layers * LayerTrainFlopsPerToken(g, sh) + 6.0 * g.hidden * g.vocab);
+}
+
+Result<Estimate> EstimateConfig(const Model& model, const GptShape& g, const ParallelConfig& c,
+                                const TrainingShape& sh, const DeviceProfile& prof,
+                                const std::vector<double>& speeds) {
+  if (sh.global_batch < 1 || sh.micro_batch < 1 || sh.seq_length < 1) {
+    return InvalidArgument("global batch, micro-batch and sequence length must be >= 1");
+  }
+  if (sh.global_batch % (static_cast<int64_t>(c.dp) * sh.micro_batch) != 0) {
+    return InvalidArgument("global batch " + std::to_string(sh.global_batch) +
+                           " is not a multiple of dp x micro-batch (" + std::to_string(c.dp) +
+                           " x " + std::to_string(sh.micro_batch) + ")");
+  }
+  if (!speeds.empty() && static_cast<int>(speeds.size()) < c.world_size()) {
+    return InvalidArgument("--device-speeds has " + std::to_string(speeds.size()) +
+                           " entries for " + std::to_string(c.world_size()) + " GPUs");
+  }
+  TP_ASSIGN_OR_RETURN(std::vector<int> bounds, StageBounds(model, c));
+  TP_ASSIGN_OR_RETURN(std::vector<RankState> states, StateBytes(model, c));
+  Estimate est;
+  est.micro_batches = sh.global_batch / (static_cast<int64_t>(c.dp) * sh.micro_batch);
+  const int K = prof.gpus_per_host;
+
+  // Memory: the most loaded (stage, tp rank).
+  std::vector<int64_t> acts(c.pp);
+  for (int s = 0; s < c.pp; ++s) acts[s] = StageActivationBytes(g, c, bounds, s, sh);
+  bool first = true;
+  for (const RankState& st : states) {
+    MemoryEstimate m;
+    m.stage = st.stage;
+    m.tp = st.tp;
+    m.params = st.params;
+    m.optimizer = st.optimizer;
+    m.gradients = st.param_elements * kGradBytes;
+    m.activations = acts[st.stage];
+    m.reserve = prof.reserve_bytes +
+                static_cast<int64_t>(prof.reserve_fraction *
+                                     (m.params + m.optimizer + m.gradients + m.activations));
+    if (first || m.total() > est.memory.total()) est.memory = m;
+    first = false;
+  }
+
+  // Time per micro-batch of each stage; the pipeline runs at the slowest one.
+  const double s = sh.seq_length, b = sh.micro_batch, t = c.tp;
+  const double act_msg = s * b * g.hidden * g.activation_bytes;  // one s·b·h activation tensor
+  const bool tp_intra = c.tp <= K && K % c.tp == 0;
+  const double tp_bw = tp_intra ? prof.intra_bw : prof.inter_bw,
+               tp_lat = tp_intra ? prof.intra_latency : prof.inter_latency;
+  const int ar_per_layer = sh.recompute == Recompute::kFull ? 6 : 4;
+  const double layer_flops = LayerTrainFlopsPerToken(g, sh) * s * b / t;
+  const double logit_flops = 6.0 * g.hidden * static_cast<double>(PaddedVocab(g, c.tp)) * s * b / t;
+  const double p2p_msg = c.tp > 1 ? act_msg / t : act_msg;  // scatter-gather / sequence parallel
+  double worst = -1;
+  double comp_k = 0, tp_k = 0, p2p_k = 0;
+  for (int st = 0; st < c.pp; ++st) {
+    double speed = 1;
+    if (!speeds.empty()) {
+      speed = speeds[c.RankOf(0, 0, st)];
+      for (int dr = 0; dr < c.dp; ++dr) {
+        for (int tr = 0; tr < c.tp; ++tr) speed = std::min(speed, speeds[c.RankOf(tr, dr, st)]);
+      }
+    }
+    const int layers = bounds[st + 1] - bounds[st];
+    double flops = layers * layer_flops + (st == c.pp - 1 ? logit_flops : 0);
+    const double comp = flops / (prof.peak_flops * prof.efficiency * speed);
+    const double tpc = layers * ar_per_layer * RingAllReduce(act_msg, c.tp, tp_bw, tp_lat);
+    double p2p = 0;
+    auto link = [&](int other) {
+      const int64_t a = c.RankOf(0, 0, st), o = c.RankOf(0, 0, other);
+      const bool same = SameHost(std::min(a, o), std::max(a, o), K);
+      // forward activation and backward gradient, each way once per micro-batch
+      p2p += 2 * (p2p_msg / (same ? prof.intra_bw : prof.inter_bw) +
+                  (same ? prof.intra_latency : prof.inter_latency));
+    };
+    if (st > 0) link(st - 1);
+    if (st + 1 < c.pp) link(st + 1);
+    const double total = comp + tpc + p2p;
+    if (total > worst) {
+      worst = total;
+      comp_k = comp;
+      tp_k = tpc;
+      p2p_k = p2p;
+    }
+  }
+  const double m = static_cast<double>(est.micro_batches);
+  est.time.compute = m * comp_k;
+  est.time.tp = m * tp_k;
+  est.time.p2p = m * p2p_k;
+  est.time.bubble = (c.pp - 1) * worst;
+
+  // Data parallel: every rank reduces its gradients over its dp group at the end.
+  double dp_time = 0;
+  if (c.dp > 1) {
+    for (const RankState& st : states) {
+      const int64_t lo = c.RankOf(st.tp, 0, st.stage), hi = c.RankOf(st.tp, c.dp - 1, st.stage);
+      const bool same = SameHost(lo, hi, K);
+      const double bw = same ? prof.intra_bw : prof.inter_bw,
+                   lat = same ? prof.intra_latency : prof.inter_latency;
+      const double grads = static_cast<double>(st.param_elements) * kGradBytes;
+      const double x = c.zero ? RingHalf(grads, c.dp, bw, lat) + RingHalf(st.params, c.dp, bw, lat)
+                              : RingAllReduce(grads, c.dp, bw, lat);
+      dp_time = std::max(dp_time, x);
+    }
+  }
+  est.time.dp_total = dp_time;
+  est.time.dp = dp_time * (1 - prof.dp_overlap);
+  return est;
+}
+
+}  // namespace tenplex::policy

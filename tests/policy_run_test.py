@@ -1,0 +1,78 @@
+"""A `tenplex run` schedule that gives GPU counts instead of configs: the config policy
+picks each segment's config (the "cpu" device profile with a small fake memory, so that
+it must shard), and the run gives the same samples and losses as a static run.
+
+usage: policy_run_test.py TENPLEX_BIN REPO_ROOT
+
+The expected configs come from `tenplex config suggest --json` with the same shape
+(global batch 8, micro-batch 2, sequence 32: the worker arguments) and memory.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from elastic_run_test import Checks, run, steps_of  # noqa: E402
+
+MEMORY = "600KiB"
+
+
+def main():
+    tenplex, repo = sys.argv[1], sys.argv[2]
+    check = Checks()
+    with tempfile.TemporaryDirectory() as tmp:
+        model = os.path.join(tmp, "model.json")
+        subprocess.run([tenplex, "model", "gpt", "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
+                        "--num-query-groups", "2", "--vocab-size", "200", "--make-vocab-size-divisible-by", "16",
+                        "--max-position-embeddings", "32", "-o", model], check=True)
+        want = {}
+        for gpus in (2, 4):
+            p = subprocess.run([tenplex, "config", "suggest", "--model", model, "--gpus", str(gpus), "--device-profile",
+                                "cpu", "--gpu-memory", MEMORY, "--global-batch", "8", "--micro-batch", "2",
+                                "--seq-length", "32", "--json"], capture_output=True, text=True)
+            check(p.returncode == 0, f"config suggest for {gpus} GPUs: {p.stderr.strip()}")
+            want[gpus] = json.loads(p.stdout)["configs"][0]["config"] if p.returncode == 0 else None
+        print("policy picks:", want)
+        check(want[2] != "tp=1,pp=1,dp=2", f"with {MEMORY} per GPU plain dp=2 does not fit: {want[2]}")
+        n = 6
+        static_log, _ = run(tenplex, repo, tmp, "static", [{"step": 0, "config": "tp=1"}, {"step": n, "stop": True}],
+                            model)
+        sched = [{"step": 0, "gpus": 2, "gpu_memory": MEMORY},
+                 {"step": 2, "gpus": 4, "gpu_memory": MEMORY},
+                 {"step": 4, "gpus": 1, "gpu_memory": "1MiB"},
+                 {"step": n, "stop": True}]
+        # 1 GPU with 1 MiB: the whole model fits, the policy must choose tp=1.
+        p = subprocess.run([tenplex, "config", "suggest", "--model", model, "--gpus", "1", "--device-profile", "cpu",
+                            "--gpu-memory", "1MiB", "--global-batch", "8", "--micro-batch", "2", "--seq-length", "32",
+                            "--json"], capture_output=True, text=True)
+        want[1] = json.loads(p.stdout)["configs"][0]["config"]
+        log, out = run(tenplex, repo, tmp, "gpus", sched, model, baseline=static_log)
+        base, _ = steps_of(static_log)
+        got, events = steps_of(log)
+        check(sorted(got) == list(range(n)), f"every step logged: {sorted(got)}")
+        for s in range(n):
+            if s in got and s in base:
+                rel = abs(got[s]["loss"] - base[s]["loss"]) / abs(base[s]["loss"])
+                check(got[s]["samples"] == base[s]["samples"] and rel <= 1e-3,
+                      f"step {s}: same samples, loss {got[s]['loss']:.6f} vs static {base[s]['loss']:.6f}")
+        for s, gpus in ((0, 2), (1, 2), (2, 4), (3, 4), (4, 1), (5, 1)):
+            check(s in got and got[s]["config"] == want[gpus],
+                  f"step {s} ran the policy's config for {gpus} GPUs: {got.get(s, {}).get('config')} == {want[gpus]}")
+        reconf = [e for e in events if e["event"] == "reconfigure"]
+        check(len(reconf) == 2, f"two reconfigurations: {[(e['from'], e['to']) for e in reconf]}")
+        # A GPU count nothing fits on is refused before anything runs.
+        bad = os.path.join(tmp, "bad.json")
+        with open(bad, "w") as f:
+            json.dump([{"step": 0, "gpus": 1, "gpu_memory": "1KiB"}, {"step": 2, "stop": True}], f)
+        p = subprocess.run([tenplex, "run", "--schedule", bad, "--log", os.path.join(tmp, "bad.jsonl"), "--work-dir",
+                            os.path.join(tmp, "bad"), "--", "/usr/bin/python3", "train.py", "--model", model],
+                           capture_output=True, text=True, timeout=60)
+        check(p.returncode != 0 and "entry 0 (1 GPUs)" in p.stderr and "fits in 1.00 KiB" in p.stderr,
+              f"nothing fits: exit {p.returncode}: {p.stderr.strip()[-300:]}")
+    check.finish()
+
+
+if __name__ == "__main__":
+    main()
