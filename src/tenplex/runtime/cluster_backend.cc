@@ -12,6 +12,7 @@
 #include "tenplex/store/parse.h"
 #include "tenplex/transform/cluster.h"
 #include "tenplex/transform/distributed.h"
+#include "tenplex/transform/state_info.h"
 
 namespace tenplex::runtime {
 
@@ -64,7 +65,8 @@ class ClusterBackend : public StateBackend {
       return DataLoss("version " + std::to_string(newest->version) + " of job " + job +
                       " has an info that is not a JSON object");
     }
-    from_cluster_ = transform::VersionPlacement(newest->info, cluster_);
+    Result<transform::StateInfo> state = transform::StateInfo::Parse(newest->info);
+    from_cluster_ = state.ok() && state->placement() ? *state->placement() : cluster_;
     return std::optional<Committed>(Committed{newest->version, std::move(info)});
   }
 
