@@ -9,6 +9,7 @@
 #include "tenplex/io/checkpoint.h"
 #include "tenplex/model/model.h"
 #include "tenplex/ptc/layout.h"
+#include "tenplex/util/log.h"
 
 namespace tenplex::store {
 
@@ -94,6 +95,7 @@ Result<TransferStats> LoadCheckpoint(Client& client, const std::string& job, con
       ++stats.tensors;
     }
     s = client.WriteMany(reqs, data);
+    for (const io::SafetensorsEntry& e : files[r].tensors()) ReportProgress(e.bytes());
   }
   if (s.ok()) s = client.Commit(job, version);
   if (!s.ok()) {
@@ -175,6 +177,7 @@ Result<TransferStats> SaveCheckpoint(Client& client, const std::string& job, con
       const TensorInfo& t = have[order[i]];
       if (t.bytes > 0) {
         TP_RETURN_IF_ERROR(client.Read(t, w.data(i)));
+        ReportProgress(t.bytes);
       }
       stats.bytes += t.bytes;
       ++stats.tensors;
