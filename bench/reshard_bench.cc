@@ -10,7 +10,7 @@
 //
 // The limit: memcpy of the same tensor bytes from the mapped input files into freshly
 // created files of the same sizes in the same directory (so it pays the same page-cache
-// mappings and fresh pages, populated ahead as reshard does, see plan/pages.h), split
+// mappings and fresh pages, populated ahead as reshard does, see transform/pages.h), split
 // across the same thread pool. A hot memcpy between
 // two pre-faulted 256 MiB buffers is printed for context. ratio = reshard GB/s (bytes
 // written) / memcpy GB/s (bytes copied), goal >= 0.5. Peak extra space: two copies of the

@@ -2,8 +2,9 @@
 
     data_test.py CASE        CASE in: cli, python_order, megatron, fuse
 
-TENPLEX_BIN is the CLI under test; python/tenplex/data.py (the second implementation
-of the order) is loaded from the source tree. The FUSE case really mounts: it fails,
+TENPLEX_BIN is the CLI under test; tests/reference/data_ref.py (an independent
+pure-Python implementation of the order and the index readers) is the reference, and
+the package's tenplex.data (over the native module) must agree with it. The FUSE case really mounts: it fails,
 never skips, where mounting is impossible.
 """
 import importlib.util
@@ -20,11 +21,13 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TENPLEX = os.environ.get("TENPLEX_BIN", os.path.join(ROOT, "build", "bin", "tenplex"))
-DATA_PY = os.path.join(ROOT, "python", "tenplex", "data.py")
+DATA_PY = os.path.join(ROOT, "tests", "reference", "data_ref.py")
 
-_spec = importlib.util.spec_from_file_location("tenplex_data", DATA_PY)
+_spec = importlib.util.spec_from_file_location("tenplex_data_ref", DATA_PY)
 pydata = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(pydata)
+sys.path.insert(0, os.path.join(ROOT, "python"))
+from tenplex import data as tdata  # noqa: E402  (the package: native order and readers)
 
 
 def run(*args, ok=True):
@@ -115,6 +118,14 @@ def test_cli(tmp):
     expect_error("fewer than one global batch", *base, "--global-batch", "51")
     expect_error("not a dataset index", "data", "batches", "--index", tmp + "/none", "--seed", "1", "--global-batch", "8")
     expect_error("out of range", "data", "read", "--index", idx, "--sample", "50")
+    # Issue 16 bug 9: a non-empty mountpoint is refused (the mount would hide its files),
+    # with exit 2, before FUSE is touched; the files stay.
+    full = os.path.join(tmp, "full")
+    os.makedirs(full)
+    open(os.path.join(full, "keep.txt"), "w").write("x")
+    p = run("data", "mount", "--index", idx, "--mountpoint", full, "--seed", "1", "--global-batch", "8", ok=False)
+    assert p.returncode == 2 and "is not empty" in p.stderr and "keep.txt" in p.stderr, p.stderr
+    assert os.listdir(full) == ["keep.txt"] and not mounted(full)
     expect_error("unknown dataset format", "data", "index", "--input", src, "--format", "csv", "-o", tmp + "/x")
     bad = os.path.join(tmp, "bad.jsonl")
     open(bad, "w").write('{"a": 1}\n{"a": \n')
@@ -143,6 +154,16 @@ def test_python_order(tmp):
                             str(b), "--dp", str(dp), "--rank", str(rank), "--start-sample", str(start), "--steps",
                             str(steps)], capture_output=True, text=True, check=True)
         assert json.loads(p.stdout) == want, (seed, b, dp, rank, start, steps)
+        # The package's tenplex.data (the native order) agrees, as a module and as a command.
+        p = subprocess.run([sys.executable, "-m", "tenplex.data", "batches", "--index", idx, "--seed", str(seed),
+                            "--global-batch", str(b), "--dp", str(dp), "--rank", str(rank), "--start-sample",
+                            str(start), "--steps", str(steps)], capture_output=True, text=True, check=True,
+                           env=dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python")))
+        assert json.loads(p.stdout) == want, ("python3 -m tenplex.data", seed, b, dp, rank, start, steps)
+        got = [(s, i, r) for s, i, r in tdata.RankIterator(idx, seed, b, dp, rank, start, steps)]
+        ref = [(s, i, r) for s, i, r in pydata.RankIterator(idx, seed, b, dp, rank, start, steps)]
+        assert got == ref, ("tenplex.data.RankIterator", seed, b, dp, rank, start, steps)
+        assert tdata.step_samples(45, seed, b, start, dp, rank) == pydata.step_samples(45, seed, b, start, dp, rank)
     # The records the iterator yields are the lines `tenplex data read` prints.
     it = pydata.RankIterator(idx, seed=7, global_batch=8, dp=3, rank=0, start_sample=16, steps=3)
     for step, ids, records in it:
@@ -164,11 +185,12 @@ def test_python_order(tmp):
         assert len(set(ref[e * 40:(e + 1) * 40])) == 40
     # Python's errors match.
     for args in [(8, 0, 0), (8, 3, 3), (4, 5, 0), (0, 1, 0)]:
-        try:
-            pydata.rank_slice(*args)
-        except ValueError:
-            continue
-        raise AssertionError(f"rank_slice{args} accepted")
+        for impl in (pydata, tdata):
+            try:
+                impl.rank_slice(*args)
+            except ValueError:
+                continue
+            raise AssertionError(f"{impl.__name__}.rank_slice{args} accepted")
 
 
 def test_megatron(tmp):
@@ -186,6 +208,7 @@ def test_megatron(tmp):
         assert got == seqs, code
         index = pydata.Index(idx)
         assert [index.record(i) for i in range(37)] == seqs
+        assert [tdata.Index(idx).record(i) for i in range(37)] == seqs
     # Corrupt indexes: clear errors from `tenplex data index`.
     prefix = os.path.join(tmp, "c")
     write_megatron(prefix, [[1, 2, 3], [4], [5, 6]], [1, 2])

@@ -30,11 +30,13 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 GPT = os.path.join(ROOT, "examples", "gpt")
 sys.path.insert(0, GPT)
 sys.path.insert(0, os.path.join(ROOT, "python"))
+sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import data  # noqa: E402
+import data_ref  # noqa: E402  (independent pure-Python sample order)
 import model as gpt  # noqa: E402
 from tenplex import checkpoint, safetensors  # noqa: E402
 
@@ -367,7 +369,12 @@ def check_order_against_cli():
             want = [data.step_samples(n, seed, batch, start + i * batch, dp, rank)[1] for i in range(steps)]
             check(got == want, f"sample order differs from `tenplex data batches` (seed {seed}, B {batch}, "
                                f"dp {dp}, rank {rank}, start {start}): {got[:2]} vs {want[:2]}")
-    print("  sample order: equal to `tenplex data batches` (3 cases, across epochs, uneven dp)", flush=True)
+            # The independent pure-Python order (tests/reference) agrees with both.
+            ref = [data_ref.step_samples(n, seed, batch, start + i * batch, dp, rank)[1] for i in range(steps)]
+            check(ref == want, f"sample order differs from the reference (seed {seed}, B {batch}, dp {dp}, "
+                               f"rank {rank}, start {start}): {ref[:2]} vs {want[:2]}")
+    print("  sample order: equal to `tenplex data batches` and to the pure-Python reference "
+          "(3 cases, across epochs, uneven dp)", flush=True)
 
 
 # ---- tests ---------------------------------------------------------------------

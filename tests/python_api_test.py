@@ -67,7 +67,46 @@ def round_trip(st, label):
     # Committed versions are immutable.
     raises(tenplex.Error, lambda: st.save_state("job", v, 0, state(9)), f"{label}: write into a committed version")
     raises(tenplex.NotFoundError, lambda: st.load_state("nojob", 0), f"{label}: unknown job")
+    # Issue 16 bug 6: a value that is not a tensor is a tenplex error naming key and type
+    # (it was AttributeError: 'int' object has no attribute 'detach'), and nothing is written.
+    v2 = st.begin("job")
+    bad = {"w": torch.ones(2), "step": 7}
+    try:
+        st.save_state("job", v2, 0, bad)
+        check(False, f"{label}: save_state with an int value raised nothing")
+    except tenplex.InvalidArgumentError as e:
+        check("'step'" in str(e) and "int" in str(e) and "torch.Tensor" in str(e),
+              f"{label}: save_state names the key and type: {e}")
+    except Exception as e:  # noqa: BLE001
+        check(False, f"{label}: save_state with an int value: {type(e).__name__}: {e}")
+    check(st._s.list(f"jobs/job/{v2}/") == [], f"{label}: nothing written for a rejected state")
+    st.abort("job", v2)
     return v
+
+
+def admin(st, label):
+    """Store.jobs(), versions(), delete() against the store's own view."""
+    st.commit("adm", st.begin("adm", info={"config": "tp=1", "step": 1}))
+    st.save_state("adm", st.begin("adm", info={"step": 2}), 0, {"w": torch.ones(4)})  # open version 2
+    v3 = st.begin("adm", info={"config": "tp=1", "step": 3})
+    st.save_state("adm", v3, 0, {"w": torch.ones(4)})
+    st.commit("adm", v3, keep_old=True)
+    check("adm" in st.jobs() and st.jobs() == sorted(st.jobs()), f"{label}: jobs() lists the job: {st.jobs()}")
+    vs = st.versions("adm")
+    check([(v["version"], v["committed"], v["current"]) for v in vs] == [(1, True, False), (2, False, False),
+                                                                      (3, True, True)],
+          f"{label}: versions() {[(v['version'], v['committed'], v['current']) for v in vs]}")
+    check(vs[2]["info"]["step"] == 3 and vs[2]["bytes"] == 16, f"{label}: version info and bytes {vs[2]}")
+    st.delete("adm", 2)
+    st.delete("adm", 1)
+    check([v["version"] for v in st.versions("adm")] == [3], f"{label}: delete(job, version)")
+    raises(tenplex.Error, lambda: st.delete("adm", 3), f"{label}: the current version is not deleted alone")
+    st.delete("adm")
+    check("adm" not in st.jobs(), f"{label}: delete(job) removes it")
+    raises(tenplex.NotFoundError, lambda: st.versions("adm"), f"{label}: versions of a deleted job")
+    # Issue 16 bug 9: aborting the only version (a failed load) leaves no job behind.
+    st.abort("gone", st.begin("gone"))
+    check("gone" not in st.jobs(), f"{label}: a job whose only version was aborted is not listed")
 
 
 def main():
@@ -75,6 +114,7 @@ def main():
     st = tenplex.attach()
     check(st.local, "embedded store is local")
     round_trip(st, "embedded")
+    admin(st, "embedded")
     # Zero copy: the loaded tensor maps the store's file; writing to it copies on write.
     t = st.load_state("job", 1)["decoder.layers.0.mlp.linear_fc1.weight"]
     maps = open("/proc/self/maps").read()
@@ -86,6 +126,15 @@ def main():
     raises(ValueError, lambda: tenplex.layout_json("gpt3-125m", "tp=5"), "impossible layout is a ValueError")
     lay = json.loads(tenplex.layout_json("gpt3-125m", "tp=2,pp=2"))
     check(lay["world_size"] == 4, "layout_json gives the spec's JSON")
+
+    # Issue 16 bug 6: without torch, `tenplex.attach` says which module is missing and
+    # which interpreter to use (it was "module 'tenplex' has no attribute 'attach'").
+    code = ("import sys; sys.modules['torch'] = None; import tenplex\n"
+            "try:\n    tenplex.attach()\nexcept ImportError as e:\n    print(e)\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env=dict(os.environ, PYTHONPATH=os.path.join(repo, "python")))
+    check(p.returncode == 0 and "'torch'" in p.stdout and "/usr/bin/python3" in p.stdout,
+          f"import without torch names the module and the interpreter: {p.stdout.strip()} {p.stderr.strip()}")
 
     # A daemon on this machine, through the same API.
     with socket.socket() as s:
@@ -103,6 +152,7 @@ def main():
                 time.sleep(0.1)
         ds = tenplex.attach(url=url)
         round_trip(ds, "daemon")
+        admin(ds, "daemon")
     finally:
         d.terminate()
         d.wait(timeout=20)

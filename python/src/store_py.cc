@@ -43,16 +43,22 @@ class PyStore {
     Check(store_ ? store_->DropVersion(job, v) : client_->Abort(job, v));
   }
   pyb::dict Version(const std::string& job, std::optional<uint64_t> v) {
-    store::VersionInfo vi = store_ ? Take(store_->Version(job, v)) : Take(client_->Version(job, v));
+    return VersionDict(store_ ? Take(store_->Version(job, v)) : Take(client_->Version(job, v)));
+  }
+  std::vector<std::string> Jobs() { return store_ ? store_->Jobs() : Take(client_->Jobs()); }
+  pyb::dict Job(const std::string& job) {
+    store::JobInfo info = store_ ? Take(store_->Job(job)) : Take(client_->Job(job));
     pyb::dict d;
-    d["job"] = vi.job;
-    d["version"] = vi.version;
-    d["committed"] = vi.committed;
-    d["current"] = vi.current;
-    d["bytes"] = vi.bytes;
-    d["tensors"] = vi.tensors;
-    d["info"] = vi.info;
+    d["job"] = info.job;
+    d["current"] = info.current ? pyb::cast(*info.current) : pyb::none();
+    pyb::list versions;
+    for (const store::VersionInfo& v : info.versions) versions.append(VersionDict(v));
+    d["versions"] = versions;
     return d;
+  }
+  void DeleteJob(const std::string& job) { Check(store_ ? store_->DeleteJob(job) : client_->DeleteJob(job)); }
+  void DropVersion(const std::string& job, uint64_t v) {
+    Check(store_ ? store_->DropVersion(job, v) : client_->DropVersion(job, v));
   }
   pyb::list List(const std::string& prefix) {
     std::vector<store::TensorInfo> infos = store_ ? Take(store_->List(prefix)) : Take(client_->List(prefix));
@@ -93,6 +99,17 @@ class PyStore {
   }
 
  private:
+  static pyb::dict VersionDict(const store::VersionInfo& vi) {
+    pyb::dict d;
+    d["job"] = vi.job;
+    d["version"] = vi.version;
+    d["committed"] = vi.committed;
+    d["current"] = vi.current;
+    d["bytes"] = vi.bytes;
+    d["tensors"] = vi.tensors;
+    d["info"] = vi.info;
+    return d;
+  }
   static pyb::dict InfoDict(const store::TensorInfo& t) {
     pyb::dict d;
     d["path"] = t.path;
@@ -121,6 +138,10 @@ void register_store(pyb::module_& m) {
       .def("commit", &PyStore::Commit, pyb::arg("job"), pyb::arg("version"), pyb::arg("keep_old") = false)
       .def("abort", &PyStore::Abort)
       .def("version", &PyStore::Version, pyb::arg("job"), pyb::arg("version") = pyb::none())
+      .def("jobs", &PyStore::Jobs)
+      .def("job", &PyStore::Job, pyb::arg("job"))
+      .def("delete_job", &PyStore::DeleteJob, pyb::arg("job"))
+      .def("drop_version", &PyStore::DropVersion, pyb::arg("job"), pyb::arg("version"))
       .def("list", &PyStore::List)
       .def("allocate", &PyStore::Allocate)
       .def("write", &PyStore::Write)

@@ -1,13 +1,32 @@
 """tenplex: state management for jobs whose parallelism changes while they run.
 
-Pure-Python parts (no native module needed): `tenplex.layout` (parallel configs and
-what each rank holds, spec ptc-layout.md §3-§5), `tenplex.safetensors` (reader and
-writer), `tenplex.checkpoint` (checkpoint directories, spec §7).
+Parts without the native module: `tenplex.safetensors` (reader and writer) and
+`tenplex.checkpoint` (checkpoint directories, docs/layout.md). Everything else
+(`attach`, `Store`, `layout_json`, `tenplex.layout`, `tenplex.data`) needs the native
+module `tenplex._tenplex`, built by CMake for /usr/bin/python3, and torch for the store.
 """
+import sys as _sys
 
-try:  # the native module (built by CMake into this folder)
+# The interpreter the native module is built for (python/CMakeLists.txt).
+PYTHON = "/usr/bin/python3"
+_import_error = None
+
+try:  # the native module (built by CMake into this folder, or installed beside it)
     from ._tenplex import (Error, InvalidArgumentError, NotFoundError, ResourceExhaustedError,  # noqa: F401
                            UnavailableError, layout_json, parse_config)
     from .store import Store, attach  # noqa: F401
-except ImportError:  # pure-Python parts still work without it
-    pass
+except ImportError as e:  # safetensors and checkpoint still work without it
+    _import_error = e
+
+
+def __getattr__(name):
+    """A name that needs the native module or torch, when importing them failed: say
+    which module is missing and which interpreter has it."""
+    if _import_error is not None and not name.startswith("__"):
+        missing = getattr(_import_error, "name", None) or str(_import_error)
+        raise ImportError(
+            f"tenplex.{name} is unavailable: importing '{missing}' failed ({_import_error}) under "
+            f"{_sys.executable} (Python {_sys.version_info[0]}.{_sys.version_info[1]}). tenplex's native module "
+            f"and torch are installed for {PYTHON}: run with {PYTHON}, and build the native module first "
+            f"(scripts/build.sh, or cmake --install; docs/install.md)") from _import_error
+    raise AttributeError(f"module 'tenplex' has no attribute '{name}'")

@@ -68,7 +68,9 @@ def save(path, tensors, metadata=None):
         offset += len(b)
     if metadata:
         header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
-    text = json.dumps(header, separators=(",", ":")).encode()
+    # The canonical header (the same bytes as the C++ writer, io::EncodeSafetensorsHeader):
+    # compact JSON, keys sorted by code point, UTF-8 unescaped, padded with spaces.
+    text = json.dumps(header, separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode()
     text += b" " * (-(8 + len(text)) % 8)
     tmp = f"{path}.tmp-{os.getpid()}"
     try:

@@ -2,7 +2,7 @@
 
     import tenplex
     st = tenplex.attach()                      # an embedded store in this process
-    st = tenplex.attach(url="http://127.0.0.1:7070")   # or a `tenplex store serve` daemon
+    st = tenplex.attach(url="http://127.0.0.1:7480")   # or a `tenplex store serve` daemon
     v = st.begin("job", info={"config": "tp=2", "step": 10})
     st.save_state("job", v, rank, model.state_dict())  # straight into shared memory
     st.commit("job", v)
@@ -55,13 +55,42 @@ class Store:
         info["committed"] = v["committed"]
         return info
 
+    def jobs(self):
+        """Names of the jobs in the store, sorted."""
+        return sorted(self._s.jobs())
+
+    def versions(self, job):
+        """The job's versions, oldest first: [{"version", "committed", "current", "bytes",
+        "tensors", "info": {...}}]; NotFoundError for an unknown job."""
+        out = []
+        for v in self._s.job(job)["versions"]:
+            v = dict(v)
+            v["info"] = json.loads(v["info"] or "{}")
+            out.append(v)
+        return out
+
+    def delete(self, job, version=None):
+        """Removes the job with all its versions, or one version of it (an open one, or
+        an old committed one; the current version is only removed with the job)."""
+        if version is None:
+            self._s.delete_job(job)
+        else:
+            self._s.drop_version(job, version)
+
     def save_state(self, job, version, rank, tensors):
         """Writes {local name: tensor} of a rank into an open version."""
         prefix = _rank_prefix(job, version, rank)
-        items = [(name, t.detach().contiguous()) for name, t in tensors.items()]
-        for name, t in items:
+        for name, t in tensors.items():
+            if not isinstance(name, str) or not name:
+                raise _tenplex.InvalidArgumentError(f"save_state: key {name!r} is not a tensor name (a non-empty str)")
+            if not isinstance(t, torch.Tensor):
+                raise _tenplex.InvalidArgumentError(
+                    f"save_state: value of {name!r} is a {type(t).__module__}.{type(t).__qualname__}, "
+                    "not a torch.Tensor (save tensors only; put other state in the version info)")
             if t.dtype not in _NAME_OF:
-                raise _tenplex.InvalidArgumentError(f"tensor {name}: dtype {t.dtype} is not supported")
+                raise _tenplex.InvalidArgumentError(f"save_state: tensor {name!r}: dtype {t.dtype} is not supported "
+                                                    f"(supported: {', '.join(sorted(map(str, _NAME_OF)))})")
+        items = [(name, t.detach().contiguous()) for name, t in tensors.items()]
         if self.local:
             reqs = [(prefix + name, _NAME_OF[t.dtype], list(t.shape)) for name, t in items]
             infos = self._s.allocate(reqs)

@@ -1,9 +1,13 @@
 // tenplex ckpt init --model M --config C --out DIR [--seed S]
 // tenplex ckpt verify --in DIR [--seed S]
 #include <cstdio>
+#include <nlohmann/json.hpp>
 
 #include "tenplex/cli/command.h"
 #include "tenplex/transform/reshard.h"
+#include "tenplex/ptc/layout.h"
+#include "tenplex/util/format.h"
+#include "tenplex/util/log.h"
 
 namespace tenplex::cli {
 
@@ -16,19 +20,34 @@ void RegisterCkpt(CLI::App& app, Context& ctx) {
     struct Opts {
       std::string model, config, out;
       uint64_t seed = 0;
+      bool json = false;
     };
     auto o = std::make_shared<Opts>();
     cmd->add_option("--model", o->model, "Model JSON file or preset name")->required();
     cmd->add_option("--config", o->config, "Parallel config")->required();
     cmd->add_option("--out", o->out, "Output checkpoint directory (must not exist or be empty)")
         ->required();
-    cmd->add_option("--seed", o->seed, "Seed of the synthetic content")->default_val(0);
+    cmd->add_option("--seed", o->seed, "Seed of the synthetic content")->capture_default_str();
+    cmd->add_flag("--json", o->json, "Print what was written as JSON");
     cmd->callback([o, &ctx] {
       auto run = [&]() -> Status {
         TP_ASSIGN_OR_RETURN(Model m, LoadModel(o->model));
         auto c = ParseConfig(o->config);
         if (!c.ok()) return c.status().WithContext("--config");
-        return transform::InitCheckpoint(m, *c, o->out, o->seed, &ThreadPool::Default());
+        TP_ASSIGN_OR_RETURN(Layout layout, MakeLayout(m, *c));
+        int64_t bytes = 0;
+        for (const RankLayout& r : layout.ranks) bytes += r.bytes();
+        TP_RETURN_IF_ERROR(transform::InitCheckpoint(m, *c, o->out, o->seed, &ThreadPool::Default()));
+        if (o->json) {
+          nlohmann::json j = {{"out", o->out}, {"config", c->ToString()}, {"ranks", layout.world_size()},
+                              {"bytes", bytes}, {"seed", o->seed}};
+          return WriteOutput("", j.dump() + "\n");
+        }
+        if (GetLogLevel() != LogLevel::kQuiet) {
+          std::printf("wrote %s: %d ranks of %s, %s (seed %llu)\n", o->out.c_str(), layout.world_size(),
+                      c->ToString().c_str(), HumanBytes(bytes).c_str(), static_cast<unsigned long long>(o->seed));
+        }
+        return Status::Ok();
       };
       Finish(ctx, run());
     });
@@ -39,15 +58,21 @@ void RegisterCkpt(CLI::App& app, Context& ctx) {
     struct Opts {
       std::string in;
       uint64_t seed = 0;
+      bool json = false;
     };
     auto o = std::make_shared<Opts>();
     cmd->add_option("--in", o->in, "Checkpoint directory")->required();
     auto* seed = cmd->add_option("--seed", o->seed, "Seed (default: the one tenplex.json records)");
+    cmd->add_flag("--json", o->json, "Print the result as JSON");
     cmd->callback([o, seed, &ctx] {
       std::optional<uint64_t> s;
       if (seed->count() > 0) s = o->seed;
       Status st = transform::VerifyCheckpoint(o->in, s, &ThreadPool::Default());
-      if (st.ok()) std::printf("%s: every element matches\n", o->in.c_str());
+      if (st.ok() && o->json) {
+        st = WriteOutput("", nlohmann::json({{"in", o->in}, {"ok", true}}).dump() + "\n");
+      } else if (st.ok() && GetLogLevel() != LogLevel::kQuiet) {
+        std::printf("%s: every element matches\n", o->in.c_str());
+      }
       Finish(ctx, st);
     });
   }

@@ -6,26 +6,83 @@
 #include <sstream>
 
 #include "tenplex/util/file.h"
+#include "tenplex/util/log.h"
 
 namespace tenplex::cli {
+
+void AddGlobalOptions(CLI::App& app) {
+  app.fallthrough();  // subcommands inherit it: -q/-v work after the subcommand too
+  app.add_flag_callback(
+      "-q,--quiet", [] { SetLogLevel(LogLevel::kQuiet); }, "Print only results and errors");
+  app.add_flag_callback(
+      "-v,--verbose", [] { SetLogLevel(LogLevel::kVerbose); },
+      "Also print what was decided and why");
+}
+
+namespace {
+
+// The deepest subcommand the parser reached (for "see tenplex X Y --help").
+std::string CommandPath(const CLI::App& app) {
+  std::string path = app.get_name();
+  const CLI::App* cur = &app;
+  for (bool found = true; found;) {
+    found = false;
+    for (const CLI::App* sub : cur->get_subcommands()) {
+      if (sub->parsed()) {
+        path += " " + sub->get_name();
+        cur = sub;
+        found = true;
+        break;
+      }
+    }
+  }
+  return path;
+}
+
+}  // namespace
+
+int ParseFailed(CLI::App& app, const CLI::ParseError& e) {
+  if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success) ||
+      dynamic_cast<const CLI::CallForHelp*>(&e) || dynamic_cast<const CLI::CallForAllHelp*>(&e) ||
+      dynamic_cast<const CLI::CallForVersion*>(&e)) {
+    return app.exit(e);  // help or version on stdout, exit 0
+  }
+  std::string message = e.what();
+  if (dynamic_cast<const CLI::ExtrasError*>(&e)) {
+    // CLI11 lists unexpected arguments last-first; show them in the order given.
+    std::size_t colon = message.find(": ");
+    std::istringstream words(colon == std::string::npos ? "" : message.substr(colon + 2));
+    std::vector<std::string> args{std::istream_iterator<std::string>(words),
+                                  std::istream_iterator<std::string>()};
+    std::string list;
+    for (auto it = args.rbegin(); it != args.rend(); ++it) list += (list.empty() ? "" : " ") + *it;
+    message = "unexpected argument(s): " + list;
+  }
+  const std::string cmd = CommandPath(app);
+  std::fprintf(
+      stderr, "tenplex: error: %s\n(see '%s --help')\n", message.c_str(),
+      cmd == app.get_name() ? "tenplex" : ("tenplex" + cmd.substr(app.get_name().size())).c_str());
+  return 2;
+}
 
 int Fail(const Status& status) {
   std::fprintf(stderr, "tenplex: error: %s\n", status.message().c_str());
   switch (status.code()) {
-    case StatusCode::kOk: return 0;
+    case StatusCode::kOk:
+      return 0;
     case StatusCode::kInvalidArgument:
     case StatusCode::kNotFound:
     case StatusCode::kOutOfRange:
     case StatusCode::kAlreadyExists:
     case StatusCode::kFailedPrecondition:
-    case StatusCode::kDataLoss: return 2;
-    default: return 1;
+    case StatusCode::kDataLoss:
+      return 2;
+    default:
+      return 1;
   }
 }
 
-void Finish(Context& ctx, const Status& status) {
-  ctx.exit_code = status.ok() ? 0 : Fail(status);
-}
+void Finish(Context& ctx, const Status& status) { ctx.exit_code = status.ok() ? 0 : Fail(status); }
 
 Status WriteOutput(const std::string& path, const std::string& text) {
   if (path.empty() || path == "-") {

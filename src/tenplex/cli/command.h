@@ -14,6 +14,13 @@ struct Context {
   int exit_code = 0;
 };
 
+// -v/--verbose and -q/--quiet (log levels, util/log.h), accepted before or after the
+// subcommand (the app falls through to them). Call before registering subcommands.
+void AddGlobalOptions(CLI::App& app);
+// The one place command-line errors are reported: "tenplex: error: <message>" and a
+// pointer to the subcommand's --help on stderr, exit code 2 (help and --version: 0).
+int ParseFailed(CLI::App& app, const CLI::ParseError& e);
+
 // Prints "tenplex: error: <message>" to stderr and returns the exit code for the
 // status: 2 for bad input (InvalidArgument, NotFound, OutOfRange, ...), 1 otherwise.
 int Fail(const Status& status);
@@ -29,6 +36,8 @@ Result<std::string> ReadInput(const std::string& path);
 void RegisterModel(CLI::App& app, Context& ctx);
 void RegisterLayout(CLI::App& app, Context& ctx);
 void RegisterStore(CLI::App& app, Context& ctx);
+// `tenplex store ls|rm` (cli/store_admin.cc), under the `store` subcommand.
+void RegisterStoreAdmin(CLI::App& store_cmd, Context& ctx);
 void RegisterRun(CLI::App& app, Context& ctx);
 void RegisterPlan(CLI::App& app, Context& ctx);
 void RegisterCkpt(CLI::App& app, Context& ctx);

@@ -1,38 +1,80 @@
-// tenplex model gpt [Megatron-LM arguments] [-o FILE]
+// tenplex model gpt [--preset NAME] [Megatron-LM arguments] [-o FILE]
 #include "tenplex/cli/command.h"
+#include "tenplex/cli/megatron_args.h"
 #include "tenplex/model/gpt.h"
+#include "tenplex/util/log.h"
 
 namespace tenplex::cli {
+
+namespace {
+
+// Options a preset fills; without --preset the first four are required.
+constexpr const char* kSizeFlags[] = {"--num-layers", "--hidden-size", "--num-attention-heads",
+                                      "--vocab-size"};
+
+}  // namespace
 
 void RegisterModel(CLI::App& app, Context& ctx) {
   auto* model = app.add_subcommand("model", "Write model descriptions (JSON)");
   model->require_subcommand(1);
-  auto* gpt = model->add_subcommand("gpt", "A GPT model with Megatron-Core parameter names");
+  auto* gpt = model->add_subcommand(
+      "gpt",
+      "A GPT model with Megatron-Core parameter names. Give --preset NAME or the sizes "
+      "(--num-layers, "
+      "--hidden-size, --num-attention-heads, --vocab-size); other options have Megatron-LM's "
+      "defaults. A pasted "
+      "Megatron-LM argument block is accepted: --bf16/--fp16 set the params dtype, "
+      "--group-query-attention and "
+      "--use-rotary-position-embeddings shape the model, --seq-length is the default of "
+      "--max-position-embeddings, and training arguments (batch sizes, learning rate, parallel "
+      "sizes, paths) are "
+      "ignored.");
+  gpt->allow_extras();
+  gpt->fallthrough(false);  // unknown arguments stay here (Megatron-LM arguments)
   struct Opts {
     GptArgs a;
     std::string preset, out;
     bool list = false;
   };
   auto o = std::make_shared<Opts>();
-  gpt->add_option("--preset", o->preset, "Well-known size: gpt3-125m ... gpt3-175b, llama2-7b, llama3-8b");
-  gpt->add_flag("--list-presets", o->list, "Print the preset names");
-  gpt->add_option("--num-layers", o->a.num_layers);
-  gpt->add_option("--hidden-size", o->a.hidden_size);
-  gpt->add_option("--ffn-hidden-size", o->a.ffn_hidden_size, "default 4*hidden");
-  gpt->add_option("--num-attention-heads", o->a.num_attention_heads);
-  gpt->add_option("--num-query-groups", o->a.num_query_groups, "default num-attention-heads");
-  gpt->add_option("--kv-channels", o->a.kv_channels, "default hidden/heads");
-  gpt->add_option("--vocab-size", o->a.vocab_size);
-  gpt->add_option("--make-vocab-size-divisible-by", o->a.make_vocab_size_divisible_by);
-  gpt->add_option("--max-position-embeddings", o->a.max_position_embeddings);
-  gpt->add_option("--position-embedding-type", o->a.position_embedding_type, "learned_absolute|rope");
-  gpt->add_flag("--swiglu", o->a.swiglu);
-  gpt->add_flag("--disable-bias-linear", o->a.disable_bias_linear);
-  gpt->add_flag("--untie-embeddings-and-output-weights", o->a.untie_embeddings_and_output_weights);
-  gpt->add_option("--normalization", o->a.normalization, "LayerNorm|RMSNorm");
-  gpt->add_option("--params-dtype", o->a.params_dtype, "fp32|bf16|fp16");
-  gpt->add_option("--optimizer", o->a.optimizer, "adam|none");
-  gpt->add_option("-o,--output", o->out, "Output file (default stdout)");
+  gpt->add_option("--preset", o->preset,
+                  "Well-known size (fills the size options): gpt3-125m ... gpt3-175b, "
+                  "llama2-7b, llama2-13b, llama3-8b (--list-presets)");
+  gpt->add_flag("--list-presets", o->list, "Print the preset names and exit");
+  gpt->add_option("--num-layers", o->a.num_layers,
+                  "Transformer layers (required without --preset)");
+  gpt->add_option("--hidden-size", o->a.hidden_size, "Hidden size h (required without --preset)");
+  gpt->add_option("--ffn-hidden-size", o->a.ffn_hidden_size, "MLP hidden size (default 4*h)");
+  gpt->add_option("--num-attention-heads", o->a.num_attention_heads,
+                  "Attention heads (required without --preset)");
+  gpt->add_option("--num-query-groups", o->a.num_query_groups,
+                  "Key/value groups for grouped-query attention (default: one per head)");
+  gpt->add_option("--kv-channels", o->a.kv_channels, "Channels per head (default h/heads)");
+  gpt->add_option("--vocab-size", o->a.vocab_size, "Vocabulary size V (required without --preset)");
+  gpt->add_option("--make-vocab-size-divisible-by", o->a.make_vocab_size_divisible_by,
+                  "Pad the vocabulary to a multiple of this times tp")
+      ->capture_default_str();
+  gpt->add_option("--max-position-embeddings", o->a.max_position_embeddings,
+                  "Positions of the learned position embedding (default --seq-length, else 128)")
+      ->capture_default_str();
+  gpt->add_option("--position-embedding-type", o->a.position_embedding_type,
+                  "learned_absolute or rope")
+      ->check(CLI::IsMember({"learned_absolute", "rope"}))
+      ->capture_default_str();
+  gpt->add_flag("--swiglu", o->a.swiglu, "SwiGLU MLP (two fc1 halves)");
+  gpt->add_flag("--disable-bias-linear", o->a.disable_bias_linear, "No biases in linear layers");
+  gpt->add_flag("--untie-embeddings-and-output-weights", o->a.untie_embeddings_and_output_weights,
+                "Separate output layer (default: tied to the word embeddings)");
+  gpt->add_option("--normalization", o->a.normalization, "LayerNorm or RMSNorm")
+      ->check(CLI::IsMember({"LayerNorm", "RMSNorm"}))
+      ->capture_default_str();
+  gpt->add_option("--params-dtype", o->a.params_dtype,
+                  "fp32, bf16 or fp16 (--bf16/--fp16 set it too)")
+      ->capture_default_str();
+  gpt->add_option("--optimizer", o->a.optimizer,
+                  "adam (exp_avg, exp_avg_sq, fp32 master copies) or none")
+      ->capture_default_str();
+  gpt->add_option("-o,--output", o->out, "Output file, written atomically (default stdout)");
   gpt->callback([o, gpt, &ctx] {
     if (o->list) {
       std::string names;
@@ -40,14 +82,17 @@ void RegisterModel(CLI::App& app, Context& ctx) {
       Finish(ctx, WriteOutput("", names));
       return;
     }
+    auto given = [&](const char* flag) { return gpt->count(flag) > 0; };
+    std::vector<std::string> explicit_flags;
+    for (const char* f : {"--params-dtype", "--max-position-embeddings", "--num-query-groups"}) {
+      if (given(f)) explicit_flags.push_back(f);
+    }
     GptArgs args = o->a;
     if (!o->preset.empty()) {
       auto p = GptPreset(o->preset);
       if (!p.ok()) return Finish(ctx, p.status());
       // Explicit flags override the preset.
-      GptArgs defaults;
       args = *p;
-      auto given = [&](const char* flag) { return gpt->count(flag) > 0; };
       if (given("--num-layers")) args.num_layers = o->a.num_layers;
       if (given("--hidden-size")) args.hidden_size = o->a.hidden_size;
       if (given("--ffn-hidden-size")) args.ffn_hidden_size = o->a.ffn_hidden_size;
@@ -55,16 +100,39 @@ void RegisterModel(CLI::App& app, Context& ctx) {
       if (given("--num-query-groups")) args.num_query_groups = o->a.num_query_groups;
       if (given("--kv-channels")) args.kv_channels = o->a.kv_channels;
       if (given("--vocab-size")) args.vocab_size = o->a.vocab_size;
-      if (given("--make-vocab-size-divisible-by")) args.make_vocab_size_divisible_by = o->a.make_vocab_size_divisible_by;
-      if (given("--max-position-embeddings")) args.max_position_embeddings = o->a.max_position_embeddings;
-      if (given("--position-embedding-type")) args.position_embedding_type = o->a.position_embedding_type;
+      if (given("--make-vocab-size-divisible-by"))
+        args.make_vocab_size_divisible_by = o->a.make_vocab_size_divisible_by;
+      if (given("--max-position-embeddings"))
+        args.max_position_embeddings = o->a.max_position_embeddings;
+      if (given("--position-embedding-type"))
+        args.position_embedding_type = o->a.position_embedding_type;
       if (given("--swiglu")) args.swiglu = true;
       if (given("--disable-bias-linear")) args.disable_bias_linear = true;
-      if (given("--untie-embeddings-and-output-weights")) args.untie_embeddings_and_output_weights = true;
+      if (given("--untie-embeddings-and-output-weights"))
+        args.untie_embeddings_and_output_weights = true;
       if (given("--normalization")) args.normalization = o->a.normalization;
       if (given("--params-dtype")) args.params_dtype = o->a.params_dtype;
       if (given("--optimizer")) args.optimizer = o->a.optimizer;
+      // The preset fixes the positions and query groups.
+      explicit_flags.push_back("--max-position-embeddings");
+      explicit_flags.push_back("--num-query-groups");
+    } else {
+      std::string missing;
+      for (const char* f : kSizeFlags) {
+        if (!given(f)) missing += std::string(missing.empty() ? "" : ", ") + f;
+      }
+      if (!missing.empty()) {
+        return Finish(
+            ctx, InvalidArgument(
+                     "give --preset NAME (tenplex model gpt --list-presets) or the model size: "
+                     "missing " +
+                     missing));
+      }
     }
+    auto extras = ApplyMegatronArgs(gpt->remaining(), explicit_flags, &args);
+    if (!extras.ok()) return Finish(ctx, extras.status());
+    for (const std::string& a : extras->ignored)
+      LogVerbose("model gpt: ignoring the training argument %s", a.c_str());
     auto m = MakeGpt(args);
     if (!m.ok()) return Finish(ctx, m.status());
     Finish(ctx, WriteOutput(o->out, ModelToJson(*m)));

@@ -2,7 +2,10 @@
 // tenplex reshard --in DIR --to C2 --out DIR2 [--model M] [--from C1] [--no-verify]
 #include <cstdio>
 
+#include <nlohmann/json.hpp>
+
 #include "tenplex/cli/command.h"
+#include "tenplex/util/log.h"
 #include "tenplex/plan/planner.h"
 #include "tenplex/transform/reshard.h"
 #include "tenplex/util/format.h"
@@ -57,7 +60,7 @@ void RegisterPlan(CLI::App& app, Context& ctx) {
         app.add_subcommand("reshard", "Convert a checkpoint directory to another parallel config");
     struct Opts {
       std::string in, out, to, model, from;
-      bool no_verify = false, quiet = false;
+      bool no_verify = false, quiet = false, json = false;
     };
     auto o = std::make_shared<Opts>();
     cmd->add_option("--in", o->in, "Input checkpoint directory")->required();
@@ -69,8 +72,10 @@ void RegisterPlan(CLI::App& app, Context& ctx) {
     cmd->add_option("--from", o->from, "Expected config of the checkpoint; checked");
     cmd->add_flag("--no-verify", o->no_verify, "Skip hashing the input files against tenplex.json");
     cmd->add_flag("-q,--quiet", o->quiet, "Print nothing on success");
+    cmd->add_flag("--json", o->json, "Print the report as JSON");
     cmd->callback([o, &ctx] {
       auto run = [&]() -> Status {
+        if (o->quiet) SetLogLevel(LogLevel::kQuiet);
         transform::ReshardOptions ro;
         ro.in = o->in;
         ro.out = o->out;
@@ -89,7 +94,20 @@ void RegisterPlan(CLI::App& app, Context& ctx) {
         }
         ro.verify_checksums = !o->no_verify;
         ro.pool = &ThreadPool::Default();
+        Progress progress("reshard");
         TP_ASSIGN_OR_RETURN(transform::ReshardReport r, transform::Reshard(ro));
+        progress.Done();
+        if (o->json) {
+          nlohmann::json j = {{"in", o->in},
+                              {"out", o->out},
+                              {"from", r.from.ToString()},
+                              {"to", ro.to.ToString()},
+                              {"bytes_written", r.bytes_written},
+                              {"plan_seconds", r.plan_seconds},
+                              {"copy_seconds", r.copy_seconds},
+                              {"seconds", r.total_seconds}};
+          return WriteOutput("", j.dump() + "\n");
+        }
         if (!o->quiet) {
           std::printf(
               "resharded %s (%s) -> %s (%s): %s written in %.2f s (%.2f GB/s), plan %.3f s\n",

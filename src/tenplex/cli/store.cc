@@ -7,6 +7,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "tenplex/cli/command.h"
@@ -16,6 +17,7 @@
 #include "tenplex/transform/agent.h"
 #include "tenplex/transform/checkpoint_transfer.h"
 #include "tenplex/util/format.h"
+#include "tenplex/util/log.h"
 
 namespace tenplex::cli {
 
@@ -105,6 +107,18 @@ std::string Describe(const transform::TransferStats& s) {
   return buf;
 }
 
+// --json: the statistics as JSON; -q: nothing. Returns true when it printed (or
+// should stay silent) so that the caller skips its sentence.
+bool PrintTransfer(const store::TransferStats& s, const std::string& job, bool json) {
+  if (json) {
+    nlohmann::json j = {{"job", job},         {"version", s.version}, {"tensors", s.tensors}, {"bytes", s.bytes},
+                        {"ranks", s.ranks},   {"seconds", s.seconds}, {"shm", s.shm},         {"verified", s.verified}};
+    std::printf("%s\n", j.dump().c_str());
+    return true;
+  }
+  return GetLogLevel() == LogLevel::kQuiet;
+}
+
 }  // namespace
 
 void RegisterStore(CLI::App& app, Context& ctx) {
@@ -125,7 +139,7 @@ void RegisterStore(CLI::App& app, Context& ctx) {
 
   struct XferOpts {
     std::string url, token, job, dir, cluster;
-    bool http = false;
+    bool http = false, json = false;
   };
   auto lo = std::make_shared<XferOpts>();
   auto* load = cmd->add_subcommand("load", "Load a checkpoint directory as a new committed version of a job");
@@ -135,14 +149,18 @@ void RegisterStore(CLI::App& app, Context& ctx) {
   load->add_option("--dir", lo->dir, "Checkpoint directory (spec section 7)")->required();
   load->add_option("--token", lo->token, "Bearer token (or TENPLEX_TOKEN)");
   load->add_flag("--http", lo->http, "Send bytes in HTTP bodies even when the store is local");
+  load->add_flag("--json", lo->json, "Print the result as JSON");
   load->callback([lo, &ctx] {
     if (!lo->cluster.empty() || lo->url.empty()) {
       return Finish(ctx, StoreClusterTransfer(/*load=*/true, lo->cluster, lo->url, lo->token, lo->job, lo->dir));
     }
     auto c = ConnectFor(lo->url, lo->token, lo->http);
     if (!c.ok()) return Finish(ctx, c.status());
+    Progress progress("store load");
     auto s = transform::LoadCheckpoint(**c, lo->job, lo->dir);
+    progress.Done();
     if (!s.ok()) return Finish(ctx, s.status());
+    if (PrintTransfer(*s, lo->job, lo->json)) return Finish(ctx, Status::Ok());
     std::printf("loaded %s into jobs/%s/%llu (committed; checksums %s)\n", Describe(*s).c_str(), lo->job.c_str(),
                 static_cast<unsigned long long>(s->version), s->verified ? "verified" : "not recorded");
     Finish(ctx, Status::Ok());
@@ -156,18 +174,23 @@ void RegisterStore(CLI::App& app, Context& ctx) {
   save->add_option("--out", vo->dir, "Output directory (must not exist or be empty)")->required();
   save->add_option("--token", vo->token, "Bearer token (or TENPLEX_TOKEN)");
   save->add_flag("--http", vo->http, "Receive bytes in HTTP bodies even when the store is local");
+  save->add_flag("--json", vo->json, "Print the result as JSON");
   save->callback([vo, &ctx] {
     if (!vo->cluster.empty() || vo->url.empty()) {
       return Finish(ctx, StoreClusterTransfer(/*load=*/false, vo->cluster, vo->url, vo->token, vo->job, vo->dir));
     }
     auto c = ConnectFor(vo->url, vo->token, vo->http);
     if (!c.ok()) return Finish(ctx, c.status());
+    Progress progress("store save");
     auto s = transform::SaveCheckpoint(**c, vo->job, vo->dir);
+    progress.Done();
     if (!s.ok()) return Finish(ctx, s.status());
+    if (PrintTransfer(*s, vo->job, vo->json)) return Finish(ctx, Status::Ok());
     std::printf("saved jobs/%s/%llu to %s: %s\n", vo->job.c_str(), static_cast<unsigned long long>(s->version),
                 vo->dir.c_str(), Describe(*s).c_str());
     Finish(ctx, Status::Ok());
   });
+  RegisterStoreAdmin(*cmd, ctx);
 }
 
 }  // namespace tenplex::cli

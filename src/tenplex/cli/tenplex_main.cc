@@ -8,6 +8,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", "tenplex 0.1.0");
   tenplex::cli::Context ctx;
+  tenplex::cli::AddGlobalOptions(app);
   tenplex::cli::RegisterModel(app, ctx);
   tenplex::cli::RegisterLayout(app, ctx);
   tenplex::cli::RegisterStore(app, ctx);
@@ -21,7 +22,7 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    return tenplex::cli::ParseFailed(app, e);
   }
   return ctx.exit_code;
 }

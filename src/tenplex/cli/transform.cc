@@ -9,6 +9,7 @@
 
 #include "tenplex/cli/command.h"
 #include "tenplex/transform/checkpoint_transfer.h"
+#include "tenplex/util/log.h"
 #include "tenplex/transform/cluster.h"
 #include "tenplex/transform/distributed.h"
 #include "tenplex/util/format.h"
@@ -40,7 +41,7 @@ Status Transform(const TransformOpts& o) {
   if (!to.ok()) return to.status().WithContext("--to");
   opts.max_attempts = o.attempts;
   opts.central = o.central;
-  if (!o.quiet) opts.log = [](const std::string& line) { std::fprintf(stderr, "tenplex transform: %s\n", line.c_str()); };
+  if (!o.quiet && GetLogLevel() != LogLevel::kQuiet) opts.log = [](const std::string& line) { std::fprintf(stderr, "tenplex transform: %s\n", line.c_str()); };
   TP_ASSIGN_OR_RETURN(transform::ClusterTransformStats s,
                       transform::TransformCluster(cluster, o.job, *to, ClusterClientOptions(o.token), opts));
   if (!o.json) {

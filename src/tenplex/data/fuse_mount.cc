@@ -1,6 +1,7 @@
 #define FUSE_USE_VERSION 312
 #include "tenplex/data/fuse_mount.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <fuse.h>
 #include <fuse_lowlevel.h>
@@ -252,6 +253,21 @@ Result<std::unique_ptr<FuseMount>> FuseMount::Start(std::shared_ptr<const FileTr
   if (::stat(mountpoint.c_str(), &st) != 0) return ErrnoError("mountpoint " + mountpoint, errno);
   if (!S_ISDIR(st.st_mode))
     return InvalidArgument("mountpoint " + mountpoint + " is not a directory");
+  // A mount would hide what is there (and a trainer would read the wrong files).
+  if (DIR* d = ::opendir(mountpoint.c_str())) {
+    std::string first;
+    while (dirent* e = ::readdir(d)) {
+      if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) {
+        first = e->d_name;
+        break;
+      }
+    }
+    ::closedir(d);
+    if (!first.empty()) {
+      return FailedPrecondition("mountpoint " + mountpoint + " is not empty (it holds '" + first +
+                                "'): mount on an empty directory");
+    }
+  }
   if (::access("/dev/fuse", R_OK | W_OK) != 0) {
     return FailedPrecondition(std::string("/dev/fuse is not usable (") + std::strerror(errno) +
                               "): load the fuse module (modprobe fuse) or run the container with "

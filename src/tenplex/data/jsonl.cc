@@ -4,6 +4,8 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "tenplex/util/log.h"
+
 namespace tenplex::data {
 
 static_assert(std::endian::native == std::endian::little, "index files are little-endian");
@@ -38,6 +40,7 @@ Result<std::string> BuildJsonlOffsets(std::string_view source) {
       return InvalidArgument("line " + N(number) + " is not valid JSON");
     }
     off.push_back(start);
+    ReportProgress(end + 1 - start);
     start = end + 1;  // past the newline, or S + 1 for a last line without one
   }
   if (off.empty()) return InvalidArgument("the JSONL file has no records");

@@ -78,6 +78,11 @@ std::string LocalName(const Model& model, const std::string& path, int first_lay
   return pre + std::to_string(layer - first_layer) + path.substr(dot);
 }
 
+FlatRange ZeroFlatRange(int64_t total, int dp, int dp_rank) {
+  const int64_t padded = (total + dp - 1) / dp * dp, per = padded / dp;
+  return {dp_rank * per, (dp_rank + 1) * per, padded};
+}
+
 int64_t RankLayout::bytes() const {
   int64_t b = 0;
   for (const LocalTensor& t : *tensors) b += t.bytes();
@@ -121,6 +126,7 @@ Result<Layout> MakeLayout(const Model& model, const ParallelConfig& config) {
       for (const ParamEntry& e : stage_params[s]) {
         LocalTensor lt;
         lt.name = e.local_name;
+        lt.param = e.global_name;
         lt.dtype = e.desc->dtype;
         Slice(*e.desc, e.global_name, t, T, &lt.shape, &lt.pieces);
         params.push_back(std::move(lt));
@@ -158,12 +164,12 @@ Result<Layout> MakeLayout(const Model& model, const ParallelConfig& config) {
         base.push_back(n);
         n += Volume(p.shape);
       }
-      const int64_t np = (n + D - 1) / D * D, shard = np / D;
       std::vector<std::string> kinds = model.optimizer.states;
       if (any_low_precision) kinds.push_back("fp32_param");
       for (int d = 0; d < D; ++d) {
         auto list = std::make_shared<std::vector<LocalTensor>>(params);
-        const int64_t lo = d * shard, hi = lo + shard;
+        const FlatRange range = ZeroFlatRange(n, D, d);
+        const int64_t lo = range.begin, hi = range.end, shard = hi - lo;
         for (const std::string& kind : kinds) {
           LocalTensor flat;
           flat.name = "optimizer.flat." + kind;

@@ -43,6 +43,9 @@ struct Piece {
 
 struct LocalTensor {
   std::string name;
+  // The global parameter this tensor slices, or whose optimizer state it is; empty for
+  // the ZeRO-1 flat shards (they span many parameters).
+  std::string param;
   DType dtype = DType::kF32;
   Shape shape;
   std::vector<Piece> pieces;
@@ -67,6 +70,13 @@ struct Layout {
   std::map<std::string, GlobalTensor> globals;
   int world_size() const { return static_cast<int>(ranks.size()); }
 };
+
+// ZeRO-1 (spec §5): `total` flat elements padded to a multiple of dp and split in dp
+// equal ranges; [begin, end) is rank dp_rank's, padded the padded total.
+struct FlatRange {
+  int64_t begin = 0, end = 0, padded = 0;
+};
+FlatRange ZeroFlatRange(int64_t total, int dp, int dp_rank);
 
 // Builds the layout; an impossible config is InvalidArgument naming the rule.
 Result<Layout> MakeLayout(const Model& model, const ParallelConfig& config);

@@ -142,10 +142,8 @@ Status Client::Abort(const std::string& job, uint64_t version) {
   return Call("POST", "/v1/jobs/" + Encode(job) + "/versions/" + std::to_string(version) + "/abort").status();
 }
 
-Result<VersionInfo> Client::Version(const std::string& job, VersionRef version) {
-  TP_ASSIGN_OR_RETURN(std::string text, Call("GET", "/v1/jobs/" + Encode(job) + "/versions/" +
-                                                        (version ? std::to_string(*version) : "current")));
-  TP_ASSIGN_OR_RETURN(json j, ParseJson(text));
+namespace {
+VersionInfo VersionFromJson(const json& j) {
   VersionInfo v;
   v.job = j.value("job", "");
   v.version = j.value("version", uint64_t{0});
@@ -155,6 +153,45 @@ Result<VersionInfo> Client::Version(const std::string& job, VersionRef version) 
   v.tensors = j.value("tensors", std::size_t{0});
   v.info = j.contains("info") ? j["info"].dump() : "{}";
   return v;
+}
+}  // namespace
+
+Result<VersionInfo> Client::Version(const std::string& job, VersionRef version) {
+  TP_ASSIGN_OR_RETURN(std::string text, Call("GET", "/v1/jobs/" + Encode(job) + "/versions/" +
+                                                        (version ? std::to_string(*version) : "current")));
+  TP_ASSIGN_OR_RETURN(json j, ParseJson(text));
+  return VersionFromJson(j);
+}
+
+Result<std::vector<std::string>> Client::Jobs() {
+  TP_ASSIGN_OR_RETURN(std::string text, Call("GET", "/v1/jobs"));
+  TP_ASSIGN_OR_RETURN(json j, ParseJson(text));
+  std::vector<std::string> out;
+  if (!j.contains("jobs") || !j["jobs"].is_array()) return DataLoss(url_ + "/v1/jobs: reply without a jobs list");
+  for (const json& e : j["jobs"]) {
+    if (e.is_object() && e.contains("job") && e["job"].is_string()) out.push_back(e["job"].get<std::string>());
+  }
+  return out;
+}
+
+Result<JobInfo> Client::Job(const std::string& job) {
+  TP_ASSIGN_OR_RETURN(std::string text, Call("GET", "/v1/jobs/" + Encode(job)));
+  TP_ASSIGN_OR_RETURN(json j, ParseJson(text));
+  JobInfo info;
+  info.job = j.value("job", job);
+  if (j.contains("current") && j["current"].is_number_unsigned()) info.current = j["current"].get<uint64_t>();
+  if (j.contains("versions") && j["versions"].is_array()) {
+    for (const json& v : j["versions"]) {
+      if (v.is_object()) info.versions.push_back(VersionFromJson(v));
+    }
+  }
+  return info;
+}
+
+Status Client::DeleteJob(const std::string& job) { return Call("DELETE", "/v1/jobs/" + Encode(job)).status(); }
+
+Status Client::DropVersion(const std::string& job, uint64_t version) {
+  return Call("DELETE", "/v1/jobs/" + Encode(job) + "/versions/" + std::to_string(version)).status();
 }
 
 Result<std::vector<TensorInfo>> Client::List(const std::string& prefix) {

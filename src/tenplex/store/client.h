@@ -52,6 +52,12 @@ class Client {
   Status Commit(const std::string& job, uint64_t version, bool keep_old = false);
   Status Abort(const std::string& job, uint64_t version);
   Result<VersionInfo> Version(const std::string& job, VersionRef version);
+  // ---- jobs (GET /v1/jobs, GET and DELETE /v1/jobs/{job}, DELETE .../versions/{v})
+  Result<std::vector<std::string>> Jobs();
+  Result<JobInfo> Job(const std::string& job);
+  Status DeleteJob(const std::string& job);
+  // Removes an open version or releases an old committed one (not the current one).
+  Status DropVersion(const std::string& job, uint64_t version);
 
   // ---- tensors
   // With file paths when local().

@@ -103,7 +103,7 @@ Status Store::Commit(const std::string& job, uint64_t version, bool keep_old) {
 }
 
 Status Store::DropVersion(const std::string& job, uint64_t version) {
-  std::string trash;
+  std::string trash, job_trash;
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
     TP_RETURN_IF_ERROR(impl_->FindVersion(job, version).status());
@@ -113,9 +113,16 @@ Status Store::DropVersion(const std::string& job, uint64_t version) {
                                 " is the current version; commit a newer one or delete the job");
     }
     trash = impl_->EraseVersion(job, j, version);
+    // A job exists while it has versions: dropping the only (never committed) one, as a
+    // failed load does, leaves no job behind listed with "current": null.
+    if (j.versions.empty() && !j.current) {
+      impl_->jobs.erase(job);
+      job_trash = impl_->Trash(impl_->JobDir(job));
+    }
   }
   std::error_code ec;
   fs::remove_all(trash, ec);
+  if (!job_trash.empty()) fs::remove_all(job_trash, ec);
   return Status::Ok();
 }
 

@@ -16,6 +16,7 @@
 #include "tenplex/transform/cluster_state.h"
 #include "tenplex/transform/host_exec.h"
 #include "tenplex/transform/state_info.h"
+#include "tenplex/util/log.h"
 #include "tenplex/util/thread_pool.h"
 
 namespace tenplex::transform {
@@ -173,6 +174,7 @@ Result<TransferStats> Load(const Cluster& cluster, const std::vector<store::Clie
       ++stats.tensors;
     }
     s = clients[single ? 0 : cluster.HostOfRank(r)]->WriteMany(reqs, data);
+    for (const io::SafetensorsEntry& e : files[r].tensors()) ReportProgress(e.bytes());
   }
   // Commit on all hosts; the version is only current once every host has committed it.
   for (std::size_t h = 0; h < used && s.ok(); ++h) {
@@ -303,6 +305,7 @@ Result<TransferStats> Save(const Cluster& cluster, const std::vector<store::Clie
       for (std::size_t i = 0; i < shape.order.size(); ++i) {
         const store::TensorInfo& t = have[r][shape.order[i]];
         if (t.bytes > 0) TP_RETURN_IF_ERROR(c.Read(t, w.data(i)));
+        ReportProgress(t.bytes);
         stats.bytes += t.bytes;
         ++stats.tensors;
       }

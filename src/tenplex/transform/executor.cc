@@ -4,6 +4,7 @@
 
 #include "tenplex/geometry/copy.h"
 #include "tenplex/plan/box_set.h"
+#include "tenplex/util/log.h"
 
 namespace tenplex::transform {
 
@@ -96,6 +97,7 @@ Status ExecutePlan(const plan::Plan& plan, const Layout& from, const Layout& to,
     if (!status.ok())
       return status.WithContext("copying " + plan.tensors.at(op.tensor) + " " +
                                 ToString(op.global));
+    ReportProgress(static_cast<uint64_t>(Volume(op.dst)) * DTypeSize(dt.dtype));
     return Status::Ok();
   };
   if (options.copy_kept) {
