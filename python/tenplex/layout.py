@@ -39,7 +39,9 @@ class Model:
         self.text = json.dumps(desc)
         _tenplex.validate(self.text, Config.parse("tp=1"))  # the native parser checks every field
         self.num_layers = int(desc["num_layers"])
+        self.layer_prefix = desc.get("layer_prefix", "decoder.layers.")
         self.tensors = desc["tensors"]
+        self.aliases = desc.get("aliases", [])
         self.optimizer_states = list(desc.get("optimizer", {}).get("states", []))
         self.info = desc.get("info", {})
         self.by_path = {t["path"]: t for t in self.tensors}

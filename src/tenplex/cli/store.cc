@@ -109,10 +109,10 @@ std::string Describe(const transform::TransferStats& s) {
 
 // --json: the statistics as JSON; -q: nothing. Returns true when it printed (or
 // should stay silent) so that the caller skips its sentence.
-bool PrintTransfer(const store::TransferStats& s, const std::string& job, bool json) {
+bool PrintTransfer(const transform::TransferStats& s, const std::string& job, bool json) {
   if (json) {
     nlohmann::json j = {{"job", job},         {"version", s.version}, {"tensors", s.tensors}, {"bytes", s.bytes},
-                        {"ranks", s.ranks},   {"seconds", s.seconds}, {"shm", s.shm},         {"verified", s.verified}};
+                        {"ranks", s.ranks},   {"hosts", s.hosts}, {"lost_hosts", s.lost_hosts}, {"seconds", s.seconds}, {"shm", s.shm},         {"verified", s.verified}};
     std::printf("%s\n", j.dump().c_str());
     return true;
   }
