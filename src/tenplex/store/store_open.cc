@@ -3,6 +3,7 @@
 
 #include "tenplex/store/store_internal.h"
 #include "tenplex/util/file.h"
+#include "tenplex/util/json_depth.h"
 
 namespace tenplex::store {
 
@@ -50,7 +51,7 @@ Status Store::Impl::RestoreJob(const std::string& job) {
     }
     const std::string mpath = (e.path() / kManifest).string();
     TP_ASSIGN_OR_RETURN(std::string text, ReadFile(mpath));
-    json m = json::parse(text, nullptr, false);
+    json m = CheckJsonDepth(text).ok() ? json::parse(text, nullptr, false) : json();
     if (m.is_discarded() || !m.is_object() || m.value("format", "") != kManifestFormat ||
         !m.contains("tensors") || !m["tensors"].is_array()) {
       return DataLoss(mpath + " is not a " + kManifestFormat + " manifest");
