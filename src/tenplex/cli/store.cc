@@ -34,6 +34,7 @@ std::string TokenOrEnv(const std::string& token) {
 
 struct ServeOpts {
   std::string listen = "127.0.0.1:7480", token, memory_limit, shm_dir, max_body = "1G", transport = "ucx";
+  std::string access_log;
 };
 
 Status Serve(const ServeOpts& o) {
@@ -45,6 +46,7 @@ Status Serve(const ServeOpts& o) {
   }
   store::ServerOptions sv;
   sv.token = TokenOrEnv(o.token);
+  sv.access_log = o.access_log;
   TP_ASSIGN_OR_RETURN(sv.max_body_bytes, store::ParseByteSize(o.max_body));
   if (!store::IsLoopbackHost(hp.host) && sv.token.empty()) {
     return InvalidArgument("--listen " + o.listen + " is not a loopback address: it requires --token (or TENPLEX_TOKEN)");
@@ -132,6 +134,8 @@ void RegisterStore(CLI::App& app, Context& ctx) {
   serve->add_option("--memory-limit", so->memory_limit, "Bytes of tensors the store may hold (e.g. 8G; default: free shared memory)");
   serve->add_option("--shm-dir", so->shm_dir, "Shared-memory directory; kept across restarts (default: a fresh private one)");
   serve->add_option("--max-body", so->max_body, "Largest request body (e.g. 1G)")->capture_default_str();
+  serve->add_option("--access-log", so->access_log,
+                    "One line per request (time client method target status bytes-in bytes-out seconds): - for stderr, or a file appended to");
   serve->add_option("--transport", so->transport, "Data plane to peer daemons: ucx or none (no transform agent)")
       ->check(CLI::IsMember({"ucx", "none"}))
       ->capture_default_str();

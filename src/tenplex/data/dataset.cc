@@ -6,6 +6,7 @@
 #include <system_error>
 
 #include "tenplex/util/file.h"
+#include "tenplex/util/json_depth.h"
 
 namespace tenplex::data {
 
@@ -77,6 +78,7 @@ Result<std::shared_ptr<const Dataset>> Dataset::Open(const std::string& index_di
                     " is not a dataset index (no index.json; build one with `tenplex data index`)");
   }
   TP_ASSIGN_OR_RETURN(std::string text, ReadFile(meta_path));
+  TP_RETURN_IF_ERROR(CheckJsonDepth(text, meta_path));
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   auto bad = [&](const std::string& what) { return DataLoss(meta_path + ": " + what); };
   if (!j.is_object()) return bad("not a JSON object");

@@ -8,6 +8,7 @@
 
 #include "tenplex/util/file.h"
 #include "tenplex/util/hash.h"
+#include "tenplex/util/json_depth.h"
 
 namespace tenplex::io {
 
@@ -32,6 +33,7 @@ Result<CheckpointInfo> ReadCheckpointInfo(const std::string& dir) {
     return NotFound(path + " is missing: " + dir + " is not a complete tenplex checkpoint (" +
                     text.status().message() + ")");
   }
+  TP_RETURN_IF_ERROR(CheckJsonDepth(*text, path));
   json j = json::parse(*text, nullptr, false);
   if (j.is_discarded() || !j.is_object()) return DataLoss(path + " is not a JSON object");
   if (!j.contains("model") || !j.contains("config") || !j["config"].is_string()) {

@@ -1,4 +1,5 @@
 #include "tenplex/io/safetensors.h"
+#include "tenplex/util/json_depth.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -29,6 +30,10 @@ Result<SafetensorsHeader> ParseSafetensorsHeader(const uint8_t* data, std::size_
   SafetensorsHeader h;
   h.data_offset = 8 + n;
   const uint64_t data_size = size - h.data_offset;
+  if (Status d = CheckJsonDepth(std::string_view(reinterpret_cast<const char*>(data) + 8, n), "safetensors header");
+      !d.ok()) {
+    return DataLoss(d.message());
+  }
   json j = json::parse(data + 8, data + 8 + n, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return DataLoss("safetensors: header is not a JSON object");
   for (auto& [name, v] : j.items()) {

@@ -6,6 +6,7 @@
 
 #include "tenplex/util/file.h"
 #include "tenplex/model/gpt.h"
+#include "tenplex/util/json_depth.h"
 
 namespace tenplex {
 
@@ -232,6 +233,7 @@ std::string ModelToJson(const Model& m, int indent) {
 }
 
 Result<Model> ModelFromJson(const std::string& text) {
+  TP_RETURN_IF_ERROR(CheckJsonDepth(text, "model description"));
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return InvalidArgument("model description is not valid JSON");
   if (!j.is_object()) return InvalidArgument("model description must be a JSON object");

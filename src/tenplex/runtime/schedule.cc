@@ -1,4 +1,5 @@
 #include "tenplex/runtime/schedule.h"
+#include "tenplex/util/json_depth.h"
 
 #include <nlohmann/json.hpp>
 #include <set>
@@ -9,6 +10,7 @@ using nlohmann::json;
 
 Result<std::vector<ScheduleEntry>> ParseSchedule(const std::string& text, const Model& model,
                                                  const ConfigChooser& choose) {
+  TP_RETURN_IF_ERROR(CheckJsonDepth(text, "schedule"));
   json j = json::parse(text, nullptr, false);
   if (j.is_discarded()) return InvalidArgument("schedule is not valid JSON");
   if (!j.is_array() || j.empty()) return InvalidArgument("schedule must be a non-empty JSON list of entries");

@@ -12,6 +12,7 @@
 #include "tenplex/store/server.h"
 #include "tenplex/util/file.h"
 #include "tenplex/util/thread_pool.h"
+#include "tenplex/util/json_depth.h"
 
 namespace tenplex::store {
 
@@ -37,6 +38,7 @@ std::string Encode(std::string_view s) {
 }
 
 Result<json> ParseJson(const std::string& text) {
+  TP_RETURN_IF_ERROR(CheckJsonDepth(text, "the store's reply"));
   json j = json::parse(text, nullptr, false);
   if (j.is_discarded()) return DataLoss("store: the reply is not JSON: " + text.substr(0, 200));
   return j;
@@ -58,7 +60,7 @@ Result<TensorInfo> TensorFromJson(const json& j) {
 
 // The Status of an error reply {"error": ..., "code": ...} (one place for every call).
 Status ReplyError(const std::string& url, const std::string& what, int status, const std::string& body) {
-  json j = json::parse(body, nullptr, false);
+  json j = CheckJsonDepth(body).ok() ? json::parse(body, nullptr, false) : json();
   const bool ok = j.is_object() && j.contains("error") && j["error"].is_string();
   std::string msg = ok ? j["error"].get<std::string>() : body.substr(0, 200);
   std::string code = j.is_object() && j.contains("code") && j["code"].is_string() ? j["code"].get<std::string>() : "";

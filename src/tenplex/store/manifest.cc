@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tenplex/store/parse.h"
+#include "tenplex/util/json_depth.h"
 
 namespace tenplex::store {
 
@@ -10,7 +11,7 @@ using nlohmann::json;
 
 Result<Manifest> ParseManifest(std::string_view text, std::string_view job,
                                std::string_view version) {
-  json m = json::parse(text, nullptr, false);
+  json m = CheckJsonDepth(text).ok() ? json::parse(text, nullptr, false) : json();
   if (m.is_discarded() || !m.is_object() || m.value("format", "") != kManifestFormat ||
       !m.contains("tensors") || !m["tensors"].is_array()) {
     return DataLoss(std::string("not a ") + kManifestFormat + " manifest");

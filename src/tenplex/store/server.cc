@@ -12,18 +12,55 @@ namespace tenplex::store {
 
 namespace {
 
-bool ConstantTimeEqual(const std::string& a, const std::string& b) {
-  if (a.size() != b.size()) return false;
-  unsigned char d = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) d |= static_cast<unsigned char>(a[i] ^ b[i]);
+// Compares every byte of the expected value whatever the length of the given one, so
+// the time taken tells nothing about the token (not even its length).
+bool ConstantTimeEqual(const std::string& given, const std::string& expected) {
+  unsigned char d = given.size() == expected.size() ? 0 : 1;
+  for (std::size_t i = 0; i < expected.size(); ++i) {
+    const unsigned char g = i < given.size() ? static_cast<unsigned char>(given[i]) : 0;
+    d |= static_cast<unsigned char>(g ^ static_cast<unsigned char>(expected[i]));
+  }
   return d == 0;
+}
+
+bool IsUtf8(std::string_view s) {
+  std::size_t i = 0;
+  while (i < s.size()) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    int n = c < 0x80 ? 0 : (c >> 5) == 0x6 ? 1 : (c >> 4) == 0xe ? 2 : (c >> 3) == 0x1e ? 3 : -1;
+    if (n < 0 || i + static_cast<std::size_t>(n) >= s.size() + (n == 0 ? 1 : 0)) return false;
+    uint32_t cp = n == 0 ? c : n == 1 ? (c & 0x1f) : n == 2 ? (c & 0x0f) : (c & 0x07);
+    for (int k = 1; k <= n; ++k) {
+      const unsigned char d = static_cast<unsigned char>(s[i + static_cast<std::size_t>(k)]);
+      if ((d >> 6) != 0x2) return false;
+      cp = (cp << 6) | (d & 0x3f);
+    }
+    if ((n == 1 && cp < 0x80) || (n == 2 && cp < 0x800) ||
+        (n == 3 && (cp < 0x10000 || cp > 0x10ffff)) || (cp >= 0xd800 && cp <= 0xdfff)) {
+      return false;  // overlong, out of range or a surrogate
+    }
+    i += static_cast<std::size_t>(n) + 1;
+  }
+  return true;
+}
+
+// A request refused before its body was read: the body must not be parsed as the next
+// request, so the connection closes after the reply.
+httplib::Server::HandlerResponse Refuse(httplib::Response& res, int status,
+                                        const std::string& message, std::string_view code) {
+  res.set_header("Connection", "close");
+  GuardedServer::CloseAfterReply();
+  SendError(res, status, message, code);
+  return httplib::Server::HandlerResponse::Handled;
 }
 
 }  // namespace
 
 void SendJson(httplib::Response& res, int status, const json& body) {
   res.status = status;
-  res.set_content(body.dump() + "\n", "application/json");
+  // Replaced, not thrown: an error message may quote a target that is not UTF-8.
+  res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace) + "\n",
+                  "application/json");
 }
 
 void SendError(httplib::Response& res, const Status& s) {
@@ -154,29 +191,39 @@ StatusCode StatusCodeFromName(std::string_view name, int http_status) {
 void Server::Impl::Install() {
   http.set_payload_max_length(options.max_body_bytes);
   http.set_keep_alive_max_count(1000);
-  http.set_read_timeout(10, 0);
-  http.set_write_timeout(30, 0);
+  // Read and write timeouts: http_guard.h (ServerOptions, ConnectionLimits).
   http.set_tcp_nodelay(true);
   http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     std::size_t header_bytes = 0;
     for (const auto& [k, v] : req.headers) header_bytes += k.size() + v.size() + 4;
     if (header_bytes > options.max_header_bytes) {
-      SendError(res, 431,
-                "request headers total " + std::to_string(header_bytes) +
-                    " bytes, more than the limit of " + std::to_string(options.max_header_bytes),
-                "INVALID_ARGUMENT");
-      return httplib::Server::HandlerResponse::Handled;
+      return Refuse(res, 431,
+                    "request headers total " + std::to_string(header_bytes) +
+                        " bytes, more than the limit of " +
+                        std::to_string(options.max_header_bytes),
+                    "INVALID_ARGUMENT");
     }
     if (!options.token.empty()) {
       const std::string auth = req.get_header_value("Authorization");
       if (!ConstantTimeEqual(auth, "Bearer " + options.token)) {
         res.set_header("WWW-Authenticate", "Bearer");
-        SendError(res, 401,
-                  auth.empty() ? "this store needs 'Authorization: Bearer <token>'"
-                               : "wrong bearer token",
-                  "UNAUTHENTICATED");
-        return httplib::Server::HandlerResponse::Handled;
+        return Refuse(res, 401,
+                      auth.empty() ? "this store needs 'Authorization: Bearer <token>'"
+                                   : "wrong bearer token",
+                      "UNAUTHENTICATED");
       }
+    }
+    // Framing a proxy could read differently (request smuggling): refused.
+    if (req.get_header_value_count("Content-Length") > 1) {
+      return Refuse(res, 400, "the request has more than one Content-Length header",
+                    "INVALID_ARGUMENT");
+    }
+    if (req.has_header("Content-Length") && req.has_header("Transfer-Encoding")) {
+      return Refuse(res, 400, "the request has both Content-Length and Transfer-Encoding",
+                    "INVALID_ARGUMENT");
+    }
+    if (!IsUtf8(req.target)) {
+      return Refuse(res, 400, "the request target is not UTF-8", "INVALID_ARGUMENT");
     }
     return httplib::Server::HandlerResponse::Unhandled;
   });
@@ -227,7 +274,7 @@ Result<std::string> Server::Impl::Body::Text() {
     consumed = true;
     if (reader) {
       bool too_long = false;
-      (*reader)([&](const char* data, std::size_t n) {
+      const bool ok = (*reader)([&](const char* data, std::size_t n) {
         if (text.size() + n > kMaxJsonBody) {
           too_long = true;
           return false;
@@ -235,6 +282,20 @@ Result<std::string> Server::Impl::Body::Text() {
         text.append(data, n);
         return true;
       });
+      if (!ok && !too_long) {
+        // cpp-httplib stops at --max-body (or the connection failed): never take what
+        // arrived (nothing, or a prefix) for the whole body.
+        text.clear();
+        GuardedServer::CloseAfterReply();
+        const std::string len = req.get_header_value("Content-Length");
+        too_large = !len.empty() && std::strtoull(len.c_str(), nullptr, 10) > max_body;
+        if (too_large) {
+          return InvalidArgument("request body of " + len +
+                                 " bytes is larger than the store's limit of " +
+                                 std::to_string(max_body) + " bytes (--max-body)");
+        }
+        return InvalidArgument("the request body could not be read completely");
+      }
       if (too_long) text = "\x01too long";
     } else {
       text = req.body;
@@ -265,10 +326,16 @@ void Server::Impl::Body::Drain() {
 
 void Server::Impl::Handle(const httplib::Request& req, httplib::Response& res,
                           const httplib::ContentReader* reader) {
-  Body body{req, reader, false, {}};
+  Body body{req, reader, false, {}, false, options.max_body_bytes};
   auto t = ParseTarget(req.target);
   Status s = t.ok() ? Route(req, body, *t, res) : t.status();
-  if (!s.ok()) SendError(res, s);
+  if (!s.ok()) {
+    if (body.too_large) {
+      SendError(res, 413, s.message(), "INVALID_ARGUMENT");
+    } else {
+      SendError(res, s);
+    }
+  }
   body.Drain();
 }
 
@@ -283,6 +350,13 @@ Status Server::Impl::Route(const httplib::Request& req, Body& body, const Target
   auto starts = [&](std::string_view prefix) {
     return std::string_view(p).substr(0, prefix.size()) == prefix;
   };
+  if (p == "/metrics") {
+    if (m != "GET") return method_error();
+    TP_RETURN_IF_ERROR(CheckQueryKeys(t.query, {}));
+    res.status = 200;
+    res.set_content(Metrics(), "text/plain; version=0.0.4");
+    return Status::Ok();
+  }
   if (p == "/v1/health") {
     if (m != "GET") return method_error();
     TP_RETURN_IF_ERROR(CheckQueryKeys(t.query, {}));
@@ -352,6 +426,10 @@ Status Server::Impl::Route(const httplib::Request& req, Body& body, const Target
     return Status::Ok();
   }
   return NotFound("no endpoint " + m + " " + p + " (see docs/store.md)");
+}
+
+void Server::AddMetricsSource(std::function<std::string()> source) {
+  impl_->metrics_sources.push_back(std::move(source));
 }
 
 Server::Server(Store& store, ServerOptions options)

@@ -8,10 +8,17 @@
 // tensors beside the old ones and publishes them by rename. Bulk bytes for local
 // clients go through shared memory (/v1/alloc, /v1/shm), never through HTTP bodies.
 //
-// Security: the server listens on loopback unless told otherwise, refuses a
-// non-loopback address without a token, and with a token requires
-// "Authorization: Bearer <token>" on every request (401 otherwise). The shared-memory
-// endpoints answer loopback peers only.
+// Security (docs/reliability.md): the server listens on loopback unless told
+// otherwise, refuses a non-loopback address without a token, and with a token requires
+// "Authorization: Bearer <token>" on every request (401 otherwise, compared in constant
+// time). The shared-memory endpoints answer loopback peers only. Connections are
+// bounded per client and in time (http_guard.h); JSON bodies are bounded in size and
+// nesting (util/json_depth.h); malformed framing (two Content-Lengths, a length with
+// chunked encoding, bytes that are not UTF-8 in the target) is 400.
+//
+// Observability: GET /metrics (Prometheus text: bytes held, versions, requests by
+// status, bytes in and out, connections; plus AddMetricsSource lines) and an access
+// log (ServerOptions::access_log).
 #pragma once
 
 #include <cstdint>
@@ -25,9 +32,16 @@
 namespace tenplex::store {
 
 struct ServerOptions {
-  std::string token;                             // empty: no authentication
-  uint64_t max_body_bytes = 1ull << 30;          // request bodies (413 above)
-  std::size_t max_header_bytes = 16 << 10;       // all request headers together (431 above)
+  std::string token;                        // empty: no authentication
+  uint64_t max_body_bytes = 1ull << 30;     // request bodies (413 above)
+  std::size_t max_header_bytes = 16 << 10;  // all request headers together (431 above)
+  // Connections (http_guard.h): open connections of one client address (503 above),
+  // and the time the request line and headers may take in total.
+  std::size_t max_connections_per_client = 24;
+  int header_timeout_ms = 5000;
+  // One line per request (time, client, method, target, status, bytes in and out,
+  // seconds): "" none, "-" standard error, else a file appended to.
+  std::string access_log{};
 };
 
 // The HTTP status for an error code (400 for InvalidArgument, 404 NotFound, 409
@@ -55,6 +69,9 @@ class Server {
   using JsonHandler =
       std::function<Result<std::string>(const std::string& method, const std::string& path, const std::string& body)>;
   void AddJsonRoute(const std::string& prefix, JsonHandler handler);
+  // Lines of Prometheus text another module adds to GET /metrics (each call of `source`
+  // returns complete "# TYPE" and sample lines). REQUIRES: called before Serve().
+  void AddMetricsSource(std::function<std::string()> source);
 
   // Serves until Stop() is called (from any thread or a signal-handling thread).
   Status Serve();

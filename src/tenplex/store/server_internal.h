@@ -9,12 +9,16 @@
 #include <httplib.h>
 
 #include <atomic>
+#include <cstdio>
 #include <functional>
+#include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "tenplex/store/http_guard.h"
 #include "tenplex/store/parse.h"
 #include "tenplex/store/server.h"
 
@@ -45,14 +49,27 @@ Result<uint64_t> VersionNumber(std::string_view s);
 struct Server::Impl {
   Store& store;
   ServerOptions options;
-  httplib::Server http;
+  GuardedServer http;
   std::atomic<bool> bound{false};
   std::atomic<bool> serving{false};
   std::atomic<bool> stopping{false};
 
   std::vector<std::pair<std::string, JsonHandler>> extra_routes;
+  std::vector<std::function<std::string()>> metrics_sources;
 
-  Impl(Store& s, ServerOptions o) : store(s), options(std::move(o)) {}
+  // Request metrics (OnRequest) and the access log.
+  std::mutex metrics_mu;
+  std::map<int, uint64_t> requests_by_status;  // guarded by metrics_mu
+  uint64_t bytes_in = 0, bytes_out = 0;        // guarded by metrics_mu
+  double request_seconds = 0;                  // guarded by metrics_mu
+  uint64_t refused_connections = 0;            // guarded by metrics_mu
+  std::FILE* access_log = nullptr;             // written under metrics_mu
+  bool own_access_log = false;
+
+  Impl(Store& s, ServerOptions o);
+  ~Impl();
+  void OnRequest(const RequestRecord& r);
+  std::string Metrics();
 
   // The request body: read on first use from the content reader (PUT and POST
   // stream), so a tensor PUT can go straight into shared memory.
@@ -61,6 +78,8 @@ struct Server::Impl {
     const httplib::ContentReader* reader = nullptr;
     bool consumed = false;
     std::string text;
+    bool too_large = false;  // the body passed --max-body (413)
+    uint64_t max_body = 0;
     // The whole body as text (JSON endpoints), at most kMaxJsonBody bytes.
     Result<std::string> Text();
     // Streams the body into fn(data, n); false when fn or the connection failed.

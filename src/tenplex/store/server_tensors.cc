@@ -5,6 +5,7 @@
 #include "tenplex/store/server_internal.h"
 #include "tenplex/util/format.h"
 #include "tenplex/util/thread_pool.h"
+#include "tenplex/util/json_depth.h"
 
 namespace tenplex::store {
 
@@ -152,6 +153,7 @@ Status Server::Impl::Alloc(const httplib::Request& req, Body& request_body, cons
   TP_RETURN_IF_ERROR(CheckQueryKeys(t.query, {}));
   TP_RETURN_IF_ERROR(RequireLocal(req));
   TP_ASSIGN_OR_RETURN(std::string text, request_body.Text());
+  TP_RETURN_IF_ERROR(CheckJsonDepth(text, "POST /v1/alloc body"));
   json body = json::parse(text, nullptr, false);
   if (body.is_discarded() || !body.is_object() || !body.contains("tensors") ||
       !body["tensors"].is_array()) {

@@ -15,6 +15,23 @@ uint64_t Store::used_bytes() const {
   return impl_->used;
 }
 
+Result<std::shared_ptr<void>> Store::Reserve(uint64_t bytes, const std::string& what) {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    if (bytes > impl_->limit || impl_->used > impl_->limit - bytes) {
+      return ResourceExhausted("memory limit: " + what + " needs " + std::to_string(bytes) + " bytes; the store holds " +
+                               std::to_string(impl_->used) + " of its limit of " + std::to_string(impl_->limit) +
+                               " bytes (--memory-limit)");
+    }
+    impl_->used += bytes;
+  }
+  Impl* impl = impl_.get();
+  return std::shared_ptr<void>(nullptr, [impl, bytes](void*) {
+    std::lock_guard<std::mutex> lock(impl->mu);
+    impl->used -= bytes;
+  });
+}
+
 Result<uint64_t> Store::BeginVersion(const std::string& job, std::optional<uint64_t> version,
                                      const std::string& info) {
   TP_RETURN_IF_ERROR(CheckJobName(job));

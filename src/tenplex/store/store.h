@@ -129,6 +129,10 @@ class Store {
   const std::string& id() const;
   uint64_t used_bytes() const;
   uint64_t memory_limit() const;
+  // Counts `bytes` of memory that is not a tensor (a bandwidth probe's buffers) against
+  // the memory limit until the returned handle is destroyed; ResourceExhausted, naming
+  // `what`, when it does not fit. REQUIRES: the handle does not outlive the store.
+  Result<std::shared_ptr<void>> Reserve(uint64_t bytes, const std::string& what);
 
   // ---- versions
   // Opens a new version of job (created on first use). Without `version` it is one
@@ -167,9 +171,10 @@ class Store {
   Result<TensorInfo> PutFrom(const std::string& path, DType dtype, const Shape& shape,
                              const std::function<Status(TensorSink&)>& fill);
   // Several tensors created at once (for local processes that map or pwrite their
-  // files): all succeed or none is created. With zero_fill their pages are allocated
-  // and zeroed now; without, the files are sparse and must be written completely
-  // (pwrite reports a full file system; a map would get SIGBUS).
+  // files): all succeed or none is created. Their pages are always allocated (and
+  // zeroed) now, so a full file system is ResourceExhausted here and a map of them never
+  // gets SIGBUS; zero_fill is kept for the API (false used to make sparse files, which a
+  // reader of an unwritten page on a full file system died of).
   struct AllocRequest {
     std::string path;
     DType dtype = DType::kF32;

@@ -32,7 +32,7 @@ Status FillFile(const std::string& file, uint64_t bytes,
 Result<std::vector<TensorInfo>> Store::Impl::Create(const std::vector<AllocRequest>& reqs,
                                                     const Fill* fill,
                                                     std::vector<std::shared_ptr<ShmMapping>>* maps,
-                                                    bool zero_fill) {
+                                                    bool /*zero_fill: always allocated*/) {
   struct Pending {
     TensorPath path;
     uint64_t bytes = 0;
@@ -93,7 +93,11 @@ Result<std::vector<TensorInfo>> Store::Impl::Create(const std::vector<AllocReque
       p.tmp = tmp;
       p.map = std::make_shared<ShmMapping>(std::move(m).value());
     } else {
-      Status s = CreateShmFile(tmp, p.bytes, zero_fill);
+      // Always allocated, never sparse (whatever zero_fill says): a sparse tensor on a
+      // full shared-memory file system gets SIGBUS in whoever maps and reads it first
+      // (the daemon hashing it for /v1/meta, issue 19). A full file system is a clear
+      // RESOURCE_EXHAUSTED (507) here instead.
+      Status s = CreateShmFile(tmp, p.bytes, /*allocate=*/true);
       if (!s.ok()) return unreserve(s);
       p.tmp = tmp;
     }

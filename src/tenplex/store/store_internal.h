@@ -27,6 +27,7 @@
 
 #include "tenplex/store/manifest.h"
 #include "tenplex/store/store.h"
+#include "tenplex/util/json_depth.h"
 
 namespace tenplex::store {
 
@@ -66,6 +67,7 @@ inline std::string RandomHex() {
 
 inline Result<std::string> CanonicalInfo(const std::string& info) {
   if (info.empty()) return std::string("{}");
+  TP_RETURN_IF_ERROR(CheckJsonDepth(info, "version info"));
   json j = json::parse(info, nullptr, false);
   if (j.is_discarded() || !j.is_object())
     return InvalidArgument("version info must be a JSON object");

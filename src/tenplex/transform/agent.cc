@@ -24,6 +24,7 @@
 #include "tenplex/transform/host_exec.h"
 #include "tenplex/transform/local.h"
 #include "tenplex/transport/bandwidth.h"
+#include "tenplex/util/json_depth.h"
 
 namespace tenplex::transform {
 
@@ -36,6 +37,7 @@ double Since(std::chrono::steady_clock::time_point t0) {
 }
 
 Result<json> ParseBody(const std::string& body) {
+  TP_RETURN_IF_ERROR(CheckJsonDepth(body, "request body"));
   json j = json::parse(body, nullptr, false);
   if (j.is_discarded() || !j.is_object()) return InvalidArgument("request body is not a JSON object");
   return j;
@@ -50,6 +52,13 @@ struct Agent::Impl {
 
   int fault_at = 0;  // exit in this prepare (1-based); 0: never
   std::atomic<int> prepares{0};
+
+  // Metrics (GET /metrics): prepares by outcome, bytes by source, seconds.
+  std::mutex metrics_mu;
+  uint64_t prepared = 0, failed = 0;                                  // guarded by metrics_mu
+  uint64_t bytes_fetched = 0, bytes_local = 0, bytes_linked_sum = 0;  // guarded by metrics_mu
+  double prepare_seconds = 0;                                         // guarded by metrics_mu
+  std::string MetricsText();
 
   explicit Impl(store::Store& s, AgentOptions o) : store(s), options(std::move(o)) {}
 
@@ -67,6 +76,7 @@ struct Agent::Impl {
   static constexpr std::string_view kScratchRegion = "tenplex.agent.scratch";
   static constexpr uint64_t kScratchBytes = 512ull << 20;
   std::shared_ptr<std::vector<uint8_t>> scratch;  // guarded by cache_mu
+  std::shared_ptr<void> scratch_reservation;      // guarded by cache_mu (Store::Reserve)
 
   // Makes the scratch region (on the prober's thread and the pool, never on the
   // transport's thread, which must stay responsive).
@@ -208,6 +218,18 @@ Result<std::string> Agent::Impl::Prepare(const std::string& body) {
     return Status::Ok();
   };
   Result<HostExecStats> ex = ExecuteHostPart(in);
+  {
+    std::lock_guard<std::mutex> lock(metrics_mu);
+    if (ex.ok()) {
+      ++prepared;
+      bytes_fetched += ex->bytes_fetched;
+      bytes_local += ex->bytes_local;
+      bytes_linked_sum += static_cast<uint64_t>(bytes_linked);
+    } else {
+      ++failed;
+    }
+    prepare_seconds += Since(t0);
+  }
   if (!ex.ok()) return fail(ex.status().WithContext("host " + std::to_string(r.host) + " preparing version " +
                                                     std::to_string(v) + " of job " + r.job));
   json reply = {{"version", v},
@@ -237,6 +259,19 @@ Result<std::string> Agent::Impl::Probe(const std::string& body) {
     bytes = j["bytes"].get<uint64_t>();
   }
   if (bytes < (1ull << 20) || bytes > (4ull << 30)) return InvalidArgument("'bytes' must be in [1 MiB, 4 GiB]");
+  // Everything the probe allocates counts against --memory-limit while it runs (its
+  // buffers: `large` private and shared, `bytes` warm and fresh shared memory), and the
+  // scratch region it keeps for peers as long as the daemon lives.
+  const uint64_t large = std::min<uint64_t>(bytes, kScratchBytes);
+  {
+    std::lock_guard<std::mutex> lock(cache_mu);
+    if (!scratch_reservation) {
+      TP_ASSIGN_OR_RETURN(scratch_reservation, store.Reserve(kScratchBytes, "the probe's scratch region"));
+    }
+  }
+  TP_ASSIGN_OR_RETURN(std::shared_ptr<void> reservation, store.Reserve(2 * large + 2 * bytes, "a probe of " +
+                                                                                                 std::to_string(bytes) +
+                                                                                                 " bytes"));
   EnsureScratch();
   TP_ASSIGN_OR_RETURN(transport::PeerId peer, transport->Connect(address));
   transport::FetchBandwidthOptions fo;
@@ -244,7 +279,6 @@ Result<std::string> Agent::Impl::Probe(const std::string& body) {
   TP_ASSIGN_OR_RETURN(double fetch_gbps, transport::MeasureFetchBandwidth(*transport, peer, fo));
   // The same from the peer's large scratch region into a large local buffer: distinct
   // memory on both sides (best of 3; the first also makes the peer allocate it).
-  const uint64_t large = std::min<uint64_t>(bytes, kScratchBytes);
   auto fetch_into = [&](uint8_t* dest, double* first = nullptr) -> Result<double> {
     double best = 0;
     for (int rep = 0; rep < 4; ++rep) {
@@ -331,7 +365,34 @@ Result<std::unique_ptr<Agent>> Agent::Create(store::Store& store, const AgentOpt
 
 std::string Agent::address() const { return impl_->transport->LocalAddress(); }
 
+std::string Agent::Impl::MetricsText() {
+  std::lock_guard<std::mutex> lock(metrics_mu);
+  auto num = [](double v) {
+    char b[64];
+    std::snprintf(b, sizeof(b), "%.17g", v);
+    return std::string(b);
+  };
+  std::string o;
+  o += "# HELP tenplex_transform_prepares_total Transform prepares of this host (phase one), by outcome.\n";
+  o += "# TYPE tenplex_transform_prepares_total counter\n";
+  o += "tenplex_transform_prepares_total{outcome=\"ok\"} " + std::to_string(prepared) + "\n";
+  o += "tenplex_transform_prepares_total{outcome=\"failed\"} " + std::to_string(failed) + "\n";
+  o += "# HELP tenplex_transform_bytes_total Bytes of new versions written by transforms, by source.\n";
+  o += "# TYPE tenplex_transform_bytes_total counter\n";
+  o += "tenplex_transform_bytes_total{source=\"fetched\"} " + std::to_string(bytes_fetched) + "\n";
+  o += "tenplex_transform_bytes_total{source=\"local\"} " + std::to_string(bytes_local) + "\n";
+  o += "tenplex_transform_bytes_total{source=\"linked\"} " + std::to_string(bytes_linked_sum) + "\n";
+  o += "# HELP tenplex_transform_seconds_total Seconds spent in transform prepares.\n";
+  o += "# TYPE tenplex_transform_seconds_total counter\n";
+  o += "tenplex_transform_seconds_total " + num(prepare_seconds) + "\n";
+  o += "# HELP tenplex_fetch_served_bytes_total Bytes this daemon's data plane sent to peers.\n";
+  o += "# TYPE tenplex_fetch_served_bytes_total counter\n";
+  o += "tenplex_fetch_served_bytes_total " + std::to_string(transport->BytesServed()) + "\n";
+  return o;
+}
+
 void Agent::Install(store::Server& server) {
+  server.AddMetricsSource([this] { return impl_->MetricsText(); });
   server.AddJsonRoute("/v1/transform/", [this](const std::string& method, const std::string& path,
                                                const std::string& body) { return Handle(method, path, body); });
 }

@@ -127,6 +127,9 @@ class Transport {
   // REQUIRES: every destination range is writable and disjoint from the others.
   virtual Status Fetch(PeerId peer, const std::vector<ReadRequest>& requests) = 0;
 
+  // Bytes this endpoint has sent to peers, answering their fetches (metrics).
+  virtual uint64_t BytesServed() const { return 0; }
+
  protected:
   Transport() = default;
 };

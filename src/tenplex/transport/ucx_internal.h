@@ -154,6 +154,7 @@ class UcxTransport final : public Transport {
 
   std::string_view kind() const override { return kKind; }
   std::string LocalAddress() const override { return address_; }
+  uint64_t BytesServed() const override { return bytes_served_.load(); }
 
   Result<PeerId> Connect(std::string_view address) override;
 
@@ -286,7 +287,7 @@ class UcxTransport final : public Transport {
   Clock::time_point last_busy_;
   PeerId next_peer_ = 1;
   uint64_t next_request_ = 1;
-  uint64_t bytes_served_ = 0;
+  std::atomic<uint64_t> bytes_served_{0};  // written by the progress thread
   int disconnected_ = 0;  // peers waiting to be erased
 };
 
