@@ -268,7 +268,16 @@ class Planner {
         g.host_set = it->second;
       }
     }
-    // New pieces, per tensor, in (host, rank, local tensor, piece) order.
+    // New pieces, per tensor, in (host, rank, local tensor, piece) order; counted
+    // first, so that each list is allocated once at its size.
+    std::vector<std::size_t> count(n, 0);
+    for (const RankLayout& r : to_.ranks) {
+      TP_ASSIGN_OR_RETURN(const std::vector<int32_t>* ids, IdsOf(r.tensors.get()));
+      for (int32_t id : *ids) {
+        if (id >= 0) ++count[id];
+      }
+    }
+    for (std::size_t t = 0; t < n; ++t) needs_[t].reserve(count[t]);
     for (const RankLayout& r : to_.ranks) {
       const auto& list = *r.tensors;
       const int32_t host = to_hosts_[r.rank];
@@ -289,9 +298,10 @@ class Planner {
       for (const Need& n : ns) total_needs += only_host_ < 0 || n.host == only_host_;
     }
     plan_.ops.reserve(total_needs);  // usually one op or fewer per need
+    auto by_host = [](const Need& a, const Need& b) { return a.host < b.host; };
     for (auto& ns : needs_) {
-      std::stable_sort(ns.begin(), ns.end(),
-                       [](const Need& a, const Need& b) { return a.host < b.host; });
+      if (!std::is_sorted(ns.begin(), ns.end(), by_host))
+        std::stable_sort(ns.begin(), ns.end(), by_host);
     }
     recv_.assign(num_hosts_, 0);
     to_me_.assign(num_hosts_, 0);
