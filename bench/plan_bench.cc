@@ -104,6 +104,43 @@ void BM_PlanWorld(benchmark::State& state) {
 }
 BENCHMARK(BM_PlanWorld)->Arg(4)->Arg(8)->Arg(16)->Arg(32)->Unit(benchmark::kMillisecond);
 
+// Per-host planning at 16,384 GPUs: gpt3-175b from tp=8,pp=16,dp=128 (16,384 ranks,
+// 2,048 hosts) to tp=8,pp=12,dp=160 (15,360 ranks); one host's plan (MakeHostPlan),
+// host 0 and a middle host. Goal: under 1 s and 256 MiB peak RSS (the layouts
+// included), so limit_ratio = plan seconds / 1 s. Run it in a process of its own
+// (--benchmark_filter=BM_PlanHost) for an honest peak RSS.
+void BM_PlanHost16k(benchmark::State& state) {
+  static const Model m = Gpt175b(96);
+  const Layout from = *tenplex::MakeLayout(m, *tenplex::ParseConfig("tp=8,pp=16,dp=128"));
+  const Layout to = *tenplex::MakeLayout(m, *tenplex::ParseConfig("tp=8,pp=12,dp=160"));
+  const auto fh = tenplex::plan::DefaultHosts(from.world_size(), 8);
+  const auto th = tenplex::plan::DefaultHosts(to.world_size(), 8);
+  const int host = static_cast<int>(state.range(0));
+  double seconds = 0;
+  int64_t ops = 0, bytes = 0;
+  bool at_bound = true;
+  for (auto _ : state) {
+    auto t0 = std::chrono::steady_clock::now();
+    auto p = tenplex::plan::MakeHostPlan(m, from, to, fh, th, host);
+    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (!p.ok()) {
+      state.SkipWithError(p.status().message().c_str());
+      return;
+    }
+    ops = static_cast<int64_t>(p->ops.size());
+    bytes = PlanBytes(*p);
+    at_bound = at_bound && p->stats.bytes_cross_host == p->stats.cross_host_lower_bound;
+  }
+  const double per = seconds / static_cast<double>(state.iterations());
+  state.counters["ops"] = static_cast<double>(ops);
+  state.counters["plan_MiB"] = static_cast<double>(bytes) / (1 << 20);
+  state.counters["peak_rss_MiB"] = PeakRssMiB();
+  state.counters["world"] = from.world_size() + to.world_size();
+  state.counters["limit_ratio"] = per / 1.0;
+  state.counters["at_lower_bound"] = at_bound ? 1 : 0;
+}
+BENCHMARK(BM_PlanHost16k)->Arg(0)->Arg(960)->Unit(benchmark::kMillisecond);
+
 }  // namespace
 
 BENCHMARK_MAIN();

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string_view>
 #include <unordered_map>
 
@@ -102,6 +103,10 @@ struct Holder {
 struct Group {
   const Box* global;
   std::vector<Holder> holders;  // sorted by (host, rank)
+  // Distinct holder hosts (ascending) with each one's first (lowest-rank) holder, and the
+  // id of that host set in Planner::host_sets_.
+  std::vector<std::pair<int32_t, int32_t>> hosts;
+  int32_t host_set = -1;
 };
 
 struct Need {
@@ -111,12 +116,17 @@ struct Need {
   const Piece* piece;
 };
 
+// A box delivered to a host by an earlier op (Plan::ops index): its global box and
+// destination are that op's.
 struct Landed {
-  Box global;
-  Box local;
-  int32_t rank;
-  int32_t tensor;
   int64_t op;
+};
+
+// One step-4 transfer of a host that is only simulated (per-host planning): `bytes`
+// of group `group` from the remote holder the greedy rule picks.
+struct Charge {
+  int32_t group;
+  int64_t bytes;
 };
 
 Status CheckGlobals(const std::vector<GlobalTensor>& globals, const Layout& layout,
@@ -139,8 +149,13 @@ Status CheckGlobals(const std::vector<GlobalTensor>& globals, const Layout& layo
 class Planner {
  public:
   Planner(const Model& model, const Layout& from, const Layout& to,
-          const std::vector<int>& from_hosts, const std::vector<int>& to_hosts)
-      : model_(model), from_(from), to_(to), from_hosts_(from_hosts), to_hosts_(to_hosts) {}
+          const std::vector<int>& from_hosts, const std::vector<int>& to_hosts, int only_host)
+      : model_(model),
+        from_(from),
+        to_(to),
+        from_hosts_(from_hosts),
+        to_hosts_(to_hosts),
+        only_host_(only_host) {}
 
   Result<Plan> Run() {
     TP_RETURN_IF_ERROR(Validate());
@@ -173,6 +188,9 @@ class Planner {
       }
     }
     num_hosts_ = hosts;
+    if (only_host_ < -1 || only_host_ >= hosts)
+      return InvalidArgument("host " + std::to_string(only_host_) + " is not in the host maps (" +
+                             std::to_string(hosts) + " hosts)");
     globals_ = GlobalTensors(model_);
     TP_RETURN_IF_ERROR(CheckGlobals(globals_, from_, "old"));
     TP_RETURN_IF_ERROR(CheckGlobals(globals_, to_, "new"));
@@ -207,12 +225,14 @@ class Planner {
     std::map<std::pair<int32_t, Box>, std::size_t> group_of;
     for (const auto* list : lists) {
       const std::vector<int32_t>& ranks = ranks_of[list];
+      TP_ASSIGN_OR_RETURN(const std::vector<int32_t>* ids, IdsOf(list));
+      std::size_t pi = 0;
       for (std::size_t lt = 0; lt < list->size(); ++lt) {
         for (const Piece& p : (*list)[lt].pieces) {
-          if (IsEmpty(p.global)) continue;
-          TP_ASSIGN_OR_RETURN(int32_t id, Id(p.tensor));
+          const int32_t id = (*ids)[pi++];
+          if (id < 0) continue;
           auto [it, fresh] = group_of.try_emplace({id, p.global}, groups_[id].size());
-          if (fresh) groups_[id].push_back({&p.global, {}});
+          if (fresh) groups_[id].push_back({&p.global, {}, {}, -1});
           Group& g = groups_[id][it->second];
           for (int32_t r : ranks) {
             if (from_hosts_[r] == kLostHost) continue;  // its state is gone
@@ -221,35 +241,115 @@ class Planner {
         }
       }
     }
+    sent_.assign(num_hosts_, 0);
+    sets_of_host_.resize(num_hosts_);
+    std::map<std::vector<int32_t>, int32_t> set_ids;
+    std::vector<int32_t> host_list;
     for (auto& gs : groups_) {
       for (Group& g : gs) {
         std::sort(g.holders.begin(), g.holders.end(), [](const Holder& a, const Holder& b) {
           return a.host != b.host ? a.host < b.host : a.rank < b.rank;
         });
+        host_list.clear();
+        for (std::size_t x = 0; x < g.holders.size(); ++x) {
+          if (x == 0 || g.holders[x].host != g.holders[x - 1].host) {
+            g.hosts.push_back({g.holders[x].host, static_cast<int32_t>(x)});
+            host_list.push_back(g.holders[x].host);
+          }
+        }
+        auto [it, fresh] = set_ids.try_emplace(host_list, static_cast<int32_t>(host_sets_.size()));
+        if (fresh) {
+          host_sets_.emplace_back();
+          for (int32_t h : host_list) {
+            host_sets_.back().insert({0, h});
+            sets_of_host_[h].push_back(it->second);
+          }
+        }
+        g.host_set = it->second;
       }
     }
-    // New pieces, per tensor, in (host, rank, local tensor, piece) order.
+    // New pieces, per tensor, in (host, rank, local tensor, piece) order; counted
+    // first, so that each list is allocated once at its size.
+    std::vector<std::size_t> count(n, 0);
+    for (const RankLayout& r : to_.ranks) {
+      TP_ASSIGN_OR_RETURN(const std::vector<int32_t>* ids, IdsOf(r.tensors.get()));
+      for (int32_t id : *ids) {
+        if (id >= 0) ++count[id];
+      }
+    }
+    for (std::size_t t = 0; t < n; ++t) needs_[t].reserve(count[t]);
     for (const RankLayout& r : to_.ranks) {
       const auto& list = *r.tensors;
+      const int32_t host = to_hosts_[r.rank];
+      TP_ASSIGN_OR_RETURN(const std::vector<int32_t>* ids, IdsOf(&list));
+      std::size_t pi = 0;
       for (std::size_t lt = 0; lt < list.size(); ++lt) {
         for (const Piece& p : list[lt].pieces) {
-          if (IsEmpty(p.global)) continue;
-          TP_ASSIGN_OR_RETURN(int32_t id, Id(p.tensor));
-          needs_[id].push_back({to_hosts_[r.rank], r.rank, static_cast<int32_t>(lt), &p});
-          plan_.stats.bytes_total += Volume(p.global) * elem_[id];
+          const int32_t id = (*ids)[pi++];
+          if (id < 0) continue;
+          needs_[id].push_back({host, r.rank, static_cast<int32_t>(lt), &p});
+          if (only_host_ < 0 || host == only_host_)
+            plan_.stats.bytes_total += Volume(p.global) * elem_[id];
         }
       }
     }
     std::size_t total_needs = 0;
-    for (const auto& ns : needs_) total_needs += ns.size();
-    plan_.ops.reserve(total_needs);  // usually one op or fewer per need
-    for (auto& ns : needs_) {
-      std::stable_sort(ns.begin(), ns.end(),
-                       [](const Need& a, const Need& b) { return a.host < b.host; });
+    for (const auto& ns : needs_) {
+      for (const Need& n : ns) total_needs += only_host_ < 0 || n.host == only_host_;
     }
-    sent_.assign(num_hosts_, 0);
+    plan_.ops.reserve(total_needs);  // usually one op or fewer per need
+    auto by_host = [](const Need& a, const Need& b) { return a.host < b.host; };
+    for (auto& ns : needs_) {
+      if (!std::is_sorted(ns.begin(), ns.end(), by_host))
+        std::stable_sort(ns.begin(), ns.end(), by_host);
+    }
     recv_.assign(num_hosts_, 0);
+    to_me_.assign(num_hosts_, 0);
     return Status::Ok();
+  }
+
+  // Global tensor ids of the pieces of a tensor list, in (local tensor, piece) order; -1
+  // for an empty piece. Computed once per distinct list (dp replicas share one).
+  Result<const std::vector<int32_t>*> IdsOf(const std::vector<LocalTensor>* list) {
+    auto [it, fresh] = ids_of_.try_emplace(list);
+    if (fresh) {
+      for (const LocalTensor& t : *list) {
+        for (const Piece& p : t.pieces) {
+          if (IsEmpty(p.global)) {
+            it->second.push_back(-1);
+            continue;
+          }
+          auto id = Id(p.tensor);
+          if (!id.ok()) {
+            ids_of_.erase(it);
+            return id.status();
+          }
+          it->second.push_back(*id);
+        }
+      }
+    }
+    return &it->second;
+  }
+
+  // The remote holder of group g (not on host h) on the host that has sent the fewest
+  // bytes so far; ties: the lowest host, then its lowest rank. nullptr if none.
+  const Holder* PickRemote(const Group& g, int32_t h) const {
+    const auto& set = host_sets_[g.host_set];
+    auto it = set.begin();
+    if (it != set.end() && it->second == h) ++it;
+    if (it == set.end()) return nullptr;
+    auto at = std::lower_bound(g.hosts.begin(), g.hosts.end(), std::make_pair(it->second, 0));
+    return &g.holders[at->second];
+  }
+
+  // Host `host` sends `bytes` across hosts: the greedy state of every host set it is in.
+  void ChargeSend(int32_t host, int64_t bytes) {
+    if (bytes == 0) return;
+    for (int32_t sid : sets_of_host_[host]) {
+      host_sets_[sid].erase({sent_[host], host});
+      host_sets_[sid].insert({sent_[host] + bytes, host});
+    }
+    sent_[host] += bytes;
   }
 
   // Index of the local tensor `name` of old rank r, or -1.
@@ -283,12 +383,12 @@ class Planner {
       if (op.tensor != need.piece->tensor || !Intersects(op.global, *dst.global)) continue;
       const Site src = MakeSite(op.global, op.local, r, oi, from_hosts_[r], false, -1);
       next_.clear();
-      for (const Box& rem : remaining_) {
-        Box inter = Intersect(rem, op.global);
-        if (IsEmpty(inter)) {
-          next_.push_back(rem);
+      for (Box& rem : remaining_) {
+        if (!Intersects(rem, op.global)) {
+          next_.push_back(std::move(rem));
           continue;
         }
+        Box inter = Intersect(rem, op.global);
         for (Box& part : Subtract(rem, inter)) next_.push_back(std::move(part));
         ForEachPart(std::move(inter), src, dst, [&](Box part) {
           Box sr = RegionOf(part, src), dr = RegionOf(part, dst);
@@ -306,16 +406,18 @@ class Planner {
     }
   }
 
-  // Covers what remaining_ shares with box from src into dst, one op per region part.
-  void CoverFrom(int32_t tid, const Box& box, const Site& src, const Site& dst,
-                 std::vector<Landed>* landed) {
+  // Covers what remaining_ shares with box from src into dst, one op per region part;
+  // returns the bytes copied across hosts.
+  int64_t CoverFrom(int32_t tid, const Box& box, const Site& src, const Site& dst,
+                    std::vector<Landed>* landed) {
+    int64_t crossed = 0;
     next_.clear();
-    for (const Box& rem : remaining_) {
-      Box inter = Intersect(rem, box);
-      if (IsEmpty(inter)) {
-        next_.push_back(rem);
+    for (Box& rem : remaining_) {
+      if (!Intersects(rem, box)) {
+        next_.push_back(std::move(rem));
         continue;
       }
+      Box inter = Intersect(rem, box);
       for (Box& part : Subtract(rem, inter)) next_.push_back(std::move(part));
       ForEachPart(std::move(inter), src, dst, [&](Box part) {
         const int64_t bytes = Volume(part) * elem_[tid];
@@ -324,97 +426,163 @@ class Planner {
         } else {
           plan_.stats.bytes_cross_host += bytes;
           ++plan_.stats.cross_host_ops;
-          sent_[src.host] += bytes;
+          crossed += bytes;
+          to_me_[src.host] += bytes;
           recv_[dst.host] += bytes;
         }
         Box sr = RegionOf(part, src), dr = RegionOf(part, dst);
-        CopyOp op{
-            tid,      std::move(part), src.rank,      src.tensor, std::move(sr),
-            dst.rank, dst.tensor,      std::move(dr), src.is_new, src.is_new ? src.after : -1};
-        if (landed)
-          landed->push_back(
-              {op.global, op.dst, dst.rank, dst.tensor, static_cast<int64_t>(plan_.ops.size())});
-        plan_.ops.push_back(std::move(op));
+        if (landed) landed->push_back({static_cast<int64_t>(plan_.ops.size())});
+        plan_.ops.push_back({tid, std::move(part), src.rank, src.tensor, std::move(sr), dst.rank,
+                             dst.tensor, std::move(dr), src.is_new, src.is_new ? src.after : -1});
       });
     }
     remaining_.swap(next_);
+    return crossed;
+  }
+
+  // Holders of each group of tensor tid on host h: index ranges into Group::holders.
+  void LocalRanges(int32_t tid, int32_t h,
+                   std::vector<std::pair<std::size_t, std::size_t>>& local) {
+    const std::vector<Group>& gs = groups_[tid];
+    local.resize(gs.size());
+    for (std::size_t g = 0; g < gs.size(); ++g) {
+      const auto& hs = gs[g].holders;
+      auto lo = std::lower_bound(hs.begin(), hs.end(), h,
+                                 [](const Holder& x, int32_t v) { return x.host < v; });
+      auto hi =
+          std::upper_bound(lo, hs.end(), h, [](int32_t v, const Holder& x) { return v < x.host; });
+      local[g] = {static_cast<std::size_t>(lo - hs.begin()),
+                  static_cast<std::size_t>(hi - hs.begin())};
+    }
   }
 
   Status PlanTensor(int32_t tid) {
     const std::vector<Need>& ns = needs_[tid];
-    const std::vector<Group>& gs = groups_[tid];
-    std::vector<std::pair<std::size_t, std::size_t>> local(gs.size());  // holders on h
-    std::vector<Landed> landed, fresh;
+    std::vector<std::pair<std::size_t, std::size_t>> local;
     for (std::size_t i = 0; i < ns.size();) {
       const int32_t h = ns[i].host;
       std::size_t j = i;
       while (j < ns.size() && ns[j].host == h) ++j;
-      for (std::size_t g = 0; g < gs.size(); ++g) {
-        const auto& hs = gs[g].holders;
-        auto lo = std::lower_bound(hs.begin(), hs.end(), h,
-                                   [](const Holder& x, int32_t v) { return x.host < v; });
-        auto hi = std::upper_bound(lo, hs.end(), h,
-                                   [](int32_t v, const Holder& x) { return v < x.host; });
-        local[g] = {static_cast<std::size_t>(lo - hs.begin()),
-                    static_cast<std::size_t>(hi - hs.begin())};
+      LocalRanges(tid, h, local);
+      if (only_host_ < 0 || h == only_host_) {
+        TP_RETURN_IF_ERROR(PlanHost(tid, i, j, local));
+        plan_.stats.cross_host_lower_bound += LowerBound(tid, ns, i, j, local) * elem_[tid];
+      } else {
+        TP_RETURN_IF_ERROR(SimulateHost(tid, i, j, local));
       }
-      landed.clear();
-      for (std::size_t k = i; k < j; ++k) {
-        const Need& need = ns[k];
-        const Site dst =
-            MakeSite(need.piece->global, need.piece->local, need.rank, need.tensor, h, true, -1);
-        remaining_.assign(1, need.piece->global);
-        TakeInPlace(tid, need, dst);
-        // Step 2: a replica on this host, the same device first.
-        for (std::size_t g = 0; g < gs.size() && !remaining_.empty(); ++g) {
-          if (local[g].first == local[g].second || !Intersects(*gs[g].global, need.piece->global))
-            continue;
-          const Holder* pick = &gs[g].holders[local[g].first];
-          for (std::size_t x = local[g].first; x < local[g].second; ++x) {
-            if (gs[g].holders[x].rank == need.rank) pick = &gs[g].holders[x];
-          }
-          const Site src = MakeSite(pick->piece->global, pick->piece->local, pick->rank,
-                                    pick->tensor, h, false, -1);
-          CoverFrom(tid, *gs[g].global, src, dst, nullptr);
-        }
-        // Step 3: boxes already delivered to this host.
-        for (std::size_t x = 0; x < landed.size() && !remaining_.empty(); ++x) {
-          const Landed& l = landed[x];
-          if (!Intersects(l.global, need.piece->global)) continue;
-          const Site src = MakeSite(l.global, l.local, l.rank, l.tensor, h, true, l.op);
-          CoverFrom(tid, l.global, src, dst, nullptr);
-        }
-        // Step 4: a remote replica on the host that has sent least so far.
-        fresh.clear();
-        for (std::size_t g = 0; g < gs.size() && !remaining_.empty(); ++g) {
-          bool hit = false;
-          for (const Box& rem : remaining_) hit = hit || Intersects(rem, *gs[g].global);
-          if (!hit) continue;
-          const Holder* pick = nullptr;
-          for (const Holder& x : gs[g].holders) {
-            if (x.host == h) continue;
-            if (!pick || sent_[x.host] < sent_[pick->host]) pick = &x;  // sorted: ties keep lowest
-          }
-          if (!pick) continue;
-          const Site src = MakeSite(pick->piece->global, pick->piece->local, pick->rank,
-                                    pick->tensor, pick->host, false, -1);
-          CoverFrom(tid, *gs[g].global, src, dst, &fresh);
-        }
-        for (Landed& l : fresh) landed.push_back(std::move(l));
-        if (!remaining_.empty() && any_lost_) {
-          return DataLoss("no surviving replica of " + plan_.tensors[tid] + " box " + ToString(remaining_[0]) +
-                          " (every old rank holding it is on a lost host); new rank " +
-                          std::to_string(need.rank) + " needs it");
-        }
-        if (!remaining_.empty()) {
-          return Internal("the old layout holds no replica of " + plan_.tensors[tid] + " box " +
-                          ToString(remaining_[0]) + " that new rank " + std::to_string(need.rank) +
-                          " needs");
-        }
-      }
-      plan_.stats.cross_host_lower_bound += LowerBound(tid, ns, i, j, local) * elem_[tid];
       i = j;
     }
+    return Status::Ok();
+  }
+
+  Status NotCovered(int32_t tid, int32_t rank, const Box& box) const {
+    if (any_lost_) {
+      return DataLoss("no surviving replica of " + plan_.tensors[tid] + " box " + ToString(box) +
+                      " (every old rank holding it is on a lost host); new rank " +
+                      std::to_string(rank) + " needs it");
+    }
+    return Internal("the old layout holds no replica of " + plan_.tensors[tid] + " box " +
+                    ToString(box) + " that new rank " + std::to_string(rank) + " needs");
+  }
+
+  // Steps 1-4 for the needs [i, j) of tensor tid, all on one host: the ops.
+  Status PlanHost(int32_t tid, std::size_t i, std::size_t j,
+                  const std::vector<std::pair<std::size_t, std::size_t>>& local) {
+    const std::vector<Need>& ns = needs_[tid];
+    const std::vector<Group>& gs = groups_[tid];
+    const int32_t h = ns[i].host;
+    landed_.clear();
+    for (std::size_t k = i; k < j; ++k) {
+      const Need& need = ns[k];
+      const Site dst =
+          MakeSite(need.piece->global, need.piece->local, need.rank, need.tensor, h, true, -1);
+      remaining_.assign(1, need.piece->global);
+      TakeInPlace(tid, need, dst);
+      // Step 2: a replica on this host, the same device first.
+      for (std::size_t g = 0; g < gs.size() && !remaining_.empty(); ++g) {
+        if (local[g].first == local[g].second || !Intersects(*gs[g].global, need.piece->global))
+          continue;
+        const Holder* pick = &gs[g].holders[local[g].first];
+        for (std::size_t x = local[g].first; x < local[g].second; ++x) {
+          if (gs[g].holders[x].rank == need.rank) pick = &gs[g].holders[x];
+        }
+        const Site src = MakeSite(pick->piece->global, pick->piece->local, pick->rank, pick->tensor,
+                                  h, false, -1);
+        CoverFrom(tid, *gs[g].global, src, dst, nullptr);
+      }
+      // Step 3: boxes already delivered to this host.
+      for (std::size_t x = 0; x < landed_.size() && !remaining_.empty(); ++x) {
+        const CopyOp& l = plan_.ops[landed_[x].op];
+        if (!Intersects(l.global, need.piece->global)) continue;
+        // Copies: CoverFrom appends to plan_.ops, which may move l.
+        const Box global = l.global, region = l.dst;
+        const Site src = MakeSite(global, region, l.dst_rank, l.dst_tensor, h, true, landed_[x].op);
+        CoverFrom(tid, global, src, dst, nullptr);
+      }
+      // Step 4: a remote replica on the host that has sent least so far.
+      fresh_.clear();
+      for (std::size_t g = 0; g < gs.size() && !remaining_.empty(); ++g) {
+        bool hit = false;
+        for (const Box& rem : remaining_) hit = hit || Intersects(rem, *gs[g].global);
+        if (!hit) continue;
+        const Holder* pick = PickRemote(gs[g], h);
+        if (!pick) continue;
+        const Site src = MakeSite(pick->piece->global, pick->piece->local, pick->rank, pick->tensor,
+                                  pick->host, false, -1);
+        ChargeSend(pick->host, CoverFrom(tid, *gs[g].global, src, dst, &fresh_));
+      }
+      landed_.insert(landed_.end(), fresh_.begin(), fresh_.end());
+      if (!remaining_.empty()) return NotCovered(tid, need.rank, remaining_[0]);
+    }
+    return Status::Ok();
+  }
+
+  // Per-host planning, another host h: only what step 4 of PlanHost would send to h
+  // (the greedy choice of every later transfer depends on it), as boxes, no ops. What
+  // step 4 sends for a need is, as a set, N \ Held(h) \ (what earlier needs of h
+  // received), group by group in group order; steps 1-3 only shape the ops. Hosts with
+  // the same needs (the same piece objects: dp replicas share them) and the same held
+  // groups send the same amounts, so those are computed once per such host kind.
+  Status SimulateHost(int32_t tid, std::size_t i, std::size_t j,
+                      const std::vector<std::pair<std::size_t, std::size_t>>& local) {
+    const std::vector<Need>& ns = needs_[tid];
+    const std::vector<Group>& gs = groups_[tid];
+    const int32_t h = ns[i].host;
+    key_.assign(reinterpret_cast<const char*>(&tid), sizeof(tid));
+    for (std::size_t k = i; k < j; ++k)
+      key_.append(reinterpret_cast<const char*>(&ns[k].piece), sizeof(ns[k].piece));
+    for (const auto& [lo, hi] : local) key_.push_back(lo == hi ? '0' : '1');
+    auto [it, fresh] = charges_.try_emplace(key_);
+    SimResult& sim = it->second;
+    if (fresh) {
+      std::vector<Box> got;  // step 4 deliveries of earlier needs
+      for (std::size_t k = i; k < j && sim.failed_need < 0; ++k) {
+        remaining_.assign(1, ns[k].piece->global);
+        for (std::size_t g = 0; g < gs.size() && !remaining_.empty(); ++g) {
+          if (local[g].first != local[g].second) SubtractFrom(remaining_, *gs[g].global);
+        }
+        for (std::size_t x = 0; x < got.size() && !remaining_.empty(); ++x)
+          SubtractFrom(remaining_, got[x]);
+        for (std::size_t g = 0; g < gs.size() && !remaining_.empty(); ++g) {
+          if (gs[g].holders.empty()) continue;  // every holder lost
+          int64_t vol = 0;
+          for (const Box& rem : remaining_) {
+            if (!Intersects(rem, *gs[g].global)) continue;
+            got.push_back(Intersect(rem, *gs[g].global));
+            vol += Volume(got.back());
+          }
+          if (vol == 0) continue;
+          sim.charges.push_back({static_cast<int32_t>(g), vol * elem_[tid]});
+          SubtractFrom(remaining_, *gs[g].global);
+        }
+        if (!remaining_.empty()) {
+          sim.failed_need = static_cast<int64_t>(k - i);
+          sim.failed_box = remaining_[0];
+        }
+      }
+    }
+    for (const Charge& c : sim.charges) ChargeSend(PickRemote(gs[c.group], h)->host, c.bytes);
+    if (sim.failed_need >= 0) return NotCovered(tid, ns[i + sim.failed_need].rank, sim.failed_box);
     return Status::Ok();
   }
 
@@ -438,7 +606,7 @@ class Planner {
     PlanStats& s = plan_.stats;
     s.ops = static_cast<int64_t>(plan_.ops.size());
     s.num_hosts = num_hosts_;
-    s.host_send_bytes = sent_;
+    s.host_send_bytes = only_host_ < 0 ? sent_ : to_me_;
     s.host_recv_bytes = recv_;
     for (int64_t b : sent_) s.max_host_send_bytes = std::max(s.max_host_send_bytes, b);
     for (int64_t b : recv_) s.max_host_recv_bytes = std::max(s.max_host_recv_bytes, b);
@@ -450,6 +618,7 @@ class Planner {
   const std::vector<int>& from_hosts_;
   bool any_lost_ = false;  // some old rank is on kLostHost
   const std::vector<int>& to_hosts_;
+  const int only_host_;  // -1: every host
   int num_hosts_ = 0;
   std::vector<GlobalTensor> globals_;
   std::unordered_map<std::string, int32_t> ids_;
@@ -458,7 +627,22 @@ class Planner {
   std::vector<std::vector<Need>> needs_;
   std::unordered_map<const std::vector<LocalTensor>*, std::unordered_map<std::string, int32_t>>
       names_;
-  std::vector<int64_t> sent_, recv_;
+  // sent_: cross-host bytes each host has sent so far (the greedy state, all hosts);
+  // to_me_: of those, what the planned host(s) receive; recv_: received per planned host.
+  std::vector<int64_t> sent_, recv_, to_me_;
+  // The distinct holder-host sets of the groups, each ordered by (sent_, host), and the
+  // sets each host is in.
+  std::vector<std::set<std::pair<int64_t, int32_t>>> host_sets_;
+  std::vector<std::vector<int32_t>> sets_of_host_;
+  std::unordered_map<const std::vector<LocalTensor>*, std::vector<int32_t>> ids_of_;
+  struct SimResult {
+    std::vector<Charge> charges;
+    int64_t failed_need = -1;
+    Box failed_box;
+  };
+  std::string key_;
+  std::unordered_map<std::string, SimResult> charges_;  // SimulateHost per host kind
+  std::vector<Landed> landed_, fresh_;
   std::vector<Box> remaining_, next_;
   Plan plan_;
 };
@@ -502,7 +686,14 @@ std::vector<int> DefaultHosts(int world_size, int gpus_per_host) {
 
 Result<Plan> MakePlan(const Model& model, const Layout& from, const Layout& to,
                       const std::vector<int>& from_hosts, const std::vector<int>& to_hosts) {
-  return Planner(model, from, to, from_hosts, to_hosts).Run();
+  return Planner(model, from, to, from_hosts, to_hosts, -1).Run();
+}
+
+Result<Plan> MakeHostPlan(const Model& model, const Layout& from, const Layout& to,
+                          const std::vector<int>& from_hosts, const std::vector<int>& to_hosts,
+                          int host) {
+  if (host < 0) return InvalidArgument("host " + std::to_string(host) + " is negative");
+  return Planner(model, from, to, from_hosts, to_hosts, host).Run();
 }
 
 const std::string& SrcTensorName(const CopyOp& op, const Layout& from, const Layout& to) {

@@ -124,6 +124,20 @@ inline constexpr int kLostHost = -1;
 Result<Plan> MakePlan(const Model& model, const Layout& from, const Layout& to,
                       const std::vector<int>& from_hosts, const std::vector<int>& to_hosts);
 
+// Per-host planning: the part of MakePlan's plan that host `host` (of to_hosts)
+// executes, computed without the other hosts' ops. Its ops are exactly the ops of
+// MakePlan whose destination rank is on `host`, in the same order, with `after`
+// renumbered to indices of this list (an op's source from the new layout is always an
+// op of the same host); kept likewise. The stats describe those ops: bytes_total,
+// bytes_in_place, bytes_host_local, bytes_cross_host, cross_host_lower_bound, ops and
+// cross_host_ops of `host` alone, host_send_bytes[x] = what host x sends to `host`,
+// host_recv_bytes only `host`'s entry. The other hosts are simulated only as far as
+// the greedy replica choice needs (what each sends), once per kind of host. Errors as
+// MakePlan (a box no replica holds is named for whichever host meets it first).
+Result<Plan> MakeHostPlan(const Model& model, const Layout& from, const Layout& to,
+                          const std::vector<int>& from_hosts, const std::vector<int>& to_hosts,
+                          int host);
+
 // Spec §8 JSON: {"ops": [...], "stats": {...}}; ops carry "after" when src_layout is
 // "new", stats also carry per-host send/receive bytes, op counts and "kept".
 std::string PlanToJson(const Plan& plan, const Layout& from, const Layout& to);
