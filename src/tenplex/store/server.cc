@@ -58,6 +58,12 @@ httplib::Server::HandlerResponse Refuse(httplib::Response& res, int status,
 
 void SendJson(httplib::Response& res, int status, const json& body) {
   res.status = status;
+  if (status >= 400 && !res.has_header("Connection")) {
+    // A refused request's body may be unread (or only partly read): it must not be
+    // parsed as the next request, so the connection closes after an error reply.
+    res.set_header("Connection", "close");
+    GuardedServer::CloseAfterReply();
+  }
   // Replaced, not thrown: an error message may quote a target that is not UTF-8.
   res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace) + "\n",
                   "application/json");
@@ -254,6 +260,9 @@ void Server::Impl::Install() {
         : res.status == 400 ? "malformed HTTP request (a header line longer than 8 KiB?)"
                             : "HTTP error " + std::to_string(res.status);
     SendJson(res, res.status, {{"error", what}, {"code", "INVALID_ARGUMENT"}});
+    // What is left of a request cpp-httplib could not parse must not be read as the
+    // next request on this connection.
+    GuardedServer::CloseAfterReply();
     return httplib::Server::HandlerResponse::Handled;
   }));
   http.set_exception_handler(
