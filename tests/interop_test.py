@@ -40,7 +40,8 @@ sys.path.insert(0, os.path.join(HERE, "..", "python"))
 
 import torch  # noqa: E402
 
-from tenplex import layout as L  # noqa: E402
+sys.path.insert(0, os.path.join(HERE, "reference"))
+import layout_ref as L  # noqa: E402  (the independent pure-Python layout)
 from tenplex import safetensors as sf  # noqa: E402
 
 BIN = None
@@ -109,7 +110,7 @@ def check_equal(what, got, want):
 
 
 def check_ckpt(ckpt, model, G, optimizer="given"):
-    """Every rank file of a tenplex checkpoint against G sliced by tenplex.layout.
+    """Every rank file of a tenplex checkpoint against G sliced by the reference layout (tests/reference).
     optimizer: "given" (companions from G), "fresh" (moments zero, fp32 = params)."""
     with open(os.path.join(ckpt, "tenplex.json")) as f:
         info = json.load(f)
