@@ -14,14 +14,11 @@
 
 #include "tenplex/data/jsonl.h"
 #include "tenplex/data/megatron.h"
+#include "tenplex/util/fuzz.h"
 
 namespace data = tenplex::data;
 
 namespace {
-
-void Require(bool cond) {
-  if (!cond) std::abort();
-}
 
 template <typename T>
 T At(const uint8_t* p) {
@@ -48,35 +45,35 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* in, size_t size) {
     for (uint64_t i = 0; i < n; ++i) {
       const int32_t len = At<int32_t>(p + 34 + 4 * i);
       const int64_t ptr = At<int64_t>(p + 34 + 4 * n + 8 * i);
-      Require(len >= 0 && ptr >= 0 && uint64_t(ptr) + uint64_t(len) * l->dtype.size <= bin);
+      tenplex::FuzzRequire(len >= 0 && ptr >= 0 && uint64_t(ptr) + uint64_t(len) * l->dtype.size <= bin);
     }
-    Require(d >= 1 && At<int64_t>(p + 34 + 12 * n) == 0 &&
+    tenplex::FuzzRequire(d >= 1 && At<int64_t>(p + 34 + 12 * n) == 0 &&
             uint64_t(At<int64_t>(p + 34 + 12 * n + 8 * (d - 1))) == n);
   } else if (which == 1) {
     auto info = data::CheckJsonlOffsets(p, size);
     if (!info.ok()) return 0;
     const uint64_t n = info->num_samples;
     for (uint64_t i = 0; i < n; ++i)
-      Require(At<uint64_t>(p + 32 + 8 * (i + 1)) >= At<uint64_t>(p + 32 + 8 * i) + 2);
+      tenplex::FuzzRequire(At<uint64_t>(p + 32 + 8 * (i + 1)) >= At<uint64_t>(p + 32 + 8 * i) + 2);
     const uint64_t last = At<uint64_t>(p + 32 + 8 * n);
-    Require(last == info->source_bytes + (info->last_line_unterminated ? 1 : 0));
+    tenplex::FuzzRequire(last == info->source_bytes + (info->last_line_unterminated ? 1 : 0));
   } else {
     std::string_view src(reinterpret_cast<const char*>(p), size);
     auto offsets = data::BuildJsonlOffsets(src);
     if (!offsets.ok()) return 0;
     auto info =
         data::CheckJsonlOffsets(reinterpret_cast<const uint8_t*>(offsets->data()), offsets->size());
-    Require(info.ok() && info->source_bytes == size);
+    tenplex::FuzzRequire(info.ok() && info->source_bytes == size);
     const uint8_t* o = reinterpret_cast<const uint8_t*>(offsets->data()) + 32;
     std::string rebuilt;
     for (uint64_t i = 0; i < info->num_samples; ++i) {
       const uint64_t b = At<uint64_t>(o + 8 * i), e = At<uint64_t>(o + 8 * (i + 1)) - 1;
-      Require(e > b && e <= size);
+      tenplex::FuzzRequire(e > b && e <= size);
       rebuilt += std::string(src.substr(b, e - b)) + "\n";
     }
     std::string expect(src);
     if (info->last_line_unterminated) expect += "\n";
-    Require(rebuilt == expect);
+    tenplex::FuzzRequire(rebuilt == expect);
   }
   return 0;
 }

@@ -7,14 +7,7 @@
 #include <string>
 
 #include "tenplex/model/model.h"
-
-namespace {
-
-void Require(bool cond) {
-  if (!cond) std::abort();
-}
-
-}  // namespace
+#include "tenplex/util/fuzz.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string in(reinterpret_cast<const char*>(data), size);
@@ -22,7 +15,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!m.ok()) return 0;
   const std::string text = tenplex::ModelToJson(*m);
   auto again = tenplex::ModelFromJson(text);
-  Require(again.ok());
-  Require(tenplex::ModelToJson(*again) == text);
+  tenplex::FuzzRequire(again.ok());
+  tenplex::FuzzRequire(tenplex::ModelToJson(*again) == text);
   return 0;
 }

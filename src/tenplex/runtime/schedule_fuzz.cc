@@ -6,14 +6,7 @@
 #include <string>
 
 #include "tenplex/runtime/schedule.h"
-
-namespace {
-
-void Require(bool cond) {
-  if (!cond) std::abort();
-}
-
-}  // namespace
+#include "tenplex/util/fuzz.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string in(reinterpret_cast<const char*>(data), size);
@@ -24,9 +17,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }();
   auto s = tenplex::runtime::ParseSchedule(in, model);
   if (!s.ok()) return 0;
-  Require(s->size() >= 2 && s->front().step == 0 && s->back().stop);
+  tenplex::FuzzRequire(s->size() >= 2 && s->front().step == 0 && s->back().stop);
   for (std::size_t i = 0; i + 1 < s->size(); ++i) {
-    Require(!(*s)[i].stop && (*s)[i].step < (*s)[i + 1].step);
+    tenplex::FuzzRequire(!(*s)[i].stop && (*s)[i].step < (*s)[i + 1].step);
   }
   return 0;
 }

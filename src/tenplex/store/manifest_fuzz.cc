@@ -8,16 +8,9 @@
 
 #include "tenplex/store/manifest.h"
 #include "tenplex/store/parse.h"
+#include "tenplex/util/fuzz.h"
 
 namespace ts = tenplex::store;
-
-namespace {
-
-void Require(bool cond) {
-  if (!cond) std::abort();
-}
-
-}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view in(reinterpret_cast<const char*>(data), size);
@@ -25,13 +18,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!m.ok()) return 0;
   for (const ts::ManifestTensor& t : m->tensors) {
     auto p = ts::ParseTensorPath("jobs/j/3/" + t.key);
-    Require(p.ok() && p->Key() == t.key);
+    tenplex::FuzzRequire(p.ok() && p->Key() == t.key);
     uint64_t n = tenplex::DTypeSize(t.dtype);
     for (int64_t d : t.shape) {
-      Require(d >= 0);
+      tenplex::FuzzRequire(d >= 0);
       n *= static_cast<uint64_t>(d);
     }
-    Require(n == t.bytes);
+    tenplex::FuzzRequire(n == t.bytes);
   }
   return 0;
 }

@@ -8,32 +8,25 @@
 #include <string_view>
 
 #include "tenplex/store/parse.h"
+#include "tenplex/util/fuzz.h"
 
 namespace ts = tenplex::store;
-
-namespace {
-
-void Require(bool cond) {
-  if (!cond) std::abort();
-}
-
-}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view in(reinterpret_cast<const char*>(data), size);
 
   if (auto p = ts::ParseTensorPath(in); p.ok()) {
-    Require(ts::IsValidSegment(p->job) && ts::IsValidSegment(p->name));
+    tenplex::FuzzRequire(ts::IsValidSegment(p->job) && ts::IsValidSegment(p->name));
     if (p->version) {
-      Require(p->WithVersion(*p->version) == in);
+      tenplex::FuzzRequire(p->WithVersion(*p->version) == in);
       auto again = ts::ParseTensorPath(p->WithVersion(*p->version));
-      Require(again.ok() && again->Key() == p->Key());
+      tenplex::FuzzRequire(again.ok() && again->Key() == p->Key());
     }
-    Require(*ts::ParseRankSegment(ts::RankSegment(p->rank)) == p->rank);
+    tenplex::FuzzRequire(*ts::ParseRankSegment(ts::RankSegment(p->rank)) == p->rank);
   }
   if (auto lp = ts::ParseListPrefix(in); lp.ok()) {
-    Require(lp->segments.size() <= 4);
-    for (const std::string& s : lp->segments) Require(s != ".." && s != ".");
+    tenplex::FuzzRequire(lp->segments.size() <= 4);
+    for (const std::string& s : lp->segments) tenplex::FuzzRequire(s != ".." && s != ".");
   }
 
   // Shapes and ranges: the first bytes pick a dtype and a small shape, the rest is text.
@@ -44,21 +37,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (int k = 0; k < data[1] % 4; ++k) shape.push_back((data[2] >> (2 * k)) & 7);
     if (auto items = ts::ParseRange(in.substr(3)); items.ok()) {
       if (auto box = ts::ResolveRange(*items, shape); box.ok()) {
-        Require(box->rank() == shape.size() && tenplex::Contains(tenplex::BoxOf(shape), *box));
+        tenplex::FuzzRequire(box->rank() == shape.size() && tenplex::Contains(tenplex::BoxOf(shape), *box));
       }
     }
   }
 
   if (auto t = ts::ParseTarget(in); t.ok()) {
-    for (char c : t->path) Require(static_cast<unsigned char>(c) >= 0x20 && c != 0x7f);
-    Require(t->query.size() <= ts::kMaxQueryParams);
+    for (char c : t->path) tenplex::FuzzRequire(static_cast<unsigned char>(c) >= 0x20 && c != 0x7f);
+    tenplex::FuzzRequire(t->query.size() <= ts::kMaxQueryParams);
     constexpr std::string_view kTensors = "/v1/tensors/";
     if (t->path.compare(0, kTensors.size(), kTensors) == 0) {
       (void)ts::ParseTensorPath(std::string_view(t->path).substr(kTensors.size()));
     }
   }
   (void)ts::ParseQuery(in);
-  if (auto hp = ts::ParseHostPort(in); hp.ok()) Require(hp->port >= 0 && hp->port <= 65535 && !hp->host.empty());
+  if (auto hp = ts::ParseHostPort(in); hp.ok()) tenplex::FuzzRequire(hp->port >= 0 && hp->port <= 65535 && !hp->host.empty());
   (void)ts::ParseUrl(in);
   (void)ts::IsLoopbackHost(in);
   (void)ts::ParseByteSize(in);

@@ -7,16 +7,9 @@
 #include <string_view>
 
 #include "tenplex/transform/control_protocol.h"
+#include "tenplex/util/fuzz.h"
 
 namespace tt = tenplex::transform;
-
-namespace {
-
-void Require(bool cond) {
-  if (!cond) std::abort();
-}
-
-}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view in(reinterpret_cast<const char*>(data), size);
@@ -24,12 +17,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!d.ok()) return 0;
   const tt::PrepareRequest& r = d->request;
   const int hosts = static_cast<int>(r.addresses.size());
-  Require(r.host >= 0 && r.host < hosts && r.to_version > r.from_version);
-  for (int h : r.from_hosts) Require(h >= -1 && h < hosts);
-  for (int h : r.to_hosts) Require(h >= 0 && h < hosts && !r.addresses[h].empty());
+  tenplex::FuzzRequire(r.host >= 0 && r.host < hosts && r.to_version > r.from_version);
+  for (int h : r.from_hosts) tenplex::FuzzRequire(h >= -1 && h < hosts);
+  for (int h : r.to_hosts) tenplex::FuzzRequire(h >= 0 && h < hosts && !r.addresses[h].empty());
   auto again = tt::DecodePrepare(tt::EncodePrepare(r));
-  Require(again.ok());
-  Require(again->request.job == r.job && again->request.from_hosts == r.from_hosts &&
+  tenplex::FuzzRequire(again.ok());
+  tenplex::FuzzRequire(again->request.job == r.job && again->request.from_hosts == r.from_hosts &&
           again->request.to_hosts == r.to_hosts && again->request.addresses == r.addresses &&
           again->request.to_config == r.to_config && again->request.plan_digest == r.plan_digest &&
           again->from.config() == d->from.config());
