@@ -1,5 +1,6 @@
 #include "tenplex/runtime/schedule.h"
 #include "tenplex/util/json_depth.h"
+#include "tenplex/util/json_value.h"
 
 #include <nlohmann/json.hpp>
 #include <set>
@@ -48,7 +49,7 @@ Result<std::vector<ScheduleEntry>> ParseSchedule(const std::string& text, const 
       }
       if (!choose) return InvalidArgument(where + ": 'gpus' entries need the config policy (tenplex run)");
       s.gpus = e["gpus"].get<int>();
-      auto c = choose(s.gpus, e.value("device_profile", ""), e.value("gpu_memory", ""));
+      auto c = choose(s.gpus, JsonValueOr(e, "device_profile", ""), JsonValueOr(e, "gpu_memory", ""));
       if (!c.ok()) return c.status().WithContext(where + " (" + std::to_string(s.gpus) + " GPUs)");
       s.config = *c;
     } else if (s.stop == e.contains("config")) {

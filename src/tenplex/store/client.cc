@@ -13,6 +13,7 @@
 #include "tenplex/util/file.h"
 #include "tenplex/util/thread_pool.h"
 #include "tenplex/util/json_depth.h"
+#include "tenplex/util/json_value.h"
 
 namespace tenplex::store {
 
@@ -53,8 +54,8 @@ Result<TensorInfo> TensorFromJson(const json& j) {
   TP_ASSIGN_OR_RETURN(t.dtype, ParseDType(j["dtype"].get<std::string>()));
   t.shape = j["shape"].get<Shape>();
   t.bytes = j["bytes"].get<uint64_t>();
-  t.committed = j.value("committed", false);
-  t.file = j.value("file", "");
+  t.committed = JsonValueOr(j, "committed", false);
+  t.file = JsonValueOr(j, "file", "");
   return t;
 }
 
@@ -95,8 +96,8 @@ Result<std::unique_ptr<Client>> Client::Connect(const std::string& url, const Cl
   if (!options.token.empty()) cli.set_bearer_token_auth(options.token.c_str());
   TP_ASSIGN_OR_RETURN(std::string text, c->Call("GET", "/v1/health"));
   TP_ASSIGN_OR_RETURN(json health, ParseJson(text));
-  c->store_id_ = health.value("store_id", "");
-  const std::string shm_dir = health.value("shm_dir", "");
+  c->store_id_ = JsonValueOr(health, "store_id", "");
+  const std::string shm_dir = JsonValueOr(health, "shm_dir", "");
   if (options.use_shm && IsLoopbackHost(hp.host) && !shm_dir.empty() && !c->store_id_.empty()) {
     auto id = ReadFile(shm_dir + "/STORE_ID");
     c->local_ = id.ok() && *id == c->store_id_ + "\n";
@@ -127,7 +128,7 @@ Result<uint64_t> Client::BeginVersion(const std::string& job, std::optional<uint
   if (version) target += "?version=" + std::to_string(*version);
   TP_ASSIGN_OR_RETURN(std::string text, Call("POST", target, info));
   TP_ASSIGN_OR_RETURN(json j, ParseJson(text));
-  return j.value("version", uint64_t{0});
+  return JsonValueOr(j, "version", uint64_t{0});
 }
 
 Status Client::SetVersionInfo(const std::string& job, uint64_t version, const std::string& info) {
@@ -147,12 +148,12 @@ Status Client::Abort(const std::string& job, uint64_t version) {
 namespace {
 VersionInfo VersionFromJson(const json& j) {
   VersionInfo v;
-  v.job = j.value("job", "");
-  v.version = j.value("version", uint64_t{0});
-  v.committed = j.value("state", "") == "committed";
-  v.current = j.value("current", false);
-  v.bytes = j.value("bytes", uint64_t{0});
-  v.tensors = j.value("tensors", std::size_t{0});
+  v.job = JsonValueOr(j, "job", "");
+  v.version = JsonValueOr(j, "version", uint64_t{0});
+  v.committed = JsonValueOr(j, "state", "") == "committed";
+  v.current = JsonValueOr(j, "current", false);
+  v.bytes = JsonValueOr(j, "bytes", uint64_t{0});
+  v.tensors = JsonValueOr(j, "tensors", std::size_t{0});
   v.info = j.contains("info") ? j["info"].dump() : "{}";
   return v;
 }
@@ -180,7 +181,7 @@ Result<JobInfo> Client::Job(const std::string& job) {
   TP_ASSIGN_OR_RETURN(std::string text, Call("GET", "/v1/jobs/" + Encode(job)));
   TP_ASSIGN_OR_RETURN(json j, ParseJson(text));
   JobInfo info;
-  info.job = j.value("job", job);
+  info.job = JsonValueOr(j, "job", job);
   if (j.contains("current") && j["current"].is_number_unsigned()) info.current = j["current"].get<uint64_t>();
   if (j.contains("versions") && j["versions"].is_array()) {
     for (const json& v : j["versions"]) {
@@ -213,7 +214,7 @@ Result<std::pair<TensorInfo, std::string>> Client::Meta(const std::string& path)
   TP_ASSIGN_OR_RETURN(std::string text, Call("GET", "/v1/meta/" + Encode(path)));
   TP_ASSIGN_OR_RETURN(json j, ParseJson(text));
   TP_ASSIGN_OR_RETURN(TensorInfo t, TensorFromJson(j));
-  return std::make_pair(std::move(t), j.value("xxh64", ""));
+  return std::make_pair(std::move(t), JsonValueOr(j, "xxh64", ""));
 }
 
 Status Client::Delete(const std::string& path) { return Call("DELETE", "/v1/tensors/" + Encode(path)).status(); }
@@ -299,7 +300,7 @@ Result<std::vector<TensorInfo>> Client::Allocate(const std::vector<Store::AllocR
   TP_ASSIGN_OR_RETURN(std::string text,
                       Call("POST", "/v1/alloc", json{{"tensors", req}, {"fill", zero_fill ? "zero" : "none"}}.dump()));
   TP_ASSIGN_OR_RETURN(json j, ParseJson(text));
-  if (j.value("store_id", "") != store_id_) return Aborted("store " + url_ + " restarted; reconnect");
+  if (JsonValueOr(j, "store_id", "") != store_id_) return Aborted("store " + url_ + " restarted; reconnect");
   std::vector<TensorInfo> out;
   for (const json& e : j["tensors"]) {
     TP_ASSIGN_OR_RETURN(TensorInfo t, TensorFromJson(e));

@@ -4,6 +4,7 @@
 
 #include "tenplex/store/parse.h"
 #include "tenplex/util/json_depth.h"
+#include "tenplex/util/json_value.h"
 
 namespace tenplex::store {
 
@@ -12,7 +13,7 @@ using nlohmann::json;
 Result<Manifest> ParseManifest(std::string_view text, std::string_view job,
                                std::string_view version) {
   json m = CheckJsonDepth(text).ok() ? json::parse(text, nullptr, false) : json();
-  if (m.is_discarded() || !m.is_object() || m.value("format", "") != kManifestFormat ||
+  if (m.is_discarded() || !m.is_object() || JsonValueOr(m, "format", "") != kManifestFormat ||
       !m.contains("tensors") || !m["tensors"].is_array()) {
     return DataLoss(std::string("not a ") + kManifestFormat + " manifest");
   }

@@ -13,6 +13,7 @@
 #include "tenplex/transform/control_protocol.h"
 #include "tenplex/transform/state_info.h"
 #include "tenplex/util/format.h"
+#include "tenplex/util/json_value.h"
 
 namespace tenplex::transform {
 
@@ -104,14 +105,14 @@ RoundResult RunRound(std::vector<Host>& hosts, const std::string& job, const Rou
     HostTransformReport rep;
     rep.url = h.url;
     rep.ranks = static_cast<int>(std::count(r.to_hosts.begin(), r.to_hosts.end(), participants[i]));
-    rep.bytes_kept = j.value("bytes_kept", int64_t{0});
-    rep.bytes_linked = j.value("bytes_linked", int64_t{0});
-    rep.bytes_local = j.value("bytes_local", int64_t{0});
-    rep.bytes_fetched = j.value("bytes_fetched", int64_t{0});
-    rep.seconds = j.value("seconds", 0.0);
-    rep.fetch_seconds = j.value("fetch_seconds", 0.0);
-    rep.local_seconds = j.value("local_seconds", 0.0);
-    rep.alloc_seconds = j.value("alloc_seconds", 0.0);
+    rep.bytes_kept = JsonValueOr(j, "bytes_kept", int64_t{0});
+    rep.bytes_linked = JsonValueOr(j, "bytes_linked", int64_t{0});
+    rep.bytes_local = JsonValueOr(j, "bytes_local", int64_t{0});
+    rep.bytes_fetched = JsonValueOr(j, "bytes_fetched", int64_t{0});
+    rep.seconds = JsonValueOr(j, "seconds", 0.0);
+    rep.fetch_seconds = JsonValueOr(j, "fetch_seconds", 0.0);
+    rep.local_seconds = JsonValueOr(j, "local_seconds", 0.0);
+    rep.alloc_seconds = JsonValueOr(j, "alloc_seconds", 0.0);
     out.hosts.push_back(rep);
   }
   if (!out.status.ok()) {
