@@ -39,7 +39,8 @@ double Best(int reps, const std::function<void()>& setup, const std::function<vo
     if (setup) setup();
     auto t0 = std::chrono::steady_clock::now();
     op();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    best = std::min(best,
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   return best;
 }
@@ -71,7 +72,8 @@ int main(int argc, char** argv) {
   const uint64_t bytes = static_cast<uint64_t>(rows * cols * 4);
 
   auto store = Take(ts::Store::Open(), "open store");
-  ts::Server server(*store, {.token = "", .max_body_bytes = 2 * bytes, .max_header_bytes = 16 << 10});
+  ts::Server server(*store,
+                    {.token = "", .max_body_bytes = 2 * bytes, .max_header_bytes = 16 << 10});
   const int port = Take(server.Bind("127.0.0.1", 0), "bind");
   std::thread serving([&] { Check(server.Serve(), "serve"); });
   const std::string url = "http://127.0.0.1:" + std::to_string(port);
@@ -97,7 +99,8 @@ int main(int argc, char** argv) {
   };
   std::vector<Row> out;
 
-  const double t_memcpy = Best(reps, nullptr, [&] { ts::ParallelMemcpy(dst.data(), src.data(), bytes); });
+  const double t_memcpy =
+      Best(reps, nullptr, [&] { ts::ParallelMemcpy(dst.data(), src.data(), bytes); });
   const double t_fresh = Best(reps, nullptr, [&] {
     void* p = std::malloc(bytes);
     ts::ParallelMemcpy(p, src.data(), bytes);
@@ -111,7 +114,8 @@ int main(int argc, char** argv) {
     Check(client->Write(prefix + "put", DType::kF32, shape, src.data(), bytes), "local put");
   });
   auto put_info = Take(client->List(prefix + "put"), "list")[0];
-  const double t_get = Best(reps, nullptr, [&] { Check(client->Read(put_info, dst.data()), "local get"); });
+  const double t_get =
+      Best(reps, nullptr, [&] { Check(client->Read(put_info, dst.data()), "local get"); });
   if (std::memcmp(dst.data(), src.data(), bytes) != 0) {
     std::fprintf(stderr, "store_bench: local get returned other bytes\n");
     return 1;
@@ -137,8 +141,10 @@ int main(int argc, char** argv) {
     auto info = Take(client->ShmInfo(prefix + "mapped"), "shm info");
     auto m = Take(ts::Client::Map(info, /*writable=*/true, /*populate=*/true), "map");
     ts::ParallelMemcpy(m.data(), src.data(), bytes);  // touch once
-    const double t_w = Best(reps, nullptr, [&] { ts::ParallelMemcpy(m.data(), src.data(), bytes); });
-    const double t_r = Best(reps, nullptr, [&] { ts::ParallelMemcpy(dst.data(), m.data(), bytes); });
+    const double t_w =
+        Best(reps, nullptr, [&] { ts::ParallelMemcpy(m.data(), src.data(), bytes); });
+    const double t_r =
+        Best(reps, nullptr, [&] { ts::ParallelMemcpy(dst.data(), m.data(), bytes); });
     out.push_back({"mapped write (map held)", t_w, bytes, t_memcpy, "memcpy"});
     out.push_back({"mapped read (map held)", t_r, bytes, t_memcpy, "memcpy"});
   }
@@ -148,7 +154,9 @@ int main(int argc, char** argv) {
   const double t_hput = Best(reps, nullptr, [&] {
     Check(http->Put(prefix + "http", DType::kF32, shape, src.data(), bytes).status(), "http put");
   });
-  const double t_hget = Best(reps, nullptr, [&] { Check(http->GetInto(prefix + "http", "", dst.data(), bytes), "http get"); });
+  const double t_hget = Best(reps, nullptr, [&] {
+    Check(http->GetInto(prefix + "http", "", dst.data(), bytes), "http get");
+  });
   const std::string half = std::to_string(rows / 2);
   const uint64_t half_bytes = static_cast<uint64_t>(rows / 2 * cols * 4);
   const double t_rows = Best(reps, nullptr, [&] {
@@ -156,13 +164,15 @@ int main(int argc, char** argv) {
   });
   const uint64_t col_bytes = static_cast<uint64_t>(rows * (cols / 2) * 4);
   const double t_cols = Best(reps, nullptr, [&] {
-    Check(http->GetInto(prefix + "http", ":,0:" + std::to_string(cols / 2), dst.data(), col_bytes), "http cols");
+    Check(http->GetInto(prefix + "http", ":,0:" + std::to_string(cols / 2), dst.data(), col_bytes),
+          "http cols");
   });
   out.push_back({"HTTP PUT body", t_hput, bytes, t_memcpy, "memcpy"});
   out.push_back({"HTTP GET whole tensor", t_hget, bytes, t_memcpy, "memcpy"});
-  out.push_back({"HTTP GET range rows 0:" + half + " (contiguous)", t_rows, half_bytes, t_memcpy, "memcpy"});
-  out.push_back({"HTTP GET range :,0:" + std::to_string(cols / 2) + " (strided)", t_cols, col_bytes, t_memcpy,
-                 "memcpy"});
+  out.push_back(
+      {"HTTP GET range rows 0:" + half + " (contiguous)", t_rows, half_bytes, t_memcpy, "memcpy"});
+  out.push_back({"HTTP GET range :,0:" + std::to_string(cols / 2) + " (strided)", t_cols, col_bytes,
+                 t_memcpy, "memcpy"});
 
   std::printf("store_bench: %s per tensor ([%lld, %lld] F32), best of %d, %u threads\n",
               (std::to_string(bytes >> 20) + " MiB").c_str(), static_cast<long long>(rows),
@@ -174,9 +184,11 @@ int main(int argc, char** argv) {
     std::printf("%-46s %9.2f %9.2f  %s\n", r.name.c_str(), gbs, gbs / base, r.baseline.c_str());
   }
   const double get_ratio = t_memcpy / t_get, put_ratio = t_memcpy / t_put;
-  std::printf("goal: local get/memcpy %.2f (>= 0.8: %s), local put/memcpy %.2f (>= 0.8: %s), put/fresh memcpy %.2f\n",
-              get_ratio, get_ratio >= 0.8 ? "met" : "NOT met", put_ratio, put_ratio >= 0.8 ? "met" : "NOT met",
-              t_fresh / t_put);
+  std::printf(
+      "goal: local get/memcpy %.2f (>= 0.8: %s), local put/memcpy %.2f (>= 0.8: %s), put/fresh "
+      "memcpy %.2f\n",
+      get_ratio, get_ratio >= 0.8 ? "met" : "NOT met", put_ratio,
+      put_ratio >= 0.8 ? "met" : "NOT met", t_fresh / t_put);
   server.Stop();
   serving.join();
   return 0;

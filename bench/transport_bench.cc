@@ -99,8 +99,8 @@ int main(int argc, char** argv) {
     std::string address;
     std::unique_ptr<Transport> server;  // in-process only
     if (std::strcmp(c.kind, "ucx") == 0) {
-      auto p = PeerProcess::Start({"/proc/self/exe", "--serve", *c.tls ? c.tls : "-",
-                                   c.detect ? "1" : "0"});
+      auto p = PeerProcess::Start(
+          {"/proc/self/exe", "--serve", *c.tls ? c.tls : "-", c.detect ? "1" : "0"});
       if (!p.ok()) {
         std::printf("%-28s %s\n", c.name, p.status().ToString().c_str());
         ++failures;

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# The whole test suite: installs dependencies, builds, runs every test (unit and
+# The whole test suite: installs dependencies, checks the C++ formatting, builds, runs every test (unit and
 # integration) with ctest, then builds the unit tests with AddressSanitizer and
 # UndefinedBehaviorSanitizer and runs them too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
+bash scripts/format.sh
 bash scripts/build.sh
 ctest --test-dir build --output-on-failure -j2 --timeout 600
 echo "== unit tests under ASan+UBSan"

@@ -34,11 +34,20 @@ void Check(const Status& s) {
   switch (s.code()) {
     case StatusCode::kInvalidArgument:
     case StatusCode::kOutOfRange:
-    case StatusCode::kDataLoss: cls = g_invalid; break;
-    case StatusCode::kNotFound: cls = g_not_found; break;
-    case StatusCode::kUnavailable: cls = g_unavailable; break;
-    case StatusCode::kResourceExhausted: cls = g_exhausted; break;
-    default: break;
+    case StatusCode::kDataLoss:
+      cls = g_invalid;
+      break;
+    case StatusCode::kNotFound:
+      cls = g_not_found;
+      break;
+    case StatusCode::kUnavailable:
+      cls = g_unavailable;
+      break;
+    case StatusCode::kResourceExhausted:
+      cls = g_exhausted;
+      break;
+    default:
+      break;
   }
   PyErr_SetString(cls->ptr(), s.message().c_str());
   throw pyb::error_already_set();

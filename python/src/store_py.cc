@@ -30,8 +30,10 @@ class PyStore {
   bool local() const { return store_ || client_->local(); }
   std::string where() const { return store_ ? store_->shm_dir() : client_->url(); }
 
-  uint64_t BeginVersion(const std::string& job, std::optional<uint64_t> version, const std::string& info) {
-    return store_ ? Take(store_->BeginVersion(job, version, info)) : Take(client_->BeginVersion(job, version, info));
+  uint64_t BeginVersion(const std::string& job, std::optional<uint64_t> version,
+                        const std::string& info) {
+    return store_ ? Take(store_->BeginVersion(job, version, info))
+                  : Take(client_->BeginVersion(job, version, info));
   }
   void SetVersionInfo(const std::string& job, uint64_t v, const std::string& info) {
     Check(store_ ? store_->SetVersionInfo(job, v, info) : client_->SetVersionInfo(job, v, info));
@@ -56,30 +58,37 @@ class PyStore {
     d["versions"] = versions;
     return d;
   }
-  void DeleteJob(const std::string& job) { Check(store_ ? store_->DeleteJob(job) : client_->DeleteJob(job)); }
+  void DeleteJob(const std::string& job) {
+    Check(store_ ? store_->DeleteJob(job) : client_->DeleteJob(job));
+  }
   void DropVersion(const std::string& job, uint64_t v) {
     Check(store_ ? store_->DropVersion(job, v) : client_->DropVersion(job, v));
   }
   pyb::list List(const std::string& prefix) {
-    std::vector<store::TensorInfo> infos = store_ ? Take(store_->List(prefix)) : Take(client_->List(prefix));
+    std::vector<store::TensorInfo> infos =
+        store_ ? Take(store_->List(prefix)) : Take(client_->List(prefix));
     pyb::list out;
     for (const auto& t : infos) out.append(InfoDict(t));
     return out;
   }
   // Creates zero-filled tensors and returns their infos (with shared-memory files).
-  pyb::list Allocate(const std::vector<std::tuple<std::string, std::string, std::vector<int64_t>>>& reqs) {
+  pyb::list Allocate(
+      const std::vector<std::tuple<std::string, std::string, std::vector<int64_t>>>& reqs) {
     std::vector<store::Store::AllocRequest> rs;
-    for (const auto& [path, dtype, shape] : reqs) rs.push_back({path, Take(ParseDType(dtype)), shape});
+    for (const auto& [path, dtype, shape] : reqs)
+      rs.push_back({path, Take(ParseDType(dtype)), shape});
     pyb::list out;
     if (store_) {
       for (const auto& t : Take(store_->AllocateMany(rs))) out.append(InfoDict(t));
     } else {
-      if (!client_->local()) Check(FailedPrecondition("allocate needs a store on this machine (use write)"));
+      if (!client_->local())
+        Check(FailedPrecondition("allocate needs a store on this machine (use write)"));
       for (const auto& t : Take(client_->Allocate(rs))) out.append(InfoDict(t));
     }
     return out;
   }
-  void Write(const std::string& path, const std::string& dtype, const std::vector<int64_t>& shape, pyb::buffer b) {
+  void Write(const std::string& path, const std::string& dtype, const std::vector<int64_t>& shape,
+             pyb::buffer b) {
     pyb::buffer_info bi = b.request();
     const uint64_t size = static_cast<uint64_t>(bi.size) * static_cast<uint64_t>(bi.itemsize);
     DType dt = Take(ParseDType(dtype));
@@ -128,14 +137,16 @@ class PyStore {
 
 void register_store(pyb::module_& m) {
   pyb::class_<PyStore, std::shared_ptr<PyStore>>(m, "Store")
-      .def_static("embedded", &PyStore::Embedded, pyb::arg("shm_dir") = "", pyb::arg("memory_limit") = 0)
+      .def_static("embedded", &PyStore::Embedded, pyb::arg("shm_dir") = "",
+                  pyb::arg("memory_limit") = 0)
       .def_static("connect", &PyStore::Connect, pyb::arg("url"))
       .def_property_readonly("local", &PyStore::local)
       .def_property_readonly("where", &PyStore::where)
-      .def("begin_version", &PyStore::BeginVersion, pyb::arg("job"), pyb::arg("version") = pyb::none(),
-           pyb::arg("info") = "")
+      .def("begin_version", &PyStore::BeginVersion, pyb::arg("job"),
+           pyb::arg("version") = pyb::none(), pyb::arg("info") = "")
       .def("set_version_info", &PyStore::SetVersionInfo)
-      .def("commit", &PyStore::Commit, pyb::arg("job"), pyb::arg("version"), pyb::arg("keep_old") = false)
+      .def("commit", &PyStore::Commit, pyb::arg("job"), pyb::arg("version"),
+           pyb::arg("keep_old") = false)
       .def("abort", &PyStore::Abort)
       .def("version", &PyStore::Version, pyb::arg("job"), pyb::arg("version") = pyb::none())
       .def("jobs", &PyStore::Jobs)

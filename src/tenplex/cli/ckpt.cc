@@ -4,8 +4,8 @@
 #include <nlohmann/json.hpp>
 
 #include "tenplex/cli/command.h"
-#include "tenplex/transform/reshard.h"
 #include "tenplex/ptc/layout.h"
+#include "tenplex/transform/reshard.h"
 #include "tenplex/util/format.h"
 #include "tenplex/util/log.h"
 
@@ -37,15 +37,20 @@ void RegisterCkpt(CLI::App& app, Context& ctx) {
         TP_ASSIGN_OR_RETURN(Layout layout, MakeLayout(m, *c));
         int64_t bytes = 0;
         for (const RankLayout& r : layout.ranks) bytes += r.bytes();
-        TP_RETURN_IF_ERROR(transform::InitCheckpoint(m, *c, o->out, o->seed, &ThreadPool::Default()));
+        TP_RETURN_IF_ERROR(
+            transform::InitCheckpoint(m, *c, o->out, o->seed, &ThreadPool::Default()));
         if (o->json) {
-          nlohmann::json j = {{"out", o->out}, {"config", c->ToString()}, {"ranks", layout.world_size()},
-                              {"bytes", bytes}, {"seed", o->seed}};
+          nlohmann::json j = {{"out", o->out},
+                              {"config", c->ToString()},
+                              {"ranks", layout.world_size()},
+                              {"bytes", bytes},
+                              {"seed", o->seed}};
           return WriteOutput("", j.dump() + "\n");
         }
         if (GetLogLevel() != LogLevel::kQuiet) {
-          std::printf("wrote %s: %d ranks of %s, %s (seed %llu)\n", o->out.c_str(), layout.world_size(),
-                      c->ToString().c_str(), HumanBytes(bytes).c_str(), static_cast<unsigned long long>(o->seed));
+          std::printf("wrote %s: %d ranks of %s, %s (seed %llu)\n", o->out.c_str(),
+                      layout.world_size(), c->ToString().c_str(), HumanBytes(bytes).c_str(),
+                      static_cast<unsigned long long>(o->seed));
         }
         return Status::Ok();
       };

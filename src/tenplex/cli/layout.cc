@@ -1,12 +1,14 @@
 // tenplex layout --model M --config C [--json] [-o FILE]
+#include "tenplex/ptc/layout.h"
+
 #include "tenplex/cli/command.h"
 #include "tenplex/model/model.h"
-#include "tenplex/ptc/layout.h"
 
 namespace tenplex::cli {
 
 void RegisterLayout(CLI::App& app, Context& ctx) {
-  auto* cmd = app.add_subcommand("layout", "Print what every rank holds for a model and a parallel config");
+  auto* cmd =
+      app.add_subcommand("layout", "Print what every rank holds for a model and a parallel config");
   struct Opts {
     std::string model, config, out;
     bool json = false;

@@ -1,14 +1,13 @@
 // tenplex plan --model M --from C1 --to C2 [--gpus-per-host K] [--json] [-o FILE]
 // tenplex reshard --in DIR --to C2 --out DIR2 [--model M] [--from C1] [--no-verify]
 #include <cstdio>
-
 #include <nlohmann/json.hpp>
 
 #include "tenplex/cli/command.h"
-#include "tenplex/util/log.h"
 #include "tenplex/plan/planner.h"
 #include "tenplex/transform/reshard.h"
 #include "tenplex/util/format.h"
+#include "tenplex/util/log.h"
 
 namespace tenplex::cli {
 namespace {

@@ -5,33 +5,42 @@
 namespace tenplex::cli {
 
 void RegisterRun(CLI::App& app, Context& ctx) {
-  auto* cmd = app.add_subcommand("run", "Run a training command through an elastic schedule of parallel configs");
+  auto* cmd = app.add_subcommand(
+      "run", "Run a training command through an elastic schedule of parallel configs");
   auto o = std::make_shared<runtime::RunOptions>();
   auto quiet = std::make_shared<bool>(false);
-  cmd->add_option("--schedule", o->schedule_path, "JSON list of {step, config | stop, kill_ranks}")->required();
-  cmd->add_option("--log", o->log_path,
-                  "JSON-lines log: one line per step and per reconfiguration (an existing log is appended to)")
+  cmd->add_option("--schedule", o->schedule_path, "JSON list of {step, config | stop, kill_ranks}")
       ->required();
-  cmd->add_option("--model", o->model_path, "Model JSON or preset (default: --model of the command)");
+  cmd->add_option("--log", o->log_path,
+                  "JSON-lines log: one line per step and per reconfiguration (an existing log is "
+                  "appended to)")
+      ->required();
+  cmd->add_option("--model", o->model_path,
+                  "Model JSON or preset (default: --model of the command)");
   cmd->add_option("--job", o->job,
                   "Job name in the store; a job with a committed version is continued from it")
       ->capture_default_str();
-  cmd->add_option("--shm-dir", o->shm_dir,
-                  "Store directory, kept: a second run with the same --job continues from its last commit "
-                  "(default: a fresh one in /dev/shm, removed at exit)");
-  cmd->add_option("--cluster", o->cluster_path,
-                  "Keep the state in the store daemons of this cluster file (docs/transform.md) instead of an "
-                  "embedded store; needs --work-dir");
+  cmd->add_option(
+      "--shm-dir", o->shm_dir,
+      "Store directory, kept: a second run with the same --job continues from its last commit "
+      "(default: a fresh one in /dev/shm, removed at exit)");
+  cmd->add_option(
+      "--cluster", o->cluster_path,
+      "Keep the state in the store daemons of this cluster file (docs/transform.md) instead of an "
+      "embedded store; needs --work-dir");
   cmd->add_option("--token", o->token, "Bearer token of the daemons (or TENPLEX_TOKEN)");
-  cmd->add_option("--work-dir", o->work_dir, "Hand-off files and worker logs (default: inside the store directory)");
+  cmd->add_option("--work-dir", o->work_dir,
+                  "Hand-off files and worker logs (default: inside the store directory)");
   cmd->add_option("--hang-seconds", o->hang_seconds, "Fail when no step completes for this long")
       ->capture_default_str();
-  cmd->add_option("--commit-every", o->commit_every,
-                  "Also commit the workers' state every N steps while they train on (0: only at config "
-                  "changes); a failure then re-runs at most the N steps since the last commit")
+  cmd->add_option(
+         "--commit-every", o->commit_every,
+         "Also commit the workers' state every N steps while they train on (0: only at config "
+         "changes); a failure then re-runs at most the N steps since the last commit")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  cmd->add_option("--baseline", o->baseline_log, "Log of a static run to compare losses and samples with");
+  cmd->add_option("--baseline", o->baseline_log,
+                  "Log of a static run to compare losses and samples with");
   cmd->add_flag("--quiet", *quiet, "Do not print the summary table");
   cmd->add_option("command", o->command, "Worker command and arguments (after --)")->required();
   cmd->callback([o, quiet, &ctx] {

@@ -1,5 +1,7 @@
 // tenplex store serve | load | save: the tensor store daemon and checkpoint transfer
 // (docs/store.md).
+#include "tenplex/store/store.h"
+
 #include <pthread.h>
 #include <signal.h>
 
@@ -13,7 +15,6 @@
 #include "tenplex/cli/command.h"
 #include "tenplex/store/client.h"
 #include "tenplex/store/server.h"
-#include "tenplex/store/store.h"
 #include "tenplex/transform/agent.h"
 #include "tenplex/transform/checkpoint_transfer.h"
 #include "tenplex/util/format.h"
@@ -33,7 +34,8 @@ std::string TokenOrEnv(const std::string& token) {
 }
 
 struct ServeOpts {
-  std::string listen = "127.0.0.1:7480", token, memory_limit, shm_dir, max_body = "1G", transport = "ucx";
+  std::string listen = "127.0.0.1:7480", token, memory_limit, shm_dir, max_body = "1G",
+              transport = "ucx";
   std::string access_log;
 };
 
@@ -49,7 +51,8 @@ Status Serve(const ServeOpts& o) {
   sv.access_log = o.access_log;
   TP_ASSIGN_OR_RETURN(sv.max_body_bytes, store::ParseByteSize(o.max_body));
   if (!store::IsLoopbackHost(hp.host) && sv.token.empty()) {
-    return InvalidArgument("--listen " + o.listen + " is not a loopback address: it requires --token (or TENPLEX_TOKEN)");
+    return InvalidArgument("--listen " + o.listen +
+                           " is not a loopback address: it requires --token (or TENPLEX_TOKEN)");
   }
   // SIGINT/SIGTERM are taken by a thread of ours (sigwait); every other thread,
   // including the server's workers created later, inherits the blocked mask.
@@ -94,7 +97,8 @@ Status Serve(const ServeOpts& o) {
   return s;
 }
 
-Result<std::unique_ptr<Client>> ConnectFor(const std::string& url, const std::string& token, bool http_only) {
+Result<std::unique_ptr<Client>> ConnectFor(const std::string& url, const std::string& token,
+                                           bool http_only) {
   ClientOptions co;
   co.token = TokenOrEnv(token);
   co.use_shm = !http_only;
@@ -103,9 +107,10 @@ Result<std::unique_ptr<Client>> ConnectFor(const std::string& url, const std::st
 
 std::string Describe(const transform::TransferStats& s) {
   char buf[256];
-  std::snprintf(buf, sizeof(buf), "%zu tensors (%s) of %d ranks via %s in %.2f s (%.2f GB/s)", s.tensors,
-                HumanBytes(static_cast<int64_t>(s.bytes)).c_str(), s.ranks, s.shm ? "shared memory" : "HTTP",
-                s.seconds, s.seconds > 0 ? static_cast<double>(s.bytes) / s.seconds / 1e9 : 0.0);
+  std::snprintf(buf, sizeof(buf), "%zu tensors (%s) of %d ranks via %s in %.2f s (%.2f GB/s)",
+                s.tensors, HumanBytes(static_cast<int64_t>(s.bytes)).c_str(), s.ranks,
+                s.shm ? "shared memory" : "HTTP", s.seconds,
+                s.seconds > 0 ? static_cast<double>(s.bytes) / s.seconds / 1e9 : 0.0);
   return buf;
 }
 
@@ -113,8 +118,16 @@ std::string Describe(const transform::TransferStats& s) {
 // should stay silent) so that the caller skips its sentence.
 bool PrintTransfer(const transform::TransferStats& s, const std::string& job, bool json) {
   if (json) {
-    nlohmann::json j = {{"job", job},         {"version", s.version}, {"tensors", s.tensors}, {"bytes", s.bytes},
-                        {"ranks", s.ranks},   {"hosts", s.hosts}, {"lost_hosts", s.lost_hosts}, {"seconds", s.seconds}, {"shm", s.shm},         {"verified", s.verified}};
+    nlohmann::json j = {{"job", job},
+                        {"version", s.version},
+                        {"tensors", s.tensors},
+                        {"bytes", s.bytes},
+                        {"ranks", s.ranks},
+                        {"hosts", s.hosts},
+                        {"lost_hosts", s.lost_hosts},
+                        {"seconds", s.seconds},
+                        {"shm", s.shm},
+                        {"verified", s.verified}};
     std::printf("%s\n", j.dump().c_str());
     return true;
   }
@@ -124,19 +137,29 @@ bool PrintTransfer(const transform::TransferStats& s, const std::string& job, bo
 }  // namespace
 
 void RegisterStore(CLI::App& app, Context& ctx) {
-  auto* cmd = app.add_subcommand("store", "Tensor store daemon (shared-memory tensors, versions, HTTP API)");
+  auto* cmd = app.add_subcommand("store",
+                                 "Tensor store daemon (shared-memory tensors, versions, HTTP API)");
   cmd->require_subcommand(1);
 
-  auto* serve = cmd->add_subcommand("serve", "Run a store daemon in the foreground (SIGTERM/SIGINT stop it)");
+  auto* serve =
+      cmd->add_subcommand("serve", "Run a store daemon in the foreground (SIGTERM/SIGINT stop it)");
   auto so = std::make_shared<ServeOpts>();
-  serve->add_option("--listen", so->listen, "host:port to listen on (port 0: any free port)")->capture_default_str();
-  serve->add_option("--token", so->token, "Bearer token every request must carry (or TENPLEX_TOKEN)");
-  serve->add_option("--memory-limit", so->memory_limit, "Bytes of tensors the store may hold (e.g. 8G; default: free shared memory)");
-  serve->add_option("--shm-dir", so->shm_dir, "Shared-memory directory; kept across restarts (default: a fresh private one)");
-  serve->add_option("--max-body", so->max_body, "Largest request body (e.g. 1G)")->capture_default_str();
+  serve->add_option("--listen", so->listen, "host:port to listen on (port 0: any free port)")
+      ->capture_default_str();
+  serve->add_option("--token", so->token,
+                    "Bearer token every request must carry (or TENPLEX_TOKEN)");
+  serve->add_option("--memory-limit", so->memory_limit,
+                    "Bytes of tensors the store may hold (e.g. 8G; default: free shared memory)");
+  serve->add_option("--shm-dir", so->shm_dir,
+                    "Shared-memory directory; kept across restarts (default: a fresh private one)");
+  serve->add_option("--max-body", so->max_body, "Largest request body (e.g. 1G)")
+      ->capture_default_str();
   serve->add_option("--access-log", so->access_log,
-                    "One line per request (time client method target status bytes-in bytes-out seconds): - for stderr, or a file appended to");
-  serve->add_option("--transport", so->transport, "Data plane to peer daemons: ucx or none (no transform agent)")
+                    "One line per request (time client method target status bytes-in bytes-out "
+                    "seconds): - for stderr, or a file appended to");
+  serve
+      ->add_option("--transport", so->transport,
+                   "Data plane to peer daemons: ucx or none (no transform agent)")
       ->check(CLI::IsMember({"ucx", "none"}))
       ->capture_default_str();
   serve->callback([so, &ctx] { Finish(ctx, Serve(*so)); });
@@ -146,9 +169,11 @@ void RegisterStore(CLI::App& app, Context& ctx) {
     bool http = false, json = false;
   };
   auto lo = std::make_shared<XferOpts>();
-  auto* load = cmd->add_subcommand("load", "Load a checkpoint directory as a new committed version of a job");
+  auto* load = cmd->add_subcommand(
+      "load", "Load a checkpoint directory as a new committed version of a job");
   load->add_option("--url", lo->url, "Store URL, e.g. http://127.0.0.1:7480");
-  load->add_option("--cluster", lo->cluster, "Cluster file (docs/transform.md): each rank to its host");
+  load->add_option("--cluster", lo->cluster,
+                   "Cluster file (docs/transform.md): each rank to its host");
   load->add_option("--job", lo->job, "Job name")->required();
   load->add_option("--dir", lo->dir, "Checkpoint directory (spec section 7)")->required();
   load->add_option("--token", lo->token, "Bearer token (or TENPLEX_TOKEN)");
@@ -156,7 +181,8 @@ void RegisterStore(CLI::App& app, Context& ctx) {
   load->add_flag("--json", lo->json, "Print the result as JSON");
   load->callback([lo, &ctx] {
     if (!lo->cluster.empty() || lo->url.empty()) {
-      return Finish(ctx, StoreClusterTransfer(/*load=*/true, lo->cluster, lo->url, lo->token, lo->job, lo->dir));
+      return Finish(ctx, StoreClusterTransfer(/*load=*/true, lo->cluster, lo->url, lo->token,
+                                              lo->job, lo->dir));
     }
     auto c = ConnectFor(lo->url, lo->token, lo->http);
     if (!c.ok()) return Finish(ctx, c.status());
@@ -165,15 +191,18 @@ void RegisterStore(CLI::App& app, Context& ctx) {
     progress.Done();
     if (!s.ok()) return Finish(ctx, s.status());
     if (PrintTransfer(*s, lo->job, lo->json)) return Finish(ctx, Status::Ok());
-    std::printf("loaded %s into jobs/%s/%llu (committed; checksums %s)\n", Describe(*s).c_str(), lo->job.c_str(),
-                static_cast<unsigned long long>(s->version), s->verified ? "verified" : "not recorded");
+    std::printf("loaded %s into jobs/%s/%llu (committed; checksums %s)\n", Describe(*s).c_str(),
+                lo->job.c_str(), static_cast<unsigned long long>(s->version),
+                s->verified ? "verified" : "not recorded");
     Finish(ctx, Status::Ok());
   });
 
   auto vo = std::make_shared<XferOpts>();
-  auto* save = cmd->add_subcommand("save", "Write a job's current version as a checkpoint directory");
+  auto* save =
+      cmd->add_subcommand("save", "Write a job's current version as a checkpoint directory");
   save->add_option("--url", vo->url, "Store URL, e.g. http://127.0.0.1:7480");
-  save->add_option("--cluster", vo->cluster, "Cluster file (docs/transform.md): ranks from all hosts");
+  save->add_option("--cluster", vo->cluster,
+                   "Cluster file (docs/transform.md): ranks from all hosts");
   save->add_option("--job", vo->job, "Job name")->required();
   save->add_option("--out", vo->dir, "Output directory (must not exist or be empty)")->required();
   save->add_option("--token", vo->token, "Bearer token (or TENPLEX_TOKEN)");
@@ -181,7 +210,8 @@ void RegisterStore(CLI::App& app, Context& ctx) {
   save->add_flag("--json", vo->json, "Print the result as JSON");
   save->callback([vo, &ctx] {
     if (!vo->cluster.empty() || vo->url.empty()) {
-      return Finish(ctx, StoreClusterTransfer(/*load=*/false, vo->cluster, vo->url, vo->token, vo->job, vo->dir));
+      return Finish(ctx, StoreClusterTransfer(/*load=*/false, vo->cluster, vo->url, vo->token,
+                                              vo->job, vo->dir));
     }
     auto c = ConnectFor(vo->url, vo->token, vo->http);
     if (!c.ok()) return Finish(ctx, c.status());
@@ -190,8 +220,8 @@ void RegisterStore(CLI::App& app, Context& ctx) {
     progress.Done();
     if (!s.ok()) return Finish(ctx, s.status());
     if (PrintTransfer(*s, vo->job, vo->json)) return Finish(ctx, Status::Ok());
-    std::printf("saved jobs/%s/%llu to %s: %s\n", vo->job.c_str(), static_cast<unsigned long long>(s->version),
-                vo->dir.c_str(), Describe(*s).c_str());
+    std::printf("saved jobs/%s/%llu to %s: %s\n", vo->job.c_str(),
+                static_cast<unsigned long long>(s->version), vo->dir.c_str(), Describe(*s).c_str());
     Finish(ctx, Status::Ok());
   });
   RegisterStoreAdmin(*cmd, ctx);

@@ -9,10 +9,10 @@
 
 #include "tenplex/cli/command.h"
 #include "tenplex/transform/checkpoint_transfer.h"
-#include "tenplex/util/log.h"
 #include "tenplex/transform/cluster.h"
 #include "tenplex/transform/distributed.h"
 #include "tenplex/util/format.h"
+#include "tenplex/util/log.h"
 
 namespace tenplex::cli {
 
@@ -21,7 +21,8 @@ namespace {
 store::ClientOptions ClusterClientOptions(const std::string& token) {
   store::ClientOptions co;
   co.token = token;
-  if (co.token.empty() && std::getenv("TENPLEX_TOKEN") != nullptr) co.token = std::getenv("TENPLEX_TOKEN");
+  if (co.token.empty() && std::getenv("TENPLEX_TOKEN") != nullptr)
+    co.token = std::getenv("TENPLEX_TOKEN");
   return co;
 }
 
@@ -41,9 +42,13 @@ Status Transform(const TransformOpts& o) {
   if (!to.ok()) return to.status().WithContext("--to");
   opts.max_attempts = o.attempts;
   opts.central = o.central;
-  if (!o.quiet && GetLogLevel() != LogLevel::kQuiet) opts.log = [](const std::string& line) { std::fprintf(stderr, "tenplex transform: %s\n", line.c_str()); };
-  TP_ASSIGN_OR_RETURN(transform::ClusterTransformStats s,
-                      transform::TransformCluster(cluster, o.job, *to, ClusterClientOptions(o.token), opts));
+  if (!o.quiet && GetLogLevel() != LogLevel::kQuiet)
+    opts.log = [](const std::string& line) {
+      std::fprintf(stderr, "tenplex transform: %s\n", line.c_str());
+    };
+  TP_ASSIGN_OR_RETURN(
+      transform::ClusterTransformStats s,
+      transform::TransformCluster(cluster, o.job, *to, ClusterClientOptions(o.token), opts));
   if (!o.json) {
     std::printf("%s\n", transform::ClusterTransformSummary(s).c_str());
     return Status::Ok();
@@ -94,15 +99,19 @@ Status Transform(const TransformOpts& o) {
 
 void RegisterTransform(CLI::App& app, Context& ctx) {
   auto* cmd = app.add_subcommand(
-      "transform", "Transform a job's state across the store daemons of a cluster to a new parallel config");
+      "transform",
+      "Transform a job's state across the store daemons of a cluster to a new parallel config");
   auto o = std::make_shared<TransformOpts>();
-  cmd->add_option("--cluster", o->cluster, "Cluster file of the hosts holding the state (docs/transform.md)")
+  cmd->add_option("--cluster", o->cluster,
+                  "Cluster file of the hosts holding the state (docs/transform.md)")
       ->required();
-  cmd->add_option("--to-cluster", o->to_cluster, "Place the new layout on these hosts instead (redeployment)");
+  cmd->add_option("--to-cluster", o->to_cluster,
+                  "Place the new layout on these hosts instead (redeployment)");
   cmd->add_option("--job", o->job, "Job name")->required();
   cmd->add_option("--to", o->to, "New parallel config, e.g. tp=2,pp=2,dp=2,zero=1")->required();
   cmd->add_option("--token", o->token, "Bearer token of the daemons (or TENPLEX_TOKEN)");
-  cmd->add_option("--attempts", o->attempts, "Attempts when hosts are lost mid-transform")->capture_default_str();
+  cmd->add_option("--attempts", o->attempts, "Attempts when hosts are lost mid-transform")
+      ->capture_default_str();
   cmd->add_flag("--central", o->central,
                 "Baseline for benchmarks: gather all state on one host, re-slice there, scatter");
   cmd->add_flag("--json", o->json, "Print the statistics as JSON");
@@ -111,26 +120,36 @@ void RegisterTransform(CLI::App& app, Context& ctx) {
 }
 
 Status StoreClusterTransfer(bool load, const std::string& cluster_path, const std::string& url,
-                            const std::string& token, const std::string& job, const std::string& dir) {
-  if (cluster_path.empty() == url.empty()) return InvalidArgument("give exactly one of --url and --cluster");
+                            const std::string& token, const std::string& job,
+                            const std::string& dir) {
+  if (cluster_path.empty() == url.empty())
+    return InvalidArgument("give exactly one of --url and --cluster");
   TP_ASSIGN_OR_RETURN(transform::Cluster cluster, transform::ReadClusterFile(cluster_path));
-  TP_ASSIGN_OR_RETURN(auto clients, transform::ConnectCluster(cluster, ClusterClientOptions(token), /*allow_lost=*/!load));
+  TP_ASSIGN_OR_RETURN(auto clients, transform::ConnectCluster(cluster, ClusterClientOptions(token),
+                                                              /*allow_lost=*/!load));
   if (load) {
-    TP_ASSIGN_OR_RETURN(transform::TransferStats s, transform::LoadCheckpointToCluster(cluster, clients, job, dir));
-    std::printf("loaded %zu tensors (%s) of %d ranks onto %zu hosts as jobs/%s/%llu (committed on all) in %.2f s\n",
-                s.tensors, HumanBytes(static_cast<int64_t>(s.bytes)).c_str(), s.ranks, s.hosts.size(), job.c_str(),
-                static_cast<unsigned long long>(s.version), s.seconds);
+    TP_ASSIGN_OR_RETURN(transform::TransferStats s,
+                        transform::LoadCheckpointToCluster(cluster, clients, job, dir));
+    std::printf(
+        "loaded %zu tensors (%s) of %d ranks onto %zu hosts as jobs/%s/%llu (committed on all) in "
+        "%.2f s\n",
+        s.tensors, HumanBytes(static_cast<int64_t>(s.bytes)).c_str(), s.ranks, s.hosts.size(),
+        job.c_str(), static_cast<unsigned long long>(s.version), s.seconds);
   } else {
-    TP_ASSIGN_OR_RETURN(transform::TransferStats s, transform::SaveCheckpointFromCluster(cluster, clients, job, dir));
+    TP_ASSIGN_OR_RETURN(transform::TransferStats s,
+                        transform::SaveCheckpointFromCluster(cluster, clients, job, dir));
     std::string lost;
     if (!s.lost_hosts.empty()) {
       lost = "; lost hosts:";
       for (const std::string& u : s.lost_hosts) lost += " " + u;
     }
-    if (s.rebuilt_ranks > 0) lost += "; " + std::to_string(s.rebuilt_ranks) + " ranks rebuilt from replicas";
-    std::printf("saved jobs/%s/%llu from %zu hosts to %s: %zu tensors (%s) of %d ranks in %.2f s%s\n", job.c_str(),
-                static_cast<unsigned long long>(s.version), s.hosts.size(), dir.c_str(), s.tensors,
-                HumanBytes(static_cast<int64_t>(s.bytes)).c_str(), s.ranks, s.seconds, lost.c_str());
+    if (s.rebuilt_ranks > 0)
+      lost += "; " + std::to_string(s.rebuilt_ranks) + " ranks rebuilt from replicas";
+    std::printf(
+        "saved jobs/%s/%llu from %zu hosts to %s: %zu tensors (%s) of %d ranks in %.2f s%s\n",
+        job.c_str(), static_cast<unsigned long long>(s.version), s.hosts.size(), dir.c_str(),
+        s.tensors, HumanBytes(static_cast<int64_t>(s.bytes)).c_str(), s.ranks, s.seconds,
+        lost.c_str());
   }
   return Status::Ok();
 }

@@ -45,10 +45,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* in, size_t size) {
     for (uint64_t i = 0; i < n; ++i) {
       const int32_t len = At<int32_t>(p + 34 + 4 * i);
       const int64_t ptr = At<int64_t>(p + 34 + 4 * n + 8 * i);
-      tenplex::FuzzRequire(len >= 0 && ptr >= 0 && uint64_t(ptr) + uint64_t(len) * l->dtype.size <= bin);
+      tenplex::FuzzRequire(len >= 0 && ptr >= 0 &&
+                           uint64_t(ptr) + uint64_t(len) * l->dtype.size <= bin);
     }
     tenplex::FuzzRequire(d >= 1 && At<int64_t>(p + 34 + 12 * n) == 0 &&
-            uint64_t(At<int64_t>(p + 34 + 12 * n + 8 * (d - 1))) == n);
+                         uint64_t(At<int64_t>(p + 34 + 12 * n + 8 * (d - 1))) == n);
   } else if (which == 1) {
     auto info = data::CheckJsonlOffsets(p, size);
     if (!info.ok()) return 0;

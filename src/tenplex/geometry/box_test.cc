@@ -41,7 +41,6 @@ TEST(BoxTest, CheckedVolumeRejectsNegativeAndOverflow) {
   EXPECT_FALSE(CheckedVolume({1LL << 31, 1LL << 31}, 8).ok());
 }
 
-
 TEST(BoxTest, FlatRangeToBoxesMatchesBruteForce) {
   std::mt19937 rng(1);
   for (int iter = 0; iter < 500; ++iter) {

@@ -48,9 +48,9 @@ struct MutRegion {
 // transport turns it into remote reads.
 struct CopyRuns {
   int64_t run_bytes = 0;
-  int64_t count = 0;  // 0 when the boxes are empty
-  int64_t src_begin = 0, dst_begin = 0;  // byte offsets of run 0
-  std::vector<int64_t> extents;          // outer dimensions, outermost first
+  int64_t count = 0;                              // 0 when the boxes are empty
+  int64_t src_begin = 0, dst_begin = 0;           // byte offsets of run 0
+  std::vector<int64_t> extents;                   // outer dimensions, outermost first
   std::vector<int64_t> src_strides, dst_strides;  // bytes per step of each outer dimension
 
   // Calls fn(src_offset, dst_offset) for runs [first, last) in order, with an odometer

@@ -10,7 +10,6 @@
 namespace tenplex {
 namespace {
 
-
 Box RandomBox(std::mt19937& rng, const Shape& shape) {
   Box b;
   for (int64_t d : shape) {
@@ -40,9 +39,9 @@ TEST(CopyTest, RandomBoxesMatchPerElementReference) {
     std::vector<uint16_t> dst(Volume(ds), 0), want(Volume(ds), 0);
     auto se = testing::BoxOffsets(ss, sb), de = testing::BoxOffsets(ds, db);
     for (std::size_t i = 0; i < se.size(); ++i) want[de[i]] = src[se[i]];
-    ASSERT_TRUE(CopyBox({src.data(), ss, sb}, {dst.data(), ds, db}, 2, iter % 2 ? &pool : nullptr,
-                        16)
-                    .ok());
+    ASSERT_TRUE(
+        CopyBox({src.data(), ss, sb}, {dst.data(), ds, db}, 2, iter % 2 ? &pool : nullptr, 16)
+            .ok());
     EXPECT_EQ(dst, want) << ToString(sb) << " -> " << ToString(db);
   }
 }
@@ -104,10 +103,9 @@ TEST(CopyTest, PlanCopyRunsMatchPerElementReference) {
   // Errors are those of CopyBox.
   EXPECT_EQ(PlanCopyRuns({3, 4}, Box({{0, 4}, {0, 4}}), {3, 4}, BoxOf({3, 4}), 4).status().code(),
             StatusCode::kOutOfRange);
-  EXPECT_EQ(PlanCopyRuns({4, 4}, Box({{0, 2}, {0, 4}}), {4, 4}, Box({{0, 4}, {0, 2}}), 4)
-                .status()
-                .code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      PlanCopyRuns({4, 4}, Box({{0, 2}, {0, 4}}), {4, 4}, Box({{0, 4}, {0, 2}}), 4).status().code(),
+      StatusCode::kInvalidArgument);
   auto empty = PlanCopyRuns({3, 4}, Box({{1, 1}, {0, 4}}), {3, 4}, Box({{0, 0}, {0, 4}}), 4);
   ASSERT_TRUE(empty.ok());
   EXPECT_EQ(empty->count, 0);
@@ -130,7 +128,8 @@ TEST(CopyTest, FlatRangeEitherSide) {
     for (int64_t i = 0; i < vol; ++i) EXPECT_EQ(dst[off + i], src[se[i]]);
     // And back into a zeroed tensor.
     std::vector<float> back(Volume(ss), 0.f);
-    ASSERT_TRUE(CopyBox({dst.data(), flat, Box({{off, off + vol}})}, {back.data(), ss, sb}, 4).ok());
+    ASSERT_TRUE(
+        CopyBox({dst.data(), flat, Box({{off, off + vol}})}, {back.data(), ss, sb}, 4).ok());
     for (int64_t i = 0; i < vol; ++i) EXPECT_EQ(back[se[i]], src[se[i]]);
   }
 }
@@ -149,8 +148,8 @@ TEST(CopyTest, RejectsBadBoxes) {
   Shape s = {3, 4};
   EXPECT_EQ(CopyBox({a.data(), s, Box({{0, 4}, {0, 4}})}, {b.data(), s, BoxOf(s)}, 4).code(),
             StatusCode::kOutOfRange);
-  EXPECT_FALSE(CopyBox({a.data(), s, Box({{0, 2}, {0, 4}})}, {b.data(), s, Box({{0, 4}, {0, 2}})}, 4)
-                   .ok());
+  EXPECT_FALSE(
+      CopyBox({a.data(), s, Box({{0, 2}, {0, 4}})}, {b.data(), s, Box({{0, 4}, {0, 2}})}, 4).ok());
   EXPECT_FALSE(CopyBox({a.data(), s, Box({{0, 2}})}, {b.data(), s, BoxOf(s)}, 4).ok());
 }
 

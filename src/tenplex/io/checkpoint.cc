@@ -58,15 +58,17 @@ Result<CheckpointInfo> ReadCheckpointInfo(const std::string& dir) {
 }
 
 Result<std::vector<SafetensorsFile>> OpenCheckpoint(const std::string& dir, const Layout& layout,
-                                                    const CheckpointInfo& info, bool verify_checksums) {
+                                                    const CheckpointInfo& info,
+                                                    bool verify_checksums) {
   std::vector<SafetensorsFile> files;
   files.reserve(layout.ranks.size());
   for (const RankLayout& r : layout.ranks) {
     const std::string name = RankFileName(r.rank);
     const std::string path = dir + "/" + name;
     if (!fs::exists(path)) {
-      return NotFound("checkpoint " + dir + " lacks " + name + " (config " + layout.config.ToString() +
-                      " has " + std::to_string(layout.world_size()) + " ranks)");
+      return NotFound("checkpoint " + dir + " lacks " + name + " (config " +
+                      layout.config.ToString() + " has " + std::to_string(layout.world_size()) +
+                      " ranks)");
     }
     if (verify_checksums) {
       auto it = info.checksums.find(name);
@@ -80,11 +82,13 @@ Result<std::vector<SafetensorsFile>> OpenCheckpoint(const std::string& dir, cons
     TP_ASSIGN_OR_RETURN(SafetensorsFile f, SafetensorsFile::Open(path));
     for (const LocalTensor& t : *r.tensors) {
       const SafetensorsEntry* e = f.Find(t.name);
-      if (!e) return DataLoss(path + " lacks tensor " + t.name + " that rank " + std::to_string(r.rank) + " holds");
+      if (!e)
+        return DataLoss(path + " lacks tensor " + t.name + " that rank " + std::to_string(r.rank) +
+                        " holds");
       if (e->dtype != t.dtype || e->shape != t.shape) {
-        return DataLoss(path + ": tensor " + t.name + " is " + std::string(DTypeName(e->dtype)) + " [" +
-                        ShapeToString(e->shape) + "] but the layout needs " + std::string(DTypeName(t.dtype)) +
-                        " [" + ShapeToString(t.shape) + "]");
+        return DataLoss(path + ": tensor " + t.name + " is " + std::string(DTypeName(e->dtype)) +
+                        " [" + ShapeToString(e->shape) + "] but the layout needs " +
+                        std::string(DTypeName(t.dtype)) + " [" + ShapeToString(t.shape) + "]");
       }
     }
     files.push_back(std::move(f));
@@ -100,7 +104,8 @@ Result<CheckpointWriter> CheckpointWriter::Create(const std::string& dir) {
   static std::atomic<int> counter{0};
   CheckpointWriter w;
   w.dir_ = dir;
-  w.staging_ = dir + ".partial-" + std::to_string(::getpid()) + "-" + std::to_string(counter.fetch_add(1));
+  w.staging_ =
+      dir + ".partial-" + std::to_string(::getpid()) + "-" + std::to_string(counter.fetch_add(1));
   fs::path parent = fs::path(dir).parent_path();
   if (!parent.empty()) fs::create_directories(parent, ec);
   if (!fs::create_directory(w.staging_, ec) || ec) {
@@ -122,7 +127,9 @@ CheckpointWriter::~CheckpointWriter() {
   }
 }
 
-std::string CheckpointWriter::RankPath(int rank) const { return staging_ + "/" + RankFileName(rank); }
+std::string CheckpointWriter::RankPath(int rank) const {
+  return staging_ + "/" + RankFileName(rank);
+}
 
 Status CheckpointWriter::Commit(const CheckpointInfo& info, bool checksums) {
   if (committed_) return FailedPrecondition("checkpoint " + dir_ + " is already committed");
@@ -132,7 +139,8 @@ Status CheckpointWriter::Commit(const CheckpointInfo& info, bool checksums) {
   json sums = json::object();
   for (int r = 0; r < info.config.world_size(); ++r) {
     const std::string path = RankPath(r);
-    if (!fs::exists(path)) return Internal("checkpoint writer: " + RankFileName(r) + " was not written");
+    if (!fs::exists(path))
+      return Internal("checkpoint writer: " + RankFileName(r) + " was not written");
     if (checksums) {
       TP_ASSIGN_OR_RETURN(std::string sum, FileXxh64(path));
       sums[RankFileName(r)] = sum;

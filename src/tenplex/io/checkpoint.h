@@ -39,7 +39,8 @@ Result<CheckpointInfo> ReadCheckpointInfo(const std::string& dir);
 // present, every local tensor present with the layout's dtype and shape. With
 // verify_checksums, files whose checksum is recorded are hashed and compared.
 Result<std::vector<SafetensorsFile>> OpenCheckpoint(const std::string& dir, const Layout& layout,
-                                                    const CheckpointInfo& info, bool verify_checksums = false);
+                                                    const CheckpointInfo& info,
+                                                    bool verify_checksums = false);
 
 // xxh64 of a whole file, as 16 hex digits.
 Result<std::string> FileXxh64(const std::string& path);

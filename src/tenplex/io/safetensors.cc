@@ -1,5 +1,4 @@
 #include "tenplex/io/safetensors.h"
-#include "tenplex/util/json_depth.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -12,30 +11,37 @@
 #include <nlohmann/json.hpp>
 #include <utility>
 
+#include "tenplex/util/json_depth.h"
+
 namespace tenplex::io {
 
 using nlohmann::json;
 
 Result<SafetensorsHeader> ParseSafetensorsHeader(const uint8_t* data, std::size_t size) {
-  if (size < 8) return DataLoss("safetensors: file of " + std::to_string(size) + " bytes has no header length");
+  if (size < 8)
+    return DataLoss("safetensors: file of " + std::to_string(size) + " bytes has no header length");
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | data[i];
   if (n > kMaxSafetensorsHeader) {
-    return DataLoss("safetensors: header length " + std::to_string(n) + " exceeds the 100 MiB limit");
+    return DataLoss("safetensors: header length " + std::to_string(n) +
+                    " exceeds the 100 MiB limit");
   }
   if (n > size - 8) {
-    return DataLoss("safetensors: header length " + std::to_string(n) + " runs past the end of the file (" +
-                    std::to_string(size) + " bytes); the file is truncated or corrupt");
+    return DataLoss("safetensors: header length " + std::to_string(n) +
+                    " runs past the end of the file (" + std::to_string(size) +
+                    " bytes); the file is truncated or corrupt");
   }
   SafetensorsHeader h;
   h.data_offset = 8 + n;
   const uint64_t data_size = size - h.data_offset;
-  if (Status d = CheckJsonDepth(std::string_view(reinterpret_cast<const char*>(data) + 8, n), "safetensors header");
+  if (Status d = CheckJsonDepth(std::string_view(reinterpret_cast<const char*>(data) + 8, n),
+                                "safetensors header");
       !d.ok()) {
     return DataLoss(d.message());
   }
   json j = json::parse(data + 8, data + 8 + n, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return DataLoss("safetensors: header is not a JSON object");
+  if (j.is_discarded() || !j.is_object())
+    return DataLoss("safetensors: header is not a JSON object");
   for (auto& [name, v] : j.items()) {
     if (name == "__metadata__") {
       if (!v.is_object()) return DataLoss("safetensors: __metadata__ must be an object of strings");
@@ -46,7 +52,8 @@ Result<SafetensorsHeader> ParseSafetensorsHeader(const uint8_t* data, std::size_
       continue;
     }
     const std::string where = "safetensors: tensor '" + name + "'";
-    if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") || !v.contains("data_offsets")) {
+    if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") ||
+        !v.contains("data_offsets")) {
       return DataLoss(where + " needs dtype, shape and data_offsets");
     }
     SafetensorsEntry e;
@@ -63,26 +70,29 @@ Result<SafetensorsHeader> ParseSafetensorsHeader(const uint8_t* data, std::size_
     auto bytes = CheckedVolume(e.shape, static_cast<int64_t>(DTypeSize(e.dtype)));
     if (!bytes.ok()) return DataLoss(where + ": " + bytes.status().message());
     const json& off = v["data_offsets"];
-    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned()) {
+    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() ||
+        !off[1].is_number_unsigned()) {
       return DataLoss(where + ": data_offsets must be two non-negative integers");
     }
     e.begin = off[0].get<uint64_t>();
     e.end = off[1].get<uint64_t>();
     if (e.begin > e.end || e.end > data_size) {
-      return DataLoss(where + ": data_offsets [" + std::to_string(e.begin) + ", " + std::to_string(e.end) +
-                      ") lie outside the " + std::to_string(data_size) + " data bytes (truncated file?)");
+      return DataLoss(where + ": data_offsets [" + std::to_string(e.begin) + ", " +
+                      std::to_string(e.end) + ") lie outside the " + std::to_string(data_size) +
+                      " data bytes (truncated file?)");
     }
     const uint64_t want = static_cast<uint64_t>(*bytes) * DTypeSize(e.dtype);
     if (e.end - e.begin != want) {
       return DataLoss(where + ": " + std::to_string(e.end - e.begin) + " bytes but dtype " +
-                      std::string(DTypeName(e.dtype)) + " x shape [" + ShapeToString(e.shape) + "] needs " +
-                      std::to_string(want));
+                      std::string(DTypeName(e.dtype)) + " x shape [" + ShapeToString(e.shape) +
+                      "] needs " + std::to_string(want));
     }
     h.tensors.push_back(std::move(e));
   }
-  std::sort(h.tensors.begin(), h.tensors.end(), [](const SafetensorsEntry& a, const SafetensorsEntry& b) {
-    return std::tie(a.begin, a.end) < std::tie(b.begin, b.end);
-  });
+  std::sort(h.tensors.begin(), h.tensors.end(),
+            [](const SafetensorsEntry& a, const SafetensorsEntry& b) {
+              return std::tie(a.begin, a.end) < std::tie(b.begin, b.end);
+            });
   for (std::size_t i = 1; i < h.tensors.size(); ++i) {
     const auto& a = h.tensors[i - 1];
     const auto& b = h.tensors[i];
@@ -102,7 +112,9 @@ std::string EncodeSafetensorsHeader(std::vector<SafetensorsEntry>& tensors,
     e.begin = off;
     e.end = off + static_cast<uint64_t>(Volume(e.shape)) * DTypeSize(e.dtype);
     off = e.end;
-    j[e.name] = {{"dtype", std::string(DTypeName(e.dtype))}, {"shape", e.shape}, {"data_offsets", {e.begin, e.end}}};
+    j[e.name] = {{"dtype", std::string(DTypeName(e.dtype))},
+                 {"shape", e.shape},
+                 {"data_offsets", {e.begin, e.end}}};
   }
   std::string text = j.dump();
   while ((text.size() + 8) % 8 != 0) text.push_back(' ');
@@ -118,7 +130,8 @@ Result<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
   auto h = ParseSafetensorsHeader(f.file_.data(), f.file_.size());
   if (!h.ok()) return h.status().WithContext(path);
   f.header_ = std::move(h).value();
-  for (std::size_t i = 0; i < f.header_.tensors.size(); ++i) f.index_[f.header_.tensors[i].name] = i;
+  for (std::size_t i = 0; i < f.header_.tensors.size(); ++i)
+    f.index_[f.header_.tensors[i].name] = i;
   return f;
 }
 
@@ -142,8 +155,9 @@ Status WriteSafetensors(const std::string& path, const std::vector<TensorData>& 
   return WriteFileAtomicParts(path, parts);
 }
 
-Result<SafetensorsWriter> SafetensorsWriter::Create(const std::string& path, std::vector<SafetensorsEntry> tensors,
-                                                    const std::map<std::string, std::string>& metadata) {
+Result<SafetensorsWriter> SafetensorsWriter::Create(
+    const std::string& path, std::vector<SafetensorsEntry> tensors,
+    const std::map<std::string, std::string>& metadata) {
   for (const SafetensorsEntry& e : tensors) {
     TP_RETURN_IF_ERROR(CheckedVolume(e.shape, static_cast<int64_t>(DTypeSize(e.dtype))).status());
   }
@@ -156,7 +170,8 @@ Result<SafetensorsWriter> SafetensorsWriter::Create(const std::string& path, std
   w.size_ = header.size() + (w.tensors_.empty() ? 0 : w.tensors_.back().end);
   w.fd_ = ::open(w.tmp_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (w.fd_ < 0) return ErrnoError("create " + w.tmp_, errno);
-  if (::ftruncate(w.fd_, static_cast<off_t>(w.size_)) != 0) return ErrnoError("resize " + w.tmp_, errno);
+  if (::ftruncate(w.fd_, static_cast<off_t>(w.size_)) != 0)
+    return ErrnoError("resize " + w.tmp_, errno);
   void* p = ::mmap(nullptr, w.size_, PROT_READ | PROT_WRITE, MAP_SHARED, w.fd_, 0);
   if (p == MAP_FAILED) return ErrnoError("mmap " + w.tmp_, errno);
   w.base_ = static_cast<uint8_t*>(p);
@@ -182,7 +197,8 @@ SafetensorsWriter::~SafetensorsWriter() {
 }
 
 Status SafetensorsWriter::Commit() {
-  if (fd_ < 0) return FailedPrecondition("safetensors writer for " + path_ + " is already committed");
+  if (fd_ < 0)
+    return FailedPrecondition("safetensors writer for " + path_ + " is already committed");
   if (base_ && ::msync(base_, size_, MS_SYNC) != 0) return ErrnoError("msync " + tmp_, errno);
   if (::fsync(fd_) != 0) return ErrnoError("fsync " + tmp_, errno);
   if (base_) ::munmap(base_, size_);

@@ -86,7 +86,8 @@ Status WriteSafetensors(const std::string& path, const std::vector<TensorData>& 
 // the temporary file.
 class SafetensorsWriter {
  public:
-  static Result<SafetensorsWriter> Create(const std::string& path, std::vector<SafetensorsEntry> tensors,
+  static Result<SafetensorsWriter> Create(const std::string& path,
+                                          std::vector<SafetensorsEntry> tensors,
                                           const std::map<std::string, std::string>& metadata = {});
   SafetensorsWriter(SafetensorsWriter&&) noexcept;
   SafetensorsWriter& operator=(SafetensorsWriter&&) = delete;

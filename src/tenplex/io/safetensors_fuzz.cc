@@ -32,16 +32,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   uint64_t total = entries.empty() ? 0 : entries.back().end;
   if (total > (1u << 20)) return 0;
   std::string image = header + std::string(total, '\0');
-  auto again = io::ParseSafetensorsHeader(reinterpret_cast<const uint8_t*>(image.data()), image.size());
-  tenplex::FuzzRequire(again.ok() && again->tensors.size() == h->tensors.size() && again->metadata == h->metadata);
+  auto again =
+      io::ParseSafetensorsHeader(reinterpret_cast<const uint8_t*>(image.data()), image.size());
+  tenplex::FuzzRequire(again.ok() && again->tensors.size() == h->tensors.size() &&
+                       again->metadata == h->metadata);
   auto by_name = [](std::vector<io::SafetensorsEntry> v) {
     std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
     return v;
   };
   std::vector<io::SafetensorsEntry> a = by_name(entries), b = by_name(again->tensors);
   for (std::size_t i = 0; i < a.size(); ++i) {
-    tenplex::FuzzRequire(a[i].name == b[i].name && a[i].dtype == b[i].dtype && a[i].shape == b[i].shape &&
-            a[i].bytes() == b[i].bytes());
+    tenplex::FuzzRequire(a[i].name == b[i].name && a[i].dtype == b[i].dtype &&
+                         a[i].shape == b[i].shape && a[i].bytes() == b[i].bytes());
   }
   return 0;
 }

@@ -33,8 +33,9 @@ TEST(SafetensorsTest, RoundTripAndInPlaceWriter) {
   std::iota(a.begin(), a.end(), 1.f);
   std::vector<uint16_t> b = {7, 8, 9};
   std::string path = dir + "/x.safetensors";
-  ASSERT_TRUE(WriteSafetensors(path, {{"a", DType::kF32, {2, 3}, a.data()}, {"b", DType::kBF16, {3}, b.data()}},
-                               {{"k", "v"}})
+  ASSERT_TRUE(WriteSafetensors(
+                  path, {{"a", DType::kF32, {2, 3}, a.data()}, {"b", DType::kBF16, {3}, b.data()}},
+                  {{"k", "v"}})
                   .ok());
   auto f = SafetensorsFile::Open(path);
   ASSERT_TRUE(f.ok()) << f.status().ToString();
@@ -49,7 +50,8 @@ TEST(SafetensorsTest, RoundTripAndInPlaceWriter) {
 
   std::string p2 = dir + "/y.safetensors";
   {
-    auto w = SafetensorsWriter::Create(p2, {{"a", DType::kF32, {2, 3}, 0, 0}, {"b", DType::kBF16, {3}, 0, 0}}, {{"k", "v"}});
+    auto w = SafetensorsWriter::Create(
+        p2, {{"a", DType::kF32, {2, 3}, 0, 0}, {"b", DType::kBF16, {3}, 0, 0}}, {{"k", "v"}});
     ASSERT_TRUE(w.ok());
     std::memcpy(w->data(0), a.data(), 24);
     std::memcpy(w->data(1), b.data(), 6);
@@ -61,7 +63,8 @@ TEST(SafetensorsTest, RoundTripAndInPlaceWriter) {
     auto w = SafetensorsWriter::Create(dir + "/z.safetensors", {{"a", DType::kF32, {2}, 0, 0}});
     ASSERT_TRUE(w.ok());
   }  // abandoned: leaves nothing
-  for (const auto& e : fs::directory_iterator(dir)) EXPECT_EQ(e.path().string().find("z.safetensors"), std::string::npos);
+  for (const auto& e : fs::directory_iterator(dir))
+    EXPECT_EQ(e.path().string().find("z.safetensors"), std::string::npos);
   fs::remove_all(dir);
 }
 
@@ -77,12 +80,20 @@ TEST(SafetensorsTest, CorruptHeadersAreClearErrors) {
       {Header("[1,2]"), "not a JSON object"},
       {Header("{\"a\": 1}"), "needs dtype"},
       {Header(R"({"a": {"dtype": "F99", "shape": [1], "data_offsets": [0, 4]}})") + "xxxx", "F99"},
-      {Header(R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}})") + "xxxx", "needs 8"},
-      {Header(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 8]}})") + "xxxx", "outside"},
-      {Header(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 0]}})") + "xxxx", "outside"},
-      {Header(R"({"a": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}})") + "xxxx", "negative"},
-      {Header(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [-4, 0]}})") + "xxxx", "non-negative"},
-      {Header(R"({"a": {"dtype": "U8", "shape": [4], "data_offsets": [0, 4]}, "b": {"dtype": "U8", "shape": [2], "data_offsets": [2, 4]}})") + "xxxx", "overlap"},
+      {Header(R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}})") + "xxxx",
+       "needs 8"},
+      {Header(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 8]}})") + "xxxx",
+       "outside"},
+      {Header(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 0]}})") + "xxxx",
+       "outside"},
+      {Header(R"({"a": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}})") + "xxxx",
+       "negative"},
+      {Header(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [-4, 0]}})") + "xxxx",
+       "non-negative"},
+      {Header(
+           R"({"a": {"dtype": "U8", "shape": [4], "data_offsets": [0, 4]}, "b": {"dtype": "U8", "shape": [2], "data_offsets": [2, 4]}})") +
+           "xxxx",
+       "overlap"},
       {Header(R"({"__metadata__": {"k": 1}})"), "not a string"},
   };
   // Header length claims more bytes than the file has.
@@ -131,15 +142,18 @@ TEST(CheckpointTest, WriterIsAtomicAndOpenValidates) {
   ASSERT_TRUE(OpenCheckpoint(dir, layout, *back, true).ok());
   // A layout that does not match, a corrupted file, a missing file.
   Layout other = *MakeLayout(info.model, *ParseConfig("tp=1"));
-  EXPECT_NE(OpenCheckpoint(dir, other, *back).status().message().find("but the layout needs"), std::string::npos);
+  EXPECT_NE(OpenCheckpoint(dir, other, *back).status().message().find("but the layout needs"),
+            std::string::npos);
   {
     std::string p = dir + "/" + RankFileName(1);
     std::string bytes = *ReadFile(p);
     bytes[bytes.size() - 1] ^= 1;
     ASSERT_TRUE(WriteFileAtomic(p, bytes).ok());
-    EXPECT_NE(OpenCheckpoint(dir, layout, *back, true).status().message().find("xxh64"), std::string::npos);
+    EXPECT_NE(OpenCheckpoint(dir, layout, *back, true).status().message().find("xxh64"),
+              std::string::npos);
     fs::remove(p);
-    EXPECT_NE(OpenCheckpoint(dir, layout, *back).status().message().find("lacks rank-00001"), std::string::npos);
+    EXPECT_NE(OpenCheckpoint(dir, layout, *back).status().message().find("lacks rank-00001"),
+              std::string::npos);
   }
   EXPECT_EQ(CheckpointWriter::Create(dir).status().code(), StatusCode::kAlreadyExists);
   {

@@ -28,7 +28,8 @@ constexpr Preset kPresets[] = {
 };
 
 Status Positive(int64_t v, const char* name) {
-  if (v <= 0) return InvalidArgument(std::string(name) + " must be > 0 (got " + std::to_string(v) + ")");
+  if (v <= 0)
+    return InvalidArgument(std::string(name) + " must be > 0 (got " + std::to_string(v) + ")");
   return Status::Ok();
 }
 
@@ -77,12 +78,13 @@ Result<Model> MakeGpt(const GptArgs& a) {
   TP_RETURN_IF_ERROR(Positive(g, "--num-query-groups"));
   if (heads % g != 0) {
     return InvalidArgument("--num-attention-heads (" + std::to_string(heads) +
-                           ") must be a multiple of --num-query-groups (" + std::to_string(g) + ")");
+                           ") must be a multiple of --num-query-groups (" + std::to_string(g) +
+                           ")");
   }
   if (!a.kv_channels && h % heads != 0) {
     return InvalidArgument("--hidden-size (" + std::to_string(h) +
-                           ") must be divisible by --num-attention-heads (" + std::to_string(heads) +
-                           ") unless --kv-channels is given");
+                           ") must be divisible by --num-attention-heads (" +
+                           std::to_string(heads) + ") unless --kv-channels is given");
   }
   const int64_t d = a.kv_channels ? a.kv_channels : h / heads;
   TP_RETURN_IF_ERROR(Positive(d, "--kv-channels"));
@@ -96,7 +98,8 @@ Result<Model> MakeGpt(const GptArgs& a) {
   if (learned) TP_RETURN_IF_ERROR(Positive(a.max_position_embeddings, "--max-position-embeddings"));
   const bool layernorm = a.normalization == "LayerNorm";
   if (!layernorm && a.normalization != "RMSNorm") {
-    return InvalidArgument("--normalization must be LayerNorm or RMSNorm (got '" + a.normalization + "')");
+    return InvalidArgument("--normalization must be LayerNorm or RMSNorm (got '" + a.normalization +
+                           "')");
   }
   DType dt;
   if (a.params_dtype == "fp32") {
@@ -106,7 +109,8 @@ Result<Model> MakeGpt(const GptArgs& a) {
   } else if (a.params_dtype == "fp16") {
     dt = DType::kF16;
   } else {
-    return InvalidArgument("--params-dtype must be fp32, bf16 or fp16 (got '" + a.params_dtype + "')");
+    return InvalidArgument("--params-dtype must be fp32, bf16 or fp16 (got '" + a.params_dtype +
+                           "')");
   }
   if (a.optimizer != "adam" && a.optimizer != "none") {
     return InvalidArgument("--optimizer must be adam or none (got '" + a.optimizer + "')");
@@ -139,7 +143,8 @@ Result<Model> MakeGpt(const GptArgs& a) {
   const Stage first{Stage::kFirst, 0}, last{Stage::kLast, 0};
 
   add("embedding.word_embeddings.weight", {a.vocab_size, h}, vocab, first);
-  if (learned) add("embedding.position_embeddings.weight", {a.max_position_embeddings, h}, rep, first);
+  if (learned)
+    add("embedding.position_embeddings.weight", {a.max_position_embeddings, h}, rep, first);
   auto ln = [&](const std::string& prefix, Stage s) {
     add(prefix + "layer_norm_weight", {h}, rep, s);
     if (layernorm) add(prefix + "layer_norm_bias", {h}, rep, s);
@@ -150,8 +155,11 @@ Result<Model> MakeGpt(const GptArgs& a) {
     const std::string p = "decoder.layers." + std::to_string(i) + ".";
     const Stage s{Stage::kLayer, i};
     ln(p + "self_attention.linear_qkv.", s);
-    add(p + "self_attention.linear_qkv.weight", {qkv_rows, h}, split(0, group_rows, "query groups"), s);
-    if (bias) add(p + "self_attention.linear_qkv.bias", {qkv_rows}, split(0, group_rows, "query groups"), s);
+    add(p + "self_attention.linear_qkv.weight", {qkv_rows, h}, split(0, group_rows, "query groups"),
+        s);
+    if (bias)
+      add(p + "self_attention.linear_qkv.bias", {qkv_rows}, split(0, group_rows, "query groups"),
+          s);
     add(p + "self_attention.linear_proj.weight", {h, heads * d}, split(1), s);
     if (bias) add(p + "self_attention.linear_proj.bias", {h}, rep, s);
     ln(p + "mlp.linear_fc1.", s);

@@ -13,10 +13,10 @@ struct GptArgs {
   std::string name = "gpt";
   int num_layers = 2;
   int64_t hidden_size = 64;
-  int64_t ffn_hidden_size = 0;      // 0: 4 * hidden_size
+  int64_t ffn_hidden_size = 0;  // 0: 4 * hidden_size
   int64_t num_attention_heads = 4;
-  int64_t num_query_groups = 0;     // 0: num_attention_heads
-  int64_t kv_channels = 0;          // 0: hidden_size / num_attention_heads
+  int64_t num_query_groups = 0;  // 0: num_attention_heads
+  int64_t kv_channels = 0;       // 0: hidden_size / num_attention_heads
   int64_t vocab_size = 512;
   int64_t make_vocab_size_divisible_by = 128;
   int64_t max_position_embeddings = 128;

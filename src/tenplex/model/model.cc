@@ -1,11 +1,12 @@
 #include "tenplex/model/model.h"
 
-#include <nlohmann/json.hpp>
-#include <set>
 #include <sys/stat.h>
 
-#include "tenplex/util/file.h"
+#include <nlohmann/json.hpp>
+#include <set>
+
 #include "tenplex/model/gpt.h"
+#include "tenplex/util/file.h"
 #include "tenplex/util/json_depth.h"
 
 namespace tenplex {
@@ -33,7 +34,8 @@ std::string CompanionName(const std::string& kind, const std::string& param) {
 
 std::vector<GlobalTensor> GlobalTensors(const Model& model) {
   std::vector<GlobalTensor> out;
-  for (const TensorDesc& t : model.tensors) out.push_back({t.path, t.path, "param", t.dtype, t.shape});
+  for (const TensorDesc& t : model.tensors)
+    out.push_back({t.path, t.path, "param", t.dtype, t.shape});
   if (model.optimizer.type == "none") return out;
   std::vector<std::string> kinds = model.optimizer.states;
   kinds.push_back("fp32_param");
@@ -147,7 +149,8 @@ Result<Stage> StageFromJson(const json& j, const std::string& where) {
 
 json RuleToJson(const TpRule& r) {
   switch (r.kind) {
-    case TpRule::kReplicate: return {{"rule", "replicate"}};
+    case TpRule::kReplicate:
+      return {{"rule", "replicate"}};
     case TpRule::kSplit: {
       json j = {{"rule", "split"}, {"dim", r.dim}};
       if (r.granule != 1) {
@@ -156,8 +159,10 @@ json RuleToJson(const TpRule& r) {
       }
       return j;
     }
-    case TpRule::kBlocks: return {{"rule", "blocks"}, {"dim", r.dim}, {"blocks", r.blocks}};
-    case TpRule::kVocab: return {{"rule", "vocab"}, {"dim", r.dim}, {"divisible_by", r.divisible_by}};
+    case TpRule::kBlocks:
+      return {{"rule", "blocks"}, {"dim", r.dim}, {"blocks", r.blocks}};
+    case TpRule::kVocab:
+      return {{"rule", "vocab"}, {"dim", r.dim}, {"divisible_by", r.divisible_by}};
   }
   return {};
 }
@@ -250,7 +255,8 @@ Result<Model> ModelFromJson(const std::string& text) {
     TP_ASSIGN_OR_RETURN(m.layer_prefix, Get<std::string>(j, "layer_prefix", "model"));
   }
   if (j.contains("info") && j["info"].is_object()) {
-    for (auto& [k, v] : j["info"].items()) m.info[k] = v.is_string() ? v.get<std::string>() : v.dump();
+    for (auto& [k, v] : j["info"].items())
+      m.info[k] = v.is_string() ? v.get<std::string>() : v.dump();
   }
   if (!j.contains("tensors") || !j["tensors"].is_array()) {
     return InvalidArgument("model: 'tensors' must be an array");
@@ -294,7 +300,8 @@ Result<Model> ModelFromJson(const std::string& text) {
     const json& jo = j["optimizer"];
     TP_ASSIGN_OR_RETURN(m.optimizer.type, Get<std::string>(jo, "type", "model.optimizer"));
     if (jo.contains("states")) {
-      if (!jo["states"].is_array()) return InvalidArgument("model.optimizer.states must be an array");
+      if (!jo["states"].is_array())
+        return InvalidArgument("model.optimizer.states must be an array");
       for (const json& s : jo["states"]) {
         if (!s.is_string()) return InvalidArgument("model.optimizer.states must be strings");
         m.optimizer.states.push_back(s.get<std::string>());

@@ -8,9 +8,9 @@
 //    "layer_prefix": "decoder.layers.",
 //    "tensors": [{"path": "...", "dtype": "F32", "shape": [8, 4],
 //                 "tp": {"rule": "replicate"} | {"rule": "split", "dim": 1}
-//                       | {"rule": "split", "dim": 0, "granule": 24, "granule_name": "query groups"}
-//                       | {"rule": "blocks", "dim": 0, "blocks": 2}
-//                       | {"rule": "vocab", "dim": 0, "divisible_by": 128},
+//                       | {"rule": "split", "dim": 0, "granule": 24, "granule_name": "query
+//                       groups"} | {"rule": "blocks", "dim": 0, "blocks": 2} | {"rule": "vocab",
+//                       "dim": 0, "divisible_by": 128},
 //                 "stage": "first" | "last" | {"layer": 3}}, ...],
 //    "aliases": [{"name": "output_layer.weight", "target": "embedding.word_embeddings.weight",
 //                 "stage": "last"}],
@@ -40,10 +40,10 @@ struct TpRule {
   enum Kind { kReplicate, kSplit, kBlocks, kVocab };
   Kind kind = kReplicate;
   int dim = 0;
-  int blocks = 1;             // kBlocks: number of equal blocks along dim
-  int64_t granule = 1;        // kSplit: each part must be a multiple of this many rows
-  std::string granule_name;   // for error messages ("query groups")
-  int64_t divisible_by = 1;   // kVocab: m in Vp = ceil(V / (m*tp)) * m*tp
+  int blocks = 1;            // kBlocks: number of equal blocks along dim
+  int64_t granule = 1;       // kSplit: each part must be a multiple of this many rows
+  std::string granule_name;  // for error messages ("query groups")
+  int64_t divisible_by = 1;  // kVocab: m in Vp = ceil(V / (m*tp)) * m*tp
   friend bool operator==(const TpRule&, const TpRule&) = default;
 };
 

@@ -29,8 +29,10 @@ TEST(GptTest, PresetsBuildWithExpectedSizes) {
   EXPECT_NEAR(count("llama3-8b") / 1e9, 8.03, 0.1);
   Model l3 = *MakeGpt(*GptPreset("llama3-8b"));
   // GQA: (32 + 2*8) * 128 rows; SwiGLU: 2 * 14336 rows; untied output; RMSNorm only.
-  EXPECT_EQ(l3.tensors[l3.Find("decoder.layers.0.self_attention.linear_qkv.weight")].shape, (Shape{6144, 4096}));
-  EXPECT_EQ(l3.tensors[l3.Find("decoder.layers.0.mlp.linear_fc1.weight")].shape, (Shape{28672, 4096}));
+  EXPECT_EQ(l3.tensors[l3.Find("decoder.layers.0.self_attention.linear_qkv.weight")].shape,
+            (Shape{6144, 4096}));
+  EXPECT_EQ(l3.tensors[l3.Find("decoder.layers.0.mlp.linear_fc1.weight")].shape,
+            (Shape{28672, 4096}));
   EXPECT_GE(l3.Find("output_layer.weight"), 0);
   EXPECT_LT(l3.Find("decoder.final_layernorm.bias"), 0);
   EXPECT_LT(l3.Find("decoder.layers.0.self_attention.linear_qkv.bias"), 0);
@@ -43,23 +45,22 @@ TEST(GptTest, SpecOrderAndRules) {
   Model m = *MakeGpt(a);
   std::vector<std::string> names;
   for (const TensorDesc& t : m.tensors) names.push_back(t.path);
-  std::vector<std::string> want = {
-      "embedding.word_embeddings.weight",
-      "embedding.position_embeddings.weight",
-      "decoder.layers.0.self_attention.linear_qkv.layer_norm_weight",
-      "decoder.layers.0.self_attention.linear_qkv.layer_norm_bias",
-      "decoder.layers.0.self_attention.linear_qkv.weight",
-      "decoder.layers.0.self_attention.linear_qkv.bias",
-      "decoder.layers.0.self_attention.linear_proj.weight",
-      "decoder.layers.0.self_attention.linear_proj.bias",
-      "decoder.layers.0.mlp.linear_fc1.layer_norm_weight",
-      "decoder.layers.0.mlp.linear_fc1.layer_norm_bias",
-      "decoder.layers.0.mlp.linear_fc1.weight",
-      "decoder.layers.0.mlp.linear_fc1.bias",
-      "decoder.layers.0.mlp.linear_fc2.weight",
-      "decoder.layers.0.mlp.linear_fc2.bias",
-      "decoder.final_layernorm.weight",
-      "decoder.final_layernorm.bias"};
+  std::vector<std::string> want = {"embedding.word_embeddings.weight",
+                                   "embedding.position_embeddings.weight",
+                                   "decoder.layers.0.self_attention.linear_qkv.layer_norm_weight",
+                                   "decoder.layers.0.self_attention.linear_qkv.layer_norm_bias",
+                                   "decoder.layers.0.self_attention.linear_qkv.weight",
+                                   "decoder.layers.0.self_attention.linear_qkv.bias",
+                                   "decoder.layers.0.self_attention.linear_proj.weight",
+                                   "decoder.layers.0.self_attention.linear_proj.bias",
+                                   "decoder.layers.0.mlp.linear_fc1.layer_norm_weight",
+                                   "decoder.layers.0.mlp.linear_fc1.layer_norm_bias",
+                                   "decoder.layers.0.mlp.linear_fc1.weight",
+                                   "decoder.layers.0.mlp.linear_fc1.bias",
+                                   "decoder.layers.0.mlp.linear_fc2.weight",
+                                   "decoder.layers.0.mlp.linear_fc2.bias",
+                                   "decoder.final_layernorm.weight",
+                                   "decoder.final_layernorm.bias"};
   EXPECT_EQ(names, want);
   ASSERT_EQ(m.aliases.size(), 1u);
   EXPECT_EQ(m.aliases[0].name, "output_layer.weight");
@@ -111,22 +112,32 @@ TEST(ModelJsonTest, MalformedIsClearError) {
       {R"({"num_layers": 1})", "'tensors'"},
       {R"({"num_layers": "x", "tensors": []})", "num_layers"},
       {R"({"num_layers": 1, "tensors": []})", "no tensors"},
-      {R"({"num_layers": 1, "tensors": [{"path": "a", "dtype": "F33", "shape": [2], "stage": "first"}]})", "F33"},
-      {R"({"num_layers": 1, "tensors": [{"path": "a", "dtype": "F32", "shape": [-2], "stage": "first"}]})", "negative"},
-      {R"({"num_layers": 1, "tensors": [{"path": "a", "dtype": "F32", "shape": [2], "stage": "middle"}]})", "stage"},
-      {R"({"num_layers": 1, "tensors": [{"path": "a", "dtype": "F32", "shape": [2], "stage": {"layer": 5}}]})", "layer 5"},
-      {R"({"num_layers": 1, "tensors": [{"path": "a", "dtype": "F32", "shape": [2], "stage": "first", "tp": {"rule": "split", "dim": 3}}]})", "tp dim"},
-      {R"({"num_layers": 1, "tensors": [{"path": "a", "dtype": "F32", "shape": [2], "stage": "first", "tp": {"rule": "diagonal"}}]})", "diagonal"},
-      {R"({"num_layers": 1, "tensors": [{"path": "a", "dtype": "F32", "shape": [2], "stage": "first"}, {"path": "a", "dtype": "F32", "shape": [2], "stage": "first"}]})", "duplicate"},
-      {R"({"num_layers": 1, "tensors": [{"path": "a", "dtype": "F32", "shape": [2], "stage": "first"}], "aliases": [{"name": "b", "target": "zz", "stage": "last"}]})", "unknown tensor zz"},
-      {R"({"num_layers": 1, "tensors": [{"path": "a", "dtype": "F32", "shape": [4611686018427387904, 4], "stage": "first"}]})", "overflows"},
+      {R"({"num_layers": 1, "tensors": [{"path": "a", "dtype": "F33", "shape": [2], "stage": "first"}]})",
+       "F33"},
+      {R"({"num_layers": 1, "tensors": [{"path": "a", "dtype": "F32", "shape": [-2], "stage": "first"}]})",
+       "negative"},
+      {R"({"num_layers": 1, "tensors": [{"path": "a", "dtype": "F32", "shape": [2], "stage": "middle"}]})",
+       "stage"},
+      {R"({"num_layers": 1, "tensors": [{"path": "a", "dtype": "F32", "shape": [2], "stage": {"layer": 5}}]})",
+       "layer 5"},
+      {R"({"num_layers": 1, "tensors": [{"path": "a", "dtype": "F32", "shape": [2], "stage": "first", "tp": {"rule": "split", "dim": 3}}]})",
+       "tp dim"},
+      {R"({"num_layers": 1, "tensors": [{"path": "a", "dtype": "F32", "shape": [2], "stage": "first", "tp": {"rule": "diagonal"}}]})",
+       "diagonal"},
+      {R"({"num_layers": 1, "tensors": [{"path": "a", "dtype": "F32", "shape": [2], "stage": "first"}, {"path": "a", "dtype": "F32", "shape": [2], "stage": "first"}]})",
+       "duplicate"},
+      {R"({"num_layers": 1, "tensors": [{"path": "a", "dtype": "F32", "shape": [2], "stage": "first"}], "aliases": [{"name": "b", "target": "zz", "stage": "last"}]})",
+       "unknown tensor zz"},
+      {R"({"num_layers": 1, "tensors": [{"path": "a", "dtype": "F32", "shape": [4611686018427387904, 4], "stage": "first"}]})",
+       "overflows"},
       {R"({"format": "other", "num_layers": 1, "tensors": []})", "unknown model format"},
   };
   for (const Case& c : cases) {
     auto m = ModelFromJson(c.json);
     ASSERT_FALSE(m.ok()) << c.json;
     EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument) << c.json;
-    EXPECT_NE(m.status().message().find(c.needle), std::string::npos) << c.json << " -> " << m.status().message();
+    EXPECT_NE(m.status().message().find(c.needle), std::string::npos)
+        << c.json << " -> " << m.status().message();
   }
 }
 

@@ -7,9 +7,9 @@
 #include <vector>
 
 #include "tenplex/model/gpt.h"
-#include "tenplex/transform/executor.h"
 #include "tenplex/plan/planner.h"
 #include "tenplex/plan/synthetic.h"
+#include "tenplex/transform/executor.h"
 
 namespace tenplex::plan {
 namespace {
@@ -31,7 +31,8 @@ Model Tiny() {
 }
 
 // Fills the old layout from the oracle, runs the plan and checks every new tensor.
-void ExecuteAndCheck(const Plan& plan, const Layout& from, const Layout& to, const std::vector<int>& from_hosts) {
+void ExecuteAndCheck(const Plan& plan, const Layout& from, const Layout& to,
+                     const std::vector<int>& from_hosts) {
   constexpr uint64_t kSeed = 11;
   std::vector<std::vector<std::vector<char>>> src_mem(from.world_size()), dst_mem(to.world_size());
   std::vector<std::vector<const void*>> src(from.world_size());
@@ -95,7 +96,8 @@ TEST(LostHostTest, NoReplicaIsDataLossNamingTheTensor) {
   Result<Plan> plan = MakePlan(m, from, to, {0, kLostHost}, {0});
   ASSERT_FALSE(plan.ok());
   EXPECT_EQ(plan.status().code(), StatusCode::kDataLoss);
-  EXPECT_NE(plan.status().ToString().find("no surviving replica of "), std::string::npos) << plan.status().ToString();
+  EXPECT_NE(plan.status().ToString().find("no surviving replica of "), std::string::npos)
+      << plan.status().ToString();
   // zero=1 shards optimizer state over dp: losing one dp replica loses its shards.
   // (Params are still replicated on rank 0.)
   Layout zfrom = *MakeLayout(m, *ParseConfig("tp=1,pp=1,dp=2,zero=1"));
@@ -103,7 +105,8 @@ TEST(LostHostTest, NoReplicaIsDataLossNamingTheTensor) {
   Result<Plan> zplan = MakePlan(m, zfrom, to, {0, kLostHost}, {0});
   EXPECT_EQ(zplan.status().code(), StatusCode::kDataLoss) << zplan.status().ToString();
   // A lost host in the new map is still refused.
-  EXPECT_EQ(MakePlan(m, from, to, {0, 0}, {kLostHost}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(MakePlan(m, from, to, {0, 0}, {kLostHost}).status().code(),
+            StatusCode::kInvalidArgument);
 }
 
 }  // namespace

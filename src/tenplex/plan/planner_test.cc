@@ -17,8 +17,8 @@
 
 #include "tenplex/model/gpt.h"
 #include "tenplex/plan/box_set.h"
-#include "tenplex/transform/executor.h"
 #include "tenplex/plan/synthetic.h"
+#include "tenplex/transform/executor.h"
 
 namespace tenplex::plan {
 namespace {

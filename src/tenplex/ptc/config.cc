@@ -18,11 +18,11 @@ Result<int> ParseInt(std::string_view s, std::string_view key) {
   return v;
 }
 
-
 }  // namespace
 
 std::string ParallelConfig::ToString() const {
-  std::string s = "tp=" + std::to_string(tp) + ",pp=" + std::to_string(pp) + ",dp=" + std::to_string(dp);
+  std::string s =
+      "tp=" + std::to_string(tp) + ",pp=" + std::to_string(pp) + ",dp=" + std::to_string(dp);
   if (zero) s += ",zero=1";
   if (!layers.empty()) {
     s += ",layers=";
@@ -38,19 +38,23 @@ Result<ParallelConfig> ParseConfig(std::string_view text) {
   for (std::string_view part : SplitString(text, ',')) {
     std::size_t eq = part.find('=');
     if (eq == std::string_view::npos) {
-      return InvalidArgument("config: '" + std::string(part) + "' is not key=value (keys: tp, pp, dp, zero, layers)");
+      return InvalidArgument("config: '" + std::string(part) +
+                             "' is not key=value (keys: tp, pp, dp, zero, layers)");
     }
     std::string key(part.substr(0, eq));
     std::string_view val = part.substr(eq + 1);
     if (!seen.insert(key).second) return InvalidArgument("config: " + key + " is given twice");
     if (key == "tp" || key == "pp" || key == "dp") {
       TP_ASSIGN_OR_RETURN(int v, ParseInt(val, key));
-      if (v < 1) return InvalidArgument("config: " + key + " must be >= 1 (got " + std::to_string(v) + ")");
-      if (v > (1 << 20)) return InvalidArgument("config: " + key + "=" + std::to_string(v) + " is too large");
+      if (v < 1)
+        return InvalidArgument("config: " + key + " must be >= 1 (got " + std::to_string(v) + ")");
+      if (v > (1 << 20))
+        return InvalidArgument("config: " + key + "=" + std::to_string(v) + " is too large");
       (key == "tp" ? c.tp : key == "pp" ? c.pp : c.dp) = v;
     } else if (key == "zero") {
       TP_ASSIGN_OR_RETURN(int v, ParseInt(val, key));
-      if (v != 0 && v != 1) return InvalidArgument("config: zero must be 0 or 1 (got " + std::to_string(v) + ")");
+      if (v != 0 && v != 1)
+        return InvalidArgument("config: zero must be 0 or 1 (got " + std::to_string(v) + ")");
       c.zero = v == 1;
     } else if (key == "layers") {
       for (std::string_view l : SplitString(val, '+')) {
@@ -77,15 +81,16 @@ Result<std::vector<int>> StageBounds(const Model& model, const ParallelConfig& c
   std::vector<int> b(1, 0);
   if (c.layers.empty()) {
     if (L % c.pp != 0) {
-      return InvalidArgument("pp=" + std::to_string(c.pp) + " does not divide the " + std::to_string(L) +
+      return InvalidArgument("pp=" + std::to_string(c.pp) + " does not divide the " +
+                             std::to_string(L) +
                              " layers (L % pp != 0); give layers=a+b+... to split them unevenly");
     }
     for (int s = 0; s < c.pp; ++s) b.push_back(b.back() + L / c.pp);
     return b;
   }
   if (static_cast<int>(c.layers.size()) != c.pp) {
-    return InvalidArgument("layers= lists " + std::to_string(c.layers.size()) + " stages but pp=" +
-                           std::to_string(c.pp));
+    return InvalidArgument("layers= lists " + std::to_string(c.layers.size()) +
+                           " stages but pp=" + std::to_string(c.pp));
   }
   int64_t sum = 0;
   for (int l : c.layers) sum += l;
@@ -112,8 +117,8 @@ Status ValidateConfig(const Model& model, const ParallelConfig& c) {
                                  (r.granule_name == "query groups" ? " (g % tp != 0)" : ""));
         }
       } else if (n % T != 0) {
-        return InvalidArgument("tp=" + std::to_string(T) + " does not divide dim " + std::to_string(r.dim) +
-                               " (" + std::to_string(n) + ") of " + t.path);
+        return InvalidArgument("tp=" + std::to_string(T) + " does not divide dim " +
+                               std::to_string(r.dim) + " (" + std::to_string(n) + ") of " + t.path);
       }
     } else if (r.kind == TpRule::kBlocks) {
       int64_t block = t.shape[0] / r.blocks;

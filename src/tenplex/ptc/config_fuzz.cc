@@ -24,7 +24,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return m;
   }();
   if (auto b = tenplex::StageBounds(model, *c); b.ok()) {
-    tenplex::FuzzRequire(b->size() == static_cast<std::size_t>(c->pp) + 1 && b->front() == 0 && b->back() == 6);
+    tenplex::FuzzRequire(b->size() == static_cast<std::size_t>(c->pp) + 1 && b->front() == 0 &&
+                         b->back() == 6);
     // Stages of 0 layers are allowed (docs/spec-notes.md: a stage holding only the
     // embedding), so the bounds are non-decreasing.
     for (std::size_t s = 0; s + 1 < b->size(); ++s) tenplex::FuzzRequire((*b)[s] <= (*b)[s + 1]);

@@ -178,7 +178,8 @@ Result<Layout> MakeLayout(const Model& model, const ParallelConfig& config) {
           for (std::size_t i = 0; i < params.size(); ++i) {
             const LocalTensor& p = params[i];
             const int64_t vol = Volume(p.shape);
-            const int64_t a = std::max(lo, base[i]) - base[i], b = std::min(hi, base[i] + vol) - base[i];
+            const int64_t a = std::max(lo, base[i]) - base[i],
+                          b = std::min(hi, base[i] + vol) - base[i];
             if (a >= b) continue;
             if (kind == "fp32_param" && p.dtype == DType::kF32) continue;  // maps to nothing
             const std::string gname = CompanionName(kind, stage_params[s][i].global_name);
@@ -188,7 +189,8 @@ Result<Layout> MakeLayout(const Model& model, const ParallelConfig& config) {
                 if (IsEmpty(inter)) continue;
                 for (const Box& q : ContiguousParts(p.shape, inter)) {
                   int64_t off = base[i] + FlatOffset(p.shape, q) - lo;
-                  flat.pieces.push_back({gname, MapBox(q, pc.local, pc.global), Box({{off, off + Volume(q)}})});
+                  flat.pieces.push_back(
+                      {gname, MapBox(q, pc.local, pc.global), Box({{off, off + Volume(q)}})});
                 }
               }
             }
@@ -221,9 +223,12 @@ std::string LayoutToJson(const Layout& layout, bool extra) {
     for (const LocalTensor& t : *r.tensors) {
       json jp = json::array();
       for (const Piece& p : t.pieces) {
-        jp.push_back({{"tensor", p.tensor}, {"global", box_json(p.global)}, {"local", box_json(p.local)}});
+        jp.push_back(
+            {{"tensor", p.tensor}, {"global", box_json(p.global)}, {"local", box_json(p.local)}});
       }
-      ts.push_back({{"name", t.name}, {"dtype", std::string(DTypeName(t.dtype))}, {"shape", t.shape},
+      ts.push_back({{"name", t.name},
+                    {"dtype", std::string(DTypeName(t.dtype))},
+                    {"shape", t.shape},
                     {"pieces", std::move(jp)}});
     }
     jr["tensors"] = std::move(ts);
@@ -236,8 +241,9 @@ std::string LayoutToJson(const Layout& layout, bool extra) {
 std::string LayoutToText(const Model& model, const Layout& layout) {
   std::string out;
   char line[256];
-  std::snprintf(line, sizeof(line), "model %s: %d layers, %zu global tensors, %s\n", model.name.c_str(),
-                model.num_layers, layout.globals.size(), HumanBytes(GlobalBytes(model)).c_str());
+  std::snprintf(line, sizeof(line), "model %s: %d layers, %zu global tensors, %s\n",
+                model.name.c_str(), model.num_layers, layout.globals.size(),
+                HumanBytes(GlobalBytes(model)).c_str());
   out += line;
   std::snprintf(line, sizeof(line), "config %s: world size %d\n", layout.config.ToString().c_str(),
                 layout.world_size());
@@ -247,18 +253,19 @@ std::string LayoutToText(const Model& model, const Layout& layout) {
                   layout.stage_bounds[s + 1]);
     out += line;
   }
-  std::snprintf(line, sizeof(line), "%6s %4s %4s %4s %8s %14s %12s\n", "rank", "tp", "pp", "dp", "tensors",
-                "bytes", "");
+  std::snprintf(line, sizeof(line), "%6s %4s %4s %4s %8s %14s %12s\n", "rank", "tp", "pp", "dp",
+                "tensors", "bytes", "");
   out += line;
   int64_t total = 0;
   for (const RankLayout& r : layout.ranks) {
     int64_t b = r.bytes();
     total += b;
-    std::snprintf(line, sizeof(line), "%6d %4d %4d %4d %8zu %14lld %12s\n", r.rank, r.tp, r.pp, r.dp,
-                  r.tensors->size(), static_cast<long long>(b), HumanBytes(b).c_str());
+    std::snprintf(line, sizeof(line), "%6d %4d %4d %4d %8zu %14lld %12s\n", r.rank, r.tp, r.pp,
+                  r.dp, r.tensors->size(), static_cast<long long>(b), HumanBytes(b).c_str());
     out += line;
   }
-  std::snprintf(line, sizeof(line), "total %s over %d ranks\n", HumanBytes(total).c_str(), layout.world_size());
+  std::snprintf(line, sizeof(line), "total %s over %d ranks\n", HumanBytes(total).c_str(),
+                layout.world_size());
   out += line;
   return out;
 }

@@ -32,8 +32,6 @@ struct RefTensor {
   std::vector<Elem> elems;
 };
 
-
-
 class Reference {
  public:
   Reference(const Model& m, const ParallelConfig& c) : m_(m), c_(c) {
@@ -41,7 +39,8 @@ class Reference {
     // Stage bounds straight from the spec.
     int L = m.num_layers;
     first_.push_back(0);
-    for (int s = 0; s < c.pp; ++s) first_.push_back(first_.back() + (c.layers.empty() ? L / c.pp : c.layers[s]));
+    for (int s = 0; s < c.pp; ++s)
+      first_.push_back(first_.back() + (c.layers.empty() ? L / c.pp : c.layers[s]));
   }
 
   int StageOfLayer(int layer) const {
@@ -62,8 +61,12 @@ class Reference {
     Shape ls = p.shape;
     int64_t part = 0, block = 0, V = 0, Vp = 0;
     switch (p.tp.kind) {
-      case TpRule::kReplicate: break;
-      case TpRule::kSplit: part = p.shape[p.tp.dim] / T; ls[p.tp.dim] = part; break;
+      case TpRule::kReplicate:
+        break;
+      case TpRule::kSplit:
+        part = p.shape[p.tp.dim] / T;
+        ls[p.tp.dim] = part;
+        break;
       case TpRule::kBlocks:
         block = p.shape[0] / p.tp.blocks;
         part = block / T;
@@ -79,10 +82,17 @@ class Reference {
     for (int64_t f = 0; f < Volume(ls); ++f) {
       auto idx = Unravel(f, ls);
       switch (p.tp.kind) {
-        case TpRule::kReplicate: break;
-        case TpRule::kSplit: idx[p.tp.dim] += t * part; break;
-        case TpRule::kBlocks: idx[0] = (idx[0] / part) * block + t * part + idx[0] % part; break;
-        case TpRule::kVocab: idx[0] += t * (Vp / T); break;
+        case TpRule::kReplicate:
+          break;
+        case TpRule::kSplit:
+          idx[p.tp.dim] += t * part;
+          break;
+        case TpRule::kBlocks:
+          idx[0] = (idx[0] / part) * block + t * part + idx[0] % part;
+          break;
+        case TpRule::kVocab:
+          idx[0] += t * (Vp / T);
+          break;
       }
       g[f] = (p.tp.kind == TpRule::kVocab && idx[0] >= V) ? -1 : Ravel(idx, p.shape);
     }
@@ -108,7 +118,8 @@ class Reference {
     }
     for (const AliasDesc& a : m_.aliases) {
       const TensorDesc& target = m_.tensors[m_.Find(a.target)];
-      if (StageOf(a.stage) == s && StageOf(target.stage) != s) params.push_back({a.name, a.target, &target});
+      if (StageOf(a.stage) == s && StageOf(target.stage) != s)
+        params.push_back({a.name, a.target, &target});
     }
     std::vector<RefTensor> out;
     std::vector<std::vector<int64_t>> pg;  // per param: global index per local element
@@ -130,7 +141,8 @@ class Reference {
           if (k == "fp32_param" && params[i].desc->dtype == DType::kF32) continue;
           RefTensor rt{"optimizer." + k + "." + params[i].local, DType::kF32, out[i].shape, {}};
           for (int64_t x : pg[i]) {
-            rt.elems.push_back(x < 0 ? Elem{} : Elem{ids_.at("optimizer." + k + "." + params[i].global), x});
+            rt.elems.push_back(x < 0 ? Elem{}
+                                     : Elem{ids_.at("optimizer." + k + "." + params[i].global), x});
           }
           out.push_back(rt);
         }
@@ -140,7 +152,8 @@ class Reference {
     // Flat: concatenate the params' local elements, pad to a multiple of dp.
     std::vector<std::pair<int, int64_t>> flat;  // (param, local flat index)
     for (std::size_t i = 0; i < params.size(); ++i) {
-      for (int64_t f = 0; f < static_cast<int64_t>(pg[i].size()); ++f) flat.push_back({static_cast<int>(i), f});
+      for (int64_t f = 0; f < static_cast<int64_t>(pg[i].size()); ++f)
+        flat.push_back({static_cast<int>(i), f});
     }
     int64_t n = flat.size(), np = (n + c_.dp - 1) / c_.dp * c_.dp, shard = np / c_.dp;
     for (const std::string& k : kinds) {
@@ -171,7 +184,8 @@ class Reference {
 };
 
 // The per-element map a layout's pieces describe; fails on overlapping pieces.
-std::vector<Elem> FromPieces(const LocalTensor& lt, const Layout& layout, const std::map<std::string, int64_t>& ids) {
+std::vector<Elem> FromPieces(const LocalTensor& lt, const Layout& layout,
+                             const std::map<std::string, int64_t>& ids) {
   std::vector<Elem> out(Volume(lt.shape));
   for (const Piece& p : lt.pieces) {
     const Shape& gs = layout.globals.at(p.tensor).shape;
@@ -221,15 +235,18 @@ void CheckLayout(const Model& m, const ParallelConfig& c) {
       const LocalTensor& lt = *it->second;
       EXPECT_EQ(lt.dtype, w.dtype) << w.name;
       ASSERT_EQ(lt.shape, w.shape) << w.name;
-      EXPECT_TRUE(FromPieces(lt, *layout, ref.ids()) == w.elems) << "rank " << r << " tensor " << w.name;
+      EXPECT_TRUE(FromPieces(lt, *layout, ref.ids()) == w.elems)
+          << "rank " << r << " tensor " << w.name;
     }
   }
 }
 
-Model Tiny(bool swiglu, int64_t groups, bool tied, bool bias, bool rms, bool bf16, bool adam = true) {
+Model Tiny(bool swiglu, int64_t groups, bool tied, bool bias, bool rms, bool bf16,
+           bool adam = true) {
   GptArgs a;
-  a.name = std::string("tiny") + (swiglu ? "-swiglu" : "") + "-g" + std::to_string(groups) + (tied ? "-tied" : "-untied") +
-           (bias ? "-bias" : "-nobias") + (rms ? "-rms" : "-ln") + (bf16 ? "-bf16" : "-fp32") + (adam ? "" : "-noopt");
+  a.name = std::string("tiny") + (swiglu ? "-swiglu" : "") + "-g" + std::to_string(groups) +
+           (tied ? "-tied" : "-untied") + (bias ? "-bias" : "-nobias") + (rms ? "-rms" : "-ln") +
+           (bf16 ? "-bf16" : "-fp32") + (adam ? "" : "-noopt");
   a.num_layers = 4;
   a.hidden_size = 8;
   a.num_attention_heads = 4;
@@ -251,8 +268,8 @@ Model Tiny(bool swiglu, int64_t groups, bool tied, bool bias, bool rms, bool bf1
 }
 
 std::vector<Model> Models() {
-  return {Tiny(false, 4, true, true, false, false),  Tiny(true, 2, false, false, true, false),
-          Tiny(true, 4, true, true, false, true),    Tiny(false, 2, false, true, true, true),
+  return {Tiny(false, 4, true, true, false, false), Tiny(true, 2, false, false, true, false),
+          Tiny(true, 4, true, true, false, true), Tiny(false, 2, false, true, true, true),
           Tiny(false, 4, true, false, false, false, false)};
 }
 
@@ -271,7 +288,8 @@ TEST(LayoutTest, MatchesBruteForceReference) {
             if (g % tp != 0) {
               auto l = MakeLayout(m, *c);
               ASSERT_FALSE(l.ok()) << cs;
-              EXPECT_NE(l.status().message().find("g % tp"), std::string::npos) << l.status().message();
+              EXPECT_NE(l.status().message().find("g % tp"), std::string::npos)
+                  << l.status().message();
               continue;
             }
             CheckLayout(m, *c);
@@ -311,8 +329,8 @@ TEST(ConfigTest, ParsesAndRejects) {
   EXPECT_EQ(c->ToString(), "tp=2,pp=2,dp=3,zero=1,layers=3+1");
   EXPECT_EQ(c->world_size(), 12);
   EXPECT_EQ(c->RankOf(1, 2, 1), 1 + 2 * (2 + 3 * 1));
-  for (const char* bad : {"", "tp=0", "tp=2,tp=2", "xp=2", "tp=two", "zero=2", "tp", "pp=2,layers=1+x",
-                          "pp=3,layers=1+1", "tp=-1", "tp=99999999999"}) {
+  for (const char* bad : {"", "tp=0", "tp=2,tp=2", "xp=2", "tp=two", "zero=2", "tp",
+                          "pp=2,layers=1+x", "pp=3,layers=1+1", "tp=-1", "tp=99999999999"}) {
     EXPECT_FALSE(ParseConfig(bad).ok()) << bad;
   }
   Model m = Tiny(false, 4, true, true, false, false);

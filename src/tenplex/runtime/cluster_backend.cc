@@ -106,8 +106,7 @@ class ClusterBackend : public StateBackend {
                                                                 const Layout& layout) override {
     std::vector<std::map<std::string, std::string>> out(layout.world_size());
     for (std::size_t h = 0; h < clients_.size(); ++h) {
-      Result<std::vector<store::TensorInfo>> list =
-          clients_[h]->List(store::VersionPrefix(job, v));
+      Result<std::vector<store::TensorInfo>> list = clients_[h]->List(store::VersionPrefix(job, v));
       if (!list.ok() && list.status().code() == StatusCode::kNotFound) continue;
       if (!list.ok()) return list.status().WithContext(clients_[h]->url());
       for (const store::TensorInfo& t : *list) {

@@ -1,9 +1,10 @@
 #include "tenplex/runtime/schedule.h"
-#include "tenplex/util/json_depth.h"
-#include "tenplex/util/json_value.h"
 
 #include <nlohmann/json.hpp>
 #include <set>
+
+#include "tenplex/util/json_depth.h"
+#include "tenplex/util/json_value.h"
 
 namespace tenplex::runtime {
 
@@ -14,7 +15,8 @@ Result<std::vector<ScheduleEntry>> ParseSchedule(const std::string& text, const 
   TP_RETURN_IF_ERROR(CheckJsonDepth(text, "schedule"));
   json j = json::parse(text, nullptr, false);
   if (j.is_discarded()) return InvalidArgument("schedule is not valid JSON");
-  if (!j.is_array() || j.empty()) return InvalidArgument("schedule must be a non-empty JSON list of entries");
+  if (!j.is_array() || j.empty())
+    return InvalidArgument("schedule must be a non-empty JSON list of entries");
   std::vector<ScheduleEntry> out;
   for (std::size_t i = 0; i < j.size(); ++i) {
     const json& e = j[i];
@@ -22,8 +24,9 @@ Result<std::vector<ScheduleEntry>> ParseSchedule(const std::string& text, const 
     if (!e.is_object()) return InvalidArgument(where + " is not an object");
     for (auto& [k, v] : e.items()) {
       (void)v;
-      static const std::set<std::string> known = {"step",  "config",     "stop",           "kill_ranks",
-                                                  "kill_hosts", "gpus", "device_profile", "gpu_memory"};
+      static const std::set<std::string> known = {"step",           "config",     "stop",
+                                                  "kill_ranks",     "kill_hosts", "gpus",
+                                                  "device_profile", "gpu_memory"};
       if (!known.count(k)) return InvalidArgument(where + ": unknown field '" + k + "'");
     }
     ScheduleEntry s;
@@ -38,18 +41,24 @@ Result<std::vector<ScheduleEntry>> ParseSchedule(const std::string& text, const 
                              std::to_string(out.back().step));
     }
     s.stop = e.contains("stop") && e["stop"].is_boolean() && e["stop"].get<bool>();
-    if (e.contains("stop") && !e["stop"].is_boolean()) return InvalidArgument(where + ": 'stop' must be true or false");
+    if (e.contains("stop") && !e["stop"].is_boolean())
+      return InvalidArgument(where + ": 'stop' must be true or false");
     if (e.contains("gpus")) {
-      if (s.stop || e.contains("config")) return InvalidArgument(where + ": give one of 'config', 'gpus' or \"stop\"");
-      if (!e["gpus"].is_number_integer() || e["gpus"].get<int64_t>() < 1 || e["gpus"].get<int64_t>() > 1 << 20) {
+      if (s.stop || e.contains("config"))
+        return InvalidArgument(where + ": give one of 'config', 'gpus' or \"stop\"");
+      if (!e["gpus"].is_number_integer() || e["gpus"].get<int64_t>() < 1 ||
+          e["gpus"].get<int64_t>() > 1 << 20) {
         return InvalidArgument(where + ": 'gpus' must be an integer >= 1");
       }
       for (const char* k : {"device_profile", "gpu_memory"}) {
-        if (e.contains(k) && !e[k].is_string()) return InvalidArgument(where + ": '" + k + "' must be a string");
+        if (e.contains(k) && !e[k].is_string())
+          return InvalidArgument(where + ": '" + k + "' must be a string");
       }
-      if (!choose) return InvalidArgument(where + ": 'gpus' entries need the config policy (tenplex run)");
+      if (!choose)
+        return InvalidArgument(where + ": 'gpus' entries need the config policy (tenplex run)");
       s.gpus = e["gpus"].get<int>();
-      auto c = choose(s.gpus, JsonValueOr(e, "device_profile", ""), JsonValueOr(e, "gpu_memory", ""));
+      auto c =
+          choose(s.gpus, JsonValueOr(e, "device_profile", ""), JsonValueOr(e, "gpu_memory", ""));
       if (!c.ok()) return c.status().WithContext(where + " (" + std::to_string(s.gpus) + " GPUs)");
       s.config = *c;
     } else if (s.stop == e.contains("config")) {
@@ -66,31 +75,41 @@ Result<std::vector<ScheduleEntry>> ParseSchedule(const std::string& text, const 
       s.config = *c;
     }
     if (e.contains("kill_ranks")) {
-      if (i == 0) return InvalidArgument(where + ": kill_ranks needs running workers (not on the first entry)");
-      if (!e["kill_ranks"].is_array()) return InvalidArgument(where + ": 'kill_ranks' must be a list of ranks");
+      if (i == 0)
+        return InvalidArgument(where +
+                               ": kill_ranks needs running workers (not on the first entry)");
+      if (!e["kill_ranks"].is_array())
+        return InvalidArgument(where + ": 'kill_ranks' must be a list of ranks");
       const int world = out.back().config.world_size();
       for (const json& r : e["kill_ranks"]) {
         if (!r.is_number_integer() || r.get<int64_t>() < 0 || r.get<int64_t>() >= world) {
-          return InvalidArgument(where + ": kill rank " + r.dump() + " is not a rank of the running config " +
-                                 out.back().config.ToString() + " (world size " + std::to_string(world) + ")");
+          return InvalidArgument(
+              where + ": kill rank " + r.dump() + " is not a rank of the running config " +
+              out.back().config.ToString() + " (world size " + std::to_string(world) + ")");
         }
         s.kill_ranks.push_back(r.get<int>());
       }
     }
     if (e.contains("kill_hosts")) {
-      if (i == 0) return InvalidArgument(where + ": kill_hosts needs running workers (not on the first entry)");
-      if (!e["kill_hosts"].is_array()) return InvalidArgument(where + ": 'kill_hosts' must be a list of host indexes");
+      if (i == 0)
+        return InvalidArgument(where +
+                               ": kill_hosts needs running workers (not on the first entry)");
+      if (!e["kill_hosts"].is_array())
+        return InvalidArgument(where + ": 'kill_hosts' must be a list of host indexes");
       for (const json& h : e["kill_hosts"]) {
         if (!h.is_number_integer() || h.get<int64_t>() < 0 || h.get<int64_t>() > 1 << 20) {
-          return InvalidArgument(where + ": kill host " + h.dump() + " is not a host index of the cluster file");
+          return InvalidArgument(where + ": kill host " + h.dump() +
+                                 " is not a host index of the cluster file");
         }
         s.kill_hosts.push_back(h.get<int>());
       }
     }
-    if (s.stop && i + 1 != j.size()) return InvalidArgument(where + ": a stop entry must be the last entry");
+    if (s.stop && i + 1 != j.size())
+      return InvalidArgument(where + ": a stop entry must be the last entry");
     out.push_back(std::move(s));
   }
-  if (!out.back().stop) return InvalidArgument("schedule must end with a {\"step\": N, \"stop\": true} entry");
+  if (!out.back().stop)
+    return InvalidArgument("schedule must end with a {\"step\": N, \"stop\": true} entry");
   if (out.size() < 2) return InvalidArgument("schedule needs a config entry before the stop entry");
   return out;
 }

@@ -27,15 +27,15 @@ namespace tenplex::runtime {
 struct ScheduleEntry {
   int64_t step = 0;
   bool stop = false;
-  ParallelConfig config;     // unset when stop
+  ParallelConfig config;  // unset when stop
   std::vector<int> kill_ranks;
   std::vector<int> kill_hosts;  // indexes into the cluster file's hosts
   int gpus = 0;                 // "gpus": N entries: the count the policy chose `config` for
 };
 
 // Picks the config of a {"gpus": N, "device_profile": P, "gpu_memory": M} entry.
-using ConfigChooser =
-    std::function<Result<ParallelConfig>(int gpus, const std::string& device_profile, const std::string& gpu_memory)>;
+using ConfigChooser = std::function<Result<ParallelConfig>(
+    int gpus, const std::string& device_profile, const std::string& gpu_memory)>;
 
 // Parses and checks a schedule: a non-empty list, the first entry at step 0 with a
 // config, steps strictly increasing, a stop entry last and nowhere else, configs valid

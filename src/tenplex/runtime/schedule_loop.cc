@@ -30,8 +30,7 @@ Result<RunInputs> LoadRunInputs(const RunOptions& o) {
   TP_ASSIGN_OR_RETURN(in.model, LoadModel(model_spec));
   TP_ASSIGN_OR_RETURN(std::string sched_text, ReadFile(o.schedule_path));
   auto sched = ParseSchedule(
-      sched_text, in.model,
-      [&](int gpus, const std::string& profile, const std::string& memory) {
+      sched_text, in.model, [&](int gpus, const std::string& profile, const std::string& memory) {
         return policy::ChooseForWorkers(in.model, o.command, gpus, profile, memory);
       });
   if (!sched.ok()) return sched.status().WithContext(o.schedule_path);

@@ -37,22 +37,30 @@ TEST(ScheduleTest, RejectsBadSchedules) {
       {R"([{"step": 1, "config": "tp=1"}, {"step": 2, "stop": true}])", "start at step 0"},
       {R"([{"step": 0, "config": "tp=1"}, {"step": 0, "stop": true}])", "not after"},
       {R"([{"step": 0, "config": "tp=1"}])", "must end with"},
-      {R"([{"step": 0, "config": "tp=1"}, {"step": 2, "stop": true}, {"step": 3, "config": "tp=1"}])", "must be the last"},
+      {R"([{"step": 0, "config": "tp=1"}, {"step": 2, "stop": true}, {"step": 3, "config": "tp=1"}])",
+       "must be the last"},
       {R"([{"step": 0, "config": "tp=3"}, {"step": 2, "stop": true}])", "entry 0"},
       {R"([{"step": 0, "config": "pp=3"}, {"step": 2, "stop": true}])", "L % pp"},
-      {R"([{"step": 0, "config": "tp=2"}, {"step": 2, "config": "dp=2", "kill_ranks": [2]}, {"step": 3, "stop": true}])", "world size 2"},
-      {R"([{"step": 0, "config": "tp=1", "kill_ranks": [0]}, {"step": 2, "stop": true}])", "first entry"},
+      {R"([{"step": 0, "config": "tp=2"}, {"step": 2, "config": "dp=2", "kill_ranks": [2]}, {"step": 3, "stop": true}])",
+       "world size 2"},
+      {R"([{"step": 0, "config": "tp=1", "kill_ranks": [0]}, {"step": 2, "stop": true}])",
+       "first entry"},
       {R"([{"step": 0, "config": "tp=1", "stop": true}])", "either"},
-      {R"([{"step": 0, "config": "tp=1", "kill_hosts": [0]}, {"step": 2, "stop": true}])", "first entry"},
-      {R"([{"step": 0, "config": "tp=1"}, {"step": 2, "config": "tp=1", "kill_hosts": [-1]}, {"step": 3, "stop": true}])", "kill host -1"},
-      {R"([{"step": 0, "config": "tp=1"}, {"step": 2, "config": "tp=1", "kill_hosts": 1}, {"step": 3, "stop": true}])", "list of host"},
-      {R"([{"step": 0, "config": "tp=1", "bogus": 1}, {"step": 2, "stop": true}])", "unknown field 'bogus'"},
+      {R"([{"step": 0, "config": "tp=1", "kill_hosts": [0]}, {"step": 2, "stop": true}])",
+       "first entry"},
+      {R"([{"step": 0, "config": "tp=1"}, {"step": 2, "config": "tp=1", "kill_hosts": [-1]}, {"step": 3, "stop": true}])",
+       "kill host -1"},
+      {R"([{"step": 0, "config": "tp=1"}, {"step": 2, "config": "tp=1", "kill_hosts": 1}, {"step": 3, "stop": true}])",
+       "list of host"},
+      {R"([{"step": 0, "config": "tp=1", "bogus": 1}, {"step": 2, "stop": true}])",
+       "unknown field 'bogus'"},
       {R"([{"step": "0", "config": "tp=1"}, {"step": 2, "stop": true}])", "integer"},
   };
   for (const Case& c : cases) {
     auto s = ParseSchedule(c.text, Small());
     ASSERT_FALSE(s.ok()) << c.text;
-    EXPECT_NE(s.status().message().find(c.needle), std::string::npos) << c.text << " -> " << s.status().message();
+    EXPECT_NE(s.status().message().find(c.needle), std::string::npos)
+        << c.text << " -> " << s.status().message();
   }
 }
 

@@ -11,9 +11,9 @@
 
 #include "tenplex/store/server.h"
 #include "tenplex/util/file.h"
-#include "tenplex/util/thread_pool.h"
 #include "tenplex/util/json_depth.h"
 #include "tenplex/util/json_value.h"
+#include "tenplex/util/thread_pool.h"
 
 namespace tenplex::store {
 
@@ -27,7 +27,8 @@ std::string Encode(std::string_view s) {
   std::string out;
   for (char c : s) {
     unsigned char u = static_cast<unsigned char>(c);
-    if (std::isalnum(u) || c == '-' || c == '_' || c == '.' || c == '~' || c == '/' || c == ':' || c == ',') {
+    if (std::isalnum(u) || c == '-' || c == '_' || c == '.' || c == '~' || c == '/' || c == ':' ||
+        c == ',') {
       out += c;
     } else {
       char buf[4];
@@ -46,7 +47,8 @@ Result<json> ParseJson(const std::string& text) {
 }
 
 Result<TensorInfo> TensorFromJson(const json& j) {
-  if (!j.is_object() || !j.contains("path") || !j.contains("dtype") || !j.contains("shape") || !j.contains("bytes")) {
+  if (!j.is_object() || !j.contains("path") || !j.contains("dtype") || !j.contains("shape") ||
+      !j.contains("bytes")) {
     return DataLoss("store: malformed tensor description " + j.dump().substr(0, 200));
   }
   TensorInfo t;
@@ -60,12 +62,16 @@ Result<TensorInfo> TensorFromJson(const json& j) {
 }
 
 // The Status of an error reply {"error": ..., "code": ...} (one place for every call).
-Status ReplyError(const std::string& url, const std::string& what, int status, const std::string& body) {
+Status ReplyError(const std::string& url, const std::string& what, int status,
+                  const std::string& body) {
   json j = CheckJsonDepth(body).ok() ? json::parse(body, nullptr, false) : json();
   const bool ok = j.is_object() && j.contains("error") && j["error"].is_string();
   std::string msg = ok ? j["error"].get<std::string>() : body.substr(0, 200);
-  std::string code = j.is_object() && j.contains("code") && j["code"].is_string() ? j["code"].get<std::string>() : "";
-  return Status(StatusCodeFromName(code, status), "store " + url + ": " + what.substr(0, 200) + ": " + msg);
+  std::string code = j.is_object() && j.contains("code") && j["code"].is_string()
+                         ? j["code"].get<std::string>()
+                         : "";
+  return Status(StatusCodeFromName(code, status),
+                "store " + url + ": " + what.substr(0, 200) + ": " + msg);
 }
 
 Status Unreachable(const std::string& url, httplib::Error e) {
@@ -81,11 +87,12 @@ struct Client::Http {
 
 Client::~Client() = default;
 
-Result<std::unique_ptr<Client>> Client::Connect(const std::string& url, const ClientOptions& options) {
+Result<std::unique_ptr<Client>> Client::Connect(const std::string& url,
+                                                const ClientOptions& options) {
   TP_ASSIGN_OR_RETURN(HostPort hp, ParseUrl(url));
   std::unique_ptr<Client> c(new Client());
-  c->url_ = "http://" + (hp.host.find(':') != std::string::npos ? "[" + hp.host + "]" : hp.host) + ":" +
-            std::to_string(hp.port);
+  c->url_ = "http://" + (hp.host.find(':') != std::string::npos ? "[" + hp.host + "]" : hp.host) +
+            ":" + std::to_string(hp.port);
   c->http_ = std::make_unique<Http>(hp.host, hp.port);
   auto& cli = c->http_->cli;
   cli.set_keep_alive(true);
@@ -108,8 +115,9 @@ Result<std::unique_ptr<Client>> Client::Connect(const std::string& url, const Cl
   return c;
 }
 
-Result<std::string> Client::Call(const std::string& method, const std::string& target, const std::string& body,
-                                 const std::string& content_type, int* status) {
+Result<std::string> Client::Call(const std::string& method, const std::string& target,
+                                 const std::string& body, const std::string& content_type,
+                                 int* status) {
   std::lock_guard<std::mutex> lock(mu_);
   auto& cli = http_->cli;
   httplib::Result r = method == "GET"    ? cli.Get(target.c_str())
@@ -132,17 +140,20 @@ Result<uint64_t> Client::BeginVersion(const std::string& job, std::optional<uint
 }
 
 Status Client::SetVersionInfo(const std::string& job, uint64_t version, const std::string& info) {
-  return Call("PUT", "/v1/jobs/" + Encode(job) + "/versions/" + std::to_string(version) + "/info", info).status();
+  return Call("PUT", "/v1/jobs/" + Encode(job) + "/versions/" + std::to_string(version) + "/info",
+              info)
+      .status();
 }
 
 Status Client::Commit(const std::string& job, uint64_t version, bool keep_old) {
-  return Call("POST", "/v1/jobs/" + Encode(job) + "/versions/" + std::to_string(version) + "/commit" +
-                          (keep_old ? "?keep_old=1" : ""))
+  return Call("POST", "/v1/jobs/" + Encode(job) + "/versions/" + std::to_string(version) +
+                          "/commit" + (keep_old ? "?keep_old=1" : ""))
       .status();
 }
 
 Status Client::Abort(const std::string& job, uint64_t version) {
-  return Call("POST", "/v1/jobs/" + Encode(job) + "/versions/" + std::to_string(version) + "/abort").status();
+  return Call("POST", "/v1/jobs/" + Encode(job) + "/versions/" + std::to_string(version) + "/abort")
+      .status();
 }
 
 namespace {
@@ -160,8 +171,9 @@ VersionInfo VersionFromJson(const json& j) {
 }  // namespace
 
 Result<VersionInfo> Client::Version(const std::string& job, VersionRef version) {
-  TP_ASSIGN_OR_RETURN(std::string text, Call("GET", "/v1/jobs/" + Encode(job) + "/versions/" +
-                                                        (version ? std::to_string(*version) : "current")));
+  TP_ASSIGN_OR_RETURN(std::string text,
+                      Call("GET", "/v1/jobs/" + Encode(job) + "/versions/" +
+                                      (version ? std::to_string(*version) : "current")));
   TP_ASSIGN_OR_RETURN(json j, ParseJson(text));
   return VersionFromJson(j);
 }
@@ -170,9 +182,11 @@ Result<std::vector<std::string>> Client::Jobs() {
   TP_ASSIGN_OR_RETURN(std::string text, Call("GET", "/v1/jobs"));
   TP_ASSIGN_OR_RETURN(json j, ParseJson(text));
   std::vector<std::string> out;
-  if (!j.contains("jobs") || !j["jobs"].is_array()) return DataLoss(url_ + "/v1/jobs: reply without a jobs list");
+  if (!j.contains("jobs") || !j["jobs"].is_array())
+    return DataLoss(url_ + "/v1/jobs: reply without a jobs list");
   for (const json& e : j["jobs"]) {
-    if (e.is_object() && e.contains("job") && e["job"].is_string()) out.push_back(e["job"].get<std::string>());
+    if (e.is_object() && e.contains("job") && e["job"].is_string())
+      out.push_back(e["job"].get<std::string>());
   }
   return out;
 }
@@ -182,7 +196,8 @@ Result<JobInfo> Client::Job(const std::string& job) {
   TP_ASSIGN_OR_RETURN(json j, ParseJson(text));
   JobInfo info;
   info.job = JsonValueOr(j, "job", job);
-  if (j.contains("current") && j["current"].is_number_unsigned()) info.current = j["current"].get<uint64_t>();
+  if (j.contains("current") && j["current"].is_number_unsigned())
+    info.current = j["current"].get<uint64_t>();
   if (j.contains("versions") && j["versions"].is_array()) {
     for (const json& v : j["versions"]) {
       if (v.is_object()) info.versions.push_back(VersionFromJson(v));
@@ -191,10 +206,13 @@ Result<JobInfo> Client::Job(const std::string& job) {
   return info;
 }
 
-Status Client::DeleteJob(const std::string& job) { return Call("DELETE", "/v1/jobs/" + Encode(job)).status(); }
+Status Client::DeleteJob(const std::string& job) {
+  return Call("DELETE", "/v1/jobs/" + Encode(job)).status();
+}
 
 Status Client::DropVersion(const std::string& job, uint64_t version) {
-  return Call("DELETE", "/v1/jobs/" + Encode(job) + "/versions/" + std::to_string(version)).status();
+  return Call("DELETE", "/v1/jobs/" + Encode(job) + "/versions/" + std::to_string(version))
+      .status();
 }
 
 Result<std::vector<TensorInfo>> Client::List(const std::string& prefix) {
@@ -217,10 +235,12 @@ Result<std::pair<TensorInfo, std::string>> Client::Meta(const std::string& path)
   return std::make_pair(std::move(t), JsonValueOr(j, "xxh64", ""));
 }
 
-Status Client::Delete(const std::string& path) { return Call("DELETE", "/v1/tensors/" + Encode(path)).status(); }
+Status Client::Delete(const std::string& path) {
+  return Call("DELETE", "/v1/tensors/" + Encode(path)).status();
+}
 
-Result<TensorInfo> Client::Put(const std::string& path, DType dtype, const Shape& shape, const void* data,
-                               uint64_t size) {
+Result<TensorInfo> Client::Put(const std::string& path, DType dtype, const Shape& shape,
+                               const void* data, uint64_t size) {
   std::string target = "/v1/tensors/" + Encode(path) + "?dtype=" + std::string(DTypeName(dtype)) +
                        "&shape=" + ShapeToString(shape);
   std::lock_guard<std::mutex> lock(mu_);
@@ -229,7 +249,8 @@ Result<TensorInfo> Client::Put(const std::string& path, DType dtype, const Shape
   auto r = http_->cli.Put(
       target.c_str(), static_cast<std::size_t>(size),
       [bytes, size](std::size_t offset, std::size_t length, httplib::DataSink& sink) {
-        std::size_t n = std::min<std::size_t>({length, std::size_t{4} << 20, static_cast<std::size_t>(size - offset)});
+        std::size_t n = std::min<std::size_t>(
+            {length, std::size_t{4} << 20, static_cast<std::size_t>(size - offset)});
         return sink.write(bytes + offset, n);
       },
       "application/octet-stream");
@@ -239,8 +260,10 @@ Result<TensorInfo> Client::Put(const std::string& path, DType dtype, const Shape
   return TensorFromJson(j);
 }
 
-Result<std::string> Client::Get(const std::string& path, const std::string& range, DType* dtype, Shape* shape) {
-  std::string target = "/v1/tensors/" + Encode(path) + (range.empty() ? "" : "?range=" + Encode(range));
+Result<std::string> Client::Get(const std::string& path, const std::string& range, DType* dtype,
+                                Shape* shape) {
+  std::string target =
+      "/v1/tensors/" + Encode(path) + (range.empty() ? "" : "?range=" + Encode(range));
   std::lock_guard<std::mutex> lock(mu_);
   auto r = http_->cli.Get(target.c_str());
   if (!r) return Unreachable(url_, r.error());
@@ -250,13 +273,16 @@ Result<std::string> Client::Get(const std::string& path, const std::string& rang
   }
   if (shape) {
     auto dt = ParseDType(r->get_header_value("X-Tensor-Dtype"));
-    TP_ASSIGN_OR_RETURN(*shape, ParseShape(r->get_header_value("X-Tensor-Shape"), dt.ok() ? *dt : DType::kU8));
+    TP_ASSIGN_OR_RETURN(
+        *shape, ParseShape(r->get_header_value("X-Tensor-Shape"), dt.ok() ? *dt : DType::kU8));
   }
   return std::move(r->body);
 }
 
-Status Client::GetInto(const std::string& path, const std::string& range, void* dst, uint64_t size) {
-  std::string target = "/v1/tensors/" + Encode(path) + (range.empty() ? "" : "?range=" + Encode(range));
+Status Client::GetInto(const std::string& path, const std::string& range, void* dst,
+                       uint64_t size) {
+  std::string target =
+      "/v1/tensors/" + Encode(path) + (range.empty() ? "" : "?range=" + Encode(range));
   uint64_t got = 0;
   bool overflow = false;
   std::string error_body;
@@ -281,53 +307,68 @@ Status Client::GetInto(const std::string& path, const std::string& range, void* 
         got += n;
         return true;
       });
-  if (overflow) return DataLoss("store: GET " + path + " returned more than the expected " + std::to_string(size) + " bytes");
+  if (overflow)
+    return DataLoss("store: GET " + path + " returned more than the expected " +
+                    std::to_string(size) + " bytes");
   if (!r) return Unreachable(url_, r.error());
   if (status >= 400) return ReplyError(url_, "GET " + path, status, error_body);
   if (got != size) {
-    return DataLoss("store: GET " + path + " returned " + std::to_string(got) + " bytes, expected " +
-                    std::to_string(size));
+    return DataLoss("store: GET " + path + " returned " + std::to_string(got) +
+                    " bytes, expected " + std::to_string(size));
   }
   return Status::Ok();
 }
 
-Result<std::vector<TensorInfo>> Client::Allocate(const std::vector<Store::AllocRequest>& tensors, bool zero_fill) {
-  if (!local_) return FailedPrecondition("store " + url_ + " is not on this machine: no shared-memory allocation");
+Result<std::vector<TensorInfo>> Client::Allocate(const std::vector<Store::AllocRequest>& tensors,
+                                                 bool zero_fill) {
+  if (!local_)
+    return FailedPrecondition("store " + url_ +
+                              " is not on this machine: no shared-memory allocation");
   json req = json::array();
   for (const auto& t : tensors) {
-    req.push_back({{"path", t.path}, {"dtype", std::string(DTypeName(t.dtype))}, {"shape", t.shape}});
+    req.push_back(
+        {{"path", t.path}, {"dtype", std::string(DTypeName(t.dtype))}, {"shape", t.shape}});
   }
   TP_ASSIGN_OR_RETURN(std::string text,
-                      Call("POST", "/v1/alloc", json{{"tensors", req}, {"fill", zero_fill ? "zero" : "none"}}.dump()));
+                      Call("POST", "/v1/alloc",
+                           json{{"tensors", req}, {"fill", zero_fill ? "zero" : "none"}}.dump()));
   TP_ASSIGN_OR_RETURN(json j, ParseJson(text));
-  if (JsonValueOr(j, "store_id", "") != store_id_) return Aborted("store " + url_ + " restarted; reconnect");
+  if (JsonValueOr(j, "store_id", "") != store_id_)
+    return Aborted("store " + url_ + " restarted; reconnect");
   std::vector<TensorInfo> out;
   for (const json& e : j["tensors"]) {
     TP_ASSIGN_OR_RETURN(TensorInfo t, TensorFromJson(e));
     out.push_back(std::move(t));
   }
-  if (out.size() != tensors.size()) return DataLoss("store: /v1/alloc returned the wrong number of tensors");
+  if (out.size() != tensors.size())
+    return DataLoss("store: /v1/alloc returned the wrong number of tensors");
   return out;
 }
 
 Result<TensorInfo> Client::ShmInfo(const std::string& path) {
-  if (!local_) return FailedPrecondition("store " + url_ + " is not on this machine: no shared-memory access");
+  if (!local_)
+    return FailedPrecondition("store " + url_ + " is not on this machine: no shared-memory access");
   TP_ASSIGN_OR_RETURN(std::string text, Call("GET", "/v1/shm/" + Encode(path)));
   TP_ASSIGN_OR_RETURN(json j, ParseJson(text));
   return TensorFromJson(j);
 }
 
 Result<ShmMapping> Client::Map(const TensorInfo& info, bool writable, bool populate) {
-  if (info.file.empty()) return FailedPrecondition("tensor " + info.path + " has no shared-memory file here");
-  if (writable && info.committed) return FailedPrecondition("tensor " + info.path + " is committed and immutable");
+  if (info.file.empty())
+    return FailedPrecondition("tensor " + info.path + " has no shared-memory file here");
+  if (writable && info.committed)
+    return FailedPrecondition("tensor " + info.path + " is committed and immutable");
   return ShmMapping::Map(info.file, 0, info.bytes, writable, populate);
 }
 
-Status Client::WriteMany(const std::vector<Store::AllocRequest>& tensors, const std::vector<const void*>& data) {
-  if (data.size() != tensors.size()) return InvalidArgument("WriteMany: one data pointer per tensor");
+Status Client::WriteMany(const std::vector<Store::AllocRequest>& tensors,
+                         const std::vector<const void*>& data) {
+  if (data.size() != tensors.size())
+    return InvalidArgument("WriteMany: one data pointer per tensor");
   if (!local_) {
     for (std::size_t i = 0; i < tensors.size(); ++i) {
-      TP_ASSIGN_OR_RETURN(int64_t vol, CheckedVolume(tensors[i].shape, DTypeSize(tensors[i].dtype)));
+      TP_ASSIGN_OR_RETURN(int64_t vol,
+                          CheckedVolume(tensors[i].shape, DTypeSize(tensors[i].dtype)));
       TP_RETURN_IF_ERROR(Put(tensors[i].path, tensors[i].dtype, tensors[i].shape, data[i],
                              static_cast<uint64_t>(vol) * DTypeSize(tensors[i].dtype))
                              .status());
@@ -341,10 +382,12 @@ Status Client::WriteMany(const std::vector<Store::AllocRequest>& tensors, const 
   return Status::Ok();
 }
 
-Status Client::Write(const std::string& path, DType dtype, const Shape& shape, const void* data, uint64_t size) {
+Status Client::Write(const std::string& path, DType dtype, const Shape& shape, const void* data,
+                     uint64_t size) {
   TP_ASSIGN_OR_RETURN(int64_t vol, CheckedVolume(shape, DTypeSize(dtype)));
   if (static_cast<uint64_t>(vol) * DTypeSize(dtype) != size) {
-    return InvalidArgument("Write " + path + ": " + std::to_string(size) + " bytes do not match dtype x shape");
+    return InvalidArgument("Write " + path + ": " + std::to_string(size) +
+                           " bytes do not match dtype x shape");
   }
   return WriteMany({{path, dtype, shape}}, {data});
 }

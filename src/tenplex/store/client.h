@@ -35,7 +35,8 @@ struct ClientOptions {
 class Client {
  public:
   // Connects to "http://host:port" and asks /v1/health who the store is.
-  static Result<std::unique_ptr<Client>> Connect(const std::string& url, const ClientOptions& options = {});
+  static Result<std::unique_ptr<Client>> Connect(const std::string& url,
+                                                 const ClientOptions& options = {});
   ~Client();
 
   const std::string& url() const { return url_; }
@@ -68,26 +69,31 @@ class Client {
 
   // Creates the tensors (one request) and writes their bytes: through shared memory
   // when local(), else one PUT each. data[i] holds exactly the tensor's bytes.
-  Status WriteMany(const std::vector<Store::AllocRequest>& tensors, const std::vector<const void*>& data);
-  Status Write(const std::string& path, DType dtype, const Shape& shape, const void* data, uint64_t size);
+  Status WriteMany(const std::vector<Store::AllocRequest>& tensors,
+                   const std::vector<const void*>& data);
+  Status Write(const std::string& path, DType dtype, const Shape& shape, const void* data,
+               uint64_t size);
   // Reads a whole tensor (info from List/Meta; info.bytes bytes into dst).
   Status Read(const TensorInfo& info, void* dst);
 
   // ---- HTTP bodies (work from anywhere)
-  Result<TensorInfo> Put(const std::string& path, DType dtype, const Shape& shape, const void* data, uint64_t size);
+  Result<TensorInfo> Put(const std::string& path, DType dtype, const Shape& shape, const void* data,
+                         uint64_t size);
   // GET with an optional range; dtype/shape of the result are returned when asked.
-  Result<std::string> Get(const std::string& path, const std::string& range = "", DType* dtype = nullptr,
-                          Shape* shape = nullptr);
+  Result<std::string> Get(const std::string& path, const std::string& range = "",
+                          DType* dtype = nullptr, Shape* shape = nullptr);
   // GET streamed into dst, which must hold exactly `size` bytes of the result.
   Status GetInto(const std::string& path, const std::string& range, void* dst, uint64_t size);
 
   // ---- local shared memory (local() only)
   // zero_fill false: sparse files the caller writes completely (Write uses this).
-  Result<std::vector<TensorInfo>> Allocate(const std::vector<Store::AllocRequest>& tensors, bool zero_fill = true);
+  Result<std::vector<TensorInfo>> Allocate(const std::vector<Store::AllocRequest>& tensors,
+                                           bool zero_fill = true);
   Result<TensorInfo> ShmInfo(const std::string& path);
   // A JSON request to any endpoint (e.g. one added with Server::AddJsonRoute): the reply
   // body, or the error the store sent (its code and message).
-  Result<std::string> CallJson(const std::string& method, const std::string& target, const std::string& body = "") {
+  Result<std::string> CallJson(const std::string& method, const std::string& target,
+                               const std::string& body = "") {
     return Call(method, target, body);
   }
 
@@ -97,8 +103,10 @@ class Client {
  private:
   Client() = default;
   struct Http;
-  Result<std::string> Call(const std::string& method, const std::string& target, const std::string& body = "",
-                           const std::string& content_type = "application/json", int* status = nullptr);
+  Result<std::string> Call(const std::string& method, const std::string& target,
+                           const std::string& body = "",
+                           const std::string& content_type = "application/json",
+                           int* status = nullptr);
   std::string url_;
   std::string store_id_;
   bool local_ = false;

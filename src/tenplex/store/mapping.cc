@@ -26,8 +26,8 @@ uint64_t PageSize() {
 
 }  // namespace
 
-Result<ShmMapping> ShmMapping::Map(const std::string& file, uint64_t offset, uint64_t bytes, bool writable,
-                                   bool populate) {
+Result<ShmMapping> ShmMapping::Map(const std::string& file, uint64_t offset, uint64_t bytes,
+                                   bool writable, bool populate) {
   int fd = ::open(file.c_str(), (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC);
   if (fd < 0) return ErrnoError("open " + file, errno);
   struct stat st;
@@ -77,12 +77,13 @@ Status CreateShmFile(const std::string& file, uint64_t bytes, bool allocate) {
   };
   int rc = allocate && bytes > 0 ? ::posix_fallocate(fd, 0, static_cast<off_t>(bytes)) : EOPNOTSUPP;
   if (rc == ENOSPC) {
-    return fail(ResourceExhausted("shared memory is full: cannot allocate " + std::to_string(bytes) + " bytes for " +
-                                  file));
+    return fail(ResourceExhausted("shared memory is full: cannot allocate " +
+                                  std::to_string(bytes) + " bytes for " + file));
   }
   if (rc == EOPNOTSUPP || rc == EINVAL) {
     // Not asked to, or a file system without fallocate: size the file sparse.
-    if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) return fail(ErrnoError("ftruncate " + file, errno));
+    if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0)
+      return fail(ErrnoError("ftruncate " + file, errno));
   } else if (rc != 0) {
     return fail(ErrnoError("fallocate " + file, rc));
   }
@@ -127,7 +128,8 @@ void ShmMapping::Reset() {
 
 void ShmMapping::Prefault() const {
 #if defined(MADV_POPULATE_READ) && defined(MADV_POPULATE_WRITE)
-  if (base_) (void)::madvise(base_, map_size_, writable_ ? MADV_POPULATE_WRITE : MADV_POPULATE_READ);
+  if (base_)
+    (void)::madvise(base_, map_size_, writable_ ? MADV_POPULATE_WRITE : MADV_POPULATE_READ);
 #endif
 }
 
@@ -196,7 +198,8 @@ Status PreadAll(const std::string& file, uint64_t offset, void* dst, uint64_t si
 
 Status TensorSink::Write(const void* data, uint64_t n) {
   if (n > size_ - written_) {
-    return InvalidArgument("more than the " + std::to_string(size_) + " bytes that dtype x shape needs");
+    return InvalidArgument("more than the " + std::to_string(size_) +
+                           " bytes that dtype x shape needs");
   }
   TP_RETURN_IF_ERROR(PwriteFd(fd_, name_, written_, data, n));
   written_ += n;
@@ -208,7 +211,8 @@ void ParallelMemcpy(void* dst, const void* src, std::size_t n) {
   const Shape shape{static_cast<int64_t>(n)};
   const Box all = BoxOf(shape);
   // Cannot fail: both regions are the same whole 1-D tensor.
-  (void)CopyBox(ConstRegion{src, shape, all}, MutRegion{dst, shape, all}, 1, &ThreadPool::Default());
+  (void)CopyBox(ConstRegion{src, shape, all}, MutRegion{dst, shape, all}, 1,
+                &ThreadPool::Default());
 }
 
 }  // namespace tenplex::store

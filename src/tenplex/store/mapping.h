@@ -19,8 +19,8 @@ class ShmMapping {
   // Maps an existing file; the file must hold at least offset + bytes bytes (checked,
   // so a truncated file is an error here and never a SIGBUS later). `populate`
   // pre-faults the pages (MAP_POPULATE), which is faster for a full write or read.
-  static Result<ShmMapping> Map(const std::string& file, uint64_t offset, uint64_t bytes, bool writable,
-                                bool populate = false);
+  static Result<ShmMapping> Map(const std::string& file, uint64_t offset, uint64_t bytes,
+                                bool writable, bool populate = false);
   // Creates a new file (O_EXCL, mode 0600) of `bytes` bytes with its pages allocated
   // (posix_fallocate, so a full file system is a clean ResourceExhausted error now and
   // not a SIGBUS on a later write) and maps it writable.
@@ -69,7 +69,8 @@ Status PwriteFd(int fd, const std::string& name, uint64_t offset, const void* da
 // running offset; more bytes than the tensor holds is InvalidArgument.
 class TensorSink {
  public:
-  TensorSink(int fd, std::string name, uint64_t size) : fd_(fd), name_(std::move(name)), size_(size) {}
+  TensorSink(int fd, std::string name, uint64_t size)
+      : fd_(fd), name_(std::move(name)), size_(size) {}
   Status Write(const void* data, uint64_t n);
   uint64_t written() const { return written_; }
   uint64_t size() const { return size_; }

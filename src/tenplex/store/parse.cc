@@ -25,7 +25,8 @@ Result<int64_t> ParseNumber(std::string_view s, std::string_view what) {
     return InvalidArgument(std::string(what) + " '" + std::string(s) + "' is negative");
   }
   if (!IsDigits(s)) {
-    return InvalidArgument(std::string(what) + " '" + std::string(s) + "' is not a non-negative integer");
+    return InvalidArgument(std::string(what) + " '" + std::string(s) +
+                           "' is not a non-negative integer");
   }
   if (s.size() > kMaxDigits) {
     return InvalidArgument(std::string(what) + " '" + std::string(s) + "' is too large");
@@ -60,15 +61,18 @@ std::string Quote(std::string_view s) {
 }
 
 Status SegmentError(std::string_view s, std::string_view what) {
-  if (s.empty()) return InvalidArgument("empty " + std::string(what) + " (a '//' or a trailing '/')");
+  if (s.empty())
+    return InvalidArgument("empty " + std::string(what) + " (a '//' or a trailing '/')");
   if (s == "." || s == "..") {
-    return InvalidArgument(std::string(what) + " " + Quote(s) + " is not allowed (no path traversal)");
+    return InvalidArgument(std::string(what) + " " + Quote(s) +
+                           " is not allowed (no path traversal)");
   }
   if (s.size() > kMaxSegment) {
-    return InvalidArgument(std::string(what) + " " + Quote(s) + " is longer than " + std::to_string(kMaxSegment) +
-                           " characters");
+    return InvalidArgument(std::string(what) + " " + Quote(s) + " is longer than " +
+                           std::to_string(kMaxSegment) + " characters");
   }
-  return InvalidArgument(std::string(what) + " " + Quote(s) + " may only contain A-Z a-z 0-9 . _ -");
+  return InvalidArgument(std::string(what) + " " + Quote(s) +
+                         " may only contain A-Z a-z 0-9 . _ -");
 }
 
 int HexValue(char c) {
@@ -116,12 +120,14 @@ Result<int> ParseRankSegment(std::string_view s) {
   constexpr std::string_view kPrefix = "rank-";
   if (s.substr(0, kPrefix.size()) != kPrefix || s.size() > kPrefix.size() + 10 ||
       !IsDigits(s.substr(kPrefix.size()))) {
-    return InvalidArgument("rank segment " + Quote(s) + " must be rank-NNNNN (five or more digits)");
+    return InvalidArgument("rank segment " + Quote(s) +
+                           " must be rank-NNNNN (five or more digits)");
   }
   int64_t r = 0;
   for (char c : s.substr(kPrefix.size())) r = r * 10 + (c - '0');
   if (r > 0x7fffffff || RankSegment(static_cast<int>(r)) != s) {
-    return InvalidArgument("rank segment " + Quote(s) + " is not canonical (expected rank-%05d of a rank < 2^31)");
+    return InvalidArgument("rank segment " + Quote(s) +
+                           " is not canonical (expected rank-%05d of a rank < 2^31)");
   }
   return static_cast<int>(r);
 }
@@ -143,13 +149,16 @@ Status CheckJobName(std::string_view job) {
 }
 
 Result<TensorPath> ParseTensorPath(std::string_view path) {
-  if (path.size() > kMaxTargetLength) return InvalidArgument("path is longer than " + std::to_string(kMaxTargetLength));
+  if (path.size() > kMaxTargetLength)
+    return InvalidArgument("path is longer than " + std::to_string(kMaxTargetLength));
   std::vector<std::string_view> seg = Split(path, '/');
   for (std::string_view s : seg) {
-    if (s == "..") return InvalidArgument("path " + Quote(path) + " contains '..' (no path traversal)");
+    if (s == "..")
+      return InvalidArgument("path " + Quote(path) + " contains '..' (no path traversal)");
   }
   if (seg.size() != 5 || seg[0] != "jobs") {
-    return InvalidArgument("path " + Quote(path) + " is not jobs/{job}/{version}/rank-{NNNNN}/{name}");
+    return InvalidArgument("path " + Quote(path) +
+                           " is not jobs/{job}/{version}/rank-{NNNNN}/{name}");
   }
   TensorPath p;
   TP_RETURN_IF_ERROR(CheckJobName(seg[1]));
@@ -162,12 +171,14 @@ Result<TensorPath> ParseTensorPath(std::string_view path) {
 }
 
 Result<ListPrefix> ParseListPrefix(std::string_view prefix) {
-  if (prefix.size() > kMaxTargetLength) return InvalidArgument("prefix is longer than " + std::to_string(kMaxTargetLength));
+  if (prefix.size() > kMaxTargetLength)
+    return InvalidArgument("prefix is longer than " + std::to_string(kMaxTargetLength));
   std::vector<std::string_view> seg = Split(prefix, '/');
   ListPrefix out;
   out.partial = std::string(seg.back());
   seg.pop_back();
-  if (seg.size() > 4) return InvalidArgument("prefix " + Quote(prefix) + " is deeper than a tensor path");
+  if (seg.size() > 4)
+    return InvalidArgument("prefix " + Quote(prefix) + " is deeper than a tensor path");
   for (std::size_t i = 0; i < seg.size(); ++i) {
     std::string_view s = seg[i];
     if (i == 0) {
@@ -182,7 +193,9 @@ Result<ListPrefix> ParseListPrefix(std::string_view prefix) {
     out.segments.emplace_back(s);
   }
   for (char c : out.partial) {
-    if (!IsSegmentChar(c)) return InvalidArgument("prefix " + Quote(prefix) + " has a character outside A-Z a-z 0-9 . _ -");
+    if (!IsSegmentChar(c))
+      return InvalidArgument("prefix " + Quote(prefix) +
+                             " has a character outside A-Z a-z 0-9 . _ -");
   }
   if (out.partial.size() > kMaxSegment) return InvalidArgument("prefix segment is too long");
   return out;
@@ -230,7 +243,8 @@ Result<std::vector<RangeItem>> ParseRange(std::string_view text) {
     } else {
       std::string_view b = p.substr(0, colon), e = p.substr(colon + 1);
       if (e.find(':') != std::string_view::npos) {
-        return InvalidArgument("range " + Quote(text) + ": item " + Quote(p) + " has more than one ':'");
+        return InvalidArgument("range " + Quote(text) + ": item " + Quote(p) +
+                               " has more than one ':'");
       }
       if (!b.empty()) {
         TP_ASSIGN_OR_RETURN(item.begin, number(b));
@@ -246,21 +260,22 @@ Result<std::vector<RangeItem>> ParseRange(std::string_view text) {
 
 Result<Box> ResolveRange(const std::vector<RangeItem>& items, const Shape& shape) {
   if (items.size() > shape.size()) {
-    return InvalidArgument("range has " + std::to_string(items.size()) + " dimensions but the tensor has rank " +
-                           std::to_string(shape.size()) + " (shape [" + ShapeToString(shape) + "])");
+    return InvalidArgument("range has " + std::to_string(items.size()) +
+                           " dimensions but the tensor has rank " + std::to_string(shape.size()) +
+                           " (shape [" + ShapeToString(shape) + "])");
   }
   Box box = BoxOf(shape);
   for (std::size_t k = 0; k < items.size(); ++k) {
     int64_t b = items[k].begin.value_or(0);
     int64_t e = items[k].end.value_or(shape[k]);
     if (b > e) {
-      return InvalidArgument("range dimension " + std::to_string(k) + ": begin " + std::to_string(b) +
-                             " is after end " + std::to_string(e));
+      return InvalidArgument("range dimension " + std::to_string(k) + ": begin " +
+                             std::to_string(b) + " is after end " + std::to_string(e));
     }
     if (e > shape[k]) {
       return OutOfRange("range dimension " + std::to_string(k) + ": [" + std::to_string(b) + ", " +
-                        std::to_string(e) + ") lies outside [0, " + std::to_string(shape[k]) + ") of shape [" +
-                        ShapeToString(shape) + "]");
+                        std::to_string(e) + ") lies outside [0, " + std::to_string(shape[k]) +
+                        ") of shape [" + ShapeToString(shape) + "]");
     }
     box[k] = Interval{b, e};
   }
@@ -300,7 +315,8 @@ Result<std::map<std::string, std::string>> ParseQuery(std::string_view query) {
     std::string_view v = eq == std::string_view::npos ? std::string_view() : p.substr(eq + 1);
     TP_ASSIGN_OR_RETURN(std::string key, PercentDecode(k));
     TP_ASSIGN_OR_RETURN(std::string value, PercentDecode(v));
-    if (key.empty()) return InvalidArgument("query " + Quote(query) + " has a parameter without a name");
+    if (key.empty())
+      return InvalidArgument("query " + Quote(query) + " has a parameter without a name");
     if (out.count(key)) return InvalidArgument("query parameter " + Quote(key) + " is given twice");
     out.emplace(std::move(key), std::move(value));
   }
@@ -309,7 +325,8 @@ Result<std::map<std::string, std::string>> ParseQuery(std::string_view query) {
 
 Result<Target> ParseTarget(std::string_view target) {
   if (target.size() > kMaxTargetLength) {
-    return InvalidArgument("request target is longer than " + std::to_string(kMaxTargetLength) + " bytes");
+    return InvalidArgument("request target is longer than " + std::to_string(kMaxTargetLength) +
+                           " bytes");
   }
   std::size_t q = target.find('?');
   Target t;
@@ -330,8 +347,8 @@ Status CheckQueryKeys(const std::map<std::string, std::string>& query,
     if (!ok) {
       std::string list;
       for (std::string_view a : allowed) list += (list.empty() ? "" : ", ") + std::string(a);
-      return InvalidArgument("unknown query parameter " + Quote(k) + " (allowed: " + (list.empty() ? "none" : list) +
-                             ")");
+      return InvalidArgument("unknown query parameter " + Quote(k) +
+                             " (allowed: " + (list.empty() ? "none" : list) + ")");
     }
   }
   return Status::Ok();
@@ -349,7 +366,8 @@ Result<HostPort> ParseHostPort(std::string_view text) {
     port = text.substr(close + 2);
   } else {
     std::size_t colon = text.rfind(':');
-    if (colon == std::string_view::npos) return InvalidArgument("address " + Quote(text) + " must be host:port");
+    if (colon == std::string_view::npos)
+      return InvalidArgument("address " + Quote(text) + " must be host:port");
     hp.host = std::string(text.substr(0, colon));
     port = text.substr(colon + 1);
     if (hp.host.find(':') != std::string::npos) {
@@ -358,12 +376,15 @@ Result<HostPort> ParseHostPort(std::string_view text) {
   }
   if (hp.host.empty()) return InvalidArgument("address " + Quote(text) + " has no host");
   for (char c : hp.host) {
-    if (!IsSegmentChar(c) && c != ':') return InvalidArgument("address " + Quote(text) + " has a bad host");
+    if (!IsSegmentChar(c) && c != ':')
+      return InvalidArgument("address " + Quote(text) + " has a bad host");
   }
-  if (!IsDigits(port) || port.size() > 5) return InvalidArgument("address " + Quote(text) + " has a bad port");
+  if (!IsDigits(port) || port.size() > 5)
+    return InvalidArgument("address " + Quote(text) + " has a bad port");
   int p = 0;
   for (char c : port) p = p * 10 + (c - '0');
-  if (p > 65535) return InvalidArgument("address " + Quote(text) + ": port " + std::string(port) + " > 65535");
+  if (p > 65535)
+    return InvalidArgument("address " + Quote(text) + ": port " + std::string(port) + " > 65535");
   hp.port = p;
   return hp;
 }
@@ -371,7 +392,8 @@ Result<HostPort> ParseHostPort(std::string_view text) {
 Result<HostPort> ParseUrl(std::string_view url) {
   constexpr std::string_view kHttp = "http://", kHttps = "https://";
   if (url.substr(0, kHttps.size()) == kHttps) {
-    return Unimplemented("https is not supported (" + Quote(url) + "); use http:// with --token on a trusted network");
+    return Unimplemented("https is not supported (" + Quote(url) +
+                         "); use http:// with --token on a trusted network");
   }
   if (url.substr(0, kHttp.size()) == kHttp) url.remove_prefix(kHttp.size());
   if (!url.empty() && url.back() == '/') url.remove_suffix(1);
@@ -387,21 +409,40 @@ Result<uint64_t> ParseByteSize(std::string_view text) {
   int shift = 0;
   if (!suffix.empty()) {
     switch (suffix[0]) {
-      case 'K': case 'k': shift = 10; break;
-      case 'M': case 'm': shift = 20; break;
-      case 'G': case 'g': shift = 30; break;
-      case 'T': case 't': shift = 40; break;
-      case 'B': shift = 0; break;
-      default: shift = -1;
+      case 'K':
+      case 'k':
+        shift = 10;
+        break;
+      case 'M':
+      case 'm':
+        shift = 20;
+        break;
+      case 'G':
+      case 'g':
+        shift = 30;
+        break;
+      case 'T':
+      case 't':
+        shift = 40;
+        break;
+      case 'B':
+        shift = 0;
+        break;
+      default:
+        shift = -1;
     }
     std::string_view rest = suffix.substr(1);
-    if (suffix[0] == 'B' ? !rest.empty() : !(rest.empty() || rest == "i" || rest == "iB" || rest == "B")) shift = -1;
+    if (suffix[0] == 'B' ? !rest.empty()
+                         : !(rest.empty() || rest == "i" || rest == "iB" || rest == "B"))
+      shift = -1;
   }
   if (digits == 0 || shift < 0) {
-    return InvalidArgument("size " + Quote(text) + " must be a byte count such as 1073741824, 512M or 8G");
+    return InvalidArgument("size " + Quote(text) +
+                           " must be a byte count such as 1073741824, 512M or 8G");
   }
   TP_ASSIGN_OR_RETURN(int64_t v, ParseNumber(text.substr(0, digits), "size"));
-  if (v > (std::numeric_limits<int64_t>::max() >> shift)) return InvalidArgument("size " + Quote(text) + " is too large");
+  if (v > (std::numeric_limits<int64_t>::max() >> shift))
+    return InvalidArgument("size " + Quote(text) + " is too large");
   return static_cast<uint64_t>(v) << shift;
 }
 

@@ -31,7 +31,7 @@
 namespace tenplex::store {
 
 inline constexpr std::size_t kMaxSegment = 200;
-inline constexpr std::size_t kMaxRank = 32;           // dimensions of a tensor
+inline constexpr std::size_t kMaxRank = 32;  // dimensions of a tensor
 inline constexpr std::size_t kMaxQueryParams = 16;
 inline constexpr std::size_t kMaxTargetLength = 4096;  // path + query of a request
 

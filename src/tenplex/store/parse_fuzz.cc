@@ -37,7 +37,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (int k = 0; k < data[1] % 4; ++k) shape.push_back((data[2] >> (2 * k)) & 7);
     if (auto items = ts::ParseRange(in.substr(3)); items.ok()) {
       if (auto box = ts::ResolveRange(*items, shape); box.ok()) {
-        tenplex::FuzzRequire(box->rank() == shape.size() && tenplex::Contains(tenplex::BoxOf(shape), *box));
+        tenplex::FuzzRequire(box->rank() == shape.size() &&
+                             tenplex::Contains(tenplex::BoxOf(shape), *box));
       }
     }
   }
@@ -51,7 +52,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
   }
   (void)ts::ParseQuery(in);
-  if (auto hp = ts::ParseHostPort(in); hp.ok()) tenplex::FuzzRequire(hp->port >= 0 && hp->port <= 65535 && !hp->host.empty());
+  if (auto hp = ts::ParseHostPort(in); hp.ok())
+    tenplex::FuzzRequire(hp->port >= 0 && hp->port <= 65535 && !hp->host.empty());
   (void)ts::ParseUrl(in);
   (void)ts::IsLoopbackHost(in);
   (void)ts::ParseByteSize(in);

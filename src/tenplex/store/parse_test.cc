@@ -15,21 +15,39 @@ TEST(ParseTest, TensorPaths) {
   EXPECT_EQ(p->rank, 3);
   EXPECT_EQ(p->name, "decoder.layers.0.mlp.linear_fc1.weight");
   EXPECT_EQ(p->Key(), "rank-00003/decoder.layers.0.mlp.linear_fc1.weight");
-  EXPECT_EQ(p->WithVersion(4), "jobs/gpt-2_a.b/4/rank-00003/decoder.layers.0.mlp.linear_fc1.weight");
+  EXPECT_EQ(p->WithVersion(4),
+            "jobs/gpt-2_a.b/4/rank-00003/decoder.layers.0.mlp.linear_fc1.weight");
 
   auto c = ParseTensorPath("jobs/j/current/rank-123456/w");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_FALSE(c->version.has_value());
   EXPECT_EQ(c->rank, 123456);
 
-  for (const char* bad : {"", "jobs", "jobs/j/1/rank-00000", "jobs/j/1/rank-00000/w/x", "job/j/1/rank-00000/w",
-                          "jobs/../1/rank-00000/w", "jobs/j/../rank-00000/w", "jobs/j/1/../w",
-                          "jobs/j/1/rank-00000/..", "jobs/j/1/rank-00000/.", "jobs//1/rank-00000/w",
-                          "jobs/j/0/rank-00000/w", "jobs/j/01/rank-00000/w", "jobs/j/-1/rank-00000/w",
-                          "jobs/j/1234567890123456789/rank-00000/w", "jobs/j/1/rank-0000/w",
-                          "jobs/j/1/rank-000000/w", "jobs/j/1/rank--0001/w", "jobs/j/1/rank-2147483648/w",
-                          "jobs/j/1/rank-00000/a b", "jobs/j/1/rank-00000/a\x01", "jobs/j k/1/rank-00000/w",
-                          "/jobs/j/1/rank-00000/w", "jobs/j/1/rank-00000/w/", "jobs/j/latest/rank-00000/w"}) {
+  for (const char* bad : {"",
+                          "jobs",
+                          "jobs/j/1/rank-00000",
+                          "jobs/j/1/rank-00000/w/x",
+                          "job/j/1/rank-00000/w",
+                          "jobs/../1/rank-00000/w",
+                          "jobs/j/../rank-00000/w",
+                          "jobs/j/1/../w",
+                          "jobs/j/1/rank-00000/..",
+                          "jobs/j/1/rank-00000/.",
+                          "jobs//1/rank-00000/w",
+                          "jobs/j/0/rank-00000/w",
+                          "jobs/j/01/rank-00000/w",
+                          "jobs/j/-1/rank-00000/w",
+                          "jobs/j/1234567890123456789/rank-00000/w",
+                          "jobs/j/1/rank-0000/w",
+                          "jobs/j/1/rank-000000/w",
+                          "jobs/j/1/rank--0001/w",
+                          "jobs/j/1/rank-2147483648/w",
+                          "jobs/j/1/rank-00000/a b",
+                          "jobs/j/1/rank-00000/a\x01",
+                          "jobs/j k/1/rank-00000/w",
+                          "/jobs/j/1/rank-00000/w",
+                          "jobs/j/1/rank-00000/w/",
+                          "jobs/j/latest/rank-00000/w"}) {
     EXPECT_FALSE(ParseTensorPath(bad).ok()) << bad;
   }
   EXPECT_FALSE(ParseTensorPath("jobs/j/1/rank-00000/" + std::string(201, 'a')).ok());
@@ -48,7 +66,8 @@ TEST(ParseTest, TensorPaths) {
   }
   auto trav = ParseTensorPath("jobs/j/1/rank-00000/../../etc/passwd");
   ASSERT_FALSE(trav.ok());
-  EXPECT_NE(trav.status().message().find("traversal"), std::string::npos) << trav.status().message();
+  EXPECT_NE(trav.status().message().find("traversal"), std::string::npos)
+      << trav.status().message();
 }
 
 TEST(ParseTest, RankSegmentsRoundTrip) {
@@ -70,8 +89,8 @@ TEST(ParseTest, ListPrefixes) {
   auto c = ParseListPrefix("jobs/gpt/");
   ASSERT_TRUE(c.ok());
   EXPECT_EQ(c->partial, "");
-  for (const char* bad : {"jobs/../x", "foo/", "jobs/gpt/x1/", "jobs/g/1/rank-1/", "jobs/g/1/rank-00000/w/",
-                          "jobs/g/1/rank-00000/a b", "jobs//"}) {
+  for (const char* bad : {"jobs/../x", "foo/", "jobs/gpt/x1/", "jobs/g/1/rank-1/",
+                          "jobs/g/1/rank-00000/w/", "jobs/g/1/rank-00000/a b", "jobs//"}) {
     EXPECT_FALSE(ParseListPrefix(bad).ok()) << bad;
   }
 }
@@ -112,11 +131,27 @@ TEST(ParseTest, RangesMatchReference) {
       std::string item;
       int64_t rb = 0, re = dim;
       switch (kind) {
-        case 0: item = ":"; break;
-        case 1: item = std::to_string(b) + ":"; rb = b; break;
-        case 2: item = ":" + std::to_string(e); re = e; break;
-        case 3: item = std::to_string(b) + ":" + std::to_string(e); rb = b; re = e; break;
-        default: item = std::to_string(b); rb = b; re = b + 1; break;
+        case 0:
+          item = ":";
+          break;
+        case 1:
+          item = std::to_string(b) + ":";
+          rb = b;
+          break;
+        case 2:
+          item = ":" + std::to_string(e);
+          re = e;
+          break;
+        case 3:
+          item = std::to_string(b) + ":" + std::to_string(e);
+          rb = b;
+          re = e;
+          break;
+        default:
+          item = std::to_string(b);
+          rb = b;
+          re = b + 1;
+          break;
       }
       text += (k ? "," : "") + item;
       if (k >= shape.size()) {
@@ -135,7 +170,8 @@ TEST(ParseTest, RangesMatchReference) {
     ASSERT_TRUE(items.ok()) << text;
     auto box = ResolveRange(*items, shape);
     if (want_code == StatusCode::kOk) {
-      ASSERT_TRUE(box.ok()) << text << " on [" << ShapeToString(shape) << "]: " << box.status().ToString();
+      ASSERT_TRUE(box.ok()) << text << " on [" << ShapeToString(shape)
+                            << "]: " << box.status().ToString();
       EXPECT_EQ(*box, want) << text;
     } else {
       ASSERT_FALSE(box.ok()) << text << " on [" << ShapeToString(shape) << "]";
@@ -151,8 +187,8 @@ TEST(ParseTest, RangesMatchReference) {
 }
 
 TEST(ParseTest, MalformedRanges) {
-  for (const char* bad : {"a", "1:2:3", "-1:2", "1:-2", ",", "1,,2", "1;2", "1 :2", "1:2,", "::",
-                          "99999999999999999999:"}) {
+  for (const char* bad : {"a", "1:2:3", "-1:2", "1:-2", ",", "1,,2", "1;2", "1 :2", "1:2,",
+                          "::", "99999999999999999999:"}) {
     EXPECT_FALSE(ParseRange(bad).ok()) << bad;
   }
   EXPECT_TRUE(ParseRange("").ok());
@@ -161,7 +197,8 @@ TEST(ParseTest, MalformedRanges) {
 
 TEST(ParseTest, PercentDecodeAndQueries) {
   EXPECT_EQ(*PercentDecode("a%2Cb%2e%2E+"), "a,b..+");
-  for (const char* bad : {"%", "%2", "%zz", "%0a", "%7f", "a%1"}) EXPECT_FALSE(PercentDecode(bad).ok()) << bad;
+  for (const char* bad : {"%", "%2", "%zz", "%0a", "%7f", "a%1"})
+    EXPECT_FALSE(PercentDecode(bad).ok()) << bad;
 
   auto q = ParseQuery("dtype=F32&shape=2%2C3&flag");
   ASSERT_TRUE(q.ok());
@@ -209,7 +246,8 @@ TEST(ParseTest, HostsAndUrls) {
   auto b = ParseHostPort("[::1]:0");
   ASSERT_TRUE(b.ok());
   EXPECT_EQ(b->host, "::1");
-  for (const char* bad : {"127.0.0.1", ":80", "h:", "h:65536", "h:-1", "::1:80", "[::1]80", "h/x:80", "h:8a"}) {
+  for (const char* bad :
+       {"127.0.0.1", ":80", "h:", "h:65536", "h:-1", "::1:80", "[::1]80", "h/x:80", "h:8a"}) {
     EXPECT_FALSE(ParseHostPort(bad).ok()) << bad;
   }
   auto u = ParseUrl("http://localhost:9000/");
@@ -221,8 +259,8 @@ TEST(ParseTest, HostsAndUrls) {
   for (const char* h : {"127.0.0.1", "127.1.2.3", "localhost", "::1", "::ffff:127.0.0.1"}) {
     EXPECT_TRUE(IsLoopbackHost(h)) << h;
   }
-  for (const char* h : {"0.0.0.0", "10.0.0.1", "128.0.0.1", "127.0.0.256", "127.0.0", "::", "example.com",
-                        "127.0.0.1.evil"}) {
+  for (const char* h : {"0.0.0.0", "10.0.0.1", "128.0.0.1", "127.0.0.256", "127.0.0",
+                        "::", "example.com", "127.0.0.1.evil"}) {
     EXPECT_FALSE(IsLoopbackHost(h)) << h;
   }
 }

@@ -66,8 +66,8 @@ class Server {
   // error body (HttpStatusFor). Authentication applies as to every endpoint. The handler
   // runs on a server thread and may block (other requests are served meanwhile).
   // REQUIRES: called before Serve().
-  using JsonHandler =
-      std::function<Result<std::string>(const std::string& method, const std::string& path, const std::string& body)>;
+  using JsonHandler = std::function<Result<std::string>(
+      const std::string& method, const std::string& path, const std::string& body)>;
   void AddJsonRoute(const std::string& prefix, JsonHandler handler);
   // Lines of Prometheus text another module adds to GET /metrics (each call of `source`
   // returns complete "# TYPE" and sample lines). REQUIRES: called before Serve().

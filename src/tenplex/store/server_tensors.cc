@@ -4,8 +4,8 @@
 #include "tenplex/geometry/copy.h"
 #include "tenplex/store/server_internal.h"
 #include "tenplex/util/format.h"
-#include "tenplex/util/thread_pool.h"
 #include "tenplex/util/json_depth.h"
+#include "tenplex/util/thread_pool.h"
 
 namespace tenplex::store {
 

@@ -93,7 +93,8 @@ TEST(ServerTest, LocalAndHttpPathsAgree) {
     std::vector<uint8_t> into(want.size());
     ASSERT_TRUE(c->GetInto("jobs/j/1/rank-00001/b", "1:4,2:7", into.data(), into.size()).ok());
     EXPECT_EQ(into, want);
-    EXPECT_EQ(c->GetInto("jobs/j/1/rank-00001/b", "1:4", into.data(), into.size()).code(), StatusCode::kDataLoss);
+    EXPECT_EQ(c->GetInto("jobs/j/1/rank-00001/b", "1:4", into.data(), into.size()).code(),
+              StatusCode::kDataLoss);
     auto meta = c->Meta("jobs/j/1/rank-00000/a");
     ASSERT_TRUE(meta.ok());
     EXPECT_EQ(meta->second, Xxh64Hex(a.data(), a.size()));
@@ -122,9 +123,11 @@ TEST(ServerTest, LocalAndHttpPathsAgree) {
   EXPECT_EQ(local->Put("jobs/j/1/rank-00000/a", DType::kF32, shape, a.data(), 3).status().code(),
             StatusCode::kInvalidArgument);
   ASSERT_TRUE(local->Commit("j", 1).ok());
-  EXPECT_EQ(local->Put("jobs/j/1/rank-00000/a", DType::kF32, shape, a.data(), a.size()).status().code(),
-            StatusCode::kFailedPrecondition);
-  EXPECT_EQ(Client::Map((*infos)[0], true).status().code(), StatusCode::kOk);  // info is stale: still open there
+  EXPECT_EQ(
+      local->Put("jobs/j/1/rank-00000/a", DType::kF32, shape, a.data(), a.size()).status().code(),
+      StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Client::Map((*infos)[0], true).status().code(),
+            StatusCode::kOk);  // info is stale: still open there
   auto shm = local->ShmInfo("jobs/j/current/rank-00002/z");
   ASSERT_TRUE(shm.ok());
   EXPECT_TRUE(shm->committed);

@@ -19,8 +19,9 @@ Result<std::shared_ptr<void>> Store::Reserve(uint64_t bytes, const std::string& 
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
     if (bytes > impl_->limit || impl_->used > impl_->limit - bytes) {
-      return ResourceExhausted("memory limit: " + what + " needs " + std::to_string(bytes) + " bytes; the store holds " +
-                               std::to_string(impl_->used) + " of its limit of " + std::to_string(impl_->limit) +
+      return ResourceExhausted("memory limit: " + what + " needs " + std::to_string(bytes) +
+                               " bytes; the store holds " + std::to_string(impl_->used) +
+                               " of its limit of " + std::to_string(impl_->limit) +
                                " bytes (--memory-limit)");
     }
     impl_->used += bytes;

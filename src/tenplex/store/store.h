@@ -180,7 +180,8 @@ class Store {
     DType dtype = DType::kF32;
     Shape shape;
   };
-  Result<std::vector<TensorInfo>> AllocateMany(const std::vector<AllocRequest>& requests, bool zero_fill = true);
+  Result<std::vector<TensorInfo>> AllocateMany(const std::vector<AllocRequest>& requests,
+                                               bool zero_fill = true);
   // Makes `to` (in an open version) a second name of the committed tensor `from`: the
   // same shared-memory pages, no copy (a hard link of its file). A transform uses it
   // for tensors that stay exactly where they are. Committed tensors are immutable and

@@ -23,7 +23,9 @@ std::vector<uint8_t> RandomBytes(std::size_t n, uint64_t seed) {
   return v;
 }
 
-std::vector<uint8_t> Bytes(const TensorRef& r) { return std::vector<uint8_t>(r.data(), r.data() + r.size()); }
+std::vector<uint8_t> Bytes(const TensorRef& r) {
+  return std::vector<uint8_t>(r.data(), r.data() + r.size());
+}
 
 std::unique_ptr<Store> OpenStore(StoreOptions o = {}) {
   auto s = Store::Open(o);
@@ -35,7 +37,8 @@ std::unique_ptr<Store> OpenStore(StoreOptions o = {}) {
 struct TempDir {
   std::string path;
   TempDir() {
-    path = "/dev/shm/tenplex-test-" + std::to_string(::getpid()) + "-" + std::to_string(std::random_device()());
+    path = "/dev/shm/tenplex-test-" + std::to_string(::getpid()) + "-" +
+           std::to_string(std::random_device()());
     if (!fs::is_directory("/dev/shm")) path = fs::temp_directory_path().string() + path.substr(8);
   }
   ~TempDir() { fs::remove_all(path); }
@@ -66,11 +69,14 @@ TEST(StoreTest, VersionsCommitAndImmutability) {
 
   // Every kind of write into the committed version fails and changes nothing.
   auto b = RandomBytes(24, 2);
-  for (const char* p : {"jobs/j/1/rank-00000/w", "jobs/j/current/rank-00000/w", "jobs/j/1/rank-00000/new"}) {
+  for (const char* p :
+       {"jobs/j/1/rank-00000/w", "jobs/j/current/rank-00000/w", "jobs/j/1/rank-00000/new"}) {
     EXPECT_EQ(store->Put(p, DType::kF32, {2, 3}, b.data(), b.size()).status().code(),
               StatusCode::kFailedPrecondition)
         << p;
-    EXPECT_EQ(store->Allocate(p, DType::kF32, {2, 3}).status().code(), StatusCode::kFailedPrecondition) << p;
+    EXPECT_EQ(store->Allocate(p, DType::kF32, {2, 3}).status().code(),
+              StatusCode::kFailedPrecondition)
+        << p;
     EXPECT_EQ(store->Delete(p).code(), StatusCode::kFailedPrecondition) << p;
   }
   EXPECT_EQ(store->SetVersionInfo("j", 1, "{}").code(), StatusCode::kFailedPrecondition);
@@ -114,7 +120,8 @@ TEST(StoreTest, LinkSharesACommittedTensorAcrossVersions) {
   EXPECT_EQ(store->Link("jobs/j/1/rank-00000/w", "jobs/j/2/rank-00001/w").status().code(),
             StatusCode::kFailedPrecondition);
   ASSERT_TRUE(store->Commit("j", 1, /*keep_old=*/true).ok());
-  EXPECT_EQ(store->Link("jobs/j/1/rank-00000/x", "jobs/j/2/rank-00001/w").status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(store->Link("jobs/j/1/rank-00000/x", "jobs/j/2/rank-00001/w").status().code(),
+            StatusCode::kNotFound);
   EXPECT_EQ(store->Link("jobs/j/1/rank-00000/w", "jobs/j/1/rank-00001/w").status().code(),
             StatusCode::kFailedPrecondition);
   const uint64_t used = store->used_bytes();
@@ -175,7 +182,8 @@ TEST(StoreTest, MemoryLimit) {
   auto over = store->Put("jobs/j/1/rank-00000/b", DType::kU8, {300}, buf.data(), 300);
   ASSERT_FALSE(over.ok());
   EXPECT_EQ(over.status().code(), StatusCode::kResourceExhausted);
-  EXPECT_NE(over.status().message().find("memory limit"), std::string::npos) << over.status().message();
+  EXPECT_NE(over.status().message().find("memory limit"), std::string::npos)
+      << over.status().message();
   EXPECT_EQ(store->Allocate("jobs/j/1/rank-00000/b", DType::kF64, {1LL << 40}).status().code(),
             StatusCode::kResourceExhausted);
   EXPECT_EQ(store->Meta("jobs/j/1/rank-00000/b").status().code(), StatusCode::kNotFound);
@@ -184,8 +192,8 @@ TEST(StoreTest, MemoryLimit) {
   EXPECT_EQ(store->used_bytes(), 0u);
   EXPECT_TRUE(store->Put("jobs/j/1/rank-00000/b", DType::kU8, {300}, buf.data(), 300).ok());
   // A batch over the limit creates nothing.
-  auto many = store->AllocateMany({{"jobs/j/1/rank-00000/c", DType::kU8, {400}},
-                                   {"jobs/j/1/rank-00000/d", DType::kU8, {400}}});
+  auto many = store->AllocateMany(
+      {{"jobs/j/1/rank-00000/c", DType::kU8, {400}}, {"jobs/j/1/rank-00000/d", DType::kU8, {400}}});
   EXPECT_EQ(many.status().code(), StatusCode::kResourceExhausted);
   EXPECT_EQ(store->List("jobs/j/1/").value().size(), 1u);
   EXPECT_EQ(store->used_bytes(), 300u);
@@ -208,14 +216,15 @@ TEST(StoreTest, BadRequestsChangeNothing) {
             StatusCode::kInvalidArgument);
   EXPECT_EQ(store->Allocate("jobs/j/1/rank-00000/w", DType::kF32, {1LL << 62, 4}).status().code(),
             StatusCode::kInvalidArgument);
-  auto batch = store->AllocateMany({{"jobs/j/1/rank-00000/ok", DType::kU8, {4}},
-                                    {"jobs/j/1/rank-00000/x/y", DType::kU8, {4}}});
+  auto batch = store->AllocateMany(
+      {{"jobs/j/1/rank-00000/ok", DType::kU8, {4}}, {"jobs/j/1/rank-00000/x/y", DType::kU8, {4}}});
   EXPECT_EQ(batch.status().code(), StatusCode::kInvalidArgument);
-  auto twice = store->AllocateMany({{"jobs/j/1/rank-00000/t", DType::kU8, {4}},
-                                    {"jobs/j/1/rank-00000/t", DType::kU8, {4}}});
+  auto twice = store->AllocateMany(
+      {{"jobs/j/1/rank-00000/t", DType::kU8, {4}}, {"jobs/j/1/rank-00000/t", DType::kU8, {4}}});
   EXPECT_EQ(twice.status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(store->BeginVersion("bad/job").status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(store->BeginVersion("j", std::nullopt, "[1]").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(store->BeginVersion("j", std::nullopt, "[1]").status().code(),
+            StatusCode::kInvalidArgument);
   auto list = store->List("jobs/");
   ASSERT_TRUE(list.ok());
   ASSERT_EQ(list->size(), 1u);
@@ -248,8 +257,10 @@ TEST(StoreTest, ListResolvesCurrentAndSortsByVersion) {
     return out;
   };
   EXPECT_EQ(paths("jobs/j/current/"),
-            (std::vector<std::string>{"jobs/j/9/rank-00000/a", "jobs/j/9/rank-00000/b", "jobs/j/9/rank-00001/b"}));
-  EXPECT_EQ(paths("jobs/j/current/rank-00000/b"), (std::vector<std::string>{"jobs/j/9/rank-00000/b"}));
+            (std::vector<std::string>{"jobs/j/9/rank-00000/a", "jobs/j/9/rank-00000/b",
+                                      "jobs/j/9/rank-00001/b"}));
+  EXPECT_EQ(paths("jobs/j/current/rank-00000/b"),
+            (std::vector<std::string>{"jobs/j/9/rank-00000/b"}));
   EXPECT_EQ(paths("jobs/j/1").size(), 3u);  // version 10
   EXPECT_EQ(paths("jobs/j/").size(), 6u);
   EXPECT_EQ(paths("jobs/j/")[0], "jobs/j/9/rank-00000/a");
@@ -269,7 +280,8 @@ TEST(StoreTest, ChecksumIsXxh64OfTheBytes) {
   EXPECT_EQ(*store->Checksum("jobs/j/1/rank-00000/w"), Xxh64Hex(a.data(), a.size()));
   ASSERT_TRUE(store->Commit("j", 1).ok());
   EXPECT_EQ(*store->Checksum("jobs/j/current/rank-00000/w"), Xxh64Hex(a.data(), a.size()));
-  EXPECT_EQ(*store->Checksum("jobs/j/current/rank-00000/w"), Xxh64Hex(a.data(), a.size()));  // cached
+  EXPECT_EQ(*store->Checksum("jobs/j/current/rank-00000/w"),
+            Xxh64Hex(a.data(), a.size()));  // cached
 }
 
 TEST(StoreTest, PrivateDirectoriesNeverCollideAndAreRemoved) {
@@ -335,8 +347,9 @@ TEST(StoreTest, RestartKeepsCommittedStateOnly) {
     EXPECT_FALSE(fs::exists(dir.path + "/jobs/j/2"));
     EXPECT_TRUE(fs::is_empty(dir.path + "/tmp"));
     // Committed state stays immutable after the restart; new versions continue.
-    EXPECT_EQ(store->Put("jobs/j/1/rank-00000/a", DType::kF32, {4, 4}, b.data(), 64).status().code(),
-              StatusCode::kFailedPrecondition);
+    EXPECT_EQ(
+        store->Put("jobs/j/1/rank-00000/a", DType::kF32, {4, 4}, b.data(), 64).status().code(),
+        StatusCode::kFailedPrecondition);
     EXPECT_EQ(*store->BeginVersion("j"), 2u);
   }
   // A committed tensor file removed behind the store's back is a clear error.
@@ -357,7 +370,10 @@ TEST(StoreTest, ConcurrentWritersAndReaders) {
       for (int i = 0; i < kPer; ++i) {
         auto data = RandomBytes(256 + i, t * 1000 + i);
         std::string path = "jobs/j/1/rank-0000" + std::to_string(t) + "/t" + std::to_string(i);
-        if (!store->Put(path, DType::kU8, {static_cast<int64_t>(data.size())}, data.data(), data.size()).ok()) {
+        if (!store
+                 ->Put(path, DType::kU8, {static_cast<int64_t>(data.size())}, data.data(),
+                       data.size())
+                 .ok()) {
           ++failures;
         }
         auto got = store->Get(path);
@@ -369,7 +385,8 @@ TEST(StoreTest, ConcurrentWritersAndReaders) {
   for (auto& th : threads) th.join();
   EXPECT_EQ(failures.load(), 0);
   ASSERT_TRUE(store->Commit("j", 1).ok());
-  EXPECT_EQ(store->List("jobs/j/current/").value().size(), static_cast<std::size_t>(kThreads * kPer));
+  EXPECT_EQ(store->List("jobs/j/current/").value().size(),
+            static_cast<std::size_t>(kThreads * kPer));
 }
 
 }  // namespace

@@ -2,8 +2,8 @@
 
 #include <unistd.h>
 
-#include <atomic>
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -39,7 +39,8 @@ double Since(std::chrono::steady_clock::time_point t0) {
 Result<json> ParseBody(const std::string& body) {
   TP_RETURN_IF_ERROR(CheckJsonDepth(body, "request body"));
   json j = json::parse(body, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return InvalidArgument("request body is not a JSON object");
+  if (j.is_discarded() || !j.is_object())
+    return InvalidArgument("request body is not a JSON object");
   return j;
 }
 
@@ -98,7 +99,8 @@ struct Agent::Impl {
   Result<transport::Region> Lookup(std::string_view name) {
     if (name == kScratchRegion) {
       std::lock_guard<std::mutex> lock(cache_mu);
-      if (!scratch) return NotFound("this daemon has no probe scratch region yet (it makes one when probed)");
+      if (!scratch)
+        return NotFound("this daemon has no probe scratch region yet (it makes one when probed)");
       return transport::Region{scratch->data(), scratch->size(), scratch};
     }
     const std::string path(name);
@@ -152,8 +154,8 @@ Result<std::string> Agent::Impl::Prepare(const std::string& body) {
   // Every host must run the coordinator's plan: a daemon of another build (another
   // planner) refuses instead of silently moving different bytes.
   if (const std::string mine = PlanDigest(p); mine != r.plan_digest) {
-    return FailedPrecondition("host " + std::to_string(r.host) + " computes a plan with digest " + mine +
-                              " but the coordinator's has " + r.plan_digest +
+    return FailedPrecondition("host " + std::to_string(r.host) + " computes a plan with digest " +
+                              mine + " but the coordinator's has " + r.plan_digest +
                               ": the daemons run different builds of tenplex");
   }
   const double plan_seconds = Since(t0);
@@ -168,9 +170,11 @@ Result<std::string> Agent::Impl::Prepare(const std::string& body) {
   }
   std::vector<std::pair<int, int>> warm(served.begin(), served.end());
   ThreadPool::Default().ParallelFor(warm.size(), [&](std::size_t i) {
-    (void)Warm(store::TensorPathOf(r.job, r.from_version, warm[i].first, (*from.ranks[warm[i].first].tensors)[warm[i].second].name));
+    (void)Warm(store::TensorPathOf(r.job, r.from_version, warm[i].first,
+                                   (*from.ranks[warm[i].first].tensors)[warm[i].second].name));
   });
-  TP_ASSIGN_OR_RETURN(MappedSources src, MapSources(store, r.job, r.from_version, from, &r.from_hosts, r.host));
+  TP_ASSIGN_OR_RETURN(MappedSources src,
+                      MapSources(store, r.job, r.from_version, from, &r.from_hosts, r.host));
 
   auto t1 = std::chrono::steady_clock::now();
   TP_ASSIGN_OR_RETURN(uint64_t v, store.BeginVersion(r.job, r.to_version, r.new_info));
@@ -179,8 +183,9 @@ Result<std::string> Agent::Impl::Prepare(const std::string& body) {
     return s;
   };
   int64_t bytes_linked = 0;
-  Result<std::set<std::pair<int, int>>> linked = LinkUnchanged(
-      store, r.job, r.from_version, v, from, to, p, &r.from_hosts, &r.to_hosts, r.host, &bytes_linked);
+  Result<std::set<std::pair<int, int>>> linked =
+      LinkUnchanged(store, r.job, r.from_version, v, from, to, p, &r.from_hosts, &r.to_hosts,
+                    r.host, &bytes_linked);
   if (!linked.ok()) return fail(linked.status());
   Result<MappedDests> dst = AllocateDests(store, r.job, v, to, &r.to_hosts, r.host, &*linked);
   if (!dst.ok()) return fail(dst.status());
@@ -205,14 +210,16 @@ Result<std::string> Agent::Impl::Prepare(const std::string& body) {
   in.pool = &ThreadPool::Default();
   in.linked = &*linked;
   in.region_name = [&](int rank, int tensor) {
-    return store::TensorPathOf(r.job, r.from_version, rank, (*from.ranks[rank].tensors)[tensor].name);
+    return store::TensorPathOf(r.job, r.from_version, rank,
+                               (*from.ranks[rank].tensors)[tensor].name);
   };
   in.fetch = [&](int peer, const std::vector<transport::ReadRequest>& reqs) -> Status {
     Result<transport::PeerId> id = transport->Connect(r.addresses.at(peer));
     if (!id.ok()) return Unavailable("host " + std::to_string(peer) + ": " + id.status().message());
     Status s = transport->Fetch(*id, reqs);
     if (!s.ok()) {
-      if (s.code() == StatusCode::kUnavailable) return Unavailable("host " + std::to_string(peer) + ": " + s.message());
+      if (s.code() == StatusCode::kUnavailable)
+        return Unavailable("host " + std::to_string(peer) + ": " + s.message());
       return s.WithContext("host " + std::to_string(peer));
     }
     return Status::Ok();
@@ -230,8 +237,9 @@ Result<std::string> Agent::Impl::Prepare(const std::string& body) {
     }
     prepare_seconds += Since(t0);
   }
-  if (!ex.ok()) return fail(ex.status().WithContext("host " + std::to_string(r.host) + " preparing version " +
-                                                    std::to_string(v) + " of job " + r.job));
+  if (!ex.ok())
+    return fail(ex.status().WithContext("host " + std::to_string(r.host) + " preparing version " +
+                                        std::to_string(v) + " of job " + r.job));
   json reply = {{"version", v},
                 {"host", r.host},
                 {"bytes_kept", ex->bytes_kept},
@@ -251,14 +259,17 @@ Result<std::string> Agent::Impl::Prepare(const std::string& body) {
 
 Result<std::string> Agent::Impl::Probe(const std::string& body) {
   TP_ASSIGN_OR_RETURN(json j, ParseBody(body));
-  if (!j.contains("address") || !j["address"].is_string()) return InvalidArgument("'address' must be a string");
+  if (!j.contains("address") || !j["address"].is_string())
+    return InvalidArgument("'address' must be a string");
   const std::string address = j["address"].get<std::string>();
   uint64_t bytes = 256ull << 20;
   if (j.contains("bytes")) {
-    if (!j["bytes"].is_number_unsigned()) return InvalidArgument("'bytes' must be a non-negative integer");
+    if (!j["bytes"].is_number_unsigned())
+      return InvalidArgument("'bytes' must be a non-negative integer");
     bytes = j["bytes"].get<uint64_t>();
   }
-  if (bytes < (1ull << 20) || bytes > (4ull << 30)) return InvalidArgument("'bytes' must be in [1 MiB, 4 GiB]");
+  if (bytes < (1ull << 20) || bytes > (4ull << 30))
+    return InvalidArgument("'bytes' must be in [1 MiB, 4 GiB]");
   // Everything the probe allocates counts against --memory-limit while it runs (its
   // buffers: `large` private and shared, `bytes` warm and fresh shared memory), and the
   // scratch region it keeps for peers as long as the daemon lives.
@@ -266,12 +277,13 @@ Result<std::string> Agent::Impl::Probe(const std::string& body) {
   {
     std::lock_guard<std::mutex> lock(cache_mu);
     if (!scratch_reservation) {
-      TP_ASSIGN_OR_RETURN(scratch_reservation, store.Reserve(kScratchBytes, "the probe's scratch region"));
+      TP_ASSIGN_OR_RETURN(scratch_reservation,
+                          store.Reserve(kScratchBytes, "the probe's scratch region"));
     }
   }
-  TP_ASSIGN_OR_RETURN(std::shared_ptr<void> reservation, store.Reserve(2 * large + 2 * bytes, "a probe of " +
-                                                                                                 std::to_string(bytes) +
-                                                                                                 " bytes"));
+  TP_ASSIGN_OR_RETURN(
+      std::shared_ptr<void> reservation,
+      store.Reserve(2 * large + 2 * bytes, "a probe of " + std::to_string(bytes) + " bytes"));
   EnsureScratch();
   TP_ASSIGN_OR_RETURN(transport::PeerId peer, transport->Connect(address));
   transport::FetchBandwidthOptions fo;
@@ -297,7 +309,8 @@ Result<std::string> Agent::Impl::Probe(const std::string& body) {
       TP_RETURN_IF_ERROR(st);
       const double s = Since(t0);
       for (uint64_t at = 0; at < large; at += 1 << 20) {
-        if (dest[at] != transport::ProbeByte(at)) return DataLoss("probe: wrong byte at offset " + std::to_string(at));
+        if (dest[at] != transport::ProbeByte(at))
+          return DataLoss("probe: wrong byte at offset " + std::to_string(at));
       }
       if (rep > 0) best = std::max(best, static_cast<double>(large) / s / 1e9);
       if (rep == 0 && first != nullptr) *first = static_cast<double>(large) / s / 1e9;
@@ -308,7 +321,8 @@ Result<std::string> Agent::Impl::Probe(const std::string& body) {
   TP_ASSIGN_OR_RETURN(double large_gbps, fetch_into(dest.data()));
   // And into a shared-memory tensor file, where a transform writes.
   std::random_device rd;
-  const std::string shm_file = store.shm_dir() + "/tmp/probe-" + std::to_string(getpid()) + "-" + std::to_string(rd());
+  const std::string shm_file =
+      store.shm_dir() + "/tmp/probe-" + std::to_string(getpid()) + "-" + std::to_string(rd());
   Result<store::ShmMapping> shm = store::ShmMapping::Create(shm_file, large);
   ::unlink(shm_file.c_str());
   if (!shm.ok()) return shm.status();
@@ -321,7 +335,8 @@ Result<std::string> Agent::Impl::Probe(const std::string& body) {
   double best = 0;
   for (int i = 0; i < 3; ++i) {
     std::random_device rd;
-    const std::string file = store.shm_dir() + "/tmp/probe-" + std::to_string(getpid()) + "-" + std::to_string(rd());
+    const std::string file =
+        store.shm_dir() + "/tmp/probe-" + std::to_string(getpid()) + "-" + std::to_string(rd());
     auto t0 = std::chrono::steady_clock::now();
     Result<store::ShmMapping> m = store::ShmMapping::Create(file, bytes);
     if (!m.ok()) return m.status();
@@ -349,17 +364,19 @@ Result<std::unique_ptr<Agent>> Agent::Create(store::Store& store, const AgentOpt
     const std::string f = options.fault;
     const std::string kind = f.substr(0, f.find(':'));
     const std::string n = f.find(':') == std::string::npos ? "1" : f.substr(f.find(':') + 1);
-    if (kind != "exit-in-prepare" || n.empty() || n.size() > 6 || n.find_first_not_of("0123456789") != std::string::npos ||
-        std::stoi(n) < 1) {
-      return InvalidArgument("fault '" + f + "': expected exit-in-prepare or exit-in-prepare:N (N >= 1)");
+    if (kind != "exit-in-prepare" || n.empty() || n.size() > 6 ||
+        n.find_first_not_of("0123456789") != std::string::npos || std::stoi(n) < 1) {
+      return InvalidArgument("fault '" + f +
+                             "': expected exit-in-prepare or exit-in-prepare:N (N >= 1)");
     }
     impl->fault_at = std::stoi(n);
   }
   Impl* raw = impl.get();
-  TP_ASSIGN_OR_RETURN(impl->transport,
-                      transport::NewTransport(options.transport,
-                                              [raw](std::string_view name) { return raw->Lookup(name); },
-                                              options.transport_options));
+  TP_ASSIGN_OR_RETURN(
+      impl->transport,
+      transport::NewTransport(
+          options.transport, [raw](std::string_view name) { return raw->Lookup(name); },
+          options.transport_options));
   return std::unique_ptr<Agent>(new Agent(std::move(impl)));
 }
 
@@ -373,15 +390,18 @@ std::string Agent::Impl::MetricsText() {
     return std::string(b);
   };
   std::string o;
-  o += "# HELP tenplex_transform_prepares_total Transform prepares of this host (phase one), by outcome.\n";
+  o += "# HELP tenplex_transform_prepares_total Transform prepares of this host (phase one), by "
+       "outcome.\n";
   o += "# TYPE tenplex_transform_prepares_total counter\n";
   o += "tenplex_transform_prepares_total{outcome=\"ok\"} " + std::to_string(prepared) + "\n";
   o += "tenplex_transform_prepares_total{outcome=\"failed\"} " + std::to_string(failed) + "\n";
-  o += "# HELP tenplex_transform_bytes_total Bytes of new versions written by transforms, by source.\n";
+  o += "# HELP tenplex_transform_bytes_total Bytes of new versions written by transforms, by "
+       "source.\n";
   o += "# TYPE tenplex_transform_bytes_total counter\n";
   o += "tenplex_transform_bytes_total{source=\"fetched\"} " + std::to_string(bytes_fetched) + "\n";
   o += "tenplex_transform_bytes_total{source=\"local\"} " + std::to_string(bytes_local) + "\n";
-  o += "tenplex_transform_bytes_total{source=\"linked\"} " + std::to_string(bytes_linked_sum) + "\n";
+  o +=
+      "tenplex_transform_bytes_total{source=\"linked\"} " + std::to_string(bytes_linked_sum) + "\n";
   o += "# HELP tenplex_transform_seconds_total Seconds spent in transform prepares.\n";
   o += "# TYPE tenplex_transform_seconds_total counter\n";
   o += "tenplex_transform_seconds_total " + num(prepare_seconds) + "\n";
@@ -393,11 +413,13 @@ std::string Agent::Impl::MetricsText() {
 
 void Agent::Install(store::Server& server) {
   server.AddMetricsSource([this] { return impl_->MetricsText(); });
-  server.AddJsonRoute("/v1/transform/", [this](const std::string& method, const std::string& path,
-                                               const std::string& body) { return Handle(method, path, body); });
+  server.AddJsonRoute("/v1/transform/",
+                      [this](const std::string& method, const std::string& path,
+                             const std::string& body) { return Handle(method, path, body); });
 }
 
-Result<std::string> Agent::Handle(const std::string& method, const std::string& path, const std::string& body) {
+Result<std::string> Agent::Handle(const std::string& method, const std::string& path,
+                                  const std::string& body) {
   if (path == "/v1/transform/address") {
     if (method != "GET") return InvalidArgument(method + " is not allowed on " + path);
     return json{{"address", address()}, {"kind", std::string(impl_->transport->kind())}}.dump();

@@ -56,7 +56,8 @@ struct AgentOptions {
 
 class Agent {
  public:
-  static Result<std::unique_ptr<Agent>> Create(store::Store& store, const AgentOptions& options = {});
+  static Result<std::unique_ptr<Agent>> Create(store::Store& store,
+                                               const AgentOptions& options = {});
   ~Agent();
   Agent(const Agent&) = delete;
   Agent& operator=(const Agent&) = delete;
@@ -65,7 +66,8 @@ class Agent {
   // Adds the /v1/transform/ endpoints to the server.
   void Install(store::Server& server);
   // The endpoints' handler (method, path, body) -> reply JSON.
-  Result<std::string> Handle(const std::string& method, const std::string& path, const std::string& body);
+  Result<std::string> Handle(const std::string& method, const std::string& path,
+                             const std::string& body);
 
  private:
   struct Impl;

@@ -37,11 +37,14 @@ Result<Cluster> ParseCluster(const std::string& json_text) {
   std::set<std::string> seen;
   for (std::size_t i = 0; i < j["hosts"].size(); ++i) {
     const json& h = j["hosts"][i];
-    if (!h.is_string() || h.get<std::string>().rfind("http://", 0) != 0 || h.get<std::string>().size() <= 7) {
-      return InvalidArgument("cluster: hosts[" + std::to_string(i) + "] must be a URL \"http://host:port\"");
+    if (!h.is_string() || h.get<std::string>().rfind("http://", 0) != 0 ||
+        h.get<std::string>().size() <= 7) {
+      return InvalidArgument("cluster: hosts[" + std::to_string(i) +
+                             "] must be a URL \"http://host:port\"");
     }
     std::string url = h.get<std::string>();
-    if (!seen.insert(url).second) return InvalidArgument("cluster: host " + url + " is listed twice");
+    if (!seen.insert(url).second)
+      return InvalidArgument("cluster: host " + url + " is listed twice");
     c.hosts.push_back(std::move(url));
   }
   return c;
@@ -54,9 +57,8 @@ Result<Cluster> ReadClusterFile(const std::string& path) {
   return c;
 }
 
-Result<std::vector<std::unique_ptr<store::Client>>> ConnectCluster(const Cluster& cluster,
-                                                                   const store::ClientOptions& options,
-                                                                   bool allow_lost) {
+Result<std::vector<std::unique_ptr<store::Client>>> ConnectCluster(
+    const Cluster& cluster, const store::ClientOptions& options, bool allow_lost) {
   std::vector<std::unique_ptr<store::Client>> out;
   for (std::size_t h = 0; h < cluster.hosts.size(); ++h) {
     Result<std::unique_ptr<store::Client>> c = store::Client::Connect(cluster.hosts[h], options);
@@ -64,7 +66,8 @@ Result<std::vector<std::unique_ptr<store::Client>>> ConnectCluster(const Cluster
       out.push_back(nullptr);
       continue;
     }
-    if (!c.ok()) return c.status().WithContext("host " + std::to_string(h) + " (" + cluster.hosts[h] + ")");
+    if (!c.ok())
+      return c.status().WithContext("host " + std::to_string(h) + " (" + cluster.hosts[h] + ")");
     out.push_back(std::move(*c));
   }
   return out;
@@ -77,7 +80,8 @@ Result<uint64_t> NextCommonVersion(const std::vector<std::unique_ptr<store::Clie
   return NextCommonVersion(raw, job);
 }
 
-Result<uint64_t> NextCommonVersion(const std::vector<store::Client*>& clients, const std::string& job) {
+Result<uint64_t> NextCommonVersion(const std::vector<store::Client*>& clients,
+                                   const std::string& job) {
   // One past every version any host has had: committed, current, or left open by a
   // coordinator that died (an explicit BeginVersion must not collide with it).
   uint64_t next = 1;
@@ -89,7 +93,8 @@ Result<uint64_t> NextCommonVersion(const std::vector<store::Client*>& clients, c
       return text.status().WithContext(c->url());
     }
     json j = json::parse(*text, nullptr, false);
-    if (j.is_discarded() || !j.is_object() || !j.contains("versions") || !j["versions"].is_array()) {
+    if (j.is_discarded() || !j.is_object() || !j.contains("versions") ||
+        !j["versions"].is_array()) {
       return Internal(c->url() + ": malformed reply to GET /v1/jobs/" + job);
     }
     for (const json& v : j["versions"]) {

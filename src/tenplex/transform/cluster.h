@@ -34,13 +34,13 @@ Result<Cluster> ReadClusterFile(const std::string& path);
 
 // One client per host, connected in host order. With allow_lost, a host that cannot
 // be reached gets a null client instead of failing the whole call.
-Result<std::vector<std::unique_ptr<store::Client>>> ConnectCluster(const Cluster& cluster,
-                                                                   const store::ClientOptions& options,
-                                                                   bool allow_lost = false);
+Result<std::vector<std::unique_ptr<store::Client>>> ConnectCluster(
+    const Cluster& cluster, const store::ClientOptions& options, bool allow_lost = false);
 
 // The version number one past every version the hosts report for `job` (committed,
 // current or open); 1 for a new job. Null clients (lost hosts) are skipped.
-Result<uint64_t> NextCommonVersion(const std::vector<store::Client*>& clients, const std::string& job);
+Result<uint64_t> NextCommonVersion(const std::vector<store::Client*>& clients,
+                                   const std::string& job);
 Result<uint64_t> NextCommonVersion(const std::vector<std::unique_ptr<store::Client>>& clients,
                                    const std::string& job);
 

@@ -6,7 +6,8 @@ namespace tenplex::transform {
 namespace {
 
 TEST(ClusterTest, ParsesAndMapsRanks) {
-  auto c = ParseCluster(R"({"hosts": ["http://127.0.0.1:1", "http://127.0.0.1:2"], "gpus_per_host": 2})");
+  auto c = ParseCluster(
+      R"({"hosts": ["http://127.0.0.1:1", "http://127.0.0.1:2"], "gpus_per_host": 2})");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_EQ(c->Capacity(), 4);
   EXPECT_EQ(c->RankHosts(4), (std::vector<int>{0, 0, 1, 1}));

@@ -63,7 +63,8 @@ RoundResult RunRound(std::vector<Host>& hosts, const std::string& job, const Rou
   RoundResult out;
   std::vector<int> participants;
   for (int h : r.to_hosts) {
-    if (std::find(participants.begin(), participants.end(), h) == participants.end()) participants.push_back(h);
+    if (std::find(participants.begin(), participants.end(), h) == participants.end())
+      participants.push_back(h);
   }
   std::sort(participants.begin(), participants.end());
   PrepareRequest req;
@@ -94,7 +95,9 @@ RoundResult RunRound(std::vector<Host>& hosts, const std::string& job, const Rou
   for (std::size_t i = 0; i < participants.size(); ++i) {
     Host& h = hosts[participants[i]];
     if (!replies[i].ok()) {
-      if (out.status.ok()) out.status = replies[i].status().WithContext("host " + std::to_string(participants[i]) + " (" + h.url + ")");
+      if (out.status.ok())
+        out.status = replies[i].status().WithContext("host " + std::to_string(participants[i]) +
+                                                     " (" + h.url + ")");
       continue;
     }
     json j = json::parse(*replies[i], nullptr, false);
@@ -126,7 +129,8 @@ RoundResult RunRound(std::vector<Host>& hosts, const std::string& job, const Rou
   {
     std::vector<std::thread> threads;
     for (std::size_t i = 0; i < participants.size(); ++i) {
-      threads.emplace_back([&, i] { commits[i] = hosts[participants[i]].client->Commit(job, r.to_version); });
+      threads.emplace_back(
+          [&, i] { commits[i] = hosts[participants[i]].client->Commit(job, r.to_version); });
     }
     for (std::thread& t : threads) t.join();
   }
@@ -134,8 +138,8 @@ RoundResult RunRound(std::vector<Host>& hosts, const std::string& job, const Rou
   for (std::size_t i = 0; i < participants.size(); ++i) {
     if (!commits[i].ok() && out.status.ok()) {
       out.status = DataLoss("version " + std::to_string(r.to_version) + " of job " + job +
-                            " was prepared on every host but its commit failed on " + hosts[participants[i]].url +
-                            ": " + commits[i].ToString());
+                            " was prepared on every host but its commit failed on " +
+                            hosts[participants[i]].url + ": " + commits[i].ToString());
     }
   }
   return out;
@@ -143,7 +147,8 @@ RoundResult RunRound(std::vector<Host>& hosts, const std::string& job, const Rou
 
 }  // namespace
 
-Result<ClusterTransformStats> TransformCluster(const Cluster& from, const std::string& job, const ParallelConfig& to,
+Result<ClusterTransformStats> TransformCluster(const Cluster& from, const std::string& job,
+                                               const ParallelConfig& to,
                                                const store::ClientOptions& client_options,
                                                const ClusterTransformOptions& options) {
   const auto t_start = std::chrono::steady_clock::now();
@@ -211,10 +216,13 @@ Result<ClusterTransformStats> TransformCluster(const Cluster& from, const std::s
     }
     const int k = target.gpus_per_host;
     if (to_layout.world_size() > static_cast<int>(live.size()) * k) {
-      return FailedPrecondition("config " + to.ToString() + " has " + std::to_string(to_layout.world_size()) +
-                                " ranks but the live hosts of the target cluster have " +
-                                std::to_string(live.size()) + " x " + std::to_string(k) + " slots" +
-                                (stats.lost_hosts.empty() ? "" : " (lost: " + std::to_string(stats.lost_hosts.size()) + " hosts)"));
+      return FailedPrecondition(
+          "config " + to.ToString() + " has " + std::to_string(to_layout.world_size()) +
+          " ranks but the live hosts of the target cluster have " + std::to_string(live.size()) +
+          " x " + std::to_string(k) + " slots" +
+          (stats.lost_hosts.empty()
+               ? ""
+               : " (lost: " + std::to_string(stats.lost_hosts.size()) + " hosts)"));
     }
     round.to_hosts.resize(to_layout.world_size());
     for (int r = 0; r < to_layout.world_size(); ++r) round.to_hosts[r] = live[r / k];
@@ -224,7 +232,8 @@ Result<ClusterTransformStats> TransformCluster(const Cluster& from, const std::s
     round.new_info = NewInfo(cs.info, to, Cluster{live_urls, k});
     // 3. The plan (the agents compute the same one): fails here if state is lost.
     const auto t_plan = std::chrono::steady_clock::now();
-    TP_ASSIGN_OR_RETURN(plan::Plan p, plan::MakePlan(model, from_layout, to_layout, round.from_hosts, round.to_hosts));
+    TP_ASSIGN_OR_RETURN(plan::Plan p, plan::MakePlan(model, from_layout, to_layout,
+                                                     round.from_hosts, round.to_hosts));
     stats.plan = p.stats;
     round.plan_digest = PlanDigest(p);
     stats.plan_seconds = Since(t_plan);
@@ -249,9 +258,9 @@ Result<ClusterTransformStats> TransformCluster(const Cluster& from, const std::s
     if (!addr_status.ok()) {
       rr.status = addr_status;
     } else if (!options.central) {
-      Log(options, "attempt " + std::to_string(attempt) + ": version " + std::to_string(version) + " (" +
-                       stats.from_config + ") -> " + std::to_string(round.to_version) + " (" + stats.to_config +
-                       ") on " + std::to_string(live.size()) + " hosts");
+      Log(options, "attempt " + std::to_string(attempt) + ": version " + std::to_string(version) +
+                       " (" + stats.from_config + ") -> " + std::to_string(round.to_version) +
+                       " (" + stats.to_config + ") on " + std::to_string(live.size()) + " hosts");
       rr = RunRound(hosts, job, round);
       stats.round_seconds = {rr.prepare_seconds + rr.commit_seconds};
     } else {
@@ -260,7 +269,8 @@ Result<ClusterTransformStats> TransformCluster(const Cluster& from, const std::s
       Round gather = round, reslice = round, scatter = round;
       gather.to_config = from_config;
       gather.to_hosts.assign(from_layout.world_size(), c);
-      gather.new_info = NewInfo(cs.info, from_config, Cluster{{hosts[c].url}, from_layout.world_size()});
+      gather.new_info =
+          NewInfo(cs.info, from_config, Cluster{{hosts[c].url}, from_layout.world_size()});
       reslice.from_version = gather.to_version;
       reslice.to_version = gather.to_version + 1;
       reslice.info = gather.new_info;
@@ -272,9 +282,11 @@ Result<ClusterTransformStats> TransformCluster(const Cluster& from, const std::s
       scatter.info = reslice.new_info;
       scatter.from_hosts.assign(to_layout.world_size(), c);
       for (Round* step : {&gather, &reslice, &scatter}) {
-        const Layout& a = step == &gather ? from_layout : (step == &reslice ? from_layout : to_layout);
+        const Layout& a =
+            step == &gather ? from_layout : (step == &reslice ? from_layout : to_layout);
         const Layout& b = step == &gather ? from_layout : to_layout;
-        TP_ASSIGN_OR_RETURN(plan::Plan sp, plan::MakePlan(model, a, b, step->from_hosts, step->to_hosts));
+        TP_ASSIGN_OR_RETURN(plan::Plan sp,
+                            plan::MakePlan(model, a, b, step->from_hosts, step->to_hosts));
         step->plan_digest = PlanDigest(sp);
       }
       stats.round_seconds.clear();
@@ -315,7 +327,8 @@ Result<ClusterTransformStats> TransformCluster(const Cluster& from, const std::s
     if (attempt == options.max_attempts) {
       return rr.status.WithContext("gave up after " + std::to_string(attempt) + " attempts");
     }
-    Log(options, "attempt " + std::to_string(attempt) + " failed (" + rr.status.ToString() + "); re-planning");
+    Log(options, "attempt " + std::to_string(attempt) + " failed (" + rr.status.ToString() +
+                     "); re-planning");
   }
   return Internal("unreachable");
 }
@@ -331,15 +344,15 @@ std::string ClusterTransformSummary(const ClusterTransformStats& s) {
   }
   const double total = static_cast<double>(kept + linked + local + fetched);
   char buf[512];
-  std::snprintf(buf, sizeof(buf),
-                "job version %llu (%s) -> %llu (%s) on %zu hosts in %.2f s (prepare %.2f s, commit %.3f s, "
-                "attempts %d): linked %s, kept %s, local %s, cross-host %s (busiest host %s), %.2f GB/s",
-                static_cast<unsigned long long>(s.from_version), s.from_config.c_str(),
-                static_cast<unsigned long long>(s.to_version), s.to_config.c_str(), s.new_hosts.size(), s.seconds,
-                s.prepare_seconds, s.commit_seconds, s.attempts, HumanBytes(linked).c_str(), HumanBytes(kept).c_str(),
-                HumanBytes(local).c_str(),
-                HumanBytes(fetched).c_str(), HumanBytes(busiest).c_str(),
-                s.seconds > 0 ? total / s.seconds / 1e9 : 0.0);
+  std::snprintf(
+      buf, sizeof(buf),
+      "job version %llu (%s) -> %llu (%s) on %zu hosts in %.2f s (prepare %.2f s, commit %.3f s, "
+      "attempts %d): linked %s, kept %s, local %s, cross-host %s (busiest host %s), %.2f GB/s",
+      static_cast<unsigned long long>(s.from_version), s.from_config.c_str(),
+      static_cast<unsigned long long>(s.to_version), s.to_config.c_str(), s.new_hosts.size(),
+      s.seconds, s.prepare_seconds, s.commit_seconds, s.attempts, HumanBytes(linked).c_str(),
+      HumanBytes(kept).c_str(), HumanBytes(local).c_str(), HumanBytes(fetched).c_str(),
+      HumanBytes(busiest).c_str(), s.seconds > 0 ? total / s.seconds / 1e9 : 0.0);
   std::string out = buf;
   if (!s.lost_hosts.empty()) {
     out += "; lost hosts:";

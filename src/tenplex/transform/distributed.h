@@ -62,16 +62,17 @@ struct ClusterTransformStats {
   uint64_t from_version = 0, to_version = 0;
   std::string from_config, to_config;
   int attempts = 0;
-  std::vector<std::string> lost_hosts;  // URLs treated as lost
-  std::vector<std::string> new_hosts;   // where the new version lives (its "cluster")
-  plan::PlanStats plan;                 // host indexes: into all_hosts
-  std::vector<std::string> all_hosts;   // every host of both clusters, old ones first
+  std::vector<std::string> lost_hosts;     // URLs treated as lost
+  std::vector<std::string> new_hosts;      // where the new version lives (its "cluster")
+  plan::PlanStats plan;                    // host indexes: into all_hosts
+  std::vector<std::string> all_hosts;      // every host of both clusters, old ones first
   std::vector<HostTransformReport> hosts;  // the last round's participants
   double plan_seconds = 0, prepare_seconds = 0, commit_seconds = 0, seconds = 0;
   std::vector<double> round_seconds;  // central: gather, re-slice, scatter
 };
 
-Result<ClusterTransformStats> TransformCluster(const Cluster& from, const std::string& job, const ParallelConfig& to,
+Result<ClusterTransformStats> TransformCluster(const Cluster& from, const std::string& job,
+                                               const ParallelConfig& to,
                                                const store::ClientOptions& client_options,
                                                const ClusterTransformOptions& options = {});
 

@@ -102,7 +102,8 @@ class DistributedTest : public ::testing::Test {
       for (const RankLayout& r : layout.ranks) {
         if (cluster.HostOfRank(r.rank) != static_cast<int>(h)) continue;
         for (const LocalTensor& t : *r.tensors) {
-          Result<store::TensorWriter> w = st.Allocate(store::TensorPathOf("j", 1, r.rank, t.name), t.dtype, t.shape);
+          Result<store::TensorWriter> w =
+              st.Allocate(store::TensorPathOf("j", 1, r.rank, t.name), t.dtype, t.shape);
           ASSERT_TRUE(w.ok()) << w.status().ToString();
           ASSERT_TRUE(plan::FillSynthetic(layout, t, kSeed, w->data()).ok());
         }
@@ -131,13 +132,15 @@ class DistributedTest : public ::testing::Test {
         if (r.rank / k != static_cast<int>(h)) continue;
         for (const LocalTensor& t : *r.tensors) {
           ++expected;
-          Result<store::TensorRef> ref = st.Get(store::TensorPathOf("j", s.to_version, r.rank, t.name));
+          Result<store::TensorRef> ref =
+              st.Get(store::TensorPathOf("j", s.to_version, r.rank, t.name));
           ASSERT_TRUE(ref.ok()) << ref.status().ToString();
           Status c = plan::CheckSynthetic(layout, t, kSeed, ref->data());
           EXPECT_TRUE(c.ok()) << config << " rank " << r.rank << ": " << c.ToString();
         }
       }
-      EXPECT_EQ(st.List("jobs/j/" + std::to_string(s.to_version) + "/")->size(), expected) << s.new_hosts[h];
+      EXPECT_EQ(st.List("jobs/j/" + std::to_string(s.to_version) + "/")->size(), expected)
+          << s.new_hosts[h];
     }
     int64_t fetched = 0;
     for (const HostTransformReport& r : s.hosts) fetched += r.bytes_fetched;
@@ -152,7 +155,8 @@ class DistributedTest : public ::testing::Test {
 TEST_F(DistributedTest, ChangesEveryDimensionExactly) {
   Cluster c = ClusterOf({0, 1, 2, 3}, 2);
   Load(c, "tp=2,pp=2,dp=2,zero=1");
-  for (const char* to : {"tp=2,pp=4", "tp=1,pp=2,dp=4,zero=1", "tp=2,pp=2,dp=2", "tp=2,dp=4,zero=1", "tp=1,pp=1,dp=3"}) {
+  for (const char* to : {"tp=2,pp=4", "tp=1,pp=2,dp=4,zero=1", "tp=2,pp=2,dp=2", "tp=2,dp=4,zero=1",
+                         "tp=1,pp=1,dp=3"}) {
     Result<ClusterTransformStats> s = TransformCluster(c, "j", *ParseConfig(to), {});
     ASSERT_TRUE(s.ok()) << to << ": " << s.status().ToString();
     EXPECT_EQ(s->attempts, 1);
@@ -165,7 +169,8 @@ TEST_F(DistributedTest, ChangesEveryDimensionExactly) {
 TEST_F(DistributedTest, UnchangedTensorsAreLinkedNotCopied) {
   Cluster c = ClusterOf({0, 1, 2, 3}, 2);
   Load(c, "tp=2,pp=2");  // ranks 0-3 on hosts 0 and 1
-  Result<ClusterTransformStats> s = TransformCluster(c, "j", *ParseConfig("tp=2,pp=2,dp=2,zero=1"), {});
+  Result<ClusterTransformStats> s =
+      TransformCluster(c, "j", *ParseConfig("tp=2,pp=2,dp=2,zero=1"), {});
   ASSERT_TRUE(s.ok()) << s.status().ToString();
   int64_t linked = 0;
   for (const HostTransformReport& h : s->hosts) linked += h.bytes_linked;
@@ -198,7 +203,8 @@ TEST_F(DistributedTest, CentralBaselineGivesTheSameState) {
     for (const RankLayout& r : layout.ranks) {
       if (r.rank / 2 != h) continue;
       for (const LocalTensor& t : *r.tensors) {
-        Result<store::TensorRef> ref = hosts_[h]->store->Get(store::TensorPathOf("j", s->to_version, r.rank, t.name));
+        Result<store::TensorRef> ref =
+            hosts_[h]->store->Get(store::TensorPathOf("j", s->to_version, r.rank, t.name));
         ASSERT_TRUE(ref.ok()) << ref.status().ToString();
         EXPECT_TRUE(plan::CheckSynthetic(layout, t, kSeed, ref->data()).ok()) << t.name;
       }
@@ -237,7 +243,8 @@ TEST_F(DistributedTest, TotalLossFailsAndLeavesTheOldVersion) {
   Result<ClusterTransformStats> s = TransformCluster(c, "j", *ParseConfig("tp=2,pp=1,dp=3"), {});
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.status().code(), StatusCode::kDataLoss) << s.status().ToString();
-  EXPECT_NE(s.status().message().find("no surviving replica"), std::string::npos) << s.status().ToString();
+  EXPECT_NE(s.status().message().find("no surviving replica"), std::string::npos)
+      << s.status().ToString();
   for (int h = 0; h < 3; ++h) {
     Result<store::JobInfo> j = hosts_[h]->store->Job("j");
     ASSERT_TRUE(j.ok());
@@ -289,7 +296,8 @@ TEST_F(DistributedTest, AgentRefusesAnotherProtocolOrPlan) {
   r = agent.Handle("POST", "/v1/transform/prepare", other.dump());
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition) << r.status().ToString();
-  EXPECT_NE(r.status().message().find("version " + std::to_string(kControlProtocolVersion + 1)), std::string::npos)
+  EXPECT_NE(r.status().message().find("version " + std::to_string(kControlProtocolVersion + 1)),
+            std::string::npos)
       << r.status().message();
   other.erase("protocol");
   EXPECT_EQ(agent.Handle("POST", "/v1/transform/prepare", other.dump()).status().code(),
@@ -306,7 +314,7 @@ TEST_F(DistributedTest, AgentRefusesAnotherProtocolOrPlan) {
 // One rule for where a job's committed state lives across hosts (cluster_state.h).
 TEST_F(DistributedTest, FindsTheCommittedStateAndItsLostRanks) {
   const Cluster c = ClusterOf({0, 1, 2}, 2);  // ranks 2h, 2h+1 on host h
-  Load(c, "tp=2,pp=2,dp=1");  // 4 ranks on hosts 0, 1 (placement: hosts 0-2, K=2)
+  Load(c, "tp=2,pp=2,dp=1");                  // 4 ranks on hosts 0, 1 (placement: hosts 0-2, K=2)
   std::vector<std::string> urls = {hosts_[0]->url, hosts_[1]->url, hosts_[2]->url, hosts_[3]->url};
   std::vector<std::unique_ptr<store::Client>> owned;
   std::vector<store::Client*> clients;
@@ -353,23 +361,27 @@ TEST_F(DistributedTest, FindsTheCommittedStateAndItsLostRanks) {
   EXPECT_EQ(s->rank_hosts, (std::vector<int>{0, 0, plan::kLostHost, plan::kLostHost}));
   s = FindCommittedState({urls[1]}, {clients[1]}, "j", c);  // only the dead host
   EXPECT_EQ(s.status().code(), StatusCode::kUnavailable) << s.status().ToString();
-  EXPECT_EQ(FindCommittedState({urls[2]}, {clients[2]}, "nojob", c).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(FindCommittedState({urls[2]}, {clients[2]}, "nojob", c).status().code(),
+            StatusCode::kNotFound);
 }
 
 TEST_F(DistributedTest, AgentRejectsMalformedRequests) {
   Agent& a = *hosts_[0]->agent;
-  for (const char* bad : {"", "[]", R"({"protocol": 1})", R"({"protocol": 1, "job": "j"})",
-                          R"({"protocol": 1, "job": "j", "from_version": 2, "to_version": 1, "host": 0,
+  for (const char* bad :
+       {"", "[]", R"({"protocol": 1})", R"({"protocol": 1, "job": "j"})",
+        R"({"protocol": 1, "job": "j", "from_version": 2, "to_version": 1, "host": 0,
                               "addresses": ["x"]})",
-                          R"({"protocol": 1, "job": "../x", "from_version": 1, "to_version": 2})",
-                          R"({"protocol": 1, "job": "j", "from_version": 1, "to_version": 2, "host": 5,
+        R"({"protocol": 1, "job": "../x", "from_version": 1, "to_version": 2})",
+        R"({"protocol": 1, "job": "j", "from_version": 1, "to_version": 2, "host": 5,
                               "addresses": ["x"]})",
-                          R"({"protocol": 1, "job": "j", "unknown": 1})"}) {
+        R"({"protocol": 1, "job": "j", "unknown": 1})"}) {
     Result<std::string> r = a.Handle("POST", "/v1/transform/prepare", bad);
     ASSERT_FALSE(r.ok()) << bad;
-    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << bad << ": " << r.status().ToString();
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument)
+        << bad << ": " << r.status().ToString();
   }
-  EXPECT_EQ(a.Handle("GET", "/v1/transform/prepare", "").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(a.Handle("GET", "/v1/transform/prepare", "").status().code(),
+            StatusCode::kInvalidArgument);
   EXPECT_EQ(a.Handle("GET", "/v1/transform/nothing", "").status().code(), StatusCode::kNotFound);
   EXPECT_EQ(a.Handle("POST", "/v1/transform/probe", R"({"address": "inproc:zz"})").status().code(),
             StatusCode::kInvalidArgument);

@@ -16,11 +16,13 @@ double Since(std::chrono::steady_clock::time_point t0) {
 }
 
 int64_t OpBytes(const plan::Plan& p, const Layout& from, const plan::CopyOp& op) {
-  return Volume(op.global) * static_cast<int64_t>(DTypeSize(from.globals.at(p.tensors[op.tensor]).dtype));
+  return Volume(op.global) *
+         static_cast<int64_t>(DTypeSize(from.globals.at(p.tensors[op.tensor]).dtype));
 }
 
 // A plan with the same tensors and only the given ops (the executor runs them in order).
-plan::Plan SubPlan(const plan::Plan& p, std::vector<plan::CopyOp> ops, std::vector<plan::CopyOp> kept) {
+plan::Plan SubPlan(const plan::Plan& p, std::vector<plan::CopyOp> ops,
+                   std::vector<plan::CopyOp> kept) {
   plan::Plan sub;
   sub.tensors = p.tensors;
   sub.ops = std::move(ops);
@@ -67,15 +69,17 @@ Result<HostExecStats> ExecuteHostPart(const HostExecInput& in) {
       continue;
     }
     if (src_host == plan::kLostHost) {
-      return Internal("the plan reads " + p.tensors[op.tensor] + " from old rank " + std::to_string(op.src_rank) +
-                      " on a lost host");
+      return Internal("the plan reads " + p.tensors[op.tensor] + " from old rank " +
+                      std::to_string(op.src_rank) + " on a lost host");
     }
     // Remote: the runs of the box, read from the peer's tensor into ours.
     const LocalTensor& st = (*from.ranks.at(op.src_rank).tensors).at(op.src_tensor);
     const LocalTensor& dt = (*to.ranks.at(op.dst_rank).tensors).at(op.dst_tensor);
     const auto& dst_bufs = in.dst->at(op.dst_rank);
-    if (static_cast<std::size_t>(op.dst_tensor) >= dst_bufs.size() || dst_bufs[op.dst_tensor] == nullptr) {
-      return InvalidArgument("no destination buffer for rank " + std::to_string(op.dst_rank) + " tensor " + dt.name);
+    if (static_cast<std::size_t>(op.dst_tensor) >= dst_bufs.size() ||
+        dst_bufs[op.dst_tensor] == nullptr) {
+      return InvalidArgument("no destination buffer for rank " + std::to_string(op.dst_rank) +
+                             " tensor " + dt.name);
     }
     PeerReads& pr = peers[src_host];
     auto key = std::make_pair(static_cast<int>(op.src_rank), static_cast<int>(op.src_tensor));
@@ -84,9 +88,11 @@ Result<HostExecStats> ExecuteHostPart(const HostExecInput& in) {
       it = pr.index.emplace(key, pr.requests.size()).first;
       pr.requests.push_back({in.region_name(op.src_rank, op.src_tensor), {}});
     }
-    Status s = transport::AppendBoxReads(st.shape, op.src, 0, {dst_bufs[op.dst_tensor], dt.shape, op.dst},
-                                         DTypeSize(dt.dtype), &pr.requests[it->second].runs);
-    if (!s.ok()) return s.WithContext("reading " + p.tensors[op.tensor] + " " + ToString(op.global));
+    Status s =
+        transport::AppendBoxReads(st.shape, op.src, 0, {dst_bufs[op.dst_tensor], dt.shape, op.dst},
+                                  DTypeSize(dt.dtype), &pr.requests[it->second].runs);
+    if (!s.ok())
+      return s.WithContext("reading " + p.tensors[op.tensor] + " " + ToString(op.global));
     stats.bytes_fetched += OpBytes(p, from, op);
     ++stats.remote_ops;
   }
@@ -98,7 +104,8 @@ Result<HostExecStats> ExecuteHostPart(const HostExecInput& in) {
   std::vector<Status> fetched(peers.size());
   std::size_t i = 0;
   for (auto& [peer, pr] : peers) {
-    threads.emplace_back([&, peer = peer, slot = i] { fetched[slot] = in.fetch(peer, peers.at(peer).requests); });
+    threads.emplace_back(
+        [&, peer = peer, slot = i] { fetched[slot] = in.fetch(peer, peers.at(peer).requests); });
     ++i;
   }
   ExecuteOptions opts;
@@ -112,11 +119,13 @@ Result<HostExecStats> ExecuteHostPart(const HostExecInput& in) {
   TP_RETURN_IF_ERROR(local_status);
   i = 0;
   for (const auto& [peer, pr] : peers) {
-    if (!fetched[i].ok()) return fetched[i].WithContext("fetching from host " + std::to_string(peer));
+    if (!fetched[i].ok())
+      return fetched[i].WithContext("fetching from host " + std::to_string(peer));
     ++i;
   }
   auto t1 = std::chrono::steady_clock::now();
-  TP_RETURN_IF_ERROR(ExecutePlan(SubPlan(p, std::move(landed), {}), from, to, *in.src, *in.dst, opts));
+  TP_RETURN_IF_ERROR(
+      ExecutePlan(SubPlan(p, std::move(landed), {}), from, to, *in.src, *in.dst, opts));
   stats.landed_seconds = Since(t1);
   return stats;
 }

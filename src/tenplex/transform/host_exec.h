@@ -41,9 +41,9 @@ struct HostExecStats {
   int64_t bytes_local = 0;    // local and landed ops
   int64_t bytes_fetched = 0;  // remote ops (payload bytes)
   int64_t remote_ops = 0;
-  int peers = 0;              // hosts fetched from
-  double local_seconds = 0;   // kept + local copies (overlapping the fetches)
-  double fetch_seconds = 0;   // until the last peer's Fetch returned
+  int peers = 0;             // hosts fetched from
+  double local_seconds = 0;  // kept + local copies (overlapping the fetches)
+  double fetch_seconds = 0;  // until the last peer's Fetch returned
   double landed_seconds = 0;
 };
 

@@ -24,12 +24,14 @@ Result<LocalTransformStats> TransformLocal(store::Store& store, const std::strin
   TP_ASSIGN_OR_RETURN(Layout from_layout, MakeLayout(model, cur.info.config()));
   TP_ASSIGN_OR_RETURN(Layout to_layout, MakeLayout(model, to));
   std::vector<int> from_hosts(from_layout.world_size(), 0), to_hosts(to_layout.world_size(), 0);
-  TP_ASSIGN_OR_RETURN(plan::Plan p, plan::MakePlan(model, from_layout, to_layout, from_hosts, to_hosts));
+  TP_ASSIGN_OR_RETURN(plan::Plan p,
+                      plan::MakePlan(model, from_layout, to_layout, from_hosts, to_hosts));
   stats.plan = p.stats;
   stats.plan_seconds = Since(t0);
 
   auto t1 = std::chrono::steady_clock::now();
-  TP_ASSIGN_OR_RETURN(MappedSources src, MapSources(store, job, cur.version, from_layout, nullptr, 0));
+  TP_ASSIGN_OR_RETURN(MappedSources src,
+                      MapSources(store, job, cur.version, from_layout, nullptr, 0));
   StateInfo info = cur.info;
   info.set_config(to);
   TP_ASSIGN_OR_RETURN(uint64_t v, store.BeginVersion(job, std::nullopt, info.ToJson()));
@@ -39,7 +41,8 @@ Result<LocalTransformStats> TransformLocal(store::Store& store, const std::strin
     return s;
   };
   Result<std::set<std::pair<int, int>>> linked =
-      LinkUnchanged(store, job, cur.version, v, from_layout, to_layout, p, nullptr, nullptr, 0, &stats.bytes_linked);
+      LinkUnchanged(store, job, cur.version, v, from_layout, to_layout, p, nullptr, nullptr, 0,
+                    &stats.bytes_linked);
   if (!linked.ok()) return fail(linked.status());
   Result<MappedDests> dst = AllocateDests(store, job, v, to_layout, nullptr, 0, &*linked);
   if (!dst.ok()) return fail(dst.status());

@@ -34,7 +34,8 @@ std::string PathOf(const std::string& job, uint64_t v, int rank, const std::stri
 }
 
 // Puts a synthetic state for (model, config) as the job's committed version.
-void PutState(store::Store& st, const std::string& job, const Model& m, const ParallelConfig& c, uint64_t seed) {
+void PutState(store::Store& st, const std::string& job, const Model& m, const ParallelConfig& c,
+              uint64_t seed) {
   Layout l = *MakeLayout(m, c);
   json info = {{"model", json::parse(ModelToJson(m))}, {"config", c.ToString()}, {"step", 7}};
   uint64_t v = *st.BeginVersion(job, std::nullopt, info.dump());
@@ -51,7 +52,8 @@ void PutState(store::Store& st, const std::string& job, const Model& m, const Pa
 TEST(TransformLocalTest, EveryElementMatchesTheSyntheticOracle) {
   auto st = store::Store::Open();
   ASSERT_TRUE(st.ok()) << st.status().ToString();
-  const char* chain[] = {"tp=2,pp=2", "dp=3,zero=1", "tp=2,pp=2,dp=2,layers=3+1", "pp=4,zero=1,dp=1", "tp=1"};
+  const char* chain[] = {"tp=2,pp=2", "dp=3,zero=1", "tp=2,pp=2,dp=2,layers=3+1",
+                         "pp=4,zero=1,dp=1", "tp=1"};
   for (bool swiglu : {false, true}) {
     for (bool bf16 : {false, true}) {
       Model m = Tiny(swiglu, bf16);

@@ -22,9 +22,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (int h : r.to_hosts) tenplex::FuzzRequire(h >= 0 && h < hosts && !r.addresses[h].empty());
   auto again = tt::DecodePrepare(tt::EncodePrepare(r));
   tenplex::FuzzRequire(again.ok());
-  tenplex::FuzzRequire(again->request.job == r.job && again->request.from_hosts == r.from_hosts &&
-          again->request.to_hosts == r.to_hosts && again->request.addresses == r.addresses &&
-          again->request.to_config == r.to_config && again->request.plan_digest == r.plan_digest &&
-          again->from.config() == d->from.config());
+  tenplex::FuzzRequire(
+      again->request.job == r.job && again->request.from_hosts == r.from_hosts &&
+      again->request.to_hosts == r.to_hosts && again->request.addresses == r.addresses &&
+      again->request.to_config == r.to_config && again->request.plan_digest == r.plan_digest &&
+      again->from.config() == d->from.config());
   return 0;
 }

@@ -8,9 +8,9 @@
 #include <filesystem>
 
 #include "tenplex/io/checkpoint.h"
+#include "tenplex/plan/synthetic.h"
 #include "tenplex/transform/executor.h"
 #include "tenplex/transform/pages.h"
-#include "tenplex/plan/synthetic.h"
 
 namespace tenplex::transform {
 namespace {
@@ -220,9 +220,9 @@ Result<ReshardReport> Reshard(const ReshardOptions& o) {
   }
 
   const auto tp = std::chrono::steady_clock::now();
-  TP_ASSIGN_OR_RETURN(plan::Plan plan,
-                      plan::MakePlan(info.model, *from, *to, std::vector<int>(from->world_size(), 0),
-                               std::vector<int>(to->world_size(), 0)));
+  TP_ASSIGN_OR_RETURN(plan::Plan plan, plan::MakePlan(info.model, *from, *to,
+                                                      std::vector<int>(from->world_size(), 0),
+                                                      std::vector<int>(to->world_size(), 0)));
   report.plan_seconds = Since(tp);
   report.stats = plan.stats;
 
@@ -264,7 +264,8 @@ Status InitCheckpoint(const Model& model, const ParallelConfig& config, const st
                       CreateRankFiles(ckpt, layout, pool));
   for (const RankLayout& r : layout.ranks) {
     for (std::size_t i = 0; i < r.tensors->size(); ++i) {
-      TP_RETURN_IF_ERROR(plan::FillSynthetic(layout, (*r.tensors)[i], seed, files[r.rank].data(i), pool));
+      TP_RETURN_IF_ERROR(
+          plan::FillSynthetic(layout, (*r.tensors)[i], seed, files[r.rank].data(i), pool));
     }
   }
   io::CheckpointInfo info;

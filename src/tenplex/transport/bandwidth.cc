@@ -57,7 +57,8 @@ Result<double> MeasureTcpLoopbackBandwidth(uint64_t bytes, int repeats) {
     return ErrnoError("tcp loopback listener", errno);
   }
   Fd sender{::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)};
-  if (sender.fd < 0 || ::connect(sender.fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+  if (sender.fd < 0 ||
+      ::connect(sender.fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     return ErrnoError("tcp loopback connect", errno);
   }
   Fd receiver{::accept4(listener.fd, nullptr, nullptr, SOCK_CLOEXEC)};
@@ -68,7 +69,8 @@ Result<double> MeasureTcpLoopbackBandwidth(uint64_t bytes, int repeats) {
   std::thread writer([&] {
     std::vector<uint8_t> buf(chunk, 7);
     for (uint64_t left = bytes * n; left > 0;) {
-      const ssize_t w = ::send(sender.fd, buf.data(), std::min<uint64_t>(left, chunk), MSG_NOSIGNAL);
+      const ssize_t w =
+          ::send(sender.fd, buf.data(), std::min<uint64_t>(left, chunk), MSG_NOSIGNAL);
       if (w <= 0) {
         send_failed = true;
         return;

@@ -68,8 +68,8 @@ Status DecodeStatus(const StatusHeader& header, std::string_view text) {
 Status CheckRuns(std::string_view region, uint64_t size, const WireRun* runs, std::size_t count) {
   for (std::size_t i = 0; i < count; ++i) {
     if (runs[i].offset > size || runs[i].length > size - runs[i].offset) {
-      return OutOfRange("run " + std::to_string(i) + " [" + std::to_string(runs[i].offset) +
-                        ", +" + std::to_string(runs[i].length) + ") is outside region '" +
+      return OutOfRange("run " + std::to_string(i) + " [" + std::to_string(runs[i].offset) + ", +" +
+                        std::to_string(runs[i].length) + ") is outside region '" +
                         std::string(region) + "' of " + std::to_string(size) + " bytes");
     }
   }
@@ -122,8 +122,7 @@ std::vector<std::vector<ReadRun>> SplitReads(const std::vector<ReadRun>& runs, u
 }
 
 std::vector<std::pair<uint64_t, uint64_t>> PlanMessages(const std::vector<uint64_t>& starts,
-                                                        uint64_t max_message,
-                                                        uint64_t max_packed,
+                                                        uint64_t max_message, uint64_t max_packed,
                                                         uint64_t direct_min) {
   max_message = std::max<uint64_t>(max_message, 1);
   max_packed = std::clamp<uint64_t>(max_packed, 1, max_message);
@@ -138,7 +137,8 @@ std::vector<std::pair<uint64_t, uint64_t>> PlanMessages(const std::vector<uint64
     if (e == b) continue;
     if (e - b >= direct_min || e - b > max_packed) {
       flush();
-      for (uint64_t at = b; at < e; at += max_message) out.push_back({at, std::min(e, at + max_message)});
+      for (uint64_t at = b; at < e; at += max_message)
+        out.push_back({at, std::min(e, at + max_message)});
       group = group_end = e;
       continue;
     }

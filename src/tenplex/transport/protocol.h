@@ -153,12 +153,11 @@ std::vector<std::vector<ReadRun>> SplitReads(const std::vector<ReadRun>& runs, u
 
 // How a server cuts a request's stream into data messages: [begin, end) stream
 // ranges in order, covering the stream. A run of at least direct_min bytes (or longer
-// than the packed limit) is sent on its own (in pieces of at most max_message bytes), so that both sides use it in place;
-// consecutive shorter runs are grouped into messages of at most
+// than the packed limit) is sent on its own (in pieces of at most max_message bytes), so that both
+// sides use it in place; consecutive shorter runs are grouped into messages of at most
 // min(max_packed, max_message) bytes (packed by the sender, scattered by the receiver).
 std::vector<std::pair<uint64_t, uint64_t>> PlanMessages(const std::vector<uint64_t>& starts,
-                                                        uint64_t max_message,
-                                                        uint64_t max_packed,
+                                                        uint64_t max_message, uint64_t max_packed,
                                                         uint64_t direct_min);
 
 // Address tokens: "<kind>:<hex payload>:<xxh64 of payload, 16 hex digits>".

@@ -225,7 +225,8 @@ TEST(ProtocolTest, ProbeRegion) {
   const Region& p = ProbeRegion();
   ASSERT_EQ(p.size, kProbeRegionBytes);
   const uint8_t* b = static_cast<const uint8_t*>(p.data);
-  for (uint64_t i : {uint64_t{0}, uint64_t{1}, uint64_t{4095}, uint64_t{4096}, kProbeRegionBytes - 1}) {
+  for (uint64_t i :
+       {uint64_t{0}, uint64_t{1}, uint64_t{4095}, uint64_t{4096}, kProbeRegionBytes - 1}) {
     EXPECT_EQ(b[i], ProbeByte(i));
   }
   EXPECT_EQ(FindRegion(nullptr, "x").status().code(), StatusCode::kNotFound);

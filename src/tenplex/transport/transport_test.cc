@@ -124,8 +124,8 @@ TEST_P(TransportTest, RandomBoxesMatchDirectCopy) {
         want.emplace_back(Volume(ds) * t.elem, 0xAB);
         ASSERT_TRUE(
             CopyBox({t.bytes->data(), t.shape, box}, {want.back().data(), ds, db}, t.elem).ok());
-        ASSERT_TRUE(AppendBoxReads(t.shape, box, 0, {got.back().data(), ds, db}, t.elem, &req.runs)
-                        .ok());
+        ASSERT_TRUE(
+            AppendBoxReads(t.shape, box, 0, {got.back().data(), ds, db}, t.elem, &req.runs).ok());
       }
       requests.push_back(std::move(req));
     }
@@ -207,8 +207,7 @@ TEST_P(TransportTest, Errors) {
   // Out of range, also with zero length past the end, and overflow.
   EXPECT_EQ(client_->Fetch(peer_, {{"x", {{0, 10, buf.data()}, {95, 6, buf.data()}}}}).code(),
             StatusCode::kOutOfRange);
-  EXPECT_EQ(client_->Fetch(peer_, {{"x", {{101, 0, buf.data()}}}}).code(),
-            StatusCode::kOutOfRange);
+  EXPECT_EQ(client_->Fetch(peer_, {{"x", {{101, 0, buf.data()}}}}).code(), StatusCode::kOutOfRange);
   EXPECT_EQ(client_->Fetch(peer_, {{"x", {{~0ull - 1, 1, buf.data()}}}}).code(),
             StatusCode::kOutOfRange);
   // Bad requests never leave this process.
@@ -221,8 +220,8 @@ TEST_P(TransportTest, Errors) {
   // Unknown peer, bad addresses.
   EXPECT_FALSE(client_->Fetch(peer_ + 100, {{"x", {{0, 1, buf.data()}}}}).ok());
   EXPECT_EQ(client_->Connect("garbage").status().code(), StatusCode::kInvalidArgument);
-  const std::string other = GetParam() == "ucx" ? "inproc:00:0000000000000000"
-                                                : "ucx:00:0000000000000000";
+  const std::string other =
+      GetParam() == "ucx" ? "inproc:00:0000000000000000" : "ucx:00:0000000000000000";
   EXPECT_EQ(client_->Connect(other).status().code(), StatusCode::kInvalidArgument);
   // The connection is still good.
   EXPECT_TRUE(client_->Fetch(peer_, {{"x", {{0, 100, buf.data()}}}}).ok());
@@ -230,8 +229,9 @@ TEST_P(TransportTest, Errors) {
 
 TEST_P(TransportTest, ProbeRegionAndHolds) {
   std::vector<uint8_t> buf(1 << 20);
-  ASSERT_TRUE(client_->Fetch(peer_, {{std::string(kProbeRegion),
-                                      {{kProbeRegionBytes - buf.size(), buf.size(), buf.data()}}}})
+  ASSERT_TRUE(client_
+                  ->Fetch(peer_, {{std::string(kProbeRegion),
+                                   {{kProbeRegionBytes - buf.size(), buf.size(), buf.data()}}}})
                   .ok());
   for (uint64_t i = 0; i < buf.size(); ++i) {
     ASSERT_EQ(buf[i], ProbeByte(kProbeRegionBytes - buf.size() + i)) << i;
@@ -292,8 +292,7 @@ INSTANTIATE_TEST_SUITE_P(Kinds, TransportTest, ::testing::Values("inproc", "ucx"
                          [](const auto& info) { return info.param; });
 
 TEST(TransportFactory, BadArguments) {
-  EXPECT_EQ(NewTransport("carrier-pigeon", nullptr).status().code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(NewTransport("carrier-pigeon", nullptr).status().code(), StatusCode::kInvalidArgument);
   TransportOptions o;
   o.max_message_bytes = 1000;
   EXPECT_EQ(NewUcxTransport(nullptr, o).status().code(), StatusCode::kInvalidArgument);
@@ -317,7 +316,7 @@ TEST(UcxSharedMemory, LongAndShortRuns) {
   const uint64_t bytes = 6 << 20;
   std::vector<uint8_t> buf(bytes, 0);
   ReadRequest r{PatternName(5, bytes), {}};
-  r.runs.push_back({1, 3 << 20, buf.data()});                   // long
+  r.runs.push_back({1, 3 << 20, buf.data()});                    // long
   for (uint64_t at = 3 << 20; at + 1000 <= bytes; at += 1000) {  // short, reversed
     r.runs.push_back({bytes - at - 1000 + (at % 7), 1000, buf.data() + at});
   }
@@ -352,15 +351,16 @@ TEST(BoxReads, RunsAreTheCopy) {
     std::vector<ReadRun> runs;
     ASSERT_TRUE(AppendBoxReads(shape, box, base, {got.data(), ds, BoxOf(ds)}, elem, &runs).ok());
     for (const ReadRun& r : runs) std::memcpy(r.dest, region.data() + r.offset, r.length);
-    ASSERT_TRUE(CopyBox({region.data() + base, shape, box}, {want.data(), ds, BoxOf(ds)}, elem).ok());
+    ASSERT_TRUE(
+        CopyBox({region.data() + base, shape, box}, {want.data(), ds, BoxOf(ds)}, elem).ok());
     EXPECT_EQ(got, want);
   }
   std::vector<ReadRun> runs;
   std::vector<uint8_t> d(16);
-  EXPECT_EQ(AppendBoxReads({4, 4}, Box({{0, 5}, {0, 1}}), 0, {d.data(), {5, 1}, BoxOf({5, 1})}, 1,
-                           &runs)
-                .code(),
-            StatusCode::kOutOfRange);
+  EXPECT_EQ(
+      AppendBoxReads({4, 4}, Box({{0, 5}, {0, 1}}), 0, {d.data(), {5, 1}, BoxOf({5, 1})}, 1, &runs)
+          .code(),
+      StatusCode::kOutOfRange);
 }
 
 }  // namespace

@@ -288,7 +288,7 @@ class UcxTransport final : public Transport {
   PeerId next_peer_ = 1;
   uint64_t next_request_ = 1;
   std::atomic<uint64_t> bytes_served_{0};  // written by the progress thread
-  int disconnected_ = 0;  // peers waiting to be erased
+  int disconnected_ = 0;                   // peers waiting to be erased
 };
 
 }  // namespace tenplex::transport::ucx

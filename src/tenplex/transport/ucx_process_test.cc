@@ -1,9 +1,8 @@
 // UCX between two processes: this test and a tenplex_transport_peer child serving
 // pattern regions. Random boxes checked byte by byte; a peer killed or stopped
 // mid-transfer fails the fetch with UNAVAILABLE within seconds.
-#include <signal.h>
-
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <random>
 #include <thread>
@@ -137,7 +136,8 @@ TEST(UcxTwoProcesses, KilledPeerMidTransferIsUnavailable) {
   ASSERT_TRUE(other);
   auto id2 = c.client->Connect(other->address());
   ASSERT_TRUE(id2.ok());
-  ASSERT_TRUE(c.client->Fetch(*id2, {{std::string(kProbeRegion), {{0, 1 << 20, buf.data()}}}}).ok());
+  ASSERT_TRUE(
+      c.client->Fetch(*id2, {{std::string(kProbeRegion), {{0, 1 << 20, buf.data()}}}}).ok());
   for (uint64_t i = 0; i < (1 << 20); i += 4099) ASSERT_EQ(buf[i], ProbeByte(i));
 }
 
@@ -149,7 +149,8 @@ TEST(UcxTwoProcesses, StoppedPeerTimesOut) {
   // Warm up (the peer builds its probe region on first use, which under sanitizers on
   // a busy machine can take longer than the short timeout: then reconnect and retry).
   Status warm = c.client->Fetch(c.id, {{std::string(kProbeRegion), {{0, 8, buf.data()}}}});
-  for (int attempt = 0; !warm.ok() && warm.code() == StatusCode::kUnavailable && attempt < 10; ++attempt) {
+  for (int attempt = 0; !warm.ok() && warm.code() == StatusCode::kUnavailable && attempt < 10;
+       ++attempt) {
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
     auto id = c.client->Connect(c.peer->address());
     ASSERT_TRUE(id.ok()) << id.status().ToString();
@@ -170,7 +171,8 @@ TEST(UcxTwoProcesses, StoppedPeerTimesOut) {
   // before the stop on a busy machine), and not long after.
   EXPECT_GE(when - stopped, timeout / 2);
   EXPECT_LT(when - stopped, timeout + std::chrono::seconds(5));
-  RecordProperty("ms_after_stop", static_cast<int>((when - stopped) / std::chrono::milliseconds(1)));
+  RecordProperty("ms_after_stop",
+                 static_cast<int>((when - stopped) / std::chrono::milliseconds(1)));
 }
 
 TEST(UcxTwoProcesses, DeadBeforeFirstFetch) {

@@ -22,7 +22,8 @@ std::vector<std::string_view> SplitString(std::string_view s, char sep) {
   std::size_t start = 0;
   for (;;) {
     std::size_t pos = s.find(sep, start);
-    out.push_back(s.substr(start, pos == std::string_view::npos ? std::string_view::npos : pos - start));
+    out.push_back(
+        s.substr(start, pos == std::string_view::npos ? std::string_view::npos : pos - start));
     if (pos == std::string_view::npos) return out;
     start = pos + 1;
   }

@@ -71,7 +71,7 @@ Status ErrnoError(std::string_view what, int err);
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(T value) : v_(std::move(value)) {}        // NOLINT: implicit by design
   Result(Status status) : v_(std::move(status)) {  // NOLINT
     assert(!std::get<Status>(v_).ok() && "Result from an ok Status");
   }
@@ -100,10 +100,10 @@ class [[nodiscard]] Result {
 #define TP_CONCAT_(a, b) TP_CONCAT_INNER_(a, b)
 
 // Returns the Status from the enclosing function if `expr` is not ok.
-#define TP_RETURN_IF_ERROR(expr)                  \
-  do {                                            \
-    ::tenplex::Status tp_status_ = (expr);        \
-    if (!tp_status_.ok()) return tp_status_;      \
+#define TP_RETURN_IF_ERROR(expr)             \
+  do {                                       \
+    ::tenplex::Status tp_status_ = (expr);   \
+    if (!tp_status_.ok()) return tp_status_; \
   } while (0)
 
 // `TP_ASSIGN_OR_RETURN(auto x, F())` declares x from a Result or returns its error.
