@@ -67,7 +67,16 @@ Result<GptArgs> GptPreset(const std::string& name) {
   return InvalidArgument("unknown model preset '" + name + "' (known: " + known + ")");
 }
 
-Result<Model> MakeGpt(const GptArgs& a) {
+namespace {
+
+// The sizes MakeGpt derives from GptArgs, after checking them.
+struct GptDims {
+  int64_t h, heads, g, d, f, k;
+  bool learned, layernorm, bias;
+  DType dt;
+};
+
+Result<GptDims> CheckGptArgs(const GptArgs& a) {
   if (a.num_layers < 1) return InvalidArgument("--num-layers must be >= 1");
   TP_RETURN_IF_ERROR(Positive(a.hidden_size, "--hidden-size"));
   TP_RETURN_IF_ERROR(Positive(a.num_attention_heads, "--num-attention-heads"));
@@ -118,10 +127,12 @@ Result<Model> MakeGpt(const GptArgs& a) {
   const bool bias = !a.disable_bias_linear;
   const int64_t k = a.swiglu ? 2 : 1;
 
-  Model m;
-  m.name = a.name;
-  m.num_layers = a.num_layers;
-  m.layer_prefix = "decoder.layers.";
+  return GptDims{h, heads, g, d, f, k, learned, layernorm, bias, dt};
+}
+
+// Megatron-core GPT parameter names, shapes and TP rules, in Megatron's order.
+void AddGptTensors(const GptArgs& a, const GptDims& dims, Model& m) {
+  const auto [h, heads, g, d, f, k, learned, layernorm, bias, dt] = dims;
   auto add = [&](std::string path, Shape shape, TpRule rule, Stage stage) {
     m.tensors.push_back({std::move(path), dt, std::move(shape), rule, stage});
   };
@@ -175,26 +186,43 @@ Result<Model> MakeGpt(const GptArgs& a) {
   } else {
     m.aliases.push_back({"output_layer.weight", "embedding.word_embeddings.weight", last});
   }
+}
+
+std::map<std::string, std::string> GptInfo(const GptArgs& a, const GptDims& dims) {
+  const auto [h, heads, g, d, f, k, learned, layernorm, bias, dt] = dims;
+  (void)k, (void)learned, (void)layernorm, (void)dt;
+  return {{"family", "gpt"},
+          {"num_layers", std::to_string(a.num_layers)},
+          {"hidden_size", std::to_string(h)},
+          {"ffn_hidden_size", std::to_string(f)},
+          {"num_attention_heads", std::to_string(heads)},
+          {"num_query_groups", std::to_string(g)},
+          {"kv_channels", std::to_string(d)},
+          {"vocab_size", std::to_string(a.vocab_size)},
+          {"make_vocab_size_divisible_by", std::to_string(a.make_vocab_size_divisible_by)},
+          {"max_position_embeddings", std::to_string(a.max_position_embeddings)},
+          {"position_embedding_type", a.position_embedding_type},
+          {"swiglu", a.swiglu ? "true" : "false"},
+          {"bias", bias ? "true" : "false"},
+          {"tied", a.untie_embeddings_and_output_weights ? "false" : "true"},
+          {"normalization", a.normalization},
+          {"params_dtype", a.params_dtype}};
+}
+
+}  // namespace
+
+Result<Model> MakeGpt(const GptArgs& a) {
+  TP_ASSIGN_OR_RETURN(GptDims dims, CheckGptArgs(a));
+  Model m;
+  m.name = a.name;
+  m.num_layers = a.num_layers;
+  m.layer_prefix = "decoder.layers.";
+  AddGptTensors(a, dims, m);
   if (a.optimizer == "adam") {
     m.optimizer.type = "adam";
     m.optimizer.states = {"exp_avg", "exp_avg_sq"};
   }
-  m.info = {{"family", "gpt"},
-            {"num_layers", std::to_string(a.num_layers)},
-            {"hidden_size", std::to_string(h)},
-            {"ffn_hidden_size", std::to_string(f)},
-            {"num_attention_heads", std::to_string(heads)},
-            {"num_query_groups", std::to_string(g)},
-            {"kv_channels", std::to_string(d)},
-            {"vocab_size", std::to_string(a.vocab_size)},
-            {"make_vocab_size_divisible_by", std::to_string(a.make_vocab_size_divisible_by)},
-            {"max_position_embeddings", std::to_string(a.max_position_embeddings)},
-            {"position_embedding_type", a.position_embedding_type},
-            {"swiglu", a.swiglu ? "true" : "false"},
-            {"bias", bias ? "true" : "false"},
-            {"tied", a.untie_embeddings_and_output_weights ? "false" : "true"},
-            {"normalization", a.normalization},
-            {"params_dtype", a.params_dtype}};
+  m.info = GptInfo(a, dims);
   TP_RETURN_IF_ERROR(Validate(m));
   return m;
 }
