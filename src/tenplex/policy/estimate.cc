@@ -172,9 +172,10 @@ double StepFlops(const GptShape& g, const TrainingShape& sh) {
   return tokens * (g.layers * LayerTrainFlopsPerToken(g, sh) + 6.0 * g.hidden * g.vocab);
 }
 
-Result<Estimate> EstimateConfig(const Model& model, const GptShape& g, const ParallelConfig& c,
-                                const TrainingShape& sh, const DeviceProfile& prof,
-                                const std::vector<double>& speeds) {
+namespace {
+
+Status CheckShape(const ParallelConfig& c, const TrainingShape& sh,
+                  const std::vector<double>& speeds) {
   if (sh.global_batch < 1 || sh.micro_batch < 1 || sh.seq_length < 1) {
     return InvalidArgument("global batch, micro-batch and sequence length must be >= 1");
   }
@@ -187,15 +188,13 @@ Result<Estimate> EstimateConfig(const Model& model, const GptShape& g, const Par
     return InvalidArgument("--device-speeds has " + std::to_string(speeds.size()) +
                            " entries for " + std::to_string(c.world_size()) + " GPUs");
   }
-  TP_ASSIGN_OR_RETURN(std::vector<int> bounds, StageBounds(model, c));
-  TP_ASSIGN_OR_RETURN(std::vector<RankState> states, StateBytes(model, c));
-  Estimate est;
-  est.micro_batches = sh.global_batch / (static_cast<int64_t>(c.dp) * sh.micro_batch);
-  const int K = prof.gpus_per_host;
+  return Status::Ok();
+}
 
-  // Memory: the most loaded (stage, tp rank).
-  std::vector<int64_t> acts(c.pp);
-  for (int s = 0; s < c.pp; ++s) acts[s] = StageActivationBytes(g, c, bounds, s, sh);
+// Memory of the most loaded (stage, tp rank).
+MemoryEstimate PeakMemory(const std::vector<RankState>& states, const std::vector<int64_t>& acts,
+                          const DeviceProfile& prof) {
+  MemoryEstimate peak;
   bool first = true;
   for (const RankState& st : states) {
     MemoryEstimate m;
@@ -208,11 +207,22 @@ Result<Estimate> EstimateConfig(const Model& model, const GptShape& g, const Par
     m.reserve = prof.reserve_bytes +
                 static_cast<int64_t>(prof.reserve_fraction *
                                      (m.params + m.optimizer + m.gradients + m.activations));
-    if (first || m.total() > est.memory.total()) est.memory = m;
+    if (first || m.total() > peak.total()) peak = m;
     first = false;
   }
+  return peak;
+}
 
-  // Time per micro-batch of each stage; the pipeline runs at the slowest one.
+// Per micro-batch times of the slowest pipeline stage (the pipeline runs at its pace).
+struct StageTime {
+  double compute = 0, tp = 0, p2p = 0;
+  double total() const { return compute + tp + p2p; }
+};
+
+StageTime SlowestStage(const GptShape& g, const ParallelConfig& c, const std::vector<int>& bounds,
+                       const TrainingShape& sh, const DeviceProfile& prof,
+                       const std::vector<double>& speeds) {
+  const int K = prof.gpus_per_host;
   const double s = sh.seq_length, b = sh.micro_batch, t = c.tp;
   const double act_msg = s * b * g.hidden * g.activation_bytes;  // one s·b·h activation tensor
   const bool tp_intra = c.tp <= K && K % c.tp == 0;
@@ -222,8 +232,8 @@ Result<Estimate> EstimateConfig(const Model& model, const GptShape& g, const Par
   const double layer_flops = LayerTrainFlopsPerToken(g, sh) * s * b / t;
   const double logit_flops = 6.0 * g.hidden * static_cast<double>(PaddedVocab(g, c.tp)) * s * b / t;
   const double p2p_msg = c.tp > 1 ? act_msg / t : act_msg;  // scatter-gather / sequence parallel
-  double worst = -1;
-  double comp_k = 0, tp_k = 0, p2p_k = 0;
+  StageTime worst;
+  bool first = true;
   for (int st = 0; st < c.pp; ++st) {
     double speed = 1;
     if (!speeds.empty()) {
@@ -233,49 +243,67 @@ Result<Estimate> EstimateConfig(const Model& model, const GptShape& g, const Par
       }
     }
     const int layers = bounds[st + 1] - bounds[st];
-    double flops = layers * layer_flops + (st == c.pp - 1 ? logit_flops : 0);
-    const double comp = flops / (prof.peak_flops * prof.efficiency * speed);
-    const double tpc = layers * ar_per_layer * RingAllReduce(act_msg, c.tp, tp_bw, tp_lat);
-    double p2p = 0;
+    const double flops = layers * layer_flops + (st == c.pp - 1 ? logit_flops : 0);
+    StageTime x;
+    x.compute = flops / (prof.peak_flops * prof.efficiency * speed);
+    x.tp = layers * ar_per_layer * RingAllReduce(act_msg, c.tp, tp_bw, tp_lat);
     auto link = [&](int other) {
       const int64_t a = c.RankOf(0, 0, st), o = c.RankOf(0, 0, other);
       const bool same = SameHost(std::min(a, o), std::max(a, o), K);
       // forward activation and backward gradient, each way once per micro-batch
-      p2p += 2 * (p2p_msg / (same ? prof.intra_bw : prof.inter_bw) +
-                  (same ? prof.intra_latency : prof.inter_latency));
+      x.p2p += 2 * (p2p_msg / (same ? prof.intra_bw : prof.inter_bw) +
+                    (same ? prof.intra_latency : prof.inter_latency));
     };
     if (st > 0) link(st - 1);
     if (st + 1 < c.pp) link(st + 1);
-    const double total = comp + tpc + p2p;
-    if (total > worst) {
-      worst = total;
-      comp_k = comp;
-      tp_k = tpc;
-      p2p_k = p2p;
-    }
+    if (first || x.total() > worst.total()) worst = x;
+    first = false;
   }
-  const double m = static_cast<double>(est.micro_batches);
-  est.time.compute = m * comp_k;
-  est.time.tp = m * tp_k;
-  est.time.p2p = m * p2p_k;
-  est.time.bubble = (c.pp - 1) * worst;
+  return worst;
+}
 
-  // Data parallel: every rank reduces its gradients over its dp group at the end.
+// Data parallel: every rank reduces its gradients over its dp group at the end of a step;
+// the step waits for the slowest group.
+double DpReduceTime(const ParallelConfig& c, const std::vector<RankState>& states,
+                    const DeviceProfile& prof) {
+  if (c.dp <= 1) return 0;
+  const int K = prof.gpus_per_host;
   double dp_time = 0;
-  if (c.dp > 1) {
-    for (const RankState& st : states) {
-      const int64_t lo = c.RankOf(st.tp, 0, st.stage), hi = c.RankOf(st.tp, c.dp - 1, st.stage);
-      const bool same = SameHost(lo, hi, K);
-      const double bw = same ? prof.intra_bw : prof.inter_bw,
-                   lat = same ? prof.intra_latency : prof.inter_latency;
-      const double grads = static_cast<double>(st.param_elements) * kGradBytes;
-      const double x = c.zero ? RingHalf(grads, c.dp, bw, lat) + RingHalf(st.params, c.dp, bw, lat)
-                              : RingAllReduce(grads, c.dp, bw, lat);
-      dp_time = std::max(dp_time, x);
-    }
+  for (const RankState& st : states) {
+    const int64_t lo = c.RankOf(st.tp, 0, st.stage), hi = c.RankOf(st.tp, c.dp - 1, st.stage);
+    const bool same = SameHost(lo, hi, K);
+    const double bw = same ? prof.intra_bw : prof.inter_bw,
+                 lat = same ? prof.intra_latency : prof.inter_latency;
+    const double grads = static_cast<double>(st.param_elements) * kGradBytes;
+    const double x = c.zero ? RingHalf(grads, c.dp, bw, lat) + RingHalf(st.params, c.dp, bw, lat)
+                            : RingAllReduce(grads, c.dp, bw, lat);
+    dp_time = std::max(dp_time, x);
   }
-  est.time.dp_total = dp_time;
-  est.time.dp = dp_time * (1 - prof.dp_overlap);
+  return dp_time;
+}
+
+}  // namespace
+
+Result<Estimate> EstimateConfig(const Model& model, const GptShape& g, const ParallelConfig& c,
+                                const TrainingShape& sh, const DeviceProfile& prof,
+                                const std::vector<double>& speeds) {
+  TP_RETURN_IF_ERROR(CheckShape(c, sh, speeds));
+  TP_ASSIGN_OR_RETURN(std::vector<int> bounds, StageBounds(model, c));
+  TP_ASSIGN_OR_RETURN(std::vector<RankState> states, StateBytes(model, c));
+  Estimate est;
+  est.micro_batches = sh.global_batch / (static_cast<int64_t>(c.dp) * sh.micro_batch);
+  std::vector<int64_t> acts(c.pp);
+  for (int s = 0; s < c.pp; ++s) acts[s] = StageActivationBytes(g, c, bounds, s, sh);
+  est.memory = PeakMemory(states, acts, prof);
+
+  const StageTime worst = SlowestStage(g, c, bounds, sh, prof, speeds);
+  const double m = static_cast<double>(est.micro_batches);
+  est.time.compute = m * worst.compute;
+  est.time.tp = m * worst.tp;
+  est.time.p2p = m * worst.p2p;
+  est.time.bubble = (c.pp - 1) * worst.total();
+  est.time.dp_total = DpReduceTime(c, states, prof);
+  est.time.dp = est.time.dp_total * (1 - prof.dp_overlap);
   return est;
 }
 
