@@ -197,7 +197,6 @@ Result<std::string> Agent::Impl::Prepare(const std::string& body) {
 
   // Connections to the peers this host reads from (Connect replaces a failed one).
   std::vector<transport::PeerId> peer_ids(r.addresses.size(), 0);
-  std::mutex mu;
   HostExecInput in;
   in.plan = &p;
   in.from = &from;
