@@ -4,8 +4,10 @@
 # tests/fuzz/<target>/. Usage: scripts/fuzz.sh [SECONDS_PER_TARGET (default 20)].
 # A finding (crash, sanitizer report, failed property) fails the script and leaves the
 # input in build-fuzz/artifacts/. Without clang it prints why and succeeds.
-# The mutation seed is fixed (TENPLEX_FUZZ_SEED, default 1) so CI runs are repeatable;
-# run with other seeds and longer times locally to search further.
+# The mutation seed is fixed (TENPLEX_FUZZ_SEED, default 1) and a target stops after
+# TENPLEX_FUZZ_RUNS inputs (default 200000) or the time, whichever comes first, so a CI run
+# covers a prefix of what a complete local run of the same seed covered. Search further
+# with other seeds and more runs locally.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-20}
@@ -33,7 +35,7 @@ for t in $targets; do
   set +e
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
     "$B/bin/$t" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -max_len=65536 \
-    -seed="${TENPLEX_FUZZ_SEED:-1}" -artifact_prefix=$B/artifacts/"$t"- -print_final_stats=1 "$corpus" "${seeds[@]}" >"$log" 2>&1
+    -seed="${TENPLEX_FUZZ_SEED:-1}" -runs="${TENPLEX_FUZZ_RUNS:-200000}" -artifact_prefix=$B/artifacts/"$t"- -print_final_stats=1 "$corpus" "${seeds[@]}" >"$log" 2>&1
   rc=$?
   set -e
   grep -E "^#[0-9]+ +DONE|^stat::number_of_executed_units" "$log" || true
