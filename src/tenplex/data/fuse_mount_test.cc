@@ -38,7 +38,7 @@ std::shared_ptr<const DatasetView> MakeView(const std::string& dir, uint64_t dp)
   EXPECT_TRUE(BuildIndex(dir + "/d.jsonl", DataFormat::kJsonl, dir + "/idx").ok());
   auto d = Dataset::Open(dir + "/idx");
   EXPECT_TRUE(d.ok());
-  auto v = DatasetView::Create(*d, {4, 16, dp, 32});
+  auto v = DatasetView::Create(*d, {4, 16, dp, 32, {}});
   EXPECT_TRUE(v.ok());
   return *v;
 }

@@ -4,6 +4,8 @@
 #include <limits>
 #include <string>
 
+#include "tenplex/util/apportion.h"
+
 namespace tenplex::data {
 
 Result<Slice> RankSlice(uint64_t global_batch, uint64_t dp, uint64_t rank) {
@@ -20,6 +22,34 @@ Result<Slice> RankSlice(uint64_t global_batch, uint64_t dp, uint64_t rank) {
   const uint64_t q = global_batch / dp, m = global_batch % dp;
   auto begin = [&](uint64_t r) { return r * q + std::min(r, m); };
   return Slice{begin(rank), begin(rank + 1)};
+}
+
+Result<Slice> WeightedRankSlice(uint64_t global_batch, uint64_t dp, const std::vector<int>& weights,
+                                uint64_t rank) {
+  if (weights.empty()) return RankSlice(global_batch, dp, rank);
+  if (weights.size() != dp) {
+    return InvalidArgument("dp weights " + JoinWeights(weights) + " list " +
+                           std::to_string(weights.size()) + " ranks but dp is " +
+                           std::to_string(dp));
+  }
+  if (global_batch == 0) return InvalidArgument("global batch must be positive");
+  if (global_batch > (uint64_t{1} << 62)) return InvalidArgument("global batch is too large");
+  if (rank >= dp) {
+    return InvalidArgument("rank " + std::to_string(rank) + " is not below dp " +
+                           std::to_string(dp));
+  }
+  const std::vector<int64_t> n = Apportion(static_cast<int64_t>(global_batch), weights);
+  for (std::size_t j = 0; j < n.size(); ++j) {
+    if (n[j] == 0) {
+      return InvalidArgument("dp_weights=" + JoinWeights(weights) + " gives dp rank " +
+                             std::to_string(j) + " no samples of the global batch of " +
+                             std::to_string(global_batch) + "; every rank needs at least one");
+    }
+  }
+  Slice s;
+  for (uint64_t j = 0; j < rank; ++j) s.begin += n[j];
+  s.end = s.begin + n[rank];
+  return s;
 }
 
 Result<GlobalOrder> GlobalOrder::Create(const OrderSpec& spec) {

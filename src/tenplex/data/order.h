@@ -13,9 +13,10 @@
 // and m = B mod dp, the first m ranks take q + 1 samples and the others q, so
 //   begin(r) = r*q + min(r, m),   end(r) = begin(r + 1),
 // sizes differ by at most one, and concatenating the slices of ranks 0..dp-1 gives the
-// global batch whatever dp is. Because the global sequence does not depend on dp, a
-// job that stops after step g-1 with one dp and resumes at P = g*B with another reads
-// every sample exactly once per epoch, as if nothing had changed.
+// global batch whatever dp is. With dp weights (spec §9, for devices of different speed)
+// the slice sizes are the largest-remainder apportionment of B by the weights instead. Because the
+// global sequence does not depend on dp, a job that stops after step g-1 with one dp and resumes at
+// P = g*B with another reads every sample exactly once per epoch, as if nothing had changed.
 #pragma once
 
 #include <cstdint>
@@ -37,6 +38,13 @@ struct Slice {
 // ranks. Errors: global_batch or dp zero, dp > global_batch (a rank would get nothing),
 // rank >= dp.
 Result<Slice> RankSlice(uint64_t global_batch, uint64_t dp, uint64_t rank);
+
+// Spec §9 (dp_weights): dp = weights.size() ranks, rank j reads the contiguous slice of
+// n_j = Apportion(global_batch, weights)_j samples at offset sum_{k<j} n_k
+// (util/apportion.h); equal weights give RankSlice above. Empty weights mean equal.
+// Errors as above, a weights count other than dp, and a rank with 0 samples (naming it).
+Result<Slice> WeightedRankSlice(uint64_t global_batch, uint64_t dp, const std::vector<int>& weights,
+                                uint64_t rank);
 
 struct OrderSpec {
   uint64_t num_samples = 0;

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <random>
 #include <set>
 
 namespace tenplex::data {
@@ -39,6 +40,70 @@ TEST(OrderTest, RankSlicesAreBalancedContiguousAndCover) {
   }
   EXPECT_EQ(RankSlice(10, 4, 0)->size(), 3u);  // 3 3 2 2
   EXPECT_EQ(RankSlice(10, 4, 3)->begin, 8u);
+}
+
+// Spec §9 dp weights: slices are contiguous, cover the batch in rank order, and their
+// sizes are the largest-remainder apportionment, checked by its defining properties:
+// each n_j is floor(B w_j / W) or one more, and every rank given one more has a larger
+// remainder (B w_j mod W) than every rank not given one, or an equal one and a lower rank.
+TEST(OrderTest, WeightedRankSlicesAreTheLargestRemainderApportionment) {
+  std::mt19937 rng(3);
+  for (int iter = 0; iter < 3000; ++iter) {
+    const uint64_t dp = 1 + rng() % 6, b = dp + rng() % 40;
+    std::vector<int> w(dp);
+    for (int& x : w) x = 1 + static_cast<int>(rng() % 5);
+    uint64_t W = 0;
+    for (int x : w) W += x;
+    std::vector<uint64_t> n(dp);
+    uint64_t next = 0;
+    bool zero = false;
+    for (uint64_t r = 0; r < dp; ++r) zero |= b * w[r] / W == 0 && b * w[r] % W == 0;
+    for (uint64_t r = 0; r < dp; ++r) {
+      auto s = WeightedRankSlice(b, dp, w, r);
+      if (!s.ok()) {
+        zero = true;
+        EXPECT_NE(s.status().message().find("no samples"), std::string::npos);
+        break;
+      }
+      EXPECT_EQ(s->begin, next);
+      next = s->end;
+      n[r] = s->size();
+    }
+    if (zero) continue;
+    EXPECT_EQ(next, b);
+    std::vector<bool> extra(dp);
+    for (uint64_t j = 0; j < dp; ++j) {
+      const uint64_t fl = b * w[j] / W;
+      ASSERT_TRUE(n[j] == fl || n[j] == fl + 1) << b << " rank " << j;
+      extra[j] = n[j] == fl + 1;
+    }
+    for (uint64_t j = 0; j < dp; ++j) {
+      for (uint64_t k = 0; k < dp; ++k) {
+        if (!extra[j] || extra[k]) continue;
+        const uint64_t rj = b * w[j] % W, rk = b * w[k] % W;
+        EXPECT_TRUE(rj > rk || (rj == rk && j < k)) << b << " ranks " << j << " " << k;
+      }
+    }
+    // Equal weights are the v1 rule.
+    for (uint64_t r = 0; r < dp; ++r) {
+      auto e = WeightedRankSlice(b, dp, std::vector<int>(dp, w[0]), r);
+      ASSERT_TRUE(e.ok());
+      EXPECT_EQ(e->begin, RankSlice(b, dp, r)->begin);
+      EXPECT_EQ(e->end, RankSlice(b, dp, r)->end);
+    }
+  }
+  // The spec's example: B = 10, weights 2+1+1 give 5, 3, 2.
+  EXPECT_EQ(WeightedRankSlice(10, 3, {2, 1, 1}, 0)->size(), 5u);
+  EXPECT_EQ(WeightedRankSlice(10, 3, {2, 1, 1}, 1)->size(), 3u);
+  EXPECT_EQ(WeightedRankSlice(10, 3, {2, 1, 1}, 2)->begin, 8u);
+  // 4 samples over 1+1+9: quotas 4/11, 4/11, 36/11; floors 0, 0, 3; the one left goes to
+  // rank 0 (remainder 4, tie with rank 1, lower rank), so rank 1 gets none.
+  auto bad = WeightedRankSlice(4, 3, {1, 1, 9}, 2);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("dp rank 1 no samples"), std::string::npos)
+      << bad.status().message();
+  EXPECT_FALSE(WeightedRankSlice(4, 3, {1, 1}, 0).ok());
+  EXPECT_FALSE(WeightedRankSlice(4, 2, {1, 1}, 2).ok());
 }
 
 TEST(OrderTest, BadSizesAreErrors) {

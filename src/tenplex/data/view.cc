@@ -208,7 +208,7 @@ Result<std::shared_ptr<const DatasetView>> DatasetView::Create(
   TP_ASSIGN_OR_RETURN(GlobalOrder order,
                       GlobalOrder::Create({dataset->num_samples(), spec.seed, spec.global_batch}));
   TP_ASSIGN_OR_RETURN(StepInfo first, order.Locate(spec.start_sample));
-  TP_RETURN_IF_ERROR(RankSlice(spec.global_batch, spec.dp, 0).status());
+  TP_RETURN_IF_ERROR(WeightedRankSlice(spec.global_batch, spec.dp, spec.dp_weights, 0).status());
   std::shared_ptr<DatasetView> v(new DatasetView());
   v->spec_ = spec;
   v->first_ = first;
@@ -227,10 +227,12 @@ Result<std::shared_ptr<const DatasetView>> DatasetView::Create(
                          {"first_step", first.step},
                          {"end_step", first.step + v->steps_},
                          {"ranks", nlohmann::json::array()}};
+  if (!spec.dp_weights.empty()) info["dp_weights"] = spec.dp_weights;
   auto& root = v->dirs_[""];
   root.push_back("info.json");
   for (uint64_t r = 0; r < spec.dp; ++r) {
-    TP_ASSIGN_OR_RETURN(Slice slice, RankSlice(spec.global_batch, spec.dp, r));
+    TP_ASSIGN_OR_RETURN(Slice slice,
+                        WeightedRankSlice(spec.global_batch, spec.dp, spec.dp_weights, r));
     RankRecords rr{v->perm_, spec.global_batch, first.batch_in_epoch, v->steps_, slice};
     const std::string dir = RankDir(r);
     root.push_back(dir);
@@ -257,7 +259,7 @@ Result<std::shared_ptr<const DatasetView>> DatasetView::Create(
 
 std::vector<uint64_t> DatasetView::RankSampleIds(uint64_t rank) const {
   std::vector<uint64_t> ids;
-  auto slice = RankSlice(spec_.global_batch, spec_.dp, rank);
+  auto slice = WeightedRankSlice(spec_.global_batch, spec_.dp, spec_.dp_weights, rank);
   if (!slice.ok()) return ids;
   RankRecords rr{perm_, spec_.global_batch, first_.batch_in_epoch, steps_, *slice};
   ids.reserve(rr.count());

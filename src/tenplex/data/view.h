@@ -36,6 +36,7 @@ struct ViewSpec {
   uint64_t global_batch = 0;
   uint64_t dp = 0;
   uint64_t start_sample = 0;
+  std::vector<int> dp_weights;  // spec §9: dp weights of the slices; empty means equal
 };
 
 // A read-only file whose bytes are generated on demand. Thread-safe.

@@ -41,8 +41,21 @@ std::vector<uint64_t> ExpectedIds(const Dataset& d, const ViewSpec& s, uint64_t 
   StepInfo first = *o->Locate(s.start_sample);
   std::vector<uint64_t> ids;
   for (uint64_t j = first.batch_in_epoch; j < o->batches_per_epoch(); ++j) {
-    o->AppendBatch(first.step + (j - first.batch_in_epoch), *RankSlice(s.global_batch, s.dp, rank),
-                   &ids);
+    // The rank's slice, element by element: sample i of a batch belongs to the rank
+    // whose prefix of WeightedRankSlice sizes covers it.
+    Slice mine{s.global_batch, 0};
+    for (uint64_t i = 0; i < s.global_batch; ++i) {
+      uint64_t owner = 0, end = 0;
+      for (uint64_t r = 0; r < s.dp; ++r) {
+        end += WeightedRankSlice(s.global_batch, s.dp, s.dp_weights, r)->size();
+        if (i < end) {
+          owner = r;
+          break;
+        }
+      }
+      if (owner == rank) mine = {std::min(mine.begin, i), i + 1};
+    }
+    o->AppendBatch(first.step + (j - first.batch_in_epoch), mine, &ids);
   }
   return ids;
 }
@@ -72,8 +85,10 @@ void CheckRandomReads(const ViewFile& f, const std::string& whole, uint64_t seed
 TEST(ViewTest, JsonlRankFilesAreTheRanksRecordsInOrder) {
   std::string dir = TempDir("view-jsonl");
   auto d = MakeJsonl(dir, 61);
-  for (ViewSpec s : {ViewSpec{3, 10, 3, 0}, ViewSpec{3, 10, 3, 20}, ViewSpec{5, 7, 7, 56},
-                     ViewSpec{5, 12, 5, 60}, ViewSpec{0, 1, 1, 3}}) {
+  for (ViewSpec s :
+       {ViewSpec{3, 10, 3, 0, {}}, ViewSpec{3, 10, 3, 20, {}}, ViewSpec{5, 7, 7, 56, {}},
+        ViewSpec{5, 12, 5, 60, {}}, ViewSpec{0, 1, 1, 3, {}}, ViewSpec{3, 10, 3, 20, {2, 1, 1}},
+        ViewSpec{5, 12, 4, 60, {1, 5, 2, 3}}}) {
     auto v = DatasetView::Create(d, s);
     ASSERT_TRUE(v.ok()) << v.status().ToString();
     std::vector<uint64_t> all;
@@ -89,6 +104,9 @@ TEST(ViewTest, JsonlRankFilesAreTheRanksRecordsInOrder) {
     }
     auto info = nlohmann::json::parse(*ReadAll(*(*v)->File("info.json")));
     EXPECT_EQ(info["dp"], s.dp);
+    if (!s.dp_weights.empty()) {
+      EXPECT_EQ(info["dp_weights"], s.dp_weights);
+    }
     EXPECT_EQ(info["first_step"], s.start_sample / s.global_batch);
     EXPECT_EQ(info["ranks"].size(), s.dp);
   }
@@ -96,7 +114,7 @@ TEST(ViewTest, JsonlRankFilesAreTheRanksRecordsInOrder) {
 
 TEST(ViewTest, DirectoryTable) {
   std::string dir = TempDir("view-dirs");
-  auto v = *DatasetView::Create(MakeJsonl(dir, 20), {1, 4, 2, 0});
+  auto v = *DatasetView::Create(MakeJsonl(dir, 20), {1, 4, 2, 0, {}});
   EXPECT_TRUE(v->IsDir(""));
   EXPECT_TRUE(v->IsDir("rank-00001"));
   EXPECT_FALSE(v->IsDir("rank-00002"));
@@ -109,7 +127,8 @@ TEST(ViewTest, DirectoryTable) {
 TEST(ViewTest, MegatronBinAndIdxDescribeTheRanksSequences) {
   std::string dir = TempDir("view-megatron");
   auto d = MakeMegatron(dir, 40);
-  for (ViewSpec s : {ViewSpec{8, 6, 4, 0}, ViewSpec{8, 6, 4, 18}, ViewSpec{2, 9, 2, 36}}) {
+  for (ViewSpec s :
+       {ViewSpec{8, 6, 4, 0, {}}, ViewSpec{8, 6, 4, 18, {}}, ViewSpec{2, 9, 2, 36, {}}}) {
     auto v = DatasetView::Create(d, s);
     ASSERT_TRUE(v.ok()) << v.status().ToString();
     for (uint64_t r = 0; r < s.dp; ++r) {
@@ -147,11 +166,12 @@ TEST(ViewTest, MegatronBinAndIdxDescribeTheRanksSequences) {
 TEST(ViewTest, BadSpecsAreErrors) {
   std::string dir = TempDir("view-bad");
   auto d = MakeJsonl(dir, 20);
-  EXPECT_EQ(DatasetView::Create(d, {0, 4, 2, 5}).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(DatasetView::Create(d, {0, 4, 5, 0}).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(DatasetView::Create(d, {0, 0, 1, 0}).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(DatasetView::Create(d, {0, 21, 1, 0}).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(DatasetView::Create(d, {0, 4, 0, 0}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(DatasetView::Create(d, {0, 4, 2, 5, {}}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(DatasetView::Create(d, {0, 4, 5, 0, {}}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(DatasetView::Create(d, {0, 0, 1, 0, {}}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(DatasetView::Create(d, {0, 21, 1, 0, {}}).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(DatasetView::Create(d, {0, 4, 0, 0, {}}).status().code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -171,7 +171,8 @@ void AddGptTensors(const GptArgs& a, const GptDims& dims, Model& m) {
     if (bias)
       add(p + "self_attention.linear_qkv.bias", {qkv_rows}, split(0, group_rows, "query groups"),
           s);
-    add(p + "self_attention.linear_proj.weight", {h, heads * d}, split(1), s);
+    add(p + "self_attention.linear_proj.weight", {h, heads * d},
+        split(1, heads / g * d, "query groups"), s);
     if (bias) add(p + "self_attention.linear_proj.bias", {h}, rep, s);
     ln(p + "mlp.linear_fc1.", s);
     add(p + "mlp.linear_fc1.weight", {k * f, h}, blocks, s);

@@ -17,43 +17,49 @@ int StageOf(const Stage& st, const std::vector<int>& bounds) {
   return static_cast<int>(it - bounds.begin()) - 1;
 }
 
-// The local shape of tensor t on tp rank r of T, and its pieces (global -> local).
-void Slice(const TensorDesc& t, const std::string& global_name, int r, int T, Shape* shape,
-           std::vector<Piece>* pieces) {
+// The local shape of tensor t on tp rank r, and its pieces (global -> local): rank r
+// holds units [u.begin, u.end) of the split dim (of every block for blocks(k)), each
+// `unit` rows or columns long (spec §4, §9).
+void Slice(const TensorDesc& t, const std::string& global_name, const ParallelConfig& config, int r,
+           Shape* shape, std::vector<Piece>* pieces) {
   const TpRule& rule = t.tp;
   *shape = t.shape;
   Box g = BoxOf(t.shape);
+  if (rule.kind == TpRule::kReplicate) {
+    pieces->push_back({global_name, g, g});
+    return;
+  }
+  const int64_t unit = TpUnitsOf(t, config.tp).unit;
+  const UnitRange u = TpUnitRange(t, config, r);
+  const int64_t b = u.begin * unit, e = u.end * unit, part = e - b;
   switch (rule.kind) {
     case TpRule::kReplicate:
-      pieces->push_back({global_name, g, g});
       return;
     case TpRule::kSplit: {
-      int64_t part = t.shape[rule.dim] / T;
       (*shape)[rule.dim] = part;
-      g[rule.dim] = {r * part, (r + 1) * part};
+      g[rule.dim] = {b, e};
       pieces->push_back({global_name, g, BoxOf(*shape)});
       return;
     }
     case TpRule::kBlocks: {
-      int64_t block = t.shape[0] / rule.blocks, part = block / T;
+      const int64_t block = t.shape[0] / rule.blocks;
       (*shape)[0] = part * rule.blocks;
-      for (int b = 0; b < rule.blocks; ++b) {
+      for (int k = 0; k < rule.blocks; ++k) {
         Box gb = g, lb = BoxOf(*shape);
-        gb[0] = {b * block + r * part, b * block + (r + 1) * part};
-        lb[0] = {b * part, (b + 1) * part};
+        gb[0] = {k * block + b, k * block + e};
+        lb[0] = {k * part, (k + 1) * part};
         if (part > 0) pieces->push_back({global_name, gb, lb});
       }
       return;
     }
     case TpRule::kVocab: {
-      int64_t V = t.shape[0], unit = rule.divisible_by * T;
-      int64_t Vp = (V + unit - 1) / unit * unit, part = Vp / T;
+      const int64_t V = t.shape[0];
       (*shape)[0] = part;
-      int64_t b = std::min(V, r * part), e = std::min(V, (r + 1) * part);
-      if (e > b) {
+      const int64_t vb = std::min(V, b), ve = std::min(V, e);
+      if (ve > vb) {
         Box gb = g, lb = BoxOf(*shape);
-        gb[0] = {b, e};
-        lb[0] = {0, e - b};
+        gb[0] = {vb, ve};
+        lb[0] = {0, ve - vb};
         pieces->push_back({global_name, gb, lb});
       }
       return;
@@ -99,7 +105,7 @@ const LocalTensor* RankLayout::Find(const std::string& name) const {
 Result<Layout> MakeLayout(const Model& model, const ParallelConfig& config) {
   TP_RETURN_IF_ERROR(ValidateConfig(model, config));
   Layout layout;
-  layout.config = config;
+  layout.config = CanonicalConfig(model, config);
   TP_ASSIGN_OR_RETURN(layout.stage_bounds, StageBounds(model, config));
   for (GlobalTensor& g : GlobalTensors(model)) layout.globals.emplace(g.name, std::move(g));
   const int T = config.tp, P = config.pp, D = config.dp;
@@ -128,7 +134,7 @@ Result<Layout> MakeLayout(const Model& model, const ParallelConfig& config) {
         lt.name = e.local_name;
         lt.param = e.global_name;
         lt.dtype = e.desc->dtype;
-        Slice(*e.desc, e.global_name, t, T, &lt.shape, &lt.pieces);
+        Slice(*e.desc, e.global_name, config, t, &lt.shape, &lt.pieces);
         params.push_back(std::move(lt));
       }
       auto companions_of = [&](const LocalTensor& p, const ParamEntry& e, const std::string& kind) {

@@ -13,6 +13,11 @@
 //                  order (B pieces);
 //   vocab          Vp = ceil(V/(m T)) m T rows split in T parts of Vp/T; rows >= V
 //                  are padding.
+// With tp_weights (spec §9) the parts are unequal: the split dim is U whole units (a
+// query group of rows or columns, one row per block, m vocabulary rows; TpUnitsOf) and
+// rank t holds its contiguous range of Apportion(U, tp_weights) (TpUnitRange), so local
+// shapes differ between tp ranks; without weights the same code gives the even split.
+// dp_weights do not change what a rank holds (they weight the data, data/order.h).
 // Stage s holds layers [bounds[s], bounds[s+1]) (renumbered from 0 in local names),
 // "first" tensors on stage 0, "last" tensors on stage pp-1, and aliases whose target
 // lives on another stage. Without ZeRO, optimizer companions follow their parameter;

@@ -55,8 +55,96 @@ class Reference {
     return StageOfLayer(st.layer);
   }
 
+  // Spec §9 unit of a GPT tensor, from its path and the hyper-parameters (not from the
+  // model's TP rule): U units along the split dim, each `unit` rows or columns. Returns
+  // U = 0 for replicated tensors.
+  std::pair<int64_t, int64_t> Units(const TensorDesc& p) const {
+    auto info = [&](const char* k) { return std::stoll(m_.info.at(k)); };
+    const int64_t a = info("num_attention_heads"), g = info("num_query_groups"),
+                  d = info("kv_channels"), f = info("ffn_hidden_size"),
+                  m = info("make_vocab_size_divisible_by");
+    auto ends = [&](const char* suffix) {
+      const std::string sfx(suffix);
+      return p.path.size() >= sfx.size() &&
+             p.path.compare(p.path.size() - sfx.size(), sfx.size(), sfx) == 0;
+    };
+    if (ends("linear_qkv.weight") || ends("linear_qkv.bias")) return {g, (a / g + 2) * d};
+    if (ends("linear_proj.weight")) return {g, (a / g) * d};
+    if (ends("linear_fc1.weight") || ends("linear_fc1.bias") || ends("linear_fc2.weight"))
+      return {f, 1};
+    if (p.path == "embedding.word_embeddings.weight" || p.path == "output_layer.weight") {
+      const int64_t V = p.shape[0], T = c_.tp;
+      return {((V + m * T - 1) / (m * T)) * (m * T) / m, m};
+    }
+    return {0, 1};
+  }
+
+  // Units per tp rank by largest remainders (spec §9), written as a count: rank i gets
+  // an extra unit when fewer than R ranks rank before it (larger remainder, or equal
+  // remainder and lower rank).
+  std::vector<int64_t> Counts(int64_t U) const {
+    const std::vector<int>& w = c_.tp_weights;
+    int64_t W = 0, given = 0;
+    for (int x : w) W += x;
+    std::vector<int64_t> n(w.size()), rem(w.size());
+    for (std::size_t i = 0; i < w.size(); ++i) {
+      n[i] = U * w[i] / W;
+      rem[i] = U * w[i] - n[i] * W;
+      given += n[i];
+    }
+    std::vector<int64_t> out = n;
+    for (std::size_t i = 0; i < w.size(); ++i) {
+      int64_t before = 0;
+      for (std::size_t j = 0; j < w.size(); ++j)
+        before += rem[j] > rem[i] || (rem[j] == rem[i] && j < i);
+      if (before < U - given) ++out[i];
+    }
+    return out;
+  }
+
+  // The (tensor path, tp rank) MakeLayout must name as getting no unit: the first split
+  // tensor in model order with a rank of 0 units, its lowest such rank; {"", -1} if none.
+  std::pair<std::string, int> ExpectedError() const {
+    if (c_.tp_weights.empty()) return {"", -1};
+    for (const TensorDesc& p : m_.tensors) {
+      if (p.tp.kind == TpRule::kReplicate) continue;
+      std::vector<int64_t> n = Counts(Units(p).first);
+      for (int t = 0; t < c_.tp; ++t) {
+        if (n[t] == 0) return {p.path, t};
+      }
+    }
+    return {"", -1};
+  }
+
+  // Spec §9: rank t holds units [o, o + n_t) of the split dim (of every block).
+  std::pair<Shape, std::vector<int64_t>> WeightedSlice(const TensorDesc& p, int t) const {
+    auto [U, unit] = Units(p);
+    Shape ls = p.shape;
+    std::vector<int64_t> n = Counts(U);
+    int64_t o = 0;
+    for (int k = 0; k < t; ++k) o += n[k];
+    const int64_t V = p.shape[0];
+    const bool vocab = p.tp.kind == TpRule::kVocab;
+    const bool fc1 = p.tp.kind == TpRule::kBlocks;
+    const int dim = p.tp.kind == TpRule::kReplicate ? -1 : p.tp.dim;
+    const int64_t k_blocks = fc1 ? p.shape[0] / U : 1;
+    if (dim >= 0) ls[dim] = n[t] * unit * k_blocks;
+    std::vector<int64_t> g(Volume(ls));
+    for (int64_t e = 0; e < Volume(ls); ++e) {
+      auto idx = Unravel(e, ls);
+      if (fc1) {
+        idx[0] = (idx[0] / n[t]) * U + o + idx[0] % n[t];
+      } else if (dim >= 0) {
+        idx[dim] += o * unit;
+      }
+      g[e] = (vocab && idx[0] >= V) ? -1 : Ravel(idx, p.shape);
+    }
+    return {ls, g};
+  }
+
   // Local shape and per-element global index (or -1 for padding) of param on tp rank t.
   std::pair<Shape, std::vector<int64_t>> Slice(const TensorDesc& p, int t) const {
+    if (!c_.tp_weights.empty()) return WeightedSlice(p, t);
     const int64_t T = c_.tp;
     Shape ls = p.shape;
     int64_t part = 0, block = 0, V = 0, Vp = 0;
@@ -213,10 +301,18 @@ std::vector<Elem> FromPieces(const LocalTensor& lt, const Layout& layout,
 
 void CheckLayout(const Model& m, const ParallelConfig& c) {
   SCOPED_TRACE(m.name + " " + c.ToString());
+  Reference ref(m, c);
+  auto [bad_tensor, bad_rank] = ref.ExpectedError();
   auto layout = MakeLayout(m, c);
+  if (!bad_tensor.empty()) {
+    ASSERT_FALSE(layout.ok()) << "expected an error for " << bad_tensor;
+    const std::string& msg = layout.status().message();
+    EXPECT_NE(msg.find("tp rank " + std::to_string(bad_rank) + " no "), std::string::npos) << msg;
+    EXPECT_NE(msg.find(" of " + bad_tensor + " "), std::string::npos) << msg;
+    return;
+  }
   ASSERT_TRUE(layout.ok()) << layout.status().ToString();
   ASSERT_EQ(layout->world_size(), c.world_size());
-  Reference ref(m, c);
   for (int r = 0; r < c.world_size(); ++r) {
     const RankLayout& rl = layout->ranks[r];
     EXPECT_EQ(rl.rank, r);
@@ -241,15 +337,15 @@ void CheckLayout(const Model& m, const ParallelConfig& c) {
   }
 }
 
-Model Tiny(bool swiglu, int64_t groups, bool tied, bool bias, bool rms, bool bf16,
-           bool adam = true) {
+Model Tiny(bool swiglu, int64_t groups, bool tied, bool bias, bool rms, bool bf16, bool adam = true,
+           int64_t heads = 4, int64_t hidden = 8) {
   GptArgs a;
   a.name = std::string("tiny") + (swiglu ? "-swiglu" : "") + "-g" + std::to_string(groups) +
            (tied ? "-tied" : "-untied") + (bias ? "-bias" : "-nobias") + (rms ? "-rms" : "-ln") +
-           (bf16 ? "-bf16" : "-fp32") + (adam ? "" : "-noopt");
+           (bf16 ? "-bf16" : "-fp32") + (adam ? "" : "-noopt") + "-a" + std::to_string(heads);
   a.num_layers = 4;
-  a.hidden_size = 8;
-  a.num_attention_heads = 4;
+  a.hidden_size = hidden;
+  a.num_attention_heads = heads;
   a.num_query_groups = groups;
   a.ffn_hidden_size = 12;
   a.vocab_size = 37;
@@ -350,6 +446,133 @@ TEST(ConfigTest, ParsesAndRejects) {
   auto s = MakeLayout(g8, *ParseConfig("tp=4"));
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.status().message().find("f % tp"), std::string::npos) << s.status().message();
+}
+
+// Spec §9: uneven TP splits (tp_weights) and dp weights, per element against the
+// weighted reference, with GQA (8 heads in 4 or 2 groups, 6 heads in 3 groups), SwiGLU,
+// tied and untied embeddings with pp, ZeRO-1, and the configs where a rank would get
+// no unit (the error must name the tensor and the rank).
+TEST(LayoutTest, WeightedMatchesBruteForceReference) {
+  // Base models: MHA with/without SwiGLU, tied/untied, bf16, no optimizer; plus GQA.
+  std::vector<Model> models = Models();
+  models.erase(models.begin() + 1, models.begin() + 3);
+  models.push_back(Tiny(true, 4, false, true, false, false, true, 8, 16));  // GQA 8/4, untied
+  models.push_back(Tiny(false, 2, true, false, true, true, true, 8, 16));   // GQA 8/2, tied
+  models.push_back(Tiny(true, 3, true, true, false, false, true, 6, 12));   // GQA 6/3
+  const char* tps[] = {
+      "tp=2,tp_weights=1+1",     "tp=2,tp_weights=3+1",     "tp=2,tp_weights=1+2",
+      "tp=2,tp_weights=5+3",     "tp=3,tp_weights=1+1+1",   "tp=3,tp_weights=2+1+1",
+      "tp=3,tp_weights=1+2+3",   "tp=4,tp_weights=1+1+1+1", "tp=4,tp_weights=4+3+2+1",
+      "tp=4,tp_weights=1+1+1+2", "tp=1,tp_weights=7"};
+  // Stages: pp=1, and three stages (the tied output copy on the last one).
+  const char* pps[] = {"pp=1", "pp=3,layers=2+1+1"};
+  const char* dps[] = {"dp=1,zero=0", "dp=2,dp_weights=3+1,zero=0", "dp=2,dp_weights=3+1,zero=1",
+                       "dp=3,dp_weights=1+2+1,zero=1"};
+  int checked = 0, errors = 0;
+  for (const Model& m : models) {
+    for (const char* tp : tps) {
+      for (const char* pp : pps) {
+        for (const char* dp : dps) {
+          const std::string cs = std::string(tp) + "," + pp + "," + dp;
+          auto c = ParseConfig(cs);
+          ASSERT_TRUE(c.ok()) << cs << ": " << c.status().ToString();
+          CheckLayout(m, *c);
+          ++checked;
+          errors += !Reference(m, *c).ExpectedError().first.empty();
+        }
+      }
+    }
+  }
+  // Both kinds of case occur.
+  EXPECT_GT(errors, 20);
+  EXPECT_GT(checked - errors, 300);
+}
+
+// Spec §9 example: g = 8 query groups, f = 64, V = 50, m = 8, tp=2,tp_weights=3+1.
+TEST(LayoutTest, SpecNineExample) {
+  GptArgs a;
+  a.name = "spec9";
+  a.num_layers = 2;
+  a.hidden_size = 16;
+  a.num_attention_heads = 8;
+  a.num_query_groups = 8;
+  a.ffn_hidden_size = 64;
+  a.vocab_size = 50;
+  a.make_vocab_size_divisible_by = 8;
+  a.max_position_embeddings = 4;
+  auto m = MakeGpt(a);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  auto l = MakeLayout(*m, *ParseConfig("tp=2,tp_weights=3+1"));
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  const int64_t group = (8 / 8 + 2) * 2;  // d = 16 / 8
+  auto piece0 = [&](int r, const char* name) {
+    return l->ranks[r].Find(name)->pieces.at(0).global;
+  };
+  EXPECT_EQ(piece0(0, "decoder.layers.0.self_attention.linear_qkv.weight"),
+            Box({{0, 6 * group}, {0, 16}}));
+  EXPECT_EQ(piece0(1, "decoder.layers.0.self_attention.linear_qkv.weight"),
+            Box({{6 * group, 8 * group}, {0, 16}}));
+  EXPECT_EQ(piece0(1, "decoder.layers.0.self_attention.linear_proj.weight"),
+            Box({{0, 16}, {12, 16}}));
+  EXPECT_EQ(piece0(0, "decoder.layers.1.mlp.linear_fc1.weight"), Box({{0, 48}, {0, 16}}));
+  EXPECT_EQ(piece0(1, "decoder.layers.1.mlp.linear_fc2.weight"), Box({{0, 16}, {48, 64}}));
+  // Vocabulary: Vp = 64, 8 units of 8 rows split 6+2; rank 1 rows 48..63, 50.. padding.
+  EXPECT_EQ(l->ranks[0].Find("embedding.word_embeddings.weight")->shape, (Shape{48, 16}));
+  EXPECT_EQ(l->ranks[1].Find("embedding.word_embeddings.weight")->shape, (Shape{16, 16}));
+  EXPECT_EQ(piece0(1, "embedding.word_embeddings.weight"), Box({{48, 50}, {0, 16}}));
+  // Weights are not reduced, but 6+2 gives the same layout as 3+1.
+  auto l62 = MakeLayout(*m, *ParseConfig("tp=2,tp_weights=6+2"));
+  ASSERT_TRUE(l62.ok());
+  EXPECT_EQ(LayoutToJson(*l62, false), LayoutToJson(*l, false));
+  // 8 groups over tp=3: plain tp=3 is an error, equal weights give 3+3+2 groups.
+  EXPECT_FALSE(MakeLayout(*m, *ParseConfig("tp=3")).ok());
+  auto l3 = MakeLayout(*m, *ParseConfig("tp=3,tp_weights=1+1+1"));
+  ASSERT_TRUE(l3.ok()) << l3.status().ToString();
+  EXPECT_EQ(l3->config.ToString(), "tp=3,pp=1,dp=1,tp_weights=1+1+1");
+  EXPECT_EQ(
+      l3->ranks[2].Find("decoder.layers.0.self_attention.linear_qkv.weight")->pieces[0].global,
+      Box({{6 * group, 8 * group}, {0, 16}}));
+}
+
+TEST(ConfigTest, WeightsParseCanonicalAndReject) {
+  auto c = ParseConfig("dp_weights=2+1+1,tp=2,dp=3,tp_weights=3+1");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->ToString(), "tp=2,pp=1,dp=3,tp_weights=3+1,dp_weights=2+1+1");
+  EXPECT_EQ(ParseConfig(c->ToString())->ToString(), c->ToString());
+  EXPECT_EQ(c->TpWeights(), (std::vector<int>{3, 1}));
+  EXPECT_EQ(ParseConfig("dp=2")->DpWeights(), (std::vector<int>{1, 1}));
+  for (const char* bad :
+       {"tp=2,tp_weights=1", "tp=2,tp_weights=1+1+1", "tp=2,tp_weights=0+1", "tp=2,tp_weights=1+-1",
+        "tp=2,tp_weights=1+x", "tp=2,tp_weights=", "dp=2,dp_weights=2", "dp=2,dp_weights=1+0",
+        "tp=2,tp_weights=1+1,tp_weights=1+1", "tp=2,tp_weights=1+99999999"}) {
+    EXPECT_FALSE(ParseConfig(bad).ok()) << bad;
+  }
+  // Canonical: equal weights dropped when the even split applies (g = 4, f = 12).
+  Model m = Tiny(false, 4, true, true, false, false);
+  auto canon = [&](const char* cs) { return CanonicalConfig(m, *ParseConfig(cs)).ToString(); };
+  EXPECT_EQ(canon("tp=2,tp_weights=2+2,dp=2,dp_weights=5+5"), "tp=2,pp=1,dp=2");
+  EXPECT_EQ(canon("tp=3,tp_weights=1+1+1"), "tp=3,pp=1,dp=1,tp_weights=1+1+1");  // g % 3 != 0
+  EXPECT_EQ(canon("tp=2,tp_weights=3+1,dp=2,dp_weights=1+2"),
+            "tp=2,pp=1,dp=2,tp_weights=3+1,dp_weights=1+2");
+  // A layout records the canonical config; dp_weights leave the layout unchanged.
+  auto l = MakeLayout(m, *ParseConfig("tp=2,tp_weights=1+1,dp=2,dp_weights=3+1"));
+  ASSERT_TRUE(l.ok());
+  EXPECT_EQ(l->config.ToString(), "tp=2,pp=1,dp=2,dp_weights=3+1");
+  EXPECT_EQ(LayoutToJson(*l, false),
+            LayoutToJson(*MakeLayout(m, *ParseConfig("tp=2,dp=2")), false));
+  // Error names the tensor and the rank: 4 query groups over 4+3+2+1 give 2+1+1+0.
+  auto e = MakeLayout(m, *ParseConfig("tp=4,tp_weights=4+3+2+1"));
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("tp rank 3 no query groups of "
+                                      "decoder.layers.0.self_attention.linear_qkv.weight"),
+            std::string::npos)
+      << e.status().message();
+  // Vocabulary: V = 37, m = 4, tp = 2: 10 units; weights 1+20 give rank 0 none.
+  Model untied = Tiny(false, 4, false, true, false, false);
+  auto v = MakeLayout(untied, *ParseConfig("tp=2,tp_weights=1+20"));
+  ASSERT_FALSE(v.ok());
+  EXPECT_NE(v.status().message().find("tp rank 0 no vocabulary units"), std::string::npos)
+      << v.status().message();
 }
 
 }  // namespace
