@@ -183,7 +183,7 @@ void FuseRow(const Fixture& f, const char* name, const char* file, uint64_t dp, 
   const std::string tag = std::to_string(counter++);
   const std::string mp = f.dir + "/mnt-" + tag;
   fs::create_directories(mp);
-  td::ViewSpec spec{7, 64, dp, 0};
+  td::ViewSpec spec{7, 64, dp, 0, {}};
   auto view = td::DatasetView::Create(f.dataset, spec);
   Check(view.status(), "view");
   const std::string rel = td::DatasetView::RankDir(0) + "/" + file;
