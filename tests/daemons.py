@@ -29,9 +29,10 @@ def run_cli(tenplex, *args, expect_ok=True):
 
 
 class Daemon:
-    def __init__(self, tenplex, env=None, stderr=subprocess.DEVNULL, listen="127.0.0.1:0", prefix=()):
-        """prefix: a command the daemon runs under (e.g. ip netns exec NS)."""
-        self.proc = subprocess.Popen([*prefix, tenplex, "store", "serve", "--listen", listen],
+    def __init__(self, tenplex, env=None, stderr=subprocess.DEVNULL, listen="127.0.0.1:0", prefix=(), args=()):
+        """prefix: a command the daemon runs under (e.g. ip netns exec NS); args: more
+        arguments of `store serve` (e.g. --shm-dir DIR, kept across a restart)."""
+        self.proc = subprocess.Popen([*prefix, tenplex, "store", "serve", "--listen", listen, *args],
                                      stdout=subprocess.PIPE, stderr=stderr,
                                      env=dict(os.environ, **(env or {})))
         line, deadline = b"", time.time() + 30

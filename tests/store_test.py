@@ -387,7 +387,7 @@ def test_api():
             ("PUT", "/v1/tensors/jobs/gpt/1/rank-00000/new?dtype=U8&shape=1", b"x", {}, 409, "new tensor in committed"),
             ("DELETE", "/v1/tensors/jobs/gpt/1/rank-00000/w", None, {}, 409, "delete in committed version"),
             ("PUT", "/v1/jobs/gpt/versions/1/info", b"{}", {}, 409, "info of committed version"),
-            ("POST", "/v1/jobs/gpt/versions/1/commit", None, {}, 409, "commit twice"),
+            ("POST", "/v1/jobs/gpt/versions/1/prepare", None, {}, 409, "prepare committed"),
             ("POST", "/v1/jobs/gpt/versions/1/abort", None, {}, 409, "abort committed"),
             ("DELETE", "/v1/jobs/gpt/versions/1", None, {}, 409, "drop current"),
             ("POST", "/v1/jobs/gpt/versions?version=1", None, {}, 409, "version not newer"),

@@ -11,6 +11,7 @@
 #include "tenplex/transform/checkpoint_transfer.h"
 #include "tenplex/transform/cluster.h"
 #include "tenplex/transform/distributed.h"
+#include "tenplex/transform/two_phase.h"
 #include "tenplex/util/format.h"
 #include "tenplex/util/log.h"
 
@@ -28,13 +29,41 @@ store::ClientOptions ClusterClientOptions(const std::string& token) {
 
 struct TransformOpts {
   std::string cluster, to_cluster, job, to, token;
-  int attempts = 3;
-  bool central = false, json = false, quiet = false;
+  int attempts = 3, control_timeout = 10, silent_timeout = 10, prepare_timeout = 3600;
+  bool central = false, json = false, quiet = false, recover = false;
 };
+
+// `tenplex transform --recover`: finish or roll back what a crash left half done.
+Status Recover(const TransformOpts& o, const transform::Cluster& cluster) {
+  store::ClientOptions co = ClusterClientOptions(o.token);
+  co.timeout_s = o.control_timeout;
+  TP_ASSIGN_OR_RETURN(auto clients, transform::ConnectCluster(cluster, co, /*allow_lost=*/true));
+  std::vector<store::Client*> raw;
+  for (const auto& c : clients) raw.push_back(c.get());
+  TP_ASSIGN_OR_RETURN(transform::Resolution r,
+                      transform::ResolvePending(cluster.hosts, raw, o.job, /*owner=*/true));
+  if (o.json) {
+    nlohmann::json j = {{"job", o.job},         {"committed", r.committed}, {"aborted", r.aborted},
+                        {"pending", r.pending}, {"released", r.released},   {"lines", r.lines}};
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    for (const std::string& line : r.lines) std::printf("%s\n", line.c_str());
+    std::printf("job %s: %zu version(s) rolled forward, %zu rolled back, %zu undecided\n",
+                o.job.c_str(), r.committed.size(), r.aborted.size(), r.pending.size());
+  }
+  if (!r.pending.empty())
+    return Unavailable("some prepared versions are undecided: a participant does not answer");
+  return Status::Ok();
+}
 
 Status Transform(const TransformOpts& o) {
   TP_ASSIGN_OR_RETURN(transform::Cluster cluster, transform::ReadClusterFile(o.cluster));
+  if (o.recover) return Recover(o, cluster);
+  if (o.to.empty()) return InvalidArgument("--to is required (unless --recover)");
   transform::ClusterTransformOptions opts;
+  opts.control_timeout_s = o.control_timeout;
+  opts.silent_s = o.silent_timeout;
+  opts.prepare_timeout_s = o.prepare_timeout;
   if (!o.to_cluster.empty()) {
     TP_ASSIGN_OR_RETURN(opts.to, transform::ReadClusterFile(o.to_cluster));
   }
@@ -72,6 +101,8 @@ Status Transform(const TransformOpts& o) {
                       {"to", s.to_config},
                       {"attempts", s.attempts},
                       {"lost_hosts", s.lost_hosts},
+                      {"unconfirmed_hosts", s.unconfirmed_hosts},
+                      {"recovered", s.recovered},
                       {"new_hosts", s.new_hosts},
                       {"central", o.central},
                       {"seconds", s.seconds},
@@ -108,7 +139,21 @@ void RegisterTransform(CLI::App& app, Context& ctx) {
   cmd->add_option("--to-cluster", o->to_cluster,
                   "Place the new layout on these hosts instead (redeployment)");
   cmd->add_option("--job", o->job, "Job name")->required();
-  cmd->add_option("--to", o->to, "New parallel config, e.g. tp=2,pp=2,dp=2,zero=1")->required();
+  cmd->add_option("--to", o->to, "New parallel config, e.g. tp=2,pp=2,dp=2,zero=1");
+  cmd->add_flag("--recover", o->recover,
+                "Only finish or roll back a transform or load a crash left half done "
+                "(docs/reliability.md)");
+  cmd->add_option("--control-timeout", o->control_timeout,
+                  "Seconds each control request to a daemon may take")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 3600));
+  cmd->add_option("--silent-timeout", o->silent_timeout,
+                  "Seconds a participant may not answer during its prepare before it is lost")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 3600));
+  cmd->add_option("--prepare-timeout", o->prepare_timeout, "Seconds the whole prepare may take")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 86400));
   cmd->add_option("--token", o->token, "Bearer token of the daemons (or TENPLEX_TOKEN)");
   cmd->add_option("--attempts", o->attempts, "Attempts when hosts are lost mid-transform")
       ->capture_default_str();
@@ -125,8 +170,11 @@ Status StoreClusterTransfer(bool load, const std::string& cluster_path, const st
   if (cluster_path.empty() == url.empty())
     return InvalidArgument("give exactly one of --url and --cluster");
   TP_ASSIGN_OR_RETURN(transform::Cluster cluster, transform::ReadClusterFile(cluster_path));
-  TP_ASSIGN_OR_RETURN(auto clients, transform::ConnectCluster(cluster, ClusterClientOptions(token),
-                                                              /*allow_lost=*/!load));
+  // A daemon that stops answering (stopped, hung) fails the request after 30 s of
+  // silence instead of the default 10 minutes.
+  store::ClientOptions co = ClusterClientOptions(token);
+  co.timeout_s = 30;
+  TP_ASSIGN_OR_RETURN(auto clients, transform::ConnectCluster(cluster, co, /*allow_lost=*/!load));
   if (load) {
     TP_ASSIGN_OR_RETURN(transform::TransferStats s,
                         transform::LoadCheckpointToCluster(cluster, clients, job, dir));

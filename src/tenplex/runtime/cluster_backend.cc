@@ -13,6 +13,7 @@
 #include "tenplex/transform/cluster.h"
 #include "tenplex/transform/distributed.h"
 #include "tenplex/transform/state_info.h"
+#include "tenplex/transform/two_phase.h"
 
 namespace tenplex::runtime {
 
@@ -128,8 +129,13 @@ class ClusterBackend : public StateBackend {
     full["cluster"] = {{"hosts", cluster_.hosts}, {"gpus_per_host", cluster_.gpus_per_host}};
     for (std::size_t h : holders)
       TP_RETURN_IF_ERROR(clients_[h]->SetVersionInfo(job, v, full.dump()));
-    for (std::size_t h : holders) TP_RETURN_IF_ERROR(clients_[h]->Commit(job, v));
-    return Status::Ok();
+    // Two-phase (transform/two_phase.h): prepared (durable) on every holder, then
+    // committed on every holder, the old version released once all confirmed.
+    for (std::size_t h : holders) TP_RETURN_IF_ERROR(clients_[h]->Prepare(job, v));
+    std::vector<store::Client*> raw;
+    for (const auto& c : clients_) raw.push_back(c.get());
+    std::vector<int> parts(holders.begin(), holders.end());
+    return transform::CommitEverywhere(raw, parts, job, v).status();
   }
 
   void Drop(const std::string& job, uint64_t v) override {

@@ -151,6 +151,12 @@ Status Client::Commit(const std::string& job, uint64_t version, bool keep_old) {
       .status();
 }
 
+Status Client::Prepare(const std::string& job, uint64_t version) {
+  return Call("POST",
+              "/v1/jobs/" + Encode(job) + "/versions/" + std::to_string(version) + "/prepare")
+      .status();
+}
+
 Status Client::Abort(const std::string& job, uint64_t version) {
   return Call("POST", "/v1/jobs/" + Encode(job) + "/versions/" + std::to_string(version) + "/abort")
       .status();
@@ -162,6 +168,7 @@ VersionInfo VersionFromJson(const json& j) {
   v.job = JsonValueOr(j, "job", "");
   v.version = JsonValueOr(j, "version", uint64_t{0});
   v.committed = JsonValueOr(j, "state", "") == "committed";
+  v.prepared = JsonValueOr(j, "state", "") == "prepared";
   v.current = JsonValueOr(j, "current", false);
   v.bytes = JsonValueOr(j, "bytes", uint64_t{0});
   v.tensors = JsonValueOr(j, "tensors", std::size_t{0});

@@ -51,6 +51,8 @@ class Client {
                                 const std::string& info = "");
   Status SetVersionInfo(const std::string& job, uint64_t version, const std::string& info);
   Status Commit(const std::string& job, uint64_t version, bool keep_old = false);
+  // Phase one of a two-phase commit (Store::Prepare): durable across a restart.
+  Status Prepare(const std::string& job, uint64_t version);
   Status Abort(const std::string& job, uint64_t version);
   Result<VersionInfo> Version(const std::string& job, VersionRef version);
   // ---- jobs (GET /v1/jobs, GET and DELETE /v1/jobs/{job}, DELETE .../versions/{v})

@@ -96,7 +96,7 @@ json TensorJson(const TensorInfo& t, bool with_file) {
 json VersionJson(const VersionInfo& v) {
   return {{"job", v.job},
           {"version", v.version},
-          {"state", v.committed ? "committed" : "open"},
+          {"state", v.committed ? "committed" : (v.prepared ? "prepared" : "open")},
           {"current", v.current},
           {"bytes", v.bytes},
           {"tensors", v.tensors},

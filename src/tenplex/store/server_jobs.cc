@@ -92,6 +92,13 @@ Status Server::Impl::Jobs(const httplib::Request& req, Body& body, const Target&
     SendJson(res, 200, {{"job", job}, {"version", v}, {"current", v}});
     return Status::Ok();
   }
+  if (seg[3] == "prepare") {  // phase one of a two-phase commit: durable, immutable
+    if (m != "POST") return method_error();
+    TP_RETURN_IF_ERROR(CheckQueryKeys(t.query, {}));
+    TP_RETURN_IF_ERROR(store.Prepare(job, v));
+    SendJson(res, 200, {{"job", job}, {"version", v}, {"state", "prepared"}});
+    return Status::Ok();
+  }
   if (seg[3] == "abort") {
     if (m != "POST") return method_error();
     TP_RETURN_IF_ERROR(CheckQueryKeys(t.query, {}));

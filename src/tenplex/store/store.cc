@@ -73,40 +73,57 @@ Status Store::SetVersionInfo(const std::string& job, uint64_t version, const std
   return Status::Ok();
 }
 
+Status Store::Prepare(const std::string& job, uint64_t version) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  TP_ASSIGN_OR_RETURN(auto v, impl_->FindVersion(job, version));
+  if (v.second->committed)
+    return FailedPrecondition(VersionName(job, version) + " is already committed");
+  if (v.second->prepared) return Status::Ok();  // idempotent
+  const std::string vdir = impl_->VersionDir(job, version);
+  TP_RETURN_IF_ERROR(
+      WriteFileAtomic(vdir + "/" + kManifest, impl_->ManifestText(job, version, *v.second)));
+  // The prepare point: from here on a restart keeps the version (as prepared).
+  Status s = WriteFileAtomic(vdir + "/" + kPrepared, "prepared\n");
+  if (!s.ok()) {
+    ::unlink((vdir + "/" + kManifest).c_str());
+    return s;
+  }
+  v.second->prepared = true;
+  return Status::Ok();
+}
+
 Status Store::Commit(const std::string& job, uint64_t version, bool keep_old) {
   std::vector<std::string> trash;
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
     TP_ASSIGN_OR_RETURN(auto v, impl_->FindVersion(job, version));
     JobState& j = impl_->jobs[job];
-    if (v.second->committed)
+    if (v.second->committed && j.current == version) {
+      // Idempotent: a coordinator that lost the reply of its commit asks again.
+    } else if (v.second->committed) {
       return FailedPrecondition(VersionName(job, version) + " is already committed");
-    if (j.current && version <= *j.current) {
+    } else if (j.current && version <= *j.current) {
       return FailedPrecondition(VersionName(job, version) +
                                 " is not newer than the current version " +
                                 std::to_string(*j.current));
+    } else {
+      const std::string vdir = impl_->VersionDir(job, version);
+      if (!v.second->prepared) {
+        TP_RETURN_IF_ERROR(
+            WriteFileAtomic(vdir + "/" + kManifest, impl_->ManifestText(job, version, *v.second)));
+      }
+      // The commit point.
+      Status s =
+          WriteFileAtomic(impl_->JobDir(job) + "/" + kCurrent, std::to_string(version) + "\n");
+      if (!s.ok()) {
+        if (!v.second->prepared) ::unlink((vdir + "/" + kManifest).c_str());
+        return s;
+      }
+      ::unlink((vdir + "/" + kPrepared).c_str());  // a version <= CURRENT is committed anyway
+      v.second->committed = true;
+      v.second->prepared = false;
+      j.current = version;
     }
-    json m;
-    m["format"] = kManifestFormat;
-    m["job"] = job;
-    m["version"] = version;
-    m["info"] = json::parse(v.second->info);
-    json ts = json::array();
-    for (const auto& [key, e] : v.second->tensors) {
-      ts.push_back(
-          {{"key", key}, {"dtype", DTypeName(e.dtype)}, {"shape", e.shape}, {"bytes", e.bytes}});
-    }
-    m["tensors"] = std::move(ts);
-    const std::string vdir = impl_->VersionDir(job, version);
-    TP_RETURN_IF_ERROR(WriteFileAtomic(vdir + "/" + kManifest, m.dump(1) + "\n"));
-    // The commit point.
-    Status s = WriteFileAtomic(impl_->JobDir(job) + "/" + kCurrent, std::to_string(version) + "\n");
-    if (!s.ok()) {
-      ::unlink((vdir + "/" + kManifest).c_str());
-      return s;
-    }
-    v.second->committed = true;
-    j.current = version;
     if (!keep_old) {
       std::vector<uint64_t> old;
       for (const auto& [n, vs] : j.versions) {
@@ -188,6 +205,7 @@ VersionInfo MakeVersionInfo(const std::string& job, const JobState& j, uint64_t 
   vi.job = job;
   vi.version = v;
   vi.committed = s.committed;
+  vi.prepared = s.prepared;
   vi.current = j.current == v;
   vi.bytes = s.bytes;
   vi.tensors = s.tensors.size();

@@ -17,9 +17,12 @@
 //   <dir>/jobs/<job>/CURRENT     the committed version number, replaced by rename
 //   <dir>/jobs/<job>/<v>/MANIFEST.json          written at commit, before CURRENT
 //   <dir>/jobs/<job>/<v>/rank-NNNNN/<name>      the tensor bytes
+//   <dir>/jobs/<job>/<v>/PREPARED               written at Prepare, after the manifest
 // The commit point is the rename of CURRENT. Opening an existing directory keeps the
-// current version (and older committed versions that were kept) and removes anything
-// else: open versions and half-finished commits of a crashed store.
+// current version (and older committed versions that were kept) and the prepared
+// versions above it (a two-phase commit across hosts decides their fate: transform/
+// two_phase.h), and removes anything else: open versions and half-finished commits of
+// a crashed store.
 //
 // Memory accounting: the bytes of all tensor files count against memory_limit;
 // an allocation that would exceed it is ResourceExhausted, naming the numbers.
@@ -104,6 +107,7 @@ struct VersionInfo {
   std::string job;
   uint64_t version = 0;
   bool committed = false;
+  bool prepared = false;  // phase one of a two-phase commit done (durable, not yet current)
   bool current = false;
   uint64_t bytes = 0;
   std::size_t tensors = 0;
@@ -143,9 +147,15 @@ class Store {
                                 const std::string& info = "");
   // Replaces the info of an open version.
   Status SetVersionInfo(const std::string& job, uint64_t version, const std::string& info);
-  // Makes an open version the current one (atomically, see above). It must be newer
-  // than the current version. Unless keep_old, every older version of the job (open
-  // or committed) is released.
+  // Phase one of a two-phase commit across stores: the open version becomes immutable
+  // and durable (its manifest and a PREPARED marker are written), so that a restart
+  // keeps it (prepared, above the current version) instead of discarding it. Only
+  // Commit or DropVersion end it. Idempotent.
+  Status Prepare(const std::string& job, uint64_t version);
+  // Makes an open or prepared version the current one (atomically, see above). It must
+  // be newer than the current version; committing the current version again is a no-op
+  // (a coordinator that lost a reply asks again). Unless keep_old, every older version
+  // of the job (open, prepared or committed) is released.
   Status Commit(const std::string& job, uint64_t version, bool keep_old = false);
   // Removes an open version, or releases a committed version that is not current.
   Status DropVersion(const std::string& job, uint64_t version);

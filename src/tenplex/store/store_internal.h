@@ -36,6 +36,9 @@ using nlohmann::json;
 
 inline constexpr char kManifest[] = "MANIFEST.json";
 inline constexpr char kCurrent[] = "CURRENT";
+// Marks a prepared version's directory (its MANIFEST.json is already written): kept
+// across a restart, above the current version, until committed or aborted.
+inline constexpr char kPrepared[] = "PREPARED";
 
 struct Entry {
   DType dtype = DType::kF32;
@@ -46,6 +49,7 @@ struct Entry {
 
 struct VersionState {
   bool committed = false;
+  bool prepared = false;  // durable (manifest + PREPARED marker), immutable, not yet committed
   std::string info = "{}";
   std::map<std::string, Entry> tensors;  // key "rank-00000/name"
   uint64_t bytes = 0;
@@ -157,6 +161,10 @@ struct Store::Impl {
     if (v.second->committed) {
       return FailedPrecondition(VersionName(p.job, v.first) + " is committed and immutable");
     }
+    if (v.second->prepared) {
+      return FailedPrecondition(VersionName(p.job, v.first) +
+                                " is prepared (phase one of a commit) and immutable");
+    }
     return v;
   }
 
@@ -190,6 +198,23 @@ struct Store::Impl {
     used -= it->second.bytes;
     j.versions.erase(it);
     return Trash(VersionDir(job, v));
+  }
+
+  // REQUIRES: mu held. The MANIFEST.json text of a version (written at prepare and at
+  // commit).
+  std::string ManifestText(const std::string& job, uint64_t v, const VersionState& vs) const {
+    json m;
+    m["format"] = kManifestFormat;
+    m["job"] = job;
+    m["version"] = v;
+    m["info"] = json::parse(vs.info);
+    json ts = json::array();
+    for (const auto& [key, e] : vs.tensors) {
+      ts.push_back(
+          {{"key", key}, {"dtype", DTypeName(e.dtype)}, {"shape", e.shape}, {"bytes", e.bytes}});
+    }
+    m["tensors"] = std::move(ts);
+    return m.dump(1) + "\n";
   }
 
   Status Restore();

@@ -1,6 +1,8 @@
 #include <sys/file.h>
 #include <sys/statvfs.h>
 
+#include <optional>
+
 #include "tenplex/store/manifest.h"
 #include "tenplex/store/store_internal.h"
 #include "tenplex/util/file.h"
@@ -28,24 +30,26 @@ Status Store::Impl::Restore() {
 Status Store::Impl::RestoreJob(const std::string& job) {
   const std::string jdir = JobDir(job);
   std::error_code ec;
-  auto cur_text = ReadFile(jdir + "/" + kCurrent);
-  if (!cur_text.ok()) {  // never committed: nothing to keep
-    fs::remove_all(jdir, ec);
-    return Status::Ok();
+  std::optional<uint64_t> current;
+  if (auto cur_text = ReadFile(jdir + "/" + kCurrent); cur_text.ok()) {
+    std::string t = *cur_text;
+    while (!t.empty() && (t.back() == '\n' || t.back() == ' ')) t.pop_back();
+    auto cur = ParseVersion(t);
+    if (!cur.ok() || !*cur)
+      return DataLoss(jdir + "/" + kCurrent + " does not hold a version number");
+    current = **cur;
   }
-  std::string t = *cur_text;
-  while (!t.empty() && (t.back() == '\n' || t.back() == ' ')) t.pop_back();
-  auto cur = ParseVersion(t);
-  if (!cur.ok() || !*cur)
-    return DataLoss(jdir + "/" + kCurrent + " does not hold a version number");
-  const uint64_t current = **cur;
   JobState js;
   for (const auto& e : fs::directory_iterator(jdir, ec)) {
     const std::string name = e.path().filename().string();
     if (name == kCurrent) continue;
     auto v = ParseVersion(name);
-    const bool keep = v.ok() && *v && **v <= current && fs::exists(e.path() / kManifest);
-    if (!keep) {  // temp files, open versions, versions whose commit did not finish
+    const bool has_manifest = v.ok() && *v && fs::exists(e.path() / kManifest);
+    // Committed: at or below CURRENT. Prepared: above it, with the PREPARED marker
+    // (written after the manifest), waiting for its two-phase commit to be decided.
+    const bool committed = has_manifest && current && **v <= *current;
+    const bool prepared = has_manifest && !committed && fs::exists(e.path() / kPrepared);
+    if (!committed && !prepared) {  // temp files, open versions, unfinished prepares
       fs::remove_all(e.path(), ec);
       continue;
     }
@@ -54,7 +58,8 @@ Status Store::Impl::RestoreJob(const std::string& job) {
     Result<Manifest> m = ParseManifest(text, job, name);
     if (!m.ok()) return m.status().WithContext(mpath);
     VersionState vs;
-    vs.committed = true;
+    vs.committed = committed;
+    vs.prepared = prepared;
     vs.info = std::move(m->info);
     for (ManifestTensor& t : m->tensors) {
       const std::string key = t.key;
@@ -76,9 +81,13 @@ Status Store::Impl::RestoreJob(const std::string& job) {
     js.last = std::max(js.last, **v);
     js.versions.emplace(**v, std::move(vs));
   }
-  if (!js.versions.count(current)) {
-    return DataLoss(jdir + "/" + kCurrent + " names version " + std::to_string(current) +
+  if (current && !js.versions.count(*current)) {
+    return DataLoss(jdir + "/" + kCurrent + " names version " + std::to_string(*current) +
                     " but its directory or manifest is missing");
+  }
+  if (js.versions.empty()) {  // never committed nor prepared: nothing to keep
+    fs::remove_all(jdir, ec);
+    return Status::Ok();
   }
   js.current = current;
   jobs.emplace(job, std::move(js));
@@ -163,7 +172,7 @@ Store::~Store() {
       for (auto& [name, j] : impl_->jobs) {
         std::vector<uint64_t> open;
         for (auto& [v, s] : j.versions) {
-          if (!s.committed) open.push_back(v);
+          if (!s.committed && !s.prepared) open.push_back(v);  // prepared ones are durable
         }
         for (uint64_t v : open) trash.push_back(impl_->EraseVersion(name, j, v));
       }

@@ -80,7 +80,8 @@ TEST(StoreTest, VersionsCommitAndImmutability) {
     EXPECT_EQ(store->Delete(p).code(), StatusCode::kFailedPrecondition) << p;
   }
   EXPECT_EQ(store->SetVersionInfo("j", 1, "{}").code(), StatusCode::kFailedPrecondition);
-  EXPECT_EQ(store->Commit("j", 1).code(), StatusCode::kFailedPrecondition);
+  // Committing the current version again is a no-op (a lost reply asked again).
+  EXPECT_TRUE(store->Commit("j", 1).ok());
   EXPECT_EQ(Bytes(*store->Get("jobs/j/current/rank-00000/w")), a);
   EXPECT_EQ(store->List("jobs/j/").value().size(), 1u);
 
@@ -96,6 +97,7 @@ TEST(StoreTest, VersionsCommitAndImmutability) {
   EXPECT_EQ(Bytes(*store->Get("jobs/j/current/rank-00000/w")), a);  // 1 still current
   TensorRef old = *store->Get("jobs/j/1/rank-00000/w");
   ASSERT_TRUE(store->Commit("j", 2).ok());
+  EXPECT_EQ(store->Commit("j", 1).code(), StatusCode::kNotFound);  // released
   EXPECT_EQ(store->Get("jobs/j/1/rank-00000/w").status().code(), StatusCode::kNotFound);
   EXPECT_EQ(store->Get("jobs/j/current/rank-00000/w").status().code(), StatusCode::kNotFound);
   auto got = store->Get("jobs/j/current/rank-00001/w");
@@ -134,6 +136,7 @@ TEST(StoreTest, LinkSharesACommittedTensorAcrossVersions) {
   // Committing 2 releases 1; the linked tensor keeps its bytes, and the accounting
   // drops the released copy.
   ASSERT_TRUE(store->Commit("j", 2).ok());
+  EXPECT_EQ(store->Commit("j", 1).code(), StatusCode::kNotFound);  // released
   EXPECT_EQ(store->Get("jobs/j/1/rank-00000/w").status().code(), StatusCode::kNotFound);
   EXPECT_EQ(Bytes(*store->Get("jobs/j/current/rank-00001/w")), a);
   EXPECT_EQ(store->used_bytes(), used);
@@ -157,6 +160,7 @@ TEST(StoreTest, ExplicitVersionNumbersAndKeepOld) {
   ASSERT_TRUE(store->Commit("j", 6, /*keep_old=*/true).ok());
   // 5 is kept (committed, readable), 3 (open) too until released or dropped.
   EXPECT_TRUE(store->Get("jobs/j/5/rank-00000/x").ok());
+  EXPECT_EQ(store->Commit("j", 5).code(), StatusCode::kFailedPrecondition);  // kept, not current
   EXPECT_EQ(store->DropVersion("j", 6).code(), StatusCode::kFailedPrecondition);  // current
   ASSERT_TRUE(store->ReleaseOld("j").ok());
   EXPECT_FALSE(store->Get("jobs/j/5/rank-00000/x").ok());
@@ -357,6 +361,83 @@ TEST(StoreTest, RestartKeepsCommittedStateOnly) {
   auto broken = Store::Open({.shm_dir = dir.path});
   ASSERT_FALSE(broken.ok());
   EXPECT_EQ(broken.status().code(), StatusCode::kDataLoss);
+}
+
+// Phase one of a two-phase commit (issue 19): a prepared version is immutable and
+// survives a restart (also a crash: the files are what counts), above the current
+// version; it commits (again: idempotent) or aborts after the restart; an open
+// version and a prepare without its marker do not survive.
+TEST(StoreTest, PreparedVersionsSurviveARestart) {
+  TempDir dir;
+  auto a = RandomBytes(64, 7), b = RandomBytes(32, 8);
+  {
+    auto store = OpenStore({.shm_dir = dir.path});
+    ASSERT_TRUE(store->BeginVersion("j", std::nullopt, R"({"config": "tp=1"})").ok());
+    ASSERT_TRUE(store->Put("jobs/j/1/rank-00000/a", DType::kF32, {16}, a.data(), 64).ok());
+    ASSERT_TRUE(store->Commit("j", 1).ok());
+    ASSERT_TRUE(store->BeginVersion("j", 2, R"({"config": "tp=2"})").ok());
+    ASSERT_TRUE(store->Put("jobs/j/2/rank-00000/a", DType::kF32, {8}, b.data(), 32).ok());
+    ASSERT_TRUE(store->Prepare("j", 2).ok());
+    ASSERT_TRUE(store->Prepare("j", 2).ok());  // idempotent
+    auto v2 = store->Version("j", 2);
+    ASSERT_TRUE(v2.ok());
+    EXPECT_TRUE(v2->prepared);
+    EXPECT_FALSE(v2->committed);
+    EXPECT_FALSE(v2->current);
+    // Immutable from here on.
+    EXPECT_EQ(store->Put("jobs/j/2/rank-00000/a", DType::kF32, {8}, a.data(), 32).status().code(),
+              StatusCode::kFailedPrecondition);
+    EXPECT_EQ(store->Delete("jobs/j/2/rank-00000/a").code(), StatusCode::kFailedPrecondition);
+    // A first version that is only prepared (a load's phase one) keeps its job.
+    ASSERT_TRUE(store->BeginVersion("fresh", 5).ok());
+    ASSERT_TRUE(store->Put("jobs/fresh/5/rank-00000/x", DType::kU8, {4}, a.data(), 4).ok());
+    ASSERT_TRUE(store->Prepare("fresh", 5).ok());
+    ASSERT_TRUE(store->BeginVersion("j", 3).ok());  // open: dropped at the restart
+  }
+  // A prepare that crashed between its manifest and its marker: not prepared.
+  fs::create_directories(dir.path + "/jobs/j/9/rank-00000");
+  ASSERT_TRUE(WriteFileAtomic(dir.path + "/jobs/j/9/rank-00000/a", "xxxx").ok());
+  ASSERT_TRUE(WriteFileAtomic(dir.path + "/jobs/j/9/MANIFEST.json",
+                              R"({"format": "tenplex.store.version.v1", "tensors": []})")
+                  .ok());
+  {
+    auto store = OpenStore({.shm_dir = dir.path});
+    auto job = store->Job("j");
+    ASSERT_TRUE(job.ok());
+    ASSERT_EQ(job->versions.size(), 2u);
+    EXPECT_EQ(job->current, 1u);
+    EXPECT_TRUE(job->versions[1].prepared);
+    EXPECT_EQ(job->versions[1].info, R"({"config":"tp=2"})");
+    EXPECT_FALSE(fs::exists(dir.path + "/jobs/j/3"));
+    EXPECT_FALSE(fs::exists(dir.path + "/jobs/j/9"));
+    EXPECT_EQ(Bytes(*store->Get("jobs/j/2/rank-00000/a")), b);
+    EXPECT_EQ(store->used_bytes(), 64u + 32u + 4u);
+    auto fresh = store->Job("fresh");
+    ASSERT_TRUE(fresh.ok());
+    EXPECT_FALSE(fresh->current.has_value());
+    ASSERT_EQ(fresh->versions.size(), 1u);
+    EXPECT_TRUE(fresh->versions[0].prepared);
+    // Commit with the old version kept, then again (a lost reply): no-op.
+    ASSERT_TRUE(store->Commit("j", 2, /*keep_old=*/true).ok());
+    ASSERT_TRUE(store->Commit("j", 2, /*keep_old=*/true).ok());
+    EXPECT_EQ(Bytes(*store->Get("jobs/j/current/rank-00000/a")), b);
+    EXPECT_EQ(Bytes(*store->Get("jobs/j/1/rank-00000/a")), a);  // kept until round two
+    ASSERT_TRUE(store->ReleaseOld("j").ok());
+    EXPECT_FALSE(store->Version("j", 1).ok());
+    // A prepared version can be aborted (the decision was abort).
+    ASSERT_TRUE(store->DropVersion("fresh", 5).ok());
+    EXPECT_FALSE(store->Job("fresh").ok());
+    EXPECT_FALSE(fs::exists(dir.path + "/jobs/j/2/PREPARED"));
+  }
+  {
+    auto store = OpenStore({.shm_dir = dir.path});
+    auto job = store->Job("j");
+    ASSERT_TRUE(job.ok());
+    EXPECT_EQ(job->current, 2u);
+    ASSERT_EQ(job->versions.size(), 1u);
+    EXPECT_TRUE(job->versions[0].committed);
+    EXPECT_FALSE(job->versions[0].prepared);
+  }
 }
 
 TEST(StoreTest, ConcurrentWritersAndReaders) {

@@ -239,6 +239,9 @@ Result<std::string> Agent::Impl::Prepare(const std::string& body) {
   if (!ex.ok())
     return fail(ex.status().WithContext("host " + std::to_string(r.host) + " preparing version " +
                                         std::to_string(v) + " of job " + r.job));
+  // Phase one done: durable across a restart of this daemon (two_phase.h). Fails when
+  // the coordinator aborted the version meanwhile (it gave up waiting for us).
+  if (Status s = store.Prepare(r.job, v); !s.ok()) return fail(s);
   json reply = {{"version", v},
                 {"host", r.host},
                 {"bytes_kept", ex->bytes_kept},

@@ -16,6 +16,7 @@
 #include "tenplex/transform/cluster_state.h"
 #include "tenplex/transform/host_exec.h"
 #include "tenplex/transform/state_info.h"
+#include "tenplex/transform/two_phase.h"
 #include "tenplex/util/log.h"
 #include "tenplex/util/thread_pool.h"
 
@@ -147,6 +148,9 @@ Result<TransferStats> Load(const Cluster& cluster, const std::vector<store::Clie
   std::optional<uint64_t> want;
   if (!single) {
     info.set_placement(Cluster{stats.hosts, k});
+    // Finish or roll back what a crashed transform or load left half done
+    // (two_phase.h), so that the new version lands on one state everywhere.
+    TP_RETURN_IF_ERROR(ResolvePending(cluster.hosts, clients, job, /*owner=*/true).status());
     TP_ASSIGN_OR_RETURN(want, NextCommonVersion(clients, job));
   }
   stats.shm = true;
@@ -173,13 +177,32 @@ Result<TransferStats> Load(const Cluster& cluster, const std::vector<store::Clie
       stats.bytes += e.bytes();
       ++stats.tensors;
     }
-    s = clients[single ? 0 : cluster.HostOfRank(r)]->WriteMany(reqs, data);
+    const int h = single ? 0 : cluster.HostOfRank(r);
+    s = clients[h]->WriteMany(reqs, data);
+    // A host that stopped answering is not asked to abort (each request to it would wait
+    // for the timeout again): the next operation on the job removes its open version.
+    if (s.code() == StatusCode::kUnavailable) begun[h] = false;
     for (const io::SafetensorsEntry& e : files[r].tensors()) ReportProgress(e.bytes());
   }
-  // Commit on all hosts; the version is only current once every host has committed it.
-  for (std::size_t h = 0; h < used && s.ok(); ++h) {
-    s = clients[h]->Commit(job, stats.version);
-    if (!s.ok()) s = s.WithContext("committing on " + clients[h]->url());
+  if (single) {
+    if (s.ok()) s = clients[0]->Commit(job, stats.version);
+  } else {
+    // Two-phase commit (two_phase.h): prepared everywhere (durable), then committed
+    // everywhere with the old version kept until every host confirmed.
+    for (std::size_t h = 0; h < used && s.ok(); ++h) {
+      s = clients[h]->Prepare(job, stats.version);
+      if (s.code() == StatusCode::kUnavailable) begun[h] = false;
+      if (!s.ok()) s = s.WithContext("preparing on " + clients[h]->url());
+    }
+    if (s.ok()) {
+      std::vector<int> participants;
+      for (std::size_t h = 0; h < used; ++h) participants.push_back(static_cast<int>(h));
+      Result<CommitOutcome> c = CommitEverywhere(clients, participants, job, stats.version);
+      if (!c.ok()) return c.status().WithContext("loading " + dir + " into job " + job);
+      for (int h : c->unconfirmed) stats.unconfirmed_hosts.push_back(cluster.hosts[h]);
+      stats.seconds = Since(t0);
+      return stats;
+    }
   }
   if (!s.ok()) {
     for (std::size_t h = 0; h < used; ++h) {
@@ -195,6 +218,9 @@ Result<TransferStats> Save(const Cluster& cluster, const std::vector<store::Clie
                            const std::string& job, const std::string& out, bool single) {
   const auto t0 = std::chrono::steady_clock::now();
   TP_RETURN_IF_ERROR(store::CheckJobName(job));
+  if (!single) {  // a reader only rolls forward what every participant prepared
+    TP_RETURN_IF_ERROR(ResolvePending(cluster.hosts, clients, job, /*owner=*/false).status());
+  }
   TP_ASSIGN_OR_RETURN(CommittedState cs, FindCommittedState(cluster.hosts, clients, job, cluster));
   const std::string what = Versioned(job, cs.version);
   if (single) {  // everything is in the one store, wherever the info says it was placed

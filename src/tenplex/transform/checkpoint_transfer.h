@@ -45,6 +45,9 @@ struct TransferStats {
   // Save: hosts of the version that did not answer, and the ranks rebuilt from replicas.
   std::vector<std::string> lost_hosts;
   int rebuilt_ranks = 0;
+  // Load --cluster: hosts whose commit reply never came (the decision is commit; their
+  // prepared version is committed by the next operation on the job, two_phase.h).
+  std::vector<std::string> unconfirmed_hosts;
   bool shm = false;       // every byte went through shared memory
   bool verified = false;  // load: checksums were recorded for every rank file and matched
   double seconds = 0;

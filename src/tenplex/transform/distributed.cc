@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <thread>
 
 #include "tenplex/model/model.h"
@@ -12,6 +15,7 @@
 #include "tenplex/transform/cluster_state.h"
 #include "tenplex/transform/control_protocol.h"
 #include "tenplex/transform/state_info.h"
+#include "tenplex/transform/two_phase.h"
 #include "tenplex/util/format.h"
 #include "tenplex/util/json_value.h"
 
@@ -43,6 +47,8 @@ struct Round {
 struct RoundResult {
   Status status;
   std::vector<HostTransformReport> hosts;
+  std::vector<int> silent;               // participants that stopped answering
+  std::vector<std::string> unconfirmed;  // committed by decision, reply never came
   double prepare_seconds = 0, commit_seconds = 0;
 };
 
@@ -58,8 +64,99 @@ json NewInfo(const StateInfo& old, const ParallelConfig& config, const Cluster& 
   return json::parse(info.ToJson());
 }
 
+std::vector<store::Client*> Raw(const std::vector<Host>& hosts) {
+  std::vector<store::Client*> out;
+  for (const Host& h : hosts) out.push_back(h.client.get());
+  return out;
+}
+
+// Phase one on every participant, all at once, each on a connection of its own (a
+// prepare may take long) while the coordinator watches them: a participant whose
+// /v1/health does not answer for options.silent_s (stopped, hung, its machine gone)
+// ends the phase at once as silent, and so does the overall prepare deadline. The
+// threads of calls given up on are left to finish (or time out) on their own.
+struct PrepareWatch {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::size_t pending = 0;
+  std::vector<std::optional<Result<std::string>>> replies;
+  std::vector<std::chrono::steady_clock::time_point> last_seen;
+  std::vector<bool> probing;
+};
+
+void PreparePhase(std::vector<Host>& hosts, const std::vector<int>& participants,
+                  const PrepareRequest& req, const store::ClientOptions& client_options,
+                  const ClusterTransformOptions& options, RoundResult& out,
+                  std::vector<Result<std::string>>& replies) {
+  using Clock = std::chrono::steady_clock;
+  auto w = std::make_shared<PrepareWatch>();
+  const std::size_t n = participants.size();
+  w->pending = n;
+  w->replies.resize(n);
+  w->last_seen.assign(n, Clock::now());
+  w->probing.assign(n, false);
+  store::ClientOptions long_opts = client_options;
+  long_opts.timeout_s = options.prepare_timeout_s;
+  store::ClientOptions short_opts = client_options;
+  short_opts.timeout_s = options.silent_s;
+  for (std::size_t i = 0; i < n; ++i) {
+    PrepareRequest mine = req;
+    mine.host = participants[i];
+    std::thread([w, i, url = hosts[participants[i]].url, text = EncodePrepare(mine), long_opts] {
+      Result<std::unique_ptr<store::Client>> c = store::Client::Connect(url, long_opts);
+      Result<std::string> r =
+          c.ok() ? (*c)->CallJson("POST", "/v1/transform/prepare", text) : c.status();
+      std::lock_guard<std::mutex> lock(w->mu);
+      w->replies[i] = std::move(r);
+      --w->pending;
+      w->cv.notify_all();
+    }).detach();
+  }
+  const auto t0 = Clock::now();
+  std::unique_lock<std::mutex> lock(w->mu);
+  while (w->pending > 0) {
+    w->cv.wait_for(lock, std::chrono::milliseconds(500));
+    if (w->pending == 0) break;
+    const auto now = Clock::now();
+    if (now - t0 > std::chrono::seconds(options.prepare_timeout_s)) {
+      out.status =
+          Unavailable("prepare did not finish within " + std::to_string(options.prepare_timeout_s) +
+                      " s (--prepare-timeout)");
+      break;
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+      if (w->replies[i] || now - w->last_seen[i] <= std::chrono::seconds(options.silent_s))
+        continue;
+      out.silent.push_back(participants[i]);
+    }
+    if (!out.silent.empty()) break;
+    for (std::size_t i = 0; i < n; ++i) {  // heartbeats of the participants still working
+      if (w->replies[i] || w->probing[i]) continue;
+      w->probing[i] = true;
+      std::thread([w, i, url = hosts[participants[i]].url, short_opts] {
+        const bool ok = store::Client::Connect(url, short_opts).ok();
+        std::lock_guard<std::mutex> lock(w->mu);
+        if (ok) w->last_seen[i] = Clock::now();
+        w->probing[i] = false;
+      }).detach();
+    }
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    if (w->replies[i]) replies[i] = *w->replies[i];
+  }
+  if (out.status.ok() && !out.silent.empty()) {
+    std::string who;
+    for (int h : out.silent) who += (who.empty() ? "" : ", ") + hosts[h].url;
+    out.status =
+        Unavailable("host(s) " + who + " did not answer for " + std::to_string(options.silent_s) +
+                    " s during the prepare (stopped or hung): treated as lost");
+  }
+}
+
 // Phase one on every host with new ranks, then phase two (commit, or abort on all).
-RoundResult RunRound(std::vector<Host>& hosts, const std::string& job, const Round& r) {
+RoundResult RunRound(std::vector<Host>& hosts, const std::string& job, const Round& r,
+                     const store::ClientOptions& client_options,
+                     const ClusterTransformOptions& options) {
   RoundResult out;
   std::vector<int> participants;
   for (int h : r.to_hosts) {
@@ -79,18 +176,9 @@ RoundResult RunRound(std::vector<Host>& hosts, const std::string& job, const Rou
   req.to_hosts = r.to_hosts;
   req.plan_digest = r.plan_digest;
   const auto t0 = std::chrono::steady_clock::now();
-  std::vector<Result<std::string>> replies(participants.size(), Internal("not sent"));
-  {
-    std::vector<std::thread> threads;
-    for (std::size_t i = 0; i < participants.size(); ++i) {
-      PrepareRequest mine = req;
-      mine.host = participants[i];
-      threads.emplace_back([&, i, text = EncodePrepare(mine)] {
-        replies[i] = hosts[participants[i]].client->CallJson("POST", "/v1/transform/prepare", text);
-      });
-    }
-    for (std::thread& t : threads) t.join();
-  }
+  std::vector<Result<std::string>> replies(participants.size(),
+                                           Unavailable("no reply (given up on)"));
+  PreparePhase(hosts, participants, req, client_options, options, out, replies);
   out.prepare_seconds = Since(t0);
   for (std::size_t i = 0; i < participants.size(); ++i) {
     Host& h = hosts[participants[i]];
@@ -118,30 +206,27 @@ RoundResult RunRound(std::vector<Host>& hosts, const std::string& job, const Rou
     rep.alloc_seconds = JsonValueOr(j, "alloc_seconds", 0.0);
     out.hosts.push_back(rep);
   }
-  if (!out.status.ok()) {
-    for (int p : participants) {
-      if (hosts[p].client) (void)hosts[p].client->Abort(job, r.to_version);  // best effort
-    }
-    return out;
+  for (int h : out.silent) {  // lost: not asked again in this transform
+    hosts[h].client.reset();
+    hosts[h].address.clear();
   }
   const auto t1 = std::chrono::steady_clock::now();
-  std::vector<Status> commits(participants.size());
-  {
-    std::vector<std::thread> threads;
-    for (std::size_t i = 0; i < participants.size(); ++i) {
-      threads.emplace_back(
-          [&, i] { commits[i] = hosts[participants[i]].client->Commit(job, r.to_version); });
-    }
-    for (std::thread& t : threads) t.join();
+  if (!out.status.ok()) {
+    // Not every participant prepared: the decision is abort (the first one first).
+    Status a = AbortEverywhere(Raw(hosts), participants, job, r.to_version);
+    if (a.code() != StatusCode::kFailedPrecondition) return out;
+    // A reader rolled it forward meanwhile (every participant had prepared after all).
+    out.status = Status::Ok();
   }
+  // Every participant prepared: the decision is commit; old versions stay until every
+  // participant confirmed (round two releases them).
+  Result<CommitOutcome> c = CommitEverywhere(Raw(hosts), participants, job, r.to_version);
   out.commit_seconds = Since(t1);
-  for (std::size_t i = 0; i < participants.size(); ++i) {
-    if (!commits[i].ok() && out.status.ok()) {
-      out.status = DataLoss("version " + std::to_string(r.to_version) + " of job " + job +
-                            " was prepared on every host but its commit failed on " +
-                            hosts[participants[i]].url + ": " + commits[i].ToString());
-    }
+  if (!c.ok()) {
+    out.status = c.status();
+    return out;
   }
+  for (int h : c->unconfirmed) out.unconfirmed.push_back(hosts[h].url);
   return out;
 }
 
@@ -165,8 +250,14 @@ Result<ClusterTransformStats> TransformCluster(const Cluster& from, const std::s
   };
   for (const std::string& u : from.hosts) add(u);
   for (const std::string& u : target.hosts) add(u);
+  if (options.control_timeout_s < 1 || options.silent_s < 1 || options.prepare_timeout_s < 1)
+    return InvalidArgument("transform timeouts must be at least 1 s");
+  // Every control request (state, addresses, commit, abort, health) is bounded by the
+  // control timeout; only the prepare itself waits longer (PreparePhase).
+  store::ClientOptions control = client_options;
+  control.timeout_s = options.control_timeout_s;
   for (Host& h : hosts) {
-    Result<std::unique_ptr<store::Client>> c = store::Client::Connect(h.url, client_options);
+    Result<std::unique_ptr<store::Client>> c = store::Client::Connect(h.url, control);
     if (c.ok()) {
       h.client = std::move(*c);
     } else if (c.status().code() != StatusCode::kUnavailable) {
@@ -176,6 +267,7 @@ Result<ClusterTransformStats> TransformCluster(const Cluster& from, const std::s
   ClusterTransformStats stats;
   stats.to_config = to.ToString();
   for (const Host& h : hosts) stats.all_hosts.push_back(h.url);
+  uint64_t next_version = 0;  // above every number an earlier attempt used
   for (int attempt = 1; attempt <= options.max_attempts; ++attempt) {
     stats.attempts = attempt;
     // 1. The state: the newest current version any host reports, and who holds it.
@@ -184,6 +276,12 @@ Result<ClusterTransformStats> TransformCluster(const Cluster& from, const std::s
     for (Host& h : hosts) {
       urls.push_back(h.url);
       live_clients.push_back(h.client.get());
+    }
+    // 0. Finish or roll back what an earlier transform left half done (two_phase.h).
+    TP_ASSIGN_OR_RETURN(Resolution res, ResolvePending(urls, live_clients, job, /*owner=*/true));
+    for (const std::string& line : res.lines) {
+      Log(options, "recovery: " + line);
+      stats.recovered.push_back(line);
     }
     TP_ASSIGN_OR_RETURN(CommittedState cs, FindCommittedState(urls, live_clients, job, from));
     stats.lost_hosts.clear();
@@ -240,6 +338,10 @@ Result<ClusterTransformStats> TransformCluster(const Cluster& from, const std::s
     live_clients.clear();
     for (Host& h : hosts) live_clients.push_back(h.client.get());
     TP_ASSIGN_OR_RETURN(round.to_version, NextCommonVersion(live_clients, job));
+    // Never reuse the number of an earlier attempt: a host given up on as silent may
+    // still prepare that one when it continues.
+    round.to_version = std::max(round.to_version, next_version);
+    next_version = round.to_version + (options.central ? 3 : 1);
     Status addr_status;
     for (Host& h : hosts) {
       if (!h.client) continue;
@@ -261,7 +363,7 @@ Result<ClusterTransformStats> TransformCluster(const Cluster& from, const std::s
       Log(options, "attempt " + std::to_string(attempt) + ": version " + std::to_string(version) +
                        " (" + stats.from_config + ") -> " + std::to_string(round.to_version) +
                        " (" + stats.to_config + ") on " + std::to_string(live.size()) + " hosts");
-      rr = RunRound(hosts, job, round);
+      rr = RunRound(hosts, job, round, client_options, options);
       stats.round_seconds = {rr.prepare_seconds + rr.commit_seconds};
     } else {
       // Gather on the first live target host, re-slice there, scatter.
@@ -293,12 +395,14 @@ Result<ClusterTransformStats> TransformCluster(const Cluster& from, const std::s
       for (Round* step : {&gather, &reslice, &scatter}) {
         Log(options, "central: version " + std::to_string(step->from_version) + " -> " +
                          std::to_string(step->to_version));
-        RoundResult part = RunRound(hosts, job, *step);
+        RoundResult part = RunRound(hosts, job, *step, client_options, options);
         stats.round_seconds.push_back(part.prepare_seconds + part.commit_seconds);
         rr.prepare_seconds += part.prepare_seconds;
         rr.commit_seconds += part.commit_seconds;
         rr.hosts = std::move(part.hosts);
         rr.status = part.status;
+        rr.silent = part.silent;
+        rr.unconfirmed = part.unconfirmed;
         if (!rr.status.ok()) break;
       }
       if (rr.status.ok()) round.to_version = scatter.to_version;
@@ -307,13 +411,21 @@ Result<ClusterTransformStats> TransformCluster(const Cluster& from, const std::s
     stats.commit_seconds = rr.commit_seconds;
     stats.hosts = std::move(rr.hosts);
     if (rr.status.ok()) {
+      stats.unconfirmed_hosts = rr.unconfirmed;
+      for (const std::string& u : rr.unconfirmed) {
+        Log(options, "host " + u +
+                         " did not confirm its commit (the decision is commit: its prepared "
+                         "version is committed when it answers again)");
+      }
       stats.to_version = round.to_version;
       stats.seconds = Since(t_start);
       return stats;
     }
     if (rr.status.code() == StatusCode::kDataLoss || options.central) return rr.status;
     // Which hosts are gone? Retry without them; if none is, the error stands.
-    int newly_lost = 0;
+    int newly_lost = static_cast<int>(rr.silent.size());
+    for (int h : rr.silent)
+      Log(options, "host " + hosts[h].url + " is silent: treating it as lost");
     for (Host& h : hosts) {
       if (!h.client) continue;
       if (!h.client->CallJson("GET", "/v1/health").ok()) {

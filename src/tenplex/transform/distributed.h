@@ -15,14 +15,18 @@
 //  4. Phase one: every host with new ranks is sent the same prepare request (with its
 //     host index), all at once; each writes its ranks into an open version v+1 from
 //     its own tensors and, over the data plane, from its peers (host_exec.h).
-//  5. Phase two: when every prepare succeeded, v+1 is committed on each of them (a
-//     rename of CURRENT there). If any prepare failed, v+1 is aborted everywhere; hosts
-//     that no longer answer are marked lost and the transform starts again from 1
-//     (at most max_attempts times). If no host was lost, the error is returned. Either
-//     way every surviving host still serves the old version, unchanged.
-// A commit is only sent after all prepares succeeded, and a prepared version needs no
-// more work than a rename to commit; a host that dies between the first and the last
-// commit loses its memory with it, and the survivors hold the new version.
+//  5. Phase two (two_phase.h): when every prepare succeeded (each participant made v+1
+//     prepared: durable across its restart), v+1 is committed on each of them with the
+//     old version kept, and released in a second round once every participant
+//     confirmed. If any prepare failed or a participant went silent (bounded per-phase
+//     deadlines, ClusterTransformOptions), v+1 is aborted everywhere; hosts that no
+//     longer answer are marked lost and the transform starts again from 1 (at most
+//     max_attempts times). If no host was lost, the error is returned. Either way every
+//     surviving host still serves the old version, unchanged.
+// Each attempt starts by finishing or rolling back what an earlier transform left half
+// done (ResolvePending): a host that died between the last prepare and its commit keeps
+// its prepared version across a restart, and it is committed there, so every host
+// converges to one version.
 //
 // The central baseline (`--central`, for benchmarks) moves the same state the way a
 // single-process converter would, using the same agents: gather every old rank on one
@@ -47,6 +51,14 @@ namespace tenplex::transform {
 struct ClusterTransformOptions {
   std::optional<Cluster> to;  // the target hosts; default: the old cluster
   int max_attempts = 3;
+  // Per-phase deadlines (docs/reliability.md). Every control request (state, address,
+  // commit, abort, health) times out after control_timeout_s. During the prepare every
+  // participant still working is asked GET /v1/health every 0.5 s; one that has not
+  // answered for silent_s is silent (stopped, hung): the round is aborted and re-planned
+  // without it. A prepare that takes longer than prepare_timeout_s in all fails.
+  int control_timeout_s = 10;
+  int silent_s = 10;
+  int prepare_timeout_s = 3600;
   bool central = false;
   std::function<void(const std::string&)> log;  // progress lines (may be empty)
 };
@@ -69,6 +81,10 @@ struct ClusterTransformStats {
   std::vector<HostTransformReport> hosts;  // the last round's participants
   double plan_seconds = 0, prepare_seconds = 0, commit_seconds = 0, seconds = 0;
   std::vector<double> round_seconds;  // central: gather, re-slice, scatter
+  // Participants whose commit reply never came: the decision is commit and stands (their
+  // prepared version is durable and committed by the next operation on the job).
+  std::vector<std::string> unconfirmed_hosts;
+  std::vector<std::string> recovered;  // what the recovery at the start did (two_phase.h)
 };
 
 Result<ClusterTransformStats> TransformCluster(const Cluster& from, const std::string& job,

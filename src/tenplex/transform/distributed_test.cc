@@ -18,6 +18,7 @@
 #include "tenplex/transform/cluster_state.h"
 #include "tenplex/transform/control_protocol.h"
 #include "tenplex/transform/local.h"
+#include "tenplex/transform/two_phase.h"
 
 namespace tenplex::transform {
 namespace {
@@ -363,6 +364,107 @@ TEST_F(DistributedTest, FindsTheCommittedStateAndItsLostRanks) {
   EXPECT_EQ(s.status().code(), StatusCode::kUnavailable) << s.status().ToString();
   EXPECT_EQ(FindCommittedState({urls[2]}, {clients[2]}, "nojob", c).status().code(),
             StatusCode::kNotFound);
+}
+
+// The recovery's decision rule (two_phase.h) against a table of half-done two-phase
+// commits of version 2 on hosts 0-3 (v1 committed everywhere): for each row, the state
+// every host is left in, applied by hand, and the outcome the rule demands.
+TEST_F(DistributedTest, RecoveryFinishesOrRollsBackHalfCommittedVersions) {
+  Cluster c = ClusterOf({0, 1, 2, 3}, 2);
+  std::vector<std::string> urls = c.hosts;
+  std::vector<std::unique_ptr<store::Client>> owned;
+  std::vector<store::Client*> clients;
+  for (const std::string& u : urls) {
+    owned.push_back(*store::Client::Connect(u));
+    clients.push_back(owned.back().get());
+  }
+  enum S { kNone, kOpen, kPrepared, kCommitted };
+  struct Row {
+    std::vector<S> hosts;
+    bool owner;
+    const char* expect;  // "commit", "abort", "pending"
+  };
+  const std::vector<Row> rows = {
+      {{kCommitted, kCommitted, kCommitted, kPrepared}, false, "commit"},  // the commit window
+      {{kCommitted, kPrepared, kPrepared, kPrepared}, true, "commit"},
+      {{kPrepared, kPrepared, kPrepared, kPrepared}, false, "commit"},  // coordinator died
+      {{kPrepared, kPrepared, kOpen, kPrepared}, true, "abort"},        // one never prepared
+      {{kPrepared, kNone, kPrepared, kPrepared}, true, "abort"},        // one aborted it
+      {{kPrepared, kNone, kPrepared, kPrepared}, false, "pending"},     // readers only roll forward
+      {{kOpen, kOpen, kNone, kNone}, true, "abort"},                    // leftovers of a dead load
+  };
+  json info = {{"model", json::parse(ModelToJson(model_))}, {"config", "tp=2,pp=2,dp=2"}};
+  info["cluster"] = {{"hosts", c.hosts}, {"gpus_per_host", 2}};
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    SCOPED_TRACE("row " + std::to_string(i));
+    for (int h = 0; h < 4; ++h) {
+      store::Store& st = *hosts_[h]->store;
+      (void)st.DeleteJob("j");
+      ASSERT_TRUE(st.BeginVersion("j", 1, info.dump()).ok());
+      ASSERT_TRUE(st.Put("jobs/j/1/rank-00000/x", DType::kU8, {3}, "old", 3).ok());
+      ASSERT_TRUE(st.Commit("j", 1).ok());
+      if (rows[i].hosts[h] == kNone) continue;
+      ASSERT_TRUE(st.BeginVersion("j", 2, info.dump()).ok());
+      ASSERT_TRUE(st.Put("jobs/j/2/rank-00000/x", DType::kU8, {3}, "new", 3).ok());
+      if (rows[i].hosts[h] >= kPrepared) {
+        ASSERT_TRUE(st.Prepare("j", 2).ok());
+      }
+      if (rows[i].hosts[h] == kCommitted) {
+        ASSERT_TRUE(st.Commit("j", 2, /*keep_old=*/true).ok());
+      }
+    }
+    Result<Resolution> r = ResolvePending(urls, clients, "j", rows[i].owner);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    const std::string expect = rows[i].expect;
+    for (int h = 0; h < 4; ++h) {
+      Result<store::JobInfo> j = hosts_[h]->store->Job("j");
+      ASSERT_TRUE(j.ok());
+      if (expect == "commit") {
+        // Every host that had it is at version 2, and version 1 is released everywhere.
+        EXPECT_EQ(j->current, std::optional<uint64_t>(rows[i].hosts[h] == kNone ? 1 : 2));
+        EXPECT_EQ(j->versions.size(), 1u);
+      } else if (expect == "abort") {
+        EXPECT_EQ(j->current, std::optional<uint64_t>(1));
+        EXPECT_EQ(j->versions.size(), 1u);
+      } else {
+        EXPECT_EQ(j->current, std::optional<uint64_t>(1));
+        EXPECT_EQ(j->versions.size(), rows[i].hosts[h] == kNone ? 1u : 2u);
+      }
+    }
+    EXPECT_EQ(r->committed.size(), expect == "commit" ? 1u : 0u);
+    EXPECT_EQ(r->aborted.size(), expect == "abort" ? 1u : 0u);
+    EXPECT_EQ(r->pending.size(), expect == "pending" ? 1u : 0u);
+  }
+  // A participant that does not answer: undecided for a reader and for an owner alike
+  // (it may have committed), unless another host committed it.
+  for (int h = 0; h < 4; ++h) {
+    store::Store& st = *hosts_[h]->store;
+    (void)st.DeleteJob("j");
+    ASSERT_TRUE(st.BeginVersion("j", 1, info.dump()).ok());
+    ASSERT_TRUE(st.Commit("j", 1).ok());
+    ASSERT_TRUE(st.BeginVersion("j", 2, info.dump()).ok());
+    ASSERT_TRUE(st.Prepare("j", 2).ok());
+  }
+  std::vector<store::Client*> without3 = clients;
+  without3[3] = nullptr;
+  Result<Resolution> r = ResolvePending(urls, without3, "j", /*owner=*/true);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->pending, (std::vector<uint64_t>{2}));
+  ASSERT_TRUE(hosts_[0]->store->Commit("j", 2, /*keep_old=*/true).ok());
+  r = ResolvePending(urls, without3, "j", /*owner=*/true);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->committed, (std::vector<uint64_t>{2}));
+  for (int h = 0; h < 3; ++h) {
+    EXPECT_EQ(hosts_[h]->store->Job("j")->current, 2u);
+    EXPECT_EQ(hosts_[h]->store->Job("j")->versions.size(), 2u);  // v1 kept: 3 has not committed
+  }
+  EXPECT_EQ(hosts_[3]->store->Job("j")->current, 1u);  // when it answers again
+  r = ResolvePending(urls, clients, "j", /*owner=*/false);
+  ASSERT_TRUE(r.ok());
+  for (int h = 0; h < 4; ++h) {
+    EXPECT_EQ(hosts_[h]->store->Job("j")->current, 2u);
+    EXPECT_EQ(hosts_[h]->store->Job("j")->versions.size(), 1u);
+  }
 }
 
 TEST_F(DistributedTest, AgentRejectsMalformedRequests) {

@@ -1,0 +1,83 @@
+// The two-phase commit of a new version across the store daemons of a cluster, and the
+// recovery that finishes or rolls back one that a crash left half done
+// (docs/reliability.md, "2PC").
+//
+// Phase one: every participant writes its part of version v into an open version and
+// makes it *prepared* (Store::Prepare: its manifest and a PREPARED marker are written,
+// so a daemon restarted with the same --shm-dir keeps it; it is immutable from then
+// on). Phase two: once every participant answered that it prepared, v is committed on
+// every participant with keep_old (the old version stays); round two: once every
+// participant confirmed its commit, the old versions are released there.
+//
+// The decision rule is a function of durable state only: v is committed iff every
+// participant prepared it. A prepared version therefore always knows its outcome:
+//  - some host has v committed: the decision was commit (roll forward);
+//  - every participant (the hosts of v's info "cluster") has v prepared or committed:
+//    commit (roll forward; nobody may abort a version every participant prepared);
+//  - some live participant does not have v: abort (roll back). Only an *owner* of the
+//    job (a coordinator: transform, load, recover) rolls back, since a coordinator that
+//    is still collecting prepares would see the same picture; readers (save) only roll
+//    forward.
+// Commits and aborts go to the participants in ascending host order and the first one
+// alone first: its state is the decision record. A coordinator that finds the first
+// participant committed when it wanted to abort rolls forward instead; a resolver that
+// finds it aborted stops. So two deciders that race (a coordinator and a reader's roll
+// forward) agree. One coordinator per job at a time is assumed (as for every cluster
+// operation of a job).
+//
+// Commit outcomes are idempotent and queryable: committing the current version again
+// is a no-op, and a commit whose reply was lost is confirmed by asking the host for
+// the version's state. A host that cannot be reached in phase two is *unconfirmed*:
+// the decision (commit) stands, its prepared version survives its restart and is
+// committed by the next operation on the job, and the old versions are kept until then.
+//
+// Open versions of a job that no coordinator is writing (one died) are removed by the
+// next owner operation on the job.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tenplex/store/client.h"
+#include "tenplex/util/status.h"
+
+namespace tenplex::transform {
+
+struct CommitOutcome {
+  std::vector<int> confirmed;    // participants that report v committed
+  std::vector<int> unconfirmed;  // could not be reached: commit at their next recovery
+  bool released = false;         // round two ran (every participant confirmed)
+};
+
+// Phase two and round two for version v of job on `participants` (indexes into
+// clients; null clients are unreachable); round two (release) only when every one
+// confirmed and `release` (false: other participants have not committed yet). DataLoss
+// when a participant no longer has v (someone aborted it) or refuses the commit for
+// another reason.
+Result<CommitOutcome> CommitEverywhere(const std::vector<store::Client*>& clients,
+                                       std::vector<int> participants, const std::string& job,
+                                       uint64_t version, bool release = true);
+
+// Aborts v on the hosts (ascending, the first alone first); hosts without v are fine.
+// FailedPrecondition (and nothing aborted) when the first one already committed v: the
+// caller must roll forward instead.
+Status AbortEverywhere(const std::vector<store::Client*>& clients, std::vector<int> hosts,
+                       const std::string& job, uint64_t version);
+
+struct Resolution {
+  std::vector<uint64_t> committed;  // rolled forward
+  std::vector<uint64_t> aborted;    // rolled back (prepared or open leftovers)
+  std::vector<uint64_t> pending;    // undecidable now (a participant does not answer)
+  std::vector<uint64_t> released;   // old versions released after everyone committed
+  std::vector<std::string> lines;   // what was done, one line each
+};
+
+// Finds prepared and leftover open versions of job on the hosts (urls[h], clients[h];
+// null: lost) and decides each by the rule above; `owner` allows roll back and the
+// removal of open versions. Hosts that do not answer are skipped.
+Result<Resolution> ResolvePending(const std::vector<std::string>& urls,
+                                  const std::vector<store::Client*>& clients,
+                                  const std::string& job, bool owner);
+
+}  // namespace tenplex::transform
