@@ -326,8 +326,8 @@ def test_dp_weights(tmp):
     write_jsonl(src, 61, seed=4)
     idx = os.path.join(tmp, "idx")
     run("data", "index", "--input", src, "--format", "jsonl", "-o", idx)
-    cases = [(7, 10, [2, 1, 1], 20, 3), (3, 12, [1, 5, 2, 3], 0, 6), (9, 7, [3, 3], 14, 4), (1, 5, [1, 1, 1, 1, 1], 5, 2),
-             (5, 16, [7, 1], 32, 3), ((1 << 64) - 1, 9, [1, 2, 3], 0, 5)]
+    cases = [(7, 10, [2, 1, 1], 20, 3), (3, 12, [1, 5, 2, 3], 0, 6), (5, 16, [7, 1], 32, 3),
+             ((1 << 64) - 1, 9, [1, 2, 3], 0, 5)]
     for seed, b, w, start, steps in cases:
         dp, text = len(w), "+".join(map(str, w))
         sizes = pydata.weighted_sizes(b, w)
@@ -345,6 +345,9 @@ def test_dp_weights(tmp):
             assert ours == ref == [(s["step"], s["samples"]) for s in want], (seed, b, w, r)
             assert tdata.rank_slice(b, dp, r, w) == pydata.rank_slice(b, dp, r, w) == (off, off + sizes[r])
             assert tdata.step_samples(61, seed, b, start, dp, r, w) == pydata.step_samples(61, seed, b, start, dp, r, w)
+            if seed != 7:  # the package's command line once (a process start each)
+                off += sizes[r]
+                continue
             p = subprocess.run([sys.executable, "-m", "tenplex.data", "batches", "--index", idx, "--seed", str(seed),
                                 "--global-batch", str(b), "--dp-weights", text, "--rank", str(r), "--start-sample",
                                 str(start), "--steps", str(steps)], capture_output=True, text=True, check=True,
