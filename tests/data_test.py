@@ -1,6 +1,6 @@
 """Integration tests of `tenplex data` (issue 6), run with /usr/bin/python3:
 
-    data_test.py CASE        CASE in: cli, python_order, megatron, fuse
+    data_test.py CASE        CASE in: cli, python_order, megatron, fuse, dp_weights
 
 TENPLEX_BIN is the CLI under test; tests/reference/data_ref.py (an independent
 pure-Python implementation of the order and the index readers) is the reference, and
@@ -231,11 +231,11 @@ def mounted(mp):
 
 
 class Mount:
-    def __init__(self, idx, mp, seed, b, dp, start):
+    def __init__(self, idx, mp, seed, b, dp, start, extra=()):
         os.makedirs(mp, exist_ok=True)
         self.mp = mp
         self.p = subprocess.Popen([TENPLEX, "data", "mount", "--index", idx, "--mountpoint", mp, "--seed", str(seed),
-                                   "--global-batch", str(b), "--dp", str(dp), "--start-sample", str(start)],
+                                   "--global-batch", str(b), "--dp", str(dp), "--start-sample", str(start), *extra],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         deadline = time.time() + 30
         while not os.path.exists(os.path.join(mp, "info.json")):
@@ -316,6 +316,78 @@ def test_fuse(tmp):
     # A bad mountpoint is a clear error.
     expect_error("mountpoint", "data", "mount", "--index", idx, "--mountpoint", tmp + "/nope", "--seed", "1",
                  "--global-batch", "8")
+
+
+def test_dp_weights(tmp):
+    """Spec §9 dp weights: `data batches --dp-weights`, tenplex.data.RankIterator(dp_weights=)
+    and the FUSE view give each dp rank the contiguous slice of every global batch that the
+    reference's exact-fraction largest-remainder apportionment says."""
+    src = os.path.join(tmp, "d.jsonl")
+    write_jsonl(src, 61, seed=4)
+    idx = os.path.join(tmp, "idx")
+    run("data", "index", "--input", src, "--format", "jsonl", "-o", idx)
+    cases = [(7, 10, [2, 1, 1], 20, 3), (3, 12, [1, 5, 2, 3], 0, 6), (5, 16, [7, 1], 32, 3),
+             ((1 << 64) - 1, 9, [1, 2, 3], 0, 5)]
+    for seed, b, w, start, steps in cases:
+        dp, text = len(w), "+".join(map(str, w))
+        sizes = pydata.weighted_sizes(b, w)
+        whole = batches(idx, seed, b, 1, 0, start, steps)["steps"]
+        off = 0
+        for r in range(dp):
+            p = run("data", "batches", "--index", idx, "--seed", seed, "--global-batch", b, "--dp-weights", text,
+                    "--rank", r, "--start-sample", start, "--steps", steps, "--json")
+            got = json.loads(p.stdout)["steps"]
+            want = [{"step": s["step"], "samples": s["samples"][off:off + sizes[r]]} for s in whole]
+            assert got == want, (seed, b, w, r)
+            ours = [(s, i) for s, i, _ in tdata.RankIterator(idx, seed, b, rank=r, start_sample=start, steps=steps,
+                                                               dp_weights=text)]
+            ref = [(s, i) for s, i, _ in pydata.RankIterator(idx, seed, b, dp, r, start, steps, dp_weights=w)]
+            assert ours == ref == [(s["step"], s["samples"]) for s in want], (seed, b, w, r)
+            assert tdata.rank_slice(b, dp, r, w) == pydata.rank_slice(b, dp, r, w) == (off, off + sizes[r])
+            assert tdata.step_samples(61, seed, b, start, dp, r, w) == pydata.step_samples(61, seed, b, start, dp, r, w)
+            if seed != 7:  # the package's command line once (a process start each)
+                off += sizes[r]
+                continue
+            p = subprocess.run([sys.executable, "-m", "tenplex.data", "batches", "--index", idx, "--seed", str(seed),
+                                "--global-batch", str(b), "--dp-weights", text, "--rank", str(r), "--start-sample",
+                                str(start), "--steps", str(steps)], capture_output=True, text=True, check=True,
+                               env=dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python")))
+            assert json.loads(p.stdout)["steps"] == want
+            off += sizes[r]
+        assert off == b
+    # The spec's example and equal weights (the v1 rule).
+    assert pydata.weighted_sizes(10, [2, 1, 1]) == [5, 3, 2]
+    for b, dp in [(10, 4), (7, 7), (9, 2)]:
+        for r in range(dp):
+            assert tdata.rank_slice(b, dp, r, [3] * dp) == tdata.rank_slice(b, dp, r) == pydata.rank_slice(b, dp, r)
+    base = ["data", "batches", "--index", idx, "--seed", "1", "--global-batch", "4"]
+    expect_error("dp rank 1 no samples", *base, "--dp-weights", "1+1+9")
+    expect_error("lists 3 weights but --dp is 2", *base, "--dp", "2", "--dp-weights", "1+1+1")
+    expect_error("--dp-weights=1+x", *base, "--dp-weights", "1+x")
+    expect_error("--dp-weights=1+0", *base, "--dp-weights", "1+0")
+    for impl in (pydata, tdata):
+        for args in [(4, 3, 0, [1, 1, 9]), (4, 2, 0, [1, 1, 1])]:
+            try:
+                impl.rank_slice(*args)
+            except ValueError:
+                continue
+            raise AssertionError(f"{impl.__name__}.rank_slice{args} accepted")
+    # The FUSE view serves the weighted slices.
+    if not os.path.exists("/dev/fuse"):
+        raise AssertionError("/dev/fuse is missing: the FUSE view cannot be tested (modprobe fuse)")
+    seed, b, w, start = 11, 10, [2, 1, 1], 20
+    mp = os.path.join(tmp, "mnt")
+    m = Mount(idx, mp, seed, b, 3, start, ["--dp-weights", "2+1+1"])
+    try:
+        info = json.load(open(os.path.join(mp, "info.json")))
+        assert info["dp_weights"] == w and [r["slice"] for r in info["ranks"]] == [[0, 5], [5, 8], [8, 10]], info
+        for r in range(3):
+            ids = [i for s in pydata.RankIterator(idx, seed, b, 3, r, start, 6 - start // b, dp_weights=w) for i in s[1]]
+            want = "".join(line + "\n" for line in read(idx, ids))
+            assert open(os.path.join(mp, f"rank-{r:05d}", "samples.jsonl"), encoding="utf-8").read() == want, r
+    finally:
+        m.p.send_signal(signal.SIGTERM)
+    m.wait()
 
 
 def main():

@@ -19,7 +19,7 @@ import data_ref  # noqa: E402
 import layout_ref  # noqa: E402
 import torch  # noqa: E402
 
-from tenplex import data, layout  # noqa: E402
+from tenplex import _tenplex, data, layout  # noqa: E402
 
 TENPLEX = sys.argv[1]
 checks = 0
@@ -46,7 +46,11 @@ MODELS = {
                 "--make-vocab-size-divisible-by", "8", "--max-position-embeddings", "16", "--optimizer", "none"],
 }
 CONFIGS = ["tp=1", "tp=2", "tp=4", "pp=2", "dp=3", "tp=2,pp=2", "tp=2,dp=2,zero=1", "pp=3,layers=1+2+1",
-           "tp=2,pp=2,dp=2,zero=1", "pp=2,dp=3,zero=1", "tp=8", "pp=4"]
+           "tp=2,pp=2,dp=2,zero=1", "pp=2,dp=3,zero=1", "tp=8", "pp=4",
+           # Spec §9 uneven splits (some are errors for some models: a rank with no unit).
+           "tp=2,tp_weights=3+1", "tp=3,tp_weights=1+1+1", "tp=2,tp_weights=1+1", "tp=4,tp_weights=4+3+2+1",
+           "tp=2,pp=2,dp=2,zero=1,tp_weights=1+2,dp_weights=2+1", "tp=3,pp=2,dp=3,zero=1,tp_weights=5+2+3",
+           "dp=3,dp_weights=1+2+3"]
 
 
 def compare_layouts(tmp):
@@ -90,6 +94,10 @@ def compare_layouts(tmp):
                 check(layout.rank_tensors(ours, cfg, r) == [(n, d, list(s)) for n, d, s in
                                                             layout_ref.rank_tensors(ref, rcfg, r)],
                       f"{name} {text} rank {r}: rank_tensors")
+    rng = random.Random(9)
+    for _ in range(500):
+        units, w = rng.randrange(0, 200), [rng.randrange(1, 9) for _ in range(rng.randrange(1, 7))]
+        check(list(_tenplex.apportion(units, w)) == layout_ref.apportion(units, w), f"apportion({units}, {w})")
     for total, dp in [(0, 1), (10, 3), (12, 4), (7, 8), (1000003, 16)]:
         for r in range(dp):
             check(tuple(layout.flat_range(total, dp, r)) == tuple(layout_ref.flat_range(total, dp, r)),
@@ -110,6 +118,16 @@ def compare_orders():
                 continue
             for r in range(dp):
                 check(data.rank_slice(b, dp, r) == data_ref.rank_slice(b, dp, r), f"rank_slice({b}, {dp}, {r})")
+                w = [rng.randrange(1, 4) for _ in range(dp)]
+                try:
+                    want = data_ref.rank_slice(b, dp, r, w)
+                except ValueError:
+                    want = None
+                try:
+                    got = data.rank_slice(b, dp, r, w)
+                except ValueError:
+                    got = None
+                check(got == want, f"rank_slice({b}, {dp}, {r}, {w}): {got} vs {want}")
                 check(data.step_samples(n, seed, b, 2 * b, dp, r) == data_ref.step_samples(n, seed, b, 2 * b, dp, r),
                       f"step_samples n={n} B={b} dp={dp} r={r}")
     for bad in [lambda m: m.Order(3, 1, 4), lambda m: m.Order(10, 1, 0), lambda m: m.Order(10, 1, 2).step_of(3)]:

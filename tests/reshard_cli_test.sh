@@ -72,6 +72,42 @@ for B in "tp=2,pp=1,dp=1,zero=1" "tp=1,pp=3,layers=2+1+1,dp=3,zero=1" "tp=2,pp=4
   same_dirs "$tmp/A" "$tmp/A2"
 done
 
+# Spec §9 uneven splits through the CLI: layout shapes, a plan at the lower bound,
+# uneven -> even -> uneven reshards byte-identical with every element checked, errors.
+U="tp=2,tp_weights=2+1,pp=2,dp=2,dp_weights=3+1"
+"$T" layout --model "$M" --config "$U" --json >"$tmp/ulayout.json" || fail "layout $U"
+"$T" plan --model "$M" --from "$U" --to tp=2,pp=1,dp=3,zero=1 --gpus-per-host 2 --json >"$tmp/uplan.json" \
+  || fail "plan from $U"
+/usr/bin/python3 - "$tmp/ulayout.json" "$tmp/uplan.json" <<'PY' || fail "uneven layout/plan JSON"
+import json, sys
+l, p = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+assert l["config"] == "tp=2,pp=2,dp=2,tp_weights=2+1,dp_weights=3+1", l["config"]
+shape = {(r["rank"], t["name"]): t["shape"] for r in l["ranks"] for t in r["tensors"]}
+# f = 24 rows per SwiGLU block over 2+1: 16 + 8; 2 query groups of (4/2 + 2) * 4 = 16
+# rows: 1 + 1; vocabulary Vp = 112 = 14 units of 8 rows: 9 + 5.
+want = {(0, "decoder.layers.0.mlp.linear_fc1.weight"): [32, 16], (1, "decoder.layers.0.mlp.linear_fc1.weight"): [16, 16],
+        (1, "decoder.layers.0.self_attention.linear_qkv.weight"): [16, 16],
+        (0, "embedding.word_embeddings.weight"): [72, 16], (1, "embedding.word_embeddings.weight"): [40, 16]}
+for k, v in want.items():
+    assert shape[k] == v, (k, shape[k], v)
+s = p["stats"]
+assert s["bytes_cross_host"] == s["cross_host_lower_bound"] > 0, s
+print("ok: uneven layout shapes and plan at the lower bound", s["bytes_cross_host"])
+PY
+expect_ok "$T" ckpt init --model "$M" --config "$U" --out "$tmp/U" --seed 7
+expect_ok "$T" ckpt verify --in "$tmp/U"
+for B in "tp=2,pp=2,dp=2" "tp=2,tp_weights=1+2,dp=2,zero=1"; do
+  rm -rf "$tmp/UB" "$tmp/U2"
+  expect_ok "$T" reshard --in "$tmp/U" --to "$B" --out "$tmp/UB" --model "$M" --from "$U"
+  expect_ok "$T" ckpt verify --in "$tmp/UB"
+  expect_ok "$T" reshard --in "$tmp/UB" --to "$U" --out "$tmp/U2"
+  same_dirs "$tmp/U" "$tmp/U2"
+done
+expect_error "gives tp rank 1 no query groups of decoder.layers.0.self_attention.linear_qkv.weight" \
+  "$T" layout --model "$M" --config tp=2,tp_weights=3+1
+expect_error "tp_weights= lists 3 weights but tp=2" "$T" plan --model "$M" --from tp=2,tp_weights=1+1+1 --to tp=1
+expect_error "tp rank" "$T" reshard --in "$tmp/U" --to tp=2,tp_weights=9+1 --out "$tmp/OUT"
+
 # Bad inputs.
 O=(--to tp=2,pp=1 --out "$tmp/OUT")
 expect_error "does not match the checkpoint's model" "$T" reshard --in "$tmp/A" "${O[@]}" --model gpt3-125m

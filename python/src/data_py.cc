@@ -28,13 +28,14 @@ std::vector<uint64_t> Batch(data::GlobalOrder& order, uint64_t step, uint64_t be
 void register_data(pyb::module_& m) {
   m.def(
       "rank_slice",
-      [](uint64_t global_batch, uint64_t dp, uint64_t rank) {
-        data::Slice s = Take(data::RankSlice(global_batch, dp, rank));
+      [](uint64_t global_batch, uint64_t dp, uint64_t rank, const std::vector<int>& dp_weights) {
+        data::Slice s = Take(data::WeightedRankSlice(global_batch, dp, dp_weights, rank));
         return std::make_pair(s.begin, s.end);
       },
       pyb::arg("global_batch"), pyb::arg("dp"), pyb::arg("rank"),
+      pyb::arg("dp_weights") = std::vector<int>{},
       "[begin, end) of a data-parallel rank's part of a global batch (the first B mod dp ranks "
-      "take one more)");
+      "take one more; with dp_weights, spec §9: shares proportional to the weights)");
   pyb::class_<data::GlobalOrder>(m, "Order",
                                  "The global sample order; caches the last epoch's permutation")
       .def(pyb::init([](uint64_t num_samples, uint64_t seed, uint64_t global_batch) {
@@ -74,11 +75,11 @@ void register_data(pyb::module_& m) {
   m.def(
       "batches",
       [](const std::string& index_dir, uint64_t seed, uint64_t global_batch, uint64_t dp,
-         uint64_t rank, uint64_t start_sample, uint64_t steps) {
+         uint64_t rank, uint64_t start_sample, uint64_t steps, const std::vector<int>& dp_weights) {
         auto ds = Take(data::Dataset::Open(index_dir));
         data::GlobalOrder order =
             Take(data::GlobalOrder::Create({ds->num_samples(), seed, global_batch}));
-        data::Slice slice = Take(data::RankSlice(global_batch, dp, rank));
+        data::Slice slice = Take(data::WeightedRankSlice(global_batch, dp, dp_weights, rank));
         data::StepInfo first = Take(order.Locate(start_sample));
         std::vector<std::vector<uint64_t>> out;
         for (uint64_t s = 0; s < steps; ++s) {
@@ -90,6 +91,7 @@ void register_data(pyb::module_& m) {
       },
       pyb::arg("index_dir"), pyb::arg("seed"), pyb::arg("global_batch"), pyb::arg("dp"),
       pyb::arg("rank"), pyb::arg("start_sample"), pyb::arg("steps"),
+      pyb::arg("dp_weights") = std::vector<int>{},
       "Sample ids of a data-parallel rank for `steps` steps");
   m.def(
       "sample",

@@ -4,10 +4,13 @@
 #include <pybind11/operators.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
+
 #include "bindings.h"
 #include "tenplex/model/model.h"
 #include "tenplex/ptc/config.h"
 #include "tenplex/ptc/layout.h"
+#include "tenplex/util/apportion.h"
 
 namespace tenplex::py {
 
@@ -43,6 +46,10 @@ void register_ptc(pyb::module_& m) {
       .def_readonly("dp", &ParallelConfig::dp)
       .def_readonly("zero", &ParallelConfig::zero)
       .def_readonly("layers", &ParallelConfig::layers)
+      .def_readonly("tp_weights", &ParallelConfig::tp_weights,
+                    "Spec §9 weights of the tp ranks as given ([] when none)")
+      .def_readonly("dp_weights", &ParallelConfig::dp_weights,
+                    "Spec §9 weights of the dp ranks as given ([] when none)")
       .def_property_readonly("world_size", &ParallelConfig::world_size)
       .def("tp_rank", &ParallelConfig::TpRank)
       .def("dp_rank", &ParallelConfig::DpRank)
@@ -57,6 +64,24 @@ void register_ptc(pyb::module_& m) {
   m.def(
       "parse_config", [](const std::string& c) { return Take(ParseConfig(c)).ToString(); },
       "Canonical form of a parallel config string");
+  m.def(
+      "apportion",
+      [](int64_t units, const std::vector<int>& weights) {
+        if (units < 0 || weights.empty() ||
+            std::any_of(weights.begin(), weights.end(), [](int w) { return w < 1; })) {
+          Check(InvalidArgument("apportion: need units >= 0 and positive weights"));
+        }
+        return Apportion(units, weights);
+      },
+      pyb::arg("units"), pyb::arg("weights"),
+      "Spec §9 largest-remainder apportionment: units per rank in proportion to weights");
+  m.def(
+      "canonical_config",
+      [](const std::string& model, const ParallelConfig& config) {
+        return CanonicalConfig(LoadModelArg(model), config).ToString();
+      },
+      pyb::arg("model"), pyb::arg("config"),
+      "Spec §9 canonical config string: weights dropped where they change nothing");
   m.def(
       "layout_json",
       [](const std::string& model, const std::string& config) {

@@ -7,6 +7,12 @@
 
     ids, mine = step_samples(num_samples, seed, global_batch, position, dp, dp_rank)
 
+Uneven data parallelism (spec §9, devices of different speed): `dp_weights=[2, 1, 1]`
+(or "2+1+1") gives dp rank j a contiguous share of every global batch proportional to
+w_j (largest-remainder apportionment; `RankIterator(..., dp_weights=...)`,
+`rank_slice(B, dp, r, dp_weights)`); without weights the first B mod dp ranks take one
+sample more.
+
 Command line (the same JSON as `tenplex data batches --json`):
 
     /usr/bin/python3 -m tenplex.data batches --index DIR --seed S --global-batch B \\
@@ -19,12 +25,28 @@ import sys
 from . import _tenplex
 
 Order = _tenplex.Order  # Order(num_samples, seed, global_batch): step_of(position), batch(step, begin, end)
-rank_slice = _tenplex.rank_slice  # (begin, end) of a dp rank's part of a global batch
+
+
+def parse_weights(weights):
+    """[] for None, a list of ints as is, "2+1+1" as [2, 1, 1]."""
+    if weights is None:
+        return []
+    if isinstance(weights, str):
+        try:
+            return [int(w, 10) for w in weights.split("+")]
+        except ValueError:
+            raise ValueError(f"dp_weights {weights!r}: expected positive integers joined by '+'") from None
+    return [int(w) for w in weights]
+
+
+def rank_slice(global_batch, dp, rank, dp_weights=None):
+    """(begin, end) of a dp rank's part of a global batch (spec §9 shares with dp_weights)."""
+    return _tenplex.rank_slice(global_batch, dp, rank, parse_weights(dp_weights))
 
 _orders = {}
 
 
-def step_samples(num_samples, seed, global_batch, position, dp, dp_rank):
+def step_samples(num_samples, seed, global_batch, position, dp, dp_rank, dp_weights=None):
     """(global batch ids, this dp rank's ids) of the step that starts at `position`
     (samples consumed). The order of the last (num_samples, seed, global_batch) is kept,
     so a training loop pays for an epoch's permutation once."""
@@ -34,7 +56,7 @@ def step_samples(num_samples, seed, global_batch, position, dp, dp_rank):
         _orders.clear()
         order = _orders[key] = Order(num_samples, seed, global_batch)
     ids = order.batch(order.step_of(position))
-    begin, end = rank_slice(global_batch, dp, dp_rank)
+    begin, end = rank_slice(global_batch, dp, dp_rank, dp_weights)
     return ids, ids[begin:end]
 
 
@@ -61,12 +83,17 @@ class Index:
 class RankIterator:
     """Yields (step, sample ids, records) for one data-parallel rank from a position,
     forever (epoch after epoch) or for `steps` steps. `position` is the samples
-    consumed after the last yielded step: save it, and resume with any dp."""
+    consumed after the last yielded step: save it, and resume with any dp (and any
+    dp_weights: rank j's share of each global batch is proportional to dp_weights[j])."""
 
-    def __init__(self, index_dir, seed, global_batch, dp, rank, start_sample=0, steps=None):
+    def __init__(self, index_dir, seed, global_batch, dp=None, rank=0, start_sample=0, steps=None,
+                 dp_weights=None):
+        weights = parse_weights(dp_weights)
+        if dp is None:
+            dp = len(weights) or 1
         self.index = Index(index_dir)
         self.order = Order(len(self.index), seed, global_batch)
-        self.slice = rank_slice(global_batch, dp, rank)
+        self.slice = rank_slice(global_batch, dp, rank, weights)
         self.step = self.order.step_of(start_sample)
         self.remaining = steps
 
@@ -97,7 +124,8 @@ def _main(argv):
     b.add_argument("--index", required=True)
     b.add_argument("--seed", type=int, required=True)
     b.add_argument("--global-batch", type=int, required=True)
-    b.add_argument("--dp", type=int, default=1)
+    b.add_argument("--dp", type=int)
+    b.add_argument("--dp-weights")
     b.add_argument("--rank", type=int, default=0)
     b.add_argument("--start-sample", type=int, default=0)
     b.add_argument("--steps", type=int, default=1)
@@ -111,7 +139,9 @@ def _main(argv):
             if a.steps <= 0:
                 raise ValueError(f"--steps must be positive, got {a.steps}")
             order = Order(len(index), a.seed, a.global_batch)
-            begin, end = rank_slice(a.global_batch, a.dp, a.rank)
+            weights = parse_weights(a.dp_weights)
+            dp = a.dp if a.dp is not None else (len(weights) or 1)
+            begin, end = rank_slice(a.global_batch, dp, a.rank, weights)
             first = order.step_of(a.start_sample)
             steps = [{"step": g, "samples": order.batch(g, begin, end)} for g in range(first, first + a.steps)]
             print(json.dumps({"steps": steps}, separators=(",", ":")))

@@ -11,6 +11,14 @@ rank's local tensor, and padding masks.
     rank_tensors(model, cfg, rank)                   # [(name, dtype, shape)] incl. optimizer state
     begin, end, padded = flat_range(total, cfg.dp, dp_rank)   # ZeRO-1 ranges
 
+Uneven splits for devices of different speed (spec §9, docs/hetero.md): a config may
+give `tp_weights=3+1` (tp rank t's share of every TP split, in whole units: query
+groups, rows, m vocabulary rows) and `dp_weights=2+1+1` (dp rank j's share of each global
+batch, tenplex.data); local shapes then differ between tp ranks. `cfg.tp_weights`,
+`cfg.dp_weights` are the weights as given ([] when none); `apportion(units, weights)` is
+the largest-remainder split; `canonical_config(model, cfg)` drops weights that change
+nothing.
+
 Rank order is Megatron's, tensor-parallel fastest:
     tp_rank = r % tp;  dp_rank = (r // tp) % dp;  pp_rank = r // (tp * dp).
 
@@ -50,6 +58,14 @@ class Model:
     def load(cls, path):
         with open(path) as f:
             return cls(json.load(f))
+
+
+apportion = _tenplex.apportion  # (units, weights) -> units per rank, spec §9
+
+
+def canonical_config(model, cfg):
+    """Spec §9 canonical config string: all-equal weights dropped where the even split applies."""
+    return _tenplex.canonical_config(model.text, cfg)
 
 
 def stage_bounds(model, cfg):

@@ -69,9 +69,37 @@ def permutation(n, seed, epoch):
     return a
 
 
-def rank_slice(global_batch, dp, rank):
+def weighted_sizes(total, weights):
+    """Spec §9 largest-remainder apportionment with exact fractions: quotas
+    total * w / W, floors, then one unit each to the ranks with the largest fractional
+    parts, ties to the lower rank."""
+    from fractions import Fraction
+    W = sum(weights)
+    quotas = [Fraction(total * w, W) for w in weights]
+    sizes = [q.numerator // q.denominator for q in quotas]
+    by_rest = sorted(range(len(weights)), key=lambda i: (-(quotas[i] - sizes[i]), i))
+    for i in by_rest[:total - sum(sizes)]:
+        sizes[i] += 1
+    return sizes
+
+
+def rank_slice(global_batch, dp, rank, dp_weights=None):
     """[begin, end) of rank `rank`'s part of a global batch: the first B mod dp ranks
-    take one sample more."""
+    take one sample more; with dp_weights (spec §9) the sizes are the largest-remainder
+    apportionment of the batch by the weights."""
+    if dp_weights:
+        if isinstance(dp_weights, str):
+            dp_weights = [int(w) for w in dp_weights.split("+")]
+        if len(dp_weights) != dp or min(dp_weights) < 1:
+            raise ValueError(f"dp weights {dp_weights} do not give {dp} positive weights")
+        if global_batch <= 0:
+            raise ValueError(f"global batch must be positive, got {global_batch}")
+        if not 0 <= rank < dp:
+            raise ValueError(f"rank {rank} is not in [0, dp={dp})")
+        sizes = weighted_sizes(global_batch, dp_weights)
+        if 0 in sizes:
+            raise ValueError(f"dp weights {dp_weights} give dp rank {sizes.index(0)} no samples")
+        return sum(sizes[:rank]), sum(sizes[:rank + 1])
     if global_batch <= 0:
         raise ValueError(f"global batch must be positive, got {global_batch}")
     if dp <= 0:
@@ -122,12 +150,12 @@ class Order:
         return self.batch(step, *rank_slice(self.global_batch, dp, rank))
 
 
-def step_samples(num_samples, seed, global_batch, position, dp, dp_rank):
+def step_samples(num_samples, seed, global_batch, position, dp, dp_rank, dp_weights=None):
     """(global batch ids, this dp rank's ids) of the step that starts at `position`."""
     order = Order(num_samples, seed, global_batch)
     step = order.step_of(position)
     ids = order.batch(step)
-    begin, end = rank_slice(global_batch, dp, dp_rank)
+    begin, end = rank_slice(global_batch, dp, dp_rank, dp_weights)
     return ids, ids[begin:end]
 
 
@@ -239,10 +267,10 @@ class RankIterator:
     forever (epoch after epoch) or for `steps` steps. `position` is the samples
     consumed after the last yielded step: save it, and resume with any dp."""
 
-    def __init__(self, index_dir, seed, global_batch, dp, rank, start_sample=0, steps=None):
+    def __init__(self, index_dir, seed, global_batch, dp, rank, start_sample=0, steps=None, dp_weights=None):
         self.index = Index(index_dir)
         self.order = Order(len(self.index), seed, global_batch)
-        self.slice = rank_slice(global_batch, dp, rank)
+        self.slice = rank_slice(global_batch, dp, rank, dp_weights)
         self.step = self.order.step_of(start_sample)
         self.remaining = steps
 
@@ -274,6 +302,7 @@ def _main(argv):
     b.add_argument("--seed", type=int, required=True)
     b.add_argument("--global-batch", type=int, required=True)
     b.add_argument("--dp", type=int, default=1)
+    b.add_argument("--dp-weights")
     b.add_argument("--rank", type=int, default=0)
     b.add_argument("--start-sample", type=int, default=0)
     b.add_argument("--steps", type=int, default=1)
@@ -287,7 +316,7 @@ def _main(argv):
                 raise ValueError(f"--steps must be positive, got {a.steps}")
             index = Index(a.index)
             order = Order(len(index), a.seed, a.global_batch)
-            begin, end = rank_slice(a.global_batch, a.dp, a.rank)
+            begin, end = rank_slice(a.global_batch, a.dp, a.rank, a.dp_weights)
             first = order.step_of(a.start_sample)
             steps = [{"step": g, "samples": order.batch(g, begin, end)} for g in range(first, first + a.steps)]
             print(json.dumps({"steps": steps}, separators=(",", ":")))

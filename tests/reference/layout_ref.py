@@ -6,6 +6,10 @@ and stage, so nothing here knows about GPT. The training client (examples/gpt) u
 to slice globally drawn tensors, to name local tensors and to build the ZeRO-1 flat
 layout; tests compare it with `tenplex layout --json`.
 
+Spec §9 uneven splits: with tp_weights every split dim is U whole units (a query group,
+one row of each block, m vocabulary rows: tp_units) and tp rank t holds its contiguous
+range of the largest-remainder apportionment of U (apportion, exact fractions).
+
 Rank order is Megatron's, tensor-parallel fastest:
     tp_rank = r % tp;  dp_rank = (r // tp) % dp;  pp_rank = r // (tp * dp).
 
@@ -22,13 +26,16 @@ class LayoutError(ValueError):
 
 
 class Config:
-    """A parallel configuration "tp=2,pp=2,dp=2[,zero=1][,layers=a+b]"."""
+    """A parallel configuration "tp=2,pp=2,dp=2[,zero=1][,layers=a+b]" with the spec §9
+    uneven splits "tp_weights=3+1" and "dp_weights=2+1+1"."""
 
-    KEYS = ("tp", "pp", "dp", "zero", "layers")
+    KEYS = ("tp", "pp", "dp", "zero", "layers", "tp_weights", "dp_weights")
 
-    def __init__(self, tp=1, pp=1, dp=1, zero=False, layers=None):
+    def __init__(self, tp=1, pp=1, dp=1, zero=False, layers=None, tp_weights=None, dp_weights=None):
         self.tp, self.pp, self.dp, self.zero = tp, pp, dp, bool(zero)
         self.layers = list(layers or [])
+        self.tp_weights = list(tp_weights or [])
+        self.dp_weights = list(dp_weights or [])
 
     @classmethod
     def parse(cls, text):
@@ -38,7 +45,7 @@ class Config:
         seen = set()
         for part in text.split(","):
             if "=" not in part:
-                raise LayoutError(f"config: '{part}' is not key=value (keys: tp, pp, dp, zero, layers)")
+                raise LayoutError(f"config: '{part}' is not key=value (keys: {', '.join(cls.KEYS)})")
             key, val = part.split("=", 1)
             if key in seen:
                 raise LayoutError(f"config: {key} is given twice")
@@ -57,10 +64,19 @@ class Config:
                 c.layers = [_int(v, "layers") for v in val.split("+")]
                 if any(v < 0 for v in c.layers):
                     raise LayoutError("config: layers per stage must be >= 0")
+            elif key in ("tp_weights", "dp_weights"):
+                w = [_int(v, key) for v in val.split("+")]
+                if any(not 1 <= v <= 1000000 for v in w):
+                    raise LayoutError(f"config: {key} must be integers in [1, 1000000]")
+                setattr(c, key, w)
             else:
-                raise LayoutError(f"config: unknown key '{key}' (keys: tp, pp, dp, zero, layers)")
+                raise LayoutError(f"config: unknown key '{key}' (keys: {', '.join(cls.KEYS)})")
         if c.layers and len(c.layers) != c.pp:
             raise LayoutError(f"config: layers= lists {len(c.layers)} stages but pp={c.pp}")
+        for key, degree in (("tp_weights", c.tp), ("dp_weights", c.dp)):
+            w = getattr(c, key)
+            if w and len(w) != degree:
+                raise LayoutError(f"config: {key}= lists {len(w)} weights but {key[:2]}={degree}")
         return c
 
     def __str__(self):
@@ -69,6 +85,10 @@ class Config:
             s += ",zero=1"
         if self.layers:
             s += ",layers=" + "+".join(map(str, self.layers))
+        if self.tp_weights:
+            s += ",tp_weights=" + "+".join(map(str, self.tp_weights))
+        if self.dp_weights:
+            s += ",dp_weights=" + "+".join(map(str, self.dp_weights))
         return s
 
     def __eq__(self, other):
@@ -138,10 +158,47 @@ def stage_bounds(model, cfg):
     return b
 
 
+def apportion(units, weights):
+    """Spec §9: largest remainders with exact fractions; ties to the lower rank."""
+    from fractions import Fraction
+    W = sum(weights)
+    quota = [Fraction(units * w, W) for w in weights]
+    n = [int(q) for q in quota]
+    for i in sorted(range(len(weights)), key=lambda i: (n[i] - quota[i], i))[:units - sum(n)]:
+        n[i] += 1
+    return n
+
+
+def tp_units(shape, rule, T):
+    """(U, unit): the spec §9 units along the split dim of a TP rule."""
+    kind = rule["rule"]
+    n = shape[rule.get("dim", 0)]
+    if kind == "split":
+        g = rule.get("granule", 1)
+        return n // g, g
+    if kind == "blocks":
+        return n // rule["blocks"], 1
+    if kind == "vocab":
+        m = rule.get("divisible_by", 1)
+        return math.ceil(n / (m * T)) * T, m
+    return 0, 1
+
+
 def validate(model, cfg):
     """Raises LayoutError naming the rule when cfg cannot hold model."""
     stage_bounds(model, cfg)
     T = cfg.tp
+    if cfg.tp_weights:
+        for t in model.tensors:
+            r = t["tp"]
+            if r["rule"] == "replicate":
+                continue
+            units, _ = tp_units(t["shape"], r, T)
+            n = apportion(units, cfg.tp_weights)
+            if 0 in n:
+                raise LayoutError(f"tp_weights={'+'.join(map(str, cfg.tp_weights))} gives tp rank {n.index(0)} "
+                                  f"no units of {t['path']}")
+        return
     for t in model.tensors:
         r = t["tp"]
         if r["rule"] == "split":
@@ -160,12 +217,15 @@ def validate(model, cfg):
                 raise LayoutError(f"tp={T} does not divide the blocks of {block} rows of {t['path']} (f % tp != 0)")
 
 
-def tp_pieces(shape, rule, T, t):
-    """(local shape, [(global box, local box)]) of TP rank t of T; boxes are [(b, e), ...]."""
+def tp_pieces(shape, rule, T, t, weights=None):
+    """(local shape, [(global box, local box)]) of TP rank t of T; boxes are [(b, e), ...].
+    With weights (spec §9), rank t holds its apportioned range of whole units."""
     full = [(0, n) for n in shape]
     kind = rule["rule"]
     if kind == "replicate":
         return list(shape), [(full, full)]
+    if weights:
+        return _weighted_pieces(shape, rule, T, t, weights)
     dim = rule.get("dim", 0)
     n = shape[dim]
 
@@ -195,6 +255,37 @@ def tp_pieces(shape, rule, T, t):
         if e <= b:
             return local_shape, []
         return local_shape, [(with_dim(full, b, e), with_dim(full, 0, e - b))]
+    raise LayoutError(f"unknown TP rule {kind!r}")
+
+
+def _weighted_pieces(shape, rule, T, t, weights):
+    dim = rule.get("dim", 0)
+    units, unit = tp_units(shape, rule, T)
+    counts = apportion(units, weights)
+    b, e = sum(counts[:t]) * unit, sum(counts[:t + 1]) * unit
+    full = [(0, n) for n in shape]
+    local_shape = list(shape)
+
+    def with_dim(box, lo, hi):
+        box = list(box)
+        box[dim] = (lo, hi)
+        return box
+
+    kind = rule["rule"]
+    if kind == "split":
+        local_shape[dim] = e - b
+        return local_shape, [(with_dim(full, b, e), with_dim(full, 0, e - b))]
+    if kind == "blocks":
+        B, part = rule["blocks"], e - b
+        local_shape[dim] = part * B
+        return local_shape, [(with_dim(full, k * units + b, k * units + e), with_dim(full, k * part, (k + 1) * part))
+                             for k in range(B)]
+    if kind == "vocab":
+        local_shape[dim] = e - b
+        hi = min(e, shape[dim])
+        if hi <= b:
+            return local_shape, []
+        return local_shape, [(with_dim(full, b, hi), with_dim(full, 0, hi - b))]
     raise LayoutError(f"unknown TP rule {kind!r}")
 
 
@@ -251,14 +342,14 @@ def local_params(model, cfg, pp_rank, tp_rank):
     for t in model.tensors:
         if not _holds(t["stage"], pp_rank, cfg.pp, bounds):
             continue
-        shape, pieces = tp_pieces(t["shape"], t["tp"], cfg.tp, tp_rank)
+        shape, pieces = tp_pieces(t["shape"], t["tp"], cfg.tp, tp_rank, cfg.tp_weights)
         out.append(LocalParam(local_name(model, t["path"], bounds[pp_rank]), t["path"], t["dtype"],
                               t["shape"], t["tp"], shape, pieces))
     held = {p.path for p in out}
     for a in model.aliases:
         if _holds(a["stage"], pp_rank, cfg.pp, bounds) and a["target"] not in held:
             t = model.by_path[a["target"]]
-            shape, pieces = tp_pieces(t["shape"], t["tp"], cfg.tp, tp_rank)
+            shape, pieces = tp_pieces(t["shape"], t["tp"], cfg.tp, tp_rank, cfg.tp_weights)
             out.append(LocalParam(a["name"], t["path"], t["dtype"], t["shape"], t["tp"], shape, pieces,
                                   alias=True))
     return out

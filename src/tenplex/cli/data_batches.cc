@@ -1,4 +1,4 @@
-// tenplex data batches --index DIR --seed S --global-batch B --dp D --rank R
+// tenplex data batches --index DIR --seed S --global-batch B --dp D [--dp-weights W] --rank R
 //                      --start-sample P --steps N [--json]
 #include <nlohmann/json.hpp>
 
@@ -14,14 +14,15 @@ void RegisterDataBatches(CLI::App& data, Context& ctx) {
   struct Opts {
     std::string index;
     uint64_t seed = 0;
-    int64_t global_batch = 0, dp = 1, rank = 0, start = 0, steps = 1;
+    int64_t global_batch = 0, rank = 0, start = 0, steps = 1;
+    DpOptions dp;
     bool json = false;
   };
   auto o = std::make_shared<Opts>();
   cmd->add_option("--index", o->index, "Index directory (tenplex data index)")->required();
   cmd->add_option("--seed", o->seed, "Seed of the order (unsigned 64-bit)")->required();
   cmd->add_option("--global-batch", o->global_batch, "Samples per global batch")->required();
-  cmd->add_option("--dp", o->dp, "Data-parallel degree")->capture_default_str();
+  o->dp.Add(*cmd, "Data-parallel degree");
   cmd->add_option("--rank", o->rank, "Data-parallel rank (0-based)")->capture_default_str();
   cmd->add_option(
          "--start-sample", o->start,
@@ -29,14 +30,15 @@ void RegisterDataBatches(CLI::App& data, Context& ctx) {
       ->capture_default_str();
   cmd->add_option("--steps", o->steps, "Number of steps to print")->capture_default_str();
   cmd->add_flag("--json", o->json, R"(Print {"steps": [{"step": g, "samples": [ids]}]})");
-  cmd->callback([o, &ctx] {
+  cmd->callback([o, cmd, &ctx] {
     auto run = [&]() -> Status {
       TP_ASSIGN_OR_RETURN(uint64_t batch, CheckCount("--global-batch", o->global_batch));
-      TP_ASSIGN_OR_RETURN(uint64_t dp, CheckCount("--dp", o->dp));
+      TP_ASSIGN_OR_RETURN(auto dp, o->dp.Get(*cmd));
       TP_ASSIGN_OR_RETURN(uint64_t rank, CheckCount("--rank", o->rank, true));
       TP_ASSIGN_OR_RETURN(uint64_t start, CheckCount("--start-sample", o->start, true));
       TP_ASSIGN_OR_RETURN(uint64_t steps, CheckCount("--steps", o->steps));
-      TP_ASSIGN_OR_RETURN(data::Slice slice, data::RankSlice(batch, dp, rank));
+      TP_ASSIGN_OR_RETURN(data::Slice slice,
+                          data::WeightedRankSlice(batch, dp.first, dp.second, rank));
       TP_ASSIGN_OR_RETURN(auto dataset, data::Dataset::Open(o->index));
       TP_ASSIGN_OR_RETURN(data::GlobalOrder order,
                           data::GlobalOrder::Create({dataset->num_samples(), o->seed, batch}));

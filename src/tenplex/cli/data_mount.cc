@@ -1,4 +1,4 @@
-// tenplex data mount --index DIR --mountpoint M --seed S --global-batch B --dp D
+// tenplex data mount --index DIR --mountpoint M --seed S --global-batch B --dp D [--dp-weights W]
 //                    --start-sample P
 #include <cstdio>
 
@@ -15,7 +15,8 @@ void RegisterDataMount(CLI::App& data, Context& ctx) {
   struct Opts {
     std::string index, mountpoint;
     uint64_t seed = 0;
-    int64_t global_batch = 0, dp = 1, start = 0, threads = 4;
+    int64_t global_batch = 0, start = 0, threads = 4;
+    DpOptions dp;
     bool allow_other = false, debug = false;
   };
   auto o = std::make_shared<Opts>();
@@ -24,19 +25,20 @@ void RegisterDataMount(CLI::App& data, Context& ctx) {
       ->required();
   cmd->add_option("--seed", o->seed, "Seed of the order")->required();
   cmd->add_option("--global-batch", o->global_batch, "Samples per global batch")->required();
-  cmd->add_option("--dp", o->dp, "Data-parallel degree (one directory per rank)")
-      ->capture_default_str();
+  o->dp.Add(*cmd, "Data-parallel degree (one directory per rank)");
   cmd->add_option("--start-sample", o->start, "Position (a multiple of the global batch)")
       ->capture_default_str();
   cmd->add_option("--threads", o->threads, "Request-serving threads")->capture_default_str();
   cmd->add_flag("--allow-other", o->allow_other, "Let other users read the mount");
   cmd->add_flag("--debug", o->debug, "Log FUSE requests to stderr");
-  cmd->callback([o, &ctx] {
+  cmd->callback([o, cmd, &ctx] {
     auto run = [&]() -> Status {
       data::ViewSpec spec;
       spec.seed = o->seed;
       TP_ASSIGN_OR_RETURN(spec.global_batch, CheckCount("--global-batch", o->global_batch));
-      TP_ASSIGN_OR_RETURN(spec.dp, CheckCount("--dp", o->dp));
+      TP_ASSIGN_OR_RETURN(auto dp, o->dp.Get(*cmd));
+      spec.dp = dp.first;
+      spec.dp_weights = std::move(dp.second);
       TP_ASSIGN_OR_RETURN(spec.start_sample, CheckCount("--start-sample", o->start, true));
       TP_ASSIGN_OR_RETURN(uint64_t threads, CheckCount("--threads", o->threads));
       TP_ASSIGN_OR_RETURN(auto dataset, data::Dataset::Open(o->index));

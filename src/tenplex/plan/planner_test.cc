@@ -453,30 +453,48 @@ TEST(PlannerTest, RandomCasesMatchFullTensorReference) {
   for (const auto& [what, n] : seen) EXPECT_GE(n, 3) << what;
 }
 
+// Every pair of configs on every model with 4 query groups, for each host size.
+void CheckConfigPairs(const std::vector<std::pair<const char*, const char*>>& pairs) {
+  for (const ModelSpec& s : Specs()) {
+    if (s.groups % 4 != 0) continue;
+    Model m = Tiny(s);
+    for (const auto& [from, to] : pairs) {
+      for (int gpus : kFixedGpus) {
+        Case c{m, *ParseConfig(from), *ParseConfig(to), {}, {}};
+        c.from_hosts = DefaultHosts(c.from.world_size(), gpus);
+        c.to_hosts = DefaultHosts(c.to.world_size(), gpus);
+        SCOPED_TRACE(std::string(from) + " -> " + to + " gpus " + std::to_string(gpus));
+        Checker(c).Run();
+      }
+    }
+  }
+}
+
 TEST(PlannerTest, FixedCases) {
   // The corner cases named in the issue, each on its own: zero=1 on either side, vocab
   // padding with a tp change, GLU, tied embeddings across a pp change, bf16.
-  const char* pairs[][2] = {
+  CheckConfigPairs({
       {"tp=2,pp=2,dp=2", "tp=4,pp=1,dp=1"},
       {"tp=1,pp=1,dp=3,zero=1", "tp=2,pp=2,dp=2"},
       {"tp=2,pp=2,dp=2", "tp=2,pp=2,dp=3,zero=1"},
       {"tp=2,pp=3,layers=2+1+1,dp=2,zero=1", "tp=4,pp=2,dp=1,zero=1"},
       {"tp=1,pp=1,dp=1", "tp=1,pp=1,dp=1"},
       {"tp=4,pp=4,dp=1", "tp=1,pp=1,dp=2"},
-  };
-  for (const ModelSpec& s : Specs()) {
-    if (s.groups % 4 != 0) continue;
-    Model m = Tiny(s);
-    for (auto& p : pairs) {
-      for (int gpus : kFixedGpus) {
-        Case c{m, *ParseConfig(p[0]), *ParseConfig(p[1]), {}, {}};
-        c.from_hosts = DefaultHosts(c.from.world_size(), gpus);
-        c.to_hosts = DefaultHosts(c.to.world_size(), gpus);
-        SCOPED_TRACE(std::string(p[0]) + " -> " + p[1] + " gpus " + std::to_string(gpus));
-        Checker(c).Run();
-      }
-    }
-  }
+  });
+}
+
+TEST(PlannerTest, UnevenWeightsMatchReferenceAtTheLowerBound) {
+  // Spec §9: between uneven (tp_weights, dp_weights) and even configs, every element
+  // lands where the new layout says and the cross-host bytes equal the lower bound.
+  CheckConfigPairs({
+      {"tp=2,tp_weights=3+1", "tp=2"},
+      {"tp=2,dp=2", "tp=2,tp_weights=1+3,dp=2,dp_weights=2+1"},
+      {"tp=2,tp_weights=3+1,pp=2,dp=2,zero=1", "tp=2,tp_weights=1+1,pp=2,dp=2,zero=1"},
+      {"tp=3,tp_weights=2+1+1,dp=2,zero=1", "tp=4,tp_weights=1+1+1+2"},
+      {"tp=4,tp_weights=1+1+1+2,pp=2", "tp=3,tp_weights=1+1+1,pp=3,layers=2+1+1,dp=2"},
+      {"tp=2,tp_weights=5+3,pp=2,layers=3+1", "tp=2,tp_weights=3+5,pp=2,layers=1+3"},
+      {"tp=4,pp=2,dp=1", "tp=3,tp_weights=2+1+1,pp=1,dp=2,zero=1"},
+  });
 }
 
 TEST(PlannerTest, IdentityKeepsEverythingInPlace) {

@@ -20,8 +20,8 @@ int StageOf(const Stage& st, const std::vector<int>& bounds) {
 // The local shape of tensor t on tp rank r, and its pieces (global -> local): rank r
 // holds units [u.begin, u.end) of the split dim (of every block for blocks(k)), each
 // `unit` rows or columns long (spec §4, §9).
-void Slice(const TensorDesc& t, const std::string& global_name, const ParallelConfig& config, int r,
-           Shape* shape, std::vector<Piece>* pieces) {
+void Slice(const TensorDesc& t, const std::string& global_name, int tp, UnitRange u, Shape* shape,
+           std::vector<Piece>* pieces) {
   const TpRule& rule = t.tp;
   *shape = t.shape;
   Box g = BoxOf(t.shape);
@@ -29,8 +29,7 @@ void Slice(const TensorDesc& t, const std::string& global_name, const ParallelCo
     pieces->push_back({global_name, g, g});
     return;
   }
-  const int64_t unit = TpUnitsOf(t, config.tp).unit;
-  const UnitRange u = TpUnitRange(t, config, r);
+  const int64_t unit = TpUnitsOf(t, tp).unit;
   const int64_t b = u.begin * unit, e = u.end * unit, part = e - b;
   switch (rule.kind) {
     case TpRule::kReplicate:
@@ -66,6 +65,27 @@ void Slice(const TensorDesc& t, const std::string& global_name, const ParallelCo
     }
   }
 }
+
+// Each tensor's unit range per tp rank: TpUnitRange, with the apportionment of a
+// weighted config computed once per tensor instead of once per (tensor, rank).
+class UnitRanges {
+ public:
+  explicit UnitRanges(const ParallelConfig& c) : c_(c) {}
+  UnitRange Get(const TensorDesc& t, int r) {
+    if (c_.tp_weights.empty() || t.tp.kind == TpRule::kReplicate) return TpUnitRange(t, c_, r);
+    std::vector<int64_t>& b = begins_[&t];
+    if (b.empty()) {
+      b.push_back(0);
+      for (int64_t n : Apportion(TpUnitsOf(t, c_.tp).units, c_.tp_weights))
+        b.push_back(b.back() + n);
+    }
+    return {b[r], b[r + 1]};
+  }
+
+ private:
+  const ParallelConfig& c_;
+  std::map<const TensorDesc*, std::vector<int64_t>> begins_;
+};
 
 struct ParamEntry {
   const TensorDesc* desc;
@@ -122,6 +142,7 @@ Result<Layout> MakeLayout(const Model& model, const ParallelConfig& config) {
     if (StageOf(target.stage, layout.stage_bounds) == s) continue;
     stage_params[s].push_back({&target, a.name, a.target});
   }
+  UnitRanges ranges(config);
   bool any_low_precision = false;
   for (const TensorDesc& t : model.tensors) any_low_precision |= t.dtype != DType::kF32;
 
@@ -134,7 +155,7 @@ Result<Layout> MakeLayout(const Model& model, const ParallelConfig& config) {
         lt.name = e.local_name;
         lt.param = e.global_name;
         lt.dtype = e.desc->dtype;
-        Slice(*e.desc, e.global_name, config, t, &lt.shape, &lt.pieces);
+        Slice(*e.desc, e.global_name, T, ranges.Get(*e.desc, t), &lt.shape, &lt.pieces);
         params.push_back(std::move(lt));
       }
       auto companions_of = [&](const LocalTensor& p, const ParamEntry& e, const std::string& kind) {

@@ -33,7 +33,7 @@ Model Tiny(bool bf16, int64_t hidden = 8) {
 }
 
 class ReshardTest : public ::testing::Test {
- protected:
+ public:
   void SetUp() override {
     char tmpl[] = "/tmp/tenplex-reshard-test-XXXXXX";
     ASSERT_NE(::mkdtemp(tmpl), nullptr);
@@ -70,30 +70,48 @@ class ReshardTest : public ::testing::Test {
 
 std::string Slurp(const std::string& path) { return *ReadFile(path); }
 
+// Writes checkpoint A in config `a`, reshards it through `chain` (every element of each
+// step checked against the synthetic content) and back to `a`: byte-identical to A.
+void RoundTrip(ReshardTest& t, const Model& m, const char* a, std::vector<const char*> chain,
+               uint64_t seed) {
+  ASSERT_TRUE(InitCheckpoint(m, *ParseConfig(a), t.Path("A"), seed, &t.pool_).ok());
+  std::string prev = "A";
+  for (std::size_t i = 0; i < chain.size(); ++i) {
+    std::string next = "B" + std::to_string(i);
+    Status s = t.Run(prev, next, chain[i], m, std::nullopt);
+    ASSERT_TRUE(s.ok()) << chain[i] << ": " << s.ToString();
+    Status v = VerifyCheckpoint(t.Path(next), std::nullopt, &t.pool_);
+    ASSERT_TRUE(v.ok()) << chain[i] << ": " << v.ToString();
+    prev = next;
+  }
+  ASSERT_TRUE(t.Run(prev, "A2", a).ok());
+  for (const auto& e : fs::directory_iterator(t.Path("A"))) {
+    const std::string name = e.path().filename().string();
+    EXPECT_EQ(Slurp(t.Path("A/" + name)), Slurp(t.Path("A2/" + name))) << name;
+  }
+}
+
 TEST_F(ReshardTest, RoundTripsAreByteIdenticalAndContentIsExact) {
   for (bool bf16 : {false, true}) {
     fs::remove_all(dir_);
     fs::create_directories(dir_);
-    Model m = Tiny(bf16);
-    const char* a = "tp=2,pp=2,dp=2";
-    ASSERT_TRUE(InitCheckpoint(m, *ParseConfig(a), Path("A"), 11, &pool_).ok());
-    const char* chain[] = {"tp=4,pp=1,dp=1,zero=1", "tp=1,pp=3,layers=1+2+1,dp=3,zero=1",
-                           "tp=2,pp=4,dp=1"};
-    std::string prev = "A";
-    for (int i = 0; i < 3; ++i) {
-      std::string next = "B" + std::to_string(i);
-      Status s = Run(prev, next, chain[i], m, std::nullopt);
-      ASSERT_TRUE(s.ok()) << s.ToString();
-      Status v = VerifyCheckpoint(Path(next), std::nullopt, &pool_);
-      ASSERT_TRUE(v.ok()) << chain[i] << ": " << v.ToString();
-      prev = next;
-    }
-    ASSERT_TRUE(Run(prev, "A2", a).ok());
-    for (const auto& e : fs::directory_iterator(Path("A"))) {
-      const std::string name = e.path().filename().string();
-      EXPECT_EQ(Slurp(Path("A/" + name)), Slurp(Path("A2/" + name))) << name;
-    }
+    RoundTrip(*this, Tiny(bf16), "tp=2,pp=2,dp=2",
+              {"tp=4,pp=1,dp=1,zero=1", "tp=1,pp=3,layers=1+2+1,dp=3,zero=1", "tp=2,pp=4,dp=1"},
+              11);
   }
+}
+
+TEST_F(ReshardTest, UnevenRoundTripsAreByteIdenticalAndContentIsExact) {
+  // Spec §9: uneven -> even -> uneven (tp_weights, dp_weights, zero=1, pp), every element
+  // checked against the synthetic full-tensor content, and the round trip byte-identical.
+  RoundTrip(*this, Tiny(false), "tp=2,tp_weights=3+1,pp=2,dp=2,dp_weights=2+1",
+            {"tp=2,pp=2,dp=2", "tp=3,tp_weights=1+1+1,dp=2,zero=1",
+             "tp=4,tp_weights=1+1+1+2,pp=3,layers=2+1+1", "tp=1,dp=3,zero=1"},
+            13);
+  // A rank that would get no unit is refused, naming the tensor and the rank.
+  Status bad = Run("A", "OUT", "tp=4,tp_weights=1+1+1+9");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.message().find("tp rank"), std::string::npos) << bad.ToString();
 }
 
 TEST_F(ReshardTest, VerifyCatchesWrongContent) {
