@@ -236,8 +236,22 @@ class Job:
         return _tenplex.Store.connect(url, self.token)
 
     def _local_store(self):
+        """This host's daemon for the worker's own tensors: through shared memory when the
+        client reaches it by a loopback address. The all-gathered URL is the one other
+        hosts use (http://node-ip:port); a daemon listening on 0.0.0.0 is also reached
+        as http://127.0.0.1:port (or TENPLEX_STORE_LOCAL_URL), which maps its files."""
         if self._store is None:
-            self._store = _store.Store(self._client(self.url))
+            client = self._client(self.url)
+            if not client.local:
+                local_url = os.environ.get("TENPLEX_STORE_LOCAL_URL") or \
+                    "http://127.0.0.1:" + self.url.rsplit(":", 1)[1]
+                try:
+                    lc = self._client(local_url)
+                    if lc.local:
+                        client = lc
+                except _tenplex.Error:
+                    pass  # HTTP bodies then: slower, same bytes
+            self._store = _store.Store(client)
         return self._store
 
     # ---- coordinator -----------------------------------------------------------------
