@@ -70,8 +70,9 @@ def wait_for(what, pred, timeout, procs):
 
 
 class Host:
-    def __init__(self, index, tenplex, repo, tmp, rdzv_port, model, policy, log, go_file=None):
-        """go_file: start the agent now (imports done) but let it join only once the file exists."""
+    def __init__(self, index, tenplex, repo, tmp, rdzv_port, model, policy, log, go_file=None, extra=()):
+        """go_file: start the agent now (imports done) but let it join only once the file exists;
+        extra: more train.py arguments (later ones win)."""
         self.index = index
         self.daemon = Daemon(tenplex)
         self.out = open(os.path.join(tmp, f"host{index}.log"), "w")
@@ -84,7 +85,7 @@ class Host:
                "--monitor_interval=0.5", "--max_restarts=3",
                os.path.join(repo, "examples/gpt/train.py"), "--elastic", policy, "--job", "gpt", "--model", model,
                "--steps", str(STEPS), "--commit-every", str(COMMIT_EVERY), "--log", log,
-               "--min-step-seconds", "0.4", "--timeout", "60", *TRAIN_ARGS]
+               "--min-step-seconds", "0.4", "--timeout", "60", *TRAIN_ARGS, *extra]
         self.agent = subprocess.Popen(cmd, stdout=self.out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
     def kill_all(self):

@@ -15,6 +15,9 @@ failure appear again; the last line counts).
 import os
 import time
 
+import torch.distributed as dist
+
+from tenplex import checkpoint
 from tenplex import elastic
 from tenplex import layout as L
 
@@ -27,15 +30,67 @@ def add_args(ap):
     g.add_argument("--store-url", help="this host's store daemon (default TENPLEX_STORE_URL)")
     g.add_argument("--min-step-seconds", type=float, default=0.0,
                    help="with --elastic: sleep so that every step takes at least this long (demos, tests)")
+    g.add_argument("--disk-checkpoint", metavar="DIR", help="baseline for benchmarks (what torchrun users do "
+                   "today): data parallelism only, the state saved by rank 0 into DIR/step-N on a shared disk and read "
+                   "back by every rank at a restart, instead of the store daemons")
     g.add_argument("--term-wait", type=float, default=15.0, help="with --elastic: seconds to wait for torchrun's "
                    "SIGTERM after stopping for a membership change (then exit 3: a new rendezvous)")
+
+
+class DiskJob(elastic.Job):
+    """The baseline: a DP-only job whose rank 0 writes the (replicated) state into a
+    checkpoint directory; every rank of a restarted world reads that one file."""
+
+    def __init__(self, directory, *a, **kw):
+        super().__init__(*a, **kw)
+        self.directory = directory
+        cfg = L.Config.parse(self.config)
+        if cfg.tp != 1 or cfg.pp != 1 or getattr(cfg, "zero", 0):
+            raise elastic.ElasticError(f"--disk-checkpoint is data parallelism only, the policy gives {self.config}")
+
+    def restore(self):
+        t0, age = time.perf_counter(), elastic.process_age()
+        self.hosts = []
+        latest = os.path.join(self.directory, "latest")
+        if not os.path.exists(latest):
+            self._log_event({"event": "elastic_start", "world_size": self.world_size, "config": self.config,
+                             "version": None, "process_seconds": round(age, 3)})
+            return None
+        with open(latest) as f:
+            d = f.read().strip()
+        info = dict(checkpoint.read_info(d), config=self.config)
+        tensors = checkpoint.read_rank(d, 0)  # every data-parallel rank holds the same state
+        load_s = time.perf_counter() - t0
+        self._log_event({"event": "elastic_start", "world_size": self.world_size, "config": self.config,
+                         "step": info.get("step"), "transformed": False, "transform_seconds": 0.0,
+                         "gather_seconds": 0.0, "load_seconds": round(load_s, 4), "process_seconds": round(age, 3),
+                         "restart_count": self.restart_count})
+        return elastic.Restored(None, info, tensors, load_s)
+
+    def commit(self, info, tensors):
+        t0 = time.perf_counter()
+        d = os.path.join(self.directory, f"step-{info['step']}")
+        if self.rank == 0:
+            checkpoint.begin(d)
+            checkpoint.write_rank(d, 0, list(tensors), {"config": "tp=1"})
+            checkpoint.commit(d, dict(info, config="tp=1,pp=1,dp=1"), 1)
+            with open(os.path.join(self.directory, "latest.tmp"), "w") as f:
+                f.write(d)
+            os.replace(os.path.join(self.directory, "latest.tmp"), os.path.join(self.directory, "latest"))
+        dist.barrier()
+        self._log_event({"event": "commit", "step": info.get("step"), "seconds": round(time.perf_counter() - t0, 4)})
 
 
 def main(args, trainer_cls, fail):
     """Runs the elastic loop; `trainer_cls` is train.py's Trainer, `fail` its error exit."""
     try:
-        job = elastic.Job(args.job, args.elastic, commit_every=args.commit_every, store_url=args.store_url,
-                          term_wait=args.term_wait, log=args.log)
+        kw = dict(commit_every=args.commit_every, store_url=args.store_url or "http://unused:1",
+                  term_wait=args.term_wait, log=args.log)
+        if args.disk_checkpoint:
+            job = DiskJob(args.disk_checkpoint, args.job, args.elastic, **kw)
+        else:
+            kw["store_url"] = args.store_url
+            job = elastic.Job(args.job, args.elastic, **kw)
         cfg = L.Config.parse(job.config)
         if not args.model or not os.path.isfile(args.model):
             raise ValueError("--elastic needs --model (a JSON file from `tenplex model gpt`)")
