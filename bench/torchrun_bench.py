@@ -66,7 +66,10 @@ def run(mode, tenplex, tmp, model, policy_map, extra):
         for h in hosts:
             h.stop()
     steps, events = read_log(log)
-    stop = next(e for e in events if e["event"] == "elastic_stop")
+    stop = next((e for e in events if e["event"] == "elastic_stop"), None)
+    if stop is None:
+        raise SystemExit(f"{mode}: the workers did not stop at a step boundary (a step longer than the agent's "
+                         "30 s SIGTERM grace?): use a smaller model")
     commit = [e for e in events if e["event"] == "commit" and e["time"] <= stop["time"]][-1]
     exit_ = next(e for e in events if e["event"] == "elastic_exit")
     start = next(e for e in events if e["event"] == "elastic_start" and e["world_size"] == 6)

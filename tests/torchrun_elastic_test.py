@@ -1,7 +1,7 @@
 """End to end under torchrun: hosts join and die, the job changes TP/PP/DP, and every step
 matches a static run.
 
-usage: torchrun_elastic_test.py TENPLEX_BIN REPO_ROOT
+usage: torchrun_elastic_test.py TENPLEX_BIN REPO_ROOT [--netns]
 
 Three "hosts" on 127.0.0.1 (different ports): each one store daemon (`tenplex store
 serve`) and one torchrun agent (`python -m tenplex.torchrun`, nproc 2, c10d rendezvous
@@ -15,6 +15,11 @@ them, and they go on as tp=2,pp=2 from the last commit, host 1's ranks re-placed
 the data-parallel replicas on hosts 0 and 2. The job finishes (both agents exit 0) and
 every step's loss (the last line of a re-run step counts) matches a static tp=1 run
 within 1e-3 relative, with the same samples.
+
+With --netns each host runs in its own network namespace (veth pairs on a bridge, as
+root; exit 77 = skipped where unavailable): the daemons listen on the namespace's
+address with a bearer token, the rendezvous, gloo and the transform's UCX traffic cross
+the bridge.
 """
 import json
 import os
@@ -26,7 +31,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from daemons import Daemon  # noqa: E402
+from daemons import Daemon, NetnsBridge  # noqa: E402
 from elastic_run_test import Checks, check_steps, steps_of  # noqa: E402
 
 PY = "/usr/bin/python3"
@@ -70,18 +75,26 @@ def wait_for(what, pred, timeout, procs):
 
 
 class Host:
-    def __init__(self, index, tenplex, repo, tmp, rdzv_port, model, policy, log, go_file=None, extra=()):
+    def __init__(self, index, tenplex, repo, tmp, rdzv_port, model, policy, log, go_file=None, extra=(), net=None):
         """go_file: start the agent now (imports done) but let it join only once the file exists;
-        extra: more train.py arguments (later ones win)."""
+        extra: more train.py arguments (later ones win); net: a NetnsBridge, the host runs in
+        its namespace i (its own address, a UTS namespace whose host name is that address)."""
         self.index = index
-        self.daemon = Daemon(tenplex)
+        prefix, rdzv_host, ifname = (), "127.0.0.1", "lo"
+        if net is not None:
+            prefix, rdzv_host, ifname = net.prefix(index), net.addr(0), net.ifname(index)
+            self.daemon = Daemon(tenplex, listen="0.0.0.0:7480", prefix=prefix)
+            self.daemon.url = f"http://{net.addr(index)}:7480"
+            prefix = (*prefix, "unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', net.addr(index))
+        else:
+            self.daemon = Daemon(tenplex)
         self.out = open(os.path.join(tmp, f"host{index}.log"), "w")
         env = dict(os.environ, TENPLEX_STORE_URL=self.daemon.url, TENPLEX_BIN=tenplex,
-                   PYTHONPATH=os.path.join(repo, "python"), GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+                   PYTHONPATH=os.path.join(repo, "python"), GLOO_SOCKET_IFNAME=ifname, OMP_NUM_THREADS="1")
         conf = f"is_host={'true' if index == 0 else 'false'},last_call_timeout=1,join_timeout=120,close_timeout=10"
         launcher = [PY, os.path.abspath(__file__), "--agent-after", go_file] if go_file else [PY, "-m", "tenplex.torchrun"]
-        cmd = [*launcher, "--nnodes=2:3", "--nproc_per_node=2", "--rdzv_backend=c10d",
-               f"--rdzv_endpoint=127.0.0.1:{rdzv_port}", "--rdzv_id=torchrun-test", f"--rdzv_conf={conf}",
+        cmd = [*prefix, *launcher, "--nnodes=2:3", "--nproc_per_node=2", "--rdzv_backend=c10d",
+               f"--rdzv_endpoint={rdzv_host}:{rdzv_port}", "--rdzv_id=torchrun-test", f"--rdzv_conf={conf}",
                "--monitor_interval=0.5", "--max_restarts=3",
                os.path.join(repo, "examples/gpt/train.py"), "--elastic", policy, "--job", "gpt", "--model", model,
                "--steps", str(STEPS), "--commit-every", str(COMMIT_EVERY), "--log", log,
@@ -118,7 +131,19 @@ def delayed_agent(go_file, args):
 def main():
     if sys.argv[1] == "--agent-after":
         return delayed_agent(sys.argv[2], sys.argv[3:])
-    tenplex, repo = sys.argv[1], sys.argv[2]
+    tenplex, repo = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+    net = None
+    if "--netns" in sys.argv[3:]:
+        net = NetnsBridge(3)
+        os.environ["TENPLEX_TOKEN"] = "torchrun-netns-token"
+    try:
+        run_test(tenplex, repo, net)
+    finally:
+        if net is not None:
+            net.close()
+
+
+def run_test(tenplex, repo, net):
     check = Checks()
     with tempfile.TemporaryDirectory() as tmp:
         model = os.path.join(tmp, "model.json")
@@ -141,8 +166,17 @@ def main():
         try:
             t0 = time.time()
             go = os.path.join(tmp, "go-host2")
-            hosts = [Host(i, tenplex, repo, tmp, rdzv, model, policy, log) for i in range(2)]
-            hosts.append(Host(2, tenplex, repo, tmp, rdzv, model, policy, log, go_file=go))
+            if net is not None:
+                rdzv = 29400
+            hosts = [Host(i, tenplex, repo, tmp, rdzv, model, policy, log, net=net) for i in range(2)]
+            hosts.append(Host(2, tenplex, repo, tmp, rdzv, model, policy, log, go_file=go, net=net))
+            if net is not None:
+                try:  # the bridge may be filtered on some machines: that is the environment, not us
+                    for h in hosts:
+                        h.daemon.get("/v1/health")
+                except OSError as e:
+                    print(f"SKIP: the namespaces' daemons cannot be reached over the bridge ({e})")
+                    sys.exit(77)
             procs = [(f"agent {h.index}", h.agent) for h in hosts]
             ok = wait_for("step 3 on 2 hosts", lambda: any(s["step"] >= 3 for s in read_log(log)[0]), 180, procs)
             if ok:

@@ -370,6 +370,15 @@ class Job:
                 pass
         return nxt
 
+    def _abort(self, version, urls):
+        """Drops an open version wherever it was begun (best effort: a host that does
+        not answer keeps it open; the next version number skips it)."""
+        for u in urls if version is not None else []:
+            try:
+                self._client(u).abort(self.job, version)
+            except (_tenplex.Error, OSError):
+                pass
+
     def commit(self, info, tensors):
         """Two-phase commit of every rank's tensors as a new version on all hosts.
 
@@ -382,12 +391,15 @@ class Job:
         text = json.dumps(info, sort_keys=True)
         rec = [None]
         if self.rank == 0:
+            begun = []
             try:
                 v = self._next_version()
                 for u in self.hosts:
                     self._client(u).begin_version(self.job, v, text)
+                    begun.append(u)
                 rec[0] = {"version": v}
             except (_tenplex.Error, OSError) as e:
+                self._abort(v if begun else None, begun)
                 rec[0] = {"error": f"beginning the commit's version: {e}"}
         dist.broadcast_object_list(rec, src=0)
         if "error" in rec[0]:
@@ -411,11 +423,7 @@ class Job:
                 except (_tenplex.Error, OSError) as e:
                     outcome[0] = f"committing version {v}: {e}"
             if errors or outcome[0]:
-                for u in self.hosts:
-                    try:
-                        self._client(u).abort(self.job, v)
-                    except (_tenplex.Error, OSError):
-                        pass
+                self._abort(v, self.hosts)
                 outcome[0] = outcome[0] or "; ".join(errors)
         dist.broadcast_object_list(outcome, src=0)
         if outcome[0]:
