@@ -47,8 +47,12 @@ def main():
             f.write("import os\nprint('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], flush=True)\n")
         for redirects in ("0", "3"):
             args = ["--standalone", "--nproc_per_node=2", f"--redirects={redirects}", "--log_dir", tmp, script]
-            p = subprocess.run([PY, "-m", "tenplex.torchrun", *args], capture_output=True, text=True, env=env,
-                               timeout=180)
+            for attempt in range(2):  # --standalone picks a free port by binding and releasing it:
+                p = subprocess.run([PY, "-m", "tenplex.torchrun", *args], capture_output=True, text=True, env=env,
+                                   timeout=180)  # another process on a shared machine may take it first
+                if p.returncode == 0:
+                    break
+                print(f"note: attempt {attempt + 1} exited {p.returncode}: {(p.stdout + p.stderr)[-600:]}")
             out = p.stdout + p.stderr
             seen = sorted(line.split()[1] for line in p.stdout.splitlines() if line.startswith("rank "))
             if redirects == "0":
