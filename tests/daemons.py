@@ -4,6 +4,7 @@ import json
 import os
 import re
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -78,3 +79,56 @@ class Daemon:
 def write_cluster(path, daemons, gpus_per_host):
     with open(path, "w") as f:
         json.dump({"hosts": [d.url for d in daemons], "gpus_per_host": gpus_per_host}, f)
+
+
+class NetnsBridge:
+    """`count` network namespaces joined by veth pairs on a bridge (as root): namespace
+    i has address `addr(i)` on its veth `ifname(i)` and its loopback up. SystemExit(77)
+    (ctest: skipped) where they cannot be made; `close()` removes everything."""
+
+    def __init__(self, count):
+        tag = "%04d" % (os.getpid() % 10000)
+        self.tag, self.bridge = tag, "tpbr" + tag
+        self.spaces = ["tpns%s-%d" % (tag, i) for i in range(count)]
+        self.subnet = "10.213.%d" % (os.getpid() % 200 + 20)
+        if os.geteuid() != 0 or shutil.which("ip") is None:
+            print("SKIP: needs root and iproute2 for network namespaces")
+            sys.exit(77)
+        try:
+            self.ip("link", "add", self.bridge, "type", "bridge")
+            self.ip("link", "set", self.bridge, "up")
+            self.ip("addr", "add", self.subnet + ".1/24", "dev", self.bridge)
+            for i, ns in enumerate(self.spaces):
+                self.ip("netns", "add", ns)
+                veth = "tpv%s%d" % (tag, i)
+                self.ip("link", "add", veth, "type", "veth", "peer", "name", self.ifname(i))
+                self.ip("link", "set", self.ifname(i), "netns", ns)
+                self.ip("link", "set", veth, "master", self.bridge)
+                self.ip("link", "set", veth, "up")
+                self.ip("netns", "exec", ns, "ip", "addr", "add", self.addr(i) + "/24", "dev", self.ifname(i))
+                self.ip("netns", "exec", ns, "ip", "link", "set", self.ifname(i), "up")
+                self.ip("netns", "exec", ns, "ip", "link", "set", "lo", "up")
+        except RuntimeError as e:
+            self.close()
+            print("SKIP: network namespaces are not available here (%s)" % e)
+            sys.exit(77)
+
+    def ifname(self, i):
+        return "tpv%s%dp" % (self.tag, i)
+
+    def addr(self, i):
+        return "%s.%d" % (self.subnet, 10 + i)
+
+    def prefix(self, i):
+        return ("ip", "netns", "exec", self.spaces[i])
+
+    @staticmethod
+    def ip(*args, check_rc=True):
+        p = subprocess.run(["ip", *args], capture_output=True, text=True)
+        if check_rc and p.returncode != 0:
+            raise RuntimeError("ip %s: %s" % (" ".join(args), p.stderr.strip()))
+
+    def close(self):
+        for ns in self.spaces:
+            self.ip("netns", "del", ns, check_rc=False)
+        self.ip("link", "del", self.bridge, check_rc=False)

@@ -57,6 +57,16 @@ def steps_of(log):
     return last, events
 
 
+def check_steps(check, got, base, n):
+    """Every step 0..n-1 of `got` has the static run's samples and its loss within 1e-3."""
+    for s in range(n):
+        if s in got and s in base:
+            rel = abs(got[s]["loss"] - base[s]["loss"]) / abs(base[s]["loss"])
+            check(got[s]["samples"] == base[s]["samples"] and rel <= 1e-3,
+                  f"step {s} ({got[s]['config']}, world {got[s].get('world_size', '-')}): same samples, "
+                  f"loss {got[s]['loss']:.6f} vs static {base[s]['loss']:.6f} (rel {rel:.1e})")
+
+
 def run(tenplex, repo, tmp, name, schedule, model, baseline=None, cluster=None, commit_every=0, extra=(), log=None):
     sched = os.path.join(tmp, name + ".json")
     with open(sched, "w") as f:
@@ -274,12 +284,7 @@ def resume(tenplex, repo, use_cluster):
             check(sorted(got) == list(range(n)), f"every step logged once or more: {sorted(got)}")
             check([s for s in range(n) if sum(1 for x in lines if x.get("step") == s and "event" not in x) != 1] == [],
                   "no step ran twice")
-            for s in range(n):
-                if s in got and s in base:
-                    rel = abs(got[s]["loss"] - base[s]["loss"]) / abs(base[s]["loss"])
-                    check(got[s]["samples"] == base[s]["samples"] and rel <= 1e-3,
-                          f"step {s} ({got[s]['config']}): same samples, loss {got[s]['loss']:.6f} vs static "
-                          f"{base[s]['loss']:.6f}")
+            check_steps(check, got, base, n)
             check(all(got[s]["config"] == "tp=1,pp=2,dp=1" for s in range(3, n) if s in got),
                   "steps 3-5 ran in the schedule's config for step 3 (pp=2)")
             check(any(e["event"] == "resume" and e["step"] == 3 for e in events), "a resume event at step 3")

@@ -24,6 +24,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import data  # noqa: E402
+import elastic_train  # noqa: E402
 import model as gpt  # noqa: E402
 import optimizer  # noqa: E402
 import parallel  # noqa: E402
@@ -36,7 +37,7 @@ DEFAULT_CORPUS = os.path.join(HERE, "data", "corpus.jsonl")
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config", required=True, help="tp=2,pp=2,dp=2[,zero=1][,layers=a+b]")
+    ap.add_argument("--config", help="tp=2,pp=2,dp=2[,zero=1][,layers=a+b] (required without --elastic)")
     ap.add_argument("--model", help="model JSON from `tenplex model gpt` (default: the one in --load-dir)")
     ap.add_argument("--world-rank", type=int, default=0)
     ap.add_argument("--world-size", type=int, default=1)
@@ -66,6 +67,7 @@ def parse_args(argv=None):
     ap.add_argument("--commit-prefix", help="hand-off file prefix of the periodic commits")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads per process")
     ap.add_argument("--timeout", type=float, default=300, help="seconds a collective may wait")
+    elastic_train.add_args(ap)
     return ap.parse_args(argv)
 
 
@@ -248,7 +250,11 @@ def or_fail(rank, fn, arg):
 def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.elastic:
+        return elastic_train.main(args, Trainer, fail)
     try:
+        if not args.config:
+            raise ValueError("--config is required (or --elastic POLICY under torchrun)")
         cfg = L.Config.parse(args.config)
         if args.model and os.path.isfile(args.model):
             model = L.Model.load(args.model)

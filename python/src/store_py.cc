@@ -21,9 +21,11 @@ class PyStore {
     s->store_ = Take(store::Store::Open(o));
     return s;
   }
-  static std::shared_ptr<PyStore> Connect(const std::string& url) {
+  static std::shared_ptr<PyStore> Connect(const std::string& url, const std::string& token) {
+    store::ClientOptions o;
+    o.token = token;
     auto s = std::make_shared<PyStore>();
-    s->client_ = Take(store::Client::Connect(url));
+    s->client_ = Take(store::Client::Connect(url, o));
     return s;
   }
 
@@ -139,7 +141,7 @@ void register_store(pyb::module_& m) {
   pyb::class_<PyStore, std::shared_ptr<PyStore>>(m, "Store")
       .def_static("embedded", &PyStore::Embedded, pyb::arg("shm_dir") = "",
                   pyb::arg("memory_limit") = 0)
-      .def_static("connect", &PyStore::Connect, pyb::arg("url"))
+      .def_static("connect", &PyStore::Connect, pyb::arg("url"), pyb::arg("token") = "")
       .def_property_readonly("local", &PyStore::local)
       .def_property_readonly("where", &PyStore::where)
       .def("begin_version", &PyStore::BeginVersion, pyb::arg("job"),

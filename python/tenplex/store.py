@@ -15,6 +15,7 @@ copied until a tensor is written to, and the store's committed bytes never chang
 With a daemon on another machine, bytes travel over HTTP instead.
 """
 import json
+import os
 
 import torch
 
@@ -125,9 +126,10 @@ class Store:
         return out
 
 
-def attach(url=None, shm_dir="", memory_limit=0):
-    """A store: the daemon at `url`, or an embedded one (in `shm_dir`, default a fresh
-    private directory in /dev/shm removed when the store is garbage collected)."""
+def attach(url=None, shm_dir="", memory_limit=0, token=None):
+    """A store: the daemon at `url` (bearer `token`, default TENPLEX_TOKEN), or an
+    embedded one (in `shm_dir`, default a fresh private directory in /dev/shm removed
+    when the store is garbage collected)."""
     if url:
-        return Store(_tenplex.Store.connect(url))
+        return Store(_tenplex.Store.connect(url, token if token is not None else os.environ.get("TENPLEX_TOKEN", "")))
     return Store(_tenplex.Store.embedded(shm_dir, memory_limit))

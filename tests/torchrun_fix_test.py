@@ -1,0 +1,123 @@
+"""The torchrun fix (python/tenplex/torchrun.py) and the elastic API's input checks.
+
+usage: torchrun_fix_test.py REPO_ROOT
+
+- `python -m tenplex.torchrun` runs a 2-worker job with the default `--redirects 0`
+  (and `--redirects 3`), every worker seeing its RANK; torch's own `torch.distributed.run`
+  is run the same way and, where it crashes with the to_map AttributeError (torch 1.13 on
+  Python 3.11), that is shown, so the test proves the fix is needed and works.
+- `Std.from_str` after the patch against the documented examples.
+- tenplex.elastic: policies (file, text, bad JSON, wrong world size, non-numeric key),
+  a world size the policy lacks, a missing torchrun environment, a missing store URL,
+  ranks not numbered host by host: each an ElasticError naming the problem.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+PY = "/usr/bin/python3"
+failures = []
+
+
+def check(cond, what):
+    print(("ok: " if cond else "FAIL: ") + what)
+    if not cond:
+        failures.append(what)
+
+
+def expect_error(fn, needle, what):
+    from tenplex import elastic
+    try:
+        fn()
+    except elastic.ElasticError as e:
+        check(needle in str(e), f"{what}: {e}")
+        return
+    check(False, f"{what}: no ElasticError")
+
+
+def main():
+    repo = sys.argv[1]
+    sys.path.insert(0, os.path.join(repo, "python"))
+    env = dict(os.environ, PYTHONPATH=os.path.join(repo, "python"))
+    with tempfile.TemporaryDirectory() as tmp:
+        script = os.path.join(tmp, "w.py")
+        with open(script, "w") as f:
+            f.write("import os\nprint('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], flush=True)\n")
+        for redirects in ("0", "3"):
+            args = ["--standalone", "--nproc_per_node=2", f"--redirects={redirects}", "--log_dir", tmp, script]
+            for attempt in range(2):  # --standalone picks a free port by binding and releasing it:
+                p = subprocess.run([PY, "-m", "tenplex.torchrun", *args], capture_output=True, text=True, env=env,
+                                   timeout=180)  # another process on a shared machine may take it first
+                if p.returncode == 0:
+                    break
+                print(f"note: attempt {attempt + 1} exited {p.returncode}: {(p.stdout + p.stderr)[-600:]}")
+            out = p.stdout + p.stderr
+            seen = sorted(line.split()[1] for line in p.stdout.splitlines() if line.startswith("rank "))
+            if redirects == "0":
+                check(p.returncode == 0 and seen == ["0", "1"],
+                      f"tenplex.torchrun --redirects 0: exit {p.returncode}, ranks {seen} {out[-300:]!r}")
+            else:  # redirected into files under --log_dir
+                logs = [os.path.join(d, n) for d, _, ns in os.walk(tmp) for n in ns if n == "stdout.log"]
+                text = "".join(open(x).read() for x in logs)
+                check(p.returncode == 0 and "rank 0 of 2" in text and "rank 1 of 2" in text,
+                      f"tenplex.torchrun --redirects 3: exit {p.returncode}, stdout files {len(logs)}")
+        p = subprocess.run([PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1", script],
+                           capture_output=True, text=True, env=env, timeout=180)
+        broken = "object has no attribute 'get'" in p.stderr
+        print(f"note: torch.distributed.run itself {'crashes in to_map (the bug)' if broken else 'works'} "
+              f"(exit {p.returncode})")
+        check(broken or p.returncode == 0, "plain torchrun either shows the known bug or works")
+
+        import tenplex.torchrun
+        tenplex.torchrun.patch()
+        from torch.distributed.elastic.multiprocessing import api
+        Std = api.Std
+        check(Std.from_str("0") is Std.NONE and Std.from_str("3") is Std.ALL, "from_str of values")
+        check(Std.from_str("0:3,1:0,2:1,3:2") == {0: Std.ALL, 1: Std.NONE, 2: Std.OUT, 3: Std.ERR},
+              "from_str of a mapping")
+        check(api.to_map(Std.from_str("0"), 2) == {0: Std.NONE, 1: Std.NONE}, "to_map of --redirects 0")
+        try:
+            Std.from_str("7")
+            check(False, "from_str('7') raises")
+        except ValueError:
+            check(True, "from_str('7') raises ValueError")
+
+        from tenplex import elastic
+        pol = os.path.join(tmp, "policy.json")
+        with open(pol, "w") as f:
+            json.dump({"4": "tp=2,pp=2", "6": "tp=2,dp=3", "2": "tp=2"}, f)
+        p1 = elastic.read_policy(pol)
+        check(p1 == {4: "tp=2,pp=2,dp=1", 6: "tp=2,pp=1,dp=3", 2: "tp=2,pp=1,dp=1"}, f"policy file: {p1}")
+        check(elastic.read_policy('{"1": "tp=1"}') == {1: "tp=1,pp=1,dp=1"}, "policy text")
+        check(elastic.pick_config(p1, 6) == "tp=2,pp=1,dp=3", "pick for world 6")
+        expect_error(lambda: elastic.pick_config(p1, 8), "no config for world size 8", "world size without config")
+        expect_error(lambda: elastic.read_policy('{"4": "tp=2"}'), "world size 2, not 4", "config of another size")
+        expect_error(lambda: elastic.read_policy('{"x": "tp=2"}'), "entry 'x'", "non-numeric world size")
+        expect_error(lambda: elastic.read_policy('{"4": '), "not JSON", "truncated policy")
+        expect_error(lambda: elastic.read_policy('[]'), "cannot read policy file", "not an object (a path)")
+        expect_error(lambda: elastic.read_policy("{}"), "expected a JSON object", "empty policy")
+        expect_error(lambda: elastic.read_policy('{"2": "tp=2,pp=zz"}'), "entry '2'", "malformed config")
+        expect_error(lambda: elastic.read_policy(os.path.join(tmp, "missing.json")), "cannot read policy file",
+                     "missing policy file")
+        for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "TENPLEX_STORE_URL"):
+            os.environ.pop(k, None)
+        expect_error(lambda: elastic.Job("gpt", pol), "WORLD_SIZE is not set", "outside torchrun")
+        os.environ.update(WORLD_SIZE="4", RANK="3", LOCAL_RANK="1", LOCAL_WORLD_SIZE="2", GROUP_RANK="1")
+        expect_error(lambda: elastic.Job("gpt", pol), "TENPLEX_STORE_URL", "no store daemon named")
+        os.environ["TENPLEX_STORE_URL"] = "http://127.0.0.1:1"
+        job = elastic.Job("gpt", pol)
+        check(job.config == "tp=2,pp=2,dp=1" and job.rank == 3, "a job from the torchrun environment")
+        os.environ["RANK"] = "2"
+        expect_error(lambda: elastic.Job("gpt", pol), "same --nproc_per_node", "ranks not numbered host by host")
+        os.environ["RANK"] = "3"
+        expect_error(lambda: elastic.Job("a/b", pol), "without '/'", "bad job name")
+        os.environ["WORLD_SIZE"] = "8"
+        expect_error(lambda: elastic.Job("gpt", pol), "no config for world size 8", "world without a config")
+    print(f"{'FAILED' if failures else 'passed'}: {len(failures)} failures")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
