@@ -14,6 +14,7 @@
 #include "tenplex/transform/state_info.h"
 #include "tenplex/util/format.h"
 #include "tenplex/util/json_value.h"
+#include "tenplex/util/log.h"
 
 namespace tenplex::transform {
 
@@ -58,6 +59,17 @@ json NewInfo(const StateInfo& old, const ParallelConfig& config, const Cluster& 
   return json::parse(info.ToJson());
 }
 
+// The bytes of the new version a host's prepare reply says it wrote (for the CLI's
+// progress line; 0 for a reply that is not an object).
+uint64_t PreparedBytes(const std::string& reply) {
+  json j = json::parse(reply, nullptr, false);
+  if (!j.is_object()) return 0;
+  int64_t n = 0;
+  for (const char* k : {"bytes_kept", "bytes_linked", "bytes_local", "bytes_fetched"})
+    n += std::max<int64_t>(0, JsonValueOr(j, k, int64_t{0}));
+  return static_cast<uint64_t>(n);
+}
+
 // Phase one on every host with new ranks, then phase two (commit, or abort on all).
 RoundResult RunRound(std::vector<Host>& hosts, const std::string& job, const Round& r) {
   RoundResult out;
@@ -87,6 +99,7 @@ RoundResult RunRound(std::vector<Host>& hosts, const std::string& job, const Rou
       mine.host = participants[i];
       threads.emplace_back([&, i, text = EncodePrepare(mine)] {
         replies[i] = hosts[participants[i]].client->CallJson("POST", "/v1/transform/prepare", text);
+        if (replies[i].ok()) ReportProgress(PreparedBytes(*replies[i]));
       });
     }
     for (std::thread& t : threads) t.join();
