@@ -1,5 +1,7 @@
 #include "tenplex/transform/reshard.h"
 
+#include <fcntl.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 #include <algorithm>
@@ -149,6 +151,14 @@ Status CommitAll(io::CheckpointWriter& ckpt, std::vector<io::SafetensorsWriter>&
   return ckpt.Commit(info, /*checksums=*/false);
 }
 
+// File descriptors closed at scope exit.
+struct InputFds {
+  std::vector<int> fds;
+  ~InputFds() {
+    for (int fd : fds) ::close(fd);
+  }
+};
+
 }  // namespace
 
 Status CheckSameModel(const Model& given, const Model& ckpt) {
@@ -210,7 +220,9 @@ Result<ReshardReport> Reshard(const ReshardOptions& o) {
   if (!to.ok()) return to.status().WithContext("target config " + o.to.ToString());
   TP_ASSIGN_OR_RETURN(std::vector<io::SafetensorsFile> inputs,
                       io::OpenCheckpoint(o.in, *from, info, /*verify_checksums=*/false));
-  PopulateInputs(inputs, o.pool);
+  // The streamed path reads the inputs with pread: their mappings need no pages ahead
+  // unless they are hashed from them.
+  if (o.verify_checksums || !o.streamed) PopulateInputs(inputs, o.pool);
   if (o.verify_checksums) {
     TP_RETURN_IF_ERROR(VerifyInputs(inputs, info, o.pool));
   }
@@ -241,8 +253,20 @@ Result<ReshardReport> Reshard(const ReshardOptions& o) {
     // pwrite from warm buffers (streamed_output.h), checksums computed on the way.
     std::vector<std::string> paths;
     for (const RankLayout& r : to->ranks) paths.push_back(ckpt.RankPath(r.rank));
+    // The inputs are also read with pread (streamed_output.h), from fds of their own.
+    InputFds fds;
+    std::vector<std::vector<StreamSource>> sources(from->world_size());
+    for (const RankLayout& r : from->ranks) {
+      const io::SafetensorsFile& f = inputs[r.rank];
+      const int fd = ::open(f.path().c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+      if (fd >= 0) fds.fds.push_back(fd);
+      for (const LocalTensor& t : *r.tensors) {
+        const io::SafetensorsEntry* e = f.Find(t.name);
+        sources[r.rank].push_back({f.data(*e), fd, f.header().data_offset + e->begin});
+      }
+    }
     TP_ASSIGN_OR_RETURN(std::vector<std::string> sums,
-                        WriteRankFilesStreamed(plan, *from, *to, src, paths, o.stream));
+                        WriteRankFilesStreamed(plan, *from, *to, sources, paths, o.stream));
     report.copy_seconds = Since(tc);
     report.streamed = true;
     nlohmann::json j = nlohmann::json::object();

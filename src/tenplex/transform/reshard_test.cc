@@ -187,7 +187,8 @@ TEST_F(ReshardTest, BadInputsFailAndLeaveNoOutput) {
 // The streamed output path (pwrite from warm buffers, streamed_output.h) writes the
 // same bytes as the mapped one (ExecutePlan into zero-filled mapped files), tenplex.json
 // included, for layouts with padding, ZeRO-1 flat shards, uneven stages and replicas,
-// also with chunks that cut elements and runs (100 bytes) and more threads than cores.
+// also with chunks that cut elements and runs (100 bytes), more threads than cores, and
+// each way of reading the inputs.
 TEST_F(ReshardTest, StreamedOutputIsByteIdenticalToMappedOutput) {
   const char* configs[] = {"tp=2,pp=2,dp=2", "tp=4,pp=1,dp=1,zero=1",
                            "tp=1,pp=3,layers=1+2+1,dp=3,zero=1", "tp=2,pp=4,dp=1", "tp=1"};
@@ -212,9 +213,16 @@ TEST_F(ReshardTest, StreamedOutputIsByteIdenticalToMappedOutput) {
         o.streamed = false;
         ASSERT_TRUE(Reshard(o).ok()) << from << " -> " << to;
         o.streamed = true;
-        for (std::size_t chunk : {std::size_t{100}, std::size_t{4} << 20}) {
-          o.out = Path("streamed" + base + "-" + std::to_string(chunk));
+        // Input reads: pread of every run straight into the chunk (direct 8), pread of
+        // spans into the staging buffer or copies from the mapping (spans over 200
+        // bytes), and the defaults.
+        const std::pair<std::size_t, std::size_t> variants[] = {
+            {100, 8}, {100, 1 << 20}, {std::size_t{4} << 20, 64 << 10}};
+        for (auto [chunk, direct] : variants) {
+          o.out =
+              Path("streamed" + base + "-" + std::to_string(chunk) + "-" + std::to_string(direct));
           o.stream.chunk_bytes = chunk;
+          o.stream.direct_run_bytes = direct;
           o.stream.threads = chunk == 100 ? 3 : 0;
           Result<ReshardReport> r = Reshard(o);
           ASSERT_TRUE(r.ok()) << from << " -> " << to << ": " << r.status().ToString();

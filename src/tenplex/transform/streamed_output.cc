@@ -32,8 +32,24 @@ using plan::CopyOp;
 // One op's runs into a destination tensor, with the source tensor's first byte.
 struct OpRuns {
   CopyRuns runs;
-  const uint8_t* src = nullptr;
+  StreamSource src;
 };
+
+// Reads exactly n bytes at off (a short read is an input file that shrank).
+Status PreadAll(int fd, uint8_t* p, std::size_t n, uint64_t off) {
+  while (n > 0) {
+    const ssize_t r = ::pread(fd, p, n, static_cast<off_t>(off));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoError("read input checkpoint file", errno);
+    }
+    if (r == 0) return DataLoss("an input checkpoint file is shorter than its header says");
+    p += r;
+    n -= static_cast<std::size_t>(r);
+    off += static_cast<uint64_t>(r);
+  }
+  return Status::Ok();
+}
 
 struct TensorPlan {
   uint64_t begin = 0, end = 0;  // in the file's data section
@@ -112,8 +128,46 @@ int64_t FirstRunFrom(const CopyRuns& r, int64_t at) {
   return lo;
 }
 
+// The runs [first, last) of o clipped to the tensor bytes [ta, tb), into out (which
+// holds the tensor's byte ta); `stage` is a scratch buffer of stage_bytes.
+Status CopyRunsClipped(const OpRuns& o, int64_t first, int64_t last, int64_t ta, int64_t tb,
+                       uint8_t* out, uint8_t* stage, std::size_t stage_bytes, int64_t direct_run) {
+  const int64_t run = o.runs.run_bytes;
+  // Source byte so lies at base + (so - base_off): in the mapping, or in the stage.
+  const uint8_t* base = static_cast<const uint8_t*>(o.src.data);
+  int64_t base_off = 0;
+  if (o.src.fd >= 0 && run >= direct_run) {
+    Status s;
+    o.runs.ForEach(first, last, [&](int64_t so, int64_t dof) {
+      const int64_t lo = std::max(dof, ta), hi = std::min(dof + run, tb);
+      if (s.ok()) {
+        s = PreadAll(o.src.fd, out + (lo - ta), static_cast<std::size_t>(hi - lo),
+                     o.src.offset + static_cast<uint64_t>(so + (lo - dof)));
+      }
+    });
+    return s;
+  }
+  if (o.src.fd >= 0) {
+    const int64_t s0 = o.runs.SrcOffset(first), s1 = o.runs.SrcOffset(last - 1) + run;
+    const int64_t need = (last - first) * run;
+    if (s1 - s0 <= static_cast<int64_t>(stage_bytes) && s1 - s0 <= 4 * need) {
+      TP_RETURN_IF_ERROR(PreadAll(o.src.fd, stage, static_cast<std::size_t>(s1 - s0),
+                                  o.src.offset + static_cast<uint64_t>(s0)));
+      base = stage;
+      base_off = s0;
+    }
+  }
+  o.runs.ForEach(first, last, [&](int64_t so, int64_t dof) {
+    const int64_t lo = std::max(dof, ta), hi = std::min(dof + run, tb);
+    std::memcpy(out + (lo - ta), base + (so - base_off) + (lo - dof),
+                static_cast<std::size_t>(hi - lo));
+  });
+  return Status::Ok();
+}
+
 // Bytes [a, b) of the file's data section into buf.
-void Assemble(const OutFile& f, uint64_t a, uint64_t b, uint8_t* buf) {
+Status Assemble(const OutFile& f, uint64_t a, uint64_t b, uint8_t* buf, uint8_t* stage,
+                std::size_t stage_bytes, int64_t direct_run) {
   auto t = std::upper_bound(f.tensors.begin(), f.tensors.end(), a,
                             [](uint64_t x, const TensorPlan& tp) { return x < tp.end; });
   for (; t != f.tensors.end() && t->begin < b; ++t) {
@@ -125,18 +179,17 @@ void Assemble(const OutFile& f, uint64_t a, uint64_t b, uint8_t* buf) {
     for (const OpRuns& o : t->ops) {
       const int64_t first = FirstRunEndingAfter(o.runs, ta);
       const int64_t last = FirstRunFrom(o.runs, tb);
-      const int64_t run = o.runs.run_bytes;
-      o.runs.ForEach(first, last, [&](int64_t so, int64_t dof) {
-        const int64_t lo = std::max(dof, ta), hi = std::min(dof + run, tb);
-        std::memcpy(out + (lo - ta), o.src + so + (lo - dof), static_cast<std::size_t>(hi - lo));
-      });
+      if (first >= last) continue;
+      TP_RETURN_IF_ERROR(
+          CopyRunsClipped(o, first, last, ta, tb, out, stage, stage_bytes, direct_run));
     }
   }
+  return Status::Ok();
 }
 
 // Files, headers written and hashed, space reserved, tensors' ops resolved.
 Status Prepare(const plan::Plan& plan, const Layout& from, const Layout& to,
-               const std::vector<std::vector<const void*>>& src,
+               const std::vector<std::vector<StreamSource>>& src,
                const std::vector<std::string>& paths, Files& out) {
   if (paths.size() != to.ranks.size() || src.size() != from.ranks.size())
     return InvalidArgument("streamed output: paths or sources do not match the layouts");
@@ -193,7 +246,7 @@ Status Prepare(const plan::Plan& plan, const Layout& from, const Layout& to,
                              ") into " + dt.name + " (" + std::string(DTypeName(dt.dtype)) + ")");
     }
     if (static_cast<std::size_t>(op.src_tensor) >= src[op.src_rank].size() ||
-        src[op.src_rank][op.src_tensor] == nullptr)
+        src[op.src_rank][op.src_tensor].data == nullptr)
       return InvalidArgument("no source buffer for rank " + std::to_string(op.src_rank) +
                              " tensor " + st.name);
     TP_ASSIGN_OR_RETURN(CopyRuns runs,
@@ -201,8 +254,7 @@ Status Prepare(const plan::Plan& plan, const Layout& from, const Layout& to,
     if (runs.count == 0) return Status::Ok();
     TensorPlan& t = out.files[op.dst_rank].tensors[op.dst_tensor];
     t.covered += static_cast<uint64_t>(runs.count * runs.run_bytes);
-    t.ops.push_back(
-        {std::move(runs), static_cast<const uint8_t*>(src[op.src_rank][op.src_tensor])});
+    t.ops.push_back({std::move(runs), src[op.src_rank][op.src_tensor]});
     return Status::Ok();
   };
   for (const CopyOp& op : plan.kept) TP_RETURN_IF_ERROR(add(op));
@@ -229,7 +281,7 @@ bool CanStreamPlan(const plan::Plan& plan) {
 
 Result<std::vector<std::string>> WriteRankFilesStreamed(
     const plan::Plan& plan, const Layout& from, const Layout& to,
-    const std::vector<std::vector<const void*>>& src, const std::vector<std::string>& paths,
+    const std::vector<std::vector<StreamSource>>& src, const std::vector<std::string>& paths,
     const StreamOptions& options) {
   Files files;
   TP_RETURN_IF_ERROR(Prepare(plan, from, to, src, paths, files));
@@ -261,14 +313,18 @@ Result<std::vector<std::string>> WriteRankFilesStreamed(
   };
   auto worker = [&] {
     std::unique_ptr<uint8_t[]> buf(new uint8_t[chunk]);
+    const std::size_t stage_bytes = 2 * chunk;
+    std::unique_ptr<uint8_t[]> stage(new uint8_t[stage_bytes]);
     for (;;) {
       const std::size_t k = next.fetch_add(1);
       if (k >= chunks.size()) return;
       const Chunk& c = chunks[k];
       OutFile& f = files.files[c.file];
       const std::size_t n = static_cast<std::size_t>(c.end - c.begin);
-      Assemble(f, c.begin, c.end, buf.get());
-      Status s = PwriteAll(f.fd, buf.get(), n, f.data_offset + c.begin, f.tmp);
+      Status s = Assemble(f, c.begin, c.end, buf.get(), stage.get(), stage_bytes,
+                          static_cast<int64_t>(std::max<std::size_t>(options.direct_run_bytes, 1)));
+      if (!s.ok()) return fail(std::move(s));
+      s = PwriteAll(f.fd, buf.get(), n, f.data_offset + c.begin, f.tmp);
       if (!s.ok()) return fail(std::move(s));
       if (start_writeback) {
         (void)::sync_file_range(f.fd, static_cast<off_t>(f.data_offset + c.begin),

@@ -14,7 +14,8 @@
 //      buffer, allocated once and reused (warm): for every plan op writing a tensor the
 //      chunk overlaps, the op's runs (geometry/copy.h CopyRuns: contiguous byte runs at
 //      increasing destination offsets) that fall inside the chunk are found by binary
-//      search and copied, clipped to the chunk; a tensor whose ops do not cover it
+//      search and copied, clipped to the chunk, read from the input file with pread
+//      (below) rather than through its mapping; a tensor whose ops do not cover it
 //      (padding) is zeroed first. The chunk is then written with pwrite and, on a disk,
 //      its writeback started (sync_file_range), so the final fsync has little left.
 //   3. The xxh64 of each file (header, then data) is computed from the chunk buffers
@@ -32,6 +33,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -41,9 +43,19 @@
 
 namespace tenplex::transform {
 
+// Where a source tensor's bytes are: its mapping and, when fd >= 0, the file and offset
+// they can also be read from with pread (the kernel copies from the page cache, no
+// page of a fresh mapping is touched: the cheaper read on these machines).
+struct StreamSource {
+  const void* data = nullptr;
+  int fd = -1;
+  uint64_t offset = 0;
+};
+
 struct StreamOptions {
   std::size_t chunk_bytes = 4 << 20;
-  int threads = 0;  // 0: the machine's cores (at least 2, at most 8)
+  int threads = 0;                          // 0: the machine's cores (at least 2, at most 8)
+  std::size_t direct_run_bytes = 64 << 10;  // runs this long are read straight into the chunk
 };
 
 // Whether WriteRankFilesStreamed can write this plan (no op reads the new layout).
@@ -51,11 +63,15 @@ bool CanStreamPlan(const plan::Plan& plan);
 
 // Writes new rank r's safetensors file (tensors of `to`, in layout order, no metadata)
 // to paths[r], filled by `plan` from the old ranks' tensors src[r][i] (layout `from`).
+// An op's runs inside a chunk are read with one pread into the chunk buffer (runs of
+// direct_run_bytes and more, each), or one pread of the source span they lie in into a staging
+// buffer when that span is dense enough (at most 4x the bytes needed), else copied from
+// the mapping.
 // Returns the xxh64 of every file as 16 hex digits. On an error no file of `paths` (nor
 // any temporary) is left.
 Result<std::vector<std::string>> WriteRankFilesStreamed(
     const plan::Plan& plan, const Layout& from, const Layout& to,
-    const std::vector<std::vector<const void*>>& src, const std::vector<std::string>& paths,
+    const std::vector<std::vector<StreamSource>>& src, const std::vector<std::string>& paths,
     const StreamOptions& options = {});
 
 }  // namespace tenplex::transform
