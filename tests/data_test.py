@@ -135,7 +135,12 @@ def test_cli(tmp):
     full = os.path.join(tmp, "full")
     os.makedirs(full)
     open(os.path.join(full, "keep.txt"), "w").write("x")
-    p = run("data", "mount", "--index", idx, "--mountpoint", full, "--seed", "1", "--global-batch", "8", ok=False)
+    # (Before the fix the mount went ahead and served in the foreground: give it 20 s.)
+    try:
+        p = subprocess.run([TENPLEX, "data", "mount", "--index", idx, "--mountpoint", full, "--seed", "1",
+                            "--global-batch", "8"], capture_output=True, text=True, timeout=20)
+    except subprocess.TimeoutExpired:
+        raise AssertionError("data mount went ahead on a non-empty mountpoint")
     assert p.returncode == 2 and "is not empty" in p.stderr and "keep.txt" in p.stderr, p.stderr
     assert os.listdir(full) == ["keep.txt"] and not mounted(full)
     expect_error("unknown dataset format", "data", "index", "--input", src, "--format", "csv", "-o", tmp + "/x")
