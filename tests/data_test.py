@@ -49,6 +49,15 @@ def batches(index, seed, b, dp, rank, start, steps):
     return json.loads(p.stdout)
 
 
+def read_json(index, ids):
+    args = ["data", "read", "--index", index, "--json"]
+    for i in ids:
+        args += ["--sample", i]
+    out = run(*args).stdout
+    assert out.endswith("\n")
+    return out[:-1].split("\n")
+
+
 def read(index, ids):
     if not ids:
         return []
@@ -103,6 +112,9 @@ def test_cli(tmp):
     assert "50 samples" in out, out
     lines = open(src, encoding="utf-8").read().splitlines()
     assert read(idx, [0, 49, 7]) == [lines[0], lines[49], lines[7]]
+    # --json: one object per line, the line as a string and its byte size.
+    got = [json.loads(x) for x in read_json(idx, [49, 0])]
+    assert got == [{"sample": i, "bytes": len(lines[i].encode()), "text": lines[i]} for i in (49, 0)], got
     r = batches(idx, 3, 8, 3, 2, 40, 4)
     assert [s["step"] for s in r["steps"]] == [5, 6, 7, 8]
     assert all(len(s["samples"]) == 2 for s in r["steps"])  # 8 = 3 + 3 + 2
@@ -123,7 +135,12 @@ def test_cli(tmp):
     full = os.path.join(tmp, "full")
     os.makedirs(full)
     open(os.path.join(full, "keep.txt"), "w").write("x")
-    p = run("data", "mount", "--index", idx, "--mountpoint", full, "--seed", "1", "--global-batch", "8", ok=False)
+    # (Before the fix the mount went ahead and served in the foreground: give it 20 s.)
+    try:
+        p = subprocess.run([TENPLEX, "data", "mount", "--index", idx, "--mountpoint", full, "--seed", "1",
+                            "--global-batch", "8"], capture_output=True, text=True, timeout=20)
+    except subprocess.TimeoutExpired:
+        raise AssertionError("data mount went ahead on a non-empty mountpoint")
     assert p.returncode == 2 and "is not empty" in p.stderr and "keep.txt" in p.stderr, p.stderr
     assert os.listdir(full) == ["keep.txt"] and not mounted(full)
     expect_error("unknown dataset format", "data", "index", "--input", src, "--format", "csv", "-o", tmp + "/x")
@@ -206,6 +223,9 @@ def test_megatron(tmp):
         assert meta["dtype"] == {8: "uint16", 4: "int32", 1: "uint8", 5: "int64", 3: "int16"}[code]
         got = [json.loads(t) for t in read(idx, list(range(37)))]
         assert got == seqs, code
+        got = [json.loads(t) for t in read_json(idx, [36, 0, 5])]
+        size = {8: 2, 4: 4, 1: 1, 5: 8, 3: 2}[code]
+        assert got == [{"sample": i, "bytes": len(seqs[i]) * size, "tokens": seqs[i]} for i in (36, 0, 5)], (code, got)
         index = pydata.Index(idx)
         assert [index.record(i) for i in range(37)] == seqs
         assert [tdata.Index(idx).record(i) for i in range(37)] == seqs

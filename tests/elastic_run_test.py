@@ -262,8 +262,17 @@ def resume(tenplex, repo, use_cluster):
         try:
             model = small_model(tenplex, tmp)
             n = 6
-            static_log, _ = run(tenplex, repo, tmp, "static", [{"step": 0, "config": "tp=1"}, {"step": n, "stop": True}],
-                                model)
+            static_log, out, _ = run(tenplex, repo, tmp, "static",
+                                     [{"step": 0, "config": "tp=1"}, {"step": n, "stop": True}], model,
+                                     extra=["--json"])
+            # --json: the summary as one object; its steps are the workers' log lines.
+            summary = json.loads(out)
+            logged, _ = steps_of(static_log)
+            check([(x["step"], x["loss"], x["config"], x["samples"]) for x in summary["steps"]] ==
+                  [(s, logged[s]["loss"], logged[s]["config"], logged[s]["samples"]) for s in range(n)],
+                  f"run --json steps are the logged steps: {summary['steps']}")
+            check(summary["reconfigurations"] == [] and summary["resumed_version"] is None and summary["seconds"] > 0,
+                  f"run --json: no reconfiguration, no resume: {summary}")
             log = os.path.join(tmp, "job.jsonl")
             _, _, err1 = run(tenplex, repo, tmp, "first", [{"step": 0, "config": "tp=2"}, {"step": 3, "stop": True}],
                              model, extra=where, log=log)

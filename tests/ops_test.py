@@ -95,10 +95,32 @@ def test_store(tmp):
             json.dump({"hosts": [x.url for x in daemons], "gpus_per_host": 2}, f)
         ck = small_checkpoint(tmp, "tp=2,pp=2,dp=1")
         run("store", "load", "--cluster", cluster, "--job", "c", "--dir", ck)  # ranks 0-3 on hosts 0, 1
-        run("store", "load", "--cluster", cluster, "--job", "c", "--dir", ck)
+        # --json on the cluster load and save: one result object, the hosts actually used.
+        out = json.loads(run("store", "load", "--cluster", cluster, "--job", "c", "--dir", ck, "--json").stdout)
+        total = sum(x.get("/v1/jobs/c/versions/current")["bytes"] for x in daemons[:2])
+        check(out["version"] == 2 and out["ranks"] == 4 and out["hosts"] == [x.url for x in daemons[:2]] and
+              out["bytes"] == total and out["lost_hosts"] == [] and out["job"] == "c", (out, total))
+        saved = os.path.join(tmp, "cluster-saved")
+        out = json.loads(run("store", "save", "--cluster", cluster, "--job", "c", "--out", saved, "--json").stdout)
+        check(out["version"] == 2 and out["ranks"] == 4 and out["bytes"] == total and
+              sorted(out["hosts"]) == sorted(x.url for x in daemons[:2]) and out["rebuilt_ranks"] == 0, out)
+        for name in sorted(os.listdir(ck)):
+            if name.endswith(".safetensors"):
+                check(open(os.path.join(ck, name), "rb").read() == open(os.path.join(saved, name), "rb").read(),
+                      f"cluster save --json: {name} as loaded")
+        # `tenplex transform`: a progress line (bytes, rate) on a terminal, none with -q or --quiet.
+        run("store", "load", "--cluster", cluster, "--job", "t", "--dir", ck, "-q")
+        rc, out, term = on_tty([TENPLEX, "transform", "--cluster", cluster, "--job", "t", "--to", "tp=1,pp=2"])
+        check(rc == 0 and "transform" in term and "MB/s" in term, f"transform: no progress on a terminal: {term!r}")
+        for args in ([TENPLEX, "-q", "transform", "--cluster", cluster, "--job", "t", "--to", "tp=2,pp=2"],
+                     [TENPLEX, "transform", "--cluster", cluster, "--job", "t", "--to", "tp=1,pp=2", "--quiet"]):
+            rc, out, term = on_tty(args)
+            check(rc == 0 and "MB/s" not in term, f"{args[1:3]}: progress despite quiet: {term!r}")
+        p = run("transform", "--cluster", cluster, "--job", "t", "--to", "tp=2,pp=2")
+        check("MB/s" not in p.stderr and "\r" not in p.stderr, f"transform: progress in a pipe: {p.stderr!r}")
+        run("store", "rm", "--cluster", cluster, "t")
         got = ls("--cluster", cluster)["jobs"]
         check(len(got) == 1 and got[0]["job"] == "c" and got[0]["current"] == 2, got)
-        total = sum(x.get("/v1/jobs/c/versions/current")["bytes"] for x in daemons[:2])
         check(got[0]["bytes"] == total and len(got[0]["hosts"]) == 2, (got, total))  # load uses only the hosts that get ranks
         for x in daemons:
             x.call("POST", "/v1/jobs/c/versions?version=3")

@@ -45,9 +45,5 @@ void RegisterData(CLI::App& app, Context& ctx);
 void RegisterTransform(CLI::App& app, Context& ctx);
 void RegisterInterop(CLI::App& app, Context& ctx);  // import, export
 void RegisterConfig(CLI::App& app, Context& ctx);
-// `tenplex store load|save --cluster` (cli/transform.cc): exactly one of cluster and url.
-Status StoreClusterTransfer(bool load, const std::string& cluster, const std::string& url,
-                            const std::string& token, const std::string& job,
-                            const std::string& dir);
 
 }  // namespace tenplex::cli

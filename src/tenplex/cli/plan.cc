@@ -59,7 +59,7 @@ void RegisterPlan(CLI::App& app, Context& ctx) {
         app.add_subcommand("reshard", "Convert a checkpoint directory to another parallel config");
     struct Opts {
       std::string in, out, to, model, from;
-      bool no_verify = false, quiet = false, json = false;
+      bool no_verify = false, quiet = false, json = false, mmap_output = false;
     };
     auto o = std::make_shared<Opts>();
     cmd->add_option("--in", o->in, "Input checkpoint directory")->required();
@@ -72,6 +72,9 @@ void RegisterPlan(CLI::App& app, Context& ctx) {
     cmd->add_flag("--no-verify", o->no_verify, "Skip hashing the input files against tenplex.json");
     cmd->add_flag("-q,--quiet", o->quiet, "Print nothing on success");
     cmd->add_flag("--json", o->json, "Print the report as JSON");
+    cmd->add_flag("--mmap-output", o->mmap_output,
+                  "Fill mapped output files instead of writing from warm buffers (the earlier "
+                  "output path, kept for comparison; same bytes)");
     cmd->callback([o, &ctx] {
       auto run = [&]() -> Status {
         if (o->quiet) SetLogLevel(LogLevel::kQuiet);
@@ -92,6 +95,7 @@ void RegisterPlan(CLI::App& app, Context& ctx) {
           ro.from = *f;
         }
         ro.verify_checksums = !o->no_verify;
+        ro.streamed = !o->mmap_output;
         ro.pool = &ThreadPool::Default();
         Progress progress("reshard");
         TP_ASSIGN_OR_RETURN(transform::ReshardReport r, transform::Reshard(ro));
@@ -104,6 +108,7 @@ void RegisterPlan(CLI::App& app, Context& ctx) {
                               {"bytes_written", r.bytes_written},
                               {"plan_seconds", r.plan_seconds},
                               {"copy_seconds", r.copy_seconds},
+                              {"output", r.streamed ? "streamed" : "mmap"},
                               {"seconds", r.total_seconds}};
           return WriteOutput("", j.dump() + "\n");
         }

@@ -42,12 +42,18 @@ void RegisterRun(CLI::App& app, Context& ctx) {
   cmd->add_option("--baseline", o->baseline_log,
                   "Log of a static run to compare losses and samples with");
   cmd->add_flag("--quiet", *quiet, "Do not print the summary table");
+  auto json = std::make_shared<bool>(false);
+  cmd->add_flag("--json", *json, "Print the summary as one JSON object (steps, reconfigurations)");
   cmd->add_option("command", o->command, "Worker command and arguments (after --)")->required();
-  cmd->callback([o, quiet, &ctx] {
+  cmd->callback([o, quiet, json, &ctx] {
     o->notify = [](const std::string& m) { std::fprintf(stderr, "tenplex run: %s\n", m.c_str()); };
     auto s = runtime::Run(*o);
     if (!s.ok()) return Finish(ctx, s.status());
-    if (!*quiet) std::fputs(runtime::SummaryTable(*s).c_str(), stdout);
+    if (*json) {
+      std::printf("%s\n", runtime::SummaryJson(*s).c_str());
+    } else if (!*quiet) {
+      std::fputs(runtime::SummaryTable(*s).c_str(), stdout);
+    }
     ctx.exit_code = 0;
   });
 }

@@ -17,6 +17,7 @@
 #include "tenplex/store/server.h"
 #include "tenplex/transform/agent.h"
 #include "tenplex/transform/checkpoint_transfer.h"
+#include "tenplex/transform/cluster.h"
 #include "tenplex/util/format.h"
 #include "tenplex/util/log.h"
 
@@ -125,6 +126,7 @@ bool PrintTransfer(const transform::TransferStats& s, const std::string& job, bo
                         {"ranks", s.ranks},
                         {"hosts", s.hosts},
                         {"lost_hosts", s.lost_hosts},
+                        {"rebuilt_ranks", s.rebuilt_ranks},
                         {"seconds", s.seconds},
                         {"shm", s.shm},
                         {"verified", s.verified}};
@@ -132,6 +134,50 @@ bool PrintTransfer(const transform::TransferStats& s, const std::string& job, bo
     return true;
   }
   return GetLogLevel() == LogLevel::kQuiet;
+}
+
+// `store load|save --cluster`: a checkpoint across the store daemons of a cluster file
+// (transform/cluster.h, docs/transform.md); exactly one of --cluster and --url.
+Status ClusterTransfer(bool load, const std::string& cluster_path, const std::string& url,
+                       const std::string& token, const std::string& job, const std::string& dir,
+                       bool json) {
+  if (cluster_path.empty() == url.empty())
+    return InvalidArgument("give exactly one of --url and --cluster");
+  TP_ASSIGN_OR_RETURN(transform::Cluster cluster, transform::ReadClusterFile(cluster_path));
+  ClientOptions co;
+  co.token = TokenOrEnv(token);
+  // A daemon that stops answering (stopped, hung) fails the request after 30 s of
+  // silence instead of the default 10 minutes.
+  co.timeout_s = 30;
+  TP_ASSIGN_OR_RETURN(auto clients, transform::ConnectCluster(cluster, co, /*allow_lost=*/!load));
+  Progress progress(load ? "store load" : "store save");
+  Result<transform::TransferStats> r =
+      load ? transform::LoadCheckpointToCluster(cluster, clients, job, dir)
+           : transform::SaveCheckpointFromCluster(cluster, clients, job, dir);
+  progress.Done();
+  if (!r.ok()) return r.status();
+  const transform::TransferStats& s = *r;
+  if (PrintTransfer(s, job, json)) return Status::Ok();
+  if (load) {
+    std::printf(
+        "loaded %zu tensors (%s) of %d ranks onto %zu hosts as jobs/%s/%llu (committed on all) in "
+        "%.2f s\n",
+        s.tensors, HumanBytes(static_cast<int64_t>(s.bytes)).c_str(), s.ranks, s.hosts.size(),
+        job.c_str(), static_cast<unsigned long long>(s.version), s.seconds);
+    return Status::Ok();
+  }
+  std::string lost;
+  if (!s.lost_hosts.empty()) {
+    lost = "; lost hosts:";
+    for (const std::string& u : s.lost_hosts) lost += " " + u;
+  }
+  if (s.rebuilt_ranks > 0)
+    lost += "; " + std::to_string(s.rebuilt_ranks) + " ranks rebuilt from replicas";
+  std::printf("saved jobs/%s/%llu from %zu hosts to %s: %zu tensors (%s) of %d ranks in %.2f s%s\n",
+              job.c_str(), static_cast<unsigned long long>(s.version), s.hosts.size(), dir.c_str(),
+              s.tensors, HumanBytes(static_cast<int64_t>(s.bytes)).c_str(), s.ranks, s.seconds,
+              lost.c_str());
+  return Status::Ok();
 }
 
 }  // namespace
@@ -181,8 +227,8 @@ void RegisterStore(CLI::App& app, Context& ctx) {
   load->add_flag("--json", lo->json, "Print the result as JSON");
   load->callback([lo, &ctx] {
     if (!lo->cluster.empty() || lo->url.empty()) {
-      return Finish(ctx, StoreClusterTransfer(/*load=*/true, lo->cluster, lo->url, lo->token,
-                                              lo->job, lo->dir));
+      return Finish(ctx, ClusterTransfer(/*load=*/true, lo->cluster, lo->url, lo->token, lo->job,
+                                         lo->dir, lo->json));
     }
     auto c = ConnectFor(lo->url, lo->token, lo->http);
     if (!c.ok()) return Finish(ctx, c.status());
@@ -210,8 +256,8 @@ void RegisterStore(CLI::App& app, Context& ctx) {
   save->add_flag("--json", vo->json, "Print the result as JSON");
   save->callback([vo, &ctx] {
     if (!vo->cluster.empty() || vo->url.empty()) {
-      return Finish(ctx, StoreClusterTransfer(/*load=*/false, vo->cluster, vo->url, vo->token,
-                                              vo->job, vo->dir));
+      return Finish(ctx, ClusterTransfer(/*load=*/false, vo->cluster, vo->url, vo->token, vo->job,
+                                         vo->dir, vo->json));
     }
     auto c = ConnectFor(vo->url, vo->token, vo->http);
     if (!c.ok()) return Finish(ctx, c.status());

@@ -1,14 +1,12 @@
-// `tenplex store load|save --cluster`: a checkpoint across the store daemons of a
-// cluster file (src/tenplex/transform/cluster.h, docs/transform.md), and
 // `tenplex transform --cluster C [--to-cluster C2] --job J --to CONFIG [--json]`: the
 // distributed state transformation (src/tenplex/transform/distributed.h).
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "tenplex/cli/command.h"
-#include "tenplex/transform/checkpoint_transfer.h"
 #include "tenplex/transform/cluster.h"
 #include "tenplex/transform/distributed.h"
 #include "tenplex/transform/two_phase.h"
@@ -75,9 +73,14 @@ Status Transform(const TransformOpts& o) {
     opts.log = [](const std::string& line) {
       std::fprintf(stderr, "tenplex transform: %s\n", line.c_str());
     };
-  TP_ASSIGN_OR_RETURN(
-      transform::ClusterTransformStats s,
-      transform::TransformCluster(cluster, o.job, *to, ClusterClientOptions(o.token), opts));
+  // Bytes of the new version, as each host's prepare reports them done.
+  std::optional<Progress> progress;
+  if (!o.quiet) progress.emplace("transform");
+  Result<transform::ClusterTransformStats> r =
+      transform::TransformCluster(cluster, o.job, *to, ClusterClientOptions(o.token), opts);
+  if (progress) progress->Done();
+  if (!r.ok()) return r.status();
+  const transform::ClusterTransformStats& s = *r;
   if (!o.json) {
     std::printf("%s\n", transform::ClusterTransformSummary(s).c_str());
     return Status::Ok();
@@ -160,46 +163,8 @@ void RegisterTransform(CLI::App& app, Context& ctx) {
   cmd->add_flag("--central", o->central,
                 "Baseline for benchmarks: gather all state on one host, re-slice there, scatter");
   cmd->add_flag("--json", o->json, "Print the statistics as JSON");
-  cmd->add_flag("--quiet", o->quiet, "No progress lines on stderr");
+  cmd->add_flag("--quiet", o->quiet, "No progress lines on stderr (also -q)");
   cmd->callback([o, &ctx] { Finish(ctx, Transform(*o)); });
-}
-
-Status StoreClusterTransfer(bool load, const std::string& cluster_path, const std::string& url,
-                            const std::string& token, const std::string& job,
-                            const std::string& dir) {
-  if (cluster_path.empty() == url.empty())
-    return InvalidArgument("give exactly one of --url and --cluster");
-  TP_ASSIGN_OR_RETURN(transform::Cluster cluster, transform::ReadClusterFile(cluster_path));
-  // A daemon that stops answering (stopped, hung) fails the request after 30 s of
-  // silence instead of the default 10 minutes.
-  store::ClientOptions co = ClusterClientOptions(token);
-  co.timeout_s = 30;
-  TP_ASSIGN_OR_RETURN(auto clients, transform::ConnectCluster(cluster, co, /*allow_lost=*/!load));
-  if (load) {
-    TP_ASSIGN_OR_RETURN(transform::TransferStats s,
-                        transform::LoadCheckpointToCluster(cluster, clients, job, dir));
-    std::printf(
-        "loaded %zu tensors (%s) of %d ranks onto %zu hosts as jobs/%s/%llu (committed on all) in "
-        "%.2f s\n",
-        s.tensors, HumanBytes(static_cast<int64_t>(s.bytes)).c_str(), s.ranks, s.hosts.size(),
-        job.c_str(), static_cast<unsigned long long>(s.version), s.seconds);
-  } else {
-    TP_ASSIGN_OR_RETURN(transform::TransferStats s,
-                        transform::SaveCheckpointFromCluster(cluster, clients, job, dir));
-    std::string lost;
-    if (!s.lost_hosts.empty()) {
-      lost = "; lost hosts:";
-      for (const std::string& u : s.lost_hosts) lost += " " + u;
-    }
-    if (s.rebuilt_ranks > 0)
-      lost += "; " + std::to_string(s.rebuilt_ranks) + " ranks rebuilt from replicas";
-    std::printf(
-        "saved jobs/%s/%llu from %zu hosts to %s: %zu tensors (%s) of %d ranks in %.2f s%s\n",
-        job.c_str(), static_cast<unsigned long long>(s.version), s.hosts.size(), dir.c_str(),
-        s.tensors, HumanBytes(static_cast<int64_t>(s.bytes)).c_str(), s.ranks, s.seconds,
-        lost.c_str());
-  }
-  return Status::Ok();
 }
 
 }  // namespace tenplex::cli

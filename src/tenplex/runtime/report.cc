@@ -15,6 +15,27 @@ namespace tenplex::runtime {
 
 using nlohmann::json;
 
+namespace {
+
+// A reconfiguration as the log's "reconfigure" event and the --json summary show it.
+json ReconfigureJson(const ReconfigureRecord& p) {
+  return {{"step", p.step},
+          {"from", p.from},
+          {"to", p.to},
+          {"seconds", p.stop_seconds + p.transform_seconds + p.restart_seconds},
+          {"stop_seconds", p.stop_seconds},
+          {"transform_seconds", p.transform_seconds},
+          {"restart_seconds", p.restart_seconds},
+          {"bytes_moved", p.bytes_moved},
+          {"bytes_total", p.bytes_total},
+          {"bytes_in_place", p.bytes_in_place},
+          {"after_failure", p.after_failure},
+          {"killed_ranks", p.killed},
+          {"lost_steps", p.lost_steps}};
+}
+
+}  // namespace
+
 Status CreateLog(const std::string& path) {
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd < 0) return ErrnoError("open " + path, errno);
@@ -43,20 +64,9 @@ Status RunRecorder::OnStep(int64_t s, int64_t start_step, Clock::time_point t_la
     ReconfigureRecord& p = *pending_;
     p.restart_seconds = Since(t_launch);
     summary_->reconfigurations.push_back(p);
-    json ev = {{"event", "reconfigure"},
-               {"step", p.step},
-               {"from", p.from},
-               {"to", p.to},
-               {"seconds", p.stop_seconds + p.transform_seconds + p.restart_seconds},
-               {"stop_seconds", p.stop_seconds},
-               {"transform_seconds", p.transform_seconds},
-               {"restart_seconds", p.restart_seconds},
-               {"bytes_moved", p.bytes_moved},
-               {"bytes_total", p.bytes_total},
-               {"bytes_in_place", p.bytes_in_place},
-               {"after_failure", p.after_failure},
-               {"killed_ranks", p.killed}};
-    if (p.after_failure) ev["lost_steps"] = p.lost_steps;
+    json ev = ReconfigureJson(p);
+    ev["event"] = "reconfigure";
+    if (!p.after_failure) ev.erase("lost_steps");
     TP_RETURN_IF_ERROR(AppendLogLine(log_, ev));
     if (p.after_failure)
       recovering_ = static_cast<std::ptrdiff_t>(summary_->reconfigurations.size()) - 1;
@@ -191,6 +201,29 @@ std::string SummaryTable(const RunSummary& s) {
   std::snprintf(line, sizeof(line), "total %.1f s\n", s.seconds);
   out += line;
   return out;
+}
+
+std::string SummaryJson(const RunSummary& s) {
+  json steps = json::array(), reconfigurations = json::array();
+  for (const StepRecord& r : s.steps)
+    steps.push_back(
+        {{"step", r.step}, {"loss", r.loss}, {"config", r.config}, {"samples", r.samples}});
+  for (const ReconfigureRecord& r : s.reconfigurations) {
+    json j = ReconfigureJson(r);
+    if (r.after_failure) {
+      j["failed_step"] = r.failed_step;
+      j["recovered_seconds"] = r.recovered_seconds;
+    }
+    reconfigurations.push_back(std::move(j));
+  }
+  json j = {{"steps", std::move(steps)},      {"reconfigurations", std::move(reconfigurations)},
+            {"seconds", s.seconds},           {"resumed_version", nullptr},
+            {"resumed_step", s.resumed_step}, {"max_loss_deviation", nullptr},
+            {"sample_mismatches", nullptr}};
+  if (s.resumed_version) j["resumed_version"] = *s.resumed_version;
+  if (s.max_loss_deviation) j["max_loss_deviation"] = *s.max_loss_deviation;
+  if (s.sample_mismatches) j["sample_mismatches"] = *s.sample_mismatches;
+  return j.dump();
 }
 
 }  // namespace tenplex::runtime

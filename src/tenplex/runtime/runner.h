@@ -117,5 +117,9 @@ Result<std::vector<StepRecord>> ReadStepLog(const std::string& path, uint64_t of
 // The table a person reads: steps, configs, losses, reconfigurations with their time
 // split, and the deviation from the baseline.
 std::string SummaryTable(const RunSummary& summary);
+// The same as one JSON object (`tenplex run --json`): {"steps": [{"step", "loss",
+// "config", "samples"}], "reconfigurations": [...], "seconds", "resumed_version",
+// "resumed_step", "max_loss_deviation", "sample_mismatches"} (null when not known).
+std::string SummaryJson(const RunSummary& summary);
 
 }  // namespace tenplex::runtime

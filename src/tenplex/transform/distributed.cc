@@ -18,6 +18,7 @@
 #include "tenplex/transform/two_phase.h"
 #include "tenplex/util/format.h"
 #include "tenplex/util/json_value.h"
+#include "tenplex/util/log.h"
 
 namespace tenplex::transform {
 
@@ -70,6 +71,17 @@ std::vector<store::Client*> Raw(const std::vector<Host>& hosts) {
   return out;
 }
 
+// The bytes of the new version a host's prepare reply says it wrote (for the CLI's
+// progress line; 0 for a reply that is not an object).
+uint64_t PreparedBytes(const std::string& reply) {
+  json j = json::parse(reply, nullptr, false);
+  if (!j.is_object()) return 0;
+  int64_t n = 0;
+  for (const char* k : {"bytes_kept", "bytes_linked", "bytes_local", "bytes_fetched"})
+    n += std::max<int64_t>(0, JsonValueOr(j, k, int64_t{0}));
+  return static_cast<uint64_t>(n);
+}
+
 // Phase one on every participant, all at once, each on a connection of its own (a
 // prepare may take long) while the coordinator watches them: a participant whose
 // /v1/health does not answer for options.silent_s (stopped, hung, its machine gone)
@@ -113,9 +125,18 @@ void PreparePhase(std::vector<Host>& hosts, const std::vector<int>& participants
     }).detach();
   }
   const auto t0 = Clock::now();
+  std::vector<bool> reported(n, false);  // replies already added to the progress line
+  auto report = [&] {                    // on this thread: the progress line may end with this call
+    for (std::size_t i = 0; i < n; ++i) {
+      if (reported[i] || !w->replies[i]) continue;
+      reported[i] = true;
+      if (w->replies[i]->ok()) ReportProgress(PreparedBytes(**w->replies[i]));
+    }
+  };
   std::unique_lock<std::mutex> lock(w->mu);
   while (w->pending > 0) {
     w->cv.wait_for(lock, std::chrono::milliseconds(500));
+    report();
     if (w->pending == 0) break;
     const auto now = Clock::now();
     if (now - t0 > std::chrono::seconds(options.prepare_timeout_s)) {
@@ -141,6 +162,7 @@ void PreparePhase(std::vector<Host>& hosts, const std::vector<int>& participants
       }).detach();
     }
   }
+  report();
   for (std::size_t i = 0; i < n; ++i) {
     if (w->replies[i]) replies[i] = *w->replies[i];
   }

@@ -1,5 +1,7 @@
 #include "tenplex/transform/reshard.h"
 
+#include <fcntl.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 #include <algorithm>
@@ -11,6 +13,8 @@
 #include "tenplex/plan/synthetic.h"
 #include "tenplex/transform/executor.h"
 #include "tenplex/transform/pages.h"
+#include "tenplex/transform/streamed_output.h"
+#include "tenplex/util/hash.h"
 
 namespace tenplex::transform {
 namespace {
@@ -67,12 +71,6 @@ void PopulateInputs(const std::vector<io::SafetensorsFile>& files, ThreadPool* p
   }
 }
 
-std::string Hex(uint64_t h) {
-  char buf[17];
-  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(h));
-  return buf;
-}
-
 // The xxh64 of a rank file as written (header, then data), hashed from its mapping
 // where the pages are hot instead of mapping the file again.
 std::string WrittenXxh64(const io::SafetensorsWriter& w, const uint8_t* data) {
@@ -84,7 +82,7 @@ std::string WrittenXxh64(const io::SafetensorsWriter& w, const uint8_t* data) {
   if (data) XXH64_update(st, data, DataBytes(entries));
   const uint64_t h = XXH64_digest(st);
   XXH64_freeState(st);
-  return Hex(h);
+  return HashHex(h);
 }
 
 // The xxh64 of an input rank file: from its mapping when the file is exactly header
@@ -96,7 +94,7 @@ Result<std::string> InputXxh64(const io::SafetensorsFile& f) {
   if (ts.empty() || ec || size != f.header().data_offset + DataBytes(ts))
     return io::FileXxh64(f.path());
   const uint8_t* base = f.data(ts.front()) - ts.front().begin - f.header().data_offset;
-  return Hex(XXH64(base, static_cast<std::size_t>(size), 0));
+  return HashHex(XXH64(base, static_cast<std::size_t>(size), 0));
 }
 
 // Checks every input file against the checksums tenplex.json records, in parallel.
@@ -152,6 +150,14 @@ Status CommitAll(io::CheckpointWriter& ckpt, std::vector<io::SafetensorsWriter>&
   info.extra["checksums"] = std::move(j);
   return ckpt.Commit(info, /*checksums=*/false);
 }
+
+// File descriptors closed at scope exit.
+struct InputFds {
+  std::vector<int> fds;
+  ~InputFds() {
+    for (int fd : fds) ::close(fd);
+  }
+};
 
 }  // namespace
 
@@ -214,7 +220,9 @@ Result<ReshardReport> Reshard(const ReshardOptions& o) {
   if (!to.ok()) return to.status().WithContext("target config " + o.to.ToString());
   TP_ASSIGN_OR_RETURN(std::vector<io::SafetensorsFile> inputs,
                       io::OpenCheckpoint(o.in, *from, info, /*verify_checksums=*/false));
-  PopulateInputs(inputs, o.pool);
+  // The streamed path reads the inputs with pread: their mappings need no pages ahead
+  // unless they are hashed from them.
+  if (o.verify_checksums || !o.streamed) PopulateInputs(inputs, o.pool);
   if (o.verify_checksums) {
     TP_RETURN_IF_ERROR(VerifyInputs(inputs, info, o.pool));
   }
@@ -235,22 +243,51 @@ Result<ReshardReport> Reshard(const ReshardOptions& o) {
   // Declared before the rank files, so that on an error the files go first, then the
   // staging directory.
   TP_ASSIGN_OR_RETURN(io::CheckpointWriter ckpt, io::CheckpointWriter::Create(o.out));
+  for (const RankLayout& r : to->ranks) {
+    for (const LocalTensor& t : *r.tensors) report.bytes_written += t.bytes();
+  }
+  io::CheckpointInfo out_info = info;
+  out_info.config = o.to;
+  const auto tc = std::chrono::steady_clock::now();
+  if (o.streamed && CanStreamPlan(plan)) {
+    // pwrite from warm buffers (streamed_output.h), checksums computed on the way.
+    std::vector<std::string> paths;
+    for (const RankLayout& r : to->ranks) paths.push_back(ckpt.RankPath(r.rank));
+    // The inputs are also read with pread (streamed_output.h), from fds of their own.
+    InputFds fds;
+    std::vector<std::vector<StreamSource>> sources(from->world_size());
+    for (const RankLayout& r : from->ranks) {
+      const io::SafetensorsFile& f = inputs[r.rank];
+      const int fd = ::open(f.path().c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+      if (fd >= 0) fds.fds.push_back(fd);
+      for (const LocalTensor& t : *r.tensors) {
+        const io::SafetensorsEntry* e = f.Find(t.name);
+        sources[r.rank].push_back({f.data(*e), fd, f.header().data_offset + e->begin});
+      }
+    }
+    TP_ASSIGN_OR_RETURN(std::vector<std::string> sums,
+                        WriteRankFilesStreamed(plan, *from, *to, sources, paths, o.stream));
+    report.copy_seconds = Since(tc);
+    report.streamed = true;
+    nlohmann::json j = nlohmann::json::object();
+    for (std::size_t i = 0; i < sums.size(); ++i)
+      j[io::RankFileName(static_cast<int>(i))] = sums[i];
+    out_info.extra["checksums"] = std::move(j);
+    TP_RETURN_IF_ERROR(ckpt.Commit(out_info, /*checksums=*/false));
+    report.total_seconds = Since(t0);
+    return report;
+  }
   TP_ASSIGN_OR_RETURN(std::vector<io::SafetensorsWriter> outputs,
                       CreateRankFiles(ckpt, *to, o.pool));
   std::vector<std::vector<void*>> dst(to->world_size());
   for (const RankLayout& r : to->ranks) {
-    for (std::size_t i = 0; i < r.tensors->size(); ++i) {
+    for (std::size_t i = 0; i < r.tensors->size(); ++i)
       dst[r.rank].push_back(outputs[r.rank].data(i));
-      report.bytes_written += (*r.tensors)[i].bytes();
-    }
   }
-  const auto tc = std::chrono::steady_clock::now();
   ExecuteOptions ex;
   ex.pool = o.pool;
   TP_RETURN_IF_ERROR(ExecutePlan(plan, *from, *to, src, dst, ex));
   report.copy_seconds = Since(tc);
-  io::CheckpointInfo out_info = info;
-  out_info.config = o.to;
   TP_RETURN_IF_ERROR(CommitAll(ckpt, outputs, std::move(out_info), o.pool));
   report.total_seconds = Since(t0);
   return report;

@@ -3,9 +3,9 @@
 //
 // Reshard reads tenplex.json and every rank file of the input (validated against the
 // layout before anything is written), plans the move with every rank on one host (so
-// every op is a local copy from a mapped input file), creates each output rank file
-// in place (SafetensorsWriter: sized, mapped, filled by the executor, synced, renamed)
-// inside CheckpointWriter's staging directory, and commits tenplex.json last. Inputs
+// every op is a local copy from a mapped input file), writes each output rank file
+// with pwrite from warm buffers, hashing on the way (streamed_output.h), inside
+// CheckpointWriter's staging directory, and commits tenplex.json last. Inputs
 // are read through mmap; no global tensor is ever built. On any error the staging
 // directory is removed, so no partial output directory is left.
 #pragma once
@@ -17,6 +17,7 @@
 #include "tenplex/model/model.h"
 #include "tenplex/plan/planner.h"
 #include "tenplex/ptc/config.h"
+#include "tenplex/transform/streamed_output.h"
 #include "tenplex/util/status.h"
 #include "tenplex/util/thread_pool.h"
 
@@ -29,6 +30,10 @@ struct ReshardOptions {
   std::optional<Model> model;          // when set, must match the checkpoint's model
   std::optional<ParallelConfig> from;  // when set, must match the checkpoint's config
   bool verify_checksums = true;        // hash input files against tenplex.json first
+  // Write the output with pwrite from warm buffers (streamed_output.h) when the plan
+  // allows; false: fill mapped output files (the path before; the tests compare both).
+  bool streamed = true;
+  StreamOptions stream;
   ThreadPool* pool = nullptr;
 };
 
@@ -36,6 +41,7 @@ struct ReshardReport {
   ParallelConfig from;
   plan::PlanStats stats;
   int64_t bytes_written = 0;  // tensor bytes of the output, padding included
+  bool streamed = false;      // written by the streamed output path
   double plan_seconds = 0;
   double copy_seconds = 0;
   double total_seconds = 0;

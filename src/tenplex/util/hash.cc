@@ -6,10 +6,12 @@
 
 namespace tenplex {
 
-std::string Xxh64Hex(const void* data, std::size_t size) {
+std::string HashHex(uint64_t h) {
   char buf[17];
-  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(XXH64(data, size, 0)));
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(h));
   return buf;
 }
+
+std::string Xxh64Hex(const void* data, std::size_t size) { return HashHex(XXH64(data, size, 0)); }
 
 }  // namespace tenplex
