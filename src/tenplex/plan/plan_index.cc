@@ -86,7 +86,23 @@ class IndexBuilder {
       if (fresh) lists.push_back(r.tensors.get());
       it->second.push_back(r.rank);
     }
-    std::map<std::pair<int32_t, Box>, std::size_t> group_of;
+    // (global tensor id, global box by value) -> index into ix_.groups[id].
+    struct Key {
+      int32_t id;
+      const Box* box;
+      bool operator==(const Key& o) const { return id == o.id && *box == *o.box; }
+    };
+    struct Hash {
+      std::size_t operator()(const Key& k) const {
+        uint64_t h = static_cast<uint64_t>(k.id) * 0x9E3779B97F4A7C15ull;
+        for (const Interval& d : k.box->dims) {
+          h = (h ^ static_cast<uint64_t>(d.begin)) * 0x100000001B3ull;
+          h = (h ^ static_cast<uint64_t>(d.end)) * 0x100000001B3ull;
+        }
+        return static_cast<std::size_t>(h ^ (h >> 29));
+      }
+    };
+    std::unordered_map<Key, std::size_t, Hash> group_of;
     for (const auto* list : lists) {
       const std::vector<int32_t>& ranks = ranks_of[list];
       TP_ASSIGN_OR_RETURN(const std::vector<int32_t>* ids, IdsOf(list));
@@ -96,7 +112,7 @@ class IndexBuilder {
           const int32_t id = (*ids)[pi++];
           if (id < 0) continue;
           auto& gs = ix_.groups[id];
-          auto [it, fresh] = group_of.try_emplace({id, p.global}, gs.size());
+          auto [it, fresh] = group_of.try_emplace({id, &p.global}, gs.size());
           if (fresh) gs.push_back({&p.global, {}, {}, -1});
           Group& g = gs[it->second];
           for (int32_t r : ranks) {
@@ -145,6 +161,7 @@ class IndexBuilder {
           if (!planned) continue;
           ix_.bytes_total += Volume(p.global) * ix_.elem[id];
           ++ix_.planned_needs;
+          ix_.planned_same_device += r.rank < from_.world_size() && from_hosts_[r.rank] == host;
         }
       }
     }

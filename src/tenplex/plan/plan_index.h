@@ -53,6 +53,7 @@ struct PlanIndex {
   std::vector<std::vector<Need>> needs;    // per global tensor, sorted by host
   int64_t bytes_total = 0;                 // bytes of the needs of the planned host(s)
   std::size_t planned_needs = 0;           // number of those needs
+  std::size_t planned_same_device = 0;     // of those, needs of a rank on the same device
 };
 
 // Checks the inputs as MakePlan documents (host maps, layouts against the model, `only

@@ -1,7 +1,12 @@
 #include "tenplex/plan/planner.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
+#include <cstdint>
+#include <map>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 
 #include "tenplex/plan/box_set.h"
@@ -25,6 +30,25 @@ struct Charge {
   int64_t bytes;
 };
 
+// A hint for a large array written once (the op lists of a large plan): back it with
+// transparent huge pages, so that it faults in 2 MiB steps rather than 4 KiB ones
+// (page faults dominate on virtual machines). The whole 2 MiB pages inside it only.
+void HugePages(const void* data, std::size_t bytes) {
+  constexpr uintptr_t kHuge = uintptr_t{2} << 20;
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(data) + kHuge - 1) & ~(kHuge - 1);
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(data) + bytes) & ~(kHuge - 1);
+  if (end > begin) (void)::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
+}
+
+// a ∩ b into out, reusing out's storage.
+void IntersectInto(const Box& a, const Box& b, Box& out) {
+  out.dims.resize(a.rank());
+  for (std::size_t k = 0; k < a.rank(); ++k) {
+    out[k].begin = std::max(a[k].begin, b[k].begin);
+    out[k].end = std::max(out[k].begin, std::min(a[k].end, b[k].end));
+  }
+}
+
 // Steps 1-4 of planner.h over an index, tensor by tensor and host by host.
 class Planner {
  public:
@@ -38,7 +62,8 @@ class Planner {
         only_host_(only_host),
         balance_(ix_.num_hosts),
         recv_(ix_.num_hosts, 0),
-        to_me_(ix_.num_hosts, 0) {
+        to_me_(ix_.num_hosts, 0),
+        in_place_of_(to.world_size(), nullptr) {
     std::vector<int32_t> hosts;
     for (auto& gs : ix_.groups) {
       for (Group& g : gs) {
@@ -52,7 +77,12 @@ class Planner {
   Result<Plan> Run() {
     plan_.tensors = ix_.names;
     plan_.stats.bytes_total = ix_.bytes_total;
-    plan_.ops.reserve(ix_.planned_needs);  // usually one op or fewer per need
+    // Usually one op or fewer per need, and one kept region or fewer per need of a rank
+    // on the same device.
+    plan_.ops.reserve(ix_.planned_needs);
+    plan_.kept.reserve(ix_.planned_same_device);
+    HugePages(plan_.ops.data(), plan_.ops.capacity() * sizeof(CopyOp));
+    HugePages(plan_.kept.data(), plan_.kept.capacity() * sizeof(CopyOp));
     for (std::size_t t = 0; t < ix_.needs.size(); ++t) {
       TP_RETURN_IF_ERROR(PlanTensor(static_cast<int32_t>(t)));
     }
@@ -70,16 +100,28 @@ class Planner {
     return &g.holders[at->second];
   }
 
-  // Index of the local tensor `name` of old rank r, or -1.
-  int32_t FindOld(int32_t r, const std::string& name) {
-    const auto* list = from_.ranks[r].tensors.get();
-    auto [it, fresh] = names_.try_emplace(list);
+  // Per local tensor of new rank r, the index of old rank r's local tensor with the same
+  // name, dtype and trailing dimensions (where an element can stay in place), or -1.
+  // Computed once per distinct pair of (old, new) tensor lists.
+  const std::vector<int32_t>& InPlaceOf(int32_t r) {
+    const std::vector<int32_t>*& slot = in_place_of_[r];
+    if (slot) return *slot;
+    const auto* olist = from_.ranks[r].tensors.get();
+    const auto* nlist = to_.ranks[r].tensors.get();
+    auto [it, fresh] = in_place_lists_.try_emplace({olist, nlist});
     if (fresh) {
-      for (std::size_t i = 0; i < list->size(); ++i)
-        it->second.emplace((*list)[i].name, static_cast<int32_t>(i));
+      std::unordered_map<std::string_view, int32_t> by_name;
+      for (std::size_t i = 0; i < olist->size(); ++i)
+        by_name.emplace((*olist)[i].name, static_cast<int32_t>(i));
+      it->second.reserve(nlist->size());
+      for (const LocalTensor& nt : *nlist) {
+        auto f = by_name.find(nt.name);
+        const bool same = f != by_name.end() && SameTrailingDims((*olist)[f->second], nt);
+        it->second.push_back(same ? f->second : -1);
+      }
     }
-    auto f = it->second.find(name);
-    return f == it->second.end() ? -1 : f->second;
+    slot = &it->second;
+    return *slot;
   }
 
   static bool SameTrailingDims(const LocalTensor& a, const LocalTensor& b) {
@@ -88,38 +130,48 @@ class Planner {
                       b.shape.begin() + (b.shape.empty() ? 0 : 1));
   }
 
+  // Cuts remaining_ by box: the parts outside stay; each part inside that is one region
+  // on both sites goes to take(part), which returns false to leave it in remaining_.
+  template <typename Take>
+  void Carve(const Box& box, const Site& src, const Site& dst, Take&& take) {
+    next_.clear();
+    for (Box& rem : remaining_) {
+      if (!Intersects(rem, box)) {
+        next_.push_back(std::move(rem));
+        continue;
+      }
+      Box inter;
+      if (Contains(box, rem)) {
+        inter = std::move(rem);  // the usual case: all of rem is inside
+      } else {
+        inter = Intersect(rem, box);
+        for (Box& part : Subtract(rem, inter)) next_.push_back(std::move(part));
+      }
+      ForEachPart(std::move(inter), src, dst, [&](Box part) {
+        if (!take(part)) next_.push_back(std::move(part));
+      });
+    }
+    remaining_.swap(next_);
+  }
+
   // Step 1: parts of remaining_ held by the same device at the same position.
   void TakeInPlace(int32_t tid, const Need& need, const Site& dst) {
     const int32_t r = need.rank;
     if (r >= from_.world_size() || from_hosts_[r] != to_hosts_[r]) return;
-    const LocalTensor& nt = (*to_.ranks[r].tensors)[need.tensor];
-    const int32_t oi = FindOld(r, nt.name);
+    const int32_t oi = InPlaceOf(r)[need.tensor];
     if (oi < 0) return;
     const LocalTensor& ot = (*from_.ranks[r].tensors)[oi];
-    if (!SameTrailingDims(ot, nt)) return;
     for (const Piece& op : ot.pieces) {
       if (op.tensor != need.piece->tensor || !Intersects(op.global, *dst.global)) continue;
       const Site src = MakeSite(op.global, op.local, r, oi, from_hosts_[r], false, -1);
-      next_.clear();
-      for (Box& rem : remaining_) {
-        if (!Intersects(rem, op.global)) {
-          next_.push_back(std::move(rem));
-          continue;
-        }
-        Box inter = Intersect(rem, op.global);
-        for (Box& part : Subtract(rem, inter)) next_.push_back(std::move(part));
-        ForEachPart(std::move(inter), src, dst, [&](Box part) {
-          Box sr = RegionOf(part, src), dr = RegionOf(part, dst);
-          if (sr == dr) {
-            plan_.stats.bytes_in_place += Volume(part) * ix_.elem[tid];
-            plan_.kept.push_back({tid, std::move(part), r, oi, std::move(sr), r, need.tensor,
-                                  std::move(dr), false, -1});
-          } else {
-            next_.push_back(std::move(part));
-          }
-        });
-      }
-      remaining_.swap(next_);
+      Carve(op.global, src, dst, [&](Box& part) {
+        Box sr = RegionOf(part, src), dr = RegionOf(part, dst);
+        if (sr != dr) return false;
+        plan_.stats.bytes_in_place += Volume(part) * ix_.elem[tid];
+        plan_.kept.push_back(
+            {tid, std::move(part), r, oi, std::move(sr), r, need.tensor, std::move(dr), false, -1});
+        return true;
+      });
       if (remaining_.empty()) return;
     }
   }
@@ -129,32 +181,23 @@ class Planner {
   int64_t CoverFrom(int32_t tid, const Box& box, const Site& src, const Site& dst,
                     std::vector<Landed>* landed) {
     int64_t crossed = 0;
-    next_.clear();
-    for (Box& rem : remaining_) {
-      if (!Intersects(rem, box)) {
-        next_.push_back(std::move(rem));
-        continue;
+    Carve(box, src, dst, [&](Box& part) {
+      const int64_t bytes = Volume(part) * ix_.elem[tid];
+      if (src.host == dst.host) {
+        plan_.stats.bytes_host_local += bytes;
+      } else {
+        plan_.stats.bytes_cross_host += bytes;
+        ++plan_.stats.cross_host_ops;
+        crossed += bytes;
+        to_me_[src.host] += bytes;
+        recv_[dst.host] += bytes;
       }
-      Box inter = Intersect(rem, box);
-      for (Box& part : Subtract(rem, inter)) next_.push_back(std::move(part));
-      ForEachPart(std::move(inter), src, dst, [&](Box part) {
-        const int64_t bytes = Volume(part) * ix_.elem[tid];
-        if (src.host == dst.host) {
-          plan_.stats.bytes_host_local += bytes;
-        } else {
-          plan_.stats.bytes_cross_host += bytes;
-          ++plan_.stats.cross_host_ops;
-          crossed += bytes;
-          to_me_[src.host] += bytes;
-          recv_[dst.host] += bytes;
-        }
-        Box sr = RegionOf(part, src), dr = RegionOf(part, dst);
-        if (landed) landed->push_back({static_cast<int64_t>(plan_.ops.size())});
-        plan_.ops.push_back({tid, std::move(part), src.rank, src.tensor, std::move(sr), dst.rank,
-                             dst.tensor, std::move(dr), src.is_new, src.is_new ? src.after : -1});
-      });
-    }
-    remaining_.swap(next_);
+      Box sr = RegionOf(part, src), dr = RegionOf(part, dst);
+      if (landed) landed->push_back({static_cast<int64_t>(plan_.ops.size())});
+      plan_.ops.push_back({tid, std::move(part), src.rank, src.tensor, std::move(sr), dst.rank,
+                           dst.tensor, std::move(dr), src.is_new, src.is_new ? src.after : -1});
+      return true;
+    });
     return crossed;
   }
 
@@ -306,18 +349,25 @@ class Planner {
 
   // |Need(h) \ Held(h)| for one tensor, from union volumes (independent of the cover).
   int64_t LowerBound(int32_t tid, const std::vector<Need>& ns, std::size_t i, std::size_t j,
-                     const std::vector<std::pair<std::size_t, std::size_t>>& local) const {
-    std::vector<Box> need, both;
-    for (std::size_t k = i; k < j; ++k) need.push_back(ns[k].piece->global);
+                     const std::vector<std::pair<std::size_t, std::size_t>>& local) {
+    lb_need_.clear();
+    for (std::size_t k = i; k < j; ++k) {
+      // Replicas on one host share their piece: count it once.
+      if (k == i || ns[k].piece != ns[k - 1].piece) lb_need_.push_back(&ns[k].piece->global);
+    }
+    std::size_t both = 0;  // lb_both_[0, both): the needs' parts that h holds
     const std::vector<Group>& gs = ix_.groups[tid];
     for (std::size_t g = 0; g < gs.size(); ++g) {
       if (local[g].first == local[g].second) continue;
-      for (const Box& n : need) {
-        Box inter = Intersect(n, *gs[g].global);
-        if (!IsEmpty(inter)) both.push_back(std::move(inter));
+      for (const Box* n : lb_need_) {
+        if (!Intersects(*n, *gs[g].global)) continue;
+        if (both == lb_both_.size()) lb_both_.emplace_back();
+        IntersectInto(*n, *gs[g].global, lb_both_[both++]);
       }
     }
-    return UnionVolume(need) - UnionVolume(both);
+    lb_ptrs_.clear();
+    for (std::size_t x = 0; x < both; ++x) lb_ptrs_.push_back(&lb_both_[x]);
+    return UnionVolume(lb_need_) - UnionVolume(lb_ptrs_);
   }
 
   void Finalize() {
@@ -340,8 +390,9 @@ class Planner {
   // to_me_: of the cross-host bytes each host sent, what the planned host(s) receive;
   // recv_: received per planned host.
   std::vector<int64_t> recv_, to_me_;
-  std::unordered_map<const std::vector<LocalTensor>*, std::unordered_map<std::string, int32_t>>
-      names_;
+  // InPlaceOf: per new rank, and per distinct (old list, new list) pair.
+  std::vector<const std::vector<int32_t>*> in_place_of_;
+  std::map<std::pair<const void*, const void*>, std::vector<int32_t>> in_place_lists_;
   struct SimResult {
     std::vector<Charge> charges;
     int64_t failed_need = -1;
@@ -351,6 +402,8 @@ class Planner {
   std::unordered_map<std::string, SimResult> charges_;  // SimulateHost per host kind
   std::vector<Landed> landed_, fresh_;
   std::vector<Box> remaining_, next_;
+  std::vector<const Box*> lb_need_, lb_ptrs_;  // LowerBound's scratch
+  std::vector<Box> lb_both_;
   Plan plan_;
 };
 

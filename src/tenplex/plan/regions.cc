@@ -23,13 +23,6 @@ bool IsFlat(const Box& global, const Box& local) {
   return false;
 }
 
-bool Intersects(const Box& a, const Box& b) {
-  for (std::size_t k = 0; k < a.rank(); ++k) {
-    if (std::max(a[k].begin, b[k].begin) >= std::min(a[k].end, b[k].end)) return false;
-  }
-  return true;
-}
-
 Site MakeSite(const Box& global, const Box& local, int32_t rank, int32_t tensor, int32_t host,
               bool is_new, int64_t after) {
   return {&global, &local, rank, tensor, host, is_new, after, IsFlat(global, local)};

@@ -20,9 +20,6 @@ namespace tenplex::plan {
 // rather than onto a box of the same extents.
 bool IsFlat(const Box& global, const Box& local);
 
-// True when a ∩ b is non-empty (same rank).
-bool Intersects(const Box& a, const Box& b);
-
 // Where elements live: a global box and its local region in (layout, rank, tensor).
 struct Site {
   const Box* global;
