@@ -183,7 +183,7 @@ class IndexBuilder {
   // Global tensor ids of the pieces of a tensor list, in (local tensor, piece) order; -1
   // for an empty piece. Computed once per distinct list (dp replicas share one).
   Result<const std::vector<int32_t>*> IdsOf(const std::vector<LocalTensor>* list) {
-    auto [it, fresh] = ids_of_.try_emplace(list);
+    auto [it, fresh] = ix_.piece_ids.try_emplace(list);
     if (fresh) {
       for (const LocalTensor& t : *list) {
         for (const Piece& p : t.pieces) {
@@ -193,7 +193,7 @@ class IndexBuilder {
           }
           auto id = Id(p.tensor);
           if (!id.ok()) {
-            ids_of_.erase(it);
+            ix_.piece_ids.erase(it);
             return id.status();
           }
           it->second.push_back(*id);
@@ -210,7 +210,6 @@ class IndexBuilder {
   const int only_host_;
   std::vector<GlobalTensor> globals_;
   std::unordered_map<std::string, int32_t> ids_;
-  std::unordered_map<const std::vector<LocalTensor>*, std::vector<int32_t>> ids_of_;
   PlanIndex ix_;
 };
 

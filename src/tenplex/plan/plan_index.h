@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -53,7 +54,10 @@ struct PlanIndex {
   std::vector<std::vector<Need>> needs;    // per global tensor, sorted by host
   int64_t bytes_total = 0;                 // bytes of the needs of the planned host(s)
   std::size_t planned_needs = 0;           // number of those needs
-  std::size_t planned_same_device = 0;     // of those, needs of a rank on the same device
+  // Per distinct tensor list of either layout: the global tensor id of each piece in
+  // (local tensor, piece) order, -1 for an empty piece.
+  std::unordered_map<const std::vector<LocalTensor>*, std::vector<int32_t>> piece_ids;
+  std::size_t planned_same_device = 0;  // of those, needs of a rank on the same device
 };
 
 // Checks the inputs as MakePlan documents (host maps, layouts against the model, `only

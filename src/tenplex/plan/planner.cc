@@ -100,24 +100,38 @@ class Planner {
     return &g.holders[at->second];
   }
 
-  // Per local tensor of new rank r, the index of old rank r's local tensor with the same
-  // name, dtype and trailing dimensions (where an element can stay in place), or -1.
-  // Computed once per distinct pair of (old, new) tensor lists.
-  const std::vector<int32_t>& InPlaceOf(int32_t r) {
-    const std::vector<int32_t>*& slot = in_place_of_[r];
+  // Where an element of a new local tensor can stay in place: old rank r's local tensor
+  // with the same name, dtype and trailing dimensions (tensor -1: none), and the global
+  // tensor ids of its pieces.
+  struct InPlace {
+    int32_t tensor = -1;
+    const int32_t* piece_ids = nullptr;
+  };
+
+  // Per local tensor of new rank r, its InPlace. Computed once per distinct pair of (old,
+  // new) tensor lists.
+  const std::vector<InPlace>& InPlaceOf(int32_t r) {
+    const std::vector<InPlace>*& slot = in_place_of_[r];
     if (slot) return *slot;
     const auto* olist = from_.ranks[r].tensors.get();
     const auto* nlist = to_.ranks[r].tensors.get();
     auto [it, fresh] = in_place_lists_.try_emplace({olist, nlist});
     if (fresh) {
       std::unordered_map<std::string_view, int32_t> by_name;
-      for (std::size_t i = 0; i < olist->size(); ++i)
+      std::vector<std::size_t> first(olist->size() + 1, 0);  // first piece of each tensor
+      for (std::size_t i = 0; i < olist->size(); ++i) {
         by_name.emplace((*olist)[i].name, static_cast<int32_t>(i));
+        first[i + 1] = first[i] + (*olist)[i].pieces.size();
+      }
+      const std::vector<int32_t>& ids = ix_.piece_ids.at(olist);
       it->second.reserve(nlist->size());
       for (const LocalTensor& nt : *nlist) {
         auto f = by_name.find(nt.name);
-        const bool same = f != by_name.end() && SameTrailingDims((*olist)[f->second], nt);
-        it->second.push_back(same ? f->second : -1);
+        if (f == by_name.end() || !SameTrailingDims((*olist)[f->second], nt)) {
+          it->second.push_back({});
+        } else {
+          it->second.push_back({f->second, ids.data() + first[f->second]});
+        }
       }
     }
     slot = &it->second;
@@ -158,11 +172,13 @@ class Planner {
   void TakeInPlace(int32_t tid, const Need& need, const Site& dst) {
     const int32_t r = need.rank;
     if (r >= from_.world_size() || from_hosts_[r] != to_hosts_[r]) return;
-    const int32_t oi = InPlaceOf(r)[need.tensor];
+    const InPlace in_place = InPlaceOf(r)[need.tensor];
+    const int32_t oi = in_place.tensor;
     if (oi < 0) return;
     const LocalTensor& ot = (*from_.ranks[r].tensors)[oi];
-    for (const Piece& op : ot.pieces) {
-      if (op.tensor != need.piece->tensor || !Intersects(op.global, *dst.global)) continue;
+    for (std::size_t pi = 0; pi < ot.pieces.size(); ++pi) {
+      const Piece& op = ot.pieces[pi];
+      if (in_place.piece_ids[pi] != tid || !Intersects(op.global, *dst.global)) continue;
       const Site src = MakeSite(op.global, op.local, r, oi, from_hosts_[r], false, -1);
       Carve(op.global, src, dst, [&](Box& part) {
         Box sr = RegionOf(part, src), dr = RegionOf(part, dst);
@@ -391,8 +407,8 @@ class Planner {
   // recv_: received per planned host.
   std::vector<int64_t> recv_, to_me_;
   // InPlaceOf: per new rank, and per distinct (old list, new list) pair.
-  std::vector<const std::vector<int32_t>*> in_place_of_;
-  std::map<std::pair<const void*, const void*>, std::vector<int32_t>> in_place_lists_;
+  std::vector<const std::vector<InPlace>*> in_place_of_;
+  std::map<std::pair<const void*, const void*>, std::vector<InPlace>> in_place_lists_;
   struct SimResult {
     std::vector<Charge> charges;
     int64_t failed_need = -1;
