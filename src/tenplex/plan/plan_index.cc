@@ -124,9 +124,12 @@ class IndexBuilder {
     }
     for (auto& gs : ix_.groups) {
       for (Group& g : gs) {
-        std::sort(g.holders.begin(), g.holders.end(), [](const Holder& a, const Holder& b) {
+        auto by_host_rank = [](const Holder& a, const Holder& b) {
           return a.host != b.host ? a.host < b.host : a.rank < b.rank;
-        });
+        };
+        // Usually in order already (one tensor list, ranks ascending on ascending hosts).
+        if (!std::is_sorted(g.holders.begin(), g.holders.end(), by_host_rank))
+          std::sort(g.holders.begin(), g.holders.end(), by_host_rank);
         for (std::size_t x = 0; x < g.holders.size(); ++x) {
           if (x == 0 || g.holders[x].host != g.holders[x - 1].host)
             g.hosts.push_back({g.holders[x].host, static_cast<int32_t>(x)});
