@@ -164,7 +164,6 @@ class IndexBuilder {
           if (!planned) continue;
           ix_.bytes_total += Volume(p.global) * ix_.elem[id];
           ++ix_.planned_needs;
-          ix_.planned_same_device += r.rank < from_.world_size() && from_hosts_[r.rank] == host;
         }
       }
     }

@@ -57,7 +57,6 @@ struct PlanIndex {
   // Per distinct tensor list of either layout: the global tensor id of each piece in
   // (local tensor, piece) order, -1 for an empty piece.
   std::unordered_map<const std::vector<LocalTensor>*, std::vector<int32_t>> piece_ids;
-  std::size_t planned_same_device = 0;  // of those, needs of a rank on the same device
 };
 
 // Checks the inputs as MakePlan documents (host maps, layouts against the model, `only

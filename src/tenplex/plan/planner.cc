@@ -77,12 +77,8 @@ class Planner {
   Result<Plan> Run() {
     plan_.tensors = ix_.names;
     plan_.stats.bytes_total = ix_.bytes_total;
-    // Usually one op or fewer per need, and one kept region or fewer per need of a rank
-    // on the same device.
-    plan_.ops.reserve(ix_.planned_needs);
-    plan_.kept.reserve(ix_.planned_same_device);
+    plan_.ops.reserve(ix_.planned_needs);  // usually one op or fewer per need
     HugePages(plan_.ops.data(), plan_.ops.capacity() * sizeof(CopyOp));
-    HugePages(plan_.kept.data(), plan_.kept.capacity() * sizeof(CopyOp));
     for (std::size_t t = 0; t < ix_.needs.size(); ++t) {
       TP_RETURN_IF_ERROR(PlanTensor(static_cast<int32_t>(t)));
     }
