@@ -5,8 +5,10 @@ layers (gpt3-175b shape, tp=8,pp=16,dp=8 -> tp=8,pp=12,dp=10) and with the world
 16,384-GPU job (tp=8,pp=16,dp=128 -> tp=8,pp=12,dp=160; limit 1 s and 256 MiB peak RSS, measured
 in a process of its own), and writes docs/benchmarks/plan_scaling.csv.
 
-The limit is the goal stated in plan_bench.cc: a plan in under 1 s on one core, so
-limit_ratio = plan seconds / 1 s (below 1 meets it). at_lower_bound = 1 when the plan's
+The limit is the goal stated in plan_bench.cc: a plan in under 1 s on one core (0.5 s at
+384 layers), so limit_ratio = plan seconds / goal (below 1 meets it); cpu_ms is the
+planning thread's CPU time, which a loaded machine inflates less than the wall time.
+plan_ms is MakePlan alone (freeing the plan is not counted). at_lower_bound = 1 when the plan's
 cross-host bytes equal the planner's lower bound.
 """
 import argparse
@@ -17,6 +19,11 @@ import subprocess
 import sys
 
 from bench_csv import write_rows
+
+
+def PlanMs(b):
+    """MakePlan's own time (plan_s); the benchmark's real time also frees the plan."""
+    return 1000.0 * float(b["plan_s"]) if b.get("plan_s") else float(b["real_time"])
 
 
 def main():
@@ -48,25 +55,28 @@ def main():
         name = b["name"].strip('"')
         if name.endswith(("_mean", "_median", "_stddev", "_cv")):
             continue
-        if name not in best or float(b["real_time"]) < float(best[name]["real_time"]):
+        if name not in best or PlanMs(b) < PlanMs(best[name]):
             best[name] = b
     rows = []
     for name, b in best.items():
         kind, arg = name.split("/")[0], int(name.split("/")[1])
         sweep = {"BM_PlanLayers": "layers", "BM_PlanWorld": "world"}.get(kind, "per_host_16k")
-        ms = float(b["real_time"])  # unit is ms
+        ms = PlanMs(b)
+        goal_ms = 1000.0 * float(b.get("goal_s") or 1.0)
         layers = arg if sweep == "layers" else 96
         old_world = 8 * 16 * {"layers": 8, "world": arg}.get(sweep, 128)
         row = {"sweep": sweep, "layers": layers, "old_world": old_world,
                "ranks_both": int(float(b["world"])), "plan_ms": round(ms, 2),
-               "limit_ms": 1000.0, "limit_ratio": round(ms / 1000.0, 4),
+               "cpu_ms": round(1000.0 * float(b.get("plan_cpu_s") or "nan"), 2),
+               "limit_ms": goal_ms, "limit_ratio": round(ms / goal_ms, 4),
                "ops": int(float(b["ops"])), "plan_MiB": round(float(b["plan_MiB"]), 1),
                "peak_rss_MiB": round(float(b["peak_rss_MiB"]), 1),
                "rss_limit_MiB": 256 if sweep == "per_host_16k" else "",
                "at_lower_bound": int(float(b["at_lower_bound"]))}
         rows.append(row)
         print(f"[plan_scaling] {sweep}: layers {layers}, ranks {row['ranks_both']}: plan "
-              f"{ms:.1f} ms, limit 1000 ms, ratio {row['limit_ratio']:.3f}, ops {row['ops']}, "
+              f"{ms:.1f} ms (cpu {row['cpu_ms']:.1f} ms), limit {goal_ms:.0f} ms, "
+              f"ratio {row['limit_ratio']:.3f}, ops {row['ops']}, "
               f"plan {row['plan_MiB']} MiB, at lower bound {row['at_lower_bound']}", flush=True)
     write_rows(a.out, "plan_scaling.csv", rows, "plan_scaling")
 

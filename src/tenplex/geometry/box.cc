@@ -17,7 +17,11 @@ int64_t Volume(const Shape& shape) {
   return v;
 }
 
-int64_t Volume(const Box& box) { return Volume(box.extents()); }
+int64_t Volume(const Box& box) {
+  int64_t v = 1;
+  for (const Interval& d : box.dims) v *= std::max<int64_t>(0, d.size());
+  return v;
+}
 
 Result<int64_t> CheckedVolume(const Shape& shape, int64_t elem_size) {
   int64_t v = elem_size;

@@ -4,6 +4,13 @@
 
 namespace tenplex::plan {
 
+bool Intersects(const Box& a, const Box& b) {
+  for (std::size_t k = 0; k < a.rank(); ++k) {
+    if (std::max(a[k].begin, b[k].begin) >= std::min(a[k].end, b[k].end)) return false;
+  }
+  return true;
+}
+
 std::vector<Box> Subtract(const Box& a, const Box& b) {
   std::vector<Box> out;
   if (IsEmpty(a)) return out;
@@ -33,8 +40,7 @@ void SubtractFrom(std::vector<Box>& boxes, const Box& b) {
   std::vector<Box> out;
   bool changed = false;
   for (const Box& a : boxes) {
-    const Box inter = Intersect(a, b);
-    if (IsEmpty(inter)) continue;
+    if (IsEmpty(a) || !Intersects(a, b)) continue;
     changed = true;
     break;
   }
@@ -84,9 +90,17 @@ int64_t UnionRec(const std::vector<const Box*>& boxes, std::size_t dim) {
 }  // namespace
 
 int64_t UnionVolume(const std::vector<Box>& boxes) {
+  std::vector<const Box*> ptrs;
+  ptrs.reserve(boxes.size());
+  for (const Box& b : boxes) ptrs.push_back(&b);
+  return UnionVolume(ptrs);
+}
+
+int64_t UnionVolume(const std::vector<const Box*>& boxes) {
   std::vector<const Box*> live;
-  for (const Box& b : boxes) {
-    if (!IsEmpty(b)) live.push_back(&b);
+  live.reserve(boxes.size());
+  for (const Box* b : boxes) {
+    if (!IsEmpty(*b)) live.push_back(b);
   }
   if (live.empty()) return 0;
   // Identical boxes (replicas) count once; dropping them keeps the sweep small.
@@ -94,6 +108,18 @@ int64_t UnionVolume(const std::vector<Box>& boxes) {
   live.erase(
       std::unique(live.begin(), live.end(), [](const Box* a, const Box* b) { return *a == *b; }),
       live.end());
+  // Few pairwise disjoint boxes (tensor-parallel shards): the sum of their volumes.
+  constexpr std::size_t kPairwise = 32;
+  bool disjoint = live.size() <= kPairwise;
+  for (std::size_t x = 0; disjoint && x < live.size(); ++x) {
+    for (std::size_t y = x + 1; disjoint && y < live.size(); ++y)
+      disjoint = !Intersects(*live[x], *live[y]);
+  }
+  if (disjoint) {
+    int64_t total = 0;
+    for (const Box* b : live) total += Volume(*b);
+    return total;
+  }
   return UnionRec(live, 0);
 }
 

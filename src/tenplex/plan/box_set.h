@@ -19,6 +19,9 @@
 
 namespace tenplex::plan {
 
+// True when a ∩ b is non-empty (same rank).
+bool Intersects(const Box& a, const Box& b);
+
 // a \ b as at most 2·rank disjoint non-empty boxes; {a} when they do not intersect
 // (an empty a gives {}).
 std::vector<Box> Subtract(const Box& a, const Box& b);
@@ -27,6 +30,8 @@ std::vector<Box> Subtract(const Box& a, const Box& b);
 void SubtractFrom(std::vector<Box>& boxes, const Box& b);
 
 // Number of elements in the union of the boxes (all of one rank; empty boxes ignored).
+// Identical boxes count once; pairwise disjoint ones are summed without a sweep.
 int64_t UnionVolume(const std::vector<Box>& boxes);
+int64_t UnionVolume(const std::vector<const Box*>& boxes);
 
 }  // namespace tenplex::plan
