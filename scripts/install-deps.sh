@@ -4,7 +4,7 @@ set -euo pipefail
 PKGS=(cmake ninja-build g++ clang pkg-config git
       libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libcli11-dev
       libspdlog-dev libfmt-dev libxxhash-dev libcpp-httplib-dev libucx-dev
-      libfuse3-dev fuse3 pybind11-dev python3-dev python3-torch python3-numpy
+      libfuse3-dev fuse3 libssl-dev pybind11-dev python3-dev python3-torch python3-numpy
       python3-matplotlib python3-yaml libclang-rt-14-dev clang-format iproute2 curl)
 missing=()
 for p in "${PKGS[@]}"; do

@@ -71,6 +71,7 @@ Status Serve(const ServeOpts& o) {
   if (o.transport != "none") {
     transform::AgentOptions ao;
     ao.transport = o.transport;
+    ao.capability_key = sv.token;
     if (const char* fault = std::getenv("TENPLEX_FAULT")) ao.fault = fault;
     TP_ASSIGN_OR_RETURN(agent, transform::Agent::Create(*st, ao));
     agent->Install(server);

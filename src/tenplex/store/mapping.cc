@@ -26,6 +26,11 @@ uint64_t PageSize() {
 
 }  // namespace
 
+bool IsSharedFile(const std::string& file) {
+  struct stat st;
+  return ::stat(file.c_str(), &st) == 0 && st.st_nlink > 1;
+}
+
 Result<ShmMapping> ShmMapping::Map(const std::string& file, uint64_t offset, uint64_t bytes,
                                    bool writable, bool populate) {
   int fd = ::open(file.c_str(), (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC);
@@ -39,6 +44,13 @@ Result<ShmMapping> ShmMapping::Map(const std::string& file, uint64_t offset, uin
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
     return InvalidArgument(file + " is not a regular file");
+  }
+  if (writable && st.st_nlink > 1) {
+    // A tensor linked from a committed version (unchanged by a transform): writing it
+    // would change the committed bytes (and their cached checksum).
+    ::close(fd);
+    return FailedPrecondition(file + " is shared with a committed version (a linked, unchanged " +
+                              "tensor): it is read-only; allocate the tensor anew to write it");
   }
   const uint64_t file_size = static_cast<uint64_t>(st.st_size);
   if (offset > file_size || bytes > file_size - offset) {

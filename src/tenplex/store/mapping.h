@@ -14,11 +14,17 @@ namespace tenplex::store {
 
 // A MAP_SHARED map of [offset, offset + bytes) of a file. Move-only; unmaps on
 // destruction. A zero-byte map has data() == nullptr.
+// True when `file` has more than one hard link: a tensor shared with a committed
+// version (Store::Link), which nobody may write.
+bool IsSharedFile(const std::string& file);
+
 class ShmMapping {
  public:
   // Maps an existing file; the file must hold at least offset + bytes bytes (checked,
   // so a truncated file is an error here and never a SIGBUS later). `populate`
   // pre-faults the pages (MAP_POPULATE), which is faster for a full write or read.
+  // A writable map of a file with more than one hard link (a tensor of an open version
+  // linked from a committed one, Store::Link) is FailedPrecondition: it is read-only.
   static Result<ShmMapping> Map(const std::string& file, uint64_t offset, uint64_t bytes,
                                 bool writable, bool populate = false);
   // Creates a new file (O_EXCL, mode 0600) of `bytes` bytes with its pages allocated

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <thread>
 
+#include "tenplex/store/mapping.h"
 #include "tenplex/store/server_internal.h"
 
 namespace tenplex::store {
@@ -88,7 +89,11 @@ json TensorJson(const TensorInfo& t, bool with_file) {
   if (with_file) {
     j["file"] = t.file;
     j["offset"] = 0;
-    j["writable"] = !t.committed;
+    // A tensor of an open version linked from a committed one shares its file: never
+    // writable (ShmMapping::Map refuses to map it so).
+    const bool linked = !t.committed && IsSharedFile(t.file);
+    j["writable"] = !t.committed && !linked;
+    if (linked) j["linked"] = true;
   }
   return j;
 }

@@ -5,11 +5,13 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
 
 #include "tenplex/geometry/copy.h"
 #include "tenplex/store/client.h"
+#include "tenplex/store/mapping.h"
 #include "tenplex/util/hash.h"
 
 namespace tenplex::store {
@@ -137,6 +139,46 @@ TEST(ServerTest, LocalAndHttpPathsAgree) {
   EXPECT_EQ(vi->version, 1u);
   EXPECT_EQ(vi->info, R"({"a":1})");
   EXPECT_EQ(remote->Abort("j", 1).code(), StatusCode::kFailedPrecondition);
+}
+
+// A tensor of an open version linked from a committed one (unchanged by a transform)
+// shares the committed file: /v1/shm reports it read-only and no map writes it, so the
+// committed bytes and their checksum cannot change.
+TEST(ServerTest, LinkedTensorsAreReadOnly) {
+  Running r;
+  const std::vector<uint8_t> bytes = RandomBytes(8192, 5);
+  ASSERT_TRUE(r.store->BeginVersion("j", 1).ok());
+  ASSERT_TRUE(
+      r.store->Put("jobs/j/1/rank-00000/w", DType::kU8, Shape{8192}, bytes.data(), bytes.size())
+          .ok());
+  ASSERT_TRUE(r.store->Commit("j", 1).ok());
+  const std::string sum = *r.store->Checksum("jobs/j/1/rank-00000/w");
+  EXPECT_EQ(sum, Xxh64Hex(bytes.data(), bytes.size()));
+  ASSERT_TRUE(r.store->BeginVersion("j", 2).ok());
+  ASSERT_TRUE(r.store->Link("jobs/j/1/rank-00000/w", "jobs/j/2/rank-00000/w").ok());
+  ASSERT_TRUE(r.store->Allocate("jobs/j/2/rank-00000/fresh", DType::kU8, Shape{16}).ok());
+  auto c = Connect(r.url);
+  auto shm = [&](const std::string& path) {
+    Result<std::string> text = c->CallJson("GET", "/v1/shm/" + path);
+    EXPECT_TRUE(text.ok()) << text.status().ToString();
+    return nlohmann::json::parse(text.ok() ? *text : "{}");
+  };
+  EXPECT_EQ(shm("jobs/j/2/rank-00000/w")["writable"], false);
+  EXPECT_EQ(shm("jobs/j/2/rank-00000/w")["linked"], true);
+  EXPECT_EQ(shm("jobs/j/2/rank-00000/fresh")["writable"], true);
+  Result<TensorInfo> linked = c->ShmInfo("jobs/j/2/rank-00000/w");
+  ASSERT_TRUE(linked.ok());
+  Result<ShmMapping> m = Client::Map(*linked, /*writable=*/true);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), StatusCode::kFailedPrecondition) << m.status().ToString();
+  EXPECT_TRUE(Client::Map(*linked, /*writable=*/false).ok());
+  Result<TensorInfo> fresh = c->ShmInfo("jobs/j/2/rank-00000/fresh");
+  ASSERT_TRUE(fresh.ok());
+  EXPECT_TRUE(Client::Map(*fresh, /*writable=*/true).ok());
+  // Committed v1 and its checksum are as they were.
+  TensorRef v1 = *r.store->Get("jobs/j/1/rank-00000/w");
+  EXPECT_EQ(std::memcmp(v1.data(), bytes.data(), bytes.size()), 0);
+  EXPECT_EQ(*r.store->Checksum("jobs/j/1/rank-00000/w"), sum);
 }
 
 TEST(ServerTest, TokenAndUnreachable) {

@@ -24,6 +24,7 @@
 #include "tenplex/transform/host_exec.h"
 #include "tenplex/transform/local.h"
 #include "tenplex/transport/bandwidth.h"
+#include "tenplex/transport/capability.h"
 #include "tenplex/util/json_depth.h"
 
 namespace tenplex::transform {
@@ -59,6 +60,8 @@ struct Agent::Impl {
   uint64_t prepared = 0, failed = 0;                                  // guarded by metrics_mu
   uint64_t bytes_fetched = 0, bytes_local = 0, bytes_linked_sum = 0;  // guarded by metrics_mu
   double prepare_seconds = 0;                                         // guarded by metrics_mu
+  // Fetches refused for their capability, by transport::CapabilityRefusal.
+  std::atomic<uint64_t> refused[5] = {0, 0, 0, 0, 0};
   std::string MetricsText();
 
   explicit Impl(store::Store& s, AgentOptions o) : store(s), options(std::move(o)) {}
@@ -95,14 +98,46 @@ struct Agent::Impl {
     if (!scratch) scratch = std::move(s);
   }
 
-  // Peers read committed tensors only, by store path.
-  Result<transport::Region> Lookup(std::string_view name) {
+  // The capability of this host's fetches in a transform from_version -> to_version.
+  std::string Capability(const std::string& job, uint64_t from_version, uint64_t to_version) {
+    const int64_t now = transport::UnixSeconds();
+    return transport::MintCapability(
+        options.capability_key,
+        {job, from_version, to_version, now + options.capability_lifetime_seconds});
+  }
+
+  // PermissionDenied (and counted) unless `capability` lets a peer read `name` now.
+  Status Authorize(std::string_view name, std::string_view capability) {
+    const int64_t now = transport::UnixSeconds();
+    transport::CapabilityCheck c =
+        transport::CheckCapability(options.capability_key, capability, now);
+    if (c.refusal == transport::CapabilityRefusal::kNone) {
+      Result<store::TensorPath> p = store::ParseTensorPath(name);
+      if (!p.ok() || p->job != c.grant.job || p->version != c.grant.from_version) {
+        c.refusal = transport::CapabilityRefusal::kScope;
+        c.why = "the fetch's capability does not cover " + std::string(name);
+      } else if (Result<store::JobInfo> j = store.Job(c.grant.job);
+                 j.ok() && j->current && *j->current >= c.grant.to_version) {
+        c.refusal = transport::CapabilityRefusal::kExpired;
+        c.why = "the fetch's capability expired: its transform to version " +
+                std::to_string(c.grant.to_version) + " is over";
+      }
+    }
+    if (c.refusal == transport::CapabilityRefusal::kNone) return Status::Ok();
+    ++refused[static_cast<int>(c.refusal)];
+    return PermissionDenied(c.why);
+  }
+
+  // Peers read committed tensors only, by store path, with a capability; the probe
+  // regions (fixed patterns) are open to all.
+  Result<transport::Region> Lookup(std::string_view name, std::string_view capability) {
     if (name == kScratchRegion) {
       std::lock_guard<std::mutex> lock(cache_mu);
       if (!scratch)
         return NotFound("this daemon has no probe scratch region yet (it makes one when probed)");
       return transport::Region{scratch->data(), scratch->size(), scratch};
     }
+    TP_RETURN_IF_ERROR(Authorize(name, capability));
     const std::string path(name);
     TP_ASSIGN_OR_RETURN(store::TensorInfo meta, store.Meta(path));
     if (!meta.committed) return NotFound(path + " is not committed");
@@ -212,10 +247,13 @@ Result<std::string> Agent::Impl::Prepare(const std::string& body) {
     return store::TensorPathOf(r.job, r.from_version, rank,
                                (*from.ranks[rank].tensors)[tensor].name);
   };
+  const std::string capability = Capability(r.job, r.from_version, r.to_version);
   in.fetch = [&](int peer, const std::vector<transport::ReadRequest>& reqs) -> Status {
     Result<transport::PeerId> id = transport->Connect(r.addresses.at(peer));
     if (!id.ok()) return Unavailable("host " + std::to_string(peer) + ": " + id.status().message());
-    Status s = transport->Fetch(*id, reqs);
+    std::vector<transport::ReadRequest> with = reqs;
+    for (transport::ReadRequest& q : with) q.capability = capability;
+    Status s = transport->Fetch(*id, with);
     if (!s.ok()) {
       if (s.code() == StatusCode::kUnavailable)
         return Unavailable("host " + std::to_string(peer) + ": " + s.message());
@@ -374,15 +412,18 @@ Result<std::unique_ptr<Agent>> Agent::Create(store::Store& store, const AgentOpt
     impl->fault_at = std::stoi(n);
   }
   Impl* raw = impl.get();
-  TP_ASSIGN_OR_RETURN(
-      impl->transport,
-      transport::NewTransport(
-          options.transport, [raw](std::string_view name) { return raw->Lookup(name); },
-          options.transport_options));
+  TP_ASSIGN_OR_RETURN(impl->transport,
+                      transport::NewTransport(
+                          options.transport,
+                          [raw](std::string_view name, std::string_view capability) {
+                            return raw->Lookup(name, capability);
+                          },
+                          options.transport_options));
   return std::unique_ptr<Agent>(new Agent(std::move(impl)));
 }
 
 std::string Agent::address() const { return impl_->transport->LocalAddress(); }
+std::string Agent::metrics() const { return impl_->MetricsText(); }
 
 std::string Agent::Impl::MetricsText() {
   std::lock_guard<std::mutex> lock(metrics_mu);
@@ -410,6 +451,15 @@ std::string Agent::Impl::MetricsText() {
   o += "# HELP tenplex_fetch_served_bytes_total Bytes this daemon's data plane sent to peers.\n";
   o += "# TYPE tenplex_fetch_served_bytes_total counter\n";
   o += "tenplex_fetch_served_bytes_total " + std::to_string(transport->BytesServed()) + "\n";
+  o += "# HELP tenplex_fetch_refused_total Data-plane fetches refused for their capability, by "
+       "reason.\n";
+  o += "# TYPE tenplex_fetch_refused_total counter\n";
+  for (auto r : {transport::CapabilityRefusal::kMissing, transport::CapabilityRefusal::kWrong,
+                 transport::CapabilityRefusal::kExpired, transport::CapabilityRefusal::kScope}) {
+    o += "tenplex_fetch_refused_total{reason=\"" +
+         std::string(transport::CapabilityRefusalName(r)) + "\"} " +
+         std::to_string(refused[static_cast<int>(r)].load()) + "\n";
+  }
   return o;
 }
 

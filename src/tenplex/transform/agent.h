@@ -3,8 +3,9 @@
 //
 // A store daemon (`tenplex store serve`) owns a data-plane endpoint (transport.h) that
 // serves the committed tensors of its store to peer daemons by name (the store path,
-// jobs/<job>/<version>/rank-NNNNN/<name>), and installs these endpoints on its HTTP
-// server:
+// jobs/<job>/<version>/rank-NNNNN/<name>) to fetches that carry a capability for them
+// (transport/capability.h, AgentOptions::capability_key), and installs these endpoints
+// on its HTTP server:
 //   GET  /v1/transform/address   {"address": "<transport token>", "kind": "ucx"}
 //   POST /v1/transform/prepare   executes this host's share of a plan into a new open
 //                                version (phase one of the two-phase commit)
@@ -52,6 +53,14 @@ struct AgentOptions {
   // and before copying.
   // `tenplex store serve` takes it from the environment variable TENPLEX_FAULT.
   std::string fault;
+  // The key of data-plane capabilities (transport/capability.h): the daemon token,
+  // which every daemon of a cluster shares; "" without one. A peer reads this
+  // daemon's tensors only with a capability minted under the same key, for the old
+  // version of a transform, before it expires: `capability_lifetime` after the
+  // prepare that minted it, or as soon as this daemon committed the new version.
+  // Refusals are counted in tenplex_fetch_refused_total{reason=...} (GET /metrics).
+  std::string capability_key;
+  int64_t capability_lifetime_seconds = 900;
 };
 
 class Agent {
@@ -63,6 +72,8 @@ class Agent {
   Agent& operator=(const Agent&) = delete;
 
   std::string address() const;
+  // The agent's Prometheus metrics text (also part of the server's GET /metrics).
+  std::string metrics() const;
   // Adds the /v1/transform/ endpoints to the server.
   void Install(store::Server& server);
   // The endpoints' handler (method, path, body) -> reply JSON.

@@ -107,7 +107,7 @@ class InProcessTransport final : public Transport {
 
  private:
   static Status Read(const Server& server, const ReadRequest& q) {
-    TP_ASSIGN_OR_RETURN(Region region, FindRegion(server.lookup, q.region));
+    TP_ASSIGN_OR_RETURN(Region region, FindRegion(server.lookup, q.region, q.capability));
     std::vector<WireRun> wire(q.runs.size());
     for (std::size_t i = 0; i < q.runs.size(); ++i) wire[i] = {q.runs[i].offset, q.runs[i].length};
     TP_RETURN_IF_ERROR(CheckRuns(q.region, region.size, wire.data(), wire.size()));

@@ -16,7 +16,7 @@ RegionLookup PatternLookup(uint64_t max_bytes) {
     std::map<std::string, std::shared_ptr<std::vector<uint8_t>>, std::less<>> regions;
   };
   auto cache = std::make_shared<Cache>();
-  return [cache, max_bytes](std::string_view name) -> Result<Region> {
+  return [cache, max_bytes](std::string_view name, std::string_view) -> Result<Region> {
     unsigned long long seed = 0, bytes = 0;
     char tail = 0;
     const std::string s(name);

@@ -8,8 +8,10 @@
 
 namespace tenplex::transport {
 
-std::string EncodeRequestPayload(std::string_view region, const ReadRun* runs, uint32_t count) {
-  std::string out(static_cast<std::size_t>(count) * sizeof(WireRun) + region.size(), '\0');
+std::string EncodeRequestPayload(std::string_view region, const ReadRun* runs, uint32_t count,
+                                 std::string_view capability) {
+  std::string out(
+      static_cast<std::size_t>(count) * sizeof(WireRun) + region.size() + capability.size(), '\0');
   char* p = out.data();
   for (uint32_t i = 0; i < count; ++i) {
     const WireRun w{runs[i].offset, runs[i].length};
@@ -17,6 +19,7 @@ std::string EncodeRequestPayload(std::string_view region, const ReadRun* runs, u
     p += sizeof(w);
   }
   std::memcpy(p, region.data(), region.size());
+  if (!capability.empty()) std::memcpy(p + region.size(), capability.data(), capability.size());
   return out;
 }
 
@@ -32,11 +35,15 @@ Result<DecodedRequest> DecodeRequest(const void* header, std::size_t header_leng
     return FailedPrecondition("fetch request of protocol version " + std::to_string(h.version) +
                               ", this peer speaks version " + std::to_string(kProtocolVersion));
   }
-  if (h.run_count > kMaxRunsPerMessage || h.name_length > kMaxNameLength) {
-    return InvalidArgument("fetch request with " + std::to_string(h.run_count) + " runs and a " +
-                           std::to_string(h.name_length) + "-byte name exceeds the limits");
+  if (h.run_count > kMaxRunsPerMessage || h.name_length > kMaxNameLength ||
+      h.capability_length > kMaxCapabilityLength) {
+    return InvalidArgument("fetch request with " + std::to_string(h.run_count) + " runs, a " +
+                           std::to_string(h.name_length) + "-byte name and a " +
+                           std::to_string(h.capability_length) +
+                           "-byte capability exceeds the limits");
   }
-  const uint64_t want = uint64_t{h.run_count} * sizeof(WireRun) + h.name_length;
+  const uint64_t want =
+      uint64_t{h.run_count} * sizeof(WireRun) + h.name_length + h.capability_length;
   if (payload_length != want || (want > 0 && payload == nullptr)) {
     return InvalidArgument("fetch request payload of " + std::to_string(payload_length) +
                            " bytes, its header announces " + std::to_string(want));
@@ -47,6 +54,7 @@ Result<DecodedRequest> DecodeRequest(const void* header, std::size_t header_leng
   const char* p = static_cast<const char*>(payload);
   if (h.run_count > 0) std::memcpy(r.runs.data(), p, h.run_count * sizeof(WireRun));
   r.region.assign(p + h.run_count * sizeof(WireRun), h.name_length);
+  r.capability.assign(p + h.run_count * sizeof(WireRun) + h.name_length, h.capability_length);
   return r;
 }
 
@@ -82,6 +90,10 @@ Status CheckReadRequests(const std::vector<ReadRequest>& requests) {
     if (q.region.size() > kMaxNameLength) {
       return InvalidArgument("region name of " + std::to_string(q.region.size()) +
                              " bytes is longer than " + std::to_string(kMaxNameLength));
+    }
+    if (q.capability.size() > kMaxCapabilityLength) {
+      return InvalidArgument("capability of " + std::to_string(q.capability.size()) +
+                             " bytes is longer than " + std::to_string(kMaxCapabilityLength));
     }
     for (std::size_t i = 0; i < q.runs.size(); ++i) {
       const ReadRun& run = q.runs[i];
@@ -158,10 +170,11 @@ const Region& ProbeRegion() {
   return *probe;
 }
 
-Result<Region> FindRegion(const RegionLookup& lookup, std::string_view name) {
+Result<Region> FindRegion(const RegionLookup& lookup, std::string_view name,
+                          std::string_view capability) {
   if (name == kProbeRegion) return ProbeRegion();
   if (!lookup) return NotFound("no region '" + std::string(name) + "' (this peer exposes none)");
-  return lookup(name);
+  return lookup(name, capability);
 }
 
 namespace {

@@ -1,9 +1,11 @@
 // The transport's wire protocol and the pieces both implementations share.
 //
-// Protocol version 1 (docs/transport.md). Three active messages, little-endian, fixed
+// Protocol version 2 (docs/transport.md). Three active messages, little-endian, fixed
 // headers whose layout is pinned below by static_assert:
 //   kFetchRequest (client -> server), header RequestHeader, payload: run_count pairs
-//     (u64 offset, u64 length) then name_length bytes of region name. Always sent eager.
+//     (u64 offset, u64 length), then name_length bytes of region name, then
+//     capability_length bytes of capability (the request's ReadRequest::capability,
+//     checked by the server's RegionLookup). Always sent eager.
 //   kFetchData (server -> client), header DataHeader, payload: bytes
 //     [stream_offset, stream_offset + payload length) of the request's *stream*, the
 //     concatenation of its runs' bytes in order. A request's stream is cut into
@@ -30,7 +32,7 @@ namespace tenplex::transport {
 
 static_assert(std::endian::native == std::endian::little, "the wire format is little-endian");
 
-inline constexpr uint32_t kProtocolVersion = 1;
+inline constexpr uint32_t kProtocolVersion = 2;
 
 enum AmId : uint16_t {
   kFetchRequest = 1,
@@ -45,7 +47,7 @@ struct RequestHeader {
   uint32_t run_count;
   uint64_t request_id;
   uint32_t name_length;
-  uint32_t reserved;  // 0
+  uint32_t capability_length;  // version 1: reserved (0)
 };
 static_assert(sizeof(RequestHeader) == 24);
 
@@ -74,8 +76,9 @@ inline constexpr uint32_t kMaxWireStatusCode = 13;
 
 // Runs per request message (the payload stays below 256 KiB).
 inline constexpr uint32_t kMaxRunsPerMessage = 16384;
-// Longest region name and status text.
+// Longest region name, capability and status text.
 inline constexpr uint32_t kMaxNameLength = 4096;
+inline constexpr uint32_t kMaxCapabilityLength = 1024;
 inline constexpr uint32_t kMaxStatusText = 4096;
 
 struct WireRun {
@@ -89,10 +92,12 @@ struct DecodedRequest {
   uint64_t request_id = 0;
   std::string region;
   std::vector<WireRun> runs;
+  std::string capability;
 };
 
 // The payload of a kFetchRequest for runs[first, first + count).
-std::string EncodeRequestPayload(std::string_view region, const ReadRun* runs, uint32_t count);
+std::string EncodeRequestPayload(std::string_view region, const ReadRun* runs, uint32_t count,
+                                 std::string_view capability = {});
 // Checks the header (size, version, limits) and payload against each other.
 Result<DecodedRequest> DecodeRequest(const void* header, std::size_t header_length,
                                      const void* payload, std::size_t payload_length);
@@ -106,13 +111,16 @@ Status DecodeStatus(const StatusHeader& header, std::string_view text);
 // overflow); OutOfRange naming the first run that does not.
 Status CheckRuns(std::string_view region, uint64_t size, const WireRun* runs, std::size_t count);
 // Client side: InvalidArgument for a non-empty run with a null destination, a run whose
-// end overflows, or a region name longer than kMaxNameLength.
+// end overflows, a region name longer than kMaxNameLength or a capability longer than
+// kMaxCapabilityLength.
 Status CheckReadRequests(const std::vector<ReadRequest>& requests);
 
 // The bytes of kProbeRegion (built on first use, shared by all transports).
 const Region& ProbeRegion();
-// lookup(name), or the probe region for kProbeRegion, or NotFound when lookup is empty.
-Result<Region> FindRegion(const RegionLookup& lookup, std::string_view name);
+// lookup(name, capability), or the probe region for kProbeRegion (served to anyone),
+// or NotFound when lookup is empty.
+Result<Region> FindRegion(const RegionLookup& lookup, std::string_view name,
+                          std::string_view capability);
 
 // Stream positions of runs: starts[i] = sum of lengths before run i; starts.back() is
 // the stream's length.

@@ -30,6 +30,28 @@ TEST(ProtocolTest, RequestRoundTrip) {
   EXPECT_EQ(r2->runs[0].offset, 1ull << 40);
 }
 
+TEST(ProtocolTest, RequestCarriesCapability) {
+  std::vector<ReadRun> runs = {{3, 4, nullptr}};
+  const std::string cap = "tpc1:1:2:99:abc:job";
+  const std::string payload = EncodeRequestPayload("t", runs.data(), 1, cap);
+  RequestHeader h{kProtocolVersion, 1, 7, 1, static_cast<uint32_t>(cap.size())};
+  auto r = DecodeRequest(&h, sizeof(h), payload.data(), payload.size());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->region, "t");
+  EXPECT_EQ(r->capability, cap);
+  // Without the capability's length in the header the payload is inconsistent.
+  RequestHeader none = h;
+  none.capability_length = 0;
+  EXPECT_EQ(DecodeRequest(&none, sizeof(none), payload.data(), payload.size()).status().code(),
+            StatusCode::kInvalidArgument);
+  RequestHeader big = h;
+  big.capability_length = kMaxCapabilityLength + 1;
+  EXPECT_EQ(DecodeRequest(&big, sizeof(big), payload.data(), payload.size()).status().code(),
+            StatusCode::kInvalidArgument);
+  std::vector<ReadRequest> long_cap = {{"t", {}, std::string(kMaxCapabilityLength + 1, 'x')}};
+  EXPECT_EQ(CheckReadRequests(long_cap).code(), StatusCode::kInvalidArgument);
+}
+
 TEST(ProtocolTest, RequestRejectsMalformed) {
   std::vector<ReadRun> runs = {{0, 10, nullptr}};
   const std::string payload = EncodeRequestPayload("ab", runs.data(), 1);
@@ -39,7 +61,7 @@ TEST(ProtocolTest, RequestRejectsMalformed) {
             StatusCode::kInvalidArgument);
   // Other version.
   RequestHeader v2 = h;
-  v2.version = 2;
+  v2.version = 1;
   EXPECT_EQ(DecodeRequest(&v2, sizeof(v2), payload.data(), payload.size()).status().code(),
             StatusCode::kFailedPrecondition);
   // Truncated and overlong payloads.
@@ -229,8 +251,16 @@ TEST(ProtocolTest, ProbeRegion) {
        {uint64_t{0}, uint64_t{1}, uint64_t{4095}, uint64_t{4096}, kProbeRegionBytes - 1}) {
     EXPECT_EQ(b[i], ProbeByte(i));
   }
-  EXPECT_EQ(FindRegion(nullptr, "x").status().code(), StatusCode::kNotFound);
-  EXPECT_TRUE(FindRegion(nullptr, kProbeRegion).ok());
+  EXPECT_EQ(FindRegion(nullptr, "x", "").status().code(), StatusCode::kNotFound);
+  EXPECT_TRUE(FindRegion(nullptr, kProbeRegion, "").ok());
+  // The lookup sees the capability; the probe region needs none.
+  RegionLookup strict = [](std::string_view, std::string_view cap) -> Result<Region> {
+    if (cap != "yes") return PermissionDenied("no");
+    return ProbeRegion();
+  };
+  EXPECT_EQ(FindRegion(strict, "x", "").status().code(), StatusCode::kPermissionDenied);
+  EXPECT_TRUE(FindRegion(strict, "x", "yes").ok());
+  EXPECT_TRUE(FindRegion(strict, kProbeRegion, "").ok());
 }
 
 }  // namespace

@@ -50,9 +50,13 @@ struct Region {
   std::shared_ptr<const void> hold;
 };
 
-// Finds a region by name. NotFound for unknown names; any other error is passed to the
-// reader as it is.
-using RegionLookup = std::function<Result<Region>(std::string_view name)>;
+// Finds a region by name for a reader that presents `capability` (its request's
+// ReadRequest::capability, "" when it has none): the server decides what a capability
+// lets a reader see (the store's agent: transform/capability.h). NotFound for unknown
+// names, PermissionDenied for a missing, wrong or expired capability; any error is
+// passed to the reader as it is.
+using RegionLookup =
+    std::function<Result<Region>(std::string_view name, std::string_view capability)>;
 
 // Every transport also serves this built-in region (kProbeRegionBytes of a fixed
 // pattern, ProbeByte(i) at offset i) for bandwidth measurements and health checks.
@@ -67,10 +71,12 @@ struct ReadRun {
   void* dest = nullptr;
 };
 
-// Runs of one remote region.
+// Runs of one remote region, read with a capability (sent along, at most
+// 1024 bytes; "" for none) that the serving side checks.
 struct ReadRequest {
   std::string region;
   std::vector<ReadRun> runs;
+  std::string capability = {};
 };
 
 using PeerId = uint64_t;

@@ -31,7 +31,7 @@ struct Exposed {
   int lookups = 0;
 
   RegionLookup Lookup() {
-    return [this](std::string_view name) -> Result<Region> {
+    return [this](std::string_view name, std::string_view) -> Result<Region> {
       std::lock_guard<std::mutex> l(mu);
       ++lookups;
       auto it = tensors.find(name);

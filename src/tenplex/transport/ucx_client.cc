@@ -81,8 +81,9 @@ void UcxTransport::StartCall(Call* call, PeerId peer_id, const std::vector<ReadR
       const uint32_t count = static_cast<uint32_t>(p->runs.size());
       p->starts = StreamStarts(p->runs.data(), count);
       p->header =
-          RequestHeader{kProtocolVersion, count, p->id, static_cast<uint32_t>(q.region.size()), 0};
-      p->payload = EncodeRequestPayload(q.region, p->runs.data(), count);
+          RequestHeader{kProtocolVersion, count, p->id, static_cast<uint32_t>(q.region.size()),
+                        static_cast<uint32_t>(q.capability.size())};
+      p->payload = EncodeRequestPayload(q.region, p->runs.data(), count, q.capability);
       peer->pending.insert(p.get());
       peer->waiting.push_back(p.get());
       pending_[p->id] = std::move(p);

@@ -33,7 +33,7 @@ ucs_status_t UcxTransport::OnRequest(const void* header, size_t header_length, v
     SendStatus(ep, request_id, req.status());
     return UCS_OK;
   }
-  Result<Region> region = FindRegion(lookup_, req->region);
+  Result<Region> region = FindRegion(lookup_, req->region, req->capability);
   Status s = region.ok() ? CheckRuns(req->region, region->size, req->runs.data(), req->runs.size())
                          : region.status();
   if (!s.ok()) {

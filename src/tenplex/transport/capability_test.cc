@@ -1,0 +1,53 @@
+#include "tenplex/transport/capability.h"
+
+#include <gtest/gtest.h>
+
+namespace tenplex::transport {
+namespace {
+
+TEST(CapabilityTest, HmacMatchesRfc4231) {
+  // RFC 4231, test case 2.
+  EXPECT_EQ(HmacSha256Hex("Jefe", "what do ya want for nothing?"),
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+}
+
+TEST(CapabilityTest, MintAndCheck) {
+  const CapabilityGrant g{"job-1", 3, 4, 1000};
+  const std::string cap = MintCapability("key", g);
+  // The MAC is HMAC-SHA256 over the documented message.
+  EXPECT_EQ(cap, "tpc1:3:4:1000:" + HmacSha256Hex("key", "tenplex-fetch-v1\njob-1\n3\n4\n1000") +
+                     ":job-1");
+  CapabilityCheck c = CheckCapability("key", cap, 999);
+  EXPECT_EQ(c.refusal, CapabilityRefusal::kNone) << c.why;
+  EXPECT_EQ(c.grant.job, "job-1");
+  EXPECT_EQ(c.grant.from_version, 3u);
+  EXPECT_EQ(c.grant.to_version, 4u);
+  EXPECT_EQ(CheckCapability("key", cap, 1000).refusal, CapabilityRefusal::kExpired);
+  EXPECT_EQ(CheckCapability("other", cap, 999).refusal, CapabilityRefusal::kWrong);
+  EXPECT_EQ(CheckCapability("key", "", 999).refusal, CapabilityRefusal::kMissing);
+}
+
+TEST(CapabilityTest, AnyChangedByteIsWrong) {
+  const std::string cap = MintCapability("key", {"j", 1, 2, 5000});
+  for (std::size_t i = 0; i < cap.size(); ++i) {
+    for (char c : {'0', '1', '9', 'a', 'f', 'x', ':'}) {
+      if (cap[i] == c) continue;
+      std::string bad = cap;
+      bad[i] = c;
+      EXPECT_NE(CheckCapability("key", bad, 10).refusal, CapabilityRefusal::kNone) << bad;
+    }
+  }
+  // Truncated, extended, or with a later expiry but the old MAC.
+  EXPECT_EQ(CheckCapability("key", cap.substr(0, cap.size() - 1), 10).refusal,
+            CapabilityRefusal::kWrong);
+  EXPECT_EQ(CheckCapability("key", cap + "x", 10).refusal, CapabilityRefusal::kWrong);
+  std::string later = cap;
+  later.replace(later.find(":5000:"), 6, ":9000:");
+  EXPECT_EQ(CheckCapability("key", later, 6000).refusal, CapabilityRefusal::kWrong);
+  for (const char* junk : {"x", "tpc1", "tpc1:::::", "tpc1:1:2:3:4:j", "tpc1:01:2:3:" }) {
+    EXPECT_EQ(CheckCapability("key", junk, 0).refusal, CapabilityRefusal::kWrong) << junk;
+  }
+}
+
+}  // namespace
+}  // namespace tenplex::transport
