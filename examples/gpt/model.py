@@ -22,6 +22,9 @@ Forward (per micro-batch, activations [b, s, h], fp32):
   last stage   final norm, logits against output_layer.weight (or the tied word
                embedding when pp == 1), vocab-parallel cross entropy with vocabulary
                padding excluded from the softmax, so the loss does not depend on tp.
+With tp_weights (spec §9) tp ranks hold different numbers of query groups, MLP rows and
+vocabulary rows (uneven.py); the forward is the same code, reading each rank's share
+from its tensors' shapes and its vocabulary offset from the layout.
 Column-parallel linears take their input through copy_to_tp (all-reduce of the input
 gradient), row-parallel linears all-reduce their output, as in Megatron.
 
@@ -35,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 import parallel
+import uneven
 from tenplex import layout as L
 
 TORCH_DTYPE = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
@@ -112,7 +116,11 @@ class Stage:
             self.view(self.norm_mask, p).fill_(counts)
             self.view(self.decay_mask, p).fill_(len(p.shape) >= 2)
             self.view(self.pad_mask, p).copy_(p.padding_mask())
-        self.vocab_rows = None
+        # First global vocabulary row of this tp rank (uneven with tp_weights, spec §9).
+        self.vocab_start = 0
+        for p in self.params:
+            if p.rule["rule"] == "vocab":
+                self.vocab_start = uneven.vocab_start(p, cfg, groups.tp_rank)
         self.weights = {}
 
     def view(self, flat, p):
@@ -162,8 +170,7 @@ class Stage:
     def embed(self, ids):
         w, g = self.weights, self.groups
         W = w["embedding.word_embeddings.weight"]
-        rows = W.shape[0]
-        start = g.tp_rank * rows
+        rows, start = W.shape[0], self.vocab_start
         outside = (ids < start) | (ids >= start + rows)
         e = F.embedding((ids - start).masked_fill(outside, 0), W)
         e = e.masked_fill(outside.unsqueeze(-1), 0.0)
@@ -177,9 +184,9 @@ class Stage:
         p = f"{self.model.layer_prefix}{i}."
         b, s, _ = x.shape
         r, d = hp.heads // hp.groups, hp.kv_channels
-        gl = hp.groups // self.cfg.tp
-        # attention
+        # attention (this rank's query groups: all of them, g / tp, or with tp_weights its share)
         a = p + "self_attention."
+        gl = uneven.local_query_groups(w[a + "linear_qkv.weight"].shape[0], hp.heads, hp.groups, d)
         y = self._norm(x, a + "linear_qkv.layer_norm_weight", a + "linear_qkv.layer_norm_bias")
         qkv = F.linear(parallel.copy_to_tp(y, g), w[a + "linear_qkv.weight"], w.get(a + "linear_qkv.bias"))
         qkv = qkv.view(b, s, gl, r + 2, d)
@@ -219,8 +226,7 @@ class Stage:
         W = w.get("output_layer.weight")
         if W is None:
             W = w["embedding.word_embeddings.weight"]
-        rows = W.shape[0]
-        start = g.tp_rank * rows
+        rows, start = W.shape[0], self.vocab_start
         valid = max(0, min(rows, hp.vocab - start))
         logits = F.linear(parallel.copy_to_tp(x, g), W)
         per_token = parallel.vocab_parallel_cross_entropy(logits.reshape(-1, rows), labels.reshape(-1),
