@@ -122,6 +122,7 @@ class Stage:
             if p.rule["rule"] == "vocab":
                 self.vocab_start = uneven.vocab_start(p, cfg, groups.tp_rank)
         self.weights = {}
+        self.flex = None  # flextp.FlexTp: the per-step straggler offload (train.py --flextp-straggler)
 
     def view(self, flat, p):
         b, e = self.offsets[p.name]
@@ -167,6 +168,13 @@ class Stage:
         x1, x2 = x[..., : d // 2], x[..., d // 2:]
         return x * emb.cos() + torch.cat([-x2, x1], dim=-1) * emb.sin()
 
+    def _linear(self, name, x, bias_name=None, replicated_input=True):
+        w = self.weights
+        if self.flex is None:
+            return F.linear(x, w[name], w.get(bias_name))
+        y = self.flex.linear(name, x, w[name], replicated_input)
+        return y + w[bias_name] if bias_name in w else y
+
     def embed(self, ids):
         w, g = self.weights, self.groups
         W = w["embedding.word_embeddings.weight"]
@@ -188,7 +196,7 @@ class Stage:
         a = p + "self_attention."
         gl = uneven.local_query_groups(w[a + "linear_qkv.weight"].shape[0], hp.heads, hp.groups, d)
         y = self._norm(x, a + "linear_qkv.layer_norm_weight", a + "linear_qkv.layer_norm_bias")
-        qkv = F.linear(parallel.copy_to_tp(y, g), w[a + "linear_qkv.weight"], w.get(a + "linear_qkv.bias"))
+        qkv = self._linear(a + "linear_qkv.weight", parallel.copy_to_tp(y, g), a + "linear_qkv.bias")
         qkv = qkv.view(b, s, gl, r + 2, d)
         q = qkv[:, :, :, :r].reshape(b, s, gl * r, d)
         k, v = qkv[:, :, :, r], qkv[:, :, :, r + 1]
@@ -201,20 +209,20 @@ class Stage:
         causal = torch.ones(s, s, dtype=torch.bool).triu(1)
         probs = scores.masked_fill(causal, float("-inf")).softmax(dim=-1)
         ctx = (probs @ v).transpose(1, 2).reshape(b, s, gl * r * d)
-        out = parallel.reduce_from_tp(F.linear(ctx, w[a + "linear_proj.weight"]), g)
+        out = parallel.reduce_from_tp(self._linear(a + "linear_proj.weight", ctx, replicated_input=False), g)
         if hp.bias:
             out = out + w[a + "linear_proj.bias"]
         x = x + out
         # mlp
         m = p + "mlp."
         y = self._norm(x, m + "linear_fc1.layer_norm_weight", m + "linear_fc1.layer_norm_bias")
-        h = F.linear(parallel.copy_to_tp(y, g), w[m + "linear_fc1.weight"], w.get(m + "linear_fc1.bias"))
+        h = self._linear(m + "linear_fc1.weight", parallel.copy_to_tp(y, g), m + "linear_fc1.bias")
         if hp.swiglu:
             gate, up = h.chunk(2, dim=-1)
             h = F.silu(gate) * up
         else:
             h = F.gelu(h)
-        out = parallel.reduce_from_tp(F.linear(h, w[m + "linear_fc2.weight"]), g)
+        out = parallel.reduce_from_tp(self._linear(m + "linear_fc2.weight", h, replicated_input=False), g)
         if hp.bias:
             out = out + w[m + "linear_fc2.bias"]
         return x + out

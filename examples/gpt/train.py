@@ -24,6 +24,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import data  # noqa: E402
+import flextp  # noqa: E402
 import meter  # noqa: E402
 import model as gpt  # noqa: E402
 import optimizer  # noqa: E402
@@ -68,6 +69,9 @@ def parse_args(argv=None):
     ap.add_argument("--commit-prefix", help="hand-off file prefix of the periodic commits")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads per process")
     ap.add_argument("--timeout", type=float, default=300, help="seconds a collective may wait")
+    ap.add_argument("--flextp-straggler", type=int, metavar="T",
+                    help="FlexTP-style per-step offload (flextp.py): tp rank T keeps 12.5%% of the input "
+                    "columns of its layer linears, the other tp ranks compute the rest every step")
     ap.add_argument("--slowdown", action="append", metavar="RANK=FACTOR",
                     help="emulate a slow device: that rank's own compute takes FACTOR times as long "
                     "(sleeps (FACTOR-1) x its measured compute; docs/hetero.md); repeatable, or 1=2,3=1.5")
@@ -82,6 +86,8 @@ class Trainer:
         hp = gpt.HParams(model.info)
         self.groups = parallel.Groups(cfg, rank, tied_embeddings=hp.tied)
         self.stage = gpt.Stage(model, cfg, self.groups, args.seed)
+        if args.flextp_straggler is not None:
+            self.stage.flex = flextp.FlexTp(self.groups, args.flextp_straggler)
         self.opt = optimizer.Adam(self.stage, self.groups, lr=args.lr, weight_decay=args.weight_decay)
         self.corpus = data.Corpus(args.data, hp.vocab, args.seq_length)
         self.step = args.start_step or 0
@@ -181,6 +187,8 @@ class Trainer:
     def train_step(self):
         a, g, st, cfg = self.args, self.groups, self.stage, self.cfg
         meter.METER.start_step()
+        if st.flex is not None:
+            st.flex.new_step()
         global_ids, _ = data.step_samples(len(self.corpus), a.seed, a.global_batch_size,
                                           self.samples_consumed, cfg.dp, g.dp_rank)
         begin, end = uneven.dp_slice(a.global_batch_size, cfg, g.dp_rank)  # dp_weights, spec §9
@@ -286,6 +294,10 @@ def main(argv=None):
         if min(shares) < 1:
             raise ValueError(f"dp rank {shares.index(0)} gets no sample of the global batch of "
                              f"{args.global_batch_size} with dp_weights {uneven.dp_weights(cfg)}")
+        if args.flextp_straggler is not None and (
+                not 0 <= args.flextp_straggler < cfg.tp or uneven.tp_weights(cfg) != [1] * cfg.tp):
+            raise ValueError(f"--flextp-straggler {args.flextp_straggler} needs an even split with a tp rank "
+                             f"in [0, {cfg.tp})")
         slowdown = meter.parse_slowdown(args.slowdown)
         if slowdown and max(slowdown) >= args.world_size:
             raise ValueError(f"--slowdown rank {max(slowdown)} is not a rank of world size {args.world_size}")
