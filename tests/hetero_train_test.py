@@ -129,7 +129,7 @@ def slowdown(bin_):
         med = ratios[len(ratios) // 2]
         # 3x by construction of the sleep; the measured own compute of the two ranks differs
         # by noise on a loaded machine, hence the wide band.
-        check(1.8 <= med <= 5.0, f"rank 1 / rank 0 compute, median {med:.2f} (3x emulated)")
+        check(1.5 <= med <= 6.0, f"rank 1 / rank 0 compute, median {med:.2f} (3x emulated)")
         for bad in (["--slowdown", "1"], ["--slowdown", "1=0.5"], ["--slowdown", "5=2"], ["--slowdown", "x=2"]):
             p = subprocess.run([PY, os.path.join(GPT, "train.py"), "--config", "tp=2", "--model", model,
                                 "--world-size", "2"] + bad, capture_output=True, text=True)
