@@ -179,6 +179,14 @@ def rebalance(bin_):
             check(len(e["rank_seconds"]) == 2 and e["rank_seconds"][1] > 1.5 * e["rank_seconds"][0],
                   f"rank_seconds show rank 1 slow: {e['rank_seconds']}")
             check(e["bytes_moved"] > 0, f"the state moved: {e['bytes_moved']} bytes")
+            # The move's plan, each device its own host: it ships exactly the slices whose
+            # owner changes (the cross-host lower bound).
+            p = subprocess.run([bin_, "plan", "--model", model, "--from", e["from"], "--to", e["to"],
+                                "--gpus-per-host", "1", "--json"], capture_output=True, text=True)
+            st = json.loads(p.stdout)["stats"] if p.returncode == 0 else {}
+            check(st.get("bytes_cross_host", -1) == st.get("cross_host_lower_bound", -2) > 0,
+                  f"plan {e['from']} -> {e['to']}: cross-host bytes {st.get('bytes_cross_host')} = lower bound "
+                  f"{st.get('cross_host_lower_bound')}")
             check(len(reb) == 1, f"steady speeds: one rebalance, no oscillation ({len(reb)})")
         compare(check, got, base, 1e-3, "rebalanced run")
         configs = [got[s]["config"] for s in sorted(got)]

@@ -16,8 +16,8 @@ pass needs on top is read from it or computed here with the same rule:
   * vocabulary: rank t's first global row is m · (units of ranks < t), not t · Vp/tp;
     the vocab-parallel embedding and cross entropy use that offset and the rank's own
     row count (only its first V - start rows are real words);
-  * data: each step's global batch of B samples is cut by `dp_slice` into dp
-    contiguous slices of apportion(B, dp_weights) samples. The loss is the sum of token
+  * data: each step's global batch of B samples is cut into dp contiguous slices of
+    apportion(B, dp_weights) samples (tenplex.data.step_samples with dp_weights). The loss is the sum of token
     losses over the global batch divided by the global batch's token count, computed
     per rank over its own samples and summed over dp, so every dp rank's gradient is
     weighted by its share of the global batch and the step equals the even run's.
@@ -29,26 +29,19 @@ multiple of dp). Gathering tensors whose pieces differ by rank (a vocabulary-sha
 tensor, the FlexTP helpers' column shares) goes through `all_gather_uneven`: pad every
 piece to the largest, gather, cut each back to its size.
 
-`apportion` is spec §9's largest-remainder rule; the native layout uses the same one
-(src/tenplex/util/apportion.h), and `vocab_start` is checked against the layout's own
-pieces.
+`apportion` is spec §9's largest-remainder rule of the native layout
+(src/tenplex/util/apportion.h); `vocab_start` is checked against the layout's pieces.
 """
 import torch
 import torch.distributed as dist
 
+from tenplex import _tenplex
+
 
 def apportion(units, weights):
     """Spec §9: `units` whole units over ranks in proportion to `weights` (largest
-    remainder, ties to the lower rank)."""
-    if units < 0 or not weights or any(w < 1 for w in weights):
-        raise ValueError(f"apportion({units}, {weights}): needs units >= 0 and weights >= 1")
-    total = sum(weights)
-    counts = [units * w // total for w in weights]
-    left = units - sum(counts)
-    order = sorted(range(len(weights)), key=lambda i: (-(units * weights[i] % total), i))
-    for i in order[:left]:
-        counts[i] += 1
-    return counts
+    remainder, ties to the lower rank), from the native layout (src/tenplex/util/apportion.h)."""
+    return list(_tenplex.apportion(units, list(weights)))
 
 
 def unit_range(units, weights, rank):
@@ -58,29 +51,14 @@ def unit_range(units, weights, rank):
     return begin, begin + counts[rank]
 
 
-def config_weights(cfg, key, n):
-    """The `key` weights (tp_weights / dp_weights) of a config, n ones when absent."""
-    for part in str(cfg).split(","):
-        k, _, v = part.partition("=")
-        if k.strip() == key and v:
-            w = [int(x) for x in v.split("+")]
-            if len(w) != n:
-                raise ValueError(f"config {cfg}: {key} has {len(w)} weights for {n} ranks")
-            return w
-    return [1] * n
-
-
 def tp_weights(cfg):
-    return config_weights(cfg, "tp_weights", cfg.tp)
+    """The config's tp_weights, tp ones when it has none."""
+    return list(cfg.tp_weights) or [1] * cfg.tp
 
 
 def dp_weights(cfg):
-    return config_weights(cfg, "dp_weights", cfg.dp)
-
-
-def dp_slice(global_batch, cfg, dp_rank):
-    """[begin, end) of dp rank's samples in a global batch (spec §9 Data)."""
-    return unit_range(global_batch, dp_weights(cfg), dp_rank)
+    """The config's dp_weights, dp ones when it has none."""
+    return list(cfg.dp_weights) or [1] * cfg.dp
 
 
 def vocab_start(p, cfg, tp_rank):

@@ -4,29 +4,11 @@
 #include <cmath>
 #include <numeric>
 
+#include "tenplex/util/apportion.h"
 
 namespace tenplex::runtime {
 
 namespace {
-
-// TEMPORARY until util/apportion.h lands (spec §9 largest remainder).
-std::vector<int64_t> Apportion(int64_t units, const std::vector<int>& w) {
-  int64_t total = 0;
-  for (int x : w) total += x;
-  std::vector<int64_t> n(w.size());
-  std::vector<std::size_t> order(w.size());
-  int64_t left = units;
-  for (std::size_t i = 0; i < w.size(); ++i) {
-    n[i] = units * w[i] / total;
-    left -= n[i];
-    order[i] = i;
-  }
-  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-    return units * w[a] % total > units * w[b] % total;
-  });
-  for (int64_t i = 0; i < left; ++i) ++n[order[i]];
-  return n;
-}
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -162,6 +144,9 @@ RebalanceDecision DecideRebalance(const RebalanceInput& in, const RebalancePolic
       }
       auto cand = best;
       cand[k] = w;
+      // Spec §9: every rank must get some of every split; the shares say 0 otherwise.
+      std::vector<double> sk = in.dims[k].shares(w);
+      if (*std::min_element(sk.begin(), sk.end()) <= 0) continue;
       const double t = predict(cand);
       if (t < best_t * (1 - 1e-9)) {
         best_t = t;
@@ -191,6 +176,91 @@ RebalanceDecision DecideRebalance(const RebalanceInput& in, const RebalancePolic
   d.rebalance = true;
   d.reason = "predicted gain exceeds the cost";
   return d;
+}
+
+Result<ConfigRebalance> DecideConfigRebalance(const Model& model, const ParallelConfig& config,
+                                              int64_t global_batch,
+                                              const std::vector<std::vector<double>>& rank_seconds,
+                                              int64_t remaining_steps, double cost_seconds,
+                                              const RebalancePolicy& policy) {
+  TP_RETURN_IF_ERROR(ValidateConfig(model, config));
+  if (global_batch < config.dp)
+    return InvalidArgument("global batch " + std::to_string(global_batch) + " < dp");
+  RebalanceInput in;
+  // tp: every split tensor's units, weighted by its elements (its share of the FLOPs).
+  struct Split {
+    double numel;
+    int64_t units;
+  };
+  std::vector<Split> splits;
+  for (const TensorDesc& t : model.tensors) {
+    const TpUnits u = TpUnitsOf(t, config.tp);
+    if (u.units <= 0) continue;
+    double n = 1;
+    for (int64_t d : t.shape) n *= static_cast<double>(d);
+    splits.push_back({n, u.units});
+  }
+  in.dims[0].weights = config.TpWeights();
+  in.dims[0].shares = [splits](const std::vector<int>& w) {
+    std::vector<double> s(w.size(), 0.0);
+    if (splits.empty()) {
+      s.assign(w.size(), 1.0 / static_cast<double>(w.size()));
+      return s;
+    }
+    double total = 0;
+    std::vector<bool> empty(w.size(), false);
+    for (const Split& x : splits) {
+      std::vector<int64_t> n = Apportion(x.units, w);
+      for (std::size_t i = 0; i < w.size(); ++i) {
+        s[i] += x.numel * static_cast<double>(n[i]) / static_cast<double>(x.units);
+        if (n[i] == 0) empty[i] = true;
+      }
+      total += x.numel;
+    }
+    for (std::size_t i = 0; i < w.size(); ++i) s[i] = empty[i] ? 0.0 : s[i] / total;
+    return s;
+  };
+  in.dims[1].weights = config.DpWeights();
+  in.dims[1].shares = [global_batch](const std::vector<int>& w) {
+    return UnitShares(global_batch, w);
+  };
+  TP_ASSIGN_OR_RETURN(std::vector<int> bounds, StageBounds(model, config));
+  for (int p = 0; p < config.pp; ++p) in.dims[2].weights.push_back(bounds[p + 1] - bounds[p]);
+  const int layers = model.num_layers;
+  in.dims[2].total = config.pp > 1 ? layers : 0;
+  in.dims[2].shares = [layers](const std::vector<int>& w) {
+    std::vector<double> s;
+    for (int x : w) s.push_back(w.size() == 1 ? 1.0 : static_cast<double>(x) / layers);
+    return s;
+  };
+  in.rank_seconds = rank_seconds;
+  in.remaining_steps = remaining_steps;
+  in.cost_seconds = cost_seconds;
+  ConfigRebalance out;
+  out.decision = DecideRebalance(in, policy);
+  ParallelConfig to = config;
+  to.tp_weights = out.decision.weights[0];
+  to.dp_weights = out.decision.weights[1];
+  if (config.pp > 1) {
+    to.layers = out.decision.weights[2];
+    const auto& l = to.layers;
+    if (layers % config.pp == 0 &&
+        std::all_of(l.begin(), l.end(), [&](int x) { return x == layers / config.pp; }))
+      to.layers.clear();
+  }
+  to = CanonicalConfig(model, to);
+  Status valid = ValidateConfig(model, to);
+  if (!valid.ok()) {
+    out.decision.rebalance = false;
+    out.decision.reason = "the proposed split is not valid: " + valid.message();
+    to = config;
+  }
+  if (to == CanonicalConfig(model, config)) {
+    out.decision.rebalance = false;
+    to = config;
+  }
+  out.to = to;
+  return out;
 }
 
 }  // namespace tenplex::runtime

@@ -42,13 +42,18 @@
 #include <string>
 #include <vector>
 
+#include "tenplex/model/model.h"
+#include "tenplex/ptc/config.h"
+#include "tenplex/util/status.h"
+
 namespace tenplex::runtime {
 
 // One parallel dimension's split.
 struct SplitDim {
   std::vector<int> weights;  // current: tp/dp weights, or layers per stage for pp
   int64_t total = 0;         // > 0: weights are counts that must sum to this (pp layers)
-  // Share of the dimension's work per index under `weights` (sums to 1).
+  // Share of the dimension's work per index under `weights` (sums to 1); 0 for an
+  // index that would get no unit of some split (such weights are never proposed).
   std::function<std::vector<double>(const std::vector<int>&)> shares;
 };
 
@@ -81,6 +86,21 @@ std::vector<double> PredictRankSeconds(const std::array<SplitDim, 3>& dims,
                                        const std::array<std::vector<int>, 3>& weights);
 
 RebalanceDecision DecideRebalance(const RebalanceInput& input, const RebalancePolicy& policy = {});
+
+// The policy for a model and config: tp shares are the FLOP-weighted (numel-weighted)
+// unit shares of every tensor-parallel split of the model (spec §9 units), dp shares
+// the apportioned samples of a global batch of `global_batch`, pp shares the layers per
+// stage. `to` is the proposed config, canonical (CanonicalConfig; layers= dropped when
+// even), valid for the model; decision.rebalance is false when it equals `config`.
+struct ConfigRebalance {
+  RebalanceDecision decision;
+  ParallelConfig to;
+};
+Result<ConfigRebalance> DecideConfigRebalance(const Model& model, const ParallelConfig& config,
+                                              int64_t global_batch,
+                                              const std::vector<std::vector<double>>& rank_seconds,
+                                              int64_t remaining_steps, double cost_seconds,
+                                              const RebalancePolicy& policy = {});
 
 // Equal shares of `units` whole units apportioned by weights (spec §9), per index:
 // the shares function of a dimension whose work is one apportioned quantity.
