@@ -46,9 +46,9 @@ from bench_csv import write_rows  # noqa: E402
 
 PY = "/usr/bin/python3"
 GPT = os.path.join(ROOT, "examples", "gpt")
-MODEL = ["--num-layers", "4", "--hidden-size", "256", "--num-attention-heads", "8", "--num-query-groups", "8",
-         "--ffn-hidden-size", "1024", "--vocab-size", "512", "--max-position-embeddings", "128"]
-TRAIN = ["--global-batch-size", "8", "--micro-batch-size", "4", "--seq-length", "128"]
+MODEL = ["--num-layers", "4", "--hidden-size", "128", "--num-attention-heads", "16", "--num-query-groups", "16",
+         "--ffn-hidden-size", "512", "--vocab-size", "512", "--max-position-embeddings", "128"]
+TRAIN = ["--global-batch-size", "8", "--micro-batch-size", "4", "--seq-length", "64"]
 
 
 def log(*a):
