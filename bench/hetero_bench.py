@@ -101,6 +101,7 @@ def main():
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "benchmarks"))
     ap.add_argument("--quick", action="store_true", help="tp=2 at 2x, tp=4 and pp=2,dp=2 at 2x, fewer steps")
     ap.add_argument("--steps", type=int, default=0)
+    ap.add_argument("--only", help="one case and factor, e.g. tp=2:2 (a short look on a busy machine)")
     a = ap.parse_args()
     if a.quick:
         cases = [("tp=2", [1.5, 2.0, 3.0]), ("tp=4", [2.0]), ("pp=2,dp=2", [2.0])]
@@ -108,6 +109,9 @@ def main():
     else:
         cases = [("tp=2", [1.5, 2.0, 3.0]), ("tp=4", [1.5, 2.0, 3.0]), ("pp=2,dp=2", [1.5, 2.0, 3.0])]
         steps = a.steps or 10
+    if a.only:
+        c, _, f = a.only.rpartition(":")
+        cases = [(c, [float(f)])]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         model = os.path.join(tmp, "model.json")

@@ -189,9 +189,10 @@ class Trainer:
         meter.METER.start_step()
         if st.flex is not None:
             st.flex.new_step()
-        global_ids, ids = data.step_samples(len(self.corpus), a.seed, a.global_batch_size,
-                                            self.samples_consumed, cfg.dp, g.dp_rank,
-                                            uneven.dp_weights(cfg))  # spec §9 slices
+        global_ids, _ = data.step_samples(len(self.corpus), a.seed, a.global_batch_size,
+                                          self.samples_consumed, cfg.dp, g.dp_rank)
+        begin, end = uneven.dp_slice(a.global_batch_size, cfg, g.dp_rank)  # dp_weights, spec §9
+        ids = global_ids[begin:end]
         total_tokens = self.corpus.valid_tokens(global_ids)
         inputs, labels, mask = self.corpus.batch(ids)
         w = st.make_weights()

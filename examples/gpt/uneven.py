@@ -17,7 +17,7 @@ pass needs on top is read from it or computed here with the same rule:
     the vocab-parallel embedding and cross entropy use that offset and the rank's own
     row count (only its first V - start rows are real words);
   * data: each step's global batch of B samples is cut into dp contiguous slices of
-    apportion(B, dp_weights) samples (tenplex.data.step_samples with dp_weights). The loss is the sum of token
+    apportion(B, dp_weights) samples (`dp_slice`). The loss is the sum of token
     losses over the global batch divided by the global batch's token count, computed
     per rank over its own samples and summed over dp, so every dp rank's gradient is
     weighted by its share of the global batch and the step equals the even run's.
@@ -40,8 +40,18 @@ from tenplex import _tenplex
 
 def apportion(units, weights):
     """Spec §9: `units` whole units over ranks in proportion to `weights` (largest
-    remainder, ties to the lower rank), from the native layout (src/tenplex/util/apportion.h)."""
-    return list(_tenplex.apportion(units, list(weights)))
+    remainder, ties to the lower rank): the native layout's (src/tenplex/util/apportion.h)
+    where the Python module exports it, else the same rule here."""
+    if hasattr(_tenplex, "apportion"):
+        return list(_tenplex.apportion(units, list(weights)))
+    if units < 0 or not weights or any(w < 1 for w in weights):
+        raise ValueError(f"apportion({units}, {weights}): needs units >= 0 and weights >= 1")
+    total = sum(weights)
+    counts = [units * w // total for w in weights]
+    order = sorted(range(len(weights)), key=lambda i: (-(units * weights[i] % total), i))
+    for i in order[:units - sum(counts)]:
+        counts[i] += 1
+    return counts
 
 
 def unit_range(units, weights, rank):
@@ -51,14 +61,27 @@ def unit_range(units, weights, rank):
     return begin, begin + counts[rank]
 
 
+def config_weights(cfg, key, n):
+    """The config's `key` weights (tp_weights, dp_weights) from its canonical string,
+    n ones when it has none."""
+    for part in str(cfg).split(","):
+        k, _, v = part.partition("=")
+        if k == key and v:
+            return [int(x) for x in v.split("+")]
+    return [1] * n
+
+
 def tp_weights(cfg):
-    """The config's tp_weights, tp ones when it has none."""
-    return list(cfg.tp_weights) or [1] * cfg.tp
+    return config_weights(cfg, "tp_weights", cfg.tp)
 
 
 def dp_weights(cfg):
-    """The config's dp_weights, dp ones when it has none."""
-    return list(cfg.dp_weights) or [1] * cfg.dp
+    return config_weights(cfg, "dp_weights", cfg.dp)
+
+
+def dp_slice(global_batch, cfg, dp_rank):
+    """[begin, end) of dp rank's samples in a global batch (spec §9 Data)."""
+    return unit_range(global_batch, dp_weights(cfg), dp_rank)
 
 
 def vocab_start(p, cfg, tp_rank):
