@@ -52,6 +52,8 @@ if [[ ${#QUICK[@]} -gt 0 ]]; then
 else
   step jct_sim $PY bench/jct_sim.py --bin "$BIN/tenplex" --out "$OUT"
 fi
+echo "== 7. heterogeneous devices: even vs rebalanced vs FlexTP-style vs ideal"
+step hetero $PY bench/hetero_bench.py --tenplex "$BIN/tenplex" --out "$OUT" "${QUICK[@]}"
 echo "== plots"
 $PY bench/plot_benchmarks.py --dir "$OUT"
 echo "run_all: done in $(( $(date +%s) - start )) s; results in $OUT"

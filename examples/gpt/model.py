@@ -22,6 +22,9 @@ Forward (per micro-batch, activations [b, s, h], fp32):
   last stage   final norm, logits against output_layer.weight (or the tied word
                embedding when pp == 1), vocab-parallel cross entropy with vocabulary
                padding excluded from the softmax, so the loss does not depend on tp.
+With tp_weights (spec §9) tp ranks hold different numbers of query groups, MLP rows and
+vocabulary rows (uneven.py); the forward is the same code, reading each rank's share
+from its tensors' shapes and its vocabulary offset from the layout.
 Column-parallel linears take their input through copy_to_tp (all-reduce of the input
 gradient), row-parallel linears all-reduce their output, as in Megatron.
 
@@ -35,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 import parallel
+import uneven
 from tenplex import layout as L
 
 TORCH_DTYPE = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
@@ -112,8 +116,13 @@ class Stage:
             self.view(self.norm_mask, p).fill_(counts)
             self.view(self.decay_mask, p).fill_(len(p.shape) >= 2)
             self.view(self.pad_mask, p).copy_(p.padding_mask())
-        self.vocab_rows = None
+        # First global vocabulary row of this tp rank (uneven with tp_weights, spec §9).
+        self.vocab_start = 0
+        for p in self.params:
+            if p.rule["rule"] == "vocab":
+                self.vocab_start = uneven.vocab_start(p, cfg, groups.tp_rank)
         self.weights = {}
+        self.flex = None  # flextp.FlexTp: the per-step straggler offload (train.py --flextp-straggler)
 
     def view(self, flat, p):
         b, e = self.offsets[p.name]
@@ -159,11 +168,17 @@ class Stage:
         x1, x2 = x[..., : d // 2], x[..., d // 2:]
         return x * emb.cos() + torch.cat([-x2, x1], dim=-1) * emb.sin()
 
+    def _linear(self, name, x, bias_name=None, replicated_input=True):
+        w = self.weights
+        if self.flex is None:
+            return F.linear(x, w[name], w.get(bias_name))
+        y = self.flex.linear(name, x, w[name], replicated_input)
+        return y + w[bias_name] if bias_name in w else y
+
     def embed(self, ids):
         w, g = self.weights, self.groups
         W = w["embedding.word_embeddings.weight"]
-        rows = W.shape[0]
-        start = g.tp_rank * rows
+        rows, start = W.shape[0], self.vocab_start
         outside = (ids < start) | (ids >= start + rows)
         e = F.embedding((ids - start).masked_fill(outside, 0), W)
         e = e.masked_fill(outside.unsqueeze(-1), 0.0)
@@ -177,11 +192,11 @@ class Stage:
         p = f"{self.model.layer_prefix}{i}."
         b, s, _ = x.shape
         r, d = hp.heads // hp.groups, hp.kv_channels
-        gl = hp.groups // self.cfg.tp
-        # attention
+        # attention (this rank's query groups: all of them, g / tp, or with tp_weights its share)
         a = p + "self_attention."
+        gl = uneven.local_query_groups(w[a + "linear_qkv.weight"].shape[0], hp.heads, hp.groups, d)
         y = self._norm(x, a + "linear_qkv.layer_norm_weight", a + "linear_qkv.layer_norm_bias")
-        qkv = F.linear(parallel.copy_to_tp(y, g), w[a + "linear_qkv.weight"], w.get(a + "linear_qkv.bias"))
+        qkv = self._linear(a + "linear_qkv.weight", parallel.copy_to_tp(y, g), a + "linear_qkv.bias")
         qkv = qkv.view(b, s, gl, r + 2, d)
         q = qkv[:, :, :, :r].reshape(b, s, gl * r, d)
         k, v = qkv[:, :, :, r], qkv[:, :, :, r + 1]
@@ -194,20 +209,20 @@ class Stage:
         causal = torch.ones(s, s, dtype=torch.bool).triu(1)
         probs = scores.masked_fill(causal, float("-inf")).softmax(dim=-1)
         ctx = (probs @ v).transpose(1, 2).reshape(b, s, gl * r * d)
-        out = parallel.reduce_from_tp(F.linear(ctx, w[a + "linear_proj.weight"]), g)
+        out = parallel.reduce_from_tp(self._linear(a + "linear_proj.weight", ctx, replicated_input=False), g)
         if hp.bias:
             out = out + w[a + "linear_proj.bias"]
         x = x + out
         # mlp
         m = p + "mlp."
         y = self._norm(x, m + "linear_fc1.layer_norm_weight", m + "linear_fc1.layer_norm_bias")
-        h = F.linear(parallel.copy_to_tp(y, g), w[m + "linear_fc1.weight"], w.get(m + "linear_fc1.bias"))
+        h = self._linear(m + "linear_fc1.weight", parallel.copy_to_tp(y, g), m + "linear_fc1.bias")
         if hp.swiglu:
             gate, up = h.chunk(2, dim=-1)
             h = F.silu(gate) * up
         else:
             h = F.gelu(h)
-        out = parallel.reduce_from_tp(F.linear(h, w[m + "linear_fc2.weight"]), g)
+        out = parallel.reduce_from_tp(self._linear(m + "linear_fc2.weight", h, replicated_input=False), g)
         if hp.bias:
             out = out + w[m + "linear_fc2.bias"]
         return x + out
@@ -219,8 +234,7 @@ class Stage:
         W = w.get("output_layer.weight")
         if W is None:
             W = w["embedding.word_embeddings.weight"]
-        rows = W.shape[0]
-        start = g.tp_rank * rows
+        rows, start = W.shape[0], self.vocab_start
         valid = max(0, min(rows, hp.vocab - start))
         logits = F.linear(parallel.copy_to_tp(x, g), W)
         per_token = parallel.vocab_parallel_cross_entropy(logits.reshape(-1, rows), labels.reshape(-1),

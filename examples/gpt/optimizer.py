@@ -16,6 +16,7 @@ computes on those elements; the updated shards are then all-gathered over dp.
 import torch
 import torch.distributed as dist
 
+from meter import METER
 from tenplex import layout as L
 
 
@@ -51,7 +52,8 @@ class Adam:
             per = e - b
             flat = self.stage.flat
             parts = [flat[j * per:(j + 1) * per] for j in range(self.stage.cfg.dp)]
-            dist.all_gather(parts, p.clone(), group=self.groups.dp)
+            with METER.comm():
+                dist.all_gather(parts, p.clone(), group=self.groups.dp)
 
     # ---- state as the spec's companions ---------------------------------------
 

@@ -12,6 +12,8 @@ Pipeline neighbours talk point to point with send/recv on the default group.
 import torch
 import torch.distributed as dist
 
+from meter import METER
+
 
 class Groups:
     def __init__(self, cfg, rank, tied_embeddings=True):
@@ -55,7 +57,19 @@ class Groups:
 
 def all_reduce(t, group, ranks, op=dist.ReduceOp.SUM):
     if len(ranks) > 1:
-        dist.all_reduce(t, op=op, group=group)
+        with METER.comm():
+            dist.all_reduce(t, op=op, group=group)
+    return t
+
+
+def send(t, dst):
+    with METER.comm():
+        dist.send(t, dst)
+
+
+def recv(t, src):
+    with METER.comm():
+        dist.recv(t, src)
     return t
 
 

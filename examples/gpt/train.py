@@ -25,9 +25,12 @@ import torch.distributed as dist  # noqa: E402
 
 import data  # noqa: E402
 import elastic_train  # noqa: E402
+import flextp  # noqa: E402
+import meter  # noqa: E402
 import model as gpt  # noqa: E402
 import optimizer  # noqa: E402
 import parallel  # noqa: E402
+import uneven  # noqa: E402
 from tenplex import checkpoint  # noqa: E402
 from tenplex import handoff  # noqa: E402
 from tenplex import layout as L  # noqa: E402
@@ -68,6 +71,12 @@ def parse_args(argv=None):
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads per process")
     ap.add_argument("--timeout", type=float, default=300, help="seconds a collective may wait")
     elastic_train.add_args(ap)
+    ap.add_argument("--flextp-straggler", type=int, metavar="T",
+                    help="FlexTP-style per-step offload (flextp.py): tp rank T keeps 12.5%% of the input "
+                    "columns of its layer linears, the other tp ranks compute the rest every step")
+    ap.add_argument("--slowdown", action="append", metavar="RANK=FACTOR",
+                    help="emulate a slow device: that rank's own compute takes FACTOR times as long "
+                    "(sleeps (FACTOR-1) x its measured compute; docs/hetero.md); repeatable, or 1=2,3=1.5")
     return ap.parse_args(argv)
 
 
@@ -79,6 +88,8 @@ class Trainer:
         hp = gpt.HParams(model.info)
         self.groups = parallel.Groups(cfg, rank, tied_embeddings=hp.tied)
         self.stage = gpt.Stage(model, cfg, self.groups, args.seed)
+        if args.flextp_straggler is not None:
+            self.stage.flex = flextp.FlexTp(self.groups, args.flextp_straggler)
         self.opt = optimizer.Adam(self.stage, self.groups, lr=args.lr, weight_decay=args.weight_decay)
         self.corpus = data.Corpus(args.data, hp.vocab, args.seq_length)
         self.step = args.start_step or 0
@@ -177,8 +188,13 @@ class Trainer:
 
     def train_step(self):
         a, g, st, cfg = self.args, self.groups, self.stage, self.cfg
-        global_ids, ids = data.step_samples(len(self.corpus), a.seed, a.global_batch_size,
-                                            self.samples_consumed, cfg.dp, g.dp_rank)
+        meter.METER.start_step()
+        if st.flex is not None:
+            st.flex.new_step()
+        global_ids, _ = data.step_samples(len(self.corpus), a.seed, a.global_batch_size,
+                                          self.samples_consumed, cfg.dp, g.dp_rank)
+        begin, end = uneven.dp_slice(a.global_batch_size, cfg, g.dp_rank)  # dp_weights, spec §9
+        ids = global_ids[begin:end]
         total_tokens = self.corpus.valid_tokens(global_ids)
         inputs, labels, mask = self.corpus.batch(ids)
         w = st.make_weights()
@@ -190,31 +206,28 @@ class Trainer:
             if g.first_stage:
                 inp = inputs[b:e]
             else:
-                inp = torch.empty(e - b, a.seq_length, h)
-                dist.recv(inp, g.prev_rank())
+                inp = parallel.recv(torch.empty(e - b, a.seq_length, h), g.prev_rank())
                 inp.requires_grad_(True)
             out = st.forward(inp, labels[b:e], mask[b:e], total_tokens)
             if g.last_stage:
                 loss_sum += out.item()
             else:
-                dist.send(out.detach().contiguous(), g.next_rank())
+                parallel.send(out.detach().contiguous(), g.next_rank())
             saved.append((inp, out))
         for inp, out in saved:
             if g.last_stage:
                 out.backward()
             else:
-                grad = torch.empty_like(out)
-                dist.recv(grad, g.next_rank())
-                out.backward(grad)
+                out.backward(parallel.recv(torch.empty_like(out), g.next_rank()))
             if not g.first_stage:
-                dist.send(inp.grad.contiguous(), g.prev_rank())
+                parallel.send(inp.grad.contiguous(), g.prev_rank())
         saved.clear()
         # Tied embeddings across stages: first and last stage sum their gradients.
         if g.embed is not None:
             name = "embedding.word_embeddings.weight" if g.first_stage else "output_layer.weight"
             if w[name].grad is None:
                 w[name].grad = torch.zeros_like(w[name])
-            dist.all_reduce(w[name].grad, group=g.embed)
+            parallel.all_reduce(w[name].grad, g.embed, g.embed_ranks)
         grad = st.flat_grad()
         parallel.all_reduce(grad, g.dp, g.dp_ranks)
         # Global gradient norm over unique elements (fp64), clipped as Megatron does.
@@ -226,12 +239,16 @@ class Trainer:
             if coeff < 1.0:
                 grad.mul_(coeff)
         self.opt.step(grad, self.step + 1)
-        # The step's loss: sum over the global batch's tokens / their count.
-        lt = torch.tensor([loss_sum if (g.last_stage and g.tp_rank == 0) else 0.0], dtype=torch.float64)
+        # The step's loss: sum over the global batch's tokens / their count; and every
+        # rank's own compute seconds (meter.py) in the same all-reduce.
+        lt = torch.zeros(1 + cfg.world_size, dtype=torch.float64)
+        lt[0] = loss_sum if (g.last_stage and g.tp_rank == 0) else 0.0
+        lt[1 + self.rank] = meter.METER.end_step()
         dist.all_reduce(lt)
+        self.rank_seconds = [round(x, 5) for x in lt[1:].tolist()]
         self.step += 1
         self.samples_consumed += a.global_batch_size
-        return lt.item(), norm, global_ids
+        return lt[0].item(), norm, global_ids
 
 
 def fail(msg):
@@ -279,6 +296,18 @@ def main(argv=None):
             raise ValueError(f"--world-rank {args.world_rank} is not in [0, {args.world_size})")
         if args.global_batch_size < cfg.dp:
             raise ValueError(f"--global-batch-size {args.global_batch_size} is smaller than dp={cfg.dp}")
+        shares = uneven.apportion(args.global_batch_size, uneven.dp_weights(cfg))
+        if min(shares) < 1:
+            raise ValueError(f"dp rank {shares.index(0)} gets no sample of the global batch of "
+                             f"{args.global_batch_size} with dp_weights {uneven.dp_weights(cfg)}")
+        if args.flextp_straggler is not None and (
+                not 0 <= args.flextp_straggler < cfg.tp or uneven.tp_weights(cfg) != [1] * cfg.tp):
+            raise ValueError(f"--flextp-straggler {args.flextp_straggler} needs an even split with a tp rank "
+                             f"in [0, {cfg.tp})")
+        slowdown = meter.parse_slowdown(args.slowdown)
+        if slowdown and max(slowdown) >= args.world_size:
+            raise ValueError(f"--slowdown rank {max(slowdown)} is not a rank of world size {args.world_size}")
+        meter.METER.factor = slowdown.get(args.world_rank, 1.0)
         if args.micro_batch_size < 1 or args.seq_length < 1 or args.steps < 0:
             raise ValueError("--micro-batch-size and --seq-length must be >= 1, --steps >= 0")
         if not hp.rope and args.seq_length > hp.max_positions:
@@ -318,7 +347,7 @@ def main(argv=None):
         times.append(time.perf_counter() - t0)
         if rank == 0:
             rec = {"step": step, "loss": loss, "config": str(cfg), "samples": ids,
-                   "grad_norm": norm, "seconds": round(times[-1], 4)}
+                   "grad_norm": norm, "seconds": round(times[-1], 4), "rank_seconds": trainer.rank_seconds}
             print(json.dumps(rec), flush=True)
             trainer.log_event(rec)
         n = args.commit_every

@@ -39,6 +39,21 @@ void RegisterRun(CLI::App& app, Context& ctx) {
          "changes); a failure then re-runs at most the N steps since the last commit")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  cmd->add_flag("--rebalance", o->rebalance,
+                "Measure per-rank speeds (rank_seconds) and move to an uneven split (tp_weights, "
+                "dp_weights, layers=) when the predicted gain exceeds the reconfiguration cost "
+                "(docs/hetero.md)");
+  cmd->add_option("--rebalance-window", o->rebalance_window,
+                  "With --rebalance: steps between commits where speeds are checked")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--rebalance-min-gain", o->rebalance_min_gain,
+                  "With --rebalance: relative step-time gain below which the split stays")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  cmd->add_option("--rebalance-cost", o->rebalance_cost,
+                  "With --rebalance: assume a reconfiguration costs this many seconds instead of "
+                  "the measured cost (what-if runs; tests on a loaded machine)");
   cmd->add_option("--baseline", o->baseline_log,
                   "Log of a static run to compare losses and samples with");
   cmd->add_flag("--quiet", *quiet, "Do not print the summary table");

@@ -92,6 +92,10 @@ std::vector<std::string> WorkerArgv(const std::vector<std::string>& command, con
     argv.push_back("--state-in");
     argv.push_back(*a.state_in);
   }
+  if (!a.slowdown.empty()) {
+    argv.push_back("--slowdown");
+    argv.push_back(a.slowdown);
+  }
   return argv;
 }
 

@@ -121,6 +121,11 @@ Result<std::vector<StepRecord>> ReadStepLog(const std::string& path, uint64_t of
         if (s.is_number_integer()) r.samples.push_back(s.get<int64_t>());
       }
     }
+    if (j.contains("seconds") && j["seconds"].is_number()) r.seconds = j["seconds"].get<double>();
+    if (j.contains("rank_seconds") && j["rank_seconds"].is_array()) {
+      for (const json& s : j["rank_seconds"])
+        r.rank_seconds.push_back(s.is_number() ? s.get<double>() : 0.0);
+    }
     steps[r.step] = std::move(r);
   }
   std::vector<StepRecord> out;

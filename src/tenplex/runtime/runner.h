@@ -72,6 +72,17 @@ struct RunOptions {
   // new store version, which the runner commits while they train on (0: only at the
   // segment's end). A failure then re-runs only the steps since the last commit.
   int64_t commit_every = 0;
+  // --rebalance: every rebalance_window steps the workers commit, and the runner reads
+  // their rank_seconds; when the rebalance policy (rebalance.h) predicts that an
+  // uneven split (tp_weights, dp_weights, layers=) proportional to the measured speeds
+  // gains more over the entry's remaining steps than a reconfiguration costs, it stops
+  // the workers at that commit, transforms the state and goes on in the new split,
+  // logging {"event": "rebalance", ...}. Schedule entries whose config differs only in
+  // weights or layers keep the rebalanced split.
+  bool rebalance = false;
+  int64_t rebalance_window = 3;
+  double rebalance_min_gain = 0.08;  // relative step-time gain below which nothing changes
+  double rebalance_cost = -1;        // >= 0: assume this reconfiguration cost (s), not the measured
   // Messages for the person running it (continuing a job, where a failed worker's log
   // was kept); none when empty.
   std::function<void(const std::string&)> notify;
@@ -82,6 +93,8 @@ struct StepRecord {
   double loss = 0;
   std::string config;
   std::vector<int64_t> samples;
+  double seconds = 0;                // the step's wall time, as the worker logged it
+  std::vector<double> rank_seconds;  // each rank's own compute (examples/gpt/meter.py)
 };
 
 struct ReconfigureRecord {

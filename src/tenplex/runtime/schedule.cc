@@ -1,5 +1,7 @@
 #include "tenplex/runtime/schedule.h"
 
+#include <cstdio>
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -26,7 +28,7 @@ Result<std::vector<ScheduleEntry>> ParseSchedule(const std::string& text, const 
       (void)v;
       static const std::set<std::string> known = {"step",           "config",     "stop",
                                                   "kill_ranks",     "kill_hosts", "gpus",
-                                                  "device_profile", "gpu_memory"};
+                                                  "device_profile", "gpu_memory", "slowdown"};
       if (!known.count(k)) return InvalidArgument(where + ": unknown field '" + k + "'");
     }
     ScheduleEntry s;
@@ -104,6 +106,26 @@ Result<std::vector<ScheduleEntry>> ParseSchedule(const std::string& text, const 
         s.kill_hosts.push_back(h.get<int>());
       }
     }
+    if (e.contains("slowdown")) {
+      if (!e["slowdown"].is_object())
+        return InvalidArgument(where + ": 'slowdown' must be an object {\"RANK\": FACTOR}");
+      std::map<int, double> slow;
+      const int world = s.stop ? 0 : s.config.world_size();
+      for (auto& [k, v] : e["slowdown"].items()) {
+        char* endp = nullptr;
+        const long r = std::strtol(k.c_str(), &endp, 10);
+        if (k.empty() || *endp != '\0' || r < 0 || r >= world) {
+          return InvalidArgument(where + ": slowdown rank '" + k + "' is not a rank of " +
+                                 (s.stop ? std::string("a stop entry") : s.config.ToString()));
+        }
+        if (!v.is_number() || !(v.get<double>() >= 1.0) || v.get<double>() > 1000) {
+          return InvalidArgument(where + ": slowdown factor of rank " + k +
+                                 " must be in [1, 1000]");
+        }
+        slow[static_cast<int>(r)] = v.get<double>();
+      }
+      s.slowdown = std::move(slow);
+    }
     if (s.stop && i + 1 != j.size())
       return InvalidArgument(where + ": a stop entry must be the last entry");
     out.push_back(std::move(s));
@@ -111,6 +133,17 @@ Result<std::vector<ScheduleEntry>> ParseSchedule(const std::string& text, const 
   if (!out.back().stop)
     return InvalidArgument("schedule must end with a {\"step\": N, \"stop\": true} entry");
   if (out.size() < 2) return InvalidArgument("schedule needs a config entry before the stop entry");
+  return out;
+}
+
+std::string SlowdownArg(const std::map<int, double>& slowdown) {
+  std::string out;
+  for (const auto& [r, f] : slowdown) {
+    if (f == 1.0) continue;
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%s%d=%g", out.empty() ? "" : ",", r, f);
+    out += buf;
+  }
   return out;
 }
 

@@ -10,11 +10,15 @@
 // store daemon are killed, so the job goes on from the state on the other hosts. The
 // last entry, and only it, is {"stop": true}. An entry may give {"gpus": N} instead of
 // a config (optional "device_profile" and "gpu_memory"): the config policy
-// (src/tenplex/policy) picks the config for N GPUs.
+// (src/tenplex/policy) picks the config for N GPUs. `"slowdown": {"1": 2.0}` emulates
+// slow devices from the entry's step on (until an entry gives another "slowdown"; {}
+// ends it): the workers get --slowdown RANK=FACTOR (docs/hetero.md).
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,7 +35,12 @@ struct ScheduleEntry {
   std::vector<int> kill_ranks;
   std::vector<int> kill_hosts;  // indexes into the cluster file's hosts
   int gpus = 0;                 // "gpus": N entries: the count the policy chose `config` for
+  // "slowdown": rank -> factor (>= 1); unset when the entry gives none.
+  std::optional<std::map<int, double>> slowdown;
 };
+
+// "1=2,3=1.5": the workers' --slowdown argument ("" when none).
+std::string SlowdownArg(const std::map<int, double>& slowdown);
 
 // Picks the config of a {"gpus": N, "device_profile": P, "gpu_memory": M} entry.
 using ConfigChooser = std::function<Result<ParallelConfig>(

@@ -2,11 +2,16 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 
 #include "tenplex/policy/policy.h"
+#include "tenplex/runtime/rebalance.h"
 #include "tenplex/runtime/report.h"
 #include "tenplex/runtime/segment.h"
 #include "tenplex/store/parse.h"
@@ -134,7 +139,7 @@ class ScheduleLoop {
     Notify("continuing job '" + o_.job + "' from its committed version " +
            std::to_string(cur->version) + ": step " + std::to_string(step_) + ", " +
            std::to_string(samples_) + " samples consumed, config " + cfg_.ToString());
-    const ParallelConfig& want = entries_[i_].config;
+    const ParallelConfig want = EntryConfig(i_);
     if (want == cfg_) return false;
     ReconfigureRecord rec;
     rec.step = step_;
@@ -148,6 +153,7 @@ class ScheduleLoop {
 
   // Runs entry i_'s segment and moves on; true when the schedule is done.
   Result<bool> RunSegment() {
+    if (entries_[i_].slowdown) slowdown_ = *entries_[i_].slowdown;
     TP_ASSIGN_OR_RETURN(Layout layout, MakeLayout(model_, cfg_));
     SegmentSpec spec;
     spec.index = segment_;
@@ -160,6 +166,18 @@ class ScheduleLoop {
                  {"step", step_},
                  {"samples_consumed", samples_}};
     spec.committed = committed_;
+    spec.commit_every = o_.commit_every;
+    spec.slowdown = SlowdownArg(slowdown_);
+    if (o_.rebalance) {
+      const int64_t w = o_.rebalance_window;
+      spec.commit_every = o_.commit_every > 0 ? std::min(o_.commit_every, w) : w;
+      spec.stop_after_commit = [this, start = spec.start](int64_t step) {
+        return CheckRebalance(start, step);
+      };
+      struct stat st;
+      seg_log_offset_ = ::stat(o_.log_path.c_str(), &st) == 0 ? st.st_size : 0;
+      t_segment_ = Clock::now();
+    }
     if (!kills_done_.count(i_ + 1)) {
       spec.kill_ranks = entries_[i_ + 1].kill_ranks;
       spec.kill_hosts = entries_[i_ + 1].kill_hosts;
@@ -170,12 +188,17 @@ class ScheduleLoop {
     committed_ = seg.committed();
     step_ = seg.step();
     samples_ = seg.samples_consumed();
+    if (seg.state() == Segment::State::kStopped) {  // a rebalance, in this entry
+      ++segment_;
+      TP_RETURN_IF_ERROR(Rebalance(seg));
+      return false;
+    }
     const bool failed = seg.state() == Segment::State::kKilled;
     ++i_;
     ++segment_;
     if (entries_[i_].stop && !failed) return true;
     if (entries_[i_].stop && failed) --i_;  // a failure in the last segment re-runs it
-    const ParallelConfig next = entries_[i_].stop ? cfg_ : entries_[i_].config;
+    const ParallelConfig next = entries_[i_].stop ? cfg_ : EntryConfig(i_);
     if (next != cfg_ || failed) TP_RETURN_IF_ERROR(Reconfigure(seg, spec.end, next, failed));
     cfg_ = next;
     return false;
@@ -198,6 +221,105 @@ class ScheduleLoop {
     rec.stop_seconds = seg.stop_seconds();
     if (committed_ && (next != cfg_ || replace)) TP_RETURN_IF_ERROR(TransformTo(next, rec));
     recorder_.SetPending(rec, seg.kill_time());
+    return Status::Ok();
+  }
+
+  // Entry i's config; with --rebalance the current split when the entry differs from it
+  // only in weights or layers (a rebalanced split outlives the entries that follow).
+  ParallelConfig EntryConfig(std::size_t i) const {
+    const ParallelConfig& e = entries_[i].config;
+    if (o_.rebalance && e.tp == cfg_.tp && e.dp == cfg_.dp && e.pp == cfg_.pp &&
+        e.zero == cfg_.zero)
+      return cfg_;
+    return e;
+  }
+
+  // After the periodic commit at `step` of the segment that began at `start`: whether
+  // the rebalance policy wants another split (kept in rebalance_ for Rebalance()).
+  bool CheckRebalance(int64_t start, int64_t step) {
+    auto log = ReadStepLog(o_.log_path, seg_log_offset_);
+    if (!log.ok()) return false;
+    std::vector<std::vector<double>> window;
+    double worked = 0;
+    for (const StepRecord& r : *log) {
+      if (r.step < start || r.step >= step) continue;
+      worked += r.seconds;
+      if (r.step > start && !r.rank_seconds.empty()) window.push_back(r.rank_seconds);
+    }
+    if (window.empty() && step - start > 1 && !warned_) {
+      warned_ = true;
+      Notify("--rebalance: the workers log no rank_seconds; nothing to rebalance on");
+    }
+    if (static_cast<int64_t>(window.size()) > o_.rebalance_window)
+      window.erase(window.begin(), window.end() - o_.rebalance_window);
+    // The cost of a reconfiguration: measured at the last one (stop, transform, restart
+    // less the step it ran); before any, this segment's own start-up (the seconds since
+    // its launch not spent in steps) plus the last transform's seconds.
+    double cost = Since(t_segment_) - worked + last_transform_s_;
+    if (!summary_.reconfigurations.empty()) {
+      const ReconfigureRecord& r = summary_.reconfigurations.back();
+      cost = r.stop_seconds + r.transform_seconds + r.restart_seconds - worked / (step - start);
+    }
+    if (o_.rebalance_cost >= 0) cost = o_.rebalance_cost;
+    RebalancePolicy policy;
+    policy.min_step_gain = o_.rebalance_min_gain;
+    auto d = DecideConfigRebalance(model_, cfg_, GlobalBatch(), window,
+                                   entries_[i_ + 1].step - step, std::max(0.0, cost), policy);
+    if (!d.ok()) {
+      Notify("--rebalance: " + d.status().message());
+      return false;
+    }
+    rebalance_ = *d;
+    if (!d->decision.rebalance && !(d->to == cfg_) && !d->decision.rank_seconds.empty()) {
+      // A better split exists but does not pay (yet): say why, once per segment.
+      if (skipped_logged_ != start) {
+        skipped_logged_ = start;
+        (void)AppendLogLine(o_.log_path, {{"event", "rebalance_skipped"},
+                                          {"step", step},
+                                          {"config", cfg_.ToString()},
+                                          {"best", d->to.ToString()},
+                                          {"predicted_gain_s", d->decision.predicted_gain_s},
+                                          {"cost_s", d->decision.cost_s},
+                                          {"reason", d->decision.reason}});
+      }
+    }
+    return d->decision.rebalance;
+  }
+
+  // --global-batch-size of the worker command (train.py's default 8).
+  int64_t GlobalBatch() const {
+    for (std::size_t i = 0; i + 1 < o_.command.size(); ++i) {
+      if (o_.command[i] == "--global-batch-size") return std::atoll(o_.command[i + 1].c_str());
+    }
+    return 8;
+  }
+
+  // Transforms the state committed at the stop into the rebalanced split and logs it.
+  Status Rebalance(const Segment& seg) {
+    const ConfigRebalance& r = *rebalance_;
+    ReconfigureRecord rec;
+    rec.step = step_;
+    rec.from = cfg_.ToString();
+    rec.to = r.to.ToString();
+    rec.stop_seconds = seg.stop_seconds();
+    TP_RETURN_IF_ERROR(TransformTo(r.to, rec));
+    last_transform_s_ = rec.transform_seconds;
+    TP_RETURN_IF_ERROR(
+        AppendLogLine(o_.log_path, {{"event", "rebalance"},
+                                    {"step", step_},
+                                    {"from", rec.from},
+                                    {"to", rec.to},
+                                    {"predicted_gain_s", r.decision.predicted_gain_s},
+                                    {"cost_s", r.decision.cost_s},
+                                    {"rank_seconds", r.decision.rank_seconds},
+                                    {"current_step_s", r.decision.current_step_s},
+                                    {"predicted_step_s", r.decision.predicted_step_s},
+                                    {"bytes_moved", rec.bytes_moved},
+                                    {"transform_seconds", rec.transform_seconds}}));
+    Notify("rebalanced at step " + std::to_string(step_) + ": " + rec.from + " -> " + rec.to);
+    recorder_.SetPending(rec, Clock::now());
+    cfg_ = r.to;
+    rebalance_.reset();
     return Status::Ok();
   }
 
@@ -230,6 +352,14 @@ class ScheduleLoop {
   std::size_t i_ = 0;
   int segment_ = 0;
   ParallelConfig cfg_;
+  std::map<int, double> slowdown_;  // the schedule's, from its last entry that gave one
+  // --rebalance: where the segment's log lines start, its launch, the pending decision.
+  uint64_t seg_log_offset_ = 0;
+  Clock::time_point t_segment_;
+  std::optional<ConfigRebalance> rebalance_;
+  double last_transform_s_ = 0;
+  bool warned_ = false;
+  int64_t skipped_logged_ = -1;
 };
 
 }  // namespace

@@ -64,5 +64,30 @@ TEST(ScheduleTest, RejectsBadSchedules) {
   }
 }
 
+TEST(ScheduleTest, Slowdown) {
+  auto s = ParseSchedule(R"([{"step": 0, "config": "tp=2", "slowdown": {"1": 2.5}},
+      {"step": 3, "config": "tp=2"}, {"step": 5, "config": "tp=2", "slowdown": {}},
+      {"step": 6, "stop": true}])",
+                         Small());
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  ASSERT_TRUE((*s)[0].slowdown.has_value());
+  EXPECT_EQ(SlowdownArg(*(*s)[0].slowdown), "1=2.5");
+  EXPECT_FALSE((*s)[1].slowdown.has_value());
+  ASSERT_TRUE((*s)[2].slowdown.has_value());
+  EXPECT_EQ(SlowdownArg(*(*s)[2].slowdown), "");
+  EXPECT_EQ(SlowdownArg({{0, 1.0}, {1, 2.0}, {3, 1.5}}), "1=2,3=1.5");
+  for (const char* bad : {
+           R"([{"step": 0, "config": "tp=2", "slowdown": {"2": 2}}, {"step": 1, "stop": true}])",
+           R"([{"step": 0, "config": "tp=2", "slowdown": {"x": 2}}, {"step": 1, "stop": true}])",
+           R"([{"step": 0, "config": "tp=2", "slowdown": {"1": 0.5}}, {"step": 1, "stop": true}])",
+           R"([{"step": 0, "config": "tp=2", "slowdown": {"1": "2"}}, {"step": 1, "stop": true}])",
+           R"([{"step": 0, "config": "tp=2", "slowdown": [1]}, {"step": 1, "stop": true}])",
+       }) {
+    auto r = ParseSchedule(bad, Small());
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.status().message().find("slowdown"), std::string::npos) << r.status().message();
+  }
+}
+
 }  // namespace
 }  // namespace tenplex::runtime

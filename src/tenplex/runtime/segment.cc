@@ -45,7 +45,7 @@ Status Segment::Open() {
   // Where the workers write their state, in order: the periodic commits inside the
   // segment (--commit-every), then its end. Each is a version of its own, opened when
   // the one before is committed (versions are committed in the order they are begun).
-  targets_ = SegmentTargets(files_, spec_.start, spec_.end, env_.options->commit_every);
+  targets_ = SegmentTargets(files_, spec_.start, spec_.end, spec_.commit_every);
   std::error_code ec;
   for (const Target& t : targets_) {
     fs::remove(t.path, ec);
@@ -73,7 +73,8 @@ Status Segment::Launch() {
   args.steps = spec_.end - spec_.start;
   args.log = o.log_path;
   args.state_out = files_.out_json;
-  args.commit_every = o.commit_every;
+  args.commit_every = spec_.commit_every;
+  args.slowdown = spec_.slowdown;
   args.commit_prefix = files_.commit_prefix;
   if (committed_) args.state_in = files_.in_json;
   t_launch_ = Clock::now();
@@ -158,6 +159,11 @@ Status Segment::CommitIfWritten() {
   if (!s.ok())
     return Fail(s.WithContext("periodic commit of segment " + spec_.layout->config.ToString()));
   t_progress_ = Clock::now();
+  if (spec_.stop_after_commit && !kill_scheduled_ && spec_.stop_after_commit(step_)) {
+    stopped_ = true;
+    t_last_step_ = Clock::now();
+    StopWorkers();
+  }
   return Status::Ok();
 }
 
@@ -207,6 +213,13 @@ void Segment::Reap() {
 Status Segment::Finish() {
   const RunOptions& o = *env_.options;
   const std::string cfg = spec_.layout->config.ToString();
+  if (stopped_) {
+    env_.backend->Drop(o.job, *open_);
+    open_.reset();
+    stop_seconds_ = Since(t_last_step_);
+    state_ = State::kStopped;
+    return Status::Ok();
+  }
   if (failed_ && !killed_) {
     return Fail(Internal("segment " + cfg + " from step " + std::to_string(spec_.start) +
                          " failed: " + failure_));

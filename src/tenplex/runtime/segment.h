@@ -8,6 +8,9 @@
 //               (--commit-every) commits that version and opens the next; kills the
 //               scheduled ranks and hosts in the middle of the step before the end
 //   kCompleted  every worker exited 0 and wrote the last version: it is committed
+//   kStopped    after a periodic commit, stop_after_commit asked for a stop (a
+//               rebalance): the workers are stopped, the open version dropped, the job
+//               goes on from that commit (step())
 //   kKilled     the scheduled kill struck: the open version is dropped, the job goes
 //               on from the last commit (step()), re-running the steps since
 //   kFailed     Run() returned an error: an unscheduled worker failure (with the
@@ -19,6 +22,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -53,11 +57,15 @@ struct SegmentSpec {
   std::optional<uint64_t> committed;  // the version the workers load, if any
   std::vector<int> kill_ranks;        // killed in the step before `end`
   std::vector<int> kill_hosts;
+  int64_t commit_every = 0;  // periodic commits inside the segment (0: only at its end)
+  std::string slowdown;      // the workers' --slowdown, none when empty
+  // Called after each periodic commit with its step; true stops the segment there.
+  std::function<bool(int64_t step)> stop_after_commit;
 };
 
 class Segment {
  public:
-  enum class State { kOpening, kRunning, kCompleted, kKilled, kFailed };
+  enum class State { kOpening, kRunning, kCompleted, kStopped, kKilled, kFailed };
 
   Segment(SegmentEnv env, SegmentSpec spec);
   Segment(const Segment&) = delete;
@@ -118,7 +126,7 @@ class Segment {
   std::optional<LogTail> tail_;
   std::vector<int> to_kill_;
   std::vector<std::string> lost_hosts_;
-  bool kill_scheduled_ = false, killed_ = false, failed_ = false;
+  bool kill_scheduled_ = false, killed_ = false, failed_ = false, stopped_ = false;
   std::string failure_;
   int64_t last_step_seen_;
   double step_interval_ = 0.4;  // between the last two step lines (a guess until two are seen)
