@@ -44,7 +44,7 @@ TEST(CapabilityTest, AnyChangedByteIsWrong) {
   std::string later = cap;
   later.replace(later.find(":5000:"), 6, ":9000:");
   EXPECT_EQ(CheckCapability("key", later, 6000).refusal, CapabilityRefusal::kWrong);
-  for (const char* junk : {"x", "tpc1", "tpc1:::::", "tpc1:1:2:3:4:j", "tpc1:01:2:3:" }) {
+  for (const char* junk : {"x", "tpc1", "tpc1:::::", "tpc1:1:2:3:4:j", "tpc1:01:2:3:"}) {
     EXPECT_EQ(CheckCapability("key", junk, 0).refusal, CapabilityRefusal::kWrong) << junk;
   }
 }
