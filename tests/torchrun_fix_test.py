@@ -101,6 +101,26 @@ def main():
         expect_error(lambda: elastic.read_policy('{"2": "tp=2,pp=zz"}'), "entry '2'", "malformed config")
         expect_error(lambda: elastic.read_policy(os.path.join(tmp, "missing.json")), "cannot read policy file",
                      "missing policy file")
+        # No table: the config policy picks, for each world size, the fastest predicted
+        # config that fits and uses every worker (checked against suggest's own listing).
+        model = os.path.join(tmp, "m.json")
+        subprocess.run([elastic.tenplex_binary(), "model", "gpt", "--num-layers", "2", "--hidden-size", "64",
+                        "--num-attention-heads", "4", "--vocab-size", "100", "-o", model], check=True)
+        sargs = f"--model {model} --device-profile cpu --global-batch 8 --micro-batch 1 --seq-length 16"
+        sp = elastic.read_policy("suggest:" + sargs)
+        for w in (1, 2, 4, 8):
+            got = elastic.pick_config(sp, w, 2)
+            out = subprocess.run([elastic.tenplex_binary(), "config", "suggest", *sargs.split(), "--gpus", str(w),
+                                  "--gpus-per-host", "2", "--all", "--json"], capture_output=True, text=True,
+                                 check=True)
+            ok = [c for c in json.loads(out.stdout)["configs"]
+                  if c["fits"] and c["tp"] * c["pp"] * c["dp"] == w]
+            best = min(ok, key=lambda c: c["step_seconds"])
+            check(elastic.Config.parse(got).world_size == w and
+                  got == str(elastic.Config.parse(best["config"])), f"suggested config for {w} workers: {got}")
+        expect_error(lambda: elastic.pick_config(sp, 6, 2), "no config that fits on 6 workers",
+                     "suggest with no config for the world size")
+        expect_error(lambda: elastic.read_policy("suggest:--gpus 4"), "needs --model", "suggest without a model")
         for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "TENPLEX_STORE_URL"):
             os.environ.pop(k, None)
         expect_error(lambda: elastic.Job("gpt", pol), "WORLD_SIZE is not set", "outside torchrun")

@@ -75,8 +75,23 @@ class ElasticError(RuntimeError):
 STOP_EXIT_STATUS = 3  # stopped for a change but no SIGTERM came: ask torchrun for a new round
 
 
+class SuggestPolicy:
+    """The config policy (``tenplex config suggest``, docs/policy.md) instead of a table:
+    for each world size the best-ranked config that fits and uses every worker."""
+
+    def __init__(self, args):
+        self.args = list(args)
+
+
 def read_policy(policy):
-    """{world size: config string} from a policy file path, a JSON text or a dict."""
+    """{world size: config string} from a policy file path, a JSON text or a dict; or, for
+    ``"suggest:ARGS"`` (e.g. ``"suggest:--model m.json --device-profile cpu"``), a
+    SuggestPolicy that asks ``tenplex config suggest ARGS`` at start-up."""
+    if isinstance(policy, str) and policy.startswith("suggest:"):
+        args = policy[len("suggest:"):].split()
+        if "--model" not in args:
+            raise ElasticError(f"policy {policy!r}: suggest needs --model M (the model JSON or a preset)")
+        return SuggestPolicy(args)
     if isinstance(policy, dict):
         raw = policy
     else:
@@ -112,8 +127,28 @@ def read_policy(policy):
     return out
 
 
-def pick_config(policy, world_size):
+def suggest_config(policy, world_size, gpus_per_host=None):
+    """The best config of `tenplex config suggest` that fits and uses all world_size workers."""
+    cmd = [tenplex_binary(), "config", "suggest", *policy.args, "--gpus", str(world_size), "--all", "--json"]
+    if gpus_per_host and "--gpus-per-host" not in policy.args:
+        cmd += ["--gpus-per-host", str(gpus_per_host)]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise ElasticError(f"tenplex config suggest failed: {(r.stderr or r.stdout).strip()}")
+    try:
+        configs = json.loads(r.stdout)["configs"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise ElasticError(f"tenplex config suggest: unreadable output ({e})") from None
+    for c in configs:
+        if c.get("fits") and Config.parse(c["config"]).world_size == world_size:
+            return str(Config.parse(c["config"]))
+    raise ElasticError(f"tenplex config suggest has no config that fits on {world_size} workers")
+
+
+def pick_config(policy, world_size, gpus_per_host=None):
     """The policy's config for world_size, or ElasticError naming the sizes it has."""
+    if isinstance(policy, SuggestPolicy):
+        return suggest_config(policy, world_size, gpus_per_host)
     if world_size not in policy:
         raise ElasticError(f"the policy has no config for world size {world_size} "
                            f"(it has {sorted(policy)}): add an entry or change --nnodes/--nproc_per_node")
@@ -185,7 +220,7 @@ class Job:
         if self.rank != self.group_rank * self.local_world_size + self.local_rank:
             raise ElasticError(f"rank {self.rank} is not group_rank {self.group_rank} x {self.local_world_size} + "
                                f"local_rank {self.local_rank}: every host must run the same --nproc_per_node")
-        self.config = pick_config(self.policy, self.world_size)
+        self.config = pick_config(self.policy, self.world_size, self.local_world_size)
         self.url = (store_url or os.environ.get("TENPLEX_STORE_URL") or "").rstrip("/")
         if not self.url.startswith("http://"):
             raise ElasticError("give this host's store daemon as TENPLEX_STORE_URL=http://host:port "
