@@ -132,7 +132,11 @@ Result<GptDims> CheckGptArgs(const GptArgs& a) {
 
 // Megatron-core GPT parameter names, shapes and TP rules, in Megatron's order.
 void AddGptTensors(const GptArgs& a, const GptDims& dims, Model& m) {
-  const auto [h, heads, g, d, f, k, learned, layernorm, bias, dt] = dims;
+  // Plain copies, not a structured binding: the lambdas below capture them (clang 14
+  // cannot capture structured bindings).
+  const int64_t h = dims.h, heads = dims.heads, g = dims.g, d = dims.d, f = dims.f, k = dims.k;
+  const bool learned = dims.learned, layernorm = dims.layernorm, bias = dims.bias;
+  const DType dt = dims.dt;
   auto add = [&](std::string path, Shape shape, TpRule rule, Stage stage) {
     m.tensors.push_back({std::move(path), dt, std::move(shape), rule, stage});
   };
@@ -190,8 +194,8 @@ void AddGptTensors(const GptArgs& a, const GptDims& dims, Model& m) {
 }
 
 std::map<std::string, std::string> GptInfo(const GptArgs& a, const GptDims& dims) {
-  const auto [h, heads, g, d, f, k, learned, layernorm, bias, dt] = dims;
-  (void)k, (void)learned, (void)layernorm, (void)dt;
+  const int64_t h = dims.h, heads = dims.heads, g = dims.g, d = dims.d, f = dims.f;
+  const bool bias = dims.bias;
   return {{"family", "gpt"},
           {"num_layers", std::to_string(a.num_layers)},
           {"hidden_size", std::to_string(h)},
