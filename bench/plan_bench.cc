@@ -50,19 +50,18 @@ int64_t PlanBytes(const tenplex::plan::Plan& p) {
   return b;
 }
 
-void RunPlan(benchmark::State& state, const Model& m, const std::string& from_cfg,
-             const std::string& to_cfg, double goal_s = 1.0) {
-  const Layout from = *tenplex::MakeLayout(m, *tenplex::ParseConfig(from_cfg));
-  const Layout to = *tenplex::MakeLayout(m, *tenplex::ParseConfig(to_cfg));
-  const auto fh = tenplex::plan::DefaultHosts(from.world_size(), 8);
-  const auto th = tenplex::plan::DefaultHosts(to.world_size(), 8);
+// Times `make` (a MakePlan or MakeHostPlan call) in the benchmark loop and reports ops,
+// plan size, peak RSS, MakePlan seconds alone and CPU seconds, the ratio to goal_s and
+// whether the plan's cross-host bytes are at the lower bound.
+template <class MakeFn>
+void TimePlans(benchmark::State& state, int world, double goal_s, MakeFn make) {
   double seconds = 0, cpu = 0;
   int64_t ops = 0, bytes = 0;
   bool at_bound = true;
   for (auto _ : state) {
     const double c0 = ThreadCpuSeconds();
     auto t0 = std::chrono::steady_clock::now();
-    auto p = tenplex::plan::MakePlan(m, from, to, fh, th);
+    auto p = make();
     seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     cpu += ThreadCpuSeconds() - c0;
     if (!p.ok()) {
@@ -77,12 +76,22 @@ void RunPlan(benchmark::State& state, const Model& m, const std::string& from_cf
   state.counters["ops"] = static_cast<double>(ops);
   state.counters["plan_MiB"] = static_cast<double>(bytes) / (1 << 20);
   state.counters["peak_rss_MiB"] = PeakRssMiB();
-  state.counters["world"] = from.world_size() + to.world_size();
+  state.counters["world"] = world;
   state.counters["goal_s"] = goal_s;
   state.counters["plan_s"] = per;  // MakePlan alone (the real time also frees the plan)
   state.counters["plan_cpu_s"] = cpu / static_cast<double>(state.iterations());
   state.counters["limit_ratio"] = per / goal_s;
   state.counters["at_lower_bound"] = at_bound ? 1 : 0;
+}
+
+void RunPlan(benchmark::State& state, const Model& m, const std::string& from_cfg,
+             const std::string& to_cfg, double goal_s = 1.0) {
+  const Layout from = *tenplex::MakeLayout(m, *tenplex::ParseConfig(from_cfg));
+  const Layout to = *tenplex::MakeLayout(m, *tenplex::ParseConfig(to_cfg));
+  const auto fh = tenplex::plan::DefaultHosts(from.world_size(), 8);
+  const auto th = tenplex::plan::DefaultHosts(to.world_size(), 8);
+  TimePlans(state, from.world_size() + to.world_size(), goal_s,
+            [&] { return tenplex::plan::MakePlan(m, from, to, fh, th); });
 }
 
 void BM_Plan175b(benchmark::State& state) {
@@ -132,33 +141,8 @@ void BM_PlanHost16k(benchmark::State& state) {
   const auto fh = tenplex::plan::DefaultHosts(from.world_size(), 8);
   const auto th = tenplex::plan::DefaultHosts(to.world_size(), 8);
   const int host = static_cast<int>(state.range(0));
-  double seconds = 0, cpu = 0;
-  int64_t ops = 0, bytes = 0;
-  bool at_bound = true;
-  for (auto _ : state) {
-    const double c0 = ThreadCpuSeconds();
-    auto t0 = std::chrono::steady_clock::now();
-    auto p = tenplex::plan::MakeHostPlan(m, from, to, fh, th, host);
-    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    cpu += ThreadCpuSeconds() - c0;
-    if (!p.ok()) {
-      state.SkipWithError(p.status().message().c_str());
-      return;
-    }
-    ops = static_cast<int64_t>(p->ops.size());
-    bytes = PlanBytes(*p);
-    at_bound = at_bound && p->stats.bytes_cross_host == p->stats.cross_host_lower_bound;
-  }
-  const double per = seconds / static_cast<double>(state.iterations());
-  state.counters["ops"] = static_cast<double>(ops);
-  state.counters["plan_MiB"] = static_cast<double>(bytes) / (1 << 20);
-  state.counters["peak_rss_MiB"] = PeakRssMiB();
-  state.counters["world"] = from.world_size() + to.world_size();
-  state.counters["goal_s"] = 1.0;
-  state.counters["plan_s"] = per;
-  state.counters["plan_cpu_s"] = cpu / static_cast<double>(state.iterations());
-  state.counters["limit_ratio"] = per / 1.0;
-  state.counters["at_lower_bound"] = at_bound ? 1 : 0;
+  TimePlans(state, from.world_size() + to.world_size(), 1.0,
+            [&] { return tenplex::plan::MakeHostPlan(m, from, to, fh, th, host); });
 }
 BENCHMARK(BM_PlanHost16k)->Arg(0)->Arg(960)->Unit(benchmark::kMillisecond);
 
