@@ -140,8 +140,9 @@ def suggest_config(policy, world_size, gpus_per_host=None):
     except (ValueError, KeyError, TypeError) as e:
         raise ElasticError(f"tenplex config suggest: unreadable output ({e})") from None
     for c in configs:
-        if c.get("fits") and Config.parse(c["config"]).world_size == world_size:
-            return str(Config.parse(c["config"]))
+        cfg = Config.parse(c["config"])
+        if c.get("fits") and cfg.world_size == world_size:
+            return str(cfg)
     raise ElasticError(f"tenplex config suggest has no config that fits on {world_size} workers")
 
 
