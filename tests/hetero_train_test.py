@@ -18,6 +18,11 @@
                                               (losses and samples equal a static even run
                                               within 1e-3); with the measured cost and few
                                               steps left it keeps the split instead
+  hetero_train_test.py TENPLEX_BIN rebalance_cluster
+                                              the same with --cluster (2 store daemons, one
+                                              device each): the rebalance's transform moves
+                                              exactly the cross-host lower bound of the plan,
+                                              losses and samples equal the static run
 
 The even reference is the client itself in tp=1 (gpt_train_test.py checks that against
 an independent single-process reference).
@@ -27,6 +32,9 @@ import os
 import subprocess
 import sys
 import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from daemons import Daemon, write_cluster  # noqa: E402
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 GPT = os.path.join(ROOT, "examples", "gpt")
@@ -203,10 +211,53 @@ def rebalance(bin_):
     check.finish()
 
 
+def rebalance_cluster(bin_):
+    """--rebalance with the state in 2 store daemons (hosts of one device each)."""
+    check = Checks()
+    n = 6
+    daemons = []
+    with tempfile.TemporaryDirectory() as tmp:
+        model = make_model(bin_, tmp, "llama", LLAMA)
+        base = train(tmp, "tp=2", model, n, "static")
+        try:
+            daemons = [Daemon(bin_) for _ in range(2)]
+            cluster = os.path.join(tmp, "cluster.json")
+            write_cluster(cluster, daemons, 1)
+            slow = [{"step": 0, "config": "tp=2", "slowdown": {"1": 3.0}}, {"step": n, "stop": True}]
+            got, events, _ = run(bin_, tmp, "rebalanced", slow, model,
+                                 ["--cluster", cluster, "--rebalance", "--rebalance-window", "2",
+                                  "--rebalance-cost", "0"])
+        finally:
+            for d in daemons:
+                d.stop()
+        reb = [e for e in events if e["event"] == "rebalance"]
+        check(len(reb) >= 1, f"a rebalance event: {reb}")
+        for e in reb:
+            w = [int(x) for x in e["to"].split("tp_weights=")[1].split(",")[0].split("+")]
+            check(e["from"].startswith("tp=2") and len(w) == 2 and w[0] > w[1], f"{e['from']} -> {e['to']}")
+            # Each device its own host: the transform ships exactly the slices whose owner
+            # changes, the plan's cross-host lower bound (computed by `tenplex plan`).
+            p = subprocess.run([bin_, "plan", "--model", model, "--from", e["from"], "--to", e["to"],
+                                "--gpus-per-host", "1", "--json"], capture_output=True, text=True)
+            st = json.loads(p.stdout)["stats"] if p.returncode == 0 else {}
+            bound = st.get("cross_host_lower_bound", -1)
+            check(bound > 0 and st.get("bytes_cross_host") == bound and e.get("cross_host_lower_bound") == bound,
+                  f"step {e['step']}: plan's cross-host bytes {st.get('bytes_cross_host')} = lower bound {bound} "
+                  f"(the run's plan: {e.get('cross_host_lower_bound')})")
+            check(e.get("bytes_cross_host") == bound,
+                  f"step {e['step']}: bytes fetched across hosts by the transform {e.get('bytes_cross_host')} = "
+                  f"lower bound {bound} (of {e['bytes_moved']} bytes written)")
+        compare(check, got, base, 1e-3, "rebalanced --cluster run")
+        configs = [got[s]["config"] for s in sorted(got)]
+        check(configs[0] == "tp=2,pp=1,dp=1" and "tp_weights" in configs[-1], f"configs per step: {configs}")
+    check.finish()
+
+
 def main():
-    if len(sys.argv) != 3 or sys.argv[2] not in ("uneven", "slowdown", "rebalance"):
+    parts = {"uneven": uneven, "slowdown": slowdown, "rebalance": rebalance, "rebalance_cluster": rebalance_cluster}
+    if len(sys.argv) != 3 or sys.argv[2] not in parts:
         raise SystemExit(__doc__)
-    {"uneven": uneven, "slowdown": slowdown, "rebalance": rebalance}[sys.argv[2]](sys.argv[1])
+    parts[sys.argv[2]](sys.argv[1])
 
 
 if __name__ == "__main__":

@@ -56,6 +56,9 @@ class StateBackend {
   struct Moved {
     uint64_t version = 0;
     int64_t bytes_moved = 0, bytes_total = 0, bytes_in_place = 0;
+    // Payload fetched from other hosts, and the plan's cross-host lower bound (0 on one
+    // host).
+    int64_t bytes_cross_host = 0, cross_host_lower_bound = 0;
   };
   // Transforms the committed version to `to`, committed.
   virtual Result<Moved> Transform(const std::string& job, const ParallelConfig& to) = 0;

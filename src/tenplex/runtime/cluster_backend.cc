@@ -150,8 +150,11 @@ class ClusterBackend : public StateBackend {
                         transform::TransformCluster(from_cluster_, job, to, co_, opts));
     from_cluster_ = cluster_;
     Moved m{ts.to_version, 0, ts.plan.bytes_total, ts.plan.bytes_in_place};
-    for (const transform::HostTransformReport& h : ts.hosts)
+    for (const transform::HostTransformReport& h : ts.hosts) {
       m.bytes_moved += h.bytes_kept + h.bytes_local + h.bytes_fetched;
+      m.bytes_cross_host += h.bytes_fetched;
+    }
+    m.cross_host_lower_bound = ts.plan.cross_host_lower_bound;
     return m;
   }
 

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
@@ -315,6 +316,8 @@ class ScheduleLoop {
                                     {"current_step_s", r.decision.current_step_s},
                                     {"predicted_step_s", r.decision.predicted_step_s},
                                     {"bytes_moved", rec.bytes_moved},
+                                    {"bytes_cross_host", last_cross_host_[0]},
+                                    {"cross_host_lower_bound", last_cross_host_[1]},
                                     {"transform_seconds", rec.transform_seconds}}));
     Notify("rebalanced at step " + std::to_string(step_) + ": " + rec.from + " -> " + rec.to);
     recorder_.SetPending(rec, Clock::now());
@@ -334,6 +337,7 @@ class ScheduleLoop {
     rec.bytes_moved = ts->bytes_moved;
     rec.bytes_total = ts->bytes_total;
     rec.bytes_in_place = ts->bytes_in_place;
+    last_cross_host_ = {ts->bytes_cross_host, ts->cross_host_lower_bound};
     return Status::Ok();
   }
 
@@ -358,6 +362,7 @@ class ScheduleLoop {
   Clock::time_point t_segment_;
   std::optional<ConfigRebalance> rebalance_;
   double last_transform_s_ = 0;
+  std::array<int64_t, 2> last_cross_host_{};  // the last transform's fetched bytes, bound
   bool warned_ = false;
   int64_t skipped_logged_ = -1;
 };
