@@ -3,7 +3,7 @@
 per-step offload, against the ideal bound measured in the same run (issue 14).
 
   hetero_bench.py [--tenplex build/bin/tenplex] [--out docs/benchmarks] [--quick]
-                  [--only tp=2:2] [--steps N] [--window W]
+                  [--only tp=2:2] [--steps N] [--window W] [--repeat N] [--keep DIR [--reuse]]
 
 For each case (tp=2, tp=4, dp=2) and slowdown factor F of rank 1 (1.5, 2, 3; emulated
 with train.py --slowdown 1=F, examples/gpt/meter.py) it measures, with the reference
@@ -12,9 +12,10 @@ client on this machine (CPU, gloo, one torch thread per rank):
   even, rebalanced  ONE `tenplex run --rebalance` from the even config, so that both
               phases run within a minute of each other under the same machine load: the
               even phase is the first segment (steps 1 .. W-1; step 0 warms up), the
-              policy rebalances at its commit at step W, and the rebalanced phase is the
-              segment after the last rebalance (its first step excluded). Step times are
-              medians over these windows.
+              policy rebalances at its commit at step W, and the rebalanced phase is
+              every step after it (the first step of each new segment excluded: a later
+              rebalance, when the measured speeds moved, refines the split within the
+              phase). Step times are medians over these windows.
   ideal       the bound of a phase from its own steps: work / sum of the measured
               speeds (rank r's pace: the median of rank_seconds_r / its share of the
               work; every device busy for the same time on a perfectly divisible job)
@@ -42,8 +43,10 @@ The model is small (one step ~0.1 s of one core per rank when idle) so that the 
 table runs in ~10-15 minutes on a 2-core machine shared with other work, but wide
 (32 query groups, 1024 MLP rows) so that tp_weights can follow the measured speeds
 closely. Timings on a shared machine stay noisy: the slowdown is a sleep, so a slowed
-rank holds no core, but the ranks compete with everything else running; a rebalanced
-step below the ideal bound means the load dropped between the two phases (flagged).
+rank holds no core, but the ranks compete with everything else running, so the measured
+speeds move with the machine's load (and a rank's core may be busier than another's:
+the measured imbalance of the even phase can exceed F). Hence the per-phase bounds, and
+--repeat N (the median of N runs per row).
 """
 import argparse
 import json
