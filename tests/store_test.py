@@ -472,7 +472,11 @@ def test_api():
 
 
 def test_auth():
-    d = Daemon("--token", "s3cret")
+    tmp = tempfile.mkdtemp(prefix="tenplex-auth-")
+    token_file = os.path.join(tmp, "token")
+    with open(os.open(token_file, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+        f.write("s3cret\n")
+    d = Daemon("--token-file", token_file)
     try:
         for hdrs, what in [({}, "missing token"), ({"Authorization": "Bearer wrong"}, "wrong token"),
                            ({"Authorization": "Basic czNjcmV0"}, "wrong scheme"),
@@ -494,7 +498,8 @@ def test_auth():
     # Non-loopback without a token is refused before anything listens.
     p = subprocess.run([TENPLEX, "store", "serve", "--listen", "0.0.0.0:0"], capture_output=True, text=True,
                        timeout=20)
-    check(p.returncode != 0 and "--token" in p.stderr, (p.returncode, p.stderr))
+    check(p.returncode != 0 and "--token-file" in p.stderr, (p.returncode, p.stderr))
+    shutil.rmtree(tmp)
     p = subprocess.run([TENPLEX, "store", "serve", "--listen", "127.0.0.1"], capture_output=True, text=True,
                        timeout=20)
     check(p.returncode != 0 and "host:port" in p.stderr, (p.returncode, p.stderr))

@@ -33,6 +33,17 @@ Status WriteOutput(const std::string& path, const std::string& text);
 // Reads a whole file (or stdin for "-").
 Result<std::string> ReadInput(const std::string& path);
 
+// The daemons' bearer token (cli/token.cc, docs/reliability.md): `--token-file PATH`
+// (a regular file not accessible by group or others) or else TENPLEX_TOKEN; `--token`
+// on the command line is refused (exit 2), since `ps` shows it to every local user.
+struct TokenOptions {
+  std::string file;
+  std::string refused;  // the value of a refused --token
+};
+void AddTokenOptions(CLI::App* cmd, TokenOptions* o);
+// The token, or "" when neither the file nor the environment gives one.
+Result<std::string> ResolveToken(const TokenOptions& o);
+
 void RegisterModel(CLI::App& app, Context& ctx);
 void RegisterLayout(CLI::App& app, Context& ctx);
 void RegisterStore(CLI::App& app, Context& ctx);

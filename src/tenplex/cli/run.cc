@@ -28,7 +28,8 @@ void RegisterRun(CLI::App& app, Context& ctx) {
       "--cluster", o->cluster_path,
       "Keep the state in the store daemons of this cluster file (docs/transform.md) instead of an "
       "embedded store; needs --work-dir");
-  cmd->add_option("--token", o->token, "Bearer token of the daemons (or TENPLEX_TOKEN)");
+  auto token = std::make_shared<TokenOptions>();
+  AddTokenOptions(cmd, token.get());
   cmd->add_option("--work-dir", o->work_dir,
                   "Hand-off files and worker logs (default: inside the store directory)");
   cmd->add_option("--hang-seconds", o->hang_seconds, "Fail when no step completes for this long")
@@ -60,7 +61,10 @@ void RegisterRun(CLI::App& app, Context& ctx) {
   auto json = std::make_shared<bool>(false);
   cmd->add_flag("--json", *json, "Print the summary as one JSON object (steps, reconfigurations)");
   cmd->add_option("command", o->command, "Worker command and arguments (after --)")->required();
-  cmd->callback([o, quiet, json, &ctx] {
+  cmd->callback([o, quiet, json, token, &ctx] {
+    Result<std::string> t = ResolveToken(*token);
+    if (!t.ok()) return Finish(ctx, t.status());
+    o->token = *t;
     o->notify = [](const std::string& m) { std::fprintf(stderr, "tenplex run: %s\n", m.c_str()); };
     auto s = runtime::Run(*o);
     if (!s.ok()) return Finish(ctx, s.status());

@@ -18,6 +18,7 @@
 #include "tenplex/transform/agent.h"
 #include "tenplex/transform/checkpoint_transfer.h"
 #include "tenplex/transform/cluster.h"
+#include "tenplex/transport/netif.h"
 #include "tenplex/util/format.h"
 #include "tenplex/util/log.h"
 
@@ -28,17 +29,32 @@ namespace {
 using store::Client;
 using store::ClientOptions;
 
-std::string TokenOrEnv(const std::string& token) {
-  if (!token.empty()) return token;
-  const char* env = std::getenv("TENPLEX_TOKEN");
-  return env ? env : "";
-}
-
 struct ServeOpts {
-  std::string listen = "127.0.0.1:7480", token, memory_limit, shm_dir, max_body = "1G",
-              transport = "ucx";
+  std::string listen = "127.0.0.1:7480", memory_limit, shm_dir, max_body = "1G", transport = "ucx";
   std::string access_log;
+  std::string data_listen;  // UCX devices; empty: the interface of --listen
+  TokenOptions token;
 };
+
+// The network devices of the UCX data plane: --data-listen ("all": every one), else
+// UCX_NET_DEVICES from the environment, else the interface holding the --listen
+// address (so `--listen 127.0.0.1:P` keeps the data plane on loopback too). Returns ""
+// for "every device" and a description for the startup line.
+Result<std::pair<std::string, std::string>> DataPlaneDevices(const ServeOpts& o,
+                                                             const std::string& http_host) {
+  if (o.data_listen == "all") return std::make_pair(std::string(), std::string("all interfaces"));
+  if (!o.data_listen.empty()) return std::make_pair(o.data_listen, "devices " + o.data_listen);
+  if (const char* env = std::getenv("UCX_NET_DEVICES"); env != nullptr && *env != '\0')
+    return std::make_pair(std::string(), std::string("UCX_NET_DEVICES=") + env);
+  Result<std::string> dev = transport::InterfaceOfAddress(http_host);
+  if (!dev.ok()) {
+    return dev.status().WithContext("--listen " + o.listen +
+                                    " (the data plane binds to the same interface; "
+                                    "--data-listen chooses another)");
+  }
+  if (dev->empty()) return std::make_pair(std::string(), std::string("all interfaces"));
+  return std::make_pair(*dev, "interface " + *dev);
+}
 
 Status Serve(const ServeOpts& o) {
   TP_ASSIGN_OR_RETURN(store::HostPort hp, store::ParseHostPort(o.listen));
@@ -48,12 +64,13 @@ Status Serve(const ServeOpts& o) {
     TP_ASSIGN_OR_RETURN(so.memory_limit, store::ParseByteSize(o.memory_limit));
   }
   store::ServerOptions sv;
-  sv.token = TokenOrEnv(o.token);
+  TP_ASSIGN_OR_RETURN(sv.token, ResolveToken(o.token));
   sv.access_log = o.access_log;
   TP_ASSIGN_OR_RETURN(sv.max_body_bytes, store::ParseByteSize(o.max_body));
   if (!store::IsLoopbackHost(hp.host) && sv.token.empty()) {
-    return InvalidArgument("--listen " + o.listen +
-                           " is not a loopback address: it requires --token (or TENPLEX_TOKEN)");
+    return InvalidArgument(
+        "--listen " + o.listen +
+        " is not a loopback address: it requires a token (--token-file or TENPLEX_TOKEN)");
   }
   // SIGINT/SIGTERM are taken by a thread of ours (sigwait); every other thread,
   // including the server's workers created later, inherits the blocked mask.
@@ -68,9 +85,13 @@ Status Serve(const ServeOpts& o) {
   // The transform agent: a data-plane endpoint serving this store's tensors to peer
   // daemons, and the /v1/transform/ endpoints (docs/transform.md).
   std::unique_ptr<transform::Agent> agent;
+  std::string data_plane = "none";
   if (o.transport != "none") {
     transform::AgentOptions ao;
     ao.transport = o.transport;
+    TP_ASSIGN_OR_RETURN(auto devices, DataPlaneDevices(o, hp.host));
+    ao.transport_options.ucx_net_devices = devices.first;
+    data_plane = "UCX on " + devices.second;
     ao.capability_key = sv.token;
     if (const char* fault = std::getenv("TENPLEX_FAULT")) ao.fault = fault;
     TP_ASSIGN_OR_RETURN(agent, transform::Agent::Create(*st, ao));
@@ -78,8 +99,9 @@ Status Serve(const ServeOpts& o) {
   }
   TP_ASSIGN_OR_RETURN(int port, server.Bind(hp.host, hp.port));
   const std::string host = hp.host.find(':') != std::string::npos ? "[" + hp.host + "]" : hp.host;
-  std::printf("tenplex store: serving http://%s:%d (shm %s, memory limit %s)\n", host.c_str(), port,
-              st->shm_dir().c_str(), HumanBytes(static_cast<int64_t>(st->memory_limit())).c_str());
+  std::printf("tenplex store: serving http://%s:%d (shm %s, memory limit %s, data plane %s)\n",
+              host.c_str(), port, st->shm_dir().c_str(),
+              HumanBytes(static_cast<int64_t>(st->memory_limit())).c_str(), data_plane.c_str());
   std::fflush(stdout);
   std::atomic<bool> done{false};
   std::thread waiter([&] {
@@ -99,10 +121,10 @@ Status Serve(const ServeOpts& o) {
   return s;
 }
 
-Result<std::unique_ptr<Client>> ConnectFor(const std::string& url, const std::string& token,
+Result<std::unique_ptr<Client>> ConnectFor(const std::string& url, const TokenOptions& token,
                                            bool http_only) {
   ClientOptions co;
-  co.token = TokenOrEnv(token);
+  TP_ASSIGN_OR_RETURN(co.token, ResolveToken(token));
   co.use_shm = !http_only;
   return Client::Connect(url, co);
 }
@@ -140,13 +162,13 @@ bool PrintTransfer(const transform::TransferStats& s, const std::string& job, bo
 // `store load|save --cluster`: a checkpoint across the store daemons of a cluster file
 // (transform/cluster.h, docs/transform.md); exactly one of --cluster and --url.
 Status ClusterTransfer(bool load, const std::string& cluster_path, const std::string& url,
-                       const std::string& token, const std::string& job, const std::string& dir,
+                       const TokenOptions& token, const std::string& job, const std::string& dir,
                        bool json) {
   if (cluster_path.empty() == url.empty())
     return InvalidArgument("give exactly one of --url and --cluster");
   TP_ASSIGN_OR_RETURN(transform::Cluster cluster, transform::ReadClusterFile(cluster_path));
   ClientOptions co;
-  co.token = TokenOrEnv(token);
+  TP_ASSIGN_OR_RETURN(co.token, ResolveToken(token));
   // A daemon that stops answering (stopped, hung) fails the request after 30 s of
   // silence instead of the default 10 minutes.
   co.timeout_s = 30;
@@ -193,8 +215,7 @@ void RegisterStore(CLI::App& app, Context& ctx) {
   auto so = std::make_shared<ServeOpts>();
   serve->add_option("--listen", so->listen, "host:port to listen on (port 0: any free port)")
       ->capture_default_str();
-  serve->add_option("--token", so->token,
-                    "Bearer token every request must carry (or TENPLEX_TOKEN)");
+  AddTokenOptions(serve, &so->token);
   serve->add_option("--memory-limit", so->memory_limit,
                     "Bytes of tensors the store may hold (e.g. 8G; default: free shared memory)");
   serve->add_option("--shm-dir", so->shm_dir,
@@ -209,10 +230,15 @@ void RegisterStore(CLI::App& app, Context& ctx) {
                    "Data plane to peer daemons: ucx or none (no transform agent)")
       ->check(CLI::IsMember({"ucx", "none"}))
       ->capture_default_str();
+  serve->add_option("--data-listen", so->data_listen,
+                    "Network devices of the UCX data plane (UCX_NET_DEVICES syntax, e.g. eth0 or "
+                    "mlx5_0:1,eth0; all: every one). Default: UCX_NET_DEVICES if set, else the "
+                    "interface of the --listen address");
   serve->callback([so, &ctx] { Finish(ctx, Serve(*so)); });
 
   struct XferOpts {
-    std::string url, token, job, dir, cluster;
+    std::string url, job, dir, cluster;
+    TokenOptions token;
     bool http = false, json = false;
   };
   auto lo = std::make_shared<XferOpts>();
@@ -223,7 +249,7 @@ void RegisterStore(CLI::App& app, Context& ctx) {
                    "Cluster file (docs/transform.md): each rank to its host");
   load->add_option("--job", lo->job, "Job name")->required();
   load->add_option("--dir", lo->dir, "Checkpoint directory (spec section 7)")->required();
-  load->add_option("--token", lo->token, "Bearer token (or TENPLEX_TOKEN)");
+  AddTokenOptions(load, &lo->token);
   load->add_flag("--http", lo->http, "Send bytes in HTTP bodies even when the store is local");
   load->add_flag("--json", lo->json, "Print the result as JSON");
   load->callback([lo, &ctx] {
@@ -252,7 +278,7 @@ void RegisterStore(CLI::App& app, Context& ctx) {
                    "Cluster file (docs/transform.md): ranks from all hosts");
   save->add_option("--job", vo->job, "Job name")->required();
   save->add_option("--out", vo->dir, "Output directory (must not exist or be empty)")->required();
-  save->add_option("--token", vo->token, "Bearer token (or TENPLEX_TOKEN)");
+  AddTokenOptions(save, &vo->token);
   save->add_flag("--http", vo->http, "Receive bytes in HTTP bodies even when the store is local");
   save->add_flag("--json", vo->json, "Print the result as JSON");
   save->callback([vo, &ctx] {

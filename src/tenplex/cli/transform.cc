@@ -17,23 +17,22 @@ namespace tenplex::cli {
 
 namespace {
 
-store::ClientOptions ClusterClientOptions(const std::string& token) {
+Result<store::ClientOptions> ClusterClientOptions(const TokenOptions& token) {
   store::ClientOptions co;
-  co.token = token;
-  if (co.token.empty() && std::getenv("TENPLEX_TOKEN") != nullptr)
-    co.token = std::getenv("TENPLEX_TOKEN");
+  TP_ASSIGN_OR_RETURN(co.token, ResolveToken(token));
   return co;
 }
 
 struct TransformOpts {
-  std::string cluster, to_cluster, job, to, token;
+  std::string cluster, to_cluster, job, to;
+  TokenOptions token;
   int attempts = 3, control_timeout = 10, silent_timeout = 10, prepare_timeout = 3600;
   bool central = false, json = false, quiet = false, recover = false;
 };
 
 // `tenplex transform --recover`: finish or roll back what a crash left half done.
 Status Recover(const TransformOpts& o, const transform::Cluster& cluster) {
-  store::ClientOptions co = ClusterClientOptions(o.token);
+  TP_ASSIGN_OR_RETURN(store::ClientOptions co, ClusterClientOptions(o.token));
   co.timeout_s = o.control_timeout;
   TP_ASSIGN_OR_RETURN(auto clients, transform::ConnectCluster(cluster, co, /*allow_lost=*/true));
   std::vector<store::Client*> raw;
@@ -69,6 +68,7 @@ Status Transform(const TransformOpts& o) {
   if (!to.ok()) return to.status().WithContext("--to");
   opts.max_attempts = o.attempts;
   opts.central = o.central;
+  TP_ASSIGN_OR_RETURN(store::ClientOptions co, ClusterClientOptions(o.token));
   if (!o.quiet && GetLogLevel() != LogLevel::kQuiet)
     opts.log = [](const std::string& line) {
       std::fprintf(stderr, "tenplex transform: %s\n", line.c_str());
@@ -77,7 +77,7 @@ Status Transform(const TransformOpts& o) {
   std::optional<Progress> progress;
   if (!o.quiet) progress.emplace("transform");
   Result<transform::ClusterTransformStats> r =
-      transform::TransformCluster(cluster, o.job, *to, ClusterClientOptions(o.token), opts);
+      transform::TransformCluster(cluster, o.job, *to, co, opts);
   if (progress) progress->Done();
   if (!r.ok()) return r.status();
   const transform::ClusterTransformStats& s = *r;
@@ -157,7 +157,7 @@ void RegisterTransform(CLI::App& app, Context& ctx) {
   cmd->add_option("--prepare-timeout", o->prepare_timeout, "Seconds the whole prepare may take")
       ->capture_default_str()
       ->check(CLI::Range(1, 86400));
-  cmd->add_option("--token", o->token, "Bearer token of the daemons (or TENPLEX_TOKEN)");
+  AddTokenOptions(cmd, &o->token);
   cmd->add_option("--attempts", o->attempts, "Attempts when hosts are lost mid-transform")
       ->capture_default_str();
   cmd->add_flag("--central", o->central,

@@ -11,6 +11,7 @@
 
 #include "tenplex/store/server.h"
 #include "tenplex/util/file.h"
+#include "tenplex/util/hash.h"
 #include "tenplex/util/json_depth.h"
 #include "tenplex/util/json_value.h"
 #include "tenplex/util/thread_pool.h"
@@ -58,6 +59,7 @@ Result<TensorInfo> TensorFromJson(const json& j) {
   t.bytes = j["bytes"].get<uint64_t>();
   t.committed = JsonValueOr(j, "committed", false);
   t.file = JsonValueOr(j, "file", "");
+  t.xxh64 = JsonValueOr(j, "xxh64", "");
   return t;
 }
 
@@ -400,12 +402,21 @@ Status Client::Write(const std::string& path, DType dtype, const Shape& shape, c
 }
 
 Status Client::Read(const TensorInfo& info, void* dst) {
-  if (local_ && !info.file.empty()) {
-    Status s = PreadAll(info.file, 0, dst, info.bytes);
-    if (s.ok()) return s;
-    // The file may have been released meanwhile; the HTTP path reports it clearly.
+  Status s = Status::Ok();
+  if (local_ && !info.file.empty()) s = PreadAll(info.file, 0, dst, info.bytes);
+  // Without shared memory, or the file was released meanwhile: the HTTP path reports it.
+  if (!local_ || info.file.empty() || !s.ok())
+    TP_RETURN_IF_ERROR(GetInto(info.path, "", dst, info.bytes));
+  if (!info.xxh64.empty()) {
+    const std::string sum = Xxh64Hex(dst, info.bytes);
+    if (sum != info.xxh64) {
+      return DataLoss("tensor " + info.path + " on " + url_ + " is corrupt: its bytes have xxh64 " +
+                      sum + " but " + info.xxh64 +
+                      " was recorded when its version was committed (its shared-memory file was "
+                      "changed behind the store's back)");
+    }
   }
-  return GetInto(info.path, "", dst, info.bytes);
+  return Status::Ok();
 }
 
 }  // namespace tenplex::store

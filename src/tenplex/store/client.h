@@ -75,7 +75,9 @@ class Client {
                    const std::vector<const void*>& data);
   Status Write(const std::string& path, DType dtype, const Shape& shape, const void* data,
                uint64_t size);
-  // Reads a whole tensor (info from List/Meta; info.bytes bytes into dst).
+  // Reads a whole tensor (info from List/Meta; info.bytes bytes into dst). A tensor
+  // with a recorded checksum (info.xxh64: prepared or committed) is checked against it:
+  // DataLoss naming the tensor when its bytes changed after the commit.
   Status Read(const TensorInfo& info, void* dst);
 
   // ---- HTTP bodies (work from anywhere)

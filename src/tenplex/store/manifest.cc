@@ -39,6 +39,12 @@ Result<Manifest> ParseManifest(std::string_view text, std::string_view job,
     auto vol = CheckedVolume(en.shape, static_cast<int64_t>(DTypeSize(en.dtype)));
     if (!vol.ok()) return DataLoss(vol.status().message());
     en.bytes = static_cast<uint64_t>(*vol) * DTypeSize(en.dtype);
+    if (t.contains("xxh64")) {
+      en.xxh64 = JsonValueOr(t, "xxh64", std::string());
+      bool hex = en.xxh64.size() == 16;
+      for (char c : en.xxh64) hex = hex && ((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'));
+      if (!hex) return DataLoss("xxh64 of " + en.key + " is not 16 lowercase hex digits");
+    }
     out.tensors.push_back(std::move(en));
   }
   return out;

@@ -1,7 +1,8 @@
 // The manifest of a committed version in the store's shared-memory directory
 // (jobs/<job>/<v>/MANIFEST.json), read when a daemon restarts:
 //   {"format": "tenplex.store.version.v1", "job": "j", "version": 3, "info": {...},
-//    "tensors": [{"key": "rank-00000/name", "dtype": "F32", "shape": [2, 3]}, ...]}
+//    "tensors": [{"key": "rank-00000/name", "dtype": "F32", "shape": [2, 3],
+//                 "xxh64": "0123456789abcdef"}, ...]}
 // ParseManifest checks everything a restarted store relies on (format, every key a
 // valid rank/name path, known dtypes, overflow-checked shapes) and never touches files;
 // the caller checks each tensor file's size against `bytes`. Fuzzed.
@@ -25,6 +26,7 @@ struct ManifestTensor {
   DType dtype = DType::kF32;
   Shape shape;
   uint64_t bytes = 0;
+  std::string xxh64;  // 16 lowercase hex digits; "" in manifests of older builds
 };
 
 struct Manifest {

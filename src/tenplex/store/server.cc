@@ -86,6 +86,7 @@ json TensorJson(const TensorInfo& t, bool with_file) {
             {"shape", t.shape},
             {"bytes", t.bytes},
             {"committed", t.committed}};
+  if (!t.xxh64.empty()) j["xxh64"] = t.xxh64;
   if (with_file) {
     j["file"] = t.file;
     j["offset"] = 0;
@@ -374,8 +375,12 @@ Status Server::Impl::Route(const httplib::Request& req, Body& body, const Target
   if (p == "/v1/health") {
     if (m != "GET") return method_error();
     TP_RETURN_IF_ERROR(CheckQueryKeys(t.query, {}));
+    json quarantined = json::array();
+    for (const Store::Quarantined& q : store.QuarantinedJobs())
+      quarantined.push_back({{"job", q.job}, {"reason", q.reason}, {"path", q.path}});
     SendJson(res, 200,
              {{"ok", true},
+              {"quarantined", std::move(quarantined)},
               {"store_id", store.id()},
               {"shm_dir", store.shm_dir()},
               {"pid", static_cast<int64_t>(::getpid())},

@@ -3,6 +3,7 @@
 #include "tenplex/store/store_internal.h"
 #include "tenplex/util/file.h"
 #include "tenplex/util/hash.h"
+#include "tenplex/util/thread_pool.h"
 
 namespace tenplex::store {
 
@@ -41,6 +42,7 @@ Result<uint64_t> Store::BeginVersion(const std::string& job, std::optional<uint6
     return InvalidArgument("version numbers are positive integers of at most 18 digits");
   }
   std::lock_guard<std::mutex> lock(impl_->mu);
+  TP_RETURN_IF_ERROR(impl_->CheckNotQuarantined(job));
   JobState& j = impl_->jobs[job];
   uint64_t v = version ? *version : std::max(j.last, j.current.value_or(0)) + 1;
   if (j.current && v <= *j.current) {
@@ -73,7 +75,49 @@ Status Store::SetVersionInfo(const std::string& job, uint64_t version, const std
   return Status::Ok();
 }
 
+Status Store::Impl::RecordChecksums(const std::string& job, uint64_t version) {
+  struct Todo {
+    std::string key, file;
+    uint64_t bytes, gen;
+    std::string sum;
+    Status status;
+  };
+  std::vector<Todo> todo;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    TP_ASSIGN_OR_RETURN(auto v, FindVersion(job, version));
+    if (v.second->committed || v.second->prepared) return Status::Ok();
+    for (const auto& [key, e] : v.second->tensors) {
+      if (e.xxh64.empty())
+        todo.push_back({key, VersionDir(job, version) + "/" + key, e.bytes, e.gen, "", {}});
+    }
+  }
+  ThreadPool::Default().ParallelFor(todo.size(), [&](std::size_t i) {
+    Todo& t = todo[i];
+    if (t.bytes == 0) {
+      t.sum = Xxh64Hex(nullptr, 0);
+      return;
+    }
+    Result<ShmMapping> m = ShmMapping::Map(t.file, 0, t.bytes, /*writable=*/false);
+    if (!m.ok()) {
+      t.status = m.status();
+      return;
+    }
+    t.sum = Xxh64Hex(m->data(), t.bytes);
+  });
+  std::lock_guard<std::mutex> lock(mu);
+  TP_ASSIGN_OR_RETURN(auto v, FindVersion(job, version));
+  for (const Todo& t : todo) {
+    TP_RETURN_IF_ERROR(t.status.WithContext("checksum of " + t.key));
+    auto it = v.second->tensors.find(t.key);
+    // A tensor replaced meanwhile (against the REQUIRES of Commit) keeps no checksum.
+    if (it != v.second->tensors.end() && it->second.gen == t.gen) it->second.xxh64 = t.sum;
+  }
+  return Status::Ok();
+}
+
 Status Store::Prepare(const std::string& job, uint64_t version) {
+  TP_RETURN_IF_ERROR(impl_->RecordChecksums(job, version));
   std::lock_guard<std::mutex> lock(impl_->mu);
   TP_ASSIGN_OR_RETURN(auto v, impl_->FindVersion(job, version));
   if (v.second->committed)
@@ -93,6 +137,7 @@ Status Store::Prepare(const std::string& job, uint64_t version) {
 }
 
 Status Store::Commit(const std::string& job, uint64_t version, bool keep_old) {
+  TP_RETURN_IF_ERROR(impl_->RecordChecksums(job, version));
   std::vector<std::string> trash;
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
@@ -181,14 +226,29 @@ Status Store::DeleteJob(const std::string& job) {
   std::string trash;
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
-    TP_ASSIGN_OR_RETURN(JobState * j, impl_->FindJob(job));
-    for (const auto& [n, vs] : j->versions) impl_->used -= vs.bytes;
-    impl_->jobs.erase(job);
-    trash = impl_->Trash(impl_->JobDir(job));
+    TP_RETURN_IF_ERROR(CheckJobName(job));
+    if (auto q = impl_->quarantined.find(job); q != impl_->quarantined.end()) {
+      // Forgetting a quarantined job removes its moved-aside files.
+      trash = impl_->Trash(q->second.path);
+      ::unlink((q->second.path + ".why").c_str());
+      impl_->quarantined.erase(q);
+    } else {
+      TP_ASSIGN_OR_RETURN(JobState * j, impl_->FindJob(job));
+      for (const auto& [n, vs] : j->versions) impl_->used -= vs.bytes;
+      impl_->jobs.erase(job);
+      trash = impl_->Trash(impl_->JobDir(job));
+    }
   }
   std::error_code ec;
   fs::remove_all(trash, ec);
   return Status::Ok();
+}
+
+std::vector<Store::Quarantined> Store::QuarantinedJobs() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  std::vector<Quarantined> out;
+  for (const auto& [job, q] : impl_->quarantined) out.push_back({job, q.reason, q.path});
+  return out;
 }
 
 std::vector<std::string> Store::Jobs() const {
@@ -326,17 +386,21 @@ Result<TensorInfo> Store::Meta(const std::string& path) const {
 }
 
 Result<std::string> Store::Checksum(const std::string& path) const {
-  {
-    std::lock_guard<std::mutex> lock(impl_->mu);
-    TP_ASSIGN_OR_RETURN(auto t, impl_->FindTensor(path));
-    if (!t.second->xxh64.empty()) return t.second->xxh64;
-  }
+  // Always hashed now: a cached value would hide bytes changed behind the store's back.
   TP_ASSIGN_OR_RETURN(TensorRef ref, Get(path));
   std::string sum = Xxh64Hex(ref.data(), ref.size());
-  if (ref.info().committed) {
+  const std::string& recorded = ref.info().xxh64;
+  if (!recorded.empty() && sum != recorded) {
+    return DataLoss("tensor " + ref.info().path + " is corrupt: its bytes have xxh64 " + sum +
+                    " but " + recorded +
+                    " was recorded when its version was committed (its shared-memory file " +
+                    ref.info().file + " was changed behind the store's back)");
+  }
+  if (recorded.empty() && ref.info().committed) {
+    // A committed version restored from a manifest of an older build: record it now.
     std::lock_guard<std::mutex> lock(impl_->mu);
-    auto t = impl_->FindTensor(ref.info().path);  // committed tensors never change
-    if (t.ok()) t->second->xxh64 = sum;
+    auto t = impl_->FindTensor(ref.info().path);
+    if (t.ok() && t->second->xxh64.empty()) t->second->xxh64 = sum;
   }
   return sum;
 }
@@ -360,6 +424,7 @@ Result<std::vector<TensorInfo>> Store::List(const std::string& prefix) const {
   TP_ASSIGN_OR_RETURN(ListPrefix lp, ParseListPrefix(prefix));
   std::vector<TensorInfo> out;
   std::lock_guard<std::mutex> lock(impl_->mu);
+  if (lp.segments.size() >= 2) TP_RETURN_IF_ERROR(impl_->CheckNotQuarantined(lp.segments[1]));
   if (lp.segments.size() >= 3 && lp.segments[2] == "current") {
     auto it = impl_->jobs.find(lp.segments[1]);
     if (it == impl_->jobs.end() || !it->second.current) return out;

@@ -18,6 +18,7 @@
 //   <dir>/jobs/<job>/<v>/MANIFEST.json          written at commit, before CURRENT
 //   <dir>/jobs/<job>/<v>/rank-NNNNN/<name>      the tensor bytes
 //   <dir>/jobs/<job>/<v>/PREPARED               written at Prepare, after the manifest
+//   <dir>/quarantine/<job>[.N], <job>[.N].why   a job that could not be restored
 // The commit point is the rename of CURRENT. Opening an existing directory keeps the
 // current version (and older committed versions that were kept) and the prepared
 // versions above it (a two-phase commit across hosts decides their fate: transform/
@@ -67,6 +68,9 @@ struct TensorInfo {
   uint64_t bytes = 0;
   bool committed = false;
   std::string file;  // the shared-memory file holding the bytes at offset 0
+  // xxh64 of the bytes recorded when its version was prepared or committed (16 hex
+  // digits; "" for an open version). A reader compares it with what it read.
+  std::string xxh64;
 };
 
 // Read-only access to a tensor's bytes.
@@ -161,8 +165,15 @@ class Store {
   Status DropVersion(const std::string& job, uint64_t version);
   // Releases the committed versions older than the current one.
   Status ReleaseOld(const std::string& job);
-  // Removes a job with all its versions.
+  // Removes a job with all its versions (a quarantined job: its moved-aside files).
   Status DeleteJob(const std::string& job);
+  // Jobs whose files could not be restored when the store opened (a corrupt or
+  // truncated manifest, a missing tensor file): moved aside to <dir>/quarantine/, not
+  // served (every access is DataLoss naming the reason) until DeleteJob.
+  struct Quarantined {
+    std::string job, reason, path;
+  };
+  std::vector<Quarantined> QuarantinedJobs() const;
   std::vector<std::string> Jobs() const;
   Result<JobInfo> Job(const std::string& job) const;
   // version nullopt: the current version.
@@ -201,7 +212,9 @@ class Store {
   Result<TensorInfo> Link(const std::string& from, const std::string& to);
   Result<TensorRef> Get(const std::string& path) const;
   Result<TensorInfo> Meta(const std::string& path) const;
-  // xxh64 of the tensor's bytes as 16 hex digits (cached for committed tensors).
+  // xxh64 of the tensor's bytes as 16 hex digits, computed now; for a prepared or
+  // committed tensor, DataLoss when it differs from the checksum recorded in the
+  // version's manifest (its shared-memory file was written behind the store's back).
   Result<std::string> Checksum(const std::string& path) const;
   // Removes a tensor of an open version.
   Status Delete(const std::string& path);

@@ -136,6 +136,7 @@ Result<std::vector<TensorInfo>> Store::Impl::Create(const std::vector<AllocReque
       vs->tensors.erase(old);
     }
     Entry e;
+    e.gen = counter.fetch_add(1);
     e.dtype = reqs[i].dtype;
     e.shape = reqs[i].shape;
     e.bytes = p.bytes;

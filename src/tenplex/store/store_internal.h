@@ -44,7 +44,11 @@ struct Entry {
   DType dtype = DType::kF32;
   Shape shape;
   uint64_t bytes = 0;
-  std::string xxh64;  // cached checksum (committed tensors only)
+  // xxh64 of the bytes (16 hex digits): computed when the version is prepared or
+  // committed, kept in its MANIFEST.json, checked by Checksum (/v1/meta) and by
+  // clients reading the tensor (Client::Read); "" for open versions.
+  std::string xxh64;
+  uint64_t gen = 0;  // which file: a replaced tensor of an open version gets a new one
 };
 
 struct VersionState {
@@ -94,6 +98,11 @@ inline std::string VersionName(const std::string& job, uint64_t v) {
   return "version " + std::to_string(v) + " of job '" + job + "'";
 }
 
+struct QuarantinedJob {
+  std::string reason;
+  std::string path;  // where its files were moved
+};
+
 struct Store::Impl {
   std::string dir;
   bool owned = false;
@@ -105,6 +114,8 @@ struct Store::Impl {
   mutable std::mutex mu;
   std::map<std::string, JobState> jobs;  // guarded by mu
   uint64_t used = 0;                     // guarded by mu; includes reservations
+  // Jobs whose files could not be restored when the store opened (guarded by mu).
+  std::map<std::string, QuarantinedJob> quarantined;
 
   std::string JobDir(const std::string& job) const { return dir + "/jobs/" + job; }
   std::string VersionDir(const std::string& job, uint64_t v) const {
@@ -123,9 +134,20 @@ struct Store::Impl {
   // REQUIRES: mu held.
   Result<JobState*> FindJob(const std::string& job) {
     TP_RETURN_IF_ERROR(CheckJobName(job));
+    TP_RETURN_IF_ERROR(CheckNotQuarantined(job));
     auto it = jobs.find(job);
     if (it == jobs.end()) return NotFound("job '" + job + "' does not exist");
     return &it->second;
+  }
+
+  // REQUIRES: mu held. DataLoss naming the reason for a quarantined job.
+  Status CheckNotQuarantined(const std::string& job) const {
+    auto q = quarantined.find(job);
+    if (q == quarantined.end()) return Status::Ok();
+    return DataLoss("job '" + job + "' is quarantined: its files could not be restored when " +
+                    "the store opened (" + q->second.reason + "); they were moved to " +
+                    q->second.path + ". Remove the job (tenplex store rm " + job +
+                    ") to reuse the name");
   }
 
   // REQUIRES: mu held. Resolves "current" (nullopt) to the current version.
@@ -188,6 +210,7 @@ struct Store::Impl {
     info.bytes = e.bytes;
     info.committed = vs.committed;
     info.file = VersionDir(job, v) + "/" + key;
+    info.xxh64 = e.xxh64;
     return info;
   }
 
@@ -210,8 +233,10 @@ struct Store::Impl {
     m["info"] = json::parse(vs.info);
     json ts = json::array();
     for (const auto& [key, e] : vs.tensors) {
-      ts.push_back(
-          {{"key", key}, {"dtype", DTypeName(e.dtype)}, {"shape", e.shape}, {"bytes", e.bytes}});
+      json t = {
+          {"key", key}, {"dtype", DTypeName(e.dtype)}, {"shape", e.shape}, {"bytes", e.bytes}};
+      if (!e.xxh64.empty()) t["xxh64"] = e.xxh64;
+      ts.push_back(std::move(t));
     }
     m["tensors"] = std::move(ts);
     return m.dump(1) + "\n";
@@ -219,6 +244,11 @@ struct Store::Impl {
 
   Status Restore();
   Status RestoreJob(const std::string& job);
+  Status Quarantine(const std::string& job, const Status& why);
+  // Computes the xxh64 of every tensor of an open version that has none yet (in
+  // parallel, without mu held), before Prepare/Commit write the manifest.
+  Status RecordChecksums(const std::string& job, uint64_t version);
+  void ListQuarantine();
   // Creates tensors beside the old ones and publishes them by rename. With `fill`
   // (one tensor), its bytes come from the callback through a sparse file's pwrite;
   // without, the files are allocated zero-filled and mapped writable into `maps`.

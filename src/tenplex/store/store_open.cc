@@ -6,8 +6,48 @@
 #include "tenplex/store/manifest.h"
 #include "tenplex/store/store_internal.h"
 #include "tenplex/util/file.h"
+#include "tenplex/util/json_value.h"
+#include "tenplex/util/log.h"
 
 namespace tenplex::store {
+
+// A job whose files cannot be restored (corrupt or truncated manifest, missing tensor
+// file, bad CURRENT) is moved aside to <dir>/quarantine/<job>[.N] with the reason in
+// <job>[.N].why; the other jobs are served, and the quarantined name answers every
+// request with the reason until `DeleteJob` removes it (docs/reliability.md).
+Status Store::Impl::Quarantine(const std::string& job, const Status& why) {
+  const std::string qdir = dir + "/quarantine";
+  TP_RETURN_IF_ERROR(MakeDir(qdir));
+  std::string to = qdir + "/" + job;
+  std::error_code ec;
+  for (int n = 1; fs::exists(to, ec) || fs::exists(to + ".why", ec); ++n)
+    to = qdir + "/" + job + "." + std::to_string(n);
+  if (::rename(JobDir(job).c_str(), to.c_str()) != 0)
+    return ErrnoError("moving the unreadable job '" + job + "' aside to " + to, errno);
+  const std::string reason = why.message();
+  TP_RETURN_IF_ERROR(
+      WriteFileAtomic(to + ".why", json{{"job", job}, {"reason", reason}}.dump() + "\n"));
+  quarantined[job] = QuarantinedJob{reason, to};
+  LogInfo("store: job '%s' quarantined (not served): %s; its files are in %s", job.c_str(),
+          reason.c_str(), to.c_str());
+  return Status::Ok();
+}
+
+// Jobs quarantined by an earlier start stay reported (their .why files).
+void Store::Impl::ListQuarantine() {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir + "/quarantine", ec)) {
+    if (e.path().extension() != ".why") continue;
+    Result<std::string> text = ReadFile(e.path().string());
+    if (!text.ok() || !CheckJsonDepth(*text).ok()) continue;
+    json j = json::parse(*text, nullptr, false);
+    const std::string job = JsonValueOr(j, "job", std::string());
+    if (!IsValidSegment(job) || jobs.count(job) || quarantined.count(job)) continue;
+    std::string path = e.path().string();
+    path.resize(path.size() - 4);
+    quarantined[job] = QuarantinedJob{JsonValueOr(j, "reason", std::string()), path};
+  }
+}
 
 Status Store::Impl::Restore() {
   const std::string jobs_dir = dir + "/jobs";
@@ -22,8 +62,10 @@ Status Store::Impl::Restore() {
       fs::remove_all(jobs_dir + "/" + job, ec);
       continue;
     }
-    TP_RETURN_IF_ERROR(RestoreJob(job));
+    Status s = RestoreJob(job);
+    if (!s.ok()) TP_RETURN_IF_ERROR(Quarantine(job, s));
   }
+  ListQuarantine();
   return Status::Ok();
 }
 
@@ -40,6 +82,7 @@ Status Store::Impl::RestoreJob(const std::string& job) {
     current = **cur;
   }
   JobState js;
+  uint64_t job_bytes = 0;  // added to `used` only once the whole job is restored
   for (const auto& e : fs::directory_iterator(jdir, ec)) {
     const std::string name = e.path().filename().string();
     if (name == kCurrent) continue;
@@ -67,6 +110,7 @@ Status Store::Impl::RestoreJob(const std::string& job) {
       en.dtype = t.dtype;
       en.shape = std::move(t.shape);
       en.bytes = t.bytes;
+      en.xxh64 = std::move(t.xxh64);
       const std::string file = (e.path() / key).string();
       struct stat st;
       if (::stat(file.c_str(), &st) != 0 || static_cast<uint64_t>(st.st_size) != en.bytes) {
@@ -77,7 +121,7 @@ Status Store::Impl::RestoreJob(const std::string& job) {
       vs.bytes += en.bytes;
       vs.tensors.emplace(key, std::move(en));
     }
-    used += vs.bytes;
+    job_bytes += vs.bytes;
     js.last = std::max(js.last, **v);
     js.versions.emplace(**v, std::move(vs));
   }
@@ -90,6 +134,7 @@ Status Store::Impl::RestoreJob(const std::string& job) {
     return Status::Ok();
   }
   js.current = current;
+  used += job_bytes;
   jobs.emplace(job, std::move(js));
   return Status::Ok();
 }

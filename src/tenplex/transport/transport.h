@@ -87,6 +87,10 @@ struct TransportOptions {
   // UCX only. UCX transports to use ("tcp", "sm", "rc,sm", ...); empty: UCX_TLS from the
   // environment, or UCX's default.
   std::string ucx_tls;
+  // UCX only. Network devices UCX may use (UCX_NET_DEVICES syntax: "lo", "eth0",
+  // "mlx5_0:1,eth0"); empty: UCX_NET_DEVICES from the environment, or all. A store
+  // daemon restricts it to the interface of its HTTP listener (netif.h).
+  std::string ucx_net_devices;
   // UCX only. Detect dead peers (UCX error handling mode PEER). UCX 1.13 cannot detect a
   // dead peer over its shared-memory transports and drops them when this is on (the
   // connection then uses TCP on the host); turning it off allows them, but a peer's

@@ -30,6 +30,14 @@ Status UcxTransport::Init() {
       return InvalidArgument("UCX: bad transport list '" + options_.ucx_tls + "': " + UcsError(s));
     }
   }
+  if (!options_.ucx_net_devices.empty()) {
+    s = ucp_config_modify(config, "NET_DEVICES", options_.ucx_net_devices.c_str());
+    if (s != UCS_OK) {
+      ucp_config_release(config);
+      return InvalidArgument("UCX: bad device list '" + options_.ucx_net_devices +
+                             "': " + UcsError(s));
+    }
+  }
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;
   params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
