@@ -85,9 +85,12 @@ void AddTokenOptions(CLI::App* cmd, TokenOptions* o) {
       ->group("")
       ->check(CLI::Validator(
           [](std::string&) -> std::string {
-            return "a token on the command line is visible to every user of the host (ps, "
-                   "/proc/PID/cmdline); give it with --token-file PATH (a file of mode 0600) "
-                   "or the environment variable TENPLEX_TOKEN";
+            // Not a ValidationError: CLI11 would prefix it with the (hidden) option's
+            // empty name.
+            throw CLI::ArgumentMismatch(
+                "--token: a token on the command line is visible to every user of the host "
+                "(ps, /proc/PID/cmdline); give it with --token-file PATH (a file of mode "
+                "0600) or the environment variable TENPLEX_TOKEN");
           },
           ""));
 }
