@@ -61,6 +61,8 @@ struct JobState {
   std::map<uint64_t, VersionState> versions;
 };
 
+struct PendingTensor;  // a tensor of a Create, before it is published (store_create.cc)
+
 inline std::string RandomHex() {
   std::random_device rd;
   uint64_t v = (static_cast<uint64_t>(rd()) << 32) ^ rd();
@@ -93,8 +95,6 @@ inline void ClearDir(const std::string& dir) {
 inline std::string VersionName(const std::string& job, uint64_t v) {
   return "version " + std::to_string(v) + " of job '" + job + "'";
 }
-
-struct PendingTensor;  // a tensor of a Create, before it is published (store_create.cc)
 
 struct Store::Impl {
   std::string dir;
