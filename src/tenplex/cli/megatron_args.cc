@@ -125,75 +125,88 @@ bool Given(const std::vector<std::string>& flags, const char* name) {
   return std::find(flags.begin(), flags.end(), name) != flags.end();
 }
 
-}  // namespace
+// One extra argument: "--name" or "--name=value" (inline).
+struct ExtraArg {
+  std::string name, value;
+  bool has_inline = false;
+};
 
-Result<MegatronExtras> ApplyMegatronArgs(const std::vector<std::string>& extras,
-                                         const std::vector<std::string>& explicit_flags,
-                                         GptArgs* args) {
-  MegatronExtras out;
-  std::vector<std::string> unknown;
-  std::string seq_length;
-  bool gqa = false;
-  for (std::size_t i = 0; i < extras.size(); ++i) {
-    std::string name = extras[i], value;
-    const bool has_inline = name.rfind("--", 0) == 0 && name.find('=') != std::string::npos;
-    if (has_inline) {
-      value = name.substr(name.find('=') + 1);
-      name = name.substr(0, name.find('='));
-    }
-    auto take_value = [&]() -> Result<std::string> {
-      if (has_inline) return value;
-      if (i + 1 >= extras.size() || extras[i + 1].rfind("--", 0) == 0) {
-        return InvalidArgument(name + " needs a value");
-      }
-      return extras[++i];
-    };
-    if (name == "--bf16" || name == "--fp16") {
-      if (!Given(explicit_flags, "--params-dtype")) args->params_dtype = name.substr(2);
-      out.ignored.push_back(name + " (params dtype " + args->params_dtype + ")");
-      continue;
-    }
-    if (name == "--group-query-attention") {
-      gqa = true;
-      continue;
-    }
-    if (name == "--use-rotary-position-embeddings") {
-      args->position_embedding_type = "rope";
-      continue;
-    }
-    if (name == "--no-position-embedding") {
-      if (args->position_embedding_type != "rope" &&
-          std::find(extras.begin(), extras.end(), "--use-rotary-position-embeddings") ==
-              extras.end()) {
-        return InvalidArgument(
-            "--no-position-embedding without --use-rotary-position-embeddings (or "
-            "--position-embedding-type rope): "
-            "a GPT without any position information is not supported");
-      }
-      continue;
-    }
-    if (auto u = Unsupported().find(name); u != Unsupported().end()) {
-      return InvalidArgument(name + ": " + u->second + " are not supported by `tenplex model gpt`");
-    }
-    auto it = Ignored().find(name);
-    if (it == Ignored().end()) {
-      unknown.push_back(extras[i]);
-      continue;
-    }
-    std::string shown = name;
-    if (it->second == Arity::kOne) {
-      TP_ASSIGN_OR_RETURN(std::string v, take_value());
-      if (name == "--seq-length") seq_length = v;
-      shown += " " + v;
-    } else if (it->second == Arity::kMany) {
-      if (has_inline) shown += " " + value;
-      while (!has_inline && i + 1 < extras.size() && extras[i + 1].rfind("--", 0) != 0)
-        shown += " " + extras[++i];
-    } else if (has_inline) {
-      return InvalidArgument(name + " is a flag and takes no value (got '" + value + "')");
-    }
-    out.ignored.push_back(shown);
+ExtraArg SplitInline(const std::string& arg) {
+  ExtraArg a;
+  a.name = arg;
+  a.has_inline = a.name.rfind("--", 0) == 0 && a.name.find('=') != std::string::npos;
+  if (a.has_inline) {
+    a.value = a.name.substr(a.name.find('=') + 1);
+    a.name = a.name.substr(0, a.name.find('='));
   }
+  return a;
+}
+
+// The Megatron-LM flags that change the model (dtype, GQA, position embeddings):
+// true when `a` is one, applied to args (GQA only noted in *gqa).
+Result<bool> ApplyShapeFlag(const ExtraArg& a, const std::vector<std::string>& extras,
+                            const std::vector<std::string>& explicit_flags, GptArgs* args,
+                            bool* gqa, MegatronExtras* out) {
+  const std::string& name = a.name;
+  if (name == "--bf16" || name == "--fp16") {
+    if (!Given(explicit_flags, "--params-dtype")) args->params_dtype = name.substr(2);
+    out->ignored.push_back(name + " (params dtype " + args->params_dtype + ")");
+    return true;
+  }
+  if (name == "--group-query-attention") {
+    *gqa = true;
+    return true;
+  }
+  if (name == "--use-rotary-position-embeddings") {
+    args->position_embedding_type = "rope";
+    return true;
+  }
+  if (name == "--no-position-embedding") {
+    if (args->position_embedding_type != "rope" &&
+        std::find(extras.begin(), extras.end(), "--use-rotary-position-embeddings") ==
+            extras.end()) {
+      return InvalidArgument(
+          "--no-position-embedding without --use-rotary-position-embeddings (or "
+          "--position-embedding-type rope): "
+          "a GPT without any position information is not supported");
+    }
+    return true;
+  }
+  return false;
+}
+
+// An ignored argument as shown in the list of ignored ones, with its value(s): taken from
+// extras after index *i (advanced past them) unless inline. *one_value: the value of an
+// argument of arity one.
+Result<std::string> TakeIgnored(const ExtraArg& a, Arity arity,
+                                const std::vector<std::string>& extras, std::size_t* i,
+                                std::string* one_value) {
+  std::string shown = a.name;
+  if (arity == Arity::kOne) {
+    if (a.has_inline) {
+      *one_value = a.value;
+    } else if (*i + 1 >= extras.size() || extras[*i + 1].rfind("--", 0) == 0) {
+      return InvalidArgument(a.name + " needs a value");
+    } else {
+      *one_value = extras[++*i];
+    }
+    shown += " " + *one_value;
+  } else if (arity == Arity::kMany) {
+    if (a.has_inline) shown += " " + a.value;
+    while (!a.has_inline && *i + 1 < extras.size() && extras[*i + 1].rfind("--", 0) != 0)
+      shown += " " + extras[++*i];
+  } else if (a.has_inline) {
+    return InvalidArgument(a.name + " is a flag and takes no value (got '" + a.value + "')");
+  }
+  return shown;
+}
+
+// After every argument: unknown ones are an error; GQA without --num-query-groups has
+// one group, and --seq-length sets --max-position-embeddings unless that was given.
+Status FinishMegatronArgs(const std::vector<std::string>& unknown, bool gqa,
+                          const std::string& seq_length,
+                          const std::vector<std::string>& explicit_flags, GptArgs* args,
+                          MegatronExtras* out) {
   if (!unknown.empty()) {
     std::string list;
     for (const auto& u : unknown) list += (list.empty() ? "" : " ") + u;
@@ -211,8 +224,39 @@ Result<MegatronExtras> ApplyMegatronArgs(const std::vector<std::string>& extras,
       return InvalidArgument("--seq-length must be a positive integer (got '" + seq_length + "')");
     }
     args->max_position_embeddings = n;
-    out.max_positions_from_seq = true;
+    out->max_positions_from_seq = true;
   }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<MegatronExtras> ApplyMegatronArgs(const std::vector<std::string>& extras,
+                                         const std::vector<std::string>& explicit_flags,
+                                         GptArgs* args) {
+  MegatronExtras out;
+  std::vector<std::string> unknown;
+  std::string seq_length;
+  bool gqa = false;
+  for (std::size_t i = 0; i < extras.size(); ++i) {
+    const ExtraArg a = SplitInline(extras[i]);
+    TP_ASSIGN_OR_RETURN(bool applied, ApplyShapeFlag(a, extras, explicit_flags, args, &gqa, &out));
+    if (applied) continue;
+    if (auto u = Unsupported().find(a.name); u != Unsupported().end()) {
+      return InvalidArgument(a.name + ": " + u->second +
+                             " are not supported by `tenplex model gpt`");
+    }
+    auto it = Ignored().find(a.name);
+    if (it == Ignored().end()) {
+      unknown.push_back(extras[i]);
+      continue;
+    }
+    std::string value;
+    TP_ASSIGN_OR_RETURN(std::string shown, TakeIgnored(a, it->second, extras, &i, &value));
+    if (a.name == "--seq-length") seq_length = value;
+    out.ignored.push_back(shown);
+  }
+  TP_RETURN_IF_ERROR(FinishMegatronArgs(unknown, gqa, seq_length, explicit_flags, args, &out));
   return out;
 }
 

@@ -12,31 +12,15 @@ namespace {
 constexpr const char* kSizeFlags[] = {"--num-layers", "--hidden-size", "--num-attention-heads",
                                       "--vocab-size"};
 
-}  // namespace
+// The options of `tenplex model gpt`.
+struct GptOpts {
+  GptArgs a;
+  std::string preset, out;
+  bool list = false;
+};
 
-void RegisterModel(CLI::App& app, Context& ctx) {
-  auto* model = app.add_subcommand("model", "Write model descriptions (JSON)");
-  model->require_subcommand(1);
-  auto* gpt = model->add_subcommand(
-      "gpt",
-      "A GPT model with Megatron-Core parameter names. Give --preset NAME or the sizes "
-      "(--num-layers, "
-      "--hidden-size, --num-attention-heads, --vocab-size); other options have Megatron-LM's "
-      "defaults. A pasted "
-      "Megatron-LM argument block is accepted: --bf16/--fp16 set the params dtype, "
-      "--group-query-attention and "
-      "--use-rotary-position-embeddings shape the model, --seq-length is the default of "
-      "--max-position-embeddings, and training arguments (batch sizes, learning rate, parallel "
-      "sizes, paths) are "
-      "ignored.");
-  gpt->allow_extras();
-  gpt->fallthrough(false);  // unknown arguments stay here (Megatron-LM arguments)
-  struct Opts {
-    GptArgs a;
-    std::string preset, out;
-    bool list = false;
-  };
-  auto o = std::make_shared<Opts>();
+// Megatron-LM's model-shape options (and --preset, --list-presets, -o) into *o.
+void AddGptOptions(CLI::App* gpt, GptOpts* o) {
   gpt->add_option("--preset", o->preset,
                   "Well-known size (fills the size options): gpt3-125m ... gpt3-175b, "
                   "llama2-7b, llama2-13b, llama3-8b (--list-presets)");
@@ -75,6 +59,78 @@ void RegisterModel(CLI::App& app, Context& ctx) {
                   "adam (exp_avg, exp_avg_sq, fp32 master copies) or none")
       ->capture_default_str();
   gpt->add_option("-o,--output", o->out, "Output file, written atomically (default stdout)");
+}
+
+// The model's arguments: the preset's (explicit flags override them; the preset fixes
+// the positions and query groups, added to *explicit_flags) or the options given, which
+// must then include the size flags.
+Result<GptArgs> ResolveGptArgs(const GptOpts& opts, const CLI::App* gpt,
+                               std::vector<std::string>* explicit_flags) {
+  auto given = [&](const char* flag) { return gpt->count(flag) > 0; };
+  GptArgs args = opts.a;
+  if (!opts.preset.empty()) {
+    auto p = GptPreset(opts.preset);
+    if (!p.ok()) return p.status();
+    // Explicit flags override the preset.
+    args = *p;
+    if (given("--num-layers")) args.num_layers = opts.a.num_layers;
+    if (given("--hidden-size")) args.hidden_size = opts.a.hidden_size;
+    if (given("--ffn-hidden-size")) args.ffn_hidden_size = opts.a.ffn_hidden_size;
+    if (given("--num-attention-heads")) args.num_attention_heads = opts.a.num_attention_heads;
+    if (given("--num-query-groups")) args.num_query_groups = opts.a.num_query_groups;
+    if (given("--kv-channels")) args.kv_channels = opts.a.kv_channels;
+    if (given("--vocab-size")) args.vocab_size = opts.a.vocab_size;
+    if (given("--make-vocab-size-divisible-by"))
+      args.make_vocab_size_divisible_by = opts.a.make_vocab_size_divisible_by;
+    if (given("--max-position-embeddings"))
+      args.max_position_embeddings = opts.a.max_position_embeddings;
+    if (given("--position-embedding-type"))
+      args.position_embedding_type = opts.a.position_embedding_type;
+    if (given("--swiglu")) args.swiglu = true;
+    if (given("--disable-bias-linear")) args.disable_bias_linear = true;
+    if (given("--untie-embeddings-and-output-weights"))
+      args.untie_embeddings_and_output_weights = true;
+    if (given("--normalization")) args.normalization = opts.a.normalization;
+    if (given("--params-dtype")) args.params_dtype = opts.a.params_dtype;
+    if (given("--optimizer")) args.optimizer = opts.a.optimizer;
+    // The preset fixes the positions and query groups.
+    explicit_flags->push_back("--max-position-embeddings");
+    explicit_flags->push_back("--num-query-groups");
+  } else {
+    std::string missing;
+    for (const char* f : kSizeFlags) {
+      if (!given(f)) missing += std::string(missing.empty() ? "" : ", ") + f;
+    }
+    if (!missing.empty()) {
+      return InvalidArgument(
+          "give --preset NAME (tenplex model gpt --list-presets) or the model size: missing " +
+          missing);
+    }
+  }
+  return args;
+}
+
+}  // namespace
+
+void RegisterModel(CLI::App& app, Context& ctx) {
+  auto* model = app.add_subcommand("model", "Write model descriptions (JSON)");
+  model->require_subcommand(1);
+  auto* gpt = model->add_subcommand(
+      "gpt",
+      "A GPT model with Megatron-Core parameter names. Give --preset NAME or the sizes "
+      "(--num-layers, "
+      "--hidden-size, --num-attention-heads, --vocab-size); other options have Megatron-LM's "
+      "defaults. A pasted "
+      "Megatron-LM argument block is accepted: --bf16/--fp16 set the params dtype, "
+      "--group-query-attention and "
+      "--use-rotary-position-embeddings shape the model, --seq-length is the default of "
+      "--max-position-embeddings, and training arguments (batch sizes, learning rate, parallel "
+      "sizes, paths) are "
+      "ignored.");
+  gpt->allow_extras();
+  gpt->fallthrough(false);  // unknown arguments stay here (Megatron-LM arguments)
+  auto o = std::make_shared<GptOpts>();
+  AddGptOptions(gpt, o.get());
   gpt->callback([o, gpt, &ctx] {
     if (o->list) {
       std::string names;
@@ -82,58 +138,17 @@ void RegisterModel(CLI::App& app, Context& ctx) {
       Finish(ctx, WriteOutput("", names));
       return;
     }
-    auto given = [&](const char* flag) { return gpt->count(flag) > 0; };
     std::vector<std::string> explicit_flags;
     for (const char* f : {"--params-dtype", "--max-position-embeddings", "--num-query-groups"}) {
-      if (given(f)) explicit_flags.push_back(f);
+      if (gpt->count(f) > 0) explicit_flags.push_back(f);
     }
-    GptArgs args = o->a;
-    if (!o->preset.empty()) {
-      auto p = GptPreset(o->preset);
-      if (!p.ok()) return Finish(ctx, p.status());
-      // Explicit flags override the preset.
-      args = *p;
-      if (given("--num-layers")) args.num_layers = o->a.num_layers;
-      if (given("--hidden-size")) args.hidden_size = o->a.hidden_size;
-      if (given("--ffn-hidden-size")) args.ffn_hidden_size = o->a.ffn_hidden_size;
-      if (given("--num-attention-heads")) args.num_attention_heads = o->a.num_attention_heads;
-      if (given("--num-query-groups")) args.num_query_groups = o->a.num_query_groups;
-      if (given("--kv-channels")) args.kv_channels = o->a.kv_channels;
-      if (given("--vocab-size")) args.vocab_size = o->a.vocab_size;
-      if (given("--make-vocab-size-divisible-by"))
-        args.make_vocab_size_divisible_by = o->a.make_vocab_size_divisible_by;
-      if (given("--max-position-embeddings"))
-        args.max_position_embeddings = o->a.max_position_embeddings;
-      if (given("--position-embedding-type"))
-        args.position_embedding_type = o->a.position_embedding_type;
-      if (given("--swiglu")) args.swiglu = true;
-      if (given("--disable-bias-linear")) args.disable_bias_linear = true;
-      if (given("--untie-embeddings-and-output-weights"))
-        args.untie_embeddings_and_output_weights = true;
-      if (given("--normalization")) args.normalization = o->a.normalization;
-      if (given("--params-dtype")) args.params_dtype = o->a.params_dtype;
-      if (given("--optimizer")) args.optimizer = o->a.optimizer;
-      // The preset fixes the positions and query groups.
-      explicit_flags.push_back("--max-position-embeddings");
-      explicit_flags.push_back("--num-query-groups");
-    } else {
-      std::string missing;
-      for (const char* f : kSizeFlags) {
-        if (!given(f)) missing += std::string(missing.empty() ? "" : ", ") + f;
-      }
-      if (!missing.empty()) {
-        return Finish(
-            ctx, InvalidArgument(
-                     "give --preset NAME (tenplex model gpt --list-presets) or the model size: "
-                     "missing " +
-                     missing));
-      }
-    }
-    auto extras = ApplyMegatronArgs(gpt->remaining(), explicit_flags, &args);
+    Result<GptArgs> args = ResolveGptArgs(*o, gpt, &explicit_flags);
+    if (!args.ok()) return Finish(ctx, args.status());
+    auto extras = ApplyMegatronArgs(gpt->remaining(), explicit_flags, &*args);
     if (!extras.ok()) return Finish(ctx, extras.status());
     for (const std::string& a : extras->ignored)
       LogVerbose("model gpt: ignoring the training argument %s", a.c_str());
-    auto m = MakeGpt(args);
+    auto m = MakeGpt(*args);
     if (!m.ok()) return Finish(ctx, m.status());
     Finish(ctx, WriteOutput(o->out, ModelToJson(*m)));
   });

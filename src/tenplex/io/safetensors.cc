@@ -17,6 +17,67 @@ namespace tenplex::io {
 
 using nlohmann::json;
 
+namespace {
+
+// One tensor's header entry, checked against the data section's size.
+Result<SafetensorsEntry> ParseEntry(const std::string& name, const json& v, uint64_t data_size) {
+  const std::string where = "safetensors: tensor '" + name + "'";
+  if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") ||
+      !v.contains("data_offsets")) {
+    return DataLoss(where + " needs dtype, shape and data_offsets");
+  }
+  SafetensorsEntry e;
+  e.name = name;
+  if (!v["dtype"].is_string()) return DataLoss(where + ": dtype is not a string");
+  auto dt = ParseDType(v["dtype"].get<std::string>());
+  if (!dt.ok()) return DataLoss(where + ": " + dt.status().message());
+  e.dtype = *dt;
+  if (!v["shape"].is_array()) return DataLoss(where + ": shape is not an array");
+  for (const json& d : v["shape"]) {
+    if (!d.is_number_integer()) return DataLoss(where + ": shape has a non-integer");
+    e.shape.push_back(d.get<int64_t>());
+  }
+  auto bytes = CheckedVolume(e.shape, static_cast<int64_t>(DTypeSize(e.dtype)));
+  if (!bytes.ok()) return DataLoss(where + ": " + bytes.status().message());
+  const json& off = v["data_offsets"];
+  if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() ||
+      !off[1].is_number_unsigned()) {
+    return DataLoss(where + ": data_offsets must be two non-negative integers");
+  }
+  e.begin = off[0].get<uint64_t>();
+  e.end = off[1].get<uint64_t>();
+  if (e.begin > e.end || e.end > data_size) {
+    return DataLoss(where + ": data_offsets [" + std::to_string(e.begin) + ", " +
+                    std::to_string(e.end) + ") lie outside the " + std::to_string(data_size) +
+                    " data bytes (truncated file?)");
+  }
+  const uint64_t want = static_cast<uint64_t>(*bytes) * DTypeSize(e.dtype);
+  if (e.end - e.begin != want) {
+    return DataLoss(where + ": " + std::to_string(e.end - e.begin) + " bytes but dtype " +
+                    std::string(DTypeName(e.dtype)) + " x shape [" + ShapeToString(e.shape) +
+                    "] needs " + std::to_string(want));
+  }
+  return e;
+}
+
+// Sorts the tensors by their data offsets; tensors with bytes must not overlap.
+Status SortAndCheckOverlaps(std::vector<SafetensorsEntry>& tensors) {
+  std::sort(tensors.begin(), tensors.end(),
+            [](const SafetensorsEntry& a, const SafetensorsEntry& b) {
+              return std::tie(a.begin, a.end) < std::tie(b.begin, b.end);
+            });
+  for (std::size_t i = 1; i < tensors.size(); ++i) {
+    const auto& a = tensors[i - 1];
+    const auto& b = tensors[i];
+    if (b.begin < a.end && b.bytes() > 0 && a.bytes() > 0) {
+      return DataLoss("safetensors: tensors '" + a.name + "' and '" + b.name + "' overlap");
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Result<SafetensorsHeader> ParseSafetensorsHeader(const uint8_t* data, std::size_t size) {
   if (size < 8)
     return DataLoss("safetensors: file of " + std::to_string(size) + " bytes has no header length");
@@ -51,55 +112,10 @@ Result<SafetensorsHeader> ParseSafetensorsHeader(const uint8_t* data, std::size_
       }
       continue;
     }
-    const std::string where = "safetensors: tensor '" + name + "'";
-    if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") ||
-        !v.contains("data_offsets")) {
-      return DataLoss(where + " needs dtype, shape and data_offsets");
-    }
-    SafetensorsEntry e;
-    e.name = name;
-    if (!v["dtype"].is_string()) return DataLoss(where + ": dtype is not a string");
-    auto dt = ParseDType(v["dtype"].get<std::string>());
-    if (!dt.ok()) return DataLoss(where + ": " + dt.status().message());
-    e.dtype = *dt;
-    if (!v["shape"].is_array()) return DataLoss(where + ": shape is not an array");
-    for (const json& d : v["shape"]) {
-      if (!d.is_number_integer()) return DataLoss(where + ": shape has a non-integer");
-      e.shape.push_back(d.get<int64_t>());
-    }
-    auto bytes = CheckedVolume(e.shape, static_cast<int64_t>(DTypeSize(e.dtype)));
-    if (!bytes.ok()) return DataLoss(where + ": " + bytes.status().message());
-    const json& off = v["data_offsets"];
-    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() ||
-        !off[1].is_number_unsigned()) {
-      return DataLoss(where + ": data_offsets must be two non-negative integers");
-    }
-    e.begin = off[0].get<uint64_t>();
-    e.end = off[1].get<uint64_t>();
-    if (e.begin > e.end || e.end > data_size) {
-      return DataLoss(where + ": data_offsets [" + std::to_string(e.begin) + ", " +
-                      std::to_string(e.end) + ") lie outside the " + std::to_string(data_size) +
-                      " data bytes (truncated file?)");
-    }
-    const uint64_t want = static_cast<uint64_t>(*bytes) * DTypeSize(e.dtype);
-    if (e.end - e.begin != want) {
-      return DataLoss(where + ": " + std::to_string(e.end - e.begin) + " bytes but dtype " +
-                      std::string(DTypeName(e.dtype)) + " x shape [" + ShapeToString(e.shape) +
-                      "] needs " + std::to_string(want));
-    }
+    TP_ASSIGN_OR_RETURN(SafetensorsEntry e, ParseEntry(name, v, data_size));
     h.tensors.push_back(std::move(e));
   }
-  std::sort(h.tensors.begin(), h.tensors.end(),
-            [](const SafetensorsEntry& a, const SafetensorsEntry& b) {
-              return std::tie(a.begin, a.end) < std::tie(b.begin, b.end);
-            });
-  for (std::size_t i = 1; i < h.tensors.size(); ++i) {
-    const auto& a = h.tensors[i - 1];
-    const auto& b = h.tensors[i];
-    if (b.begin < a.end && b.bytes() > 0 && a.bytes() > 0) {
-      return DataLoss("safetensors: tensors '" + a.name + "' and '" + b.name + "' overlap");
-    }
-  }
+  TP_RETURN_IF_ERROR(SortAndCheckOverlaps(h.tensors));
   return h;
 }
 

@@ -15,80 +15,34 @@
 #include <random>
 #include <set>
 
+#include "tenplex/geometry/testing.h"
 #include "tenplex/model/gpt.h"
-#include "tenplex/plan/box_set.h"
+#include "tenplex/plan/planner_testing.h"
 #include "tenplex/plan/synthetic.h"
 #include "tenplex/transform/executor.h"
 
 namespace tenplex::plan {
 namespace {
 
+using ::tenplex::testing::Ravel;
+using ::tenplex::testing::Unravel;
+using testing::kRandomCases;
+using testing::kSeed;
+using testing::ModelSpec;
+using testing::RandomConfig;
+using testing::RandomHosts;
+using testing::Specs;
+using testing::Tiny;
 using transform::ExecuteOptions;
 using transform::ExecutePlan;
 
-constexpr uint64_t kSeed = 7;
-// Fewer random cases under the sanitizers (Debug, several times slower).
 #if defined(__SANITIZE_ADDRESS__)
-constexpr int kRandomCases = 50;
 constexpr int kFixedGpus[] = {1, 4};
 #else
 constexpr int kFixedGpus[] = {1, 2, 4};
-constexpr int kRandomCases = 150;
 #endif
 constexpr uint8_t kOldGarbage = 0x5a;
 constexpr uint8_t kNewGarbage = 0xa5;
-
-std::vector<int64_t> Unravel(int64_t flat, const Shape& shape) {
-  std::vector<int64_t> idx(shape.size());
-  for (std::size_t k = shape.size(); k > 0; --k) {
-    idx[k - 1] = flat % shape[k - 1];
-    flat /= shape[k - 1];
-  }
-  return idx;
-}
-
-int64_t Ravel(const std::vector<int64_t>& idx, const Shape& shape) {
-  int64_t f = 0;
-  for (std::size_t k = 0; k < shape.size(); ++k) f = f * shape[k] + idx[k];
-  return f;
-}
-
-struct ModelSpec {
-  bool swiglu, tied, bias, rms, bf16, adam;
-  int64_t groups;
-};
-
-Model Tiny(const ModelSpec& s) {
-  GptArgs a;
-  a.name = "tiny";
-  a.num_layers = 4;
-  a.hidden_size = 8;
-  a.num_attention_heads = 4;
-  a.num_query_groups = s.groups;
-  a.ffn_hidden_size = 12;
-  a.vocab_size = 37;
-  a.make_vocab_size_divisible_by = 4;
-  a.max_position_embeddings = 6;
-  a.swiglu = s.swiglu;
-  a.untie_embeddings_and_output_weights = !s.tied;
-  a.disable_bias_linear = !s.bias;
-  a.normalization = s.rms ? "RMSNorm" : "LayerNorm";
-  a.position_embedding_type = s.rms ? "rope" : "learned_absolute";
-  a.params_dtype = s.bf16 ? "bf16" : "fp32";
-  a.optimizer = s.adam ? "adam" : "none";
-  auto m = MakeGpt(a);
-  EXPECT_TRUE(m.ok()) << m.status().ToString();
-  return *m;
-}
-
-const std::vector<ModelSpec>& Specs() {
-  static const std::vector<ModelSpec> specs = {
-      {false, true, true, false, false, true, 4},   {true, false, false, true, false, true, 2},
-      {true, true, true, false, true, true, 4},     {false, false, true, true, true, true, 2},
-      {false, true, false, false, false, false, 4}, {true, true, false, true, true, false, 2},
-  };
-  return specs;
-}
 
 // Element identity: (global tensor id, global flat index); id -1 is padding.
 struct Elem {
@@ -399,26 +353,6 @@ class Checker {
   std::vector<std::vector<std::vector<Elem>>> old_elems_, new_elems_;
 };
 
-ParallelConfig RandomConfig(std::mt19937& rng, int64_t groups) {
-  static const char* pps[] = {
-      "pp=1", "pp=2", "pp=4", "pp=2,layers=3+1", "pp=3,layers=2+1+1", "pp=2,layers=1+3"};
-  std::vector<int> tps;
-  for (int tp : {1, 2, 4}) {
-    if (groups % tp == 0) tps.push_back(tp);
-  }
-  std::string s = "tp=" + std::to_string(tps[rng() % tps.size()]) + "," + pps[rng() % 6] +
-                  ",dp=" + std::to_string(1 + rng() % 3) + ",zero=" + std::to_string(rng() % 2);
-  return *ParseConfig(s);
-}
-
-std::vector<int> RandomHosts(std::mt19937& rng, int world, int gpus, bool shuffled) {
-  if (!shuffled) return DefaultHosts(world, gpus);
-  std::vector<int> h(world);
-  const int hosts = std::max(1, (world + gpus - 1) / gpus);
-  for (int& x : h) x = static_cast<int>(rng() % hosts);
-  return h;
-}
-
 TEST(PlannerTest, RandomCasesMatchFullTensorReference) {
   std::mt19937 rng(20241122);
   std::vector<Model> models;
@@ -531,117 +465,6 @@ TEST(PlannerTest, HostDedupSendsEachBoxOnceAndBalances) {
   EXPECT_LE(p->stats.max_host_send_bytes, param_bytes + param_bytes / 4);
 }
 
-// Per-host planning against the full plan: for every host, MakeHostPlan's ops and kept
-// regions are MakePlan's whose destination is on that host (same order, "after"
-// renumbered within the host), and its stats are those ops' sums.
-void ExpectHostPlansFilterFullPlan(const Model& m, const Layout& from, const Layout& to,
-                                   const std::vector<int>& fh, const std::vector<int>& th) {
-  auto full = MakePlan(m, from, to, fh, th);
-  int hosts = 0;
-  for (int h : th) hosts = std::max(hosts, h + 1);
-  int64_t lower_bound = 0;
-  for (int h = 0; h < hosts; ++h) {
-    SCOPED_TRACE("host " + std::to_string(h));
-    auto part = MakeHostPlan(m, from, to, fh, th, h);
-    ASSERT_EQ(full.ok(), part.ok()) << (full.ok() ? part.status() : full.status()).ToString();
-    if (!full.ok()) {
-      EXPECT_EQ(part.status().code(), full.status().code());
-      return;
-    }
-    auto same = [](const CopyOp& a, const CopyOp& b, int64_t after) {
-      return a.tensor == b.tensor && a.global == b.global && a.src_rank == b.src_rank &&
-             a.src_tensor == b.src_tensor && a.src == b.src && a.dst_rank == b.dst_rank &&
-             a.dst_tensor == b.dst_tensor && a.dst == b.dst && a.src_new == b.src_new &&
-             b.after == after;
-    };
-    std::vector<int64_t> index(full->ops.size(), -1), send(full->stats.num_hosts, 0);
-    std::size_t n = 0;
-    int64_t local = 0, cross = 0, cross_ops = 0;
-    for (std::size_t k = 0; k < full->ops.size(); ++k) {
-      const CopyOp& op = full->ops[k];
-      if (th[op.dst_rank] != h) continue;
-      ASSERT_LT(n, part->ops.size());
-      const int64_t after = op.src_new ? index[op.after] : -1;
-      ASSERT_TRUE(!op.src_new || after >= 0) << "op " << k << " reads another host's op";
-      ASSERT_TRUE(same(op, part->ops[n], after)) << "op " << k << " vs host op " << n;
-      index[k] = static_cast<int64_t>(n++);
-      const int src_host = op.src_new ? th[op.src_rank] : fh[op.src_rank];
-      const int64_t bytes =
-          Volume(op.global) *
-          static_cast<int64_t>(DTypeSize(to.globals.at(full->tensors[op.tensor]).dtype));
-      if (src_host == h) {
-        local += bytes;
-      } else {
-        cross += bytes;
-        ++cross_ops;
-        send[src_host] += bytes;
-      }
-    }
-    EXPECT_EQ(n, part->ops.size());
-    std::size_t kept = 0;
-    int64_t in_place = 0;
-    for (const CopyOp& op : full->kept) {
-      if (th[op.dst_rank] != h) continue;
-      ASSERT_LT(kept, part->kept.size());
-      EXPECT_TRUE(same(op, part->kept[kept++], -1));
-      in_place += Volume(op.global) *
-                  static_cast<int64_t>(DTypeSize(to.globals.at(full->tensors[op.tensor]).dtype));
-    }
-    EXPECT_EQ(kept, part->kept.size());
-    const PlanStats& s = part->stats;
-    EXPECT_EQ(s.bytes_in_place, in_place);
-    EXPECT_EQ(s.bytes_host_local, local);
-    EXPECT_EQ(s.bytes_cross_host, cross);
-    EXPECT_EQ(s.bytes_cross_host, s.cross_host_lower_bound);
-    EXPECT_EQ(s.cross_host_ops, cross_ops);
-    EXPECT_EQ(s.bytes_in_place + s.bytes_host_local + s.bytes_cross_host, s.bytes_total);
-    EXPECT_EQ(s.host_recv_bytes[h], cross);
-    EXPECT_EQ(s.host_send_bytes, send);
-    lower_bound += s.cross_host_lower_bound;
-  }
-  EXPECT_EQ(lower_bound, full->stats.cross_host_lower_bound);
-}
-
-TEST(PlannerTest, HostPlansAreTheFullPlanFilteredByHost) {
-  std::mt19937 rng(20261123);
-  std::vector<Model> models;
-  for (const ModelSpec& s : Specs()) models.push_back(Tiny(s));
-  for (int n = 0; n < kRandomCases / 3; ++n) {
-    const std::size_t mi = rng() % models.size();
-    const int64_t groups = Specs()[mi].groups;
-    auto from = MakeLayout(models[mi], RandomConfig(rng, groups));
-    auto to = MakeLayout(models[mi], RandomConfig(rng, groups));
-    ASSERT_TRUE(from.ok() && to.ok());
-    const int gpus = 1 + static_cast<int>(rng() % 4);
-    const bool shuffled = rng() % 3 == 0;
-    std::vector<int> fh = RandomHosts(rng, from->world_size(), gpus, shuffled);
-    std::vector<int> th = RandomHosts(rng, to->world_size(), gpus, shuffled);
-    if (rng() % 4 == 0) fh[rng() % fh.size()] = kLostHost;
-    SCOPED_TRACE("case " + std::to_string(n) + ": " + from->config.ToString() + " -> " +
-                 to->config.ToString() + ", " + std::to_string(gpus) + " GPUs per host");
-    ExpectHostPlansFilterFullPlan(models[mi], *from, *to, fh, th);
-    if (HasFatalFailure()) return;
-  }
-  // A larger case where many hosts are alike (dp replicas): the per-kind shortcut.
-  auto args = *GptPreset("gpt3-175b");
-  args.num_layers = 4;
-  args.hidden_size = 64;
-  args.num_attention_heads = 8;
-  args.num_query_groups = 8;
-  args.ffn_hidden_size = 128;
-  args.vocab_size = 256;
-  Model m = *MakeGpt(args);
-  auto from = MakeLayout(m, *ParseConfig("tp=2,pp=4,dp=6,zero=1"));
-  auto to = MakeLayout(m, *ParseConfig("tp=2,pp=2,dp=8"));
-  ASSERT_TRUE(from.ok() && to.ok());
-  ExpectHostPlansFilterFullPlan(m, *from, *to, DefaultHosts(from->world_size(), 4),
-                                DefaultHosts(to->world_size(), 4));
-  auto bad = MakeHostPlan(m, *from, *to, DefaultHosts(from->world_size(), 4),
-                          DefaultHosts(to->world_size(), 4), 99);
-  ASSERT_FALSE(bad.ok());
-  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
-}
-
 TEST(PlannerTest, RejectsMismatchedInputs) {
   Model a = Tiny(Specs()[0]), b = Tiny(Specs()[1]);
   auto la = MakeLayout(a, *ParseConfig("tp=2"));
@@ -657,107 +480,6 @@ TEST(PlannerTest, RejectsMismatchedInputs) {
   EXPECT_NE(q.status().message().find("one entry per rank"), std::string::npos);
   auto r = MakePlan(a, *la, *la, {0, -1}, h);
   ASSERT_FALSE(r.ok());
-}
-
-TEST(PlannerTest, SyntheticFillMatchesPerElementSlicing) {
-  for (const ModelSpec& s : Specs()) {
-    Model m = Tiny(s);
-    for (const char* cs : {"tp=2,pp=2,dp=2,zero=1", "tp=4,pp=3,layers=2+1+1"}) {
-      if (s.groups % 4 != 0 && cs[3] == '4') continue;
-      auto l = MakeLayout(m, *ParseConfig(cs));
-      ASSERT_TRUE(l.ok());
-      for (const RankLayout& r : l->ranks) {
-        for (const LocalTensor& t : *r.tensors) {
-          std::vector<uint8_t> got(t.bytes(), 0xee), want(t.bytes(), 0);
-          ThreadPool pool(2);
-          ASSERT_TRUE(FillSynthetic(*l, t, kSeed, got.data(), &pool).ok());
-          const std::size_t es = DTypeSize(t.dtype);
-          for (const Piece& p : t.pieces) {
-            const Shape& gs = l->globals.at(p.tensor).shape;
-            const uint64_t key = SyntheticKey(p.tensor, kSeed);
-            const Shape ge = p.global.extents();
-            const bool flat = p.local.rank() != p.global.rank() || p.local.extents() != ge;
-            for (int64_t i = 0; i < Volume(p.global); ++i) {
-              auto gi = Unravel(i, ge);
-              for (std::size_t k = 0; k < gi.size(); ++k) gi[k] += p.global[k].begin;
-              auto li = Unravel(i, p.local.extents());
-              for (std::size_t k = 0; k < li.size(); ++k) li[k] += p.local[k].begin;
-              int64_t lf = flat ? p.local[0].begin + i : Ravel(li, t.shape);
-              SyntheticElement(t.dtype, key, Ravel(gi, gs), &want[lf * es]);
-            }
-          }
-          ASSERT_EQ(got, want) << cs << " rank " << r.rank << " " << t.name;
-          EXPECT_TRUE(CheckSynthetic(*l, t, kSeed, got.data()).ok());
-          got[got.size() - 1] ^= 1;
-          EXPECT_EQ(CheckSynthetic(*l, t, kSeed, got.data()).code(), StatusCode::kDataLoss);
-        }
-      }
-    }
-  }
-}
-
-TEST(SyntheticTest, ValuesAreFiniteAndDeterministic) {
-  const uint64_t key = SyntheticKey("x", 3);
-  EXPECT_EQ(key, SyntheticKey("x", 3));
-  EXPECT_NE(key, SyntheticKey("x", 4));
-  EXPECT_NE(key, SyntheticKey("y", 3));
-  for (int64_t i = 0; i < 5000; ++i) {
-    float f;
-    SyntheticElement(DType::kF32, key, i, &f);
-    EXPECT_GE(f, -1.0f);
-    EXPECT_LT(f, 1.0f);
-    uint16_t bf, h;
-    SyntheticElement(DType::kBF16, key, i, &bf);
-    uint32_t fu;
-    std::memcpy(&fu, &f, 4);
-    EXPECT_EQ(bf, fu >> 16);
-    SyntheticElement(DType::kF16, key, i, &h);
-    EXPECT_NE((h >> 10) & 0x1f, 0x1f) << "F16 must be finite";
-    uint8_t b;
-    SyntheticElement(DType::kBool, key, i, &b);
-    EXPECT_LE(b, 1);
-  }
-}
-
-// Brute force over a small grid for the box-set maths.
-TEST(BoxSetTest, SubtractAndUnionMatchBruteForce) {
-  std::mt19937 rng(5);
-  auto random_box = [&](int rank) {
-    Box b;
-    for (int k = 0; k < rank; ++k) {
-      int64_t x = rng() % 7, y = rng() % 7;
-      b.dims.push_back({std::min(x, y), std::max(x, y) + static_cast<int64_t>(rng() % 2)});
-    }
-    return b;
-  };
-  auto inside = [](const Box& b, const std::vector<int64_t>& p) {
-    for (std::size_t k = 0; k < p.size(); ++k) {
-      if (p[k] < b[k].begin || p[k] >= b[k].end) return false;
-    }
-    return true;
-  };
-  for (int n = 0; n < 400; ++n) {
-    const int rank = 1 + static_cast<int>(rng() % 3);
-    const Shape grid(rank, 8);
-    Box a = random_box(rank), b = random_box(rank);
-    std::vector<Box> diff = Subtract(a, b);
-    std::vector<Box> many;
-    for (int i = 0; i < 1 + static_cast<int>(rng() % 5); ++i) many.push_back(random_box(rank));
-    int64_t uv = 0;
-    for (int64_t f = 0; f < Volume(grid); ++f) {
-      auto p = Unravel(f, grid);
-      int hits = 0;
-      for (const Box& d : diff) hits += inside(d, p);
-      EXPECT_EQ(hits, inside(a, p) && !inside(b, p) ? 1 : 0)
-          << ToString(a) << " \\ " << ToString(b);
-      bool any = false;
-      for (const Box& m : many) any = any || inside(m, p);
-      uv += any;
-    }
-    for (const Box& d : diff) EXPECT_FALSE(IsEmpty(d));
-    EXPECT_LE(diff.size(), 2u * rank);
-    EXPECT_EQ(UnionVolume(many), uv);
-  }
 }
 
 TEST(ExecutorTest, RejectsMissingBuffers) {

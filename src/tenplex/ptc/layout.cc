@@ -93,6 +93,92 @@ struct ParamEntry {
   std::string global_name;
 };
 
+// Parameters per stage, in spec order, aliases last.
+std::vector<std::vector<ParamEntry>> StageParams(const Model& model, const std::vector<int>& bounds,
+                                                 int pp) {
+  std::vector<std::vector<ParamEntry>> stage_params(pp);
+  for (const TensorDesc& t : model.tensors) {
+    int s = StageOf(t.stage, bounds);
+    stage_params[s].push_back({&t, LocalName(model, t.path, bounds[s]), t.path});
+  }
+  for (const AliasDesc& a : model.aliases) {
+    const TensorDesc& target = model.tensors[model.Find(a.target)];
+    int s = StageOf(a.stage, bounds);
+    if (StageOf(target.stage, bounds) == s) continue;
+    stage_params[s].push_back({&target, a.name, a.target});
+  }
+  return stage_params;
+}
+
+// Tensor-parallel rank t's slices of a stage's parameters (entries).
+std::vector<LocalTensor> LocalParams(const std::vector<ParamEntry>& entries, int tp, int t,
+                                     UnitRanges& ranges) {
+  std::vector<LocalTensor> params;
+  for (const ParamEntry& e : entries) {
+    LocalTensor lt;
+    lt.name = e.local_name;
+    lt.param = e.global_name;
+    lt.dtype = e.desc->dtype;
+    Slice(*e.desc, e.global_name, tp, ranges.Get(*e.desc, t), &lt.shape, &lt.pieces);
+    params.push_back(std::move(lt));
+  }
+  return params;
+}
+
+// Without ZeRO: the parameters, then each one's companions (optimizer states and the
+// fp32 master copy), kind by kind; every dp rank holds the same list.
+std::shared_ptr<const std::vector<LocalTensor>> ReplicatedTensors(
+    const Model& model, const std::vector<LocalTensor>& params,
+    const std::vector<ParamEntry>& entries) {
+  auto list = std::make_shared<std::vector<LocalTensor>>(params);
+  std::vector<std::string> kinds = model.optimizer.states;
+  if (model.optimizer.type != "none") kinds.push_back("fp32_param");
+  if (model.optimizer.type == "none") kinds.clear();
+  for (const std::string& kind : kinds) {
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      auto ck = CompanionKinds(model, params[i].dtype);
+      if (std::find(ck.begin(), ck.end(), kind) == ck.end()) continue;
+      LocalTensor c = params[i];
+      c.name = CompanionName(kind, params[i].name);
+      c.dtype = DType::kF32;
+      for (Piece& pc : c.pieces) pc.tensor = CompanionName(kind, entries[i].global_name);
+      list->push_back(std::move(c));
+    }
+  }
+  return list;
+}
+
+// ZeRO-1: the flat shard [lo, hi) of companion `kind` over the stage's flattened local
+// parameters (params[i] starts at base[i]).
+LocalTensor FlatShard(const std::string& kind, const std::vector<LocalTensor>& params,
+                      const std::vector<ParamEntry>& entries, const std::vector<int64_t>& base,
+                      int64_t lo, int64_t hi) {
+  LocalTensor flat;
+  flat.name = "optimizer.flat." + kind;
+  flat.dtype = DType::kF32;
+  flat.shape = {hi - lo};
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const LocalTensor& p = params[i];
+    const int64_t vol = Volume(p.shape);
+    const int64_t a = std::max(lo, base[i]) - base[i], b = std::min(hi, base[i] + vol) - base[i];
+    if (a >= b) continue;
+    if (kind == "fp32_param" && p.dtype == DType::kF32) continue;  // maps to nothing
+    const std::string gname = CompanionName(kind, entries[i].global_name);
+    for (const Box& c : FlatRangeToBoxes(p.shape, a, b)) {
+      for (const Piece& pc : p.pieces) {
+        Box inter = Intersect(c, pc.local);
+        if (IsEmpty(inter)) continue;
+        for (const Box& q : ContiguousParts(p.shape, inter)) {
+          int64_t off = base[i] + FlatOffset(p.shape, q) - lo;
+          flat.pieces.push_back(
+              {gname, MapBox(q, pc.local, pc.global), Box({{off, off + Volume(q)}})});
+        }
+      }
+    }
+  }
+  return flat;
+}
+
 }  // namespace
 
 std::string LocalName(const Model& model, const std::string& path, int first_layer) {
@@ -129,19 +215,8 @@ Result<Layout> MakeLayout(const Model& model, const ParallelConfig& config) {
   TP_ASSIGN_OR_RETURN(layout.stage_bounds, StageBounds(model, config));
   for (GlobalTensor& g : GlobalTensors(model)) layout.globals.emplace(g.name, std::move(g));
   const int T = config.tp, P = config.pp, D = config.dp;
-
-  // Parameters per stage, in spec order, aliases last.
-  std::vector<std::vector<ParamEntry>> stage_params(P);
-  for (const TensorDesc& t : model.tensors) {
-    int s = StageOf(t.stage, layout.stage_bounds);
-    stage_params[s].push_back({&t, LocalName(model, t.path, layout.stage_bounds[s]), t.path});
-  }
-  for (const AliasDesc& a : model.aliases) {
-    const TensorDesc& target = model.tensors[model.Find(a.target)];
-    int s = StageOf(a.stage, layout.stage_bounds);
-    if (StageOf(target.stage, layout.stage_bounds) == s) continue;
-    stage_params[s].push_back({&target, a.name, a.target});
-  }
+  const std::vector<std::vector<ParamEntry>> stage_params =
+      StageParams(model, layout.stage_bounds, P);
   UnitRanges ranges(config);
   bool any_low_precision = false;
   for (const TensorDesc& t : model.tensors) any_low_precision |= t.dtype != DType::kF32;
@@ -149,35 +224,10 @@ Result<Layout> MakeLayout(const Model& model, const ParallelConfig& config) {
   layout.ranks.resize(config.world_size());
   for (int s = 0; s < P; ++s) {
     for (int t = 0; t < T; ++t) {
-      std::vector<LocalTensor> params;
-      for (const ParamEntry& e : stage_params[s]) {
-        LocalTensor lt;
-        lt.name = e.local_name;
-        lt.param = e.global_name;
-        lt.dtype = e.desc->dtype;
-        Slice(*e.desc, e.global_name, T, ranges.Get(*e.desc, t), &lt.shape, &lt.pieces);
-        params.push_back(std::move(lt));
-      }
-      auto companions_of = [&](const LocalTensor& p, const ParamEntry& e, const std::string& kind) {
-        LocalTensor c = p;
-        c.name = CompanionName(kind, p.name);
-        c.dtype = DType::kF32;
-        for (Piece& pc : c.pieces) pc.tensor = CompanionName(kind, e.global_name);
-        return c;
-      };
+      const std::vector<LocalTensor> params = LocalParams(stage_params[s], T, t, ranges);
       if (!config.zero || model.optimizer.type == "none") {
-        auto list = std::make_shared<std::vector<LocalTensor>>(params);
-        std::vector<std::string> kinds = model.optimizer.states;
-        if (model.optimizer.type != "none") kinds.push_back("fp32_param");
-        if (model.optimizer.type == "none") kinds.clear();
-        for (const std::string& kind : kinds) {
-          for (std::size_t i = 0; i < params.size(); ++i) {
-            auto ck = CompanionKinds(model, params[i].dtype);
-            if (std::find(ck.begin(), ck.end(), kind) == ck.end()) continue;
-            list->push_back(companions_of(params[i], stage_params[s][i], kind));
-          }
-        }
-        std::shared_ptr<const std::vector<LocalTensor>> shared = std::move(list);
+        std::shared_ptr<const std::vector<LocalTensor>> shared =
+            ReplicatedTensors(model, params, stage_params[s]);
         for (int d = 0; d < D; ++d) {
           int r = config.RankOf(t, d, s);
           layout.ranks[r] = {r, t, s, d, shared};
@@ -196,34 +246,8 @@ Result<Layout> MakeLayout(const Model& model, const ParallelConfig& config) {
       for (int d = 0; d < D; ++d) {
         auto list = std::make_shared<std::vector<LocalTensor>>(params);
         const FlatRange range = ZeroFlatRange(n, D, d);
-        const int64_t lo = range.begin, hi = range.end, shard = hi - lo;
-        for (const std::string& kind : kinds) {
-          LocalTensor flat;
-          flat.name = "optimizer.flat." + kind;
-          flat.dtype = DType::kF32;
-          flat.shape = {shard};
-          for (std::size_t i = 0; i < params.size(); ++i) {
-            const LocalTensor& p = params[i];
-            const int64_t vol = Volume(p.shape);
-            const int64_t a = std::max(lo, base[i]) - base[i],
-                          b = std::min(hi, base[i] + vol) - base[i];
-            if (a >= b) continue;
-            if (kind == "fp32_param" && p.dtype == DType::kF32) continue;  // maps to nothing
-            const std::string gname = CompanionName(kind, stage_params[s][i].global_name);
-            for (const Box& c : FlatRangeToBoxes(p.shape, a, b)) {
-              for (const Piece& pc : p.pieces) {
-                Box inter = Intersect(c, pc.local);
-                if (IsEmpty(inter)) continue;
-                for (const Box& q : ContiguousParts(p.shape, inter)) {
-                  int64_t off = base[i] + FlatOffset(p.shape, q) - lo;
-                  flat.pieces.push_back(
-                      {gname, MapBox(q, pc.local, pc.global), Box({{off, off + Volume(q)}})});
-                }
-              }
-            }
-          }
-          list->push_back(std::move(flat));
-        }
+        for (const std::string& kind : kinds)
+          list->push_back(FlatShard(kind, params, stage_params[s], base, range.begin, range.end));
         int r = config.RankOf(t, d, s);
         layout.ranks[r] = {r, t, s, d, std::move(list)};
       }

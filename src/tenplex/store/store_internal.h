@@ -65,6 +65,8 @@ struct JobState {
   std::map<uint64_t, VersionState> versions;
 };
 
+struct PendingTensor;  // a tensor of a Create, before it is published (store_create.cc)
+
 inline std::string RandomHex() {
   std::random_device rd;
   uint64_t v = (static_cast<uint64_t>(rd()) << 32) ^ rd();
@@ -256,6 +258,14 @@ struct Store::Impl {
   Result<std::vector<TensorInfo>> Create(const std::vector<AllocRequest>& reqs, const Fill* fill,
                                          std::vector<std::shared_ptr<ShmMapping>>* maps,
                                          bool zero_fill = true);
+  // Create's steps: reserves `total` bytes against the limit once every tensor's version
+  // is open and no tensor is asked for twice; then renames the written files into their
+  // versions (undoing the reservation of those not published).
+  Status ReserveForCreate(const std::vector<PendingTensor>& pend, uint64_t total);
+  Result<std::vector<TensorInfo>> PublishCreated(const std::vector<AllocRequest>& reqs,
+                                                 const std::vector<PendingTensor>& pend,
+                                                 uint64_t total,
+                                                 std::vector<std::shared_ptr<ShmMapping>>* maps);
 };
 
 }  // namespace tenplex::store

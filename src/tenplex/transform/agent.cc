@@ -176,26 +176,61 @@ struct Agent::Impl {
 
   Result<std::string> Prepare(const std::string& body);
   Result<std::string> Probe(const std::string& body);
+
+ private:
+  // Prepare's parts.
+  void WarmServed(const PrepareRequest& r, const Layout& from, const plan::Plan& p);
+  HostExecInput ExecInput(const PrepareRequest& r, const plan::Plan& p, const Layout& from,
+                          const Layout& to, const MappedSources& src, const MappedDests& dst,
+                          const std::set<std::pair<int, int>>& linked,
+                          const std::string& capability);
+  void CountPrepare(const Result<HostExecStats>& ex, int64_t bytes_linked, double seconds);
+  // Probe's parts.
+  Result<double> FetchScratchInto(transport::PeerId peer, uint64_t large, uint8_t* dest,
+                                  double* first = nullptr);
+  Result<double> FreshWriteGbps(uint64_t bytes);
 };
 
-Result<std::string> Agent::Impl::Prepare(const std::string& body) {
-  const auto t0 = std::chrono::steady_clock::now();
-  TP_ASSIGN_OR_RETURN(DecodedPrepare d, DecodePrepare(body));
-  const PrepareRequest& r = d.request;
-  const Model& model = d.from.model();
-  TP_ASSIGN_OR_RETURN(Layout from, MakeLayout(model, d.from.config()));
-  TP_ASSIGN_OR_RETURN(Layout to, MakeLayout(model, r.to_config));
+namespace {
+
+// The plan of the transform r describes, which must be the coordinator's: a daemon of
+// another build (another planner) refuses instead of silently moving different bytes.
+Result<plan::Plan> CoordinatorsPlan(const Model& model, const PrepareRequest& r, const Layout& from,
+                                    const Layout& to) {
   TP_ASSIGN_OR_RETURN(plan::Plan p, plan::MakePlan(model, from, to, r.from_hosts, r.to_hosts));
-  // Every host must run the coordinator's plan: a daemon of another build (another
-  // planner) refuses instead of silently moving different bytes.
   if (const std::string mine = PlanDigest(p); mine != r.plan_digest) {
     return FailedPrecondition("host " + std::to_string(r.host) + " computes a plan with digest " +
                               mine + " but the coordinator's has " + r.plan_digest +
                               ": the daemons run different builds of tenplex");
   }
-  const double plan_seconds = Since(t0);
-  // The old tensors of this host that peers will read: mapped and pre-faulted now, so
-  // that serving them does not fault page by page on the transport's thread.
+  return p;
+}
+
+// The reply to a prepare that wrote version v.
+std::string PrepareReply(uint64_t v, int host, const HostExecStats& ex, int64_t bytes_linked,
+                         double plan_seconds, double alloc_seconds, double seconds) {
+  json reply = {{"version", v},
+                {"host", host},
+                {"bytes_kept", ex.bytes_kept},
+                {"bytes_linked", bytes_linked},
+                {"bytes_local", ex.bytes_local},
+                {"bytes_fetched", ex.bytes_fetched},
+                {"remote_ops", ex.remote_ops},
+                {"peers", ex.peers},
+                {"plan_seconds", plan_seconds},
+                {"alloc_seconds", alloc_seconds},
+                {"local_seconds", ex.local_seconds},
+                {"fetch_seconds", ex.fetch_seconds},
+                {"landed_seconds", ex.landed_seconds},
+                {"seconds", seconds}};
+  return reply.dump();
+}
+
+}  // namespace
+
+// The old tensors of this host that peers will read: mapped and pre-faulted now, so
+// that serving them does not fault page by page on the transport's thread.
+void Agent::Impl::WarmServed(const PrepareRequest& r, const Layout& from, const plan::Plan& p) {
   Purge();
   std::set<std::pair<int, int>> served;
   for (const plan::CopyOp& op : p.ops) {
@@ -208,6 +243,72 @@ Result<std::string> Agent::Impl::Prepare(const std::string& body) {
     (void)Warm(store::TensorPathOf(r.job, r.from_version, warm[i].first,
                                    (*from.ranks[warm[i].first].tensors)[warm[i].second].name));
   });
+}
+
+// What ExecuteHostPart needs for this host's part of r; it points into the arguments,
+// which must outlive it. Fetches go to the peers over the transport (Connect replaces
+// a failed connection) with `capability`.
+HostExecInput Agent::Impl::ExecInput(const PrepareRequest& r, const plan::Plan& p,
+                                     const Layout& from, const Layout& to, const MappedSources& src,
+                                     const MappedDests& dst,
+                                     const std::set<std::pair<int, int>>& linked,
+                                     const std::string& capability) {
+  HostExecInput in;
+  in.plan = &p;
+  in.from = &from;
+  in.to = &to;
+  in.from_hosts = &r.from_hosts;
+  in.to_hosts = &r.to_hosts;
+  in.host = r.host;
+  in.src = &src.ptrs;
+  in.dst = &dst.ptrs;
+  in.pool = &ThreadPool::Default();
+  in.linked = &linked;
+  in.region_name = [&r, &from](int rank, int tensor) {
+    return store::TensorPathOf(r.job, r.from_version, rank,
+                               (*from.ranks[rank].tensors)[tensor].name);
+  };
+  in.fetch = [this, &r, &capability](int peer,
+                                     const std::vector<transport::ReadRequest>& reqs) -> Status {
+    Result<transport::PeerId> id = transport->Connect(r.addresses.at(peer));
+    if (!id.ok()) return Unavailable("host " + std::to_string(peer) + ": " + id.status().message());
+    std::vector<transport::ReadRequest> with = reqs;
+    for (transport::ReadRequest& q : with) q.capability = capability;
+    Status s = transport->Fetch(*id, with);
+    if (!s.ok()) {
+      if (s.code() == StatusCode::kUnavailable)
+        return Unavailable("host " + std::to_string(peer) + ": " + s.message());
+      return s.WithContext("host " + std::to_string(peer));
+    }
+    return Status::Ok();
+  };
+  return in;
+}
+
+void Agent::Impl::CountPrepare(const Result<HostExecStats>& ex, int64_t bytes_linked,
+                               double seconds) {
+  std::lock_guard<std::mutex> lock(metrics_mu);
+  if (ex.ok()) {
+    ++prepared;
+    bytes_fetched += ex->bytes_fetched;
+    bytes_local += ex->bytes_local;
+    bytes_linked_sum += static_cast<uint64_t>(bytes_linked);
+  } else {
+    ++failed;
+  }
+  prepare_seconds += seconds;
+}
+
+Result<std::string> Agent::Impl::Prepare(const std::string& body) {
+  const auto t0 = std::chrono::steady_clock::now();
+  TP_ASSIGN_OR_RETURN(DecodedPrepare d, DecodePrepare(body));
+  const PrepareRequest& r = d.request;
+  const Model& model = d.from.model();
+  TP_ASSIGN_OR_RETURN(Layout from, MakeLayout(model, d.from.config()));
+  TP_ASSIGN_OR_RETURN(Layout to, MakeLayout(model, r.to_config));
+  TP_ASSIGN_OR_RETURN(plan::Plan p, CoordinatorsPlan(model, r, from, to));
+  const double plan_seconds = Since(t0);
+  WarmServed(r, from, p);
   TP_ASSIGN_OR_RETURN(MappedSources src,
                       MapSources(store, r.job, r.from_version, from, &r.from_hosts, r.host));
 
@@ -230,71 +331,68 @@ Result<std::string> Agent::Impl::Prepare(const std::string& body) {
     std::_Exit(137);  // as if SIGKILLed: peers may be reading from us right now
   }
 
-  // Connections to the peers this host reads from (Connect replaces a failed one).
-  std::vector<transport::PeerId> peer_ids(r.addresses.size(), 0);
-  HostExecInput in;
-  in.plan = &p;
-  in.from = &from;
-  in.to = &to;
-  in.from_hosts = &r.from_hosts;
-  in.to_hosts = &r.to_hosts;
-  in.host = r.host;
-  in.src = &src.ptrs;
-  in.dst = &dst->ptrs;
-  in.pool = &ThreadPool::Default();
-  in.linked = &*linked;
-  in.region_name = [&](int rank, int tensor) {
-    return store::TensorPathOf(r.job, r.from_version, rank,
-                               (*from.ranks[rank].tensors)[tensor].name);
-  };
   const std::string capability = Capability(r.job, r.from_version, r.to_version);
-  in.fetch = [&](int peer, const std::vector<transport::ReadRequest>& reqs) -> Status {
-    Result<transport::PeerId> id = transport->Connect(r.addresses.at(peer));
-    if (!id.ok()) return Unavailable("host " + std::to_string(peer) + ": " + id.status().message());
-    std::vector<transport::ReadRequest> with = reqs;
-    for (transport::ReadRequest& q : with) q.capability = capability;
-    Status s = transport->Fetch(*id, with);
-    if (!s.ok()) {
-      if (s.code() == StatusCode::kUnavailable)
-        return Unavailable("host " + std::to_string(peer) + ": " + s.message());
-      return s.WithContext("host " + std::to_string(peer));
-    }
-    return Status::Ok();
-  };
-  Result<HostExecStats> ex = ExecuteHostPart(in);
-  {
-    std::lock_guard<std::mutex> lock(metrics_mu);
-    if (ex.ok()) {
-      ++prepared;
-      bytes_fetched += ex->bytes_fetched;
-      bytes_local += ex->bytes_local;
-      bytes_linked_sum += static_cast<uint64_t>(bytes_linked);
-    } else {
-      ++failed;
-    }
-    prepare_seconds += Since(t0);
-  }
+  Result<HostExecStats> ex =
+      ExecuteHostPart(ExecInput(r, p, from, to, src, *dst, *linked, capability));
+  CountPrepare(ex, bytes_linked, Since(t0));
   if (!ex.ok())
     return fail(ex.status().WithContext("host " + std::to_string(r.host) + " preparing version " +
                                         std::to_string(v) + " of job " + r.job));
   // Phase one done: durable across a restart of this daemon (two_phase.h). Fails when
   // the coordinator aborted the version meanwhile (it gave up waiting for us).
   if (Status s = store.Prepare(r.job, v); !s.ok()) return fail(s);
-  json reply = {{"version", v},
-                {"host", r.host},
-                {"bytes_kept", ex->bytes_kept},
-                {"bytes_linked", bytes_linked},
-                {"bytes_local", ex->bytes_local},
-                {"bytes_fetched", ex->bytes_fetched},
-                {"remote_ops", ex->remote_ops},
-                {"peers", ex->peers},
-                {"plan_seconds", plan_seconds},
-                {"alloc_seconds", alloc_seconds},
-                {"local_seconds", ex->local_seconds},
-                {"fetch_seconds", ex->fetch_seconds},
-                {"landed_seconds", ex->landed_seconds},
-                {"seconds", Since(t0)}};
-  return reply.dump();
+  return PrepareReply(v, r.host, *ex, bytes_linked, plan_seconds, alloc_seconds, Since(t0));
+}
+
+// Fetches `large` bytes of the peer's scratch region into dest, 4 times, checking the
+// bytes: the best rate of the last 3 in GB/s (first: the first one's, which also makes
+// the peer allocate the region). Distinct memory on both sides.
+Result<double> Agent::Impl::FetchScratchInto(transport::PeerId peer, uint64_t large, uint8_t* dest,
+                                             double* first) {
+  double best = 0;
+  for (int rep = 0; rep < 4; ++rep) {
+    transport::ReadRequest req{std::string(kScratchRegion), {}};
+    for (uint64_t at = 0; at < large; at += 16ull << 20) {
+      req.runs.push_back({at, std::min<uint64_t>(16ull << 20, large - at), dest + at});
+    }
+    auto t0 = std::chrono::steady_clock::now();
+    Status st = transport->Fetch(peer, {req});
+    // A peer probed at the same moment may still be making its scratch region.
+    for (int wait = 0; st.code() == StatusCode::kNotFound && wait < 150; ++wait) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      t0 = std::chrono::steady_clock::now();
+      st = transport->Fetch(peer, {req});
+    }
+    TP_RETURN_IF_ERROR(st);
+    const double s = Since(t0);
+    for (uint64_t at = 0; at < large; at += 1 << 20) {
+      if (dest[at] != transport::ProbeByte(at))
+        return DataLoss("probe: wrong byte at offset " + std::to_string(at));
+    }
+    if (rep > 0) best = std::max(best, static_cast<double>(large) / s / 1e9);
+    if (rep == 0 && first != nullptr) *first = static_cast<double>(large) / s / 1e9;
+  }
+  return best;
+}
+
+// Writing fresh shared memory, as a transform does: allocate a new tmpfs file, map it
+// and copy a warm buffer of `bytes` into it (best of 3, GB/s).
+Result<double> Agent::Impl::FreshWriteGbps(uint64_t bytes) {
+  std::vector<uint8_t> warm(bytes, 0x5a);
+  double best = 0;
+  for (int i = 0; i < 3; ++i) {
+    std::random_device rd;
+    const std::string file =
+        store.shm_dir() + "/tmp/probe-" + std::to_string(getpid()) + "-" + std::to_string(rd());
+    auto t0 = std::chrono::steady_clock::now();
+    Result<store::ShmMapping> m = store::ShmMapping::Create(file, bytes);
+    if (!m.ok()) return m.status();
+    std::memcpy(m->data(), warm.data(), bytes);
+    const double s = Since(t0);
+    ::unlink(file.c_str());
+    best = std::max(best, static_cast<double>(bytes) / s / 1e9);
+  }
+  return best;
 }
 
 Result<std::string> Agent::Impl::Probe(const std::string& body) {
@@ -329,36 +427,9 @@ Result<std::string> Agent::Impl::Probe(const std::string& body) {
   transport::FetchBandwidthOptions fo;
   fo.bytes = bytes;
   TP_ASSIGN_OR_RETURN(double fetch_gbps, transport::MeasureFetchBandwidth(*transport, peer, fo));
-  // The same from the peer's large scratch region into a large local buffer: distinct
-  // memory on both sides (best of 3; the first also makes the peer allocate it).
-  auto fetch_into = [&](uint8_t* dest, double* first = nullptr) -> Result<double> {
-    double best = 0;
-    for (int rep = 0; rep < 4; ++rep) {
-      transport::ReadRequest req{std::string(kScratchRegion), {}};
-      for (uint64_t at = 0; at < large; at += 16ull << 20) {
-        req.runs.push_back({at, std::min<uint64_t>(16ull << 20, large - at), dest + at});
-      }
-      auto t0 = std::chrono::steady_clock::now();
-      Status st = transport->Fetch(peer, {req});
-      // A peer probed at the same moment may still be making its scratch region.
-      for (int wait = 0; st.code() == StatusCode::kNotFound && wait < 150; ++wait) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(100));
-        t0 = std::chrono::steady_clock::now();
-        st = transport->Fetch(peer, {req});
-      }
-      TP_RETURN_IF_ERROR(st);
-      const double s = Since(t0);
-      for (uint64_t at = 0; at < large; at += 1 << 20) {
-        if (dest[at] != transport::ProbeByte(at))
-          return DataLoss("probe: wrong byte at offset " + std::to_string(at));
-      }
-      if (rep > 0) best = std::max(best, static_cast<double>(large) / s / 1e9);
-      if (rep == 0 && first != nullptr) *first = static_cast<double>(large) / s / 1e9;
-    }
-    return best;
-  };
+  // The same from the peer's large scratch region into a large local buffer.
   std::vector<uint8_t> dest(large, 0);
-  TP_ASSIGN_OR_RETURN(double large_gbps, fetch_into(dest.data()));
+  TP_ASSIGN_OR_RETURN(double large_gbps, FetchScratchInto(peer, large, dest.data()));
   // And into a shared-memory tensor file, where a transform writes.
   std::random_device rd;
   const std::string shm_file =
@@ -368,29 +439,14 @@ Result<std::string> Agent::Impl::Probe(const std::string& body) {
   if (!shm.ok()) return shm.status();
   shm->Prefault();
   double shm_first_gbps = 0;
-  TP_ASSIGN_OR_RETURN(double shm_gbps, fetch_into(shm->data(), &shm_first_gbps));
-  // Writing fresh shared memory, as a transform does: allocate a new tmpfs file, map
-  // it and copy a warm buffer into it (best of 3).
-  std::vector<uint8_t> warm(bytes, 0x5a);
-  double best = 0;
-  for (int i = 0; i < 3; ++i) {
-    std::random_device rd;
-    const std::string file =
-        store.shm_dir() + "/tmp/probe-" + std::to_string(getpid()) + "-" + std::to_string(rd());
-    auto t0 = std::chrono::steady_clock::now();
-    Result<store::ShmMapping> m = store::ShmMapping::Create(file, bytes);
-    if (!m.ok()) return m.status();
-    std::memcpy(m->data(), warm.data(), bytes);
-    const double s = Since(t0);
-    ::unlink(file.c_str());
-    best = std::max(best, static_cast<double>(bytes) / s / 1e9);
-  }
+  TP_ASSIGN_OR_RETURN(double shm_gbps, FetchScratchInto(peer, large, shm->data(), &shm_first_gbps));
+  TP_ASSIGN_OR_RETURN(double fresh_gbps, FreshWriteGbps(bytes));
   json reply = {{"bytes", bytes},
                 {"fetch_gbps", fetch_gbps},
                 {"fetch_large_gbps", large_gbps},
                 {"fetch_into_shm_gbps", shm_gbps},
                 {"fetch_into_shm_first_gbps", shm_first_gbps},
-                {"fresh_write_gbps", best},
+                {"fresh_write_gbps", fresh_gbps},
                 {"memcpy_gbps", transport::MeasureMemcpyBandwidth(bytes)}};
   return reply.dump();
 }

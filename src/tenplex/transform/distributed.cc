@@ -71,6 +71,11 @@ std::vector<store::Client*> Raw(const std::vector<Host>& hosts) {
   return out;
 }
 
+void MarkLost(Host& h) {
+  h.client.reset();
+  h.address.clear();
+}
+
 // The bytes of the new version a host's prepare reply says it wrote (for the CLI's
 // progress line; 0 for a reply that is not an object).
 uint64_t PreparedBytes(const std::string& reply) {
@@ -228,10 +233,7 @@ RoundResult RunRound(std::vector<Host>& hosts, const std::string& job, const Rou
     rep.alloc_seconds = JsonValueOr(j, "alloc_seconds", 0.0);
     out.hosts.push_back(rep);
   }
-  for (int h : out.silent) {  // lost: not asked again in this transform
-    hosts[h].client.reset();
-    hosts[h].address.clear();
-  }
+  for (int h : out.silent) MarkLost(hosts[h]);  // not asked again in this transform
   const auto t1 = std::chrono::steady_clock::now();
   if (!out.status.ok()) {
     // Not every participant prepared: the decision is abort (the first one first).
@@ -252,6 +254,203 @@ RoundResult RunRound(std::vector<Host>& hosts, const std::string& job, const Rou
   return out;
 }
 
+// Every host of either cluster, old ones first; index: URL -> position in hosts.
+struct HostSet {
+  std::vector<Host> hosts;
+  std::map<std::string, int> index;
+};
+
+// Connects to every host of either cluster with the control options: a host that is
+// unavailable stays unconnected (lost); any other error (e.g. a wrong token) is returned.
+Result<HostSet> ConnectHosts(const Cluster& from, const Cluster& target,
+                             const store::ClientOptions& control) {
+  HostSet s;
+  auto add = [&](const std::string& url) {
+    if (s.index.count(url)) return;
+    s.index[url] = static_cast<int>(s.hosts.size());
+    s.hosts.push_back({url, nullptr, ""});
+  };
+  for (const std::string& u : from.hosts) add(u);
+  for (const std::string& u : target.hosts) add(u);
+  for (Host& h : s.hosts) {
+    Result<std::unique_ptr<store::Client>> c = store::Client::Connect(h.url, control);
+    if (c.ok()) {
+      h.client = std::move(*c);
+    } else if (c.status().code() != StatusCode::kUnavailable) {
+      return c.status().WithContext(h.url);  // e.g. a wrong token: not a lost host
+    }
+  }
+  return s;
+}
+
+// Steps 0 and 1 of an attempt: finishes or rolls back what an earlier transform left half
+// done (two_phase.h), then finds the newest current version any host reports and who
+// holds it. Hosts that do not answer are marked lost and listed in stats.lost_hosts.
+Result<CommittedState> RecoverAndFindState(std::vector<Host>& hosts, const std::string& job,
+                                           const Cluster& from,
+                                           const ClusterTransformOptions& options,
+                                           ClusterTransformStats& stats) {
+  std::vector<std::string> urls;
+  for (const Host& h : hosts) urls.push_back(h.url);
+  const std::vector<store::Client*> live_clients = Raw(hosts);
+  TP_ASSIGN_OR_RETURN(Resolution res, ResolvePending(urls, live_clients, job, /*owner=*/true));
+  for (const std::string& line : res.lines) {
+    Log(options, "recovery: " + line);
+    stats.recovered.push_back(line);
+  }
+  TP_ASSIGN_OR_RETURN(CommittedState cs, FindCommittedState(urls, live_clients, job, from));
+  stats.lost_hosts.clear();
+  for (int h : cs.unavailable) {
+    MarkLost(hosts[h]);
+    stats.lost_hosts.push_back(hosts[h].url);
+  }
+  return cs;
+}
+
+// Step 2, the new placement: the live hosts of the target cluster get K ranks each, in
+// order (to_hosts: new rank -> host index; live: every live target host). Returns the
+// URLs of the hosts that get ranks (a prefix of the live ones): the new version's cluster.
+Result<std::vector<std::string>> PlaceRanks(const HostSet& hs, const Cluster& target,
+                                            const ParallelConfig& to, int world_size,
+                                            std::size_t lost_hosts, std::vector<int>& to_hosts,
+                                            std::vector<int>& live) {
+  std::vector<std::string> live_urls;
+  for (const std::string& u : target.hosts) {
+    const int h = hs.index.at(u);
+    if (hs.hosts[h].client) {
+      live.push_back(h);
+      live_urls.push_back(u);
+    }
+  }
+  const int k = target.gpus_per_host;
+  if (world_size > static_cast<int>(live.size()) * k) {
+    return FailedPrecondition(
+        "config " + to.ToString() + " has " + std::to_string(world_size) +
+        " ranks but the live hosts of the target cluster have " + std::to_string(live.size()) +
+        " x " + std::to_string(k) + " slots" +
+        (lost_hosts == 0 ? "" : " (lost: " + std::to_string(lost_hosts) + " hosts)"));
+  }
+  to_hosts.resize(world_size);
+  for (int r = 0; r < world_size; ++r) to_hosts[r] = live[r / k];
+  live_urls.resize(static_cast<std::size_t>((world_size + k - 1) / k));
+  return live_urls;
+}
+
+// Steps 2 and 3 of an attempt: the round from the committed state cs to config `to`,
+// placed on the live target hosts (live: every one of them) and planned (the agents
+// compute the same plan): fails here if state is lost. Fills stats' placement and plan.
+Result<Round> PlanRound(const HostSet& hs, const Cluster& target, const ParallelConfig& to,
+                        const CommittedState& cs, const Layout& from_layout,
+                        const Layout& to_layout, std::vector<int>& live,
+                        ClusterTransformStats& stats) {
+  Round round;
+  round.from_version = cs.version;
+  round.info = json::parse(cs.info_text);
+  round.to_config = to;
+  round.from_hosts = cs.rank_hosts;
+  TP_ASSIGN_OR_RETURN(stats.new_hosts, PlaceRanks(hs, target, to, to_layout.world_size(),
+                                                  stats.lost_hosts.size(), round.to_hosts, live));
+  round.new_info = NewInfo(cs.info, to, Cluster{stats.new_hosts, target.gpus_per_host});
+  const auto t_plan = std::chrono::steady_clock::now();
+  TP_ASSIGN_OR_RETURN(plan::Plan p, plan::MakePlan(cs.info.model(), from_layout, to_layout,
+                                                   round.from_hosts, round.to_hosts));
+  stats.plan = p.stats;
+  round.plan_digest = PlanDigest(p);
+  stats.plan_seconds = Since(t_plan);
+  return round;
+}
+
+// Asks every live host for its data-plane address. A failed call goes to call_status (the
+// attempt fails and may be retried without that host); a malformed reply is returned (an
+// error of the whole transform).
+Status FetchAddresses(std::vector<Host>& hosts, Status& call_status) {
+  for (Host& h : hosts) {
+    if (!h.client) continue;
+    Result<std::string> a = h.client->CallJson("GET", "/v1/transform/address");
+    if (!a.ok()) {
+      call_status = a.status().WithContext(h.url);
+      return Status::Ok();
+    }
+    json aj = json::parse(*a, nullptr, false);
+    if (aj.is_discarded() || !aj.contains("address") || !aj["address"].is_string()) {
+      return Internal(h.url + ": malformed reply to GET /v1/transform/address");
+    }
+    h.address = aj["address"].get<std::string>();
+  }
+  return Status::Ok();
+}
+
+// The central strategy (options.central): gather the state on host `center` (the first
+// live target host), re-slice it there, scatter it: three rounds from round.to_version
+// on, each planned and digested like a direct one. On success round.to_version becomes
+// the scatter's; round_seconds gets each round's time.
+Result<RoundResult> RunCentral(std::vector<Host>& hosts, const std::string& job, Round& round,
+                               const CommittedState& cs, const Layout& from_layout,
+                               const Layout& to_layout, const ParallelConfig& to, int center,
+                               const store::ClientOptions& client_options,
+                               const ClusterTransformOptions& options,
+                               std::vector<double>& round_seconds) {
+  const int c = center;
+  const Model& model = cs.info.model();
+  const ParallelConfig& from_config = cs.info.config();
+  Round gather = round, reslice = round, scatter = round;
+  gather.to_config = from_config;
+  gather.to_hosts.assign(from_layout.world_size(), c);
+  gather.new_info =
+      NewInfo(cs.info, from_config, Cluster{{hosts[c].url}, from_layout.world_size()});
+  reslice.from_version = gather.to_version;
+  reslice.to_version = gather.to_version + 1;
+  reslice.info = gather.new_info;
+  reslice.from_hosts.assign(from_layout.world_size(), c);
+  reslice.to_hosts.assign(to_layout.world_size(), c);
+  reslice.new_info = NewInfo(cs.info, to, Cluster{{hosts[c].url}, to_layout.world_size()});
+  scatter.from_version = reslice.to_version;
+  scatter.to_version = reslice.to_version + 1;
+  scatter.info = reslice.new_info;
+  scatter.from_hosts.assign(to_layout.world_size(), c);
+  for (Round* step : {&gather, &reslice, &scatter}) {
+    const Layout& a = step == &gather ? from_layout : (step == &reslice ? from_layout : to_layout);
+    const Layout& b = step == &gather ? from_layout : to_layout;
+    TP_ASSIGN_OR_RETURN(plan::Plan sp,
+                        plan::MakePlan(model, a, b, step->from_hosts, step->to_hosts));
+    step->plan_digest = PlanDigest(sp);
+  }
+  RoundResult rr;
+  round_seconds.clear();
+  for (Round* step : {&gather, &reslice, &scatter}) {
+    Log(options, "central: version " + std::to_string(step->from_version) + " -> " +
+                     std::to_string(step->to_version));
+    RoundResult part = RunRound(hosts, job, *step, client_options, options);
+    round_seconds.push_back(part.prepare_seconds + part.commit_seconds);
+    rr.prepare_seconds += part.prepare_seconds;
+    rr.commit_seconds += part.commit_seconds;
+    rr.hosts = std::move(part.hosts);
+    rr.status = part.status;
+    rr.silent = part.silent;
+    rr.unconfirmed = part.unconfirmed;
+    if (!rr.status.ok()) break;
+  }
+  if (rr.status.ok()) round.to_version = scatter.to_version;
+  return rr;
+}
+
+// After a failed round: the silent participants (already marked lost by the round) and
+// every host that does not answer /v1/health now are lost. Returns how many that are.
+int DropUnanswering(std::vector<Host>& hosts, const std::vector<int>& silent,
+                    const ClusterTransformOptions& options) {
+  int newly_lost = static_cast<int>(silent.size());
+  for (int h : silent) Log(options, "host " + hosts[h].url + " is silent: treating it as lost");
+  for (Host& h : hosts) {
+    if (!h.client) continue;
+    if (!h.client->CallJson("GET", "/v1/health").ok()) {
+      Log(options, "host " + h.url + " does not answer: treating it as lost");
+      MarkLost(h);
+      ++newly_lost;
+    }
+  }
+  return newly_lost;
+}
+
 }  // namespace
 
 Result<ClusterTransformStats> TransformCluster(const Cluster& from, const std::string& job,
@@ -262,122 +461,38 @@ Result<ClusterTransformStats> TransformCluster(const Cluster& from, const std::s
   TP_RETURN_IF_ERROR(store::CheckJobName(job));
   if (options.max_attempts < 1) return InvalidArgument("max_attempts must be at least 1");
   const Cluster& target = options.to ? *options.to : from;
-  // Every host of either cluster, old ones first.
-  std::vector<Host> hosts;
-  std::map<std::string, int> index;
-  auto add = [&](const std::string& url) {
-    if (index.count(url)) return;
-    index[url] = static_cast<int>(hosts.size());
-    hosts.push_back({url, nullptr, ""});
-  };
-  for (const std::string& u : from.hosts) add(u);
-  for (const std::string& u : target.hosts) add(u);
   if (options.control_timeout_s < 1 || options.silent_s < 1 || options.prepare_timeout_s < 1)
     return InvalidArgument("transform timeouts must be at least 1 s");
   // Every control request (state, addresses, commit, abort, health) is bounded by the
   // control timeout; only the prepare itself waits longer (PreparePhase).
   store::ClientOptions control = client_options;
   control.timeout_s = options.control_timeout_s;
-  for (Host& h : hosts) {
-    Result<std::unique_ptr<store::Client>> c = store::Client::Connect(h.url, control);
-    if (c.ok()) {
-      h.client = std::move(*c);
-    } else if (c.status().code() != StatusCode::kUnavailable) {
-      return c.status().WithContext(h.url);  // e.g. a wrong token: not a lost host
-    }
-  }
+  TP_ASSIGN_OR_RETURN(HostSet hs, ConnectHosts(from, target, control));
+  std::vector<Host>& hosts = hs.hosts;
   ClusterTransformStats stats;
   stats.to_config = to.ToString();
   for (const Host& h : hosts) stats.all_hosts.push_back(h.url);
   uint64_t next_version = 0;  // above every number an earlier attempt used
   for (int attempt = 1; attempt <= options.max_attempts; ++attempt) {
     stats.attempts = attempt;
-    // 1. The state: the newest current version any host reports, and who holds it.
-    std::vector<std::string> urls;
-    std::vector<store::Client*> live_clients;
-    for (Host& h : hosts) {
-      urls.push_back(h.url);
-      live_clients.push_back(h.client.get());
-    }
-    // 0. Finish or roll back what an earlier transform left half done (two_phase.h).
-    TP_ASSIGN_OR_RETURN(Resolution res, ResolvePending(urls, live_clients, job, /*owner=*/true));
-    for (const std::string& line : res.lines) {
-      Log(options, "recovery: " + line);
-      stats.recovered.push_back(line);
-    }
-    TP_ASSIGN_OR_RETURN(CommittedState cs, FindCommittedState(urls, live_clients, job, from));
-    stats.lost_hosts.clear();
-    for (int h : cs.unavailable) {
-      hosts[h].client.reset();
-      hosts[h].address.clear();
-      stats.lost_hosts.push_back(hosts[h].url);
-    }
+    TP_ASSIGN_OR_RETURN(CommittedState cs, RecoverAndFindState(hosts, job, from, options, stats));
     const uint64_t version = cs.version;
-    const json info = json::parse(cs.info_text);
     const Model& model = cs.info.model();
     const ParallelConfig& from_config = cs.info.config();
     TP_ASSIGN_OR_RETURN(Layout from_layout, MakeLayout(model, from_config));
     TP_ASSIGN_OR_RETURN(Layout to_layout, MakeLayout(model, to));
     stats.from_version = version;
     stats.from_config = from_config.ToString();
-    Round round;
-    round.from_version = version;
-    round.info = info;
-    round.to_config = to;
-    round.from_hosts = cs.rank_hosts;
-    // 2. The new placement: the live hosts of the target cluster, K ranks each.
     std::vector<int> live;
-    std::vector<std::string> live_urls;
-    for (const std::string& u : target.hosts) {
-      if (hosts[index[u]].client) {
-        live.push_back(index[u]);
-        live_urls.push_back(u);
-      }
-    }
-    const int k = target.gpus_per_host;
-    if (to_layout.world_size() > static_cast<int>(live.size()) * k) {
-      return FailedPrecondition(
-          "config " + to.ToString() + " has " + std::to_string(to_layout.world_size()) +
-          " ranks but the live hosts of the target cluster have " + std::to_string(live.size()) +
-          " x " + std::to_string(k) + " slots" +
-          (stats.lost_hosts.empty()
-               ? ""
-               : " (lost: " + std::to_string(stats.lost_hosts.size()) + " hosts)"));
-    }
-    round.to_hosts.resize(to_layout.world_size());
-    for (int r = 0; r < to_layout.world_size(); ++r) round.to_hosts[r] = live[r / k];
-    // The version lives on the hosts that get ranks (a prefix of the live ones).
-    live_urls.resize(static_cast<std::size_t>((to_layout.world_size() + k - 1) / k));
-    stats.new_hosts = live_urls;
-    round.new_info = NewInfo(cs.info, to, Cluster{live_urls, k});
-    // 3. The plan (the agents compute the same one): fails here if state is lost.
-    const auto t_plan = std::chrono::steady_clock::now();
-    TP_ASSIGN_OR_RETURN(plan::Plan p, plan::MakePlan(model, from_layout, to_layout,
-                                                     round.from_hosts, round.to_hosts));
-    stats.plan = p.stats;
-    round.plan_digest = PlanDigest(p);
-    stats.plan_seconds = Since(t_plan);
-    live_clients.clear();
-    for (Host& h : hosts) live_clients.push_back(h.client.get());
-    TP_ASSIGN_OR_RETURN(round.to_version, NextCommonVersion(live_clients, job));
+    TP_ASSIGN_OR_RETURN(Round round,
+                        PlanRound(hs, target, to, cs, from_layout, to_layout, live, stats));
+    TP_ASSIGN_OR_RETURN(round.to_version, NextCommonVersion(Raw(hosts), job));
     // Never reuse the number of an earlier attempt: a host given up on as silent may
     // still prepare that one when it continues.
     round.to_version = std::max(round.to_version, next_version);
     next_version = round.to_version + (options.central ? 3 : 1);
     Status addr_status;
-    for (Host& h : hosts) {
-      if (!h.client) continue;
-      Result<std::string> a = h.client->CallJson("GET", "/v1/transform/address");
-      if (!a.ok()) {
-        addr_status = a.status().WithContext(h.url);
-        break;
-      }
-      json aj = json::parse(*a, nullptr, false);
-      if (aj.is_discarded() || !aj.contains("address") || !aj["address"].is_string()) {
-        return Internal(h.url + ": malformed reply to GET /v1/transform/address");
-      }
-      h.address = aj["address"].get<std::string>();
-    }
+    TP_RETURN_IF_ERROR(FetchAddresses(hosts, addr_status));
     RoundResult rr;
     if (!addr_status.ok()) {
       rr.status = addr_status;
@@ -388,46 +503,8 @@ Result<ClusterTransformStats> TransformCluster(const Cluster& from, const std::s
       rr = RunRound(hosts, job, round, client_options, options);
       stats.round_seconds = {rr.prepare_seconds + rr.commit_seconds};
     } else {
-      // Gather on the first live target host, re-slice there, scatter.
-      const int c = live[0];
-      Round gather = round, reslice = round, scatter = round;
-      gather.to_config = from_config;
-      gather.to_hosts.assign(from_layout.world_size(), c);
-      gather.new_info =
-          NewInfo(cs.info, from_config, Cluster{{hosts[c].url}, from_layout.world_size()});
-      reslice.from_version = gather.to_version;
-      reslice.to_version = gather.to_version + 1;
-      reslice.info = gather.new_info;
-      reslice.from_hosts.assign(from_layout.world_size(), c);
-      reslice.to_hosts.assign(to_layout.world_size(), c);
-      reslice.new_info = NewInfo(cs.info, to, Cluster{{hosts[c].url}, to_layout.world_size()});
-      scatter.from_version = reslice.to_version;
-      scatter.to_version = reslice.to_version + 1;
-      scatter.info = reslice.new_info;
-      scatter.from_hosts.assign(to_layout.world_size(), c);
-      for (Round* step : {&gather, &reslice, &scatter}) {
-        const Layout& a =
-            step == &gather ? from_layout : (step == &reslice ? from_layout : to_layout);
-        const Layout& b = step == &gather ? from_layout : to_layout;
-        TP_ASSIGN_OR_RETURN(plan::Plan sp,
-                            plan::MakePlan(model, a, b, step->from_hosts, step->to_hosts));
-        step->plan_digest = PlanDigest(sp);
-      }
-      stats.round_seconds.clear();
-      for (Round* step : {&gather, &reslice, &scatter}) {
-        Log(options, "central: version " + std::to_string(step->from_version) + " -> " +
-                         std::to_string(step->to_version));
-        RoundResult part = RunRound(hosts, job, *step, client_options, options);
-        stats.round_seconds.push_back(part.prepare_seconds + part.commit_seconds);
-        rr.prepare_seconds += part.prepare_seconds;
-        rr.commit_seconds += part.commit_seconds;
-        rr.hosts = std::move(part.hosts);
-        rr.status = part.status;
-        rr.silent = part.silent;
-        rr.unconfirmed = part.unconfirmed;
-        if (!rr.status.ok()) break;
-      }
-      if (rr.status.ok()) round.to_version = scatter.to_version;
+      TP_ASSIGN_OR_RETURN(rr, RunCentral(hosts, job, round, cs, from_layout, to_layout, to, live[0],
+                                         client_options, options, stats.round_seconds));
     }
     stats.prepare_seconds = rr.prepare_seconds;
     stats.commit_seconds = rr.commit_seconds;
@@ -445,18 +522,7 @@ Result<ClusterTransformStats> TransformCluster(const Cluster& from, const std::s
     }
     if (rr.status.code() == StatusCode::kDataLoss || options.central) return rr.status;
     // Which hosts are gone? Retry without them; if none is, the error stands.
-    int newly_lost = static_cast<int>(rr.silent.size());
-    for (int h : rr.silent)
-      Log(options, "host " + hosts[h].url + " is silent: treating it as lost");
-    for (Host& h : hosts) {
-      if (!h.client) continue;
-      if (!h.client->CallJson("GET", "/v1/health").ok()) {
-        Log(options, "host " + h.url + " does not answer: treating it as lost");
-        h.client.reset();
-        h.address.clear();
-        ++newly_lost;
-      }
-    }
+    const int newly_lost = DropUnanswering(hosts, rr.silent, options);
     if (newly_lost == 0) return rr.status;
     if (attempt == options.max_attempts) {
       return rr.status.WithContext("gave up after " + std::to_string(attempt) + " attempts");

@@ -35,36 +35,64 @@ struct PeerReads {
   std::map<std::pair<int, int>, std::size_t> index;  // (old rank, tensor) -> request
 };
 
-}  // namespace
-
-Result<HostExecStats> ExecuteHostPart(const HostExecInput& in) {
-  const plan::Plan& p = *in.plan;
-  const Layout& from = *in.from;
-  const Layout& to = *in.to;
-  const auto& fh = *in.from_hosts;
-  const auto& th = *in.to_hosts;
-  HostExecStats stats;
+// This host's ops by kind: kept in place, local copies, copies from new tensors (after
+// the fetches), and the reads from each peer (by host).
+struct HostOps {
   std::vector<plan::CopyOp> kept, local, landed;
   std::map<int, PeerReads> peers;
+};
+
+// Adds the reads of remote op `op` (the runs of its box, from the peer's tensor into
+// ours) to the reads from its host.
+Status AddRemoteReads(const HostExecInput& in, const plan::CopyOp& op, PeerReads& pr) {
+  const plan::Plan& p = *in.plan;
+  const LocalTensor& st = (*in.from->ranks.at(op.src_rank).tensors).at(op.src_tensor);
+  const LocalTensor& dt = (*in.to->ranks.at(op.dst_rank).tensors).at(op.dst_tensor);
+  const auto& dst_bufs = in.dst->at(op.dst_rank);
+  if (static_cast<std::size_t>(op.dst_tensor) >= dst_bufs.size() ||
+      dst_bufs[op.dst_tensor] == nullptr) {
+    return InvalidArgument("no destination buffer for rank " + std::to_string(op.dst_rank) +
+                           " tensor " + dt.name);
+  }
+  auto key = std::make_pair(static_cast<int>(op.src_rank), static_cast<int>(op.src_tensor));
+  auto it = pr.index.find(key);
+  if (it == pr.index.end()) {
+    it = pr.index.emplace(key, pr.requests.size()).first;
+    pr.requests.push_back({in.region_name(op.src_rank, op.src_tensor), {}});
+  }
+  Status s =
+      transport::AppendBoxReads(st.shape, op.src, 0, {dst_bufs[op.dst_tensor], dt.shape, op.dst},
+                                DTypeSize(dt.dtype), &pr.requests[it->second].runs);
+  if (!s.ok()) return s.WithContext("reading " + p.tensors[op.tensor] + " " + ToString(op.global));
+  return Status::Ok();
+}
+
+// Sorts the plan's ops that write on this host by kind, counting their bytes in stats.
+Result<HostOps> SortOps(const HostExecInput& in, HostExecStats& stats) {
+  const plan::Plan& p = *in.plan;
+  const Layout& from = *in.from;
+  const auto& fh = *in.from_hosts;
+  const auto& th = *in.to_hosts;
+  HostOps ops;
   for (const plan::CopyOp& op : p.kept) {
     if (th.at(op.dst_rank) != in.host) continue;
     if (in.linked != nullptr && in.linked->count({op.dst_rank, op.dst_tensor})) {
       stats.bytes_linked += OpBytes(p, from, op);
       continue;
     }
-    kept.push_back(op);
+    ops.kept.push_back(op);
     stats.bytes_kept += OpBytes(p, from, op);
   }
   for (const plan::CopyOp& op : p.ops) {
     if (th.at(op.dst_rank) != in.host) continue;
     if (op.src_new) {
-      landed.push_back(op);
+      ops.landed.push_back(op);
       stats.bytes_local += OpBytes(p, from, op);
       continue;
     }
     const int src_host = fh.at(op.src_rank);
     if (src_host == in.host) {
-      local.push_back(op);
+      ops.local.push_back(op);
       stats.bytes_local += OpBytes(p, from, op);
       continue;
     }
@@ -72,31 +100,23 @@ Result<HostExecStats> ExecuteHostPart(const HostExecInput& in) {
       return Internal("the plan reads " + p.tensors[op.tensor] + " from old rank " +
                       std::to_string(op.src_rank) + " on a lost host");
     }
-    // Remote: the runs of the box, read from the peer's tensor into ours.
-    const LocalTensor& st = (*from.ranks.at(op.src_rank).tensors).at(op.src_tensor);
-    const LocalTensor& dt = (*to.ranks.at(op.dst_rank).tensors).at(op.dst_tensor);
-    const auto& dst_bufs = in.dst->at(op.dst_rank);
-    if (static_cast<std::size_t>(op.dst_tensor) >= dst_bufs.size() ||
-        dst_bufs[op.dst_tensor] == nullptr) {
-      return InvalidArgument("no destination buffer for rank " + std::to_string(op.dst_rank) +
-                             " tensor " + dt.name);
-    }
-    PeerReads& pr = peers[src_host];
-    auto key = std::make_pair(static_cast<int>(op.src_rank), static_cast<int>(op.src_tensor));
-    auto it = pr.index.find(key);
-    if (it == pr.index.end()) {
-      it = pr.index.emplace(key, pr.requests.size()).first;
-      pr.requests.push_back({in.region_name(op.src_rank, op.src_tensor), {}});
-    }
-    Status s =
-        transport::AppendBoxReads(st.shape, op.src, 0, {dst_bufs[op.dst_tensor], dt.shape, op.dst},
-                                  DTypeSize(dt.dtype), &pr.requests[it->second].runs);
-    if (!s.ok())
-      return s.WithContext("reading " + p.tensors[op.tensor] + " " + ToString(op.global));
+    TP_RETURN_IF_ERROR(AddRemoteReads(in, op, ops.peers[src_host]));
     stats.bytes_fetched += OpBytes(p, from, op);
     ++stats.remote_ops;
   }
-  stats.peers = static_cast<int>(peers.size());
+  stats.peers = static_cast<int>(ops.peers.size());
+  return ops;
+}
+
+}  // namespace
+
+Result<HostExecStats> ExecuteHostPart(const HostExecInput& in) {
+  const plan::Plan& p = *in.plan;
+  const Layout& from = *in.from;
+  const Layout& to = *in.to;
+  HostExecStats stats;
+  TP_ASSIGN_OR_RETURN(HostOps ops, SortOps(in, stats));
+  std::map<int, PeerReads>& peers = ops.peers;
 
   // Fetches from every peer at once, each on its own thread; local copies meanwhile.
   auto t0 = std::chrono::steady_clock::now();
@@ -111,8 +131,8 @@ Result<HostExecStats> ExecuteHostPart(const HostExecInput& in) {
   ExecuteOptions opts;
   opts.pool = in.pool;
   opts.zero_padding = false;
-  Status local_status =
-      ExecutePlan(SubPlan(p, std::move(local), std::move(kept)), from, to, *in.src, *in.dst, opts);
+  Status local_status = ExecutePlan(SubPlan(p, std::move(ops.local), std::move(ops.kept)), from, to,
+                                    *in.src, *in.dst, opts);
   stats.local_seconds = Since(t0);
   for (std::thread& t : threads) t.join();
   stats.fetch_seconds = Since(t0);
@@ -125,7 +145,7 @@ Result<HostExecStats> ExecuteHostPart(const HostExecInput& in) {
   }
   auto t1 = std::chrono::steady_clock::now();
   TP_RETURN_IF_ERROR(
-      ExecutePlan(SubPlan(p, std::move(landed), {}), from, to, *in.src, *in.dst, opts));
+      ExecutePlan(SubPlan(p, std::move(ops.landed), {}), from, to, *in.src, *in.dst, opts));
   stats.landed_seconds = Since(t1);
   return stats;
 }

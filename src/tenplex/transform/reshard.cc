@@ -134,6 +134,18 @@ Result<std::vector<io::SafetensorsWriter>> CreateRankFiles(const io::CheckpointW
   return files;
 }
 
+// Writes tenplex.json with the rank files' checksums (sums[i]: rank i's) and moves the
+// directory into place.
+Status CommitWithSums(io::CheckpointWriter& ckpt, io::CheckpointInfo info,
+                      const std::vector<std::string>& sums) {
+  nlohmann::json j = nlohmann::json::object();
+  for (std::size_t i = 0; i < sums.size(); ++i) j[io::RankFileName(static_cast<int>(i))] = sums[i];
+  // CheckpointWriter keeps extra fields as given: with its own hashing off, the
+  // "checksums" computed here are what tenplex.json records.
+  info.extra["checksums"] = std::move(j);
+  return ckpt.Commit(info, /*checksums=*/false);
+}
+
 // Hashes the rank files from their mappings (in parallel), syncs and renames them,
 // then writes tenplex.json with those checksums and moves the directory into place.
 Status CommitAll(io::CheckpointWriter& ckpt, std::vector<io::SafetensorsWriter>& files,
@@ -142,13 +154,8 @@ Status CommitAll(io::CheckpointWriter& ckpt, std::vector<io::SafetensorsWriter>&
   ForEach(files.size(), pool, [&](std::size_t i) {
     sums[i] = WrittenXxh64(files[i], files[i].tensors().empty() ? nullptr : files[i].data(0));
   });
-  nlohmann::json j = nlohmann::json::object();
-  for (std::size_t i = 0; i < files.size(); ++i) j[io::RankFileName(static_cast<int>(i))] = sums[i];
   for (io::SafetensorsWriter& w : files) TP_RETURN_IF_ERROR(w.Commit());
-  // CheckpointWriter keeps extra fields as given: with its own hashing off, the
-  // "checksums" computed here are what tenplex.json records.
-  info.extra["checksums"] = std::move(j);
-  return ckpt.Commit(info, /*checksums=*/false);
+  return CommitWithSums(ckpt, std::move(info), sums);
 }
 
 // File descriptors closed at scope exit.
@@ -158,6 +165,50 @@ struct InputFds {
     for (int fd : fds) ::close(fd);
   }
 };
+
+// The streamed path (streamed_output.h): pwrite from warm buffers into the rank files of
+// ckpt, reading the inputs with pread from fds of their own; returns the files' checksums,
+// computed on the way.
+Result<std::vector<std::string>> StreamRankFiles(const plan::Plan& plan, const Layout& from,
+                                                 const Layout& to,
+                                                 const std::vector<io::SafetensorsFile>& inputs,
+                                                 const io::CheckpointWriter& ckpt,
+                                                 const StreamOptions& options) {
+  std::vector<std::string> paths;
+  for (const RankLayout& r : to.ranks) paths.push_back(ckpt.RankPath(r.rank));
+  InputFds fds;
+  std::vector<std::vector<StreamSource>> sources(from.world_size());
+  for (const RankLayout& r : from.ranks) {
+    const io::SafetensorsFile& f = inputs[r.rank];
+    const int fd = ::open(f.path().c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd >= 0) fds.fds.push_back(fd);
+    for (const LocalTensor& t : *r.tensors) {
+      const io::SafetensorsEntry* e = f.Find(t.name);
+      sources[r.rank].push_back({f.data(*e), fd, f.header().data_offset + e->begin});
+    }
+  }
+  return WriteRankFilesStreamed(plan, from, to, sources, paths, options);
+}
+
+// The mapped path: executes the plan from the inputs' mappings into the outputs'.
+Status CopyMapped(const plan::Plan& plan, const Layout& from, const Layout& to,
+                  const std::vector<io::SafetensorsFile>& inputs,
+                  std::vector<io::SafetensorsWriter>& outputs, ThreadPool* pool) {
+  std::vector<std::vector<const void*>> src(from.world_size());
+  for (const RankLayout& r : from.ranks) {
+    for (const LocalTensor& t : *r.tensors) {
+      src[r.rank].push_back(inputs[r.rank].data(*inputs[r.rank].Find(t.name)));
+    }
+  }
+  std::vector<std::vector<void*>> dst(to.world_size());
+  for (const RankLayout& r : to.ranks) {
+    for (std::size_t i = 0; i < r.tensors->size(); ++i)
+      dst[r.rank].push_back(outputs[r.rank].data(i));
+  }
+  ExecuteOptions ex;
+  ex.pool = pool;
+  return ExecutePlan(plan, from, to, src, dst, ex);
+}
 
 }  // namespace
 
@@ -234,12 +285,6 @@ Result<ReshardReport> Reshard(const ReshardOptions& o) {
   report.plan_seconds = Since(tp);
   report.stats = plan.stats;
 
-  std::vector<std::vector<const void*>> src(from->world_size());
-  for (const RankLayout& r : from->ranks) {
-    for (const LocalTensor& t : *r.tensors) {
-      src[r.rank].push_back(inputs[r.rank].data(*inputs[r.rank].Find(t.name)));
-    }
-  }
   // Declared before the rank files, so that on an error the files go first, then the
   // staging directory.
   TP_ASSIGN_OR_RETURN(io::CheckpointWriter ckpt, io::CheckpointWriter::Create(o.out));
@@ -250,43 +295,17 @@ Result<ReshardReport> Reshard(const ReshardOptions& o) {
   out_info.config = o.to;
   const auto tc = std::chrono::steady_clock::now();
   if (o.streamed && CanStreamPlan(plan)) {
-    // pwrite from warm buffers (streamed_output.h), checksums computed on the way.
-    std::vector<std::string> paths;
-    for (const RankLayout& r : to->ranks) paths.push_back(ckpt.RankPath(r.rank));
-    // The inputs are also read with pread (streamed_output.h), from fds of their own.
-    InputFds fds;
-    std::vector<std::vector<StreamSource>> sources(from->world_size());
-    for (const RankLayout& r : from->ranks) {
-      const io::SafetensorsFile& f = inputs[r.rank];
-      const int fd = ::open(f.path().c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-      if (fd >= 0) fds.fds.push_back(fd);
-      for (const LocalTensor& t : *r.tensors) {
-        const io::SafetensorsEntry* e = f.Find(t.name);
-        sources[r.rank].push_back({f.data(*e), fd, f.header().data_offset + e->begin});
-      }
-    }
     TP_ASSIGN_OR_RETURN(std::vector<std::string> sums,
-                        WriteRankFilesStreamed(plan, *from, *to, sources, paths, o.stream));
+                        StreamRankFiles(plan, *from, *to, inputs, ckpt, o.stream));
     report.copy_seconds = Since(tc);
     report.streamed = true;
-    nlohmann::json j = nlohmann::json::object();
-    for (std::size_t i = 0; i < sums.size(); ++i)
-      j[io::RankFileName(static_cast<int>(i))] = sums[i];
-    out_info.extra["checksums"] = std::move(j);
-    TP_RETURN_IF_ERROR(ckpt.Commit(out_info, /*checksums=*/false));
+    TP_RETURN_IF_ERROR(CommitWithSums(ckpt, std::move(out_info), sums));
     report.total_seconds = Since(t0);
     return report;
   }
   TP_ASSIGN_OR_RETURN(std::vector<io::SafetensorsWriter> outputs,
                       CreateRankFiles(ckpt, *to, o.pool));
-  std::vector<std::vector<void*>> dst(to->world_size());
-  for (const RankLayout& r : to->ranks) {
-    for (std::size_t i = 0; i < r.tensors->size(); ++i)
-      dst[r.rank].push_back(outputs[r.rank].data(i));
-  }
-  ExecuteOptions ex;
-  ex.pool = o.pool;
-  TP_RETURN_IF_ERROR(ExecutePlan(plan, *from, *to, src, dst, ex));
+  TP_RETURN_IF_ERROR(CopyMapped(plan, *from, *to, inputs, outputs, o.pool));
   report.copy_seconds = Since(tc);
   TP_RETURN_IF_ERROR(CommitAll(ckpt, outputs, std::move(out_info), o.pool));
   report.total_seconds = Since(t0);

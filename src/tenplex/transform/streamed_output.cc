@@ -272,86 +272,101 @@ int Threads(const StreamOptions& o) {
   return std::clamp(hw, 2, 8);
 }
 
-}  // namespace
-
-bool CanStreamPlan(const plan::Plan& plan) {
-  return std::none_of(plan.ops.begin(), plan.ops.end(),
-                      [](const CopyOp& op) { return op.src_new; });
-}
-
-Result<std::vector<std::string>> WriteRankFilesStreamed(
-    const plan::Plan& plan, const Layout& from, const Layout& to,
-    const std::vector<std::vector<StreamSource>>& src, const std::vector<std::string>& paths,
-    const StreamOptions& options) {
-  Files files;
-  TP_RETURN_IF_ERROR(Prepare(plan, from, to, src, paths, files));
-  const uint64_t chunk = std::max<std::size_t>(options.chunk_bytes, 1);
+// Every file's data section in chunks of `chunk` bytes, file by file.
+std::vector<Chunk> ChunksOf(const Files& files, uint64_t chunk) {
   std::vector<Chunk> chunks;
   for (std::size_t i = 0; i < files.files.size(); ++i) {
     for (uint64_t a = 0; a < files.files[i].data_bytes; a += chunk)
       chunks.push_back({i, a, std::min(files.files[i].data_bytes, a + chunk)});
   }
-  // Writeback of each chunk is started at once where it means anything (not tmpfs).
-  bool start_writeback = false;
-  if (!files.files.empty()) {
-    struct statfs fs;
-    start_writeback = ::fstatfs(files.files.front().fd, &fs) == 0 &&
-                      static_cast<unsigned long>(fs.f_type) != TMPFS_MAGIC;
+  return chunks;
+}
+
+// Writeback of each chunk is started at once where it means anything (not tmpfs).
+bool StartsWriteback(const Files& files) {
+  if (files.files.empty()) return false;
+  struct statfs fs;
+  return ::fstatfs(files.files.front().fd, &fs) == 0 &&
+         static_cast<unsigned long>(fs.f_type) != TMPFS_MAGIC;
+}
+
+// Writes the chunks on a few threads: each assembles a chunk in its own buffer and
+// writes it; the files' hashes are updated in chunk order (a thread waits for its turn),
+// so each is the hash of its file's bytes in order. The first error stops every thread.
+class ChunkWriter {
+ public:
+  ChunkWriter(Files& files, const std::vector<Chunk>& chunks, uint64_t chunk, bool start_writeback,
+              int64_t direct_run)
+      : files_(files),
+        chunks_(chunks),
+        chunk_(chunk),
+        start_writeback_(start_writeback),
+        direct_run_(direct_run) {}
+
+  Status Run(int threads) {
+    std::vector<std::thread> others;
+    for (int i = 1; i < threads; ++i) others.emplace_back([this] { Work(); });
+    Work();
+    for (std::thread& t : others) t.join();
+    if (failed_) return error_;
+    return Status::Ok();
   }
 
-  std::mutex mu;
-  std::condition_variable turn_cv;
-  std::size_t turn = 0;  // the next chunk to hash
-  bool failed = false;
-  Status error;
-  std::atomic<std::size_t> next{0};
-  auto fail = [&](Status s) {
-    std::lock_guard<std::mutex> lock(mu);
-    if (!failed) error = std::move(s);
-    failed = true;
-    turn_cv.notify_all();
-  };
-  auto worker = [&] {
-    std::unique_ptr<uint8_t[]> buf(new uint8_t[chunk]);
-    const std::size_t stage_bytes = 2 * chunk;
+ private:
+  void Fail(Status s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!failed_) error_ = std::move(s);
+    failed_ = true;
+    turn_cv_.notify_all();
+  }
+
+  void Work() {
+    std::unique_ptr<uint8_t[]> buf(new uint8_t[chunk_]);
+    const std::size_t stage_bytes = 2 * chunk_;
     std::unique_ptr<uint8_t[]> stage(new uint8_t[stage_bytes]);
     for (;;) {
-      const std::size_t k = next.fetch_add(1);
-      if (k >= chunks.size()) return;
-      const Chunk& c = chunks[k];
-      OutFile& f = files.files[c.file];
+      const std::size_t k = next_.fetch_add(1);
+      if (k >= chunks_.size()) return;
+      const Chunk& c = chunks_[k];
+      OutFile& f = files_.files[c.file];
       const std::size_t n = static_cast<std::size_t>(c.end - c.begin);
-      Status s = Assemble(f, c.begin, c.end, buf.get(), stage.get(), stage_bytes,
-                          static_cast<int64_t>(std::max<std::size_t>(options.direct_run_bytes, 1)));
-      if (!s.ok()) return fail(std::move(s));
+      Status s = Assemble(f, c.begin, c.end, buf.get(), stage.get(), stage_bytes, direct_run_);
+      if (!s.ok()) return Fail(std::move(s));
       s = PwriteAll(f.fd, buf.get(), n, f.data_offset + c.begin, f.tmp);
-      if (!s.ok()) return fail(std::move(s));
-      if (start_writeback) {
+      if (!s.ok()) return Fail(std::move(s));
+      if (start_writeback_) {
         (void)::sync_file_range(f.fd, static_cast<off_t>(f.data_offset + c.begin),
                                 static_cast<off_t>(n), SYNC_FILE_RANGE_WRITE);
       }
-      std::unique_lock<std::mutex> lock(mu);
-      turn_cv.wait(lock, [&] { return failed || turn == k; });
-      if (failed) return;
+      std::unique_lock<std::mutex> lock(mu_);
+      turn_cv_.wait(lock, [&] { return failed_ || turn_ == k; });
+      if (failed_) return;
       XXH64_update(f.hash, buf.get(), n);
-      ++turn;
-      turn_cv.notify_all();
+      ++turn_;
+      turn_cv_.notify_all();
       lock.unlock();
       ReportProgress(n);
     }
-  };
-  {
-    const int nt = std::min<int>(
-        Threads(options), static_cast<int>(std::max<std::size_t>(chunks.size(), std::size_t{1})));
-    std::vector<std::thread> threads;
-    for (int i = 1; i < nt; ++i) threads.emplace_back(worker);
-    worker();
-    for (std::thread& t : threads) t.join();
   }
-  if (failed) return error;
 
-  // Sync every file (in parallel: on a disk each waits for its own writeback), then
-  // move them to their final names.
+  Files& files_;
+  const std::vector<Chunk>& chunks_;
+  const uint64_t chunk_;
+  const bool start_writeback_;
+  const int64_t direct_run_;
+  std::atomic<std::size_t> next_{0};
+  std::mutex mu_;
+  std::condition_variable turn_cv_;
+  std::size_t turn_ = 0;  // guarded by mu_: the next chunk to hash
+  bool failed_ = false;   // guarded by mu_
+  Status error_;          // guarded by mu_
+};
+
+// Syncs every file (in parallel: on a disk each waits for its own writeback), closes
+// them and moves them to their final names (then syncs their directory). Returns each
+// file's hash.
+Result<std::vector<std::string>> SyncAndRename(Files& files,
+                                               const std::vector<std::string>& paths) {
   std::vector<Status> synced(files.files.size());
   {
     std::vector<std::thread> threads;
@@ -380,6 +395,30 @@ Result<std::vector<std::string>> WriteRankFilesStreamed(
   }
   if (!paths.empty())
     TP_RETURN_IF_ERROR(SyncDir(std::filesystem::path(paths.front()).parent_path().string()));
+  return sums;
+}
+
+}  // namespace
+
+bool CanStreamPlan(const plan::Plan& plan) {
+  return std::none_of(plan.ops.begin(), plan.ops.end(),
+                      [](const CopyOp& op) { return op.src_new; });
+}
+
+Result<std::vector<std::string>> WriteRankFilesStreamed(
+    const plan::Plan& plan, const Layout& from, const Layout& to,
+    const std::vector<std::vector<StreamSource>>& src, const std::vector<std::string>& paths,
+    const StreamOptions& options) {
+  Files files;
+  TP_RETURN_IF_ERROR(Prepare(plan, from, to, src, paths, files));
+  const uint64_t chunk = std::max<std::size_t>(options.chunk_bytes, 1);
+  const std::vector<Chunk> chunks = ChunksOf(files, chunk);
+  ChunkWriter writer(files, chunks, chunk, StartsWriteback(files),
+                     static_cast<int64_t>(std::max<std::size_t>(options.direct_run_bytes, 1)));
+  const int nt = std::min<int>(
+      Threads(options), static_cast<int>(std::max<std::size_t>(chunks.size(), std::size_t{1})));
+  TP_RETURN_IF_ERROR(writer.Run(nt));
+  TP_ASSIGN_OR_RETURN(std::vector<std::string> sums, SyncAndRename(files, paths));
   files.keep = true;
   return sums;
 }

@@ -98,56 +98,79 @@ Status AbortEverywhere(const std::vector<store::Client*>& clients, std::vector<i
   return Status::Ok();
 }
 
-Result<Resolution> ResolvePending(const std::vector<std::string>& urls,
-                                  const std::vector<store::Client*>& clients,
-                                  const std::string& job, bool owner) {
-  Resolution out;
-  const int n = static_cast<int>(clients.size());
-  std::vector<bool> answered(n, false);
-  std::vector<std::optional<uint64_t>> current(n);
-  std::map<uint64_t, std::vector<Has>> has;            // version -> state on every host
-  std::map<uint64_t, std::string> info;                // version -> its info (from a prepared copy)
-  std::map<uint64_t, std::vector<std::string>> infos;  // version -> its info on every host
-  std::map<uint64_t, std::vector<int>> older;          // current version -> hosts with older ones
-  for (int h = 0; h < n; ++h) {
-    if (clients[h] == nullptr) continue;
-    Result<store::JobInfo> j = clients[h]->Job(job);
-    if (!j.ok()) {
-      if (j.status().code() == StatusCode::kNotFound) answered[h] = true;
-      if (j.status().code() != StatusCode::kNotFound &&
-          j.status().code() != StatusCode::kUnavailable) {
-        return j.status().WithContext(urls[h]);
-      }
-      continue;
-    }
-    answered[h] = true;
-    current[h] = j->current;
-    for (const store::VersionInfo& v : j->versions) {
-      auto& row = has[v.version];
-      row.resize(n, Has::kNone);
-      row[h] = v.committed ? Has::kCommitted : (v.prepared ? Has::kPrepared : Has::kOpen);
-      auto& irow = infos[v.version];
-      irow.resize(n);
-      irow[h] = v.info;
-      // The reference copy: a committed one if any, else the first prepared one.
-      if (v.committed || (v.prepared && !info.count(v.version))) info[v.version] = v.info;
-      if (v.committed && j->current && v.version < *j->current) older[*j->current].push_back(h);
-    }
+namespace {
+
+// One ResolvePending call: what every host reports of the job (Gather), then the decision
+// for each version found by the rule of two_phase.h (Decide), then round two for versions
+// committed everywhere whose old versions are still kept (ReleaseOlder).
+class Resolver {
+ public:
+  Resolver(const std::vector<std::string>& urls, const std::vector<store::Client*>& clients,
+           const std::string& job, bool owner)
+      : urls_(urls),
+        clients_(clients),
+        job_(job),
+        owner_(owner),
+        n_(static_cast<int>(clients.size())),
+        answered_(n_, false),
+        current_(n_) {}
+
+  Result<Resolution> Run() {
+    TP_RETURN_IF_ERROR(Gather());
+    for (auto& [v, row] : has_) TP_RETURN_IF_ERROR(Decide(v, row));
+    ReleaseOlder();
+    return out_;
   }
-  auto holders = [&](uint64_t v, bool open_too) {
+
+ private:
+  // Asks every live host for the job's versions; a host without the job answered.
+  Status Gather() {
+    for (int h = 0; h < n_; ++h) {
+      if (clients_[h] == nullptr) continue;
+      Result<store::JobInfo> j = clients_[h]->Job(job_);
+      if (!j.ok()) {
+        if (j.status().code() == StatusCode::kNotFound) answered_[h] = true;
+        if (j.status().code() != StatusCode::kNotFound &&
+            j.status().code() != StatusCode::kUnavailable) {
+          return j.status().WithContext(urls_[h]);
+        }
+        continue;
+      }
+      answered_[h] = true;
+      current_[h] = j->current;
+      for (const store::VersionInfo& v : j->versions) Record(h, *j, v);
+    }
+    return Status::Ok();
+  }
+
+  void Record(int h, const store::JobInfo& j, const store::VersionInfo& v) {
+    auto& row = has_[v.version];
+    row.resize(n_, Has::kNone);
+    row[h] = v.committed ? Has::kCommitted : (v.prepared ? Has::kPrepared : Has::kOpen);
+    auto& irow = infos_[v.version];
+    irow.resize(n_);
+    irow[h] = v.info;
+    // The reference copy: a committed one if any, else the first prepared one.
+    if (v.committed || (v.prepared && !info_.count(v.version))) info_[v.version] = v.info;
+    if (v.committed && j.current && v.version < *j.current) older_[*j.current].push_back(h);
+  }
+
+  // The hosts holding v prepared or committed (and open, with open_too).
+  std::vector<int> Holders(uint64_t v, bool open_too) {
     std::vector<int> out;
-    for (int h = 0; h < n; ++h) {
-      const Has x = has[v][h];
+    for (int h = 0; h < n_; ++h) {
+      const Has x = has_[v][h];
       if (x == Has::kPrepared || x == Has::kCommitted || (open_too && x == Has::kOpen))
         out.push_back(h);
     }
     return out;
-  };
+  }
+
   // The participants of v: the hosts of its info's "cluster" that get ranks (-1: not
   // one of ours).
-  auto participants_of = [&](uint64_t v) -> std::vector<int> {
-    Result<StateInfo> si = StateInfo::Parse(info[v]);
-    if (!si.ok() || !si->placement()) return holders(v, false);
+  std::vector<int> ParticipantsOf(uint64_t v) {
+    Result<StateInfo> si = StateInfo::Parse(info_[v]);
+    if (!si.ok() || !si->placement()) return Holders(v, false);
     const Cluster& placement = *si->placement();
     const int k = std::max(1, placement.gpus_per_host);
     const std::size_t used = std::min(
@@ -155,43 +178,47 @@ Result<Resolution> ResolvePending(const std::vector<std::string>& urls,
     std::vector<int> out;
     for (std::size_t i = 0; i < used; ++i) {
       const std::string& u = placement.hosts[i];
-      auto it = std::find(urls.begin(), urls.end(), u);
-      out.push_back(it == urls.end() ? -1 : static_cast<int>(it - urls.begin()));
+      auto it = std::find(urls_.begin(), urls_.end(), u);
+      out.push_back(it == urls_.end() ? -1 : static_cast<int>(it - urls_.begin()));
     }
     return out;
-  };
-  for (auto& [v, row] : has) {
-    // A copy whose info differs from the reference one is another version that got the
-    // same number (a stale prepare of a host given up on): it can never be committed.
+  }
+
+  // A copy whose info differs from the reference one is another version that got the
+  // same number (a stale prepare of a host given up on): it can never be committed.
+  void RemoveStrays(uint64_t v, std::vector<Has>& row) {
     std::vector<int> strays;
-    for (int h = 0; h < n && info.count(v); ++h) {
-      if (row[h] == Has::kNone || row[h] == Has::kCommitted || infos[v][h] == info[v]) continue;
+    for (int h = 0; h < n_ && info_.count(v); ++h) {
+      if (row[h] == Has::kNone || row[h] == Has::kCommitted || infos_[v][h] == info_[v]) continue;
       strays.push_back(h);
       row[h] = Has::kNone;
     }
-    if (!strays.empty()) {
-      for (int h : strays) (void)clients[h]->Abort(job, v);
-      out.lines.push_back("version " + std::to_string(v) + " of job " + job + ": removed " +
-                          std::to_string(strays.size()) +
-                          " stray copies with another info (a stale prepare)");
-    }
+    if (strays.empty()) return;
+    for (int h : strays) (void)clients_[h]->Abort(job_, v);
+    out_.lines.push_back("version " + std::to_string(v) + " of job " + job_ + ": removed " +
+                         std::to_string(strays.size()) +
+                         " stray copies with another info (a stale prepare)");
+  }
+
+  Status Decide(uint64_t v, std::vector<Has>& row) {
+    RemoveStrays(v, row);
     const bool prepared_any = std::count(row.begin(), row.end(), Has::kPrepared) > 0;
     const bool open_any = std::count(row.begin(), row.end(), Has::kOpen) > 0;
     const bool committed_any = std::count(row.begin(), row.end(), Has::kCommitted) > 0;
-    const std::string name = "version " + std::to_string(v) + " of job " + job;
+    const std::string name = "version " + std::to_string(v) + " of job " + job_;
     if (!prepared_any) {
-      if (open_any && !committed_any && owner) {
-        TP_RETURN_IF_ERROR(AbortEverywhere(clients, holders(v, true), job, v));
-        out.aborted.push_back(v);
-        out.lines.push_back(name + ": open leftover of a coordinator that is gone: removed");
+      if (open_any && !committed_any && owner_) {
+        TP_RETURN_IF_ERROR(AbortEverywhere(clients_, Holders(v, true), job_, v));
+        out_.aborted.push_back(v);
+        out_.lines.push_back(name + ": open leftover of a coordinator that is gone: removed");
       }
-      continue;
+      return Status::Ok();
     }
-    const std::vector<int> parts = participants_of(v);
+    const std::vector<int> parts = ParticipantsOf(v);
     bool all_prepared = !parts.empty();
     bool any_missing = false;  // a live participant answered without v
     for (int p : parts) {
-      if (p < 0 || !answered[p]) {
+      if (p < 0 || !answered_[p]) {
         all_prepared = false;
         continue;
       }
@@ -201,48 +228,80 @@ Result<Resolution> ResolvePending(const std::vector<std::string>& urls,
       }
     }
     bool forward = committed_any || all_prepared;
-    if (!forward && owner && (any_missing || parts.empty())) {
-      Status a = AbortEverywhere(clients, holders(v, true), job, v);
+    if (!forward && owner_ && (any_missing || parts.empty())) {
+      Status a = AbortEverywhere(clients_, Holders(v, true), job_, v);
       if (a.ok()) {
-        out.aborted.push_back(v);
-        out.lines.push_back(name + ": not every participant prepared it: rolled back");
-        continue;
+        out_.aborted.push_back(v);
+        out_.lines.push_back(name + ": not every participant prepared it: rolled back");
+        return Status::Ok();
       }
       if (a.code() != StatusCode::kFailedPrecondition) return a;
       forward = true;  // someone committed it meanwhile
     }
     if (!forward) {
-      out.pending.push_back(v);
-      out.lines.push_back(name + ": prepared, but a participant does not answer: undecided");
-      continue;
+      out_.pending.push_back(v);
+      out_.lines.push_back(name + ": prepared, but a participant does not answer: undecided");
+      return Status::Ok();
     }
-    const std::vector<int> live = holders(v, false);
+    return RollForward(v, parts, committed_any, name);
+  }
+
+  // Commits v on every host holding it; releases the old versions there too when every
+  // participant holds it and answers.
+  Status RollForward(uint64_t v, const std::vector<int>& parts, bool committed_any,
+                     const std::string& name) {
+    const std::vector<int> live = Holders(v, false);
     bool everyone = !parts.empty();  // every participant holds it and answers
     for (int p : parts) {
-      everyone =
-          everyone && p >= 0 && answered[p] && std::find(live.begin(), live.end(), p) != live.end();
+      everyone = everyone && p >= 0 && answered_[p] &&
+                 std::find(live.begin(), live.end(), p) != live.end();
     }
-    TP_ASSIGN_OR_RETURN(CommitOutcome c, CommitEverywhere(clients, live, job, v, everyone));
-    out.committed.push_back(v);
-    out.lines.push_back(name + ": " +
-                        (committed_any ? "committed on some hosts" : "prepared on every host") +
-                        ": committed on " + std::to_string(c.confirmed.size()) + " more" +
-                        (c.unconfirmed.empty() ? "" : ", unconfirmed on some"));
+    TP_ASSIGN_OR_RETURN(CommitOutcome c, CommitEverywhere(clients_, live, job_, v, everyone));
+    out_.committed.push_back(v);
+    out_.lines.push_back(name + ": " +
+                         (committed_any ? "committed on some hosts" : "prepared on every host") +
+                         ": committed on " + std::to_string(c.confirmed.size()) + " more" +
+                         (c.unconfirmed.empty() ? "" : ", unconfirmed on some"));
     // CommitEverywhere released the old versions on the holders; the other hosts of
-    // v's placement are checked below on the next call.
-    if (c.released) out.released.push_back(v);
+    // v's placement are checked by ReleaseOlder on the next call.
+    if (c.released) out_.released.push_back(v);
+    return Status::Ok();
   }
+
   // Round two for a version committed everywhere whose old versions are still kept.
-  for (auto& [v, hs] : older) {
-    if (std::find(out.committed.begin(), out.committed.end(), v) != out.committed.end()) continue;
-    const std::vector<int> parts = participants_of(v);
-    bool all = !parts.empty();
-    for (int p : parts) all = all && p >= 0 && answered[p] && current[p] == v;
-    if (!all) continue;
-    for (int h : Sorted(hs)) (void)clients[h]->CallJson("POST", "/v1/jobs/" + job + "/release");
-    out.released.push_back(v);
+  void ReleaseOlder() {
+    for (auto& [v, hs] : older_) {
+      if (std::find(out_.committed.begin(), out_.committed.end(), v) != out_.committed.end())
+        continue;
+      const std::vector<int> parts = ParticipantsOf(v);
+      bool all = !parts.empty();
+      for (int p : parts) all = all && p >= 0 && answered_[p] && current_[p] == v;
+      if (!all) continue;
+      for (int h : Sorted(hs)) (void)clients_[h]->CallJson("POST", "/v1/jobs/" + job_ + "/release");
+      out_.released.push_back(v);
+    }
   }
-  return out;
+
+  const std::vector<std::string>& urls_;
+  const std::vector<store::Client*>& clients_;
+  const std::string& job_;
+  const bool owner_;
+  const int n_;
+  std::vector<bool> answered_;
+  std::vector<std::optional<uint64_t>> current_;
+  std::map<uint64_t, std::vector<Has>> has_;            // version -> state on every host
+  std::map<uint64_t, std::string> info_;                // version -> its info (a prepared copy)
+  std::map<uint64_t, std::vector<std::string>> infos_;  // version -> its info on every host
+  std::map<uint64_t, std::vector<int>> older_;          // current version -> hosts with older ones
+  Resolution out_;
+};
+
+}  // namespace
+
+Result<Resolution> ResolvePending(const std::vector<std::string>& urls,
+                                  const std::vector<store::Client*>& clients,
+                                  const std::string& job, bool owner) {
+  return Resolver(urls, clients, job, owner).Run();
 }
 
 }  // namespace tenplex::transform
