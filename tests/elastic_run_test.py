@@ -16,7 +16,7 @@ stops at step 3 with its state in --shm-dir, and a second `tenplex run` with the
 static run's samples and losses, the log keeps the first run's lines (with --cluster:
 the same with the state in 2 store daemons). With --warm the elastic run keeps its
 workers alive across the changes and the kill (`tenplex run --warm`): the same checks,
-and only the killed rank starts a new process.
+and only the killed rank's replacement starts a new process (ahead, as a spare).
 """
 import argparse
 import json
@@ -184,11 +184,12 @@ def main():
             check(fails and fails[0]["rerun_from"] == fails[0]["segment_start"] == 2,
                   f"without periodic commits the failed segment re-runs from its start: {fails}")
         if a.warm:
-            # Processes started: the 2 of tp=2, which go on as pp=2; after rank 1 is killed
-            # rank 0 lives on as rank 0 of dp=2 and only rank 1 starts anew (segment 2).
+            # Processes started: the 2 of tp=2, which go on as pp=2; rank 1 is killed, rank 0
+            # lives on as rank 0 of dp=2, and its rank 1 is a spare started ahead while pp=2
+            # trained (worker id 2).
             logs = sorted(f for f in os.listdir(os.path.join(tmp, "elastic")) if f.startswith("worker-"))
-            check(logs == ["worker-seg0-rank0.log", "worker-seg0-rank1.log", "worker-seg2-rank1.log"],
-                  f"--warm: only the killed rank started a new process: {logs}")
+            check(logs == ["worker-seg0-rank0.log", "worker-seg0-rank1.log", "worker-spare2.log"],
+                  f"--warm: only the killed rank's replacement started a new process, ahead: {logs}")
             with open(os.path.join(tmp, "elastic", "worker-seg0-rank0.log")) as f:
                 text = f.read()
             check(all(f'"config": "{c}"' in text for c in ("tp=2,pp=1,dp=1", "tp=1,pp=2,dp=1", "tp=1,pp=1,dp=2,zero=1")),

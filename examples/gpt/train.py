@@ -73,6 +73,8 @@ def parse_args(argv=None):
     ap.add_argument("--timeout", type=float, default=300, help="seconds a collective may wait")
     ap.add_argument("--warm-control", metavar="PREFIX", help="with `tenplex run --warm`: after each segment "
                     "wait for the runner's next message <PREFIX><n>.json and go on in the same process")
+    ap.add_argument("--warm-spare", action="store_true", help="with --warm-control: started ahead, wait for the "
+                    "first segment's arguments")
     elastic_train.add_args(ap)
     ap.add_argument("--flextp-straggler", type=int, metavar="T",
                     help="FlexTP-style per-step offload (flextp.py): tp rank T keeps 12.5%% of the input "

@@ -9,6 +9,7 @@ written into the store, its process group destroyed) the worker writes
                     replace those of the last one; the worker joins the new world, loads
                     its new local tensors from the store and trains on;
   {"exit": true}    the new world has no place for it: it exits 0.
+A spare (`--warm-spare`, started ahead while the old world trains) parks at once.
 While a segment runs, a watcher thread polls for `PREFIX<n>.abort`, which the runner
 writes when a peer died (a failure): the thread shuts down the process's connected TCP
 sockets, so that every pending gloo collective fails at once, here and (through the
@@ -145,23 +146,31 @@ class Control:
 
 
 def user_args(argv):
-    """The worker's own arguments: argv up to the runner's (they start at its last --config)."""
+    """The worker's own arguments: argv up to the runner's (they start at its last
+    --config, or for a spare at --warm-control)."""
+    if "--warm-spare" in argv:
+        return argv[:argv.index("--warm-control")]
     if "--config" not in argv:
         raise SystemExit("--warm-control needs the runner's arguments (--config ...)")
     return argv[:len(argv) - 1 - argv[::-1].index("--config")]
 
 
 def serve(args, argv, parse_args, run_segment):
-    """Runs segments in this process until the runner says exit."""
+    """Runs segments in this process until the runner says exit. A spare
+    (--warm-spare, started ahead of the world that needs it) parks first."""
     control = Control(args.warm_control, args.timeout)
     base = user_args(list(argv))
+    spare = args.warm_spare
     while True:
-        try:
-            run_segment(args, control)
-        except Exception as e:  # noqa: BLE001 - a failed peer shows as any error
-            if not control.failed(e):
-                raise
-            print(f"warm worker: segment aborted by the runner ({type(e).__name__}: {str(e)[:200]})", flush=True)
+        if not spare:
+            try:
+                run_segment(args, control)
+            except Exception as e:  # noqa: BLE001 - a failed peer shows as any error
+                if not control.failed(e):
+                    raise
+                print(f"warm worker: segment aborted by the runner ({type(e).__name__}: {str(e)[:200]})",
+                      flush=True)
+        spare = False
         msg = control.park()
         if msg.get("exit"):
             sys.stdout.flush()

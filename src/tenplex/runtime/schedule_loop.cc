@@ -189,6 +189,8 @@ class ScheduleLoop {
       spec.kill_ranks = entries_[i_ + 1].kill_ranks;
       spec.kill_hosts = entries_[i_ + 1].kill_hosts;
     }
+    // --warm: the next entry's world, so that workers it adds start ahead (spares).
+    if (o_.warm && !entries_[i_ + 1].stop) spec.next_world = EntryConfig(i_ + 1).world_size();
     Segment seg(env_, spec);
     TP_RETURN_IF_ERROR(seg.Run());
     if (seg.kill_struck()) kills_done_.insert(i_ + 1);

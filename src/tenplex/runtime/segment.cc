@@ -87,6 +87,13 @@ Status Segment::Launch() {
   std::sort(to_kill_.begin(), to_kill_.end());
   to_kill_.erase(std::unique(to_kill_.begin(), to_kill_.end()), to_kill_.end());
   kill_scheduled_ = !to_kill_.empty() || !spec_.kill_hosts.empty();
+  if (env_.pool && spec_.next_world > 0) {
+    // Workers the next world adds start now, while this one trains (Python and torch
+    // start-up off the reconfiguration's path).
+    const int survivors = cfg.world_size() - static_cast<int>(to_kill_.size());
+    TP_RETURN_IF_ERROR(
+        env_.pool->StartSpares(spec_.next_world - survivors, o.command, env_.backend->work_dir()));
+  }
   t_progress_ = t_last_step_ = t_kill_ = Clock::now();
   state_ = State::kRunning;
   return Status::Ok();

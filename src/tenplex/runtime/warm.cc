@@ -15,6 +15,7 @@ std::string WarmWorker::Path(const char* ext) const {
 }
 
 WarmPool::~WarmPool() {
+  parked_.insert(parked_.end(), spares_.begin(), spares_.end());
   for (const WarmWorker& w : parked_) launcher_->Kill(w.pid);
   for (const WarmWorker& w : parked_) launcher_->Wait(w.pid);
   for (pid_t pid : leaving_) launcher_->Wait(pid);  // told to exit: they do
@@ -34,12 +35,27 @@ void WarmPool::Park(std::vector<WarmWorker> workers) {
 }
 
 std::optional<WarmWorker> WarmPool::Take() {
-  while (!parked_.empty()) {
-    WarmWorker w = std::move(parked_.front());
-    parked_.erase(parked_.begin());
-    if (!launcher_->TryWait(w.pid)) return w;
+  for (std::vector<WarmWorker>* from : {&parked_, &spares_}) {
+    while (!from->empty()) {
+      WarmWorker w = std::move(from->front());
+      from->erase(from->begin());
+      if (!launcher_->TryWait(w.pid)) return w;
+    }
   }
   return std::nullopt;
+}
+
+Status WarmPool::StartSpares(int n, const std::vector<std::string>& command,
+                             const std::string& log_dir) {
+  while (static_cast<int>(spares_.size()) < n) {
+    WarmWorker w = NewWorker();
+    std::vector<std::string> argv = command;
+    argv.insert(argv.end(), {"--warm-control", w.prefix, "--warm-spare"});
+    w.log = log_dir + "/worker-spare" + std::to_string(w.id) + ".log";
+    TP_ASSIGN_OR_RETURN(w.pid, launcher_->Spawn(argv, w.log));
+    spares_.push_back(std::move(w));
+  }
+  return Status::Ok();
 }
 
 Status WarmPool::Send(WarmWorker& w, const std::vector<std::string>& args) {
@@ -67,6 +83,11 @@ void WarmPool::Release(bool wait) {
   }
   parked_.clear();
   if (wait) {
+    for (const WarmWorker& w : spares_) {
+      if (!WriteFileAtomic(w.Path("json"), R"({"exit": true})").ok()) launcher_->Kill(w.pid);
+      leaving_.push_back(w.pid);
+    }
+    spares_.clear();
     for (pid_t pid : leaving_) launcher_->Wait(pid);
     leaving_.clear();
   } else {

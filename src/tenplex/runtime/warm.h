@@ -63,8 +63,14 @@ class WarmPool {
   Status Abort(const WarmWorker& w);
   // Whether w wrote the .parked file of its current message.
   static bool IsParked(const WarmWorker& w);
-  // Tells every parked worker to exit; with `wait` reaps them (and the ones told
-  // before), else reaps those that have exited and keeps the others for later.
+  // Starts workers ahead until `n` spares wait (none when n <= 0): CMD --warm-control P
+  // --warm-spare, which park at once (P1.parked) and take their first segment's
+  // arguments like any parked worker; their output goes to <log_dir>/worker-spare<id>.log.
+  // Take() hands out parked workers first, then spares.
+  Status StartSpares(int n, const std::vector<std::string>& command, const std::string& log_dir);
+  std::size_t spares() const { return spares_.size(); }
+  // Tells every parked worker (with `wait` also every spare) to exit; with `wait` reaps them (and
+  // the ones told before), else reaps those that have exited and keeps the others for later.
   void Release(bool wait);
   // Reaps the workers told to exit that have exited.
   void ReapLeaving();
@@ -75,6 +81,7 @@ class WarmPool {
   std::string work_;
   int next_id_ = 0;
   std::vector<WarmWorker> parked_;
+  std::vector<WarmWorker> spares_;
   std::vector<pid_t> leaving_;  // told to exit, not reaped yet
 };
 

@@ -74,7 +74,13 @@ segment() {
   fi
   return 0
 }
-segment "$@" || true
+spare=0; prev=
+for a in "$@"; do
+  if [ "$prev" = --warm-control ]; then ctl=$a; fi
+  if [ "$a" = --warm-spare ]; then spare=1; fi
+  prev=$a
+done
+if [ $spare = 0 ]; then segment "$@" || true; fi
 while [ -n "$ctl" ]; do
   : > "$ctl$n.parked"
   while [ ! -f "$ctl$n.json" ]; do sleep 0.005; done
@@ -200,14 +206,30 @@ TEST_F(WarmRunTest, WorkersLiveThroughShrinkingAndGrowing) {
   for (const auto& argv : launcher_.argvs) {
     EXPECT_NE(std::find(argv.begin(), argv.end(), "--warm-control"), argv.end());
   }
-  // The new ranks 2 and 3 of the last segment start from its state.
-  const auto& last = launcher_.argvs.back();
-  EXPECT_NE(std::find(last.begin(), last.end(), "--state-in"), last.end());
+  // The added ranks 2 and 3 of the last segment were started ahead, as spares while
+  // dp=2 trained, and got their arguments (from the committed state) as messages.
+  for (int k = 4; k < 6; ++k) {
+    const auto& argv = launcher_.argvs[k];
+    EXPECT_NE(std::find(argv.begin(), argv.end(), "--warm-spare"), argv.end());
+    EXPECT_EQ(std::find(argv.begin(), argv.end(), "--config"), argv.end());
+    auto msg = ReadFile(o_.work_dir + "/warm-w" + std::to_string(k) + "-1.json");
+    ASSERT_TRUE(msg.ok()) << msg.status().ToString();
+    const json args = json::parse(*msg)["args"];
+    auto at = [&](const std::string& flag) {
+      for (std::size_t i = 0; i + 1 < args.size(); ++i) {
+        if (args[i] == flag) return args[i + 1].get<std::string>();
+      }
+      return std::string();
+    };
+    EXPECT_EQ(at("--world-rank"), std::to_string(k - 2));
+    EXPECT_EQ(at("--config"), "tp=2,pp=1,dp=2");
+    EXPECT_EQ(at("--start-step"), "6");
+    EXPECT_NE(at("--state-in"), "");
+  }
   EXPECT_EQ(s->reconfigurations.size(), 3u);
   for (const ReconfigureRecord& r : s->reconfigurations) EXPECT_GT(r.restart_seconds, 0);
   EXPECT_EQ(Events("reconfigure").size(), 3u);
   EXPECT_TRUE(AllReaped()) << "a worker outlived the run";
-
 }
 
 TEST_F(WarmRunTest, SurvivorsOfAKillParkAndGoOn) {
@@ -255,9 +277,14 @@ TEST(WarmPoolTest, MessagesAndExit) {
     EXPECT_NE(a.prefix, b.prefix);
     EXPECT_EQ(a.Path("json"), a.prefix + "1.json");
     // b exits at once (a zombie until reaped): Take reaps and skips it.
-    auto pa = launcher.Spawn({"/bin/sh", "-c", "while [ ! -f " + a.Path("json") + " ]; do sleep 0.01; done; "
-                                                "cat " + a.Path("json") + " > " + dir + "/got; "
-                                                "while [ ! -f " + a.prefix + "2.json ]; do sleep 0.01; done"},
+    auto pa = launcher.Spawn({"/bin/sh", "-c",
+                              "while [ ! -f " + a.Path("json") +
+                                  " ]; do sleep 0.01; done; "
+                                  "cat " +
+                                  a.Path("json") + " > " + dir +
+                                  "/got; "
+                                  "while [ ! -f " +
+                                  a.prefix + "2.json ]; do sleep 0.01; done"},
                              dir + "/a.log");
     auto pb = launcher.Spawn({"/bin/true"}, dir + "/b.log");
     ASSERT_TRUE(pa.ok() && pb.ok());
