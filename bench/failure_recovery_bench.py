@@ -252,7 +252,7 @@ def main():
                     f"re-run {m['rerun_s']:.2f} = {m['total_s']:.2f} s   limit {limit:.2f} s  "
                     f"x{row['ratio_to_limit']:.2f} of limit  x{row['vs_ours']:.2f} of ours  "
                     f"beyond restart {beyond:.2f} s (x{row['beyond_vs_ours']:.1f} of ours)   "
-                    f"{'commit' if method == 'ours' else 'save'} {m['save_s']:.3f} s (step {o['step_s']:.2f} s)")
+                    f"{'commit' if method.startswith('ours') else 'save'} {m['save_s']:.3f} s (step {o['step_s']:.2f} s)")
     write_rows(ARGS.out, "failure_recovery.csv", rows, "failure")
     return 0
 

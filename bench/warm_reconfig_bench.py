@@ -7,7 +7,8 @@ without and with --warm, and takes from the runner's log each reconfiguration's 
 from the last step in the old config to the first step done in the new one (stop +
 transform + restart). A change that adds no worker is what --warm makes fast (the
 workers stay, only their process groups and state are new): goal <= 1.0 s. Changes that
-add workers still start those cold. Both runs must give the same losses and samples as
+add workers start those ahead, as spares while the old config trains. Also reported: the
+new config's first step itself (its compute, part of the restart) and the rest. Both runs must give the same losses and samples as
 each other (the runner's --baseline against the cold run).
 
 Each measurement is the fastest of --reps runs. Writes warm_reconfig.csv.
@@ -40,8 +41,15 @@ def run(tenplex, tmp, model, name, warm, baseline=None):
         sys.exit(f"tenplex run {name} failed ({p.returncode}):\n{p.stderr[-3000:]}")
     summary = json.loads(p.stdout)
     with open(log) as f:
-        events = [json.loads(x) for x in f if '"event"' in x]
-    return [e for e in events if e["event"] == "reconfigure"], summary
+        lines = [json.loads(x) for x in f]
+    recs = []
+    for i, e in enumerate(lines):
+        if e.get("event") != "reconfigure":
+            continue
+        # The first step done in the new config: the last step line before the event.
+        first = next(x for x in reversed(lines[:i]) if "event" not in x)
+        recs.append(dict(e, first_step_seconds=first["seconds"]))
+    return recs, summary
 
 
 def world(cfg):
@@ -88,6 +96,9 @@ def main():
             for tag, r in (("cold", cold), ("warm", warm)):
                 for k in ("seconds", "stop_seconds", "transform_seconds", "restart_seconds"):
                     row[f"{tag}_{k.replace('_seconds', '')}_s"] = round(r[k], 3)
+            # What is left beyond the new config's first step itself (its compute).
+            row["warm_first_step_s"] = round(warm["first_step_seconds"], 3)
+            row["warm_beyond_step_s"] = round(warm["seconds"] - warm["first_step_seconds"], 3)
             row["warm_vs_cold"] = round(warm["seconds"] / cold["seconds"], 2)
             row["goal_s"] = GOAL_S if added == 0 else ""
             row["warm_vs_goal"] = round(warm["seconds"] / GOAL_S, 2) if added == 0 else ""
@@ -97,6 +108,7 @@ def main():
                   f"{cold['transform_seconds']:.2f} + restart {cold['restart_seconds']:.2f})  "
                   f"warm {warm['seconds']:.2f} s (stop {warm['stop_seconds']:.2f} + transform "
                   f"{warm['transform_seconds']:.2f} + restart {warm['restart_seconds']:.2f})  "
+                  f"(first step {warm['first_step_seconds']:.2f}, the rest {row['warm_beyond_step_s']:.2f})  "
                   f"x{row['warm_vs_cold']:.2f} of cold" +
                   (f"  x{row['warm_vs_goal']:.2f} of the {GOAL_S:.1f} s goal" if added == 0 else ""), flush=True)
     write_rows(a.out, "warm_reconfig.csv", rows, "warm")
