@@ -107,7 +107,7 @@ def plot_failure(path, out_dir):
                         va="bottom", fontsize=7)
         lim = float(group[0]["limit_s"])
         ax.hlines(lim, g - 0.45, g + 0.45, colors="black", linestyles="dashed",
-                  label=None if "limit" in labelled else "limit: fastest restart measured in the scenario")
+                  label=None if "limit" in labelled else "limit: fastest cold restart measured in the scenario")
         labelled.add("limit")
     ax.set_xticks(range(len(scenarios)))
     ax.set_xticklabels([f"{s}\n{next(r for r in rows if r['scenario'] == s)['from']} -> "

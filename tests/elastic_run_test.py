@@ -1,7 +1,7 @@
 """End to end: an elastic schedule (tensor and pipeline changes, a killed worker) gives the
 same samples and losses, step by step, as a static run of the same steps.
 
-usage: elastic_run_test.py TENPLEX_BIN REPO_ROOT [--cluster] [--commit-every N] [--lose-host] [--resume]
+usage: elastic_run_test.py TENPLEX_BIN REPO_ROOT [--cluster] [--commit-every N] [--lose-host] [--resume] [--warm]
 
 With --cluster the elastic run keeps its state in 2 store daemons (1 GPU per host), so
 every reconfiguration is a distributed transform over UCX between them; the static
@@ -14,7 +14,9 @@ there: same samples and losses as the static run, the daemon gone. With --resume
 stops at step 3 with its state in --shm-dir, and a second `tenplex run` with the same
 --shm-dir and --job continues from that commit in another config: steps 3-5 have the
 static run's samples and losses, the log keeps the first run's lines (with --cluster:
-the same with the state in 2 store daemons).
+the same with the state in 2 store daemons). With --warm the elastic run keeps its
+workers alive across the changes and the kill (`tenplex run --warm`): the same checks,
+and only the killed rank's replacement starts a new process (ahead, as a spare).
 """
 import argparse
 import json
@@ -67,7 +69,8 @@ def check_steps(check, got, base, n):
                   f"loss {got[s]['loss']:.6f} vs static {base[s]['loss']:.6f} (rel {rel:.1e})")
 
 
-def run(tenplex, repo, tmp, name, schedule, model, baseline=None, cluster=None, commit_every=0, extra=(), log=None):
+def run(tenplex, repo, tmp, name, schedule, model, baseline=None, cluster=None, commit_every=0, extra=(), log=None,
+        warm=False):
     sched = os.path.join(tmp, name + ".json")
     with open(sched, "w") as f:
         json.dump(schedule, f)
@@ -80,7 +83,7 @@ def run(tenplex, repo, tmp, name, schedule, model, baseline=None, cluster=None, 
         cmd += ["--cluster", cluster]
     if commit_every:
         cmd += ["--commit-every", str(commit_every)]
-    cmd += list(extra)
+    cmd += list(extra) + (["--warm"] if warm else [])
     cmd += ["--", "/usr/bin/python3", os.path.join(repo, "examples/gpt/train.py"), "--model", model,
             "--global-batch-size", "8", "--micro-batch-size", "2", "--seq-length", "32"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
@@ -108,6 +111,7 @@ def main():
     ap.add_argument("--commit-every", type=int, default=0)
     ap.add_argument("--lose-host", action="store_true")
     ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--warm", action="store_true", help="the elastic run keeps its workers alive (run --warm)")
     a = ap.parse_args()
     if a.resume:
         return resume(a.tenplex, a.repo, a.cluster)
@@ -135,7 +139,7 @@ def main():
                    {"step": n, "stop": True}]
         try:
             log, out = run(tenplex, repo, tmp, "elastic", elastic, model, baseline=static_log, cluster=cluster,
-                           commit_every=commit_every)
+                           commit_every=commit_every, warm=a.warm)
         finally:
             for d in daemons:
                 d.stop()
@@ -179,6 +183,17 @@ def main():
         else:
             check(fails and fails[0]["rerun_from"] == fails[0]["segment_start"] == 2,
                   f"without periodic commits the failed segment re-runs from its start: {fails}")
+        if a.warm:
+            # Processes started: the 2 of tp=2, which go on as pp=2; rank 1 is killed, rank 0
+            # lives on as rank 0 of dp=2, and its rank 1 is a spare started ahead while pp=2
+            # trained (worker id 2).
+            logs = sorted(f for f in os.listdir(os.path.join(tmp, "elastic")) if f.startswith("worker-"))
+            check(logs == ["worker-seg0-rank0.log", "worker-seg0-rank1.log", "worker-spare2.log"],
+                  f"--warm: only the killed rank's replacement started a new process, ahead: {logs}")
+            with open(os.path.join(tmp, "elastic", "worker-seg0-rank0.log")) as f:
+                text = f.read()
+            check(all(f'"config": "{c}"' in text for c in ("tp=2,pp=1,dp=1", "tp=1,pp=2,dp=1", "tp=1,pp=1,dp=2,zero=1")),
+                  "--warm: rank 0's one process trained in all three configs")
     check.finish()
 
 

@@ -34,6 +34,7 @@ import uneven  # noqa: E402
 from tenplex import checkpoint  # noqa: E402
 from tenplex import handoff  # noqa: E402
 from tenplex import layout as L  # noqa: E402
+from tenplex import warm  # noqa: E402
 
 DEFAULT_CORPUS = os.path.join(HERE, "data", "corpus.jsonl")
 
@@ -70,6 +71,10 @@ def parse_args(argv=None):
     ap.add_argument("--commit-prefix", help="hand-off file prefix of the periodic commits")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads per process")
     ap.add_argument("--timeout", type=float, default=300, help="seconds a collective may wait")
+    ap.add_argument("--warm-control", metavar="PREFIX", help="with `tenplex run --warm`: after each segment "
+                    "wait for the runner's next message <PREFIX><n>.json and go on in the same process")
+    ap.add_argument("--warm-spare", action="store_true", help="with --warm-control: started ahead, wait for the "
+                    "first segment's arguments")
     elastic_train.add_args(ap)
     ap.add_argument("--flextp-straggler", type=int, metavar="T",
                     help="FlexTP-style per-step offload (flextp.py): tp rank T keeps 12.5%% of the input "
@@ -157,7 +162,7 @@ class Trainer:
 
     def save_handoff(self, path):
         t0 = time.perf_counter()
-        handoff.wait_for(path, self.args.timeout)  # the runner opens versions one by one
+        handoff.wait_for(path, self.args.timeout, warm.ABORT)  # the runner opens versions one by one
         handoff.write_rank(handoff.read(path), self.rank, self.state_tensors())
         dist.barrier()
         if self.rank == 0:
@@ -261,6 +266,8 @@ def or_fail(rank, fn, arg):
     try:
         fn(arg)
     except (ValueError, KeyError, OSError) as e:
+        if warm.ABORT.is_set():  # a warm worker's segment aborted by the runner
+            raise warm.Aborted(str(e)) from None
         fail(f"rank {rank}: {e}")
 
 
@@ -269,6 +276,16 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
     if args.elastic:
         return elastic_train.main(args, Trainer, fail)
+    if args.warm_control:
+        return warm.serve(args, sys.argv[1:] if argv is None else argv, parse_args, run_segment)
+    run_segment(args)
+
+
+def run_segment(args, control=None):
+    """One segment of `tenplex run` (or a whole static run): validates the arguments,
+    joins the process group, loads the state, trains --steps steps and writes the state
+    out. With a warm control (`tenplex run --warm`) the process group is destroyed at the
+    end and the process lives on for its next segment."""
     try:
         if not args.config:
             raise ValueError("--config is required (or --elastic POLICY under torchrun)")
@@ -324,9 +341,13 @@ def main(argv=None):
         fail(e)
 
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    if control is not None and args.world_rank != 0:
+        warm.wait_port(args.master_addr, args.master_port, args.timeout)
     dist.init_process_group("gloo", init_method=f"tcp://{args.master_addr}:{args.master_port}",
                             rank=args.world_rank, world_size=args.world_size,
                             timeout=datetime.timedelta(seconds=args.timeout))
+    if control is not None:
+        control.watch()  # the runner's abort (a failed peer) breaks this world's connections
     rank = args.world_rank
     trainer = Trainer(args, model, cfg, rank)
     if args.load_dir:
@@ -357,7 +378,8 @@ def main(argv=None):
         or_fail(rank, trainer.save, args.save_dir)
     if args.state_out:
         or_fail(rank, trainer.save_handoff, args.state_out)
-    dist.barrier()
+    if not (control and args.state_out):
+        dist.barrier()  # (with a hand-off the commit's barrier is the last collective)
     if rank == 0 and times:
         steady = times[1:] or times
         print(f"train.py: config {cfg}: {len(times)} steps, {sum(steady) / len(steady):.3f} s/step "

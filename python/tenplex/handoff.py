@@ -35,11 +35,14 @@ def read(path):
     return h
 
 
-def wait_for(path, timeout):
+def wait_for(path, timeout, abort=None):
     """Waits until the runner has written the hand-off file `path` (periodic commits
-    are opened one after another); HandoffError after `timeout` seconds."""
+    are opened one after another); HandoffError after `timeout` seconds, and when the
+    threading.Event `abort` is set (a warm worker's aborted segment)."""
     deadline = time.monotonic() + timeout
     while not os.path.exists(path):
+        if abort is not None and abort.is_set():
+            raise HandoffError(f"aborted while waiting for hand-off file {path}")
         if time.monotonic() > deadline:
             raise HandoffError(f"hand-off file {path} did not appear within {timeout:g} s")
         time.sleep(0.002)

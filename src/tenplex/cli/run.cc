@@ -40,6 +40,10 @@ void RegisterRun(CLI::App& app, Context& ctx) {
          "changes); a failure then re-runs at most the N steps since the last commit")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  cmd->add_flag("--warm", o->warm,
+                "Keep workers alive across reconfigurations and failures: they re-join the new "
+                "world and re-map their state; only added ranks start new processes (the command "
+                "must speak --warm-control, as examples/gpt/train.py does; docs/runtime.md)");
   cmd->add_flag("--rebalance", o->rebalance,
                 "Measure per-rank speeds (rank_seconds) and move to an uneven split (tp_weights, "
                 "dp_weights, layers=) when the predicted gain exceeds the reconfiguration cost "

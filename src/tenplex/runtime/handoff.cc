@@ -96,6 +96,10 @@ std::vector<std::string> WorkerArgv(const std::vector<std::string>& command, con
     argv.push_back("--slowdown");
     argv.push_back(a.slowdown);
   }
+  if (!a.warm_control.empty()) {
+    argv.push_back("--warm-control");
+    argv.push_back(a.warm_control);
+  }
   return argv;
 }
 

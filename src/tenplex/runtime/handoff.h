@@ -14,7 +14,7 @@
 // Workers are started as
 //   CMD ARGS --config C --world-rank r --world-size n --master-port P --start-step s
 //            --steps k --log LOG --state-out OUT [--commit-every N --commit-prefix P]
-//            [--state-in IN] [--slowdown RANK=FACTOR,...]
+//            [--state-in IN] [--slowdown RANK=FACTOR,...] [--warm-control P]
 // and log one JSON line per completed step ({"step", "loss", ...}, rank 0) to LOG.
 #pragma once
 
@@ -73,7 +73,8 @@ struct WorkerArgs {
   std::string log, state_out, commit_prefix;
   int64_t commit_every = 0;
   std::optional<std::string> state_in;
-  std::string slowdown;  // --slowdown (schedule "slowdown"), none when empty
+  std::string slowdown;      // --slowdown (schedule "slowdown"), none when empty
+  std::string warm_control;  // --warm-control (warm.h), none when empty
 };
 std::vector<std::string> WorkerArgv(const std::vector<std::string>& command, const WorkerArgs& args,
                                     int rank);

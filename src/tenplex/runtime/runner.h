@@ -72,6 +72,11 @@ struct RunOptions {
   // new store version, which the runner commits while they train on (0: only at the
   // segment's end). A failure then re-runs only the steps since the last commit.
   int64_t commit_every = 0;
+  // Keep workers alive across reconfigurations (warm.h): workers of ranks that exist
+  // in both worlds re-join the new one in the same process, survivors of a scheduled
+  // kill too; only added ranks start new processes. The command must speak the
+  // --warm-control protocol (examples/gpt/train.py does).
+  bool warm = false;
   // --rebalance: every rebalance_window steps the workers commit, and the runner reads
   // their rank_seconds; when the rebalance policy (rebalance.h) predicts that an
   // uneven split (tp_weights, dp_weights, layers=) proportional to the measured speeds

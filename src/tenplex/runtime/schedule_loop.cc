@@ -52,8 +52,13 @@ class ScheduleLoop {
   ScheduleLoop(const RunOptions& o, const RunInputs& in, StateBackend& st,
                ProcessLauncher& launcher)
       : o_(o), entries_(in.schedule), model_(in.model), st_(st), recorder_(o.log_path, &summary_) {
-    env_ = SegmentEnv{&o_, &st_, &launcher, &recorder_,
-                      st.work_dir_kept() ? "" : o.log_path + ".workers"};
+    env_ = SegmentEnv{
+        &o_,    &st_, &launcher, &recorder_, st.work_dir_kept() ? "" : o.log_path + ".workers",
+        nullptr};
+    if (o.warm) {
+      pool_.emplace(&launcher, st.work_dir());
+      env_.pool = &*pool_;
+    }
   }
 
   Result<RunSummary> Run() {
@@ -65,6 +70,7 @@ class ScheduleLoop {
     while (!done) {
       TP_ASSIGN_OR_RETURN(done, RunSegment());
     }
+    if (pool_) pool_->Release(true);  // the last segment's workers exit
     recorder_.Finish();
     TP_ASSIGN_OR_RETURN(summary_.steps, ReadStepLog(o_.log_path, log_offset_));
     if (!o_.baseline_log.empty())
@@ -183,6 +189,8 @@ class ScheduleLoop {
       spec.kill_ranks = entries_[i_ + 1].kill_ranks;
       spec.kill_hosts = entries_[i_ + 1].kill_hosts;
     }
+    // --warm: the next entry's world, so that workers it adds start ahead (spares).
+    if (o_.warm && !entries_[i_ + 1].stop) spec.next_world = EntryConfig(i_ + 1).world_size();
     Segment seg(env_, spec);
     TP_RETURN_IF_ERROR(seg.Run());
     if (seg.kill_struck()) kills_done_.insert(i_ + 1);
@@ -347,6 +355,7 @@ class ScheduleLoop {
   StateBackend& st_;
   RunSummary summary_;
   RunRecorder recorder_;
+  std::optional<WarmPool> pool_;  // declared before env_, which points to it
   SegmentEnv env_;
   json model_json_;
   uint64_t log_offset_ = 0;

@@ -78,12 +78,8 @@ Status Segment::Launch() {
   args.commit_prefix = files_.commit_prefix;
   if (committed_) args.state_in = files_.in_json;
   t_launch_ = Clock::now();
-  for (int r = 0; r < cfg.world_size(); ++r) {
-    const std::string log = files_.WorkerLog(r);
-    TP_ASSIGN_OR_RETURN(pid_t pid, env_.launcher->Spawn(WorkerArgv(o.command, args, r), log));
-    workers_.push_back({pid, r, log, false, 0});
-    ++alive_;
-  }
+  for (int r = 0; r < cfg.world_size(); ++r) TP_RETURN_IF_ERROR(StartWorker(r, args));
+  if (env_.pool) env_.pool->Release(false);  // parked workers the new world has no rank for
   // A lost host takes its workers with it.
   TP_ASSIGN_OR_RETURN(std::vector<int> on_hosts,
                       env_.backend->RanksOnHosts(spec_.kill_hosts, cfg.world_size()));
@@ -91,8 +87,42 @@ Status Segment::Launch() {
   std::sort(to_kill_.begin(), to_kill_.end());
   to_kill_.erase(std::unique(to_kill_.begin(), to_kill_.end()), to_kill_.end());
   kill_scheduled_ = !to_kill_.empty() || !spec_.kill_hosts.empty();
+  if (env_.pool && spec_.next_world > 0) {
+    // Workers the next world adds start now, while this one trains (Python and torch
+    // start-up off the reconfiguration's path).
+    const int survivors = cfg.world_size() - static_cast<int>(to_kill_.size());
+    TP_RETURN_IF_ERROR(
+        env_.pool->StartSpares(spec_.next_world - survivors, o.command, env_.backend->work_dir()));
+  }
   t_progress_ = t_last_step_ = t_kill_ = Clock::now();
   state_ = State::kRunning;
+  return Status::Ok();
+}
+
+// Rank r: a parked warm worker when the pool has one (told its new arguments), else
+// a new process.
+Status Segment::StartWorker(int r, WorkerArgs& args) {
+  const std::string log = files_.WorkerLog(r);
+  WarmPool* pool = env_.pool;
+  if (pool) {
+    if (std::optional<WarmWorker> w = pool->Take()) {
+      args.warm_control = w->prefix;
+      workers_.push_back({w->pid, r, w->log, false, 0, *w, false});
+      ++alive_;
+      return pool->Send(workers_.back().warm, WorkerArgv({}, args, r));
+    }
+  }
+  WarmWorker w;
+  if (pool) {
+    w = pool->NewWorker();
+    args.warm_control = w.prefix;
+  }
+  TP_ASSIGN_OR_RETURN(pid_t pid,
+                      env_.launcher->Spawn(WorkerArgv(env_.options->command, args, r), log));
+  w.pid = pid;
+  w.log = log;
+  workers_.push_back({pid, r, log, false, 0, w, false});
+  ++alive_;
   return Status::Ok();
 }
 
@@ -103,11 +133,17 @@ Status Segment::Watch() {
     TP_RETURN_IF_ERROR(CommitIfWritten());
     TP_RETURN_IF_ERROR(KillIfDue());
     Reap();
+    ParkIfDone();
+    ParkSurvivors();
+    if (env_.pool) env_.pool->ReapLeaving();
     if (alive_ > 0 && InterruptSignal() != 0) {
       return Fail(Aborted(
           "interrupted by signal " + std::to_string(InterruptSignal()) +
           ": workers stopped; the store keeps the last committed version" +
           (committed_ ? " (" + std::to_string(*committed_) + ")" : std::string(" (none)"))));
+    }
+    if (alive_ > 0 && aborting_ && Since(t_kill_) > std::min(30.0, o.hang_seconds)) {
+      KillWorkers();  // survivors that do not park in time are stopped the cold way
     }
     if (alive_ > 0 && Since(t_progress_) > o.hang_seconds) {
       KillWorkers();
@@ -193,7 +229,7 @@ Status Segment::KillIfDue() {
 
 void Segment::Reap() {
   for (Worker& w : workers_) {
-    if (w.exited) continue;
+    if (w.exited || w.parked) continue;
     std::optional<int> status = env_.launcher->TryWait(w.pid);
     if (!status) continue;
     w.exited = true;
@@ -206,7 +242,46 @@ void Segment::Reap() {
       failure_ = "worker rank " + std::to_string(w.rank) + " " + DescribeExit(*status) +
                  "; its output (" + KeepLog(w.log) + ") ends with:\n" + FileTail(w.log);
     }
-    KillWorkers();  // the others cannot finish the step without it
+    if (killed_ && env_.pool) {
+      AbortSurvivors();  // they park, alive, for the next world
+    } else {
+      KillWorkers();  // the others cannot finish the step without it
+    }
+  }
+}
+
+// Warm: the segment's last version is written (rank 0 wrote its .result after every
+// rank's state): the workers park instead of exiting.
+void Segment::ParkIfDone() {
+  std::error_code ec;
+  // (A scheduled kill still strikes, and fails the segment as without --warm: the
+  // survivors park after the abort.)
+  if (!env_.pool || failed_ || stopped_ || kill_scheduled_ || alive_ == 0 ||
+      target_ + 1 != targets_.size() || !fs::exists(files_.out_json + ".result", ec))
+    return;
+  for (Worker& w : workers_) {
+    if (w.exited || w.parked) continue;
+    w.parked = true;
+    --alive_;
+  }
+}
+
+void Segment::AbortSurvivors() {
+  if (aborting_) return;
+  aborting_ = true;
+  for (Worker& w : workers_) {
+    if (!w.exited && !env_.pool->Abort(w.warm).ok()) env_.launcher->Kill(w.pid);
+  }
+}
+
+void Segment::ParkSurvivors() {
+  if (!aborting_) return;
+  for (Worker& w : workers_) {
+    if (w.exited || w.parked || !WarmPool::IsParked(w.warm) ||
+        std::count(to_kill_.begin(), to_kill_.end(), w.rank) > 0)
+      continue;
+    w.parked = true;
+    --alive_;
   }
 }
 
@@ -229,6 +304,7 @@ Status Segment::Finish() {
     open_.reset();
     stop_seconds_ = Since(t_kill_);
     state_ = State::kKilled;
+    HandToPool();
     return env_.recorder->Failure({{"event", "failure"},
                                    {"config", cfg},
                                    {"killed_ranks", to_kill_},
@@ -257,7 +333,20 @@ Status Segment::Finish() {
   open_.reset();
   stop_seconds_ = Since(t_last_step_);
   state_ = State::kCompleted;
+  HandToPool();
   return Status::Ok();
+}
+
+// Warm: the parked workers (in rank order) wait in the pool for the next segment.
+void Segment::HandToPool() {
+  if (!env_.pool) return;
+  std::vector<WarmWorker> parked;
+  for (Worker& w : workers_) {
+    if (!w.parked || w.exited) continue;
+    parked.push_back(w.warm);
+    w.exited = true;  // no longer this segment's
+  }
+  env_.pool->Park(std::move(parked));
 }
 
 Status Segment::Fail(Status s) {

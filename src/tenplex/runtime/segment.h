@@ -34,6 +34,7 @@
 #include "tenplex/runtime/process.h"
 #include "tenplex/runtime/report.h"
 #include "tenplex/runtime/runner.h"
+#include "tenplex/runtime/warm.h"
 
 namespace tenplex::runtime {
 
@@ -46,6 +47,10 @@ struct SegmentEnv {
   // Where a failed worker's log is copied when the work directory goes away with the
   // run (StateBackend::work_dir_kept() false); empty: the log stays where it is.
   std::string kept_logs_dir;
+  // --warm: workers of earlier segments parked here are reused, and this segment's
+  // workers are parked here at its end or after a scheduled kill (warm.h); nullptr:
+  // every segment starts its workers and they exit at its end.
+  WarmPool* pool = nullptr;
 };
 
 struct SegmentSpec {
@@ -59,6 +64,9 @@ struct SegmentSpec {
   std::vector<int> kill_hosts;
   int64_t commit_every = 0;  // periodic commits inside the segment (0: only at its end)
   std::string slowdown;      // the workers' --slowdown, none when empty
+  // With a pool: the world size of the segment after this one (0: none or unknown);
+  // the workers it adds beyond this segment's survivors are started ahead as spares.
+  int next_world = 0;
   // Called after each periodic commit with its step; true stops the segment there.
   std::function<bool(int64_t step)> stop_after_commit;
 };
@@ -95,6 +103,8 @@ class Segment {
     std::string log;
     bool exited = false;
     int status = 0;
+    WarmWorker warm;      // with a pool
+    bool parked = false;  // alive, waiting in the pool's protocol for its next segment
   };
 
   Status Open();
@@ -103,6 +113,11 @@ class Segment {
   Status Watch();
   Status ReadLog();
   Status CommitIfWritten();
+  Status StartWorker(int rank, WorkerArgs& args);
+  void ParkIfDone();
+  void AbortSurvivors();
+  void ParkSurvivors();
+  void HandToPool();
   Status KillIfDue();
   void Reap();
   Status Finish();
@@ -127,6 +142,7 @@ class Segment {
   std::vector<int> to_kill_;
   std::vector<std::string> lost_hosts_;
   bool kill_scheduled_ = false, killed_ = false, failed_ = false, stopped_ = false;
+  bool aborting_ = false;  // warm: survivors of the kill were told to park
   std::string failure_;
   int64_t last_step_seen_;
   double step_interval_ = 0.4;  // between the last two step lines (a guess until two are seen)

@@ -1,0 +1,179 @@
+"""Warm workers of `tenplex run --warm` (src/tenplex/runtime/warm.h): a worker process
+lives through many segments of the schedule instead of one.
+
+The runner starts a worker with `--warm-control PREFIX`. After each segment (its state
+written into the store, its process group destroyed) the worker writes
+`PREFIX<n>.parked` and waits for the runner's message `PREFIX<n>.json`, n = 1, 2, ...:
+  {"args": [...]}   the runner's arguments for the next segment (--config, --world-rank,
+                    --world-size, --master-port, --start-step, --state-in, ...), which
+                    replace those of the last one; the worker joins the new world, loads
+                    its new local tensors from the store and trains on;
+  {"exit": true}    the new world has no place for it: it exits 0.
+A spare (`--warm-spare`, started ahead while the old world trains) parks at once.
+While a segment runs, a watcher thread polls for `PREFIX<n>.abort`, which the runner
+writes when a peer died (a failure): the thread shuts down the process's connected TCP
+sockets, so that every pending gloo collective fails at once, here and (through the
+closed connections) at every peer; the worker then drops its process groups and parks
+like after a normal segment. A worker whose own collective fails first (a direct peer of
+the dead one) breaks its connections the same way and waits for the abort; when none
+comes (a real error, not a failure the runner knows), it raises the error.
+"""
+import gc
+import json
+import os
+import socket
+import sys
+import threading
+import time
+
+import torch.distributed as dist
+
+# Set while the runner has aborted the current segment (read by handoff waits).
+ABORT = threading.Event()
+
+
+class Aborted(Exception):
+    """The runner aborted the segment (a peer failed)."""
+
+
+def shutdown_sockets():
+    """Shuts down every connected TCP socket of this process (listening ones stay)."""
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if not os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
+                continue
+            s = socket.socket(fileno=os.dup(int(name)))
+        except (OSError, ValueError):
+            continue
+        try:
+            if (s.family in (socket.AF_INET, socket.AF_INET6) and s.type == socket.SOCK_STREAM
+                    and not s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)):
+                s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        finally:
+            s.close()
+
+
+def _wait_file(path, timeout, what):
+    deadline = time.monotonic() + timeout
+    parent = os.getppid()
+    while not os.path.exists(path):
+        if os.getppid() != parent:
+            raise SystemExit(f"warm worker: the runner is gone while waiting for {what}")
+        if time.monotonic() > deadline:
+            raise SystemExit(f"warm worker: no {what} ({path}) within {timeout:g} s")
+        time.sleep(0.002)
+
+
+def wait_port(host, port, timeout):
+    """Waits until rank 0's rendezvous store listens on host:port. (torch's store client
+    retries a refused connection only once a second: a warm world that joins in
+    milliseconds would lose a second on it.)"""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=1).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                return  # init_process_group reports it
+            time.sleep(0.002)
+
+
+class Control:
+    def __init__(self, prefix, timeout):
+        self.prefix, self.timeout, self.seq = prefix, timeout, 0
+        self._stop = threading.Event()
+        self._thread = None
+
+    def _path(self, ext):
+        return f"{self.prefix}{self.seq + 1}.{ext}"
+
+    def watch(self):
+        """Starts watching for the runner's abort of the running segment."""
+        ABORT.clear()
+        self._stop.clear()
+        path = self._path("abort")
+
+        def loop():
+            while not self._stop.is_set():
+                if os.path.exists(path):
+                    ABORT.set()
+                    shutdown_sockets()
+                    return
+                self._stop.wait(0.003)
+
+        self._thread = threading.Thread(target=loop, name="tenplex-warm-abort", daemon=True)
+        self._thread.start()
+
+    def failed(self, error):
+        """The segment raised `error`: True when it is the runner's abort (after breaking
+        this process's connections so that the peers fail too), else False."""
+        shutdown_sockets()
+        if not ABORT.is_set():
+            _wait_abort = self._path("abort")
+            deadline = time.monotonic() + min(self.timeout, 60)
+            while not os.path.exists(_wait_abort) and time.monotonic() < deadline:
+                time.sleep(0.003)
+            if not os.path.exists(_wait_abort):
+                return False
+            ABORT.set()
+        return True
+
+    def park(self):
+        """After a segment: drops the process groups, says so and waits for the next
+        message; returns it."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:  # noqa: BLE001 - a broken world is dropped all the same
+                pass
+        gc.collect()
+        with open(self._path("parked"), "w"):
+            pass
+        msg_path = self._path("json")
+        _wait_file(msg_path, self.timeout, "message from the runner")
+        with open(msg_path) as f:
+            msg = json.load(f)
+        self.seq += 1
+        ABORT.clear()
+        return msg
+
+
+def user_args(argv):
+    """The worker's own arguments: argv up to the runner's (they start at its last
+    --config, or for a spare at --warm-control)."""
+    if "--warm-spare" in argv:
+        return argv[:argv.index("--warm-control")]
+    if "--config" not in argv:
+        raise SystemExit("--warm-control needs the runner's arguments (--config ...)")
+    return argv[:len(argv) - 1 - argv[::-1].index("--config")]
+
+
+def serve(args, argv, parse_args, run_segment):
+    """Runs segments in this process until the runner says exit. A spare
+    (--warm-spare, started ahead of the world that needs it) parks first."""
+    control = Control(args.warm_control, args.timeout)
+    base = user_args(list(argv))
+    spare = args.warm_spare
+    while True:
+        if not spare:
+            try:
+                run_segment(args, control)
+            except Exception as e:  # noqa: BLE001 - a failed peer shows as any error
+                if not control.failed(e):
+                    raise
+                print(f"warm worker: segment aborted by the runner ({type(e).__name__}: {str(e)[:200]})",
+                      flush=True)
+        spare = False
+        msg = control.park()
+        if msg.get("exit"):
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)  # no interpreter teardown: the CPU goes to the new world's workers
+        args = parse_args(base + list(msg["args"]))
