@@ -234,6 +234,17 @@ class RecordingLauncher : public ProcessLauncher {
   std::unique_ptr<ProcessLauncher> real_ = NewProcessLauncher();
 };
 
+// The runner's events named `name` in the log at `path` (a line being written is skipped).
+inline std::vector<json> LogEvents(const std::string& path, const std::string& name) {
+  std::vector<json> out;
+  std::ifstream f(path);
+  for (std::string line; std::getline(f, line);) {
+    json j = json::parse(line, nullptr, false);
+    if (j.is_object() && j.value("event", "") == name) out.push_back(j);
+  }
+  return out;
+}
+
 class RunnerTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -268,15 +279,7 @@ class RunnerTest : public ::testing::Test {
                        {"samples_consumed", 8 * step}});
   }
   // The runner's events of the log, by name.
-  std::vector<json> Events(const std::string& name) {
-    std::vector<json> out;
-    std::ifstream f(o_.log_path);
-    for (std::string line; std::getline(f, line);) {
-      json j = json::parse(line, nullptr, false);
-      if (j.is_object() && j.value("event", "") == name) out.push_back(j);
-    }
-    return out;
-  }
+  std::vector<json> Events(const std::string& name) { return LogEvents(o_.log_path, name); }
   // How often each step was logged.
   std::map<int64_t, int> StepCounts() {
     std::map<int64_t, int> out;

@@ -11,12 +11,11 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <mutex>
 #include <nlohmann/json.hpp>
-#include <set>
 
 #include "tenplex/model/gpt.h"
 #include "tenplex/runtime/backend.h"
+#include "tenplex/runtime/runner_testing.h"
 #include "tenplex/runtime/schedule_loop.h"
 #include "tenplex/util/file.h"
 
@@ -91,38 +90,6 @@ while [ -n "$ctl" ]; do
 done
 )SH";
 
-// The real launcher, counting starts and remembering reaps.
-class CountingLauncher : public ProcessLauncher {
- public:
-  Result<pid_t> Spawn(const std::vector<std::string>& argv, const std::string& log) override {
-    TP_ASSIGN_OR_RETURN(pid_t pid, real_->Spawn(argv, log));
-    std::lock_guard<std::mutex> l(mu_);
-    started.push_back(pid);
-    argvs.push_back(argv);
-    return pid;
-  }
-  void Kill(pid_t pid) override { real_->Kill(pid); }
-  std::optional<int> TryWait(pid_t pid) override {
-    std::optional<int> s = real_->TryWait(pid);
-    std::lock_guard<std::mutex> l(mu_);
-    if (s) reaped.insert(pid);
-    return s;
-  }
-  int Wait(pid_t pid) override {
-    int s = real_->Wait(pid);
-    std::lock_guard<std::mutex> l(mu_);
-    reaped.insert(pid);
-    return s;
-  }
-  std::vector<pid_t> started;
-  std::vector<std::vector<std::string>> argvs;
-  std::set<pid_t> reaped;
-
- private:
-  std::mutex mu_;
-  std::unique_ptr<ProcessLauncher> real_ = NewProcessLauncher();
-};
-
 class WarmRunTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -163,24 +130,13 @@ class WarmRunTest : public ::testing::Test {
     return out;
   }
   std::vector<json> Events(const std::string& name) {
-    std::vector<json> out;
-    std::ifstream f(o_.log_path);
-    for (std::string line; std::getline(f, line);) {
-      json j = json::parse(line, nullptr, false);
-      if (j.is_object() && j.value("event", "") == name) out.push_back(j);
-    }
-    return out;
+    return runner_testing::LogEvents(o_.log_path, name);
   }
-  bool AllReaped() const {
-    for (pid_t p : launcher_.started) {
-      if (!launcher_.reaped.count(p)) return false;
-    }
-    return true;
-  }
+  bool AllReaped() const { return launcher_.AllReaped(); }
 
   std::string dir_;
   RunOptions o_;
-  CountingLauncher launcher_;
+  runner_testing::RecordingLauncher launcher_;
 };
 
 TEST_F(WarmRunTest, WorkersLiveThroughShrinkingAndGrowing) {
@@ -201,8 +157,8 @@ TEST_F(WarmRunTest, WorkersLiveThroughShrinkingAndGrowing) {
   std::set<int64_t> pids;
   for (const auto& [k, j] : steps) pids.insert(j["pid"].get<int64_t>());
   EXPECT_EQ(pids.size(), 1u) << "rank 0 ran in several processes";
-  EXPECT_EQ(static_cast<pid_t>(*pids.begin()), launcher_.started.at(0));
-  ASSERT_EQ(launcher_.started.size(), 6u);
+  EXPECT_EQ(static_cast<pid_t>(*pids.begin()), launcher_.pids.at(0));
+  ASSERT_EQ(launcher_.pids.size(), 6u);
   for (const auto& argv : launcher_.argvs) {
     EXPECT_NE(std::find(argv.begin(), argv.end(), "--warm-control"), argv.end());
   }
@@ -245,8 +201,8 @@ TEST_F(WarmRunTest, SurvivorsOfAKillParkAndGoOn) {
   for (int64_t k = 0; k < 6; ++k) EXPECT_EQ(steps[k]["samples"], json::array({8 * k}));
   EXPECT_EQ(steps[5]["config"], "tp=1,pp=1,dp=3");
   // The 3 survivors are the new world: no process started after the first 4.
-  EXPECT_EQ(launcher_.started.size(), 4u);
-  EXPECT_EQ(steps[5]["pid"].get<int64_t>(), launcher_.started.at(0));
+  EXPECT_EQ(launcher_.pids.size(), 4u);
+  EXPECT_EQ(steps[5]["pid"].get<int64_t>(), launcher_.pids.at(0));
   ASSERT_EQ(s->reconfigurations.size(), 1u);
   EXPECT_TRUE(s->reconfigurations[0].after_failure);
   EXPECT_EQ(Events("recovered").size(), 1u);
@@ -258,11 +214,11 @@ TEST_F(WarmRunTest, SurvivorsTooFewForTheNextWorldAreJoinedByNewWorkers) {
       R"([{"step": 0, "config": "tp=2"}, {"step": 3, "config": "dp=2", "kill_ranks": [0]},
           {"step": 4, "stop": true}])"));
   ASSERT_TRUE(s.ok()) << s.status().ToString();
-  EXPECT_EQ(launcher_.started.size(), 3u);  // 2, then 1 for the killed rank
+  EXPECT_EQ(launcher_.pids.size(), 3u);  // 2, then 1 for the killed rank
   std::map<int64_t, json> steps = Steps();
   ASSERT_EQ(steps.size(), 4u);
   // Rank 1 survived and is rank 0 of the new world.
-  EXPECT_EQ(steps[3]["pid"].get<int64_t>(), launcher_.started.at(1));
+  EXPECT_EQ(steps[3]["pid"].get<int64_t>(), launcher_.pids.at(1));
   EXPECT_TRUE(AllReaped());
 }
 
@@ -270,7 +226,7 @@ TEST(WarmPoolTest, MessagesAndExit) {
   char tmpl[] = "/tmp/tenplex-warm-pool-XXXXXX";
   ASSERT_NE(::mkdtemp(tmpl), nullptr);
   const std::string dir = tmpl;
-  CountingLauncher launcher;
+  runner_testing::RecordingLauncher launcher;
   {
     WarmPool pool(&launcher, dir);
     WarmWorker a = pool.NewWorker(), b = pool.NewWorker();
