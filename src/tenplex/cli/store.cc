@@ -203,13 +203,8 @@ Status ClusterTransfer(bool load, const std::string& cluster_path, const std::st
   return Status::Ok();
 }
 
-}  // namespace
-
-void RegisterStore(CLI::App& app, Context& ctx) {
-  auto* cmd = app.add_subcommand("store",
-                                 "Tensor store daemon (shared-memory tensors, versions, HTTP API)");
-  cmd->require_subcommand(1);
-
+// store serve: the daemon in the foreground.
+void AddServe(CLI::App* cmd, Context& ctx) {
   auto* serve =
       cmd->add_subcommand("serve", "Run a store daemon in the foreground (SIGTERM/SIGINT stop it)");
   auto so = std::make_shared<ServeOpts>();
@@ -235,12 +230,17 @@ void RegisterStore(CLI::App& app, Context& ctx) {
                     "mlx5_0:1,eth0; all: every one). Default: UCX_NET_DEVICES if set, else the "
                     "interface of the --listen address");
   serve->callback([so, &ctx] { Finish(ctx, Serve(*so)); });
+}
 
-  struct XferOpts {
-    std::string url, job, dir, cluster;
-    TokenOptions token;
-    bool http = false, json = false;
-  };
+// The options of store load and store save.
+struct XferOpts {
+  std::string url, job, dir, cluster;
+  TokenOptions token;
+  bool http = false, json = false;
+};
+
+// store load: a checkpoint directory into a new committed version.
+void AddLoad(CLI::App* cmd, Context& ctx) {
   auto lo = std::make_shared<XferOpts>();
   auto* load = cmd->add_subcommand(
       "load", "Load a checkpoint directory as a new committed version of a job");
@@ -269,7 +269,10 @@ void RegisterStore(CLI::App& app, Context& ctx) {
                 s->verified ? "verified" : "not recorded");
     Finish(ctx, Status::Ok());
   });
+}
 
+// store save: a job's current version to a checkpoint directory.
+void AddSave(CLI::App* cmd, Context& ctx) {
   auto vo = std::make_shared<XferOpts>();
   auto* save =
       cmd->add_subcommand("save", "Write a job's current version as a checkpoint directory");
@@ -297,6 +300,17 @@ void RegisterStore(CLI::App& app, Context& ctx) {
                 static_cast<unsigned long long>(s->version), vo->dir.c_str(), Describe(*s).c_str());
     Finish(ctx, Status::Ok());
   });
+}
+
+}  // namespace
+
+void RegisterStore(CLI::App& app, Context& ctx) {
+  auto* cmd = app.add_subcommand("store",
+                                 "Tensor store daemon (shared-memory tensors, versions, HTTP API)");
+  cmd->require_subcommand(1);
+  AddServe(cmd, ctx);
+  AddLoad(cmd, ctx);
+  AddSave(cmd, ctx);
   RegisterStoreAdmin(*cmd, ctx);
 }
 

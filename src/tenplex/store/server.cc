@@ -55,6 +55,76 @@ httplib::Server::HandlerResponse Refuse(httplib::Response& res, int status,
   return httplib::Server::HandlerResponse::Handled;
 }
 
+// Refuses, before routing and before the body is read, a request with too many header
+// bytes, without the bearer token, with ambiguous framing or a target not UTF-8.
+httplib::Server::HandlerResponse PreRoute(const ServerOptions& options, const httplib::Request& req,
+                                          httplib::Response& res) {
+  std::size_t header_bytes = 0;
+  for (const auto& [k, v] : req.headers) header_bytes += k.size() + v.size() + 4;
+  if (header_bytes > options.max_header_bytes) {
+    return Refuse(res, 431,
+                  "request headers total " + std::to_string(header_bytes) +
+                      " bytes, more than the limit of " + std::to_string(options.max_header_bytes),
+                  "INVALID_ARGUMENT");
+  }
+  if (!options.token.empty()) {
+    const std::string auth = req.get_header_value("Authorization");
+    if (!ConstantTimeEqual(auth, "Bearer " + options.token)) {
+      res.set_header("WWW-Authenticate", "Bearer");
+      return Refuse(
+          res, 401,
+          auth.empty() ? "this store needs 'Authorization: Bearer <token>'" : "wrong bearer token",
+          "UNAUTHENTICATED");
+    }
+  }
+  // Framing a proxy could read differently (request smuggling): refused.
+  if (req.get_header_value_count("Content-Length") > 1) {
+    return Refuse(res, 400, "the request has more than one Content-Length header",
+                  "INVALID_ARGUMENT");
+  }
+  if (req.has_header("Content-Length") && req.has_header("Transfer-Encoding")) {
+    return Refuse(res, 400, "the request has both Content-Length and Transfer-Encoding",
+                  "INVALID_ARGUMENT");
+  }
+  if (!IsUtf8(req.target)) {
+    return Refuse(res, 400, "the request target is not UTF-8", "INVALID_ARGUMENT");
+  }
+  return httplib::Server::HandlerResponse::Unhandled;
+}
+
+// Errors cpp-httplib produces itself (malformed requests, 413 bodies, 414 targets,
+// oversized header lines) get a JSON body too.
+httplib::Server::HandlerResponse HttpErrorReply(const httplib::Request& req,
+                                                httplib::Response& res) {
+  if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+  const bool no_length = (req.method == "POST" || req.method == "PUT" || req.method == "PATCH") &&
+                         !req.has_header("Content-Length") && !req.has_header("Transfer-Encoding");
+  std::string what =
+      res.status == 413   ? "request body is larger than the store's limit (--max-body)"
+      : res.status == 414 ? "request target is too long"
+      : res.status == 431 ? "request headers are too large"
+      : no_length ? req.method + " needs a Content-Length header (send an empty body: curl -d '')"
+      : res.status == 400 ? "malformed HTTP request (a header line longer than 8 KiB?)"
+                          : "HTTP error " + std::to_string(res.status);
+  SendJson(res, res.status, {{"error", what}, {"code", "INVALID_ARGUMENT"}});
+  // What is left of a request cpp-httplib could not parse must not be read as the
+  // next request on this connection.
+  GuardedServer::CloseAfterReply();
+  return httplib::Server::HandlerResponse::Handled;
+}
+
+// A handler's exception: 500 with its message.
+void InternalErrorReply(const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+  std::string what = "internal error";
+  try {
+    if (ep) std::rethrow_exception(ep);
+  } catch (const std::exception& e) {
+    what = std::string("internal error: ") + e.what();
+  } catch (...) {
+  }
+  SendJson(res, 500, {{"error", what}, {"code", "INTERNAL"}});
+}
+
 }  // namespace
 
 void SendJson(httplib::Response& res, int status, const json& body) {
@@ -136,6 +206,68 @@ Result<uint64_t> VersionNumber(std::string_view s) {
   return *v;
 }
 
+namespace {
+
+// GET /v1/health: liveness, quarantined jobs and the store's identity and memory.
+Status Health(Store& store, const Target& t, httplib::Response& res) {
+  TP_RETURN_IF_ERROR(CheckQueryKeys(t.query, {}));
+  json quarantined = json::array();
+  for (const Store::Quarantined& q : store.QuarantinedJobs())
+    quarantined.push_back({{"job", q.job}, {"reason", q.reason}, {"path", q.path}});
+  SendJson(res, 200,
+           {{"ok", true},
+            {"quarantined", std::move(quarantined)},
+            {"store_id", store.id()},
+            {"shm_dir", store.shm_dir()},
+            {"pid", static_cast<int64_t>(::getpid())},
+            {"used_bytes", store.used_bytes()},
+            {"memory_limit", store.memory_limit()}});
+  return Status::Ok();
+}
+
+// GET /v1/meta/{path}: a tensor's metadata and checksum.
+Status TensorMeta(Store& store, const Target& t, const std::string& path, httplib::Response& res) {
+  TP_RETURN_IF_ERROR(CheckQueryKeys(t.query, {}));
+  TP_ASSIGN_OR_RETURN(TensorInfo info, store.Meta(path));
+  TP_ASSIGN_OR_RETURN(std::string sum, store.Checksum(info.path));
+  json j = TensorJson(info, false);
+  j["xxh64"] = sum;
+  SendJson(res, 200, j);
+  return Status::Ok();
+}
+
+// GET /v1/list[/{prefix}][?detail]: the tensors' paths, or their metadata (with the
+// shared-memory file for a local client).
+Status ListTensors(Store& store, const httplib::Request& req, const Target& t,
+                   httplib::Response& res) {
+  const std::string& p = t.path;
+  TP_RETURN_IF_ERROR(CheckQueryKeys(t.query, {"detail"}));
+  TP_ASSIGN_OR_RETURN(bool detail, FlagParam(t, "detail"));
+  TP_ASSIGN_OR_RETURN(std::vector<TensorInfo> list, store.List(p.size() > 9 ? p.substr(9) : ""));
+  const bool local = IsLoopbackHost(req.remote_addr);
+  json out = json::array();
+  for (const TensorInfo& info : list) {
+    if (detail) {
+      out.push_back(TensorJson(info, local));
+    } else {
+      out.push_back(info.path);
+    }
+  }
+  SendJson(res, 200, out);
+  return Status::Ok();
+}
+
+// GET /v1/shm/{path} (local clients): a tensor's shared-memory file.
+Status ShmMeta(Store& store, const std::string& path, httplib::Response& res) {
+  TP_ASSIGN_OR_RETURN(TensorInfo info, store.Meta(path));
+  json j = TensorJson(info, true);
+  j["store_id"] = store.id();
+  SendJson(res, 200, j);
+  return Status::Ok();
+}
+
+}  // namespace
+
 int HttpStatusFor(StatusCode code) {
   switch (code) {
     case StatusCode::kOk:
@@ -206,38 +338,7 @@ void Server::Impl::Install() {
   // Read and write timeouts: http_guard.h (ServerOptions, ConnectionLimits).
   http.set_tcp_nodelay(true);
   http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    std::size_t header_bytes = 0;
-    for (const auto& [k, v] : req.headers) header_bytes += k.size() + v.size() + 4;
-    if (header_bytes > options.max_header_bytes) {
-      return Refuse(res, 431,
-                    "request headers total " + std::to_string(header_bytes) +
-                        " bytes, more than the limit of " +
-                        std::to_string(options.max_header_bytes),
-                    "INVALID_ARGUMENT");
-    }
-    if (!options.token.empty()) {
-      const std::string auth = req.get_header_value("Authorization");
-      if (!ConstantTimeEqual(auth, "Bearer " + options.token)) {
-        res.set_header("WWW-Authenticate", "Bearer");
-        return Refuse(res, 401,
-                      auth.empty() ? "this store needs 'Authorization: Bearer <token>'"
-                                   : "wrong bearer token",
-                      "UNAUTHENTICATED");
-      }
-    }
-    // Framing a proxy could read differently (request smuggling): refused.
-    if (req.get_header_value_count("Content-Length") > 1) {
-      return Refuse(res, 400, "the request has more than one Content-Length header",
-                    "INVALID_ARGUMENT");
-    }
-    if (req.has_header("Content-Length") && req.has_header("Transfer-Encoding")) {
-      return Refuse(res, 400, "the request has both Content-Length and Transfer-Encoding",
-                    "INVALID_ARGUMENT");
-    }
-    if (!IsUtf8(req.target)) {
-      return Refuse(res, 400, "the request target is not UTF-8", "INVALID_ARGUMENT");
-    }
-    return httplib::Server::HandlerResponse::Unhandled;
+    return PreRoute(options, req, res);
   });
   auto handler = [this](const httplib::Request& req, httplib::Response& res) {
     Handle(req, res, nullptr);
@@ -252,36 +353,8 @@ void Server::Impl::Install() {
   http.Options(".*", handler);
   // Errors cpp-httplib produces itself (malformed requests, 413 bodies, 414 targets,
   // oversized header lines) get a JSON body too.
-  http.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req,
-                                                                 httplib::Response& res) {
-    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-    const bool no_length = (req.method == "POST" || req.method == "PUT" || req.method == "PATCH") &&
-                           !req.has_header("Content-Length") &&
-                           !req.has_header("Transfer-Encoding");
-    std::string what =
-        res.status == 413   ? "request body is larger than the store's limit (--max-body)"
-        : res.status == 414 ? "request target is too long"
-        : res.status == 431 ? "request headers are too large"
-        : no_length ? req.method + " needs a Content-Length header (send an empty body: curl -d '')"
-        : res.status == 400 ? "malformed HTTP request (a header line longer than 8 KiB?)"
-                            : "HTTP error " + std::to_string(res.status);
-    SendJson(res, res.status, {{"error", what}, {"code", "INVALID_ARGUMENT"}});
-    // What is left of a request cpp-httplib could not parse must not be read as the
-    // next request on this connection.
-    GuardedServer::CloseAfterReply();
-    return httplib::Server::HandlerResponse::Handled;
-  }));
-  http.set_exception_handler(
-      [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-        std::string what = "internal error";
-        try {
-          if (ep) std::rethrow_exception(ep);
-        } catch (const std::exception& e) {
-          what = std::string("internal error: ") + e.what();
-        } catch (...) {
-        }
-        SendJson(res, 500, {{"error", what}, {"code", "INTERNAL"}});
-      });
+  http.set_error_handler(httplib::Server::HandlerWithResponse(HttpErrorReply));
+  http.set_exception_handler(InternalErrorReply);
 }
 
 Result<std::string> Server::Impl::Body::Text() {
@@ -374,57 +447,22 @@ Status Server::Impl::Route(const httplib::Request& req, Body& body, const Target
   }
   if (p == "/v1/health") {
     if (m != "GET") return method_error();
-    TP_RETURN_IF_ERROR(CheckQueryKeys(t.query, {}));
-    json quarantined = json::array();
-    for (const Store::Quarantined& q : store.QuarantinedJobs())
-      quarantined.push_back({{"job", q.job}, {"reason", q.reason}, {"path", q.path}});
-    SendJson(res, 200,
-             {{"ok", true},
-              {"quarantined", std::move(quarantined)},
-              {"store_id", store.id()},
-              {"shm_dir", store.shm_dir()},
-              {"pid", static_cast<int64_t>(::getpid())},
-              {"used_bytes", store.used_bytes()},
-              {"memory_limit", store.memory_limit()}});
-    return Status::Ok();
+    return Health(store, t, res);
   }
   if (starts("/v1/tensors/")) return Tensors(req, body, t, p.substr(12), res);
   if (starts("/v1/meta/")) {
     if (m != "GET") return method_error();
-    TP_RETURN_IF_ERROR(CheckQueryKeys(t.query, {}));
-    TP_ASSIGN_OR_RETURN(TensorInfo info, store.Meta(p.substr(9)));
-    TP_ASSIGN_OR_RETURN(std::string sum, store.Checksum(info.path));
-    json j = TensorJson(info, false);
-    j["xxh64"] = sum;
-    SendJson(res, 200, j);
-    return Status::Ok();
+    return TensorMeta(store, t, p.substr(9), res);
   }
   if (p == "/v1/list" || starts("/v1/list/")) {
     if (m != "GET") return method_error();
-    TP_RETURN_IF_ERROR(CheckQueryKeys(t.query, {"detail"}));
-    TP_ASSIGN_OR_RETURN(bool detail, FlagParam(t, "detail"));
-    TP_ASSIGN_OR_RETURN(std::vector<TensorInfo> list, store.List(p.size() > 9 ? p.substr(9) : ""));
-    const bool local = IsLoopbackHost(req.remote_addr);
-    json out = json::array();
-    for (const TensorInfo& info : list) {
-      if (detail) {
-        out.push_back(TensorJson(info, local));
-      } else {
-        out.push_back(info.path);
-      }
-    }
-    SendJson(res, 200, out);
-    return Status::Ok();
+    return ListTensors(store, req, t, res);
   }
   if (starts("/v1/shm/")) {
     if (m != "GET") return method_error();
     TP_RETURN_IF_ERROR(CheckQueryKeys(t.query, {}));
     TP_RETURN_IF_ERROR(RequireLocal(req));
-    TP_ASSIGN_OR_RETURN(TensorInfo info, store.Meta(p.substr(8)));
-    json j = TensorJson(info, true);
-    j["store_id"] = store.id();
-    SendJson(res, 200, j);
-    return Status::Ok();
+    return ShmMeta(store, p.substr(8), res);
   }
   if (p == "/v1/alloc") {
     if (m != "POST") return method_error();

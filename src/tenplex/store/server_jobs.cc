@@ -1,126 +1,171 @@
+#include <functional>
 #include <optional>
 
 #include "tenplex/store/server_internal.h"
 #include "tenplex/util/format.h"
 
 namespace tenplex::store {
+namespace {
+
+// 405 for a method the endpoint does not take (sent, so the request is done).
+Status MethodNotAllowed(const std::string& m, const Target& t, httplib::Response& res) {
+  SendError(res, 405, m + " is not allowed on " + t.path, "INVALID_ARGUMENT");
+  return Status::Ok();
+}
+
+// One request below /v1/jobs/{job}: what every sub-resource handler needs. The body
+// is read through body_text, only by the handlers that take one.
+struct JobCall {
+  Store& store;
+  const std::string& m;  // the HTTP method
+  const Target& t;
+  httplib::Response& res;
+  std::string job;
+  std::function<Result<std::string>()> body_text;
+
+  Status MethodError() const { return MethodNotAllowed(m, t, res); }
+};
+
+// GET /v1/jobs: every job with its current version.
+Status ListJobs(Store& store, const Target& t, httplib::Response& res) {
+  TP_RETURN_IF_ERROR(CheckQueryKeys(t.query, {}));
+  json out = json::array();
+  for (const std::string& name : store.Jobs()) {
+    auto j = store.Job(name);
+    if (!j.ok()) continue;  // deleted meanwhile
+    out.push_back({{"job", name}, {"current", j->current ? json(*j->current) : json(nullptr)}});
+  }
+  SendJson(res, 200, {{"jobs", out}});
+  return Status::Ok();
+}
+
+// GET and DELETE /v1/jobs/{job}.
+Status JobResource(const JobCall& c) {
+  TP_RETURN_IF_ERROR(CheckQueryKeys(c.t.query, {}));
+  if (c.m == "GET") {
+    TP_ASSIGN_OR_RETURN(JobInfo info, c.store.Job(c.job));
+    json versions = json::array();
+    for (const VersionInfo& v : info.versions) versions.push_back(VersionJson(v));
+    SendJson(c.res, 200,
+             {{"job", c.job},
+              {"current", info.current ? json(*info.current) : json(nullptr)},
+              {"versions", versions}});
+    return Status::Ok();
+  }
+  if (c.m == "DELETE") {
+    TP_RETURN_IF_ERROR(c.store.DeleteJob(c.job));
+    c.res.status = 204;
+    return Status::Ok();
+  }
+  return c.MethodError();
+}
+
+// POST /v1/jobs/{job}/release.
+Status ReleaseJob(const JobCall& c) {
+  if (c.m != "POST") return c.MethodError();
+  TP_RETURN_IF_ERROR(CheckQueryKeys(c.t.query, {}));
+  TP_RETURN_IF_ERROR(c.store.ReleaseOld(c.job));
+  c.res.status = 204;
+  return Status::Ok();
+}
+
+// POST /v1/jobs/{job}/versions[?version=N]: begins a version; the body is its info.
+Status BeginVersion(const JobCall& c) {
+  if (c.m != "POST") return c.MethodError();
+  TP_RETURN_IF_ERROR(CheckQueryKeys(c.t.query, {"version"}));
+  std::optional<uint64_t> want;
+  if (auto it = c.t.query.find("version"); it != c.t.query.end()) {
+    TP_ASSIGN_OR_RETURN(want, VersionNumber(it->second));
+  }
+  TP_ASSIGN_OR_RETURN(std::string info, c.body_text());
+  TP_ASSIGN_OR_RETURN(uint64_t v, c.store.BeginVersion(c.job, want, info));
+  SendJson(c.res, 201, {{"job", c.job}, {"version", v}});
+  return Status::Ok();
+}
+
+// GET and DELETE /v1/jobs/{job}/versions/{v}.
+Status VersionResource(const JobCall& c, std::string_view version) {
+  TP_ASSIGN_OR_RETURN(VersionRef ref, ParseVersion(version));
+  TP_RETURN_IF_ERROR(CheckQueryKeys(c.t.query, {}));
+  if (c.m == "GET") {
+    TP_ASSIGN_OR_RETURN(VersionInfo vi, c.store.Version(c.job, ref));
+    SendJson(c.res, 200, VersionJson(vi));
+    return Status::Ok();
+  }
+  if (c.m == "DELETE") {
+    TP_ASSIGN_OR_RETURN(uint64_t v, VersionNumber(version));
+    TP_RETURN_IF_ERROR(c.store.DropVersion(c.job, v));
+    c.res.status = 204;
+    return Status::Ok();
+  }
+  return c.MethodError();
+}
+
+// POST .../abort: drops an uncommitted version (a committed one is DELETEd instead).
+Status AbortVersion(const JobCall& c, uint64_t v) {
+  if (c.m != "POST") return c.MethodError();
+  TP_RETURN_IF_ERROR(CheckQueryKeys(c.t.query, {}));
+  TP_ASSIGN_OR_RETURN(VersionInfo vi, c.store.Version(c.job, v));
+  if (vi.committed) {
+    return FailedPrecondition("version " + std::to_string(v) + " of job '" + c.job +
+                              "' is committed; DELETE /v1/jobs/" + c.job + "/versions/" +
+                              std::to_string(v) + " releases an old committed version");
+  }
+  TP_RETURN_IF_ERROR(c.store.DropVersion(c.job, v));
+  c.res.status = 204;
+  return Status::Ok();
+}
+
+// /v1/jobs/{job}/versions/{v}/{action}: commit, prepare, abort, info.
+Status VersionAction(const JobCall& c, std::string_view version, std::string_view action) {
+  TP_RETURN_IF_ERROR(ParseVersion(version).status());  // its error first, as for GET
+  TP_ASSIGN_OR_RETURN(uint64_t v, VersionNumber(version));
+  if (action == "commit") {
+    if (c.m != "POST") return c.MethodError();
+    TP_RETURN_IF_ERROR(CheckQueryKeys(c.t.query, {"keep_old"}));
+    TP_ASSIGN_OR_RETURN(bool keep_old, FlagParam(c.t, "keep_old"));
+    TP_RETURN_IF_ERROR(c.store.Commit(c.job, v, keep_old));
+    SendJson(c.res, 200, {{"job", c.job}, {"version", v}, {"current", v}});
+    return Status::Ok();
+  }
+  if (action == "prepare") {  // phase one of a two-phase commit: durable, immutable
+    if (c.m != "POST") return c.MethodError();
+    TP_RETURN_IF_ERROR(CheckQueryKeys(c.t.query, {}));
+    TP_RETURN_IF_ERROR(c.store.Prepare(c.job, v));
+    SendJson(c.res, 200, {{"job", c.job}, {"version", v}, {"state", "prepared"}});
+    return Status::Ok();
+  }
+  if (action == "abort") return AbortVersion(c, v);
+  if (action == "info") {
+    if (c.m != "PUT") return c.MethodError();
+    TP_RETURN_IF_ERROR(CheckQueryKeys(c.t.query, {}));
+    TP_ASSIGN_OR_RETURN(std::string info, c.body_text());
+    TP_RETURN_IF_ERROR(c.store.SetVersionInfo(c.job, v, info));
+    c.res.status = 204;
+    return Status::Ok();
+  }
+  return NotFound("no endpoint " + c.m + " " + c.t.path);
+}
+
+}  // namespace
 
 Status Server::Impl::Jobs(const httplib::Request& req, Body& body, const Target& t,
                           const std::string& rest, httplib::Response& res) {
   const std::string& m = req.method;
   std::vector<std::string_view> seg;
   if (!rest.empty()) seg = SplitString(rest, '/');
-  auto method_error = [&]() {
-    SendError(res, 405, m + " is not allowed on " + t.path, "INVALID_ARGUMENT");
-    return Status::Ok();
-  };
   if (seg.empty()) {  // /v1/jobs
-    if (m != "GET") return method_error();
-    TP_RETURN_IF_ERROR(CheckQueryKeys(t.query, {}));
-    json out = json::array();
-    for (const std::string& name : store.Jobs()) {
-      auto j = store.Job(name);
-      if (!j.ok()) continue;  // deleted meanwhile
-      out.push_back({{"job", name}, {"current", j->current ? json(*j->current) : json(nullptr)}});
-    }
-    SendJson(res, 200, {{"jobs", out}});
-    return Status::Ok();
+    if (m != "GET") return MethodNotAllowed(m, t, res);
+    return ListJobs(store, t, res);
   }
-  const std::string job(seg[0]);
-  TP_RETURN_IF_ERROR(CheckJobName(job));
-  if (seg.size() == 1) {  // /v1/jobs/{job}
-    TP_RETURN_IF_ERROR(CheckQueryKeys(t.query, {}));
-    if (m == "GET") {
-      TP_ASSIGN_OR_RETURN(JobInfo info, store.Job(job));
-      json versions = json::array();
-      for (const VersionInfo& v : info.versions) versions.push_back(VersionJson(v));
-      SendJson(res, 200,
-               {{"job", job},
-                {"current", info.current ? json(*info.current) : json(nullptr)},
-                {"versions", versions}});
-      return Status::Ok();
-    }
-    if (m == "DELETE") {
-      TP_RETURN_IF_ERROR(store.DeleteJob(job));
-      res.status = 204;
-      return Status::Ok();
-    }
-    return method_error();
-  }
-  if (seg.size() == 2 && seg[1] == "release") {
-    if (m != "POST") return method_error();
-    TP_RETURN_IF_ERROR(CheckQueryKeys(t.query, {}));
-    TP_RETURN_IF_ERROR(store.ReleaseOld(job));
-    res.status = 204;
-    return Status::Ok();
-  }
+  JobCall c{store, m, t, res, std::string(seg[0]), [&body] { return body.Text(); }};
+  TP_RETURN_IF_ERROR(CheckJobName(c.job));
+  if (seg.size() == 1) return JobResource(c);
+  if (seg.size() == 2 && seg[1] == "release") return ReleaseJob(c);
   if (seg[1] != "versions" || seg.size() > 4) return NotFound("no endpoint " + m + " " + t.path);
-  if (seg.size() == 2) {  // POST /v1/jobs/{job}/versions[?version=N]
-    if (m != "POST") return method_error();
-    TP_RETURN_IF_ERROR(CheckQueryKeys(t.query, {"version"}));
-    std::optional<uint64_t> want;
-    if (auto it = t.query.find("version"); it != t.query.end()) {
-      TP_ASSIGN_OR_RETURN(want, VersionNumber(it->second));
-    }
-    TP_ASSIGN_OR_RETURN(std::string info, body.Text());
-    TP_ASSIGN_OR_RETURN(uint64_t v, store.BeginVersion(job, want, info));
-    SendJson(res, 201, {{"job", job}, {"version", v}});
-    return Status::Ok();
-  }
-  TP_ASSIGN_OR_RETURN(VersionRef ref, ParseVersion(seg[2]));
-  if (seg.size() == 3) {  // /v1/jobs/{job}/versions/{v}
-    TP_RETURN_IF_ERROR(CheckQueryKeys(t.query, {}));
-    if (m == "GET") {
-      TP_ASSIGN_OR_RETURN(VersionInfo vi, store.Version(job, ref));
-      SendJson(res, 200, VersionJson(vi));
-      return Status::Ok();
-    }
-    if (m == "DELETE") {
-      TP_ASSIGN_OR_RETURN(uint64_t v, VersionNumber(seg[2]));
-      TP_RETURN_IF_ERROR(store.DropVersion(job, v));
-      res.status = 204;
-      return Status::Ok();
-    }
-    return method_error();
-  }
-  TP_ASSIGN_OR_RETURN(uint64_t v, VersionNumber(seg[2]));
-  if (seg[3] == "commit") {
-    if (m != "POST") return method_error();
-    TP_RETURN_IF_ERROR(CheckQueryKeys(t.query, {"keep_old"}));
-    TP_ASSIGN_OR_RETURN(bool keep_old, FlagParam(t, "keep_old"));
-    TP_RETURN_IF_ERROR(store.Commit(job, v, keep_old));
-    SendJson(res, 200, {{"job", job}, {"version", v}, {"current", v}});
-    return Status::Ok();
-  }
-  if (seg[3] == "prepare") {  // phase one of a two-phase commit: durable, immutable
-    if (m != "POST") return method_error();
-    TP_RETURN_IF_ERROR(CheckQueryKeys(t.query, {}));
-    TP_RETURN_IF_ERROR(store.Prepare(job, v));
-    SendJson(res, 200, {{"job", job}, {"version", v}, {"state", "prepared"}});
-    return Status::Ok();
-  }
-  if (seg[3] == "abort") {
-    if (m != "POST") return method_error();
-    TP_RETURN_IF_ERROR(CheckQueryKeys(t.query, {}));
-    TP_ASSIGN_OR_RETURN(VersionInfo vi, store.Version(job, v));
-    if (vi.committed) {
-      return FailedPrecondition("version " + std::to_string(v) + " of job '" + job +
-                                "' is committed; DELETE /v1/jobs/" + job + "/versions/" +
-                                std::to_string(v) + " releases an old committed version");
-    }
-    TP_RETURN_IF_ERROR(store.DropVersion(job, v));
-    res.status = 204;
-    return Status::Ok();
-  }
-  if (seg[3] == "info") {
-    if (m != "PUT") return method_error();
-    TP_RETURN_IF_ERROR(CheckQueryKeys(t.query, {}));
-    TP_ASSIGN_OR_RETURN(std::string info, body.Text());
-    TP_RETURN_IF_ERROR(store.SetVersionInfo(job, v, info));
-    res.status = 204;
-    return Status::Ok();
-  }
-  return NotFound("no endpoint " + m + " " + t.path);
+  if (seg.size() == 2) return BeginVersion(c);
+  if (seg.size() == 3) return VersionResource(c, seg[2]);
+  return VersionAction(c, seg[2], seg[3]);
 }
 
 }  // namespace tenplex::store
