@@ -14,11 +14,11 @@ half the trials, is continued after a random pause); a killed one is restarted o
 its --shm-dir after the operation ends. Then:
 
   1. the operation must have ended within its deadline (else: hang);
-  2. `store save --cluster` and `ckpt verify` (element by element, the synthetic
-     oracle) must give exactly the old or the new state (else: data lost / mixed);
-  3. after the next operation (`transform --recover`) every daemon of the state's
+  2. after the next operation (`transform --recover`) every daemon of the state's
      placement must be at the same current version and no daemon may hold an open or
      prepared version of the job (else: split / orphans);
+  3. `store save --cluster` and `ckpt verify` (element by element, the synthetic
+     oracle) must give exactly the old or the new state (else: data lost / mixed);
   4. no daemon may have died on its own (else: crash).
 
 More fault kinds, each drawn in about 1 of 7 trials:
@@ -395,22 +395,10 @@ class Campaign:
         return result
 
     def check(self, op, old, target, rc, out):
-        res = {}
-        save = os.path.join(self.tmp, "save")
-        shutil.rmtree(save, ignore_errors=True)
-        p = self.cli("store", "save", "--cluster", self.cluster, "--job", "j", "--out", save, timeout=120)
-        if p.returncode != 0:
-            return {"outcome": "data lost", "detail": p.stderr.strip()[-400:]}
-        with open(os.path.join(save, "tenplex.json")) as f:
-            saved = json.load(f)["config"]
-        v = self.cli("ckpt", "verify", "--in", save, timeout=120)
-        if v.returncode != 0:
-            return {"outcome": "data lost", "detail": "ckpt verify: " + v.stderr.strip()[-400:]}
-        if canon(saved) not in (canon(old), canon(target)):
-            return {"outcome": "data lost", "detail": "saved %s, neither %s nor %s" % (saved, old, target)}
-        res["state"] = target if canon(saved) == canon(target) else old
-        # The next operation resolves what is left; then nothing open or prepared may
-        # remain (a continued daemon may still finish a stale prepare: ask again).
+        # The next operation resolves what is left (a coordinator killed after every
+        # participant prepared is rolled forward here: the state is judged after it);
+        # then nothing open or prepared may remain (a continued daemon may still finish
+        # a stale prepare: ask again).
         for attempt in range(10):
             self.cli("transform", "--cluster", self.cluster, "--job", "j", "--recover", timeout=120)
             jobs = []
@@ -424,15 +412,29 @@ class Campaign:
             if not left:
                 break
             time.sleep(1)
-        if left:
-            return {"outcome": "orphans", "detail": repr(left), "state": res["state"]}
         newest = max((j["current"] or 0) for j in jobs)
         info = next(v["info"] for j in jobs for v in j["versions"] if v["version"] == newest)
+        state = target if canon(info["config"]) == canon(target) else old
+        if left:
+            return {"outcome": "orphans", "detail": repr(left), "state": state}
         holders = holders_of(info)
         behind = [d.url for d, j in zip(self.daemons, jobs) if d.url in holders and j["current"] != newest]
         if behind:
-            return {"outcome": "split", "detail": "hosts %r not at version %d" % (behind, newest),
-                    "state": res["state"]}
+            return {"outcome": "split", "detail": "hosts %r not at version %d" % (behind, newest), "state": state}
+        # Exactly the old or the new state, element by element.
+        save = os.path.join(self.tmp, "save")
+        shutil.rmtree(save, ignore_errors=True)
+        p = self.cli("store", "save", "--cluster", self.cluster, "--job", "j", "--out", save, timeout=120)
+        if p.returncode != 0:
+            return {"outcome": "data lost", "detail": p.stderr.strip()[-400:]}
+        with open(os.path.join(save, "tenplex.json")) as f:
+            saved = json.load(f)["config"]
+        v = self.cli("ckpt", "verify", "--in", save, timeout=120)
+        if v.returncode != 0:
+            return {"outcome": "data lost", "detail": "ckpt verify: " + v.stderr.strip()[-400:]}
+        if canon(saved) not in (canon(old), canon(target)):
+            return {"outcome": "data lost", "detail": "saved %s, neither %s nor %s" % (saved, old, target)}
+        res = {"state": target if canon(saved) == canon(target) else old}
         if rc == 0:
             res["outcome"] = "completed" if res["state"] == target else "data lost"
             if op == "transform" and res["outcome"] == "completed":
