@@ -14,12 +14,35 @@ half the trials, is continued after a random pause); a killed one is restarted o
 its --shm-dir after the operation ends. Then:
 
   1. the operation must have ended within its deadline (else: hang);
-  2. `store save --cluster` and `ckpt verify` (element by element, the synthetic
-     oracle) must give exactly the old or the new state (else: data lost / mixed);
-  3. after the next operation (`transform --recover`) every daemon of the state's
+  2. after the next operation (`transform --recover`) every daemon of the state's
      placement must be at the same current version and no daemon may hold an open or
      prepared version of the job (else: split / orphans);
+  3. `store save --cluster` and `ckpt verify` (element by element, the synthetic
+     oracle) must give exactly the old or the new state (else: data lost / mixed);
   4. no daemon may have died on its own (else: crash).
+
+More fault kinds, each drawn in about 1 of 7 trials:
+
+  - coordinator: the `tenplex transform` / `store load --cluster` process itself is
+    SIGKILLed at a random moment (its half-done work is what --recover and every later
+    operation finish); checked as above.
+  - memory limit: one daemon is restarted with `--memory-limit` at its current use
+    plus a random 0-1.5x of its share of the new state, then the operation runs; it
+    must succeed or abort cleanly (the daemon is restarted without a limit after).
+  - run: `tenplex run --cluster --commit-every 1` trains a small GPT (examples/gpt,
+    torch on CPU, 2 workers, tp=2 then dp=2 after step 3, 6 steps) with its state in
+    the daemons (job rN), and a random daemon is SIGKILLed or SIGSTOPped at a random
+    moment of it. The run must end within its deadline; afterwards (`--recover`) its
+    job must hold no open or prepared version, every holder of the newest version must
+    be at it, and that version must save (`store save --cluster`) to a checkpoint that
+    `reshard` reads (layout and checksums: the content is training state, which
+    tests/elastic_run_test.py compares step by step). Only with --run-trials (each
+    takes 20-60 s on a loaded 2-core machine; the CI run leaves them out).
+  - ENOSPC: `tenplex reshard --out` or `store save --cluster --out` into a fresh tmpfs
+    of a random 10-130% of the checkpoint's size (the campaign re-runs itself in a
+    private mount namespace for this; without root the kind is left out): it must
+    succeed with a checkpoint that `ckpt verify` accepts, or fail by itself (no
+    signal) saying the disk is full and leave the tmpfs empty.
 
 Outcomes: completed (the operation succeeded), recovered (it succeeded after a
 re-plan or with an unconfirmed host, or failed but the new state was rolled forward),
@@ -37,6 +60,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 from daemons import Daemon  # noqa: E402
@@ -44,6 +68,8 @@ from daemons import Daemon  # noqa: E402
 CONFIGS = ["tp=2,pp=2,dp=2", "tp=2,pp=4", "tp=1,pp=2,dp=4", "tp=4,pp=2", "tp=2,dp=4",
            "tp=1,pp=4,dp=2", "tp=2,pp=2,dp=2,zero=1", "tp=2,dp=3", "tp=1,pp=2,dp=3", "tp=2,pp=2"]
 OP_DEADLINE = 90  # seconds: transform ~ silent timeout + a round; load ~ 2 x its 30 s request timeout
+RUN_DEADLINE = 240  # seconds: a run of 6 steps (~20-60 s) plus its --hang-seconds 60
+REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 TRANSFORM_FLAGS = ["--silent-timeout", "3", "--control-timeout", "5"]
 
 
@@ -64,7 +90,7 @@ def free_port():
 
 
 class Campaign:
-    def __init__(self, tenplex, tmp, seed, verbose):
+    def __init__(self, tenplex, tmp, seed, verbose, can_mount=False, run_trials=False):
         self.tenplex, self.tmp, self.rng, self.verbose = tenplex, tmp, random.Random(seed), verbose
         self.ports = [free_port() for _ in range(4)]
         self.shm = ["/dev/shm/tenplex-campaign-%d-%d" % (os.getpid(), i) for i in range(4)]
@@ -73,6 +99,9 @@ class Campaign:
         with open(self.cluster, "w") as f:
             json.dump({"hosts": [d.url for d in self.daemons], "gpus_per_host": 2}, f)
         model = os.path.join(tmp, "m.json")
+        self.run_model = os.path.join(tmp, "run-model.json")
+        self.cli("model", "gpt", "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
+                 "--vocab-size", "128", "--max-position-embeddings", "32", "-o", self.run_model, check=True)
         self.cli("model", "gpt", "--num-layers", "8", "--hidden-size", "64", "--num-attention-heads", "4",
                  "--num-query-groups", "4", "--ffn-hidden-size", "96", "--vocab-size", "301",
                  "--make-vocab-size-divisible-by", "8", "--max-position-embeddings", "16", "--swiglu",
@@ -86,12 +115,30 @@ class Campaign:
         self.cli("store", "load", "--cluster", self.cluster, "--job", "j", "--dir", self.ckpts[self.state],
                  check=True)
         self.durations = {"transform": [], "load": []}
+        self.limited = None  # the daemon restarted with --memory-limit, if any
+        self.can_mount = can_mount
+        self.run_trials = run_trials
+        self.model = self.run_model
+        self.run_durations = []
 
-    def start(self, i, attempts=50):
+    def used_bytes(self, i):
+        """tenplex_store_used_bytes of daemon i (GET /metrics)."""
+        req = urllib.request.Request(self.daemons[i].url + "/metrics")
+        with urllib.request.urlopen(req, timeout=20) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith("tenplex_store_used_bytes "):
+                    return int(float(line.split()[1]))
+        raise SystemExit("FAIL: no tenplex_store_used_bytes in /metrics")
+
+    def restart(self, i, args=()):
+        self.daemons[i].stop()
+        self.daemons[i] = self.start(i, args=args)
+
+    def start(self, i, attempts=50, args=()):
         for _ in range(attempts):  # the port may still be held a moment after a SIGKILL
             try:
                 return Daemon(self.tenplex, listen="127.0.0.1:%d" % self.ports[i],
-                              args=("--shm-dir", self.shm[i]))
+                              args=("--shm-dir", self.shm[i], *args))
             except SystemExit:
                 time.sleep(0.2)
         raise SystemExit("FAIL: daemon %d does not restart" % i)
@@ -117,43 +164,50 @@ class Campaign:
         rng = self.rng
         op = rng.choice(["transform", "load"])
         target = rng.choice([c for c in CONFIGS if canon(c) != canon(self.state)])
-        kind = rng.choice(["SIGKILL", "SIGSTOP"])
+        kinds = ["SIGKILL", "SIGSTOP", "SIGKILL", "SIGSTOP", "coordinator", "memory limit"]
+        kind = rng.choice(kinds + (["ENOSPC"] if self.can_mount else []) + (["run"] if self.run_trials else []))
+        if kind == "ENOSPC":
+            return self.enospc_trial(n, rng.choice(["reshard", "save"]), target)
+        if kind == "run":
+            return self.run_trial(n)
         victim = rng.randrange(4)
         delay = rng.uniform(0, 1.2 * self.typical(op))
         long_stop = rng.random() < 0.5
         old = self.state
+        if kind == "memory limit":
+            # Its share of the new state is about a quarter of the target checkpoint.
+            share = dir_bytes(self.ckpts[target]) // 4
+            limit = self.used_bytes(victim) + int(rng.uniform(0, 1.5) * share)
+            self.restart(victim, args=("--memory-limit", str(limit)))
+            self.limited = victim
         t0 = time.time()
         proc = subprocess.Popen(self.op_command(op, target), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
+                                text=True, start_new_session=True)
+        if kind == "memory limit":
+            delay = 0
         while time.time() - t0 < delay and proc.poll() is None:
             time.sleep(0.01)
         phase = "during" if proc.poll() is None else "after"
-        d = self.daemons[victim]
-        os.kill(d.proc.pid, signal.SIGKILL if kind == "SIGKILL" else signal.SIGSTOP)
-        if kind == "SIGSTOP" and not long_stop:
-            time.sleep(rng.uniform(0.5, 5))
-            os.kill(d.proc.pid, signal.SIGCONT)
-        try:
-            out, err = proc.communicate(timeout=OP_DEADLINE)
-            hang = False
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, err = proc.communicate()
-            hang = True
+        if kind == "memory limit":
+            phase = "limit"
+        if kind == "coordinator":
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+        elif kind in ("SIGKILL", "SIGSTOP"):
+            self.hit(victim, kind, long_stop)
+        out, err, hang = finish(proc, OP_DEADLINE)
         seconds = time.time() - t0
         if phase == "during" and not hang:
             pass
         elif phase == "after":
             self.durations[op].append(seconds)
         # Bring the victim back: continue it, or restart it on its --shm-dir.
-        crashed = [i for i, x in enumerate(self.daemons) if i != victim and x.proc.poll() is not None]
-        if kind == "SIGSTOP":
-            os.kill(d.proc.pid, signal.SIGCONT)
-        else:
-            d.proc.wait(20)
-            self.daemons[victim] = self.start(victim)
-        for i in crashed:
-            self.daemons[i] = self.start(i)
+        crashed = self.revive(victim, kind)
+        if kind == "memory limit" and victim not in crashed:
+            self.restart(victim)  # without the limit again
+            self.limited = None
+        if kind == "coordinator":
+            victim = "coordinator"
         result = {"trial": n, "op": op, "from": old, "to": target, "kind": kind, "victim": victim,
                   "phase": phase, "delay": round(delay, 3), "seconds": round(seconds, 2), "rc": proc.returncode,
                   "long_stop": long_stop}
@@ -174,23 +228,177 @@ class Campaign:
                 print("   op stderr: %s" % err.strip()[-600:], flush=True)
         return result
 
-    def check(self, op, old, target, rc, out):
-        res = {}
-        save = os.path.join(self.tmp, "save")
-        shutil.rmtree(save, ignore_errors=True)
-        p = self.cli("store", "save", "--cluster", self.cluster, "--job", "j", "--out", save, timeout=120)
+    def hit(self, victim, kind, long_stop):
+        """SIGKILL or SIGSTOP daemon `victim`; a short stop is continued after 0.5-5 s."""
+        d = self.daemons[victim]
+        os.kill(d.proc.pid, signal.SIGKILL if kind == "SIGKILL" else signal.SIGSTOP)
+        if kind == "SIGSTOP" and not long_stop:
+            time.sleep(self.rng.uniform(0.5, 5))
+            os.kill(d.proc.pid, signal.SIGCONT)
+
+    def revive(self, victim, kind):
+        """Continues or restarts the victim (on its --shm-dir) and restarts any other daemon
+        that died by itself; returns those (crashes)."""
+        killed = victim if kind == "SIGKILL" else -1
+        crashed = [i for i, x in enumerate(self.daemons) if i != killed and x.proc.poll() is not None]
+        if kind == "SIGSTOP":
+            os.kill(self.daemons[victim].proc.pid, signal.SIGCONT)
+        elif kind == "SIGKILL":
+            self.daemons[victim].proc.wait(20)
+            self.daemons[victim] = self.start(victim)
+        for i in crashed:
+            self.daemons[i] = self.start(i)
+        return crashed
+
+    def job_versions(self, job):
+        """[(daemon index, {"current", "versions"})] of a job; a daemon without it: empty."""
+        out = []
+        for i, d in enumerate(self.daemons):
+            try:
+                out.append((i, d.get("/v1/jobs/" + job)))
+            except OSError:
+                out.append((i, {"current": None, "versions": []}))
+        return out
+
+    def run_trial(self, n):
+        """tenplex run --cluster --commit-every 1 with a daemon killed or stopped in it."""
+        rng = self.rng
+        job = "r%d" % n
+        kind = rng.choice(["SIGKILL", "SIGSTOP"])
+        victim = rng.randrange(4)
+        typical = sorted(self.run_durations)[len(self.run_durations) // 2] if self.run_durations else 20.0
+        delay = rng.uniform(0, 1.2 * typical)
+        long_stop = rng.random() < 0.5
+        work = os.path.join(self.tmp, "run-" + job)
+        sched = os.path.join(self.tmp, job + ".json")
+        with open(sched, "w") as f:
+            json.dump([{"step": 0, "config": "tp=2"}, {"step": 3, "config": "dp=2"}, {"step": 6, "stop": True}], f)
+        cmd = [self.tenplex, "run", "--schedule", sched, "--log", os.path.join(self.tmp, job + ".jsonl"),
+               "--work-dir", work, "--cluster", self.cluster, "--job", job, "--commit-every", "1",
+               "--hang-seconds", "60", "--quiet", "--", "/usr/bin/python3", os.path.join(REPO, "examples/gpt/train.py"),
+               "--model", self.model, "--global-batch-size", "4", "--micro-batch-size", "2", "--seq-length", "16"]
+        t0 = time.time()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+        while time.time() - t0 < delay and proc.poll() is None:
+            time.sleep(0.01)
+        phase = "during" if proc.poll() is None else "after"
+        self.hit(victim, kind, long_stop)
+        out, err, hang = finish(proc, RUN_DEADLINE)
+        seconds = time.time() - t0
+        if phase == "after":
+            self.run_durations.append(seconds)
+        crashed = self.revive(victim, kind)
+        result = {"trial": n, "op": "run", "from": "tp=2", "to": "dp=2", "kind": kind, "victim": victim,
+                  "phase": phase, "delay": round(delay, 3), "seconds": round(seconds, 2), "rc": proc.returncode,
+                  "long_stop": long_stop}
+        if proc.returncode != 0:
+            result["error"] = err.strip().splitlines()[-1][-300:] if err.strip() else ""
+        if hang:
+            result["outcome"] = "hang"
+        elif crashed:
+            result.update(outcome="crash", detail="daemons %r died" % crashed)
+        else:
+            result.update(self.check_run(job, proc.returncode))
+        for d in self.daemons:  # free the daemons' memory for the next trials
+            try:
+                d.call("DELETE", "/v1/jobs/" + job, timeout=30)
+            except OSError:
+                pass
+        shutil.rmtree(work, ignore_errors=True)
+        if self.verbose or result["outcome"] not in ("completed", "recovered", "clean abort"):
+            print(json.dumps(result), flush=True)
+            if result["outcome"] not in ("completed", "recovered", "clean abort"):
+                print("   run stderr: %s" % err.strip()[-600:], flush=True)
+        return result
+
+    def check_run(self, job, rc):
+        for attempt in range(10):
+            self.cli("transform", "--cluster", self.cluster, "--job", job, "--recover", timeout=120)
+            jobs = self.job_versions(job)
+            left = [(i, v["version"], v["state"]) for i, j in jobs for v in j["versions"] if v["state"] != "committed"]
+            if not left:
+                break
+            time.sleep(1)
+        if left:
+            return {"outcome": "orphans", "detail": repr(left)}
+        newest = max([j["current"] or 0 for _, j in jobs])
+        if newest == 0:  # killed before the first commit: nothing to check
+            return {"outcome": "completed" if rc == 0 else "clean abort"}
+        info = next(v["info"] for _, j in jobs for v in j["versions"] if v["version"] == newest)
+        holders = holders_of(info)
+        behind = [self.daemons[i].url for i, j in jobs if self.daemons[i].url in holders and j["current"] != newest]
+        if behind:
+            return {"outcome": "split", "detail": "hosts %r not at version %d" % (behind, newest)}
+        save = os.path.join(self.tmp, "run-save")
+        again = os.path.join(self.tmp, "run-again")
+        for x in (save, again):
+            shutil.rmtree(x, ignore_errors=True)
+        p = self.cli("store", "save", "--cluster", self.cluster, "--job", job, "--out", save, timeout=120)
         if p.returncode != 0:
             return {"outcome": "data lost", "detail": p.stderr.strip()[-400:]}
         with open(os.path.join(save, "tenplex.json")) as f:
-            saved = json.load(f)["config"]
-        v = self.cli("ckpt", "verify", "--in", save, timeout=120)
+            config = json.load(f)["config"]
+        v = self.cli("reshard", "--in", save, "--to", config, "--out", again, "--quiet", timeout=120)
+        for x in (save, again):
+            shutil.rmtree(x, ignore_errors=True)
         if v.returncode != 0:
-            return {"outcome": "data lost", "detail": "ckpt verify: " + v.stderr.strip()[-400:]}
-        if canon(saved) not in (canon(old), canon(target)):
-            return {"outcome": "data lost", "detail": "saved %s, neither %s nor %s" % (saved, old, target)}
-        res["state"] = target if canon(saved) == canon(target) else old
-        # The next operation resolves what is left; then nothing open or prepared may
-        # remain (a continued daemon may still finish a stale prepare: ask again).
+            return {"outcome": "data lost", "detail": "reshard of the saved state: " + v.stderr.strip()[-400:]}
+        return {"outcome": "completed" if rc == 0 else "clean abort"}
+
+    def enospc_trial(self, n, op, target):
+        """reshard --out or store save --cluster --out into a tmpfs of a random size."""
+        rng = self.rng
+        src = rng.choice(CONFIGS)
+        need = dir_bytes(self.ckpts[target if op == "reshard" else self.state])
+        size = max(4096, int(rng.uniform(0.1, 1.3) * need))
+        mnt = os.path.join(self.tmp, "enospc")
+        os.makedirs(mnt, exist_ok=True)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=%d" % size, "tmpfs", mnt], check=True)
+        out = os.path.join(mnt, "out")
+        if op == "reshard":
+            cmd = [self.tenplex, "reshard", "--in", self.ckpts[src], "--to", target, "--out", out, "--quiet"]
+        else:
+            cmd = [self.tenplex, "store", "save", "--cluster", self.cluster, "--job", "j", "--out", out]
+        t0 = time.time()
+        result = {"trial": n, "op": op, "from": src if op == "reshard" else self.state, "to": target,
+                  "kind": "ENOSPC", "victim": "disk", "phase": "fits" if size >= need * 1.05 else "too small",
+                  "size": size, "need": need}
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=OP_DEADLINE)
+            result["rc"] = p.returncode
+            if p.returncode < 0 or p.returncode >= 128:
+                result.update(outcome="crash", detail=p.stderr.strip()[-300:])
+            elif p.returncode == 0:
+                v = self.cli("ckpt", "verify", "--in", out, timeout=120)
+                result["outcome"] = "completed" if v.returncode == 0 else "data lost"
+                if v.returncode != 0:
+                    result["detail"] = v.stderr.strip()[-300:]
+            elif os.listdir(mnt):
+                result.update(outcome="orphans", detail="left %r" % os.listdir(mnt))
+            elif "disk is full" not in p.stderr:
+                result.update(outcome="unclear", detail=p.stderr.strip()[-300:])
+            else:
+                result["outcome"] = "clean abort"
+                result["error"] = p.stderr.strip().splitlines()[-1][-300:]
+        except subprocess.TimeoutExpired:
+            result["outcome"] = "hang"
+        result["seconds"] = round(time.time() - t0, 2)
+        subprocess.run(["umount", mnt], check=True)
+        crashed = [i for i, x in enumerate(self.daemons) if x.proc.poll() is not None]
+        if crashed:
+            result.update(outcome="crash", detail="daemons %r died" % crashed)
+            for i in crashed:
+                self.daemons[i] = self.start(i)
+        if self.verbose or result["outcome"] not in ("completed", "clean abort"):
+            print(json.dumps(result), flush=True)
+        return result
+
+    def check(self, op, old, target, rc, out):
+        # The next operation resolves what is left (a coordinator killed after every
+        # participant prepared is rolled forward here: the state is judged after it);
+        # then nothing open or prepared may remain (a continued daemon may still finish
+        # a stale prepare: ask again).
         for attempt in range(10):
             self.cli("transform", "--cluster", self.cluster, "--job", "j", "--recover", timeout=120)
             jobs = []
@@ -204,15 +412,29 @@ class Campaign:
             if not left:
                 break
             time.sleep(1)
-        if left:
-            return {"outcome": "orphans", "detail": repr(left), "state": res["state"]}
         newest = max((j["current"] or 0) for j in jobs)
         info = next(v["info"] for j in jobs for v in j["versions"] if v["version"] == newest)
-        holders = info.get("cluster", {}).get("hosts", [])
+        state = target if canon(info["config"]) == canon(target) else old
+        if left:
+            return {"outcome": "orphans", "detail": repr(left), "state": state}
+        holders = holders_of(info)
         behind = [d.url for d, j in zip(self.daemons, jobs) if d.url in holders and j["current"] != newest]
         if behind:
-            return {"outcome": "split", "detail": "hosts %r not at version %d" % (behind, newest),
-                    "state": res["state"]}
+            return {"outcome": "split", "detail": "hosts %r not at version %d" % (behind, newest), "state": state}
+        # Exactly the old or the new state, element by element.
+        save = os.path.join(self.tmp, "save")
+        shutil.rmtree(save, ignore_errors=True)
+        p = self.cli("store", "save", "--cluster", self.cluster, "--job", "j", "--out", save, timeout=120)
+        if p.returncode != 0:
+            return {"outcome": "data lost", "detail": p.stderr.strip()[-400:]}
+        with open(os.path.join(save, "tenplex.json")) as f:
+            saved = json.load(f)["config"]
+        v = self.cli("ckpt", "verify", "--in", save, timeout=120)
+        if v.returncode != 0:
+            return {"outcome": "data lost", "detail": "ckpt verify: " + v.stderr.strip()[-400:]}
+        if canon(saved) not in (canon(old), canon(target)):
+            return {"outcome": "data lost", "detail": "saved %s, neither %s nor %s" % (saved, old, target)}
+        res = {"state": target if canon(saved) == canon(target) else old}
         if rc == 0:
             res["outcome"] = "completed" if res["state"] == target else "data lost"
             if op == "transform" and res["outcome"] == "completed":
@@ -232,9 +454,36 @@ class Campaign:
             shutil.rmtree(s, ignore_errors=True)
 
 
+def holders_of(info):
+    """The hosts that hold ranks of a version: rank r on hosts[r // gpus_per_host] of its
+    placement (a run records the whole cluster; hosts past its ranks hold nothing)."""
+    c = dict(canon(info["config"]))
+    world = int(c["tp"]) * int(c["pp"]) * int(c["dp"])
+    placement = info.get("cluster", {})
+    hosts, k = placement.get("hosts", []), int(placement.get("gpus_per_host", 1))
+    return {hosts[r // k] for r in range(world) if r // k < len(hosts)}
+
+
+def finish(proc, deadline):
+    """(stdout, stderr, hang) of an operation; past the deadline it and its children
+    (own session) are killed."""
+    try:
+        out, err = proc.communicate(timeout=deadline)
+        return out, err, False
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        return out, err, True
+
+
+def dir_bytes(d):
+    return sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d))
+
+
 def table(results):
     kinds = sorted({(r["kind"], r["op"], r["phase"]) for r in results})
-    outcomes = ["completed", "recovered", "clean abort", "data lost", "split", "orphans", "hang", "crash"]
+    outcomes = ["completed", "recovered", "clean abort", "data lost", "split", "orphans", "hang", "crash",
+                "unclear"]
     lines = ["| fault | operation | phase | trials | " + " | ".join(outcomes) + " |",
              "|---|---|---|---|" + "---|" * len(outcomes)]
     for k in kinds:
@@ -254,13 +503,25 @@ def main():
     ap.add_argument("--markdown", help="write the table (and the seed) to this file")
     ap.add_argument("--json", help="write every trial's record to this file")
     ap.add_argument("--verbose", action="store_true")
+    ap.add_argument("--no-mount", action="store_true", help="leave out the ENOSPC trials")
+    ap.add_argument("--run-trials", action="store_true",
+                    help="also draw `tenplex run --cluster` trials (training workers; slow)")
+    ap.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    # ENOSPC trials mount tmpfs file systems: in a private mount namespace of our own.
+    if not a.inner and not a.no_mount:
+        probe = subprocess.run(["unshare", "-m", "true"], capture_output=True) if os.geteuid() == 0 else None
+        if probe is not None and probe.returncode == 0:
+            os.execvp("unshare", ["unshare", "-m", sys.executable, os.path.abspath(__file__), *sys.argv[1:],
+                                  "--inner"])
+        print("no private mount namespace (not root?): the ENOSPC trials are left out", flush=True)
     tmp = tempfile.mkdtemp(prefix="tenplex-campaign-")
     c = None
     results = []
     t0 = time.time()
     try:
-        c = Campaign(a.tenplex, tmp, a.seed, a.verbose)
+        c = Campaign(a.tenplex, tmp, a.seed, a.verbose, can_mount=a.inner and not a.no_mount,
+                     run_trials=a.run_trials)
         for n in range(a.trials):
             results.append(c.trial(n))
     finally:

@@ -6,10 +6,13 @@ with that rank's local tensors under their local names, padding zeroed.
 
 Writing, as the C++ writer does: files go into a staging directory beside the target
 (`<dir>.partial`); every rank writes its file there (temporary name, fsync, rename);
-after all ranks are done, rank 0 writes `tenplex.json` last and renames the staging
+after all ranks are done, rank 0 writes `tenplex.json` last, with the xxh64 of every rank
+file under "checksums" (the tenplex commands require them), and renames the staging
 directory onto the target. A crash therefore never leaves a directory that looks
 complete. The target must not exist or be empty (checkpoints are not overwritten).
 """
+import ctypes
+import ctypes.util
 import json
 import os
 import shutil
@@ -21,6 +24,45 @@ INFO_FILE = "tenplex.json"
 
 class CheckpointError(ValueError):
     pass
+
+
+_XXH = None
+
+
+def _libxxhash():
+    """libxxhash (the library the tenplex binary links), loaded once through ctypes."""
+    global _XXH
+    if _XXH is None:
+        name = ctypes.util.find_library("xxhash") or "libxxhash.so.0"
+        try:
+            lib = ctypes.CDLL(name)
+        except OSError as e:
+            raise CheckpointError(f"cannot load libxxhash for checkpoint checksums ({e}); install libxxhash0") from None
+        lib.XXH64_createState.restype = ctypes.c_void_p
+        lib.XXH64_freeState.argtypes = [ctypes.c_void_p]
+        lib.XXH64_reset.argtypes = [ctypes.c_void_p, ctypes.c_ulonglong]
+        lib.XXH64_update.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t]
+        lib.XXH64_digest.argtypes = [ctypes.c_void_p]
+        lib.XXH64_digest.restype = ctypes.c_ulonglong
+        _XXH = lib
+    return _XXH
+
+
+def file_xxh64(path, chunk=16 << 20):
+    """xxh64 (seed 0) of a whole file as 16 hex digits, as tenplex.json records it."""
+    lib = _libxxhash()
+    state = lib.XXH64_createState()
+    try:
+        lib.XXH64_reset(state, 0)
+        with open(path, "rb") as f:
+            while True:
+                block = f.read(chunk)
+                if not block:
+                    break
+                lib.XXH64_update(state, block, len(block))
+        return "%016x" % lib.XXH64_digest(state)
+    finally:
+        lib.XXH64_freeState(state)
 
 
 def rank_file(rank):
@@ -55,6 +97,8 @@ def commit(directory, info, world_size):
     for r in range(world_size):
         if not os.path.exists(os.path.join(stage, rank_file(r))):
             raise CheckpointError(f"checkpoint {directory}: {rank_file(r)} was not written")
+    info = dict(info)
+    info["checksums"] = {rank_file(r): file_xxh64(os.path.join(stage, rank_file(r))) for r in range(world_size)}
     tmp = os.path.join(stage, INFO_FILE + ".tmp")
     with open(tmp, "w") as f:
         f.write(json.dumps(info, indent=1) + "\n")
@@ -71,12 +115,16 @@ def commit(directory, info, world_size):
 
 def read_info(directory):
     path = os.path.join(directory, INFO_FILE)
-    if not os.path.exists(path):
+    if not os.path.lexists(path):
         raise CheckpointError(f"{path} is missing: {directory} is not a complete tenplex checkpoint")
-    with open(path) as f:
+    try:
+        f = safetensors.open_regular(path)  # a FIFO or directory is refused, not waited on
+    except safetensors.SafetensorsError as e:
+        raise CheckpointError(str(e)) from None
+    with f:
         try:
             info = json.load(f)
-        except json.JSONDecodeError as e:
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
             raise CheckpointError(f"{path} is not JSON ({e})") from None
     if not isinstance(info, dict) or "model" not in info or not isinstance(info.get("config"), str):
         raise CheckpointError(f"{path} needs \"model\" and \"config\"")

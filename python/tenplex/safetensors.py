@@ -14,6 +14,7 @@ exactly dtype-size x volume bytes, and no two ranges overlap.
 
 import json
 import os
+import stat
 import struct
 
 import numpy as np
@@ -97,10 +98,25 @@ def sync_dir(path):
         os.close(fd)
 
 
+def open_regular(path):
+    """Opens a file for reading only if it is a regular file (symbolic links followed, as
+    in Hugging Face caches): a FIFO, directory or device is refused instead of blocking,
+    and an OSError (a loop of symbolic links, ...) becomes a SafetensorsError."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        raise SafetensorsError(f"{path}: {e.strerror}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise SafetensorsError(f"{path}: not a regular file")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
 def read_header(path):
     """Returns (entries, metadata, data_offset, file_size); entries keep file order."""
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
+        size = os.fstat(f.fileno()).st_size
         head = f.read(8)
         if len(head) < 8:
             raise SafetensorsError(f"{path}: shorter than the 8-byte header length")
@@ -141,7 +157,7 @@ def read_header(path):
 def load(path, with_metadata=False):
     """Reads a whole file: dict name -> torch tensor (own memory), in file order."""
     entries, metadata, offset, _ = read_header(path)
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         f.seek(offset)
         data = f.read()
     out = {}

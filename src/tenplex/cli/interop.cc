@@ -84,7 +84,8 @@ int Import(const ImportOpts& o) {
   auto info = io::ReadCheckpointInfo(o.out);
   if (!info.ok())
     return Fail(Internal("the imported checkpoint is unreadable: " + info.status().message()));
-  auto opened = io::OpenCheckpoint(o.out, *l, *info, /*verify_checksums=*/true);
+  auto opened =
+      io::OpenCheckpoint(o.out, *l, *info, /*verify_checksums=*/true, &ThreadPool::Default());
   if (!opened.ok())
     return Fail(Internal("the imported checkpoint does not match its layout: " +
                          opened.status().message()));
@@ -94,6 +95,7 @@ int Import(const ImportOpts& o) {
 struct ExportOpts {
   std::string to, src, out, config;
   int64_t max_shard_size = 5'000'000'000;
+  bool no_verify = false;
 };
 
 int Export(const ExportOpts& o) {
@@ -102,7 +104,9 @@ int Export(const ExportOpts& o) {
   if (!info.ok()) return Fail(info.status());
   auto l = MakeLayout(info->model, info->config);
   if (!l.ok()) return Fail(l.status());
-  if (auto opened = io::OpenCheckpoint(o.src, *l, *info); !opened.ok())
+  if (auto opened = io::OpenCheckpoint(o.src, *l, *info, /*verify_checksums=*/!o.no_verify,
+                                       &ThreadPool::Default());
+      !opened.ok())
     return Fail(opened.status());
   std::string config;
   if (!o.config.empty()) {
@@ -155,6 +159,8 @@ void RegisterInterop(CLI::App& app, Context& ctx) {
       "megatron: target tp/pp (default: the checkpoint's); dcp: must be the checkpoint's own");
   exp->add_option("--max-shard-size", eo->max_shard_size,
                   "hf: bytes per safetensors file before sharding with an index (default 5e9)");
+  exp->add_flag("--no-verify", eo->no_verify,
+                "Export even without checksums in tenplex.json (they are required and checked)");
   exp->callback([eo, &ctx] { ctx.exit_code = Export(*eo); });
 }
 

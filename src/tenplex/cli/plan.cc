@@ -117,7 +117,9 @@ void RegisterReshardCommand(CLI::App& app, Context& ctx) {
   cmd->add_option("--model", o->model,
                   "Expected model (file or preset); checked against the checkpoint");
   cmd->add_option("--from", o->from, "Expected config of the checkpoint; checked");
-  cmd->add_flag("--no-verify", o->no_verify, "Skip hashing the input files against tenplex.json");
+  cmd->add_flag(
+      "--no-verify", o->no_verify,
+      "Read the input even without checksums in tenplex.json (they are required and checked)");
   cmd->add_flag("-q,--quiet", o->quiet, "Print nothing on success");
   cmd->add_flag("--json", o->json, "Print the report as JSON");
   cmd->add_flag("--mmap-output", o->mmap_output,

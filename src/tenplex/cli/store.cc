@@ -163,7 +163,7 @@ bool PrintTransfer(const transform::TransferStats& s, const std::string& job, bo
 // (transform/cluster.h, docs/transform.md); exactly one of --cluster and --url.
 Status ClusterTransfer(bool load, const std::string& cluster_path, const std::string& url,
                        const TokenOptions& token, const std::string& job, const std::string& dir,
-                       bool json) {
+                       bool json, bool verify = true) {
   if (cluster_path.empty() == url.empty())
     return InvalidArgument("give exactly one of --url and --cluster");
   TP_ASSIGN_OR_RETURN(transform::Cluster cluster, transform::ReadClusterFile(cluster_path));
@@ -175,7 +175,7 @@ Status ClusterTransfer(bool load, const std::string& cluster_path, const std::st
   TP_ASSIGN_OR_RETURN(auto clients, transform::ConnectCluster(cluster, co, /*allow_lost=*/!load));
   Progress progress(load ? "store load" : "store save");
   Result<transform::TransferStats> r =
-      load ? transform::LoadCheckpointToCluster(cluster, clients, job, dir)
+      load ? transform::LoadCheckpointToCluster(cluster, clients, job, dir, verify)
            : transform::SaveCheckpointFromCluster(cluster, clients, job, dir);
   progress.Done();
   if (!r.ok()) return r.status();
@@ -236,7 +236,7 @@ void AddServe(CLI::App* cmd, Context& ctx) {
 struct XferOpts {
   std::string url, job, dir, cluster;
   TokenOptions token;
-  bool http = false, json = false;
+  bool http = false, json = false, no_verify = false;
 };
 
 // store load: a checkpoint directory into a new committed version.
@@ -252,21 +252,23 @@ void AddLoad(CLI::App* cmd, Context& ctx) {
   AddTokenOptions(load, &lo->token);
   load->add_flag("--http", lo->http, "Send bytes in HTTP bodies even when the store is local");
   load->add_flag("--json", lo->json, "Print the result as JSON");
+  load->add_flag("--no-verify", lo->no_verify,
+                 "Load even without checksums in tenplex.json (they are required and checked)");
   load->callback([lo, &ctx] {
     if (!lo->cluster.empty() || lo->url.empty()) {
       return Finish(ctx, ClusterTransfer(/*load=*/true, lo->cluster, lo->url, lo->token, lo->job,
-                                         lo->dir, lo->json));
+                                         lo->dir, lo->json, !lo->no_verify));
     }
     auto c = ConnectFor(lo->url, lo->token, lo->http);
     if (!c.ok()) return Finish(ctx, c.status());
     Progress progress("store load");
-    auto s = transform::LoadCheckpoint(**c, lo->job, lo->dir);
+    auto s = transform::LoadCheckpoint(**c, lo->job, lo->dir, !lo->no_verify);
     progress.Done();
     if (!s.ok()) return Finish(ctx, s.status());
     if (PrintTransfer(*s, lo->job, lo->json)) return Finish(ctx, Status::Ok());
     std::printf("loaded %s into jobs/%s/%llu (committed; checksums %s)\n", Describe(*s).c_str(),
                 lo->job.c_str(), static_cast<unsigned long long>(s->version),
-                s->verified ? "verified" : "not recorded");
+                s->verified ? "verified" : "not checked (--no-verify)");
     Finish(ctx, Status::Ok());
   });
 }

@@ -142,7 +142,7 @@ std::string EncodeSafetensorsHeader(std::vector<SafetensorsEntry>& tensors,
 
 Result<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
   SafetensorsFile f;
-  TP_ASSIGN_OR_RETURN(f.file_, MappedFile::Open(path));
+  TP_ASSIGN_OR_RETURN(f.file_, MappedFile::OpenRegular(path));
   auto h = ParseSafetensorsHeader(f.file_.data(), f.file_.size());
   if (!h.ok()) return h.status().WithContext(path);
   f.header_ = std::move(h).value();
@@ -186,6 +186,8 @@ Result<SafetensorsWriter> SafetensorsWriter::Create(
   w.size_ = header.size() + (w.tensors_.empty() ? 0 : w.tensors_.back().end);
   w.fd_ = ::open(w.tmp_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (w.fd_ < 0) return ErrnoError("create " + w.tmp_, errno);
+  // Reserved first: a full disk is an error here, not a SIGBUS when a page is filled.
+  TP_RETURN_IF_ERROR(ReserveFileSpace(w.fd_, w.size_, path));
   if (::ftruncate(w.fd_, static_cast<off_t>(w.size_)) != 0)
     return ErrnoError("resize " + w.tmp_, errno);
   void* p = ::mmap(nullptr, w.size_, PROT_READ | PROT_WRITE, MAP_SHARED, w.fd_, 0);

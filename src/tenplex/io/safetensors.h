@@ -52,6 +52,7 @@ std::string EncodeSafetensorsHeader(std::vector<SafetensorsEntry>& tensors,
 // A validated, memory-mapped safetensors file.
 class SafetensorsFile {
  public:
+  // Only a regular file (util/file.h OpenRegularFile: no symbolic link, FIFO, directory).
   static Result<SafetensorsFile> Open(const std::string& path);
   const SafetensorsHeader& header() const { return header_; }
   const std::vector<SafetensorsEntry>& tensors() const { return header_.tensors; }
@@ -62,6 +63,8 @@ class SafetensorsFile {
     return file_.data() + header_.data_offset + e.begin;
   }
   const std::string& path() const { return file_.path(); }
+  // The whole file as mapped (for hashing it).
+  const MappedFile& file() const { return file_; }
 
  private:
   MappedFile file_;
@@ -80,8 +83,9 @@ struct TensorData {
 Status WriteSafetensors(const std::string& path, const std::vector<TensorData>& tensors,
                         const std::map<std::string, std::string>& metadata = {});
 
-// Creates a safetensors file in place: the file is sized and mapped writable under a
-// temporary name, callers fill each tensor's bytes through data(i), and Commit()
+// Creates a safetensors file in place: the file is reserved on disk (posix_fallocate: a
+// full disk fails here with ResourceExhausted, never a SIGBUS later), sized and mapped
+// writable under a temporary name, callers fill each tensor's bytes through data(i), and Commit()
 // syncs and renames it to its final name. Destroying an uncommitted writer removes
 // the temporary file.
 class SafetensorsWriter {

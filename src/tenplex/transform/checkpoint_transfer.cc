@@ -99,7 +99,8 @@ Cluster SingleHost(const store::Client& client) {
 }
 
 Result<TransferStats> Load(const Cluster& cluster, const std::vector<store::Client*>& clients,
-                           const std::string& job, const std::string& dir, bool single) {
+                           const std::string& job, const std::string& dir, bool single,
+                           bool verify) {
   const auto t0 = std::chrono::steady_clock::now();
   TP_RETURN_IF_ERROR(store::CheckJobName(job));
   TP_ASSIGN_OR_RETURN(io::CheckpointInfo ci, io::ReadCheckpointInfo(dir));
@@ -107,13 +108,10 @@ Result<TransferStats> Load(const Cluster& cluster, const std::vector<store::Clie
   const int world = layout.world_size();
   TP_RETURN_IF_ERROR(CheckFits(cluster, world));
   TP_ASSIGN_OR_RETURN(std::vector<io::SafetensorsFile> files,
-                      io::OpenCheckpoint(dir, layout, ci, /*verify_checksums=*/true));
+                      io::OpenCheckpoint(dir, layout, ci, verify, &ThreadPool::Default()));
   TransferStats stats;
   stats.ranks = world;
-  stats.verified = !ci.checksums.empty();
-  for (int r = 0; r < world; ++r) {
-    if (ci.checksums.count(io::RankFileName(r)) == 0) stats.verified = false;
-  }
+  stats.verified = verify;
   StateInfo info = StateInfo::FromCheckpoint(ci, dir);
   json st = json::object();
   for (int r = 0; r < world; ++r) {
@@ -390,8 +388,8 @@ std::vector<store::Client*> Raw(const std::vector<std::unique_ptr<store::Client>
 }  // namespace
 
 Result<TransferStats> LoadCheckpoint(store::Client& client, const std::string& job,
-                                     const std::string& dir) {
-  return Load(SingleHost(client), {&client}, job, dir, /*single=*/true);
+                                     const std::string& dir, bool verify) {
+  return Load(SingleHost(client), {&client}, job, dir, /*single=*/true, verify);
 }
 
 Result<TransferStats> SaveCheckpoint(store::Client& client, const std::string& job,
@@ -401,10 +399,10 @@ Result<TransferStats> SaveCheckpoint(store::Client& client, const std::string& j
 
 Result<TransferStats> LoadCheckpointToCluster(
     const Cluster& cluster, const std::vector<std::unique_ptr<store::Client>>& clients,
-    const std::string& job, const std::string& dir) {
+    const std::string& job, const std::string& dir, bool verify) {
   if (clients.size() != cluster.hosts.size())
     return InvalidArgument("one client per host of the cluster");
-  return Load(cluster, Raw(clients), job, dir, /*single=*/false);
+  return Load(cluster, Raw(clients), job, dir, /*single=*/false, verify);
 }
 
 Result<TransferStats> SaveCheckpointFromCluster(

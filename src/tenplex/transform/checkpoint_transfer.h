@@ -3,10 +3,11 @@
 // one host that holds every rank).
 //
 // Load: the directory's tenplex.json is read, the model and config give the layout,
-// every rank file is opened and checked against it (recorded xxh64 checksums
-// verified), and rank r's tensors go to its host (r / gpus_per_host). One version
-// with the same number is begun on every host that gets ranks, written, and committed
-// on all of them (or aborted on all): it is only current once every host committed.
+// every rank file is opened and checked against it (with `verify`, the default, xxh64
+// checksums are required for every rank file and checked: io::VerifyChecksums), and rank r's
+// tensors go to its host (r / gpus_per_host). One version with the same number is begun on every
+// host that gets ranks, written, and committed on all of them (or aborted on all): it is only
+// current once every host committed.
 //
 // Save: the job's committed state is found across the hosts (cluster_state.h: the
 // newest version, where its ranks live, which hosts are lost). The ranks of hosts
@@ -49,13 +50,13 @@ struct TransferStats {
   // prepared version is committed by the next operation on the job, two_phase.h).
   std::vector<std::string> unconfirmed_hosts;
   bool shm = false;       // every byte went through shared memory
-  bool verified = false;  // load: checksums were recorded for every rank file and matched
+  bool verified = false;  // load: every rank file's recorded checksum matched
   double seconds = 0;
 };
 
 // One store.
 Result<TransferStats> LoadCheckpoint(store::Client& client, const std::string& job,
-                                     const std::string& dir);
+                                     const std::string& dir, bool verify = true);
 Result<TransferStats> SaveCheckpoint(store::Client& client, const std::string& job,
                                      const std::string& out);
 
@@ -64,7 +65,7 @@ Result<TransferStats> SaveCheckpoint(store::Client& client, const std::string& j
 // info ("cluster": the hosts that got ranks).
 Result<TransferStats> LoadCheckpointToCluster(
     const Cluster& cluster, const std::vector<std::unique_ptr<store::Client>>& clients,
-    const std::string& job, const std::string& dir);
+    const std::string& job, const std::string& dir, bool verify = true);
 Result<TransferStats> SaveCheckpointFromCluster(
     const Cluster& cluster, const std::vector<std::unique_ptr<store::Client>>& clients,
     const std::string& job, const std::string& out);

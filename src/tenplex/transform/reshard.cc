@@ -85,37 +85,6 @@ std::string WrittenXxh64(const io::SafetensorsWriter& w, const uint8_t* data) {
   return HashHex(h);
 }
 
-// The xxh64 of an input rank file: from its mapping when the file is exactly header
-// plus data (as every writer of ours makes them), else by reading the file again.
-Result<std::string> InputXxh64(const io::SafetensorsFile& f) {
-  const auto& ts = f.tensors();
-  std::error_code ec;
-  const auto size = std::filesystem::file_size(f.path(), ec);
-  if (ts.empty() || ec || size != f.header().data_offset + DataBytes(ts))
-    return io::FileXxh64(f.path());
-  const uint8_t* base = f.data(ts.front()) - ts.front().begin - f.header().data_offset;
-  return HashHex(XXH64(base, static_cast<std::size_t>(size), 0));
-}
-
-// Checks every input file against the checksums tenplex.json records, in parallel.
-Status VerifyInputs(const std::vector<io::SafetensorsFile>& files, const io::CheckpointInfo& info,
-                    ThreadPool* pool) {
-  std::vector<Status> results(files.size());
-  ForEach(files.size(), pool, [&](std::size_t i) {
-    auto it = info.checksums.find(std::filesystem::path(files[i].path()).filename().string());
-    if (it == info.checksums.end() || it->second.empty()) return;
-    auto sum = InputXxh64(files[i]);
-    if (!sum.ok()) {
-      results[i] = sum.status();
-    } else if (*sum != it->second) {
-      results[i] = DataLoss(files[i].path() + ": xxh64 " + *sum + " does not match the recorded " +
-                            it->second);
-    }
-  });
-  for (Status& s : results) TP_RETURN_IF_ERROR(s);
-  return Status::Ok();
-}
-
 // Maps an output rank file per rank of `layout` inside the writer's staging directory,
 // pages populated ahead.
 Result<std::vector<io::SafetensorsWriter>> CreateRankFiles(const io::CheckpointWriter& ckpt,
@@ -275,7 +244,7 @@ Result<ReshardReport> Reshard(const ReshardOptions& o) {
   // unless they are hashed from them.
   if (o.verify_checksums || !o.streamed) PopulateInputs(inputs, o.pool);
   if (o.verify_checksums) {
-    TP_RETURN_IF_ERROR(VerifyInputs(inputs, info, o.pool));
+    TP_RETURN_IF_ERROR(io::VerifyChecksums(inputs, info, o.in, o.pool));
   }
 
   const auto tp = std::chrono::steady_clock::now();
@@ -345,7 +314,7 @@ Status VerifyCheckpoint(const std::string& dir, std::optional<uint64_t> seed, Th
   TP_ASSIGN_OR_RETURN(std::vector<io::SafetensorsFile> files,
                       io::OpenCheckpoint(dir, *layout, info, /*verify_checksums=*/false));
   PopulateInputs(files, pool);
-  TP_RETURN_IF_ERROR(VerifyInputs(files, info, pool));
+  TP_RETURN_IF_ERROR(io::VerifyChecksums(files, info, dir, pool));
   for (const RankLayout& r : layout->ranks) {
     for (const LocalTensor& t : *r.tensors) {
       const io::SafetensorsFile& f = files[r.rank];

@@ -3,10 +3,12 @@
 #include "tenplex/transform/reshard.h"
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <set>
 
 #include "tenplex/io/checkpoint.h"
@@ -200,6 +202,114 @@ TEST_F(ReshardTest, BadInputsFailAndLeaveNoOutput) {
   fs::remove_all(Path("OUT"));
   ExpectOnly(
       {"A", "missing", "bad-other-shape", "bad-other-bf16", "truncated", "flipped", "noinfo"});
+}
+
+// tenplex.json's "checksums" are required (unless verify is off) and type-checked:
+// before, a missing, mistyped or partial field meant nothing was checked, and a flipped
+// bit went through.
+TEST_F(ReshardTest, ChecksumsAreRequiredAndTyped) {
+  Model m = Tiny(false);
+  ASSERT_TRUE(InitCheckpoint(m, *ParseConfig("tp=2"), Path("A"), 3, &pool_).ok());
+  auto info_text = ReadFile(Path("A/tenplex.json"));
+  ASSERT_TRUE(info_text.ok());
+  const nlohmann::json info = nlohmann::json::parse(*info_text);
+  ASSERT_TRUE(info["checksums"].is_object());
+  ASSERT_EQ(info["checksums"].size(), 2u);
+  // A flipped bit in the data under an intact tenplex.json.
+  fs::copy(Path("A"), Path("flip"));
+  {
+    std::fstream f(Path("flip/rank-00001.safetensors"),
+                   std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-9, std::ios::end);
+    char c = 0;
+    f.read(&c, 1);
+    c ^= 0x01;
+    f.seekp(-9, std::ios::end);
+    f.write(&c, 1);
+  }
+  struct Case {
+    std::string name;
+    std::function<void(nlohmann::json&)> edit;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {"missing", [](nlohmann::json& j) { j.erase("checksums"); }, "records no \"checksums\""},
+      {"list",
+       [](nlohmann::json& j) {
+         j["checksums"] = nlohmann::json::array({"0", "1"});
+       },
+       "\"checksums\" is array"},
+      {"one-rank", [](nlohmann::json& j) { j["checksums"].erase("rank-00001.safetensors"); },
+       "no checksum for rank-00001.safetensors"},
+      {"number", [](nlohmann::json& j) { j["checksums"]["rank-00000.safetensors"] = 12; },
+       "checksum of rank-00000.safetensors is 12"},
+      {"short", [](nlohmann::json& j) { j["checksums"]["rank-00000.safetensors"] = "abc"; },
+       "checksum of rank-00000.safetensors"},
+      {"extra",
+       [](nlohmann::json& j) { j["checksums"]["rank-00005.safetensors"] = std::string(16, '0'); },
+       "rank-00005.safetensors, which is not a rank file"},
+  };
+  for (const Case& c : cases) {
+    fs::copy(Path("A"), Path(c.name));
+    nlohmann::json j = info;
+    c.edit(j);
+    ASSERT_TRUE(WriteFileAtomic(Path(c.name + "/tenplex.json"), j.dump()).ok());
+    Status s = Run(c.name, "OUT", "tp=1");
+    EXPECT_EQ(s.code(), StatusCode::kDataLoss) << c.name << ": " << s.ToString();
+    EXPECT_NE(s.message().find(c.says), std::string::npos) << s.ToString();
+    EXPECT_FALSE(fs::exists(Path("OUT")));
+    s = VerifyCheckpoint(Path(c.name), std::nullopt, &pool_);
+    EXPECT_EQ(s.code(), StatusCode::kDataLoss) << c.name << ": " << s.ToString();
+  }
+  // Without verification a checkpoint without checksums is read (the explicit way out),
+  // but a mistyped field is still an error; the output records checksums again.
+  EXPECT_TRUE(Run("missing", "OUT", "tp=1", std::nullopt, std::nullopt, false).ok());
+  EXPECT_TRUE(VerifyCheckpoint(Path("OUT"), std::nullopt, &pool_).ok());
+  fs::remove_all(Path("OUT"));
+  EXPECT_EQ(Run("list", "OUT", "tp=1", std::nullopt, std::nullopt, false).code(),
+            StatusCode::kDataLoss);
+  Status s = Run("flip", "OUT", "tp=1");
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s.ToString();
+  EXPECT_NE(s.message().find("rank-00001.safetensors: xxh64"), std::string::npos) << s.ToString();
+  EXPECT_FALSE(fs::exists(Path("OUT")));
+}
+
+// A writer killed mid-write leaves its staging directory; the next writer into the
+// same directory removes it when its recorded process is gone, and leaves live ones.
+TEST_F(ReshardTest, StaleStagingOfDeadWritersIsRemoved) {
+  Model m = Tiny(false);
+  ASSERT_TRUE(InitCheckpoint(m, *ParseConfig("tp=2"), Path("A"), 3, &pool_).ok());
+  // A pid that is gone.
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) ::_exit(0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  // The dead writer's staging directory: a real writer's, its record pointing at the
+  // dead pid (as if that process had been SIGKILLed mid-write).
+  const std::string dead = Path("B.partial-" + std::to_string(child) + "-0");
+  {
+    auto w = io::CheckpointWriter::Create(Path("B"));
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    auto rec = ReadFile(w->staging_dir() + "/.tenplex-writer");
+    ASSERT_TRUE(rec.ok());
+    nlohmann::json j = nlohmann::json::parse(*rec);
+    ASSERT_EQ(j["pid"].get<long>(), static_cast<long>(::getpid()));
+    j["pid"] = child;
+    fs::copy(w->staging_dir(), dead);
+    ASSERT_TRUE(WriteFileAtomic(dead + "/.tenplex-writer", j.dump()).ok());
+    std::ofstream(dead + "/rank-00000.safetensors.tmp.1.0") << "partial";
+  }
+  ASSERT_TRUE(fs::is_directory(dead));
+  // A live writer (this process) and a directory without a writer record stay.
+  auto live = io::CheckpointWriter::Create(Path("C"));
+  ASSERT_TRUE(live.ok());
+  EXPECT_FALSE(fs::exists(dead));
+  fs::create_directory(Path("D.partial-1-0"));
+  ASSERT_TRUE(Run("A", "OUT", "tp=1").ok());
+  EXPECT_TRUE(fs::is_directory(live->staging_dir()));
+  EXPECT_TRUE(fs::is_directory(Path("D.partial-1-0")));
+  EXPECT_FALSE(fs::exists(Path("OUT/.tenplex-writer")));
 }
 
 // The streamed output path (pwrite from warm buffers, streamed_output.h) writes the

@@ -221,15 +221,7 @@ Status Prepare(const plan::Plan& plan, const Layout& from, const Layout& to,
       return ErrnoError("create " + TempNameFor(f.path), errno);
     }
     const uint64_t size = f.data_offset + f.data_bytes;
-    if (size > 0) {
-      const int err = ::posix_fallocate(f.fd, 0, static_cast<off_t>(size));
-      if (err == ENOSPC) {
-        return ResourceExhausted("no space for " + f.path + " (" + std::to_string(size) +
-                                 " bytes): the disk is full");
-      }
-      if (err != 0 && err != EOPNOTSUPP && err != EINVAL)
-        return ErrnoError("reserve " + f.tmp, err);
-    }
+    TP_RETURN_IF_ERROR(ReserveFileSpace(f.fd, size, f.path));
     TP_RETURN_IF_ERROR(
         PwriteAll(f.fd, reinterpret_cast<const uint8_t*>(header.data()), header.size(), 0, f.tmp));
     f.hash = XXH64_createState();

@@ -7,14 +7,55 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <utility>
 
 namespace tenplex {
 
-Result<std::string> ReadFile(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoError("open " + path, errno);
+namespace {
+
+// What a non-regular file is, for error messages.
+const char* FileKind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISLNK(mode)) return "a symbolic link";
+  return "not a regular file";
+}
+
+// open(2) + fstat: only a regular file, never blocking on a FIFO.
+Result<int> OpenForReading(const std::string& path, bool follow_symlinks) {
+  const int flags = O_RDONLY | O_CLOEXEC | O_NONBLOCK | (follow_symlinks ? 0 : O_NOFOLLOW);
+  int fd = ::open(path.c_str(), flags);
+  if (fd < 0) {
+    const int err = errno;
+    if (err == ELOOP && !follow_symlinks) {
+      return InvalidArgument(path +
+                             " is a symbolic link (or a loop of them); only regular "
+                             "files are read here");
+    }
+    if (err == ENXIO) return InvalidArgument(path + " is a socket or device, not a regular file");
+    return ErrnoError("open " + path, err);
+  }
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return ErrnoError("stat " + path, err);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return InvalidArgument(path + " is " + FileKind(st.st_mode) + ", not a regular file");
+  }
+  const int fl = ::fcntl(fd, F_GETFL);
+  if (fl >= 0) ::fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+  return fd;
+}
+
+Result<std::string> ReadFd(int fd, const std::string& path) {
   std::string out;
   char buf[1 << 16];
   for (;;) {
@@ -30,6 +71,34 @@ Result<std::string> ReadFile(const std::string& path) {
   }
   ::close(fd);
   return out;
+}
+
+}  // namespace
+
+Result<std::string> ReadFile(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoError("open " + path, errno);
+  return ReadFd(fd, path);
+}
+
+Result<int> OpenRegularFile(const std::string& path) {
+  return OpenForReading(path, /*follow_symlinks=*/false);
+}
+
+Result<std::string> ReadRegularFile(const std::string& path) {
+  TP_ASSIGN_OR_RETURN(int fd, OpenRegularFile(path));
+  return ReadFd(fd, path);
+}
+
+Status ReserveFileSpace(int fd, uint64_t bytes, const std::string& path) {
+  if (bytes == 0) return Status::Ok();
+  const int err = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+  if (err == 0 || err == EOPNOTSUPP || err == EINVAL) return Status::Ok();
+  if (err == ENOSPC || err == EFBIG || err == EDQUOT) {
+    return ResourceExhausted("no space for " + path + " (" + std::to_string(bytes) + " bytes): " +
+                             (err == ENOSPC ? "the disk is full" : std::strerror(err)));
+  }
+  return ErrnoError("reserve " + std::to_string(bytes) + " bytes for " + path, err);
 }
 
 Status SyncDir(const std::string& dir) {
@@ -83,17 +152,21 @@ Status WriteFileAtomicParts(const std::string& path, const std::vector<std::stri
 }
 
 Result<MappedFile> MappedFile::Open(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoError("open " + path, errno);
+  TP_ASSIGN_OR_RETURN(int fd, OpenForReading(path, /*follow_symlinks=*/true));
+  return FromFd(fd, path);
+}
+
+Result<MappedFile> MappedFile::OpenRegular(const std::string& path) {
+  TP_ASSIGN_OR_RETURN(int fd, OpenRegularFile(path));
+  return FromFd(fd, path);
+}
+
+Result<MappedFile> MappedFile::FromFd(int fd, const std::string& path) {
   struct stat st;
   if (::fstat(fd, &st) != 0) {
     int err = errno;
     ::close(fd);
     return ErrnoError("stat " + path, err);
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return InvalidArgument(path + " is not a regular file");
   }
   MappedFile m;
   m.path_ = path;

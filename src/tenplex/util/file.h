@@ -13,6 +13,21 @@
 namespace tenplex {
 
 Result<std::string> ReadFile(const std::string& path);
+
+// Opens a file for reading only if it is a regular file, for files that may be hostile
+// (checkpoints): O_NOFOLLOW (a symbolic link, or a loop of them, is refused),
+// O_NONBLOCK (a FIFO cannot block the open), then fstat (a FIFO, directory, socket or
+// device is refused). Errors name the file and what it is instead. Returns the fd
+// (blocking again), owned by the caller.
+Result<int> OpenRegularFile(const std::string& path);
+// ReadFile through OpenRegularFile.
+Result<std::string> ReadRegularFile(const std::string& path);
+
+// Reserves `bytes` of disk for fd (posix_fallocate) before anything is written through a
+// memory map or pwrite, so that a full disk is a clean ResourceExhausted naming `path`
+// instead of a SIGBUS at the first touch of an unbacked page. File systems without
+// fallocate are left to ftruncate (the caller sizes the file).
+Status ReserveFileSpace(int fd, uint64_t bytes, const std::string& path);
 // Writes data to path + ".tmp.<pid>.<n>", fsyncs, renames onto path, fsyncs the
 // directory. A crash leaves either the old file or the new one, never a mix.
 Status WriteFileAtomic(const std::string& path, std::string_view data);
@@ -26,7 +41,10 @@ Status SyncDir(const std::string& dir);
 // A read-only private memory map of a whole file. Move-only.
 class MappedFile {
  public:
+  // Follows symbolic links; refuses anything but a regular file (never blocks on a FIFO).
   static Result<MappedFile> Open(const std::string& path);
+  // Through OpenRegularFile: a symbolic link is refused too.
+  static Result<MappedFile> OpenRegular(const std::string& path);
   MappedFile() = default;
   MappedFile(MappedFile&& o) noexcept;
   MappedFile& operator=(MappedFile&& o) noexcept;
@@ -39,6 +57,7 @@ class MappedFile {
   const std::string& path() const { return path_; }
 
  private:
+  static Result<MappedFile> FromFd(int fd, const std::string& path);
   const uint8_t* data_ = nullptr;
   std::size_t size_ = 0;
   std::string path_;
