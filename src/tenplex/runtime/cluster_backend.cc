@@ -21,12 +21,18 @@ using nlohmann::json;
 
 namespace {
 
+constexpr int kControlTimeoutS = 30;
+
 class ClusterBackend : public StateBackend {
  public:
   static Result<std::unique_ptr<StateBackend>> Open(const RunOptions& o) {
     auto b = std::make_unique<ClusterBackend>();
     TP_ASSIGN_OR_RETURN(b->cluster_, transform::ReadClusterFile(o.cluster_path));
     b->co_.token = o.token;
+    // Every request of the backend is a control call (versions, infos, 2PC): bounded as
+    // tenplex transform's, so a stopped daemon ends the run within this many seconds
+    // (the last commit kept) instead of the client's 600 s default.
+    b->co_.timeout_s = kControlTimeoutS;
     if (b->co_.token.empty() && std::getenv("TENPLEX_TOKEN") != nullptr)
       b->co_.token = std::getenv("TENPLEX_TOKEN");
     TP_ASSIGN_OR_RETURN(b->clients_, transform::ConnectCluster(b->cluster_, b->co_));
