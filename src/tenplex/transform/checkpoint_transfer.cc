@@ -98,23 +98,12 @@ Cluster SingleHost(const store::Client& client) {
   return Cluster{{client.url()}, std::numeric_limits<int>::max()};
 }
 
-Result<TransferStats> Load(const Cluster& cluster, const std::vector<store::Client*>& clients,
-                           const std::string& job, const std::string& dir, bool single,
-                           bool verify) {
-  const auto t0 = std::chrono::steady_clock::now();
-  TP_RETURN_IF_ERROR(store::CheckJobName(job));
-  TP_ASSIGN_OR_RETURN(io::CheckpointInfo ci, io::ReadCheckpointInfo(dir));
-  TP_ASSIGN_OR_RETURN(Layout layout, MakeLayout(ci.model, ci.config));
-  const int world = layout.world_size();
-  TP_RETURN_IF_ERROR(CheckFits(cluster, world));
-  TP_ASSIGN_OR_RETURN(std::vector<io::SafetensorsFile> files,
-                      io::OpenCheckpoint(dir, layout, ci, verify, &ThreadPool::Default()));
-  TransferStats stats;
-  stats.ranks = world;
-  stats.verified = verify;
-  StateInfo info = StateInfo::FromCheckpoint(ci, dir);
+// The info's "safetensors" field: per rank file its __metadata__ and, when it differs
+// from the default, its tensor order (so a save writes the same files back). Tensor
+// names must be store path segments.
+Result<json> RecordFileShapes(const Layout& layout, const std::vector<io::SafetensorsFile>& files) {
   json st = json::object();
-  for (int r = 0; r < world; ++r) {
+  for (int r = 0; r < layout.world_size(); ++r) {
     const io::SafetensorsFile& f = files[r];
     std::set<std::string> names;
     std::vector<std::string> order;
@@ -132,6 +121,76 @@ Result<TransferStats> Load(const Cluster& cluster, const std::vector<store::Clie
     if (order != DefaultOrder(layout.ranks[r], names)) entry["order"] = order;
     if (!entry.empty()) st[io::RankFileName(r)] = entry;
   }
+  return st;
+}
+
+// Writes every rank's tensors into the open version on its host. A host that stops
+// answering is marked not begun (each request to it would wait for the timeout again:
+// the next operation on the job removes its open version).
+Status WriteRanks(const Cluster& cluster, const std::vector<store::Client*>& clients,
+                  const std::string& job, const std::vector<io::SafetensorsFile>& files,
+                  bool single, std::vector<bool>& begun, TransferStats& stats) {
+  for (int r = 0; r < static_cast<int>(files.size()); ++r) {
+    std::vector<store::Store::AllocRequest> reqs;
+    std::vector<const void*> data;
+    for (const io::SafetensorsEntry& e : files[r].tensors()) {
+      reqs.push_back({store::TensorPathOf(job, stats.version, r, e.name), e.dtype, e.shape});
+      data.push_back(files[r].data(e));
+      stats.bytes += e.bytes();
+      ++stats.tensors;
+    }
+    const int h = single ? 0 : cluster.HostOfRank(r);
+    Status s = clients[h]->WriteMany(reqs, data);
+    if (s.code() == StatusCode::kUnavailable) begun[h] = false;
+    for (const io::SafetensorsEntry& e : files[r].tensors()) ReportProgress(e.bytes());
+    TP_RETURN_IF_ERROR(s);
+  }
+  return Status::Ok();
+}
+
+// Opens the new version on the first `used` hosts (at `want` when given), recording
+// which were begun.
+Status BeginEverywhere(const std::vector<store::Client*>& clients, const std::string& job,
+                       std::optional<uint64_t> want, const std::string& info_text,
+                       std::vector<bool>& begun, TransferStats& stats) {
+  for (std::size_t h = 0; h < begun.size(); ++h) {
+    Result<uint64_t> v = clients[h]->BeginVersion(job, want, info_text);
+    if (!v.ok()) return v.status().WithContext(clients[h]->url());
+    begun[h] = true;
+    stats.version = *v;
+    want = *v;
+  }
+  return Status::Ok();
+}
+
+// The first phase of the two-phase commit (two_phase.h): the loaded version prepared
+// (durable) on every host that got ranks.
+Status PrepareEverywhere(const std::vector<store::Client*>& clients, const std::string& job,
+                         std::vector<bool>& begun, uint64_t version) {
+  for (std::size_t h = 0; h < begun.size(); ++h) {
+    Status s = clients[h]->Prepare(job, version);
+    if (s.code() == StatusCode::kUnavailable) begun[h] = false;
+    if (!s.ok()) return s.WithContext("preparing on " + clients[h]->url());
+  }
+  return Status::Ok();
+}
+
+Result<TransferStats> Load(const Cluster& cluster, const std::vector<store::Client*>& clients,
+                           const std::string& job, const std::string& dir, bool single,
+                           bool verify) {
+  const auto t0 = std::chrono::steady_clock::now();
+  TP_RETURN_IF_ERROR(store::CheckJobName(job));
+  TP_ASSIGN_OR_RETURN(io::CheckpointInfo ci, io::ReadCheckpointInfo(dir));
+  TP_ASSIGN_OR_RETURN(Layout layout, MakeLayout(ci.model, ci.config));
+  const int world = layout.world_size();
+  TP_RETURN_IF_ERROR(CheckFits(cluster, world));
+  TP_ASSIGN_OR_RETURN(std::vector<io::SafetensorsFile> files,
+                      io::OpenCheckpoint(dir, layout, ci, verify, &ThreadPool::Default()));
+  TransferStats stats;
+  stats.ranks = world;
+  stats.verified = verify;
+  StateInfo info = StateInfo::FromCheckpoint(ci, dir);
+  TP_ASSIGN_OR_RETURN(json st, RecordFileShapes(layout, files));
   if (!st.empty()) info.set_field("safetensors", st);
   // The hosts that get ranks: a prefix of the cluster.
   const int k = cluster.gpus_per_host;
@@ -153,54 +212,19 @@ Result<TransferStats> Load(const Cluster& cluster, const std::vector<store::Clie
   }
   stats.shm = true;
   for (std::size_t h = 0; h < used; ++h) stats.shm = stats.shm && clients[h]->local();
-  const std::string info_text = info.ToJson();
   std::vector<bool> begun(used, false);
-  Status s;
-  for (std::size_t h = 0; h < used && s.ok(); ++h) {
-    Result<uint64_t> v = clients[h]->BeginVersion(job, want, info_text);
-    if (!v.ok()) {
-      s = v.status().WithContext(clients[h]->url());
-    } else {
-      begun[h] = true;
-      stats.version = *v;
-      want = *v;
-    }
-  }
-  for (int r = 0; r < world && s.ok(); ++r) {
-    std::vector<store::Store::AllocRequest> reqs;
-    std::vector<const void*> data;
-    for (const io::SafetensorsEntry& e : files[r].tensors()) {
-      reqs.push_back({store::TensorPathOf(job, stats.version, r, e.name), e.dtype, e.shape});
-      data.push_back(files[r].data(e));
-      stats.bytes += e.bytes();
-      ++stats.tensors;
-    }
-    const int h = single ? 0 : cluster.HostOfRank(r);
-    s = clients[h]->WriteMany(reqs, data);
-    // A host that stopped answering is not asked to abort (each request to it would wait
-    // for the timeout again): the next operation on the job removes its open version.
-    if (s.code() == StatusCode::kUnavailable) begun[h] = false;
-    for (const io::SafetensorsEntry& e : files[r].tensors()) ReportProgress(e.bytes());
-  }
-  if (single) {
-    if (s.ok()) s = clients[0]->Commit(job, stats.version);
-  } else {
-    // Two-phase commit (two_phase.h): prepared everywhere (durable), then committed
-    // everywhere with the old version kept until every host confirmed.
-    for (std::size_t h = 0; h < used && s.ok(); ++h) {
-      s = clients[h]->Prepare(job, stats.version);
-      if (s.code() == StatusCode::kUnavailable) begun[h] = false;
-      if (!s.ok()) s = s.WithContext("preparing on " + clients[h]->url());
-    }
-    if (s.ok()) {
-      std::vector<int> participants;
-      for (std::size_t h = 0; h < used; ++h) participants.push_back(static_cast<int>(h));
-      Result<CommitOutcome> c = CommitEverywhere(clients, participants, job, stats.version);
-      if (!c.ok()) return c.status().WithContext("loading " + dir + " into job " + job);
-      for (int h : c->unconfirmed) stats.unconfirmed_hosts.push_back(cluster.hosts[h]);
-      stats.seconds = Since(t0);
-      return stats;
-    }
+  Status s = BeginEverywhere(clients, job, want, info.ToJson(), begun, stats);
+  if (s.ok()) s = WriteRanks(cluster, clients, job, files, single, begun, stats);
+  if (s.ok() && single) s = clients[0]->Commit(job, stats.version);
+  if (s.ok() && !single) s = PrepareEverywhere(clients, job, begun, stats.version);
+  if (s.ok() && !single) {
+    // Prepared everywhere: committed everywhere with the old version kept until every
+    // host confirmed; a failure from here on is never aborted (recovery finishes it).
+    std::vector<int> participants;
+    for (std::size_t h = 0; h < used; ++h) participants.push_back(static_cast<int>(h));
+    Result<CommitOutcome> c = CommitEverywhere(clients, participants, job, stats.version);
+    if (!c.ok()) return c.status().WithContext("loading " + dir + " into job " + job);
+    for (int h : c->unconfirmed) stats.unconfirmed_hosts.push_back(cluster.hosts[h]);
   }
   if (!s.ok()) {
     for (std::size_t h = 0; h < used; ++h) {
@@ -210,6 +234,179 @@ Result<TransferStats> Load(const Cluster& cluster, const std::vector<store::Clie
   }
   stats.seconds = Since(t0);
   return stats;
+}
+
+// What the holders of a committed version have: by rank (name -> tensor) and by host
+// (path -> tensor).
+struct Holdings {
+  std::vector<std::map<std::string, store::TensorInfo>> by_rank;
+  std::map<int, std::map<std::string, store::TensorInfo>> by_path;
+};
+
+// Lists every holder's tensors of the version; a tensor of a rank that does not live on
+// its host is DataLoss. Adds each holder to stats.hosts.
+Result<Holdings> ListHoldings(const Cluster& cluster, const std::vector<store::Client*>& clients,
+                              const std::string& job, const CommittedState& cs, int world,
+                              TransferStats& stats) {
+  Holdings out;
+  out.by_rank.resize(world);
+  for (int h : cs.holders) {
+    TP_ASSIGN_OR_RETURN(std::vector<store::TensorInfo> list,
+                        clients[h]->List(store::VersionPrefix(job, cs.version)));
+    for (store::TensorInfo& t : list) {
+      TP_ASSIGN_OR_RETURN(store::TensorPath p, store::ParseTensorPath(t.path));
+      if (p.rank >= world || cs.rank_hosts[p.rank] != h) {
+        return DataLoss(clients[h]->url() + " holds " + t.path + " of rank " +
+                        std::to_string(p.rank) + ", which does not live on that host in config " +
+                        cs.info.config().ToString());
+      }
+      out.by_path[h][t.path] = t;
+      out.by_rank[p.rank][p.name] = std::move(t);
+    }
+    stats.hosts.push_back(cluster.hosts[h]);
+  }
+  return out;
+}
+
+// The ranks on lost hosts. Every surviving rank must have each tensor of the layout with
+// its dtype and shape; *extras tells whether one holds tensors outside the layout.
+Result<std::vector<int>> LostRanks(const CommittedState& cs, const Layout& layout,
+                                   const Holdings& have, const std::string& what, bool* extras) {
+  std::vector<int> lost;
+  *extras = false;
+  for (int r = 0; r < layout.world_size(); ++r) {
+    if (cs.rank_hosts[r] == plan::kLostHost) {
+      lost.push_back(r);
+      continue;
+    }
+    std::set<std::string> in_layout;
+    for (const LocalTensor& t : *layout.ranks[r].tensors) {
+      in_layout.insert(t.name);
+      auto it = have.by_rank[r].find(t.name);
+      if (it == have.by_rank[r].end()) {
+        return DataLoss(what + " lacks tensor " + t.name + " of rank " + std::to_string(r));
+      }
+      if (it->second.dtype != t.dtype || it->second.shape != t.shape) {
+        return DataLoss(it->second.path + " is " + std::string(DTypeName(it->second.dtype)) + " [" +
+                        ShapeToString(it->second.shape) + "] but the layout needs " +
+                        std::string(DTypeName(t.dtype)) + " [" + ShapeToString(t.shape) + "]");
+      }
+    }
+    for (const auto& [n, t] : have.by_rank[r]) *extras = *extras || !in_layout.count(n);
+  }
+  return lost;
+}
+
+// The ranks of lost hosts, from replicas: the plan of the move of the same layout onto a
+// virtual saver host (to_hosts[r] = saver for the lost ranks), surviving ranks staying
+// in place.
+Result<plan::Plan> PlanRebuild(const Layout& layout, const CommittedState& cs,
+                               const std::vector<int>& lost, bool extras, int saver,
+                               const std::string& what, std::vector<int>& to_hosts,
+                               TransferStats& stats) {
+  std::string lost_urls;
+  for (const std::string& u : stats.lost_hosts) lost_urls += (lost_urls.empty() ? "" : ", ") + u;
+  const std::string why = std::to_string(lost.size()) + " of " +
+                          std::to_string(layout.world_size()) + " ranks of " + what +
+                          " are on hosts that are lost (" +
+                          (lost_urls.empty() ? "stale or not listed" : lost_urls) + ")";
+  if (extras) {
+    return DataLoss(why +
+                    " and ranks hold tensors outside the layout, which have no replicas to "
+                    "rebuild them from");
+  }
+  for (int r : lost) to_hosts[r] = saver;
+  Result<plan::Plan> p = plan::MakePlan(cs.info.model(), layout, layout, cs.rank_hosts, to_hosts);
+  if (!p.ok()) return p.status().WithContext(why);
+  stats.rebuilt_ranks = static_cast<int>(lost.size());
+  return p;
+}
+
+// Creates every rank file (the recorded order and metadata) and fills the surviving
+// ranks' tensors from their stores; dst[r] gets a lost rank r's destinations, one per
+// local tensor of the layout, for the rebuild.
+Result<std::vector<io::SafetensorsWriter>> WriteRankFiles(
+    const io::CheckpointWriter& writer, const std::vector<store::Client*>& clients,
+    const CommittedState& cs, const Layout& layout, Holdings& have,
+    std::vector<std::vector<void*>>& dst, TransferStats& stats) {
+  std::vector<io::SafetensorsWriter> files;
+  for (int r = 0; r < layout.world_size(); ++r) {
+    const bool is_lost = cs.rank_hosts[r] == plan::kLostHost;
+    std::set<std::string> names;
+    if (is_lost) {
+      for (const LocalTensor& t : *layout.ranks[r].tensors) names.insert(t.name);
+    } else {
+      for (const auto& [n, t] : have.by_rank[r]) names.insert(n);
+    }
+    RankFileShape shape = RecordedShape(cs.info, layout.ranks[r], names);
+    std::map<std::string, std::pair<DType, Shape>> types;
+    for (const LocalTensor& t : *layout.ranks[r].tensors) types[t.name] = {t.dtype, t.shape};
+    for (const auto& [n, t] : have.by_rank[r]) types[n] = {t.dtype, t.shape};
+    std::vector<io::SafetensorsEntry> entries;
+    for (const std::string& n : shape.order)
+      entries.push_back({n, types[n].first, types[n].second, 0, 0});
+    TP_ASSIGN_OR_RETURN(io::SafetensorsWriter w,
+                        io::SafetensorsWriter::Create(writer.RankPath(r), entries, shape.metadata));
+    if (is_lost) {
+      for (const LocalTensor& t : *layout.ranks[r].tensors) {
+        auto at = std::find(shape.order.begin(), shape.order.end(), t.name) - shape.order.begin();
+        dst[r].push_back(w.data(static_cast<std::size_t>(at)));
+        stats.bytes += t.bytes();
+        ++stats.tensors;
+      }
+    } else {
+      store::Client& c = *clients[cs.rank_hosts[r]];
+      for (std::size_t i = 0; i < shape.order.size(); ++i) {
+        const store::TensorInfo& t = have.by_rank[r][shape.order[i]];
+        if (t.bytes > 0) TP_RETURN_IF_ERROR(c.Read(t, w.data(i)));
+        ReportProgress(t.bytes);
+        stats.bytes += t.bytes;
+        ++stats.tensors;
+      }
+    }
+    files.push_back(std::move(w));
+  }
+  return files;
+}
+
+// Runs the rebuild plan on the saver host: each replica's tensor is read whole from its
+// store, then its runs are copied into dst.
+Status RebuildLostRanks(const plan::Plan& rebuild, const Layout& layout, const CommittedState& cs,
+                        const std::vector<int>& to_hosts, int saver, const Holdings& have,
+                        const std::vector<store::Client*>& clients, const std::string& job,
+                        const std::vector<std::vector<void*>>& dst) {
+  const std::vector<std::vector<const void*>> src(layout.world_size());  // saver: no old rank
+  HostExecInput in;
+  in.plan = &rebuild;
+  in.from = &layout;
+  in.to = &layout;
+  in.from_hosts = &cs.rank_hosts;
+  in.to_hosts = &to_hosts;
+  in.host = saver;
+  in.src = &src;
+  in.dst = &dst;
+  in.pool = &ThreadPool::Default();
+  in.region_name = [&](int rank, int tensor) {
+    return store::TensorPathOf(job, cs.version, rank, (*layout.ranks[rank].tensors)[tensor].name);
+  };
+  in.fetch = [&](int peer, const std::vector<transport::ReadRequest>& reqs) -> Status {
+    std::vector<uint8_t> buf;
+    auto host = have.by_path.find(peer);
+    for (const transport::ReadRequest& req : reqs) {
+      if (host == have.by_path.end() || !host->second.count(req.region))
+        return DataLoss(clients[peer]->url() + " lacks " + req.region);
+      auto it = host->second.find(req.region);
+      buf.resize(it->second.bytes);
+      if (!buf.empty()) TP_RETURN_IF_ERROR(clients[peer]->Read(it->second, buf.data()));
+      for (const transport::ReadRun& run : req.runs) {
+        if (run.offset + run.length > buf.size())
+          return Internal("a read run is outside " + req.region);
+        std::memcpy(run.dest, buf.data() + run.offset, run.length);
+      }
+    }
+    return Status::Ok();
+  };
+  return ExecuteHostPart(in).status();
 }
 
 Result<TransferStats> Save(const Cluster& cluster, const std::vector<store::Client*>& clients,
@@ -226,150 +423,29 @@ Result<TransferStats> Save(const Cluster& cluster, const std::vector<store::Clie
     cs.rank_hosts.assign(cs.info.config().world_size(), 0);
     cs.holders = {0};
   }
-  const Model& model = cs.info.model();
-  TP_ASSIGN_OR_RETURN(Layout layout, MakeLayout(model, cs.info.config()));
+  TP_ASSIGN_OR_RETURN(Layout layout, MakeLayout(cs.info.model(), cs.info.config()));
   const int world = layout.world_size();
   TransferStats stats;
   stats.version = cs.version;
   stats.ranks = world;
   for (int h : cs.unavailable) stats.lost_hosts.push_back(cluster.hosts[h]);
-
-  // What every holder has of the version.
-  std::vector<std::map<std::string, store::TensorInfo>> have(world);
-  std::map<int, std::map<std::string, store::TensorInfo>> by_path;  // host -> path -> tensor
-  for (int h : cs.holders) {
-    TP_ASSIGN_OR_RETURN(std::vector<store::TensorInfo> list,
-                        clients[h]->List(store::VersionPrefix(job, cs.version)));
-    for (store::TensorInfo& t : list) {
-      TP_ASSIGN_OR_RETURN(store::TensorPath p, store::ParseTensorPath(t.path));
-      if (p.rank >= world || cs.rank_hosts[p.rank] != h) {
-        return DataLoss(clients[h]->url() + " holds " + t.path + " of rank " +
-                        std::to_string(p.rank) + ", which does not live on that host in config " +
-                        cs.info.config().ToString());
-      }
-      by_path[h][t.path] = t;
-      have[p.rank][p.name] = std::move(t);
-    }
-    stats.hosts.push_back(cluster.hosts[h]);
-  }
-  std::vector<int> lost;
+  TP_ASSIGN_OR_RETURN(Holdings have, ListHoldings(cluster, clients, job, cs, world, stats));
   bool extras = false;  // tensors outside the layout on a surviving rank
-  for (int r = 0; r < world; ++r) {
-    if (cs.rank_hosts[r] == plan::kLostHost) {
-      lost.push_back(r);
-      continue;
-    }
-    std::set<std::string> in_layout;
-    for (const LocalTensor& t : *layout.ranks[r].tensors) {
-      in_layout.insert(t.name);
-      auto it = have[r].find(t.name);
-      if (it == have[r].end()) {
-        return DataLoss(what + " lacks tensor " + t.name + " of rank " + std::to_string(r));
-      }
-      if (it->second.dtype != t.dtype || it->second.shape != t.shape) {
-        return DataLoss(it->second.path + " is " + std::string(DTypeName(it->second.dtype)) + " [" +
-                        ShapeToString(it->second.shape) + "] but the layout needs " +
-                        std::string(DTypeName(t.dtype)) + " [" + ShapeToString(t.shape) + "]");
-      }
-    }
-    for (const auto& [n, t] : have[r]) extras = extras || !in_layout.count(n);
-  }
-  // The ranks of lost hosts, from replicas: plan the move of the same layout onto a
-  // virtual saver host V, surviving ranks staying in place.
+  TP_ASSIGN_OR_RETURN(std::vector<int> lost, LostRanks(cs, layout, have, what, &extras));
   std::optional<plan::Plan> rebuild;
   std::vector<int> to_hosts = cs.rank_hosts;
   const int saver = static_cast<int>(clients.size());
   if (!lost.empty()) {
-    std::string lost_urls;
-    for (const std::string& u : stats.lost_hosts) lost_urls += (lost_urls.empty() ? "" : ", ") + u;
-    const std::string why = std::to_string(lost.size()) + " of " + std::to_string(world) +
-                            " ranks of " + what + " are on hosts that are lost (" +
-                            (lost_urls.empty() ? "stale or not listed" : lost_urls) + ")";
-    if (extras) {
-      return DataLoss(why +
-                      " and ranks hold tensors outside the layout, which have no replicas to "
-                      "rebuild them from");
-    }
-    for (int r : lost) to_hosts[r] = saver;
-    Result<plan::Plan> p = plan::MakePlan(model, layout, layout, cs.rank_hosts, to_hosts);
-    if (!p.ok()) return p.status().WithContext(why);
-    rebuild = std::move(p).value();
-    stats.rebuilt_ranks = static_cast<int>(lost.size());
+    TP_ASSIGN_OR_RETURN(rebuild,
+                        PlanRebuild(layout, cs, lost, extras, saver, what, to_hosts, stats));
   }
-
   TP_ASSIGN_OR_RETURN(io::CheckpointWriter writer, io::CheckpointWriter::Create(out));
-  std::vector<io::SafetensorsWriter> files;
   std::vector<std::vector<void*>> dst(world);  // lost ranks: [local tensor] -> bytes in its file
-  for (int r = 0; r < world; ++r) {
-    const bool is_lost = cs.rank_hosts[r] == plan::kLostHost;
-    std::set<std::string> names;
-    if (is_lost) {
-      for (const LocalTensor& t : *layout.ranks[r].tensors) names.insert(t.name);
-    } else {
-      for (const auto& [n, t] : have[r]) names.insert(n);
-    }
-    RankFileShape shape = RecordedShape(cs.info, layout.ranks[r], names);
-    std::map<std::string, std::pair<DType, Shape>> types;
-    for (const LocalTensor& t : *layout.ranks[r].tensors) types[t.name] = {t.dtype, t.shape};
-    for (const auto& [n, t] : have[r]) types[n] = {t.dtype, t.shape};
-    std::vector<io::SafetensorsEntry> entries;
-    for (const std::string& n : shape.order)
-      entries.push_back({n, types[n].first, types[n].second, 0, 0});
-    TP_ASSIGN_OR_RETURN(io::SafetensorsWriter w,
-                        io::SafetensorsWriter::Create(writer.RankPath(r), entries, shape.metadata));
-    if (is_lost) {
-      for (const LocalTensor& t : *layout.ranks[r].tensors) {
-        auto at = std::find(shape.order.begin(), shape.order.end(), t.name) - shape.order.begin();
-        dst[r].push_back(w.data(static_cast<std::size_t>(at)));
-        stats.bytes += t.bytes();
-        ++stats.tensors;
-      }
-    } else {
-      store::Client& c = *clients[cs.rank_hosts[r]];
-      for (std::size_t i = 0; i < shape.order.size(); ++i) {
-        const store::TensorInfo& t = have[r][shape.order[i]];
-        if (t.bytes > 0) TP_RETURN_IF_ERROR(c.Read(t, w.data(i)));
-        ReportProgress(t.bytes);
-        stats.bytes += t.bytes;
-        ++stats.tensors;
-      }
-    }
-    files.push_back(std::move(w));
-  }
+  TP_ASSIGN_OR_RETURN(std::vector<io::SafetensorsWriter> files,
+                      WriteRankFiles(writer, clients, cs, layout, have, dst, stats));
   if (rebuild) {
-    const std::vector<std::vector<const void*>> src(world);  // the saver holds no old rank
-    HostExecInput in;
-    in.plan = &*rebuild;
-    in.from = &layout;
-    in.to = &layout;
-    in.from_hosts = &cs.rank_hosts;
-    in.to_hosts = &to_hosts;
-    in.host = saver;
-    in.src = &src;
-    in.dst = &dst;
-    in.pool = &ThreadPool::Default();
-    in.region_name = [&](int rank, int tensor) {
-      return store::TensorPathOf(job, cs.version, rank, (*layout.ranks[rank].tensors)[tensor].name);
-    };
-    // A replica's tensor is read whole from its store, then its runs are copied out.
-    in.fetch = [&](int peer, const std::vector<transport::ReadRequest>& reqs) -> Status {
-      std::vector<uint8_t> buf;
-      for (const transport::ReadRequest& req : reqs) {
-        auto it = by_path[peer].find(req.region);
-        if (it == by_path[peer].end())
-          return DataLoss(clients[peer]->url() + " lacks " + req.region);
-        buf.resize(it->second.bytes);
-        if (!buf.empty()) TP_RETURN_IF_ERROR(clients[peer]->Read(it->second, buf.data()));
-        for (const transport::ReadRun& run : req.runs) {
-          if (run.offset + run.length > buf.size())
-            return Internal("a read run is outside " + req.region);
-          std::memcpy(run.dest, buf.data() + run.offset, run.length);
-        }
-      }
-      return Status::Ok();
-    };
-    Result<HostExecStats> ex = ExecuteHostPart(in);
-    if (!ex.ok()) return ex.status().WithContext("rebuilding the ranks of lost hosts of " + what);
+    Status st = RebuildLostRanks(*rebuild, layout, cs, to_hosts, saver, have, clients, job, dst);
+    if (!st.ok()) return st.WithContext("rebuilding the ranks of lost hosts of " + what);
   }
   for (io::SafetensorsWriter& w : files) TP_RETURN_IF_ERROR(w.Commit());
   TP_RETURN_IF_ERROR(writer.Commit(cs.info.ToCheckpoint(), /*checksums=*/true));
