@@ -245,21 +245,28 @@ inline std::vector<json> LogEvents(const std::string& path, const std::string& n
   return out;
 }
 
+// A fresh directory /tmp/tenplex-<name>-test-XXXXXX (into dir) with the /bin/sh
+// worker script and a 2-layer GPT model, and the run options that use them.
+inline void PrepareRunDir(const std::string& name, const char* worker, std::string& dir,
+                          RunOptions& o) {
+  std::string tmpl = "/tmp/tenplex-" + name + "-test-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+  dir = tmpl;
+  ASSERT_TRUE(WriteFileAtomic(dir + "/worker.sh", worker).ok());
+  GptArgs a;
+  a.num_layers = 2;
+  ASSERT_TRUE(WriteFileAtomic(dir + "/model.json", ModelToJson(*MakeGpt(a))).ok());
+  o.model_path = dir + "/model.json";
+  o.log_path = dir + "/log.jsonl";
+  o.schedule_path = dir + "/schedule.json";
+  o.command = {"/bin/sh", dir + "/worker.sh"};
+  o.hang_seconds = 30;
+}
+
 class RunnerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/tenplex-runner-test-XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-    ASSERT_TRUE(WriteFileAtomic(dir_ + "/worker.sh", kWorker).ok());
-    GptArgs a;
-    a.num_layers = 2;
-    ASSERT_TRUE(WriteFileAtomic(dir_ + "/model.json", ModelToJson(*MakeGpt(a))).ok());
-    o_.model_path = dir_ + "/model.json";
-    o_.log_path = dir_ + "/log.jsonl";
-    o_.schedule_path = dir_ + "/schedule.json";
-    o_.command = {"/bin/sh", dir_ + "/worker.sh"};
-    o_.hang_seconds = 30;
+    PrepareRunDir("runner", kWorker, dir_, o_);
     backend_ = std::make_unique<FakeBackend>(dir_);
   }
   void TearDown() override {

@@ -93,18 +93,8 @@ done
 class WarmRunTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/tenplex-warm-test-XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-    ASSERT_TRUE(WriteFileAtomic(dir_ + "/worker.sh", kWarmWorker).ok());
-    GptArgs a;
-    a.num_layers = 2;
-    ASSERT_TRUE(WriteFileAtomic(dir_ + "/model.json", ModelToJson(*MakeGpt(a))).ok());
-    o_.model_path = dir_ + "/model.json";
-    o_.log_path = dir_ + "/log.jsonl";
-    o_.schedule_path = dir_ + "/schedule.json";
-    o_.command = {"/bin/sh", dir_ + "/worker.sh"};
-    o_.hang_seconds = 30;
+    runner_testing::PrepareRunDir("warm", kWarmWorker, dir_, o_);
+    if (HasFatalFailure()) return;
     o_.shm_dir = dir_ + "/store";
     o_.work_dir = dir_ + "/work";
     o_.warm = true;
