@@ -88,5 +88,67 @@ TEST(BoxTest, ContiguousPartsCoverBoxInOrder) {
   }
 }
 
+// IntervalVec against std::vector<Interval> as the reference: random push_back, resize,
+// copies, moves and comparisons across the inline/heap boundary (ranks 0..8).
+TEST(IntervalVecTest, BehavesAsStdVector) {
+  std::mt19937 rng(7);
+  auto iv = [&] {
+    int64_t b = static_cast<int64_t>(rng() % 5);
+    return Interval{b, b + static_cast<int64_t>(rng() % 4)};
+  };
+  auto same = [](const IntervalVec& a, const std::vector<Interval>& r) {
+    return std::vector<Interval>(a.begin(), a.end()) == r && a.size() == r.size() &&
+           a.empty() == r.empty();
+  };
+  for (int trial = 0; trial < 2000; ++trial) {
+    IntervalVec a;
+    std::vector<Interval> ra;
+    IntervalVec b;
+    std::vector<Interval> rb;
+    for (int step = 0; step < 12; ++step) {
+      switch (rng() % 7) {
+        case 0:
+        case 1: {
+          Interval x = iv();
+          if (ra.size() < 8) a.push_back(x), ra.push_back(x);
+          break;
+        }
+        case 2: {
+          std::size_t n = rng() % 9;
+          a.resize(n);
+          ra.resize(n);
+          break;
+        }
+        case 3:
+          b = a, rb = ra;  // copy
+          break;
+        case 4: {
+          IntervalVec moved(std::move(a));
+          a = IntervalVec();
+          b = std::move(moved), rb = ra, ra.clear();
+          break;
+        }
+        case 5:
+          std::swap(a, b), std::swap(ra, rb);
+          break;
+        case 6:
+          a = IntervalVec(ra);  // from a std::vector
+          break;
+      }
+      ASSERT_TRUE(same(a, ra)) << "trial " << trial << " step " << step;
+      ASSERT_TRUE(same(b, rb)) << "trial " << trial << " step " << step;
+      EXPECT_EQ(a == b, ra == rb);
+      EXPECT_EQ(a < b, ra < rb);
+      EXPECT_EQ(Box(a) == Box(b), ra == rb);
+    }
+  }
+  // Writes through [] and iteration land in the storage that is read back.
+  IntervalVec c = {{0, 1}, {2, 3}, {4, 5}, {6, 7}};
+  for (Interval& x : c) x.end += 10;
+  EXPECT_EQ(c[3], (Interval{6, 17}));
+  EXPECT_EQ(c.back(), (Interval{6, 17}));
+  EXPECT_EQ(c.size(), 4u);
+}
+
 }  // namespace
 }  // namespace tenplex
