@@ -42,11 +42,8 @@ int64_t PlanBytes(const tenplex::plan::Plan& p) {
   int64_t b =
       static_cast<int64_t>((p.ops.capacity() + p.kept.capacity()) * sizeof(tenplex::plan::CopyOp));
   auto boxes = [](const tenplex::plan::CopyOp& op) {
-    // Boxes keep up to IntervalVec::kInline intervals inside the op; beyond that each
-    // of the three has one heap block (plus allocator overhead).
-    const std::size_t r = op.global.rank();
-    if (r <= tenplex::IntervalVec::kInline) return int64_t{0};
-    return static_cast<int64_t>(3 * (r * sizeof(tenplex::Interval) + 16));
+    // Three boxes, each one heap block of rank intervals (plus allocator overhead).
+    return static_cast<int64_t>(3 * (op.global.rank() * sizeof(tenplex::Interval) + 16));
   };
   for (const auto& op : p.ops) b += boxes(op);
   for (const auto& op : p.kept) b += boxes(op);

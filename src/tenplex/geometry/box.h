@@ -7,18 +7,26 @@
 #include <string>
 #include <vector>
 
-#include "tenplex/geometry/interval_vec.h"
 #include "tenplex/util/status.h"
 
 namespace tenplex {
 
 using Shape = std::vector<int64_t>;
 
+struct Interval {
+  int64_t begin = 0;
+  int64_t end = 0;
+  int64_t size() const { return end - begin; }
+  bool empty() const { return end <= begin; }
+  friend bool operator==(const Interval&, const Interval&) = default;
+  friend auto operator<=>(const Interval&, const Interval&) = default;
+};
+
 struct Box {
-  IntervalVec dims;  // inline up to rank 3 (see interval_vec.h)
+  std::vector<Interval> dims;
 
   Box() = default;
-  explicit Box(IntervalVec d) : dims(std::move(d)) {}
+  explicit Box(std::vector<Interval> d) : dims(std::move(d)) {}
   std::size_t rank() const { return dims.size(); }
   const Interval& operator[](std::size_t i) const { return dims[i]; }
   Interval& operator[](std::size_t i) { return dims[i]; }
