@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "tenplex/util/apportion.h"
@@ -48,26 +49,96 @@ std::vector<double> UnitShares(int64_t units, const std::vector<int>& weights) {
   return s;
 }
 
+namespace {
+
+// Each rank's fraction of the job's work under w.
+std::vector<double> Fractions(const std::array<SplitDim, 3>& dims,
+                              const std::array<std::vector<int>, 3>& w, int world) {
+  const int tp = static_cast<int>(dims[0].weights.size());
+  const int dp = static_cast<int>(dims[1].weights.size());
+  auto s = AllShares(dims, w);
+  std::vector<double> f(world, 1.0);
+  for (int r = 0; r < world; ++r)
+    for (int k = 0; k < 3; ++k) f[r] *= s[k][IndexOf(r, k, tp, dp)];
+  return f;
+}
+
+int WorldOf(const std::array<SplitDim, 3>& dims) {
+  return static_cast<int>(dims[0].weights.size() * dims[1].weights.size() * dims[2].weights.size());
+}
+
+bool SameShape(const std::array<SplitDim, 3>& dims, const SplitSample& s, int world) {
+  for (int k = 0; k < 3; ++k)
+    if (s.weights[k].size() != dims[k].weights.size()) return false;
+  return static_cast<int>(s.rank_seconds.size()) == world;
+}
+
+}  // namespace
+
+SpeedModel FitSpeedModel(const std::array<SplitDim, 3>& dims, const SplitSample& current,
+                         const std::vector<SplitSample>& history, const RebalancePolicy& policy) {
+  const int world = WorldOf(dims);
+  SpeedModel m;
+  m.fixed_s.assign(world, 0.0);
+  m.per_work_s.assign(world, 0.0);
+  if (static_cast<int>(current.rank_seconds.size()) != world) return m;
+  const std::vector<double> fc = Fractions(dims, current.weights, world);
+  std::vector<std::vector<double>> fh;
+  std::vector<const SplitSample*> hs;
+  for (const SplitSample& h : history) {
+    if (!SameShape(dims, h, world)) continue;
+    fh.push_back(Fractions(dims, h.weights, world));
+    hs.push_back(&h);
+  }
+  // Per rank: the least-squares slope through the current point, or none.
+  std::vector<double> frac(world, -1.0);  // fitted fixed fraction a/t, -1: no fit
+  for (int r = 0; r < world; ++r) {
+    const double t = current.rank_seconds[r], f = fc[r];
+    if (!(f > 0) || !(t > 0)) continue;
+    double sxx = 0, sxy = 0;
+    for (std::size_t j = 0; j < hs.size(); ++j) {
+      const double dx = fh[j][r] - f, dy = hs[j]->rank_seconds[r] - t;
+      if (!(fh[j][r] > 0) || !(hs[j]->rank_seconds[r] > 0)) continue;
+      sxx += dx * dx;
+      sxy += dx * dy;
+    }
+    if (sxx < policy.min_share_change * policy.min_share_change * f * f) continue;
+    const double b = sxy / sxx;
+    const double a = t - b * f;
+    frac[r] = std::clamp(b > 0 ? a / t : policy.max_fixed_fraction, 0.0, policy.max_fixed_fraction);
+    ++m.fitted_ranks;
+  }
+  std::vector<double> fitted;
+  for (double x : frac)
+    if (x >= 0) fitted.push_back(x);
+  const double fallback = fitted.empty() ? policy.fixed_fraction : Median(fitted);
+  for (int r = 0; r < world; ++r) {
+    const double t = current.rank_seconds[r], f = fc[r];
+    if (!(f > 0)) continue;  // a rank holding no work cannot be measured; it stays free
+    const double phi = frac[r] >= 0 ? frac[r] : fallback;
+    m.fixed_s[r] = phi * t;
+    m.per_work_s[r] = (t - m.fixed_s[r]) / f;
+  }
+  return m;
+}
+
+std::vector<double> PredictRankSeconds(const std::array<SplitDim, 3>& dims, const SpeedModel& model,
+                                       const std::array<std::vector<int>, 3>& weights) {
+  const int world = static_cast<int>(model.fixed_s.size());
+  const std::vector<double> f = Fractions(dims, weights, world);
+  std::vector<double> out(world);
+  for (int r = 0; r < world; ++r)
+    out[r] = model.per_work_s[r] > 0 ? model.fixed_s[r] + model.per_work_s[r] * f[r] : 0.0;
+  return out;
+}
+
 std::vector<double> PredictRankSeconds(const std::array<SplitDim, 3>& dims,
                                        const std::vector<double>& measured,
                                        const std::array<std::vector<int>, 3>& weights) {
-  const int tp = static_cast<int>(dims[0].weights.size());
-  const int dp = static_cast<int>(dims[1].weights.size());
-  std::array<std::vector<int>, 3> cur = {dims[0].weights, dims[1].weights, dims[2].weights};
-  auto s_cur = AllShares(dims, cur);
-  auto s_new = AllShares(dims, weights);
-  std::vector<double> out(measured.size());
-  for (std::size_t r = 0; r < measured.size(); ++r) {
-    double f_cur = 1, f_new = 1;
-    for (int k = 0; k < 3; ++k) {
-      const int i = IndexOf(static_cast<int>(r), k, tp, dp);
-      f_cur *= s_cur[k][i];
-      f_new *= s_new[k][i];
-    }
-    // A rank holding no work cannot be measured; it stays free.
-    out[r] = f_cur > 0 ? measured[r] / f_cur * f_new : 0.0;
-  }
-  return out;
+  SplitSample cur;
+  cur.weights = {dims[0].weights, dims[1].weights, dims[2].weights};
+  cur.rank_seconds = measured;
+  return PredictRankSeconds(dims, FitSpeedModel(dims, cur, {}), weights);
 }
 
 namespace {
@@ -108,47 +179,50 @@ std::vector<double> MedianRankSeconds(const RebalanceInput& in, int world) {
 }
 
 // The predicted step time under w: its slowest rank's seconds.
-double PredictStep(const std::array<SplitDim, 3>& dims, const std::vector<double>& measured,
+double PredictStep(const std::array<SplitDim, 3>& dims, const SpeedModel& m,
                    const std::array<std::vector<int>, 3>& w) {
-  auto t = PredictRankSeconds(dims, measured, w);
+  auto t = PredictRankSeconds(dims, m, w);
   return *std::max_element(t.begin(), t.end());
 }
 
-// Seconds per unit of work of every rank, from the measured split.
-std::vector<double> SecondsPerUnit(const RebalanceInput& in, const RebalanceDecision& d,
-                                   const Grid& g) {
-  std::vector<double> tau(g.world);
-  std::array<std::vector<int>, 3> cur = d.weights;
-  auto s = AllShares(in.dims, cur);
-  for (int r = 0; r < g.world; ++r) {
-    double f = 1;
-    for (int k = 0; k < 3; ++k) f *= s[k][IndexOf(r, k, g.tp, g.dp)];
-    tau[r] = f > 0 ? d.rank_seconds[r] / f : 0.0;
-  }
-  return tau;
-}
-
-// The target speed of every index of dimension k under `best`: the inverse of its
-// pace, its slowest rank's seconds for its share of the other dims.
-std::vector<double> TargetSpeeds(const RebalanceInput& in, const std::vector<double>& tau,
+// The target shares of dimension k's indexes under `best` (the other dims' shares
+// fixed) that equalise the predicted times: index i's time is max over its ranks of
+// a_r + c_r·s_i; s_i(T) = min_r (T - a_r) / c_r, T by bisection so that they sum to 1.
+std::vector<double> TargetShares(const RebalanceInput& in, const SpeedModel& m,
                                  const std::array<std::vector<int>, 3>& best, int k,
                                  const Grid& g) {
   const int n = static_cast<int>(in.dims[k].weights.size());
   auto s = AllShares(in.dims, best);
-  std::vector<double> pace(n, 0.0);
+  std::vector<double> a(g.world), c(g.world);
+  double hi = 0;
   for (int r = 0; r < g.world; ++r) {
-    double f = tau[r];
+    c[r] = m.per_work_s[r];
     for (int o = 0; o < 3; ++o)
-      if (o != k) f *= s[o][IndexOf(r, o, g.tp, g.dp)];
-    double& p = pace[IndexOf(r, k, g.tp, g.dp)];
-    p = std::max(p, f);
+      if (o != k) c[r] *= s[o][IndexOf(r, o, g.tp, g.dp)];
+    a[r] = m.fixed_s[r];
+    hi = std::max(hi, a[r] + c[r]);
   }
-  std::vector<double> target(n);
-  for (int i = 0; i < n; ++i) target[i] = pace[i] > 0 ? 1.0 / pace[i] : 0.0;
-  return target;
+  auto shares_at = [&](double T) {
+    std::vector<double> x(n, std::numeric_limits<double>::infinity());
+    for (int r = 0; r < g.world; ++r) {
+      if (!(c[r] > 0)) continue;  // a rank with no work to scale sets no limit
+      double& xi = x[IndexOf(r, k, g.tp, g.dp)];
+      xi = std::min(xi, std::max(0.0, (T - a[r]) / c[r]));
+    }
+    for (double& xi : x)
+      if (std::isinf(xi)) xi = 1.0;
+    return x;
+  };
+  auto sum = [](const std::vector<double>& x) { return std::accumulate(x.begin(), x.end(), 0.0); };
+  double lo = 0;
+  for (int it = 0; it < 200 && hi - lo > 1e-12 * hi; ++it) {
+    const double mid = 0.5 * (lo + hi);
+    (sum(shares_at(mid)) < 1.0 ? lo : hi) = mid;
+  }
+  return shares_at(hi);
 }
 
-// The target speeds of dimension k rounded to weights of at most `max`; empty when
+// The target shares of dimension k rounded to weights of at most `max`; empty when
 // some index would get no unit (a count dimension) or no share (spec §9).
 std::vector<int> RoundedWeights(const SplitDim& dim, const std::vector<double>& target, double top,
                                 int max) {
@@ -169,13 +243,12 @@ std::vector<int> RoundedWeights(const SplitDim& dim, const std::vector<double>& 
   return w;
 }
 
-// Tries the roundings of dimension k's target speeds; keeps in best / best_t the
+// Tries the roundings of dimension k's target shares; keeps in best / best_t the
 // fastest predicted split.
-void ImproveDim(const RebalanceInput& in, const RebalancePolicy& policy, const RebalanceDecision& d,
-                const std::vector<double>& tau, int k, const Grid& g,
-                std::array<std::vector<int>, 3>& best, double& best_t) {
+void ImproveDim(const RebalanceInput& in, const RebalancePolicy& policy, const SpeedModel& m, int k,
+                const Grid& g, std::array<std::vector<int>, 3>& best, double& best_t) {
   if (in.dims[k].weights.size() < 2) return;
-  std::vector<double> target = TargetSpeeds(in, tau, best, k, g);
+  std::vector<double> target = TargetShares(in, m, best, k, g);
   const double top = *std::max_element(target.begin(), target.end());
   if (!(top > 0)) return;
   for (int K = 1; K <= policy.max_weight; ++K) {
@@ -183,7 +256,7 @@ void ImproveDim(const RebalanceInput& in, const RebalancePolicy& policy, const R
     if (w.empty()) continue;
     auto cand = best;
     cand[k] = w;
-    const double t = PredictStep(in.dims, d.rank_seconds, cand);
+    const double t = PredictStep(in.dims, m, cand);
     if (t < best_t * (1 - 1e-9)) {
       best_t = t;
       best = cand;
@@ -227,11 +300,19 @@ RebalanceDecision DecideRebalance(const RebalanceInput& in, const RebalancePolic
   d.reason = WindowProblem(in, policy, g.world);
   if (!d.reason.empty()) return d;
   d.rank_seconds = MedianRankSeconds(in, g.world);
-  d.current_step_s = PredictStep(in.dims, d.rank_seconds, d.weights);
+  d.measured.weights = d.weights;
+  d.measured.rank_seconds = d.rank_seconds;
+  d.speed = FitSpeedModel(in.dims, d.measured, in.history, policy);
+  d.current_step_s = PredictStep(in.dims, d.speed, d.weights);
   std::array<std::vector<int>, 3> best = d.weights;
   double best_t = d.current_step_s;
-  const std::vector<double> tau = SecondsPerUnit(in, d, g);
-  for (int k : {0, 1, 2, 0}) ImproveDim(in, policy, d, tau, k, g, best, best_t);
+  // Coordinate passes until a pass changes nothing (each dimension's targets depend on
+  // the others' shares).
+  for (int pass = 0; pass < 6; ++pass) {
+    const auto before = best;
+    for (int k : {0, 1, 2}) ImproveDim(in, policy, d.speed, k, g, best, best_t);
+    if (best == before) break;
+  }
   Conclude(in, policy, best, best_t, d);
   return d;
 }
@@ -326,7 +407,8 @@ Result<ConfigRebalance> DecideConfigRebalance(const Model& model, const Parallel
                                               int64_t global_batch,
                                               const std::vector<std::vector<double>>& rank_seconds,
                                               int64_t remaining_steps, double cost_seconds,
-                                              const RebalancePolicy& policy) {
+                                              const RebalancePolicy& policy,
+                                              const std::vector<SplitSample>& history) {
   TP_RETURN_IF_ERROR(ValidateConfig(model, config));
   if (global_batch < config.dp)
     return InvalidArgument("global batch " + std::to_string(global_batch) + " < dp");
@@ -340,6 +422,7 @@ Result<ConfigRebalance> DecideConfigRebalance(const Model& model, const Parallel
   in.rank_seconds = rank_seconds;
   in.remaining_steps = remaining_steps;
   in.cost_seconds = cost_seconds;
+  in.history = history;
   ConfigRebalance out;
   out.decision = DecideRebalance(in, policy);
   out.to = ProposedConfig(model, config, out.decision);

@@ -8,17 +8,32 @@
 // tp: the FLOP-weighted unit shares of the split tensors after spec §9 apportionment,
 // so query-group granularity is honoured; for dp: samples; for pp: layers).
 //
-// Model. Rank r = (t, d, p) does the fraction s_tp[t]·s_dp[d]·s_pp[p] of the job's work;
-// its measured seconds per unit of work is tau_r = median(rank_seconds_r) / that
-// fraction (the median over the window resists a noisy step). A synchronous step lasts
-// about as long as its slowest rank, so a split's predicted step time is
-// max_r tau_r · share_r. The ideal bound (every device busy all the time) is
-// 1 / sum_r (1 / tau_r) times the world's replicated structure; the policy does not need
-// it, the benchmark reports it.
+// Model. Rank r = (t, d, p) does the fraction f_r = s_tp[t]·s_dp[d]·s_pp[p] of the
+// job's work. Its step compute is modelled as a fixed part plus a proportional part,
+// seconds_r(f) = a_r + b_r · f: a_r is what the rank does whatever its share (layer norms
+// and optimizer bookkeeping on replicated tensors, a dp rank's optimizer step over the
+// whole model, Python and kernel-launch overhead per layer, setting up collectives),
+// b_r the seconds the whole job's work would take it. One window at one split cannot
+// tell a from b; splits measured earlier at the same speeds (`history`: the segments
+// before a rebalance of the same schedule entry) can. The fit is anchored at the current
+// split (the prediction for it is exactly its measured median, so the hysteresis below
+// compares with a measurement, not with a fit): b_r is the least-squares slope of the
+// (f, seconds) points of the other splits about the current point, a_r = t_r - b_r·f_r.
+// A rank whose share moved by less than `min_share_change` (relative) gets no slope of
+// its own and takes the median fixed fraction a/t of the ranks that have one; with no
+// history the fixed part is `fixed_fraction` of the measured time (default 0: the
+// proportional model, tau_r = t_r / f_r seconds per unit of work). A fit outside
+// 0 <= a_r <= max_fixed_fraction·t_r (noise, or a change of the machine's load between
+// the splits) is clamped to that range. A synchronous step lasts about as long as its
+// slowest rank, so a split's predicted step time is max_r a_r + b_r·f_r.
 //
-// Search. One dimension at a time (tp, then dp, then pp, then tp again): the target share
-// of index i is proportional to 1 / max over the ranks at index i of tau_r times their
-// shares in the other dimensions (the slowest device at that index sets its pace).
+// Search. One dimension at a time (tp, then dp, then pp, then tp again): the target
+// shares s_i of the dimension's indexes equalise the predicted times: with the other
+// dimensions' shares fixed, index i's time is max over its ranks of a_r + c_r·s_i
+// (c_r = b_r times their other shares), so s_i(T) = min_r (T - a_r) / c_r (at least 0)
+// and T is found by bisection such that the s_i sum to 1. With no fixed part this is
+// the share proportional to the speed of the index's slowest rank; with one, a slow
+// rank gets less than its speed share (its fixed part does not shrink).
 // Targets become integer weights by scaling with K = 1..max_weight and rounding (at least
 // 1; for pp apportioning the layers, at least 1 per stage); each candidate is scored by
 // its predicted step time through the shares function (which knows the granularity),
@@ -32,8 +47,9 @@
 // measured cost of a reconfiguration (stop, transform, restart) times `cost_margin`.
 // Hysteresis: (b) keeps measurement noise from flipping between near-equal splits,
 // and since a balanced split predicts no gain from itself, a run with steady speeds
-// rebalances once and then stays; a change of speeds (a schedule `slowdown` entry)
-// makes (b) and (c) true again.
+// rebalances once (twice when the first move, chosen without a fixed part, over- or
+// undershoots and the fit from both splits predicts a gain over the threshold) and then
+// stays; a change of speeds (a schedule `slowdown` entry) makes (b) and (c) true again.
 #pragma once
 
 #include <array>
@@ -57,30 +73,61 @@ struct SplitDim {
   std::function<std::vector<double>(const std::vector<int>&)> shares;
 };
 
+// One split and each rank's median compute seconds measured under it.
+struct SplitSample {
+  std::array<std::vector<int>, 3> weights;  // tp, dp weights, layers per stage
+  std::vector<double> rank_seconds;         // median per rank
+};
+
 struct RebalanceInput {
   std::array<SplitDim, 3> dims;                   // tp, dp, pp (rank order: tp fastest)
   std::vector<std::vector<double>> rank_seconds;  // per step of the window, per rank
+  // Earlier splits measured at the same speeds (oldest first); samples whose world or
+  // dimension sizes differ from dims are ignored.
+  std::vector<SplitSample> history;
   int64_t remaining_steps = 0;
   double cost_seconds = 0;  // measured (or estimated) seconds of one reconfiguration
 };
 
 struct RebalancePolicy {
-  double min_step_gain = 0.08;  // relative step-time gain below which nothing changes
-  double cost_margin = 1.0;     // the gain must exceed cost_seconds times this
-  int max_weight = 32;          // largest weight tried when rounding target shares
-  int min_window = 2;           // steps needed before any decision
+  double min_step_gain = 0.08;      // relative step-time gain below which nothing changes
+  double cost_margin = 1.0;         // the gain must exceed cost_seconds times this
+  int max_weight = 32;              // largest weight tried when rounding target shares
+  int min_window = 2;               // steps needed before any decision
+  double fixed_fraction = 0.0;      // fixed part / measured time of a rank with no fit
+  double max_fixed_fraction = 0.8;  // a fitted fixed part is clamped to this x measured
+  double min_share_change = 0.1;    // relative share change a slope needs
 };
+
+// Per rank: step compute seconds = fixed_s + per_work_s · (the rank's fraction of work).
+struct SpeedModel {
+  std::vector<double> fixed_s, per_work_s;
+  int fitted_ranks = 0;  // ranks whose slope came from measured splits
+};
+
+// The model of the ranks' speeds from `current` (the split now running) and earlier
+// splits at the same speeds (see the essay above).
+SpeedModel FitSpeedModel(const std::array<SplitDim, 3>& dims, const SplitSample& current,
+                         const std::vector<SplitSample>& history,
+                         const RebalancePolicy& policy = {});
+
+// The ranks' predicted seconds under `weights`.
+std::vector<double> PredictRankSeconds(const std::array<SplitDim, 3>& dims, const SpeedModel& model,
+                                       const std::array<std::vector<int>, 3>& weights);
 
 struct RebalanceDecision {
   bool rebalance = false;
   std::array<std::vector<int>, 3> weights;  // the proposed split (the current one if none)
   std::vector<double> rank_seconds;         // median per rank over the window
+  SplitSample measured;                     // the current split and those medians
+  SpeedModel speed;                         // the fitted model the prediction used
   double current_step_s = 0, predicted_step_s = 0;
   double predicted_gain_s = 0, cost_s = 0;
   std::string reason;  // why (not)
 };
 
-// The ranks' predicted seconds for `weights` given measured medians under `current`.
+// The ranks' predicted seconds for `weights` given medians measured under the dims'
+// current weights, by the proportional model (no fixed part).
 std::vector<double> PredictRankSeconds(const std::array<SplitDim, 3>& dims,
                                        const std::vector<double>& measured,
                                        const std::array<std::vector<int>, 3>& weights);
@@ -96,11 +143,14 @@ struct ConfigRebalance {
   RebalanceDecision decision;
   ParallelConfig to;
 };
+// `history`: earlier splits of the same config's dims at the same speeds (the
+// `measured` of earlier decisions), for the fixed part.
 Result<ConfigRebalance> DecideConfigRebalance(const Model& model, const ParallelConfig& config,
                                               int64_t global_batch,
                                               const std::vector<std::vector<double>>& rank_seconds,
                                               int64_t remaining_steps, double cost_seconds,
-                                              const RebalancePolicy& policy = {});
+                                              const RebalancePolicy& policy = {},
+                                              const std::vector<SplitSample>& history = {});
 
 // Equal shares of `units` whole units apportioned by weights (spec §9), per index:
 // the shares function of a dimension whose work is one apportioned quantity.

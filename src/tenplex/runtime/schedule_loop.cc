@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
@@ -272,8 +273,14 @@ class ScheduleLoop {
     if (o_.rebalance_cost >= 0) cost = o_.rebalance_cost;
     RebalancePolicy policy;
     policy.min_step_gain = o_.rebalance_min_gain;
-    auto d = DecideConfigRebalance(model_, cfg_, GlobalBatch(), window,
-                                   entries_[i_ + 1].step - step, std::max(0.0, cost), policy);
+    // The splits measured before in this entry (same speeds) give the fixed part.
+    if (history_entry_ != i_) {
+      history_.clear();
+      history_entry_ = i_;
+    }
+    auto d =
+        DecideConfigRebalance(model_, cfg_, GlobalBatch(), window, entries_[i_ + 1].step - step,
+                              std::max(0.0, cost), policy, history_);
     if (!d.ok()) {
       Notify("--rebalance: " + d.status().message());
       return false;
@@ -313,6 +320,7 @@ class ScheduleLoop {
     rec.stop_seconds = seg.stop_seconds();
     TP_RETURN_IF_ERROR(TransformTo(r.to, rec));
     last_transform_s_ = rec.transform_seconds;
+    history_.push_back(r.decision.measured);
     TP_RETURN_IF_ERROR(
         AppendLogLine(o_.log_path, {{"event", "rebalance"},
                                     {"step", step_},
@@ -323,6 +331,9 @@ class ScheduleLoop {
                                     {"rank_seconds", r.decision.rank_seconds},
                                     {"current_step_s", r.decision.current_step_s},
                                     {"predicted_step_s", r.decision.predicted_step_s},
+                                    {"fixed_s", r.decision.speed.fixed_s},
+                                    {"per_work_s", r.decision.speed.per_work_s},
+                                    {"fitted_ranks", r.decision.speed.fitted_ranks},
                                     {"bytes_moved", rec.bytes_moved},
                                     {"bytes_cross_host", last_cross_host_[0]},
                                     {"cross_host_lower_bound", last_cross_host_[1]},
@@ -370,6 +381,9 @@ class ScheduleLoop {
   uint64_t seg_log_offset_ = 0;
   Clock::time_point t_segment_;
   std::optional<ConfigRebalance> rebalance_;
+  // The splits measured (and left) in schedule entry history_entry_, for the speed model.
+  std::vector<SplitSample> history_;
+  std::size_t history_entry_ = SIZE_MAX;
   double last_transform_s_ = 0;
   std::array<int64_t, 2> last_cross_host_{};  // the last transform's fetched bytes, bound
   bool warned_ = false;
