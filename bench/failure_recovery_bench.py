@@ -53,8 +53,10 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+sys.path.insert(0, os.path.join(HERE, "..", "python"))
 from bench_csv import write_rows  # noqa: E402
 from daemons import Daemon, write_cluster  # noqa: E402
+from tenplex.runlog import read_run_log  # noqa: E402
 
 REPO = os.path.abspath(os.path.join(HERE, ".."))
 PY = "/usr/bin/python3"
@@ -78,20 +80,8 @@ def train_args(model):
 
 
 def read_log(path):
-    steps, events = {}, []
-    if not os.path.exists(path):
-        return steps, events
-    with open(path) as f:
-        for line in f:
-            try:
-                j = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line being written
-            if "event" in j:
-                events.append(j)
-            elif "step" in j:
-                steps[j["step"]] = j
-    return steps, events
+    """(steps by number, events); nothing yet when the log does not exist (tenplex.runlog)."""
+    return read_run_log(path, missing_ok=True)
 
 
 def run(cmd, what):

@@ -27,7 +27,9 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 from daemons import Daemon, write_cluster  # noqa: E402
+from tenplex.runlog import read_run_log  # noqa: E402
 
 
 class Checks:
@@ -47,16 +49,8 @@ class Checks:
 
 
 def steps_of(log):
-    last = {}
-    events = []
-    with open(log) as f:
-        for line in f:
-            j = json.loads(line)
-            if "event" in j:
-                events.append(j)
-            else:
-                last[j["step"]] = j
-    return last, events
+    """(steps by number, events) of a run log (tenplex.runlog)."""
+    return read_run_log(log)
 
 
 def check_steps(check, got, base, n):

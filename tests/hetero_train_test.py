@@ -34,7 +34,9 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 from daemons import Daemon, write_cluster  # noqa: E402
+from tenplex.runlog import read_run_log  # noqa: E402
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 GPT = os.path.join(ROOT, "examples", "gpt")
@@ -75,17 +77,7 @@ def train(tmp, config, model, steps, tag, extra=()):
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
         raise SystemExit(f"{config} ({tag}) failed with {p.returncode}:\n{p.stderr[-3000:]}")
-    return steps_of(log)
-
-
-def steps_of(log):
-    out = {}
-    with open(log) as f:
-        for line in f:
-            j = json.loads(line)
-            if "event" not in j:
-                out[j["step"]] = j
-    return out
+    return read_run_log(log)[0]
 
 
 def compare(check, got, base, tol, what):
@@ -157,10 +149,8 @@ def run(bin_, tmp, name, schedule, model, extra=()):
     print(p.stdout)
     if p.returncode != 0:
         raise SystemExit(f"tenplex run {name} failed with {p.returncode}:\n{p.stderr[-3000:]}")
-    events = []
-    with open(log) as f:
-        events = [json.loads(line) for line in f if '"event"' in line]
-    return steps_of(log), events, p.stderr
+    steps, events = read_run_log(log)
+    return steps, events, p.stderr
 
 
 def rebalance(bin_):
@@ -195,7 +185,11 @@ def rebalance(bin_):
             check(st.get("bytes_cross_host", -1) == st.get("cross_host_lower_bound", -2) > 0,
                   f"plan {e['from']} -> {e['to']}: cross-host bytes {st.get('bytes_cross_host')} = lower bound "
                   f"{st.get('cross_host_lower_bound')}")
-            check(len(reb) == 1, f"steady speeds: one rebalance, no oscillation ({len(reb)})")
+            # Steady speeds: one move, or a second one when the speed model fitted over both
+            # splits (fixed + proportional part) corrects the first; never back to a split left.
+            seen = [reb[0]["from"]] + [x["to"] for x in reb]
+            check(len(reb) <= 2 and len(set(seen)) == len(seen),
+                  f"steady speeds: at most a correction, no oscillation ({' -> '.join(seen)})")
         compare(check, got, base, 1e-3, "rebalanced run")
         configs = [got[s]["config"] for s in sorted(got)]
         check(configs[0] == "tp=2,pp=1,dp=1" and "tp_weights" in configs[-1], f"configs per step: {configs}")
