@@ -13,7 +13,9 @@ a sleep of (F - 1) x the stretch's measured length before the rank enters the ne
 collective, so that compute takes F times as long as measured and the other ranks wait
 for it at the same points where they would wait for a slower device. The sleeping rank
 holds no core, so the emulation does not slow the other ranks of this machine. The
-reported `rank_seconds` includes the sleep (what a device F times slower would show).
+reported `rank_seconds` includes the sleep as it really lasted (what a device F times
+slower would show, plus the late wake-ups of a loaded machine, which the other ranks
+wait for as well).
 This is how the issue's peer (FlexTP) emulates heterogeneity too (it repeats matmuls on
 the slow ranks); on a lent GPU a real slower device needs no emulation.
 """
@@ -56,7 +58,9 @@ class Meter:
         stretch = now - self._mark
         if self.factor > 1.0 and stretch > 0:
             time.sleep((self.factor - 1.0) * stretch)
-            stretch *= self.factor
+            # What the sleep really took (a loaded machine wakes the rank late): the
+            # others wait for all of it, so it is this rank's time, not theirs.
+            stretch = time.perf_counter() - self._mark
         self.compute += stretch
 
     @contextlib.contextmanager
