@@ -5,7 +5,9 @@ per-step offload, against the ideal bound measured in the same run (issue 14).
   hetero_bench.py [--tenplex build/bin/tenplex] [--out docs/benchmarks] [--quick]
                   [--only tp=2:2] [--steps N] [--window W] [--repeat N] [--keep DIR [--reuse]]
 
-For each case (tp=2, tp=4, dp=2) and slowdown factor F of rank 1 (1.5, 2, 3; emulated
+For each case (tp=2, tp=4, dp=2, and pp=2: two pipeline stages of an 8-layer model, 4
+micro-batches, stage 1 slowed, rebalanced with layers=) and slowdown factor F of rank 1
+(1.5, 2, 3; emulated
 with train.py --slowdown 1=F, examples/gpt/meter.py) it measures, with the reference
 client on this machine (CPU, gloo, one torch thread per rank):
 
@@ -13,9 +15,10 @@ client on this machine (CPU, gloo, one torch thread per rank):
               phases run within a minute of each other under the same machine load: the
               even phase is the first segment (steps 1 .. W-1; step 0 warms up), the
               policy rebalances at its commit at step W, and the rebalanced phase is
-              every step after it (the first step of each new segment excluded: a later
-              rebalance, when the measured speeds moved, refines the split within the
-              phase). Step times are medians over these windows.
+              every step after it (the first step of each new segment excluded); when the
+              policy moves a second time (its speed model, fitted over both splits,
+              corrects the first move), the steps of the final split when there are 3.
+              Step times are medians over these windows.
   ideal       the bound of a phase from its own steps: work / sum of the measured
               speeds (rank r's pace: the median of rank_seconds_r / its share of the
               work; every device busy for the same time on a perfectly divisible job)
@@ -27,6 +30,11 @@ client on this machine (CPU, gloo, one torch thread per rank):
               = (even_s / ideal_s) / (rebalanced_s / rebalanced_ideal_s), the speedup
               at equal machine speed. `rebalanced_over_even_ideal` and
               `even_over_rebalanced` are the raw cross-phase ratios.
+  fixed part  each rank's fixed + proportional parts (seconds = a + b·frac) fitted
+              over the splits of the run, shown as a's fraction of the even split's
+              time, and the bound of such a job (`affine_ideal_s`: every rank's predicted
+              time equal, continuous shares, plus the median non-compute time), which
+              no split beats when a part of the work does not divide.
   rebalance cost  the reconfigure event's seconds (stop + transform + restart of the
               workers, to the first step done) less one rebalanced step.
   flextp      (tp cases) launch.py --flextp-straggler 1 right after: the straggler keeps
@@ -64,6 +72,7 @@ from bench_csv import write_rows  # noqa: E402
 
 sys.path.insert(0, os.path.join(ROOT, "python"))
 from tenplex import layout as L  # noqa: E402
+from tenplex.runlog import read_run_log  # noqa: E402
 
 PY = "/usr/bin/python3"
 GPT = os.path.join(ROOT, "examples", "gpt")
@@ -73,22 +82,19 @@ MODEL = ["--num-layers", "2", "--hidden-size", "128", "--num-attention-heads", "
 GLOBAL_BATCH = 16
 REUSE = False  # --reuse: read the logs a --keep directory holds instead of running
 TRAIN = ["--global-batch-size", str(GLOBAL_BATCH), "--micro-batch-size", str(GLOBAL_BATCH), "--seq-length", "32", "--threads", "1"]
+# The pp case: 8 layers (so that layers= can follow the speeds: 4+4 even), 4 micro-batches
+# of 4 samples (GPipe: the stages overlap on micro-batches; with one there is no pipeline).
+PP_MODEL = ["--num-layers", "8"] + MODEL[2:]
+PP_TRAIN = ["--global-batch-size", str(GLOBAL_BATCH), "--micro-batch-size", "4", "--seq-length", "32", "--threads", "1"]
+
+
+def case_args(config):
+    """(model name, train args) of a case: the pp case has its own model and micro-batches."""
+    return ("pp_model.json", PP_TRAIN) if config.startswith("pp=") else ("model.json", TRAIN)
 
 
 def log(*a):
     print("[hetero]", *a, flush=True)
-
-
-def read_log(path):
-    steps, events = {}, []
-    with open(path) as f:
-        for line in f:
-            j = json.loads(line)
-            if "event" in j:
-                events.append(j)
-            else:
-                steps[j["step"]] = j
-    return steps, events
 
 
 def fractions(tenplex, model, config, cache={}):
@@ -112,10 +118,10 @@ def med(xs):
 def launch(tmp, config, model, steps, tag, extra):
     path = os.path.join(tmp, tag + ".jsonl")
     cmd = [PY, os.path.join(GPT, "launch.py"), "--config", config, "--model", model, "--steps", str(steps),
-           "--log", path, "--timeout", "900"] + TRAIN + list(extra)
+           "--log", path, "--timeout", "900"] + case_args(config)[1] + list(extra)
     if not (REUSE and os.path.exists(path)):
         subprocess.run(cmd, check=True, capture_output=True)
-    return read_log(path)
+    return read_run_log(path)
 
 
 def rebalanced(tenplex, tmp, config, model, steps, window, factor, tag):
@@ -125,10 +131,10 @@ def rebalanced(tenplex, tmp, config, model, steps, window, factor, tag):
     path = os.path.join(tmp, tag + ".jsonl")
     cmd = [tenplex, "run", "--schedule", sched, "--log", path, "--work-dir", os.path.join(tmp, tag), "--quiet",
            "--rebalance", "--rebalance-window", str(window), "--rebalance-cost", "0", "--hang-seconds", "900",
-           "--", PY, os.path.join(GPT, "train.py"), "--model", model] + TRAIN
+           "--", PY, os.path.join(GPT, "train.py"), "--model", model] + case_args(config)[1]
     if not (REUSE and os.path.exists(path)):
         subprocess.run(cmd, check=True, capture_output=True)
-    return read_log(path)
+    return read_run_log(path)
 
 
 def phase(a, model, steps):
@@ -145,8 +151,40 @@ def phase(a, model, steps):
     return med([x["seconds"] for x in steps]), other + 1.0 / sum(1.0 / p for p in pace)
 
 
-def measure(a, tmp, model, config, f, rep=0):
+def speed_model(a, model, steps):
+    """Each rank's fixed and proportional part, seconds = fixed + per_work · frac, fitted
+    by least squares over the splits the steps ran (their medians per config); None for a
+    rank whose share did not move by 10%. Also the bound of such a job: the step time
+    when every rank's predicted time is equal (continuous shares, Σ frac = 1), plus the
+    steps' median non-compute time."""
+    by = {}
+    for x in steps:
+        by.setdefault(x["config"], []).append(x)
+    world = len(steps[0]["rank_seconds"])
+    pts = [(fractions(a.tenplex, model, c), [med([x["rank_seconds"][r] for x in xs]) for r in range(world)])
+           for c, xs in by.items()]
+    fit = []
+    for r in range(world):
+        fs, ts = [p[0][r] for p in pts], [p[1][r] for p in pts]
+        mf, mt = statistics.mean(fs), statistics.mean(ts)
+        sxx = sum((x - mf) ** 2 for x in fs)
+        if len(pts) < 2 or sxx < (0.1 * mf) ** 2:
+            return None, None
+        b = sum((x - mf) * (y - mt) for x, y in zip(fs, ts)) / sxx
+        fit.append((mt - b * mf, b))
+    if any(b <= 0 for _, b in fit):
+        return fit, None
+    lo, hi = 0.0, max(f0 + b for f0, b in fit)
+    for _ in range(100):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if sum(max(0.0, (mid - f0) / b) for f0, b in fit) < 1 else (lo, mid)
+    other = med([x["seconds"] - max(x["rank_seconds"]) for x in steps])
+    return fit, other + hi
+
+
+def measure(a, tmp, config, f, rep=0):
     """One row: FlexTP-style (tp cases), then the rebalance run (even, rebalanced)."""
+    model = os.path.join(tmp, case_args(config)[0])
     tag = f"{config.replace(',', '_').replace('=', '')}-{f}" + (f"-r{rep}" if rep else "")
     row = {"case": config, "slowdown": f}
     flex_s = None
@@ -168,17 +206,20 @@ def measure(a, tmp, model, config, f, rep=0):
     keys = ("rebalances", "rebalanced_to", "rebalanced_steps", "rebalanced_s", "rebalanced_ideal_s",
             "rebalanced_over_ideal", "rebalanced_over_even_ideal", "even_over_rebalanced",
             "even_over_rebalanced_normalized", "rebalance_cost_s", "rebalance_transform_s", "rebalance_bytes")
-    row.update({k: "" for k in keys})
+    row.update({k: "" for k in keys + ("fixed_fraction", "affine_ideal_s", "rebalanced_over_affine_ideal")})
     if reb:
         # After the first rebalance, each segment's first step (new workers) excluded; a
         # later rebalance on noise refines the split within this phase.
         starts = {e["step"] for e in reb}
         after = [steps[s] for s in sorted(steps) if s > first and s not in starts]
-        reb_s, reb_ideal = phase(a, model, after)
+        # The final split's steps (after a correcting second move), when there are 3.
+        final = [x for x in after if x["step"] > reb[-1]["step"]]
+        reb_s, reb_ideal = phase(a, model, final if len(final) >= 3 else after)
         reb_x = reb_s / reb_ideal
         rec = [e for e in events if e["event"] == "reconfigure" and e["step"] == first]
-        row.update({"rebalances": len(reb), "rebalanced_to": reb[-1]["to"].split(",")[-1],
-                    "rebalanced_steps": len(after), "rebalanced_s": round(reb_s, 4),
+        row.update({"rebalances": len(reb),
+                    "rebalanced_to": " > ".join(e["to"].split(",")[-1] for e in reb),
+                    "rebalanced_steps": len(final if len(final) >= 3 else after), "rebalanced_s": round(reb_s, 4),
                     "rebalanced_ideal_s": round(reb_ideal, 4), "rebalanced_over_ideal": round(reb_x, 3),
                     "rebalanced_over_even_ideal": round(reb_s / ideal_s, 3),
                     "even_over_rebalanced": round(even_s / reb_s, 3),
@@ -186,6 +227,14 @@ def measure(a, tmp, model, config, f, rep=0):
                     "rebalance_cost_s": round(rec[0]["seconds"] - reb_s, 3) if rec else "",
                     "rebalance_transform_s": round(reb[0]["transform_seconds"], 4),
                     "rebalance_bytes": reb[0]["bytes_moved"]})
+        # The fixed part: fitted over the even and the rebalanced splits of this run.
+        fit, affine = speed_model(a, model, even + after)
+        if fit:
+            row["fixed_fraction"] = "/".join(f"{f0 / (f0 + b * fr):.2f}" for (f0, b), fr in
+                                             zip(fit, fractions(a.tenplex, model, config)))
+        if affine:
+            row["affine_ideal_s"] = round(affine, 4)
+            row["rebalanced_over_affine_ideal"] = round(reb_s / affine, 3)
     row.update({"flextp_s": round(flex_s, 4) if flex_s else "",
                 "even_over_flextp": round(even_s / flex_s, 3) if flex_s else ""})
     return row
@@ -207,7 +256,7 @@ def main():
     ap.add_argument("--tenplex", default=os.path.join(ROOT, "build", "bin", "tenplex"))
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "benchmarks"))
     ap.add_argument("--quick", action="store_true", help="tp=2 at 1.5x/2x/3x, tp=4 and dp=2 at 2x, fewer steps")
-    ap.add_argument("--steps", type=int, default=0, help="steps of each rebalance run (default 14; quick 12)")
+    ap.add_argument("--steps", type=int, default=0, help="steps of each rebalance run (default 16; quick 12)")
     ap.add_argument("--window", type=int, default=0, help="--rebalance-window: the even phase is steps 1 .. W-1 (default 5)")
     ap.add_argument("--only", help="one case and factor, e.g. tp=2:2")
     ap.add_argument("--repeat", type=int, default=1, help="runs per row; numbers are their medians")
@@ -219,11 +268,11 @@ def main():
     REUSE = a.reuse and bool(a.keep)
     factors = [1.5, 2.0, 3.0]
     if a.quick:
-        cases = [("tp=2", factors), ("tp=4", [2.0]), ("dp=2", [2.0])]
+        cases = [("tp=2", factors), ("tp=4", [2.0]), ("dp=2", [2.0]), ("pp=2", [2.0])]
         a.steps, a.window = a.steps or 12, a.window or 5
     else:
-        cases = [("tp=2", factors), ("tp=4", factors), ("dp=2", factors)]
-        a.steps, a.window = a.steps or 14, a.window or 5
+        cases = [("tp=2", factors), ("tp=4", factors), ("dp=2", factors), ("pp=2", factors)]
+        a.steps, a.window = a.steps or 16, a.window or 5
     a.flextp_steps = max(4, a.steps // 2)
     if a.only:
         c, _, f = a.only.rpartition(":")
@@ -234,12 +283,12 @@ def main():
         if a.keep:
             os.makedirs(a.keep, exist_ok=True)
             tmp = a.keep
-        model = os.path.join(tmp, "model.json")
-        subprocess.run([a.tenplex, "model", "gpt", "-o", model] + MODEL, check=True)
+        for name, args in (("model.json", MODEL), ("pp_model.json", PP_MODEL)):
+            subprocess.run([a.tenplex, "model", "gpt", "-o", os.path.join(tmp, name)] + args, check=True)
         for config, fs in cases:
             for f in fs:
                 t0 = time.time()
-                reps = [measure(a, tmp, model, config, f, rep) for rep in range(a.repeat)]
+                reps = [measure(a, tmp, config, f, rep) for rep in range(a.repeat)]
                 row = combine(reps)
                 rows.append(row)
                 log(json.dumps(row), f"({time.time() - t0:.0f} s)")
