@@ -59,6 +59,7 @@ the measured imbalance of the even phase can exceed F). Hence the per-phase boun
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -120,8 +121,15 @@ def launch(tmp, config, model, steps, tag, extra):
     cmd = [PY, os.path.join(GPT, "launch.py"), "--config", config, "--model", model, "--steps", str(steps),
            "--log", path, "--timeout", "900"] + case_args(config)[1] + list(extra)
     if not (REUSE and os.path.exists(path)):
+        fresh(path)
         subprocess.run(cmd, check=True, capture_output=True)
     return read_run_log(path)
+
+
+def fresh(path):
+    """Removes a log a --keep directory holds from an earlier run (logs are appended to)."""
+    if os.path.exists(path):
+        os.remove(path)
 
 
 def rebalanced(tenplex, tmp, config, model, steps, window, factor, tag):
@@ -133,6 +141,8 @@ def rebalanced(tenplex, tmp, config, model, steps, window, factor, tag):
            "--rebalance", "--rebalance-window", str(window), "--rebalance-cost", "0", "--hang-seconds", "900",
            "--", PY, os.path.join(GPT, "train.py"), "--model", model] + case_args(config)[1]
     if not (REUSE and os.path.exists(path)):
+        fresh(path)
+        shutil.rmtree(os.path.join(tmp, tag), ignore_errors=True)
         subprocess.run(cmd, check=True, capture_output=True)
     return read_run_log(path)
 
