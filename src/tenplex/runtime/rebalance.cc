@@ -105,7 +105,10 @@ SpeedModel FitSpeedModel(const std::array<SplitDim, 3>& dims, const SplitSample&
     if (sxx < policy.min_share_change * policy.min_share_change * f * f) continue;
     const double b = sxy / sxx;
     const double a = t - b * f;
-    frac[r] = std::clamp(b > 0 ? a / t : policy.max_fixed_fraction, 0.0, policy.max_fixed_fraction);
+    // Time that does not grow with the share (b <= 0), or almost all of it fixed: the
+    // speed changed between the splits (load), not a fit to extrapolate; no slope.
+    if (!(b > 0) || a / t > policy.max_fixed_fraction) continue;
+    frac[r] = std::max(0.0, a / t);  // a < 0 (time fell faster than the share): proportional
     ++m.fitted_ranks;
   }
   std::vector<double> fitted;

@@ -22,12 +22,14 @@
 // A rank whose share moved by less than `min_share_change` (relative) gets no slope of
 // its own and takes the median fixed fraction a/t of the ranks that have one; with no
 // history the fixed part is `fixed_fraction` of the measured time (default 0: the
-// proportional model, tau_r = t_r / f_r seconds per unit of work). A fit outside
-// 0 <= a_r <= max_fixed_fraction·t_r (noise, or a change of the machine's load between
-// the splits) is clamped to that range. A synchronous step lasts about as long as its
+// proportional model, tau_r = t_r / f_r seconds per unit of work). A fit with a_r < 0
+// becomes proportional (a_r = 0); one whose time does not grow with the share (b_r <= 0)
+// or whose fixed part exceeds max_fixed_fraction·t_r is no fit (on a shared machine the
+// load changed between the splits): such a rank gets the fallback, since extrapolating
+// it would make it look free to take any work. A synchronous step lasts about as long as its
 // slowest rank, so a split's predicted step time is max_r a_r + b_r·f_r.
 //
-// Search. One dimension at a time (tp, then dp, then pp, then tp again): the target
+// Search. One dimension at a time (tp, dp, pp; passes until one changes nothing): the target
 // shares s_i of the dimension's indexes equalise the predicted times: with the other
 // dimensions' shares fixed, index i's time is max over its ranks of a_r + c_r·s_i
 // (c_r = b_r times their other shares), so s_i(T) = min_r (T - a_r) / c_r (at least 0)
@@ -95,7 +97,7 @@ struct RebalancePolicy {
   int max_weight = 32;              // largest weight tried when rounding target shares
   int min_window = 2;               // steps needed before any decision
   double fixed_fraction = 0.0;      // fixed part / measured time of a rank with no fit
-  double max_fixed_fraction = 0.8;  // a fitted fixed part is clamped to this x measured
+  double max_fixed_fraction = 0.6;  // a larger fitted fixed part (x measured) is no fit
   double min_share_change = 0.1;    // relative share change a slope needs
 };
 

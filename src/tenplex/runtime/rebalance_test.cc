@@ -300,17 +300,28 @@ TEST(RebalanceSpeedModelTest, TwoSplitsGiveTheFixedAndProportionalParts) {
   EXPECT_EQ(q.fitted_ranks, 0);
 }
 
-TEST(RebalanceSpeedModelTest, FitIsClampedWhenTheMeasurementsContradictTheModel) {
+TEST(RebalanceSpeedModelTest, MeasurementsThatContradictTheModelAreNoFit) {
   RebalanceInput in = Input(2, 1, 1, 64);
-  // Rank 0 got faster with more work (load changed): no negative slope, the fixed part
-  // is clamped to max_fixed_fraction; rank 1's time fell more than its share (a < 0): 0.
+  // Rank 0 got faster with more work (the load changed): no slope of its own, it takes
+  // the fitted ranks' fixed fraction; rank 1's time fell more than its share (a < 0):
+  // proportional, fixed fraction 0.
   SplitSample even = Sample(W({1, 1}, {1}, {4}), {1.0, 2.0});
   SplitSample moved = Sample(W({2, 1}, {1}, {4}), {0.9, 0.5});
   RebalancePolicy policy;
   SpeedModel m = FitSpeedModel(in.dims, moved, {even}, policy);
-  EXPECT_NEAR(m.fixed_s[0], policy.max_fixed_fraction * 0.9, 1e-9);
+  EXPECT_EQ(m.fitted_ranks, 1);
+  EXPECT_EQ(m.fixed_s[0], 0.0);
+  EXPECT_NEAR(m.per_work_s[0], 0.9 / (43.0 / 64), 1e-9);
   EXPECT_EQ(m.fixed_s[1], 0.0);
   EXPECT_NEAR(m.per_work_s[1], 0.5 / (21.0 / 64), 1e-9);
+  // Rank 0's time hardly moved with its share (fixed part 90%): no fit either; rank 1
+  // fits (fixed 0.2 of its 0.8 s) and lends rank 0 its fixed fraction.
+  SplitSample flat = Sample(W({2, 1}, {1}, {4}), {0.98, 0.2 + 1.2 * 21.0 / 64});
+  SplitSample even2 = Sample(W({1, 1}, {1}, {4}), {0.95, 0.2 + 1.2 * 0.5});
+  SpeedModel n = FitSpeedModel(in.dims, flat, {even2}, policy);
+  EXPECT_EQ(n.fitted_ranks, 1);
+  EXPECT_NEAR(n.fixed_s[1], 0.2, 1e-9);
+  EXPECT_NEAR(n.fixed_s[0], 0.98 * 0.2 / flat.rank_seconds[1], 1e-9);
 }
 
 // Random true models on several grids: given the even split and one other measured
