@@ -269,6 +269,9 @@ def main():
     ap.add_argument("--steps", type=int, default=0, help="steps of each rebalance run (default 16; quick 12)")
     ap.add_argument("--window", type=int, default=0, help="--rebalance-window: the even phase is steps 1 .. W-1 (default 5)")
     ap.add_argument("--only", help="one case and factor, e.g. tp=2:2")
+    ap.add_argument("--vocab-divisible-by", type=int, default=128, help="the models' vocabulary padding m "
+                    "(Megatron's --make-vocab-size-divisible-by): the vocabulary's unit of a tp split is m rows, "
+                    "so 512 rows at m=128 give 4 units, one per rank of tp=4, whatever the weights")
     ap.add_argument("--repeat", type=int, default=1, help="runs per row; numbers are their medians")
     ap.add_argument("--keep", help="keep the runs' logs and state in this directory")
     ap.add_argument("--reuse", action="store_true", help="with --keep: read the logs kept there, run only "
@@ -293,8 +296,9 @@ def main():
         if a.keep:
             os.makedirs(a.keep, exist_ok=True)
             tmp = a.keep
+        m = ["--make-vocab-size-divisible-by", str(a.vocab_divisible_by)]
         for name, args in (("model.json", MODEL), ("pp_model.json", PP_MODEL)):
-            subprocess.run([a.tenplex, "model", "gpt", "-o", os.path.join(tmp, name)] + args, check=True)
+            subprocess.run([a.tenplex, "model", "gpt", "-o", os.path.join(tmp, name)] + args + m, check=True)
         for config, fs in cases:
             for f in fs:
                 t0 = time.time()
