@@ -48,7 +48,7 @@ tests/hetero_train_test.py): the bench measures the split's speed, not the
 cost-benefit choice on a short run.
 
 The model is small (a step of the whole model ~0.6 s of one core, fastest seen) so that the full
-table runs in ~17 minutes on the 2-core machine shared with other work, but wide
+table runs in ~21 minutes on the 2-core machine shared with other work, but wide
 (32 query groups, 1024 MLP rows) so that tp_weights can follow the measured speeds
 closely. Timings on a shared machine stay noisy: the slowdown is a sleep, so a slowed
 rank holds no core, but the ranks compete with everything else running, so the measured
