@@ -1,11 +1,14 @@
 #!/usr/bin/python3
 """Benchmark of the distributed state transformation (`tenplex transform --cluster`).
 
-Store daemons on this machine play the hosts (2 GPUs each), connected over UCX. A
-synthetic GPT state with Adam (fp32; gpt3-350m: about 4.6 GiB) is loaded and
-transformed; each case is run twice from the same loaded state: ours (every host moves
-its share in parallel) and the central baseline (`--central`: one host gathers all
-state, re-slices it, scatters it: what a single-process converter does).
+Store daemons on this machine play the hosts (2 GPUs each). A synthetic GPT state with
+Adam (fp32; gpt3-350m: about 4.6 GiB) is loaded and transformed; each case is run four
+times from the same loaded state, alternating: ours (every host moves its share in
+parallel) and the central baseline (`--central`: one host gathers all state, re-slices
+it, scatters it: what a single-process converter does), each with same-host reads (the
+daemons read each other's shared-memory files, the default: docs/transport.md) and with
+`--no-local-peer-reads` (every cross-host byte over UCX-over-TCP, as separate hosts
+would move it).
 
 Limits, measured in the same run:
   fetch_gbps  UCX fetch bandwidth between two daemons (POST /v1/transform/probe: 512 MiB
@@ -20,7 +23,10 @@ Limits, measured in the same run:
               where new_h = every byte of the new version written on h (kept, local or
               fetched: all of them land in new memory)
   machine     the same for this machine with all daemons at once:
-              max(cross / all_fetch_gbps, new / all_write_gbps)
+              max(cross / all_fetch_gbps, new / all_write_gbps)      (UCX rows)
+              max(cross / all_memcpy_gbps, new / all_write_gbps)     (same-host reads:
+              the link is a copy out of the peer's pages, memcpy-class; the copy into
+              new memory is already in the write term)
 Note that here all daemons share this machine's cores and memory bus, which separate
 hosts would not: docs/transform.md discusses what that means for the ratio.
 
@@ -81,6 +87,7 @@ def probe(daemons):
     pair = daemons[0].call("POST", "/v1/transform/probe", {"address": addrs[1], "bytes": 256 << 20})
     pair["all_fetch_gbps"] = sum(r["fetch_large_gbps"] for r in results)
     pair["all_write_gbps"] = sum(r["fresh_write_gbps"] for r in results)
+    pair["all_memcpy_gbps"] = sum(r["memcpy_gbps"] for r in results)
     return pair
 
 
@@ -106,11 +113,13 @@ def checkpoint(tmp, config):
     return path
 
 
-def transform_once(cluster, ckpt, job, to, central):
+def transform_once(cluster, ckpt, job, to, central, local=True):
     tenplex("store", "load", "--cluster", cluster.file, "--job", job, "--dir", ckpt)
     args = ["transform", "--cluster", cluster.file, "--job", job, "--to", to, "--json", "--quiet"]
     if central:
         args.append("--central")
+    if not local:
+        args.append("--no-local-peer-reads")
     s = json.loads(tenplex(*args))
     for d in cluster.daemons:
         try:
@@ -122,12 +131,19 @@ def transform_once(cluster, ckpt, job, to, central):
 
 def measure(figure, case, cluster, tmp, frm, to):
     ckpt = checkpoint(tmp, frm)
+    # Alternating A/B: same-host reads, UCX, for ours and for the central baseline.
     ours = transform_once(cluster, ckpt, "bench", to, central=False)
+    ours_ucx = transform_once(cluster, ckpt, "bench", to, central=False, local=False)
     central = transform_once(cluster, ckpt, "bench", to, central=True)
+    central_ucx = transform_once(cluster, ckpt, "bench", to, central=True, local=False)
+    shm = sum(h["bytes_fetched_shm"] for h in ours["hosts"])
+    if shm != sum(h["bytes_fetched"] for h in ours["hosts"]) or any(h["bytes_fetched_shm"] for h in ours_ucx["hosts"]):
+        sys.exit("same-host reads did not (or did with --no-local-peer-reads) carry the fetched bytes")
     # The limits again, right after the runs: the best of the two probes counts (a
     # limit must not be lowered by a probe that ran while the machine was busy).
     again = probe(cluster.daemons)
-    for k in ("fetch_gbps", "fetch_large_gbps", "fresh_write_gbps", "all_fetch_gbps", "all_write_gbps"):
+    for k in ("fetch_gbps", "fetch_large_gbps", "fresh_write_gbps", "all_fetch_gbps", "all_write_gbps",
+              "all_memcpy_gbps"):
         cluster.limits[k] = max(cluster.limits[k], again[k])
     fetch_gbps = cluster.limits["fetch_large_gbps"]
     write_gbps = cluster.limits["fresh_write_gbps"]
@@ -146,8 +162,9 @@ def measure(figure, case, cluster, tmp, frm, to):
                       for u in plan["hosts"]) / 1e9
     fetched = sum(h["bytes_fetched"] for h in ours["hosts"])
     written = sum(h["bytes_kept"] + h["bytes_local"] for h in ours["hosts"])
-    machine_limit = max(fetched / cluster.limits["all_fetch_gbps"],
-                        (written + fetched) / cluster.limits["all_write_gbps"]) / 1e9
+    write_term = (written + fetched) / cluster.limits["all_write_gbps"] / 1e9
+    machine_limit_ucx = max(fetched / cluster.limits["all_fetch_gbps"] / 1e9, write_term)
+    machine_limit = max(fetched / cluster.limits["all_memcpy_gbps"] / 1e9, write_term)
     busiest = max(max(plan["host_send_bytes"]), max(plan["host_recv_bytes"]))
     local = sum(h["bytes_kept"] + h["bytes_local"] for h in ours["hosts"])
     row = {
@@ -163,9 +180,16 @@ def measure(figure, case, cluster, tmp, frm, to):
         "machine_limit_s": round(machine_limit, 3),
         "ratio_to_machine_limit": round(ours["seconds"] / machine_limit, 2),
         "speedup_vs_central": round(central["seconds"] / ours["seconds"], 2),
+        "ours_ucx_s": round(ours_ucx["seconds"], 3), "central_ucx_s": round(central_ucx["seconds"], 3),
+        "machine_limit_ucx_s": round(machine_limit_ucx, 3),
+        "ratio_ucx_to_machine_limit": round(ours_ucx["seconds"] / machine_limit_ucx, 2),
+        "speedup_vs_central_ucx": round(central_ucx["seconds"] / ours_ucx["seconds"], 2),
+        "speedup_local_vs_ucx": round(ours_ucx["seconds"] / ours["seconds"], 2),
+        "shm_bytes": shm,
         "fetch_gbps": round(fetch_gbps, 2), "write_gbps": round(write_gbps, 2),
         "all_fetch_gbps": round(cluster.limits["all_fetch_gbps"], 2),
         "all_write_gbps": round(cluster.limits["all_write_gbps"], 2),
+        "all_memcpy_gbps": round(cluster.limits["all_memcpy_gbps"], 2),
     }
     log("  %-4s %-12s -> %-22s ours %6.2f s  central %6.2f s (%s)  central/ours %.2f\n"
         "       limits: link+memcpy %5.2f s (ours/limit %.2f), with new memory %5.2f s (%.2f), "
@@ -173,6 +197,10 @@ def measure(figure, case, cluster, tmp, frm, to):
         (case, frm, to, row["ours_s"], row["central_s"], row["central_rounds_s"], row["speedup_vs_central"],
          row["limit_s"], row["ratio_to_limit"], row["alloc_limit_s"], row["ratio_to_alloc_limit"],
          row["machine_limit_s"], row["ratio_to_machine_limit"]))
+    log("       UCX: ours %6.2f s  central %6.2f s  central/ours %.2f  machine limit %5.2f s (%.2f); "
+        "same-host reads %.2fx faster than UCX" %
+        (row["ours_ucx_s"], row["central_ucx_s"], row["speedup_vs_central_ucx"], row["machine_limit_ucx_s"],
+         row["ratio_ucx_to_machine_limit"], row["speedup_local_vs_ucx"]))
     return row
 
 
@@ -202,10 +230,10 @@ def main():
             c = Cluster(4, tmp)
             log("  limits: UCX fetch %.2f GB/s between two daemons (%.2f GB/s from a 64 MiB region), fresh "
                 "shared-memory write %.2f GB/s, memcpy %.2f GB/s; all daemons at once: fetch %.2f GB/s, "
-                "fresh write %.2f GB/s" %
+                "fresh write %.2f GB/s, memcpy %.2f GB/s" %
                 (c.limits["fetch_large_gbps"], c.limits["fetch_gbps"], c.limits["fresh_write_gbps"],
                  c.limits["memcpy_gbps"],
-                 c.limits["all_fetch_gbps"], c.limits["all_write_gbps"]))
+                 c.limits["all_fetch_gbps"], c.limits["all_write_gbps"], c.limits["all_memcpy_gbps"]))
             try:
                 for case, to in [("DP", "tp=2,pp=2,dp=2,zero=1"), ("TP", "tp=4,pp=2"), ("PP", "tp=2,pp=4")]:
                     rows.append(measure("dims", case, c, tmp, "tp=2,pp=2", to))

@@ -4,8 +4,13 @@
 
 Usage: cluster_transform_test.py TENPLEX_BIN [--netns]
 
-With --netns the daemons run in 4 network namespaces joined by veth pairs on a bridge
-(exit 77, skipped, where namespaces cannot be created): see netns_main.
+With --netns the daemons run in 4 network namespaces joined by veth pairs on a bridge,
+each with a /dev/shm of its own (exit 77, skipped, where namespaces cannot be created):
+see netns_main.
+
+On loopback the daemons read each other's committed tensors through their shared-memory
+files (same-host reads, docs/transport.md): every fetched byte goes that way. In the
+namespaces they cannot see each other's files and every byte crosses over UCX.
 
 - a synthetic checkpoint (`tenplex ckpt init`: every element a function of its global
   index) is loaded, transformed through tp, pp, dp and zero changes, and after each
@@ -30,6 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from daemons import Daemon, NetnsBridge, check, run_cli, write_cluster  # noqa: E402
 
 TENPLEX = sys.argv[1]
+NETNS = len(sys.argv) > 2 and sys.argv[2] == "--netns"
 
 
 def run(*args, expect_ok=True):
@@ -40,6 +46,8 @@ def transform(cluster, to, *extra):
     p = run("transform", "--cluster", cluster, "--job", "j", "--to", to, "--json", *extra)
     s = json.loads(p.stdout)
     fetched = sum(h["bytes_fetched"] for h in s["hosts"])
+    shm = sum(h["bytes_fetched_shm"] for h in s["hosts"])
+    check(shm == (0 if NETNS else fetched), "bytes through peers' files: %d of %d" % (shm, fetched))
     if not s["central"]:  # (the central baseline reports its last round, the scatter)
         check(s["plan"]["bytes_cross_host"] == s["plan"]["cross_host_lower_bound"] == fetched,
               "cross-host bytes %r vs fetched %d" % (s["plan"], fetched))
@@ -80,13 +88,18 @@ def load_state(tmp, cluster):
 
 def netns_main():
     """4 daemons in 4 network namespaces on a bridge (veth pairs), a token on every
-    request, UCX over the veths: transforms across every dimension, a host killed."""
+    request, UCX over the veths: transforms across every dimension, a host killed.
+    Each daemon also has a private /dev/shm (a mount namespace of its own), as on
+    separate hosts: same-host reads must fall back to UCX."""
     net = NetnsBridge(4)
     tmp = tempfile.mkdtemp(prefix="tenplex-netns-test-")
     daemons = []
     try:
         os.environ["TENPLEX_TOKEN"] = "netns-test-token"
-        daemons = [Daemon(TENPLEX, listen=net.addr(i) + ":7480", prefix=net.prefix(i)) for i in range(4)]
+        private_shm = ("unshare", "--mount", "--propagation", "private", "sh", "-c",
+                       'mount -t tmpfs -o size=1G tmpfs /dev/shm && exec "$@"', "sh")
+        daemons = [Daemon(TENPLEX, listen=net.addr(i) + ":7480", prefix=net.prefix(i) + private_shm)
+                   for i in range(4)]
         try:  # the bridge may be filtered on some machines: that is the environment, not us
             for d in daemons:
                 d.get("/v1/health")
@@ -192,7 +205,7 @@ def main():
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-if len(sys.argv) > 2 and sys.argv[2] == "--netns":
+if NETNS:
     netns_main()
 else:
     main()

@@ -34,6 +34,7 @@ struct ServeOpts {
   std::string access_log;
   std::string data_listen;  // UCX devices; empty: the interface of --listen
   TokenOptions token;
+  bool no_local_reads = false;
 };
 
 // The network devices of the UCX data plane: --data-listen ("all": every one), else
@@ -93,6 +94,8 @@ Status Serve(const ServeOpts& o) {
     ao.transport_options.ucx_net_devices = devices.first;
     data_plane = "UCX on " + devices.second;
     ao.capability_key = sv.token;
+    ao.peer_token = sv.token;
+    ao.local_peer_reads = !o.no_local_reads;
     if (const char* fault = std::getenv("TENPLEX_FAULT")) ao.fault = fault;
     TP_ASSIGN_OR_RETURN(agent, transform::Agent::Create(*st, ao));
     agent->Install(server);
@@ -229,6 +232,10 @@ void AddServe(CLI::App* cmd, Context& ctx) {
                     "Network devices of the UCX data plane (UCX_NET_DEVICES syntax, e.g. eth0 or "
                     "mlx5_0:1,eth0; all: every one). Default: UCX_NET_DEVICES if set, else the "
                     "interface of the --listen address");
+  serve->add_flag("--no-local-peer-reads", so->no_local_reads,
+                  "Neither offer nor use same-host reads of committed tensors through the "
+                  "shared-memory files of daemons on this machine: the data plane only "
+                  "(docs/transport.md)");
   serve->callback([so, &ctx] { Finish(ctx, Serve(*so)); });
 }
 

@@ -27,7 +27,7 @@ struct TransformOpts {
   std::string cluster, to_cluster, job, to;
   TokenOptions token;
   int attempts = 3, control_timeout = 10, silent_timeout = 10, prepare_timeout = 3600;
-  bool central = false, json = false, quiet = false, recover = false;
+  bool central = false, json = false, quiet = false, recover = false, no_local_reads = false;
 };
 
 // `tenplex transform --recover`: finish or roll back what a crash left half done.
@@ -68,6 +68,7 @@ Status Transform(const TransformOpts& o) {
   if (!to.ok()) return to.status().WithContext("--to");
   opts.max_attempts = o.attempts;
   opts.central = o.central;
+  opts.local_peer_reads = !o.no_local_reads;
   TP_ASSIGN_OR_RETURN(store::ClientOptions co, ClusterClientOptions(o.token));
   if (!o.quiet && GetLogLevel() != LogLevel::kQuiet)
     opts.log = [](const std::string& line) {
@@ -93,6 +94,7 @@ Status Transform(const TransformOpts& o) {
                      {"bytes_linked", h.bytes_linked},
                      {"bytes_local", h.bytes_local},
                      {"bytes_fetched", h.bytes_fetched},
+                     {"bytes_fetched_shm", h.bytes_fetched_shm},
                      {"seconds", h.seconds},
                      {"alloc_seconds", h.alloc_seconds},
                      {"local_seconds", h.local_seconds},
@@ -162,6 +164,9 @@ void RegisterTransform(CLI::App& app, Context& ctx) {
       ->capture_default_str();
   cmd->add_flag("--central", o->central,
                 "Baseline for benchmarks: gather all state on one host, re-slice there, scatter");
+  cmd->add_flag("--no-local-peer-reads", o->no_local_reads,
+                "Move every cross-host byte over the data plane (UCX), also between daemons of "
+                "one machine that could read each other's shared memory (docs/transport.md)");
   cmd->add_flag("--json", o->json, "Print the statistics as JSON");
   cmd->add_flag("--quiet", o->quiet, "No progress lines on stderr (also -q)");
   cmd->callback([o, &ctx] { Finish(ctx, Transform(*o)); });

@@ -23,9 +23,12 @@
 #include "tenplex/transform/control_protocol.h"
 #include "tenplex/transform/host_exec.h"
 #include "tenplex/transform/local.h"
+#include "tenplex/transform/local_peer.h"
 #include "tenplex/transport/bandwidth.h"
 #include "tenplex/transport/capability.h"
+#include "tenplex/transport/peer_files.h"
 #include "tenplex/util/json_depth.h"
+#include "tenplex/util/json_value.h"
 
 namespace tenplex::transform {
 
@@ -52,14 +55,17 @@ struct Agent::Impl {
   AgentOptions options;
   std::unique_ptr<transport::Transport> transport;
 
-  int fault_at = 0;  // exit in this prepare (1-based); 0: never
-  std::atomic<int> prepares{0};
+  int fault_at = 0;  // exit in this prepare or locate (1-based); 0: never
+  bool fault_in_locate = false;
+  std::atomic<int> prepares{0}, locates{0};
 
   // Metrics (GET /metrics): prepares by outcome, bytes by source, seconds.
   std::mutex metrics_mu;
   uint64_t prepared = 0, failed = 0;                                  // guarded by metrics_mu
   uint64_t bytes_fetched = 0, bytes_local = 0, bytes_linked_sum = 0;  // guarded by metrics_mu
-  double prepare_seconds = 0;                                         // guarded by metrics_mu
+  uint64_t bytes_fetched_shm = 0;                                     // guarded by metrics_mu
+  std::atomic<uint64_t> files_located{0};  // files named to same-host peers
+  double prepare_seconds = 0;              // guarded by metrics_mu
   // Fetches refused for their capability, by transport::CapabilityRefusal.
   std::atomic<uint64_t> refused[5] = {0, 0, 0, 0, 0};
   std::string MetricsText();
@@ -176,6 +182,8 @@ struct Agent::Impl {
 
   Result<std::string> Prepare(const std::string& body);
   Result<std::string> Probe(const std::string& body);
+  Result<std::string> Locate(const std::string& body);
+  std::string AddressReply();
 
  private:
   // Prepare's parts.
@@ -183,8 +191,10 @@ struct Agent::Impl {
   HostExecInput ExecInput(const PrepareRequest& r, const plan::Plan& p, const Layout& from,
                           const Layout& to, const MappedSources& src, const MappedDests& dst,
                           const std::set<std::pair<int, int>>& linked,
-                          const std::string& capability);
-  void CountPrepare(const Result<HostExecStats>& ex, int64_t bytes_linked, double seconds);
+                          const std::string& capability, std::atomic<int64_t>& shm_bytes,
+                          std::atomic<int>& shm_peers);
+  void CountPrepare(const Result<HostExecStats>& ex, int64_t bytes_linked, int64_t shm_bytes,
+                    double seconds);
   // Probe's parts.
   Result<double> FetchScratchInto(transport::PeerId peer, uint64_t large, uint8_t* dest,
                                   double* first = nullptr);
@@ -208,15 +218,18 @@ Result<plan::Plan> CoordinatorsPlan(const Model& model, const PrepareRequest& r,
 
 // The reply to a prepare that wrote version v.
 std::string PrepareReply(uint64_t v, int host, const HostExecStats& ex, int64_t bytes_linked,
-                         double plan_seconds, double alloc_seconds, double seconds) {
+                         int64_t shm_bytes, int shm_peers, double plan_seconds,
+                         double alloc_seconds, double seconds) {
   json reply = {{"version", v},
                 {"host", host},
                 {"bytes_kept", ex.bytes_kept},
                 {"bytes_linked", bytes_linked},
                 {"bytes_local", ex.bytes_local},
                 {"bytes_fetched", ex.bytes_fetched},
+                {"bytes_fetched_shm", shm_bytes},
                 {"remote_ops", ex.remote_ops},
                 {"peers", ex.peers},
+                {"peers_shm", shm_peers},
                 {"plan_seconds", plan_seconds},
                 {"alloc_seconds", alloc_seconds},
                 {"local_seconds", ex.local_seconds},
@@ -246,13 +259,15 @@ void Agent::Impl::WarmServed(const PrepareRequest& r, const Layout& from, const 
 }
 
 // What ExecuteHostPart needs for this host's part of r; it points into the arguments,
-// which must outlive it. Fetches go to the peers over the transport (Connect replaces
-// a failed connection) with `capability`.
+// which must outlive it. Fetches go to the peers with `capability`: through the files of
+// a same-host peer (local_peer.h; counted in shm_bytes and shm_peers), else over the
+// transport (Connect replaces a failed connection).
 HostExecInput Agent::Impl::ExecInput(const PrepareRequest& r, const plan::Plan& p,
                                      const Layout& from, const Layout& to, const MappedSources& src,
                                      const MappedDests& dst,
                                      const std::set<std::pair<int, int>>& linked,
-                                     const std::string& capability) {
+                                     const std::string& capability, std::atomic<int64_t>& shm_bytes,
+                                     std::atomic<int>& shm_peers) {
   HostExecInput in;
   in.plan = &p;
   in.from = &from;
@@ -268,8 +283,25 @@ HostExecInput Agent::Impl::ExecInput(const PrepareRequest& r, const plan::Plan& 
     return store::TensorPathOf(r.job, r.from_version, rank,
                                (*from.ranks[rank].tensors)[tensor].name);
   };
-  in.fetch = [this, &r, &capability](int peer,
-                                     const std::vector<transport::ReadRequest>& reqs) -> Status {
+  in.fetch = [this, &r, &capability, &shm_bytes, &shm_peers](
+                 int peer, const std::vector<transport::ReadRequest>& reqs) -> Status {
+    const std::string who = "host " + std::to_string(peer);
+    if (options.local_peer_reads && static_cast<std::size_t>(peer) < r.local_peers.size() &&
+        LocallyReadable(r.local_peers[peer])) {
+      LocalReadOptions lo;
+      lo.token = options.peer_token;
+      lo.capability = capability;
+      lo.timeout_s = options.peer_timeout_s;
+      Result<uint64_t> n = ReadFromLocalPeer(r.local_peers[peer], reqs, lo, &ThreadPool::Default());
+      if (!n.ok()) {
+        if (n.status().code() == StatusCode::kUnavailable)
+          return Unavailable(who + ": " + n.status().message());
+        return n.status().WithContext(who + " (same-host read)");
+      }
+      shm_bytes += static_cast<int64_t>(*n);
+      ++shm_peers;
+      return Status::Ok();
+    }
     Result<transport::PeerId> id = transport->Connect(r.addresses.at(peer));
     if (!id.ok()) return Unavailable("host " + std::to_string(peer) + ": " + id.status().message());
     std::vector<transport::ReadRequest> with = reqs;
@@ -286,13 +318,14 @@ HostExecInput Agent::Impl::ExecInput(const PrepareRequest& r, const plan::Plan& 
 }
 
 void Agent::Impl::CountPrepare(const Result<HostExecStats>& ex, int64_t bytes_linked,
-                               double seconds) {
+                               int64_t shm_bytes, double seconds) {
   std::lock_guard<std::mutex> lock(metrics_mu);
   if (ex.ok()) {
     ++prepared;
     bytes_fetched += ex->bytes_fetched;
     bytes_local += ex->bytes_local;
     bytes_linked_sum += static_cast<uint64_t>(bytes_linked);
+    bytes_fetched_shm += static_cast<uint64_t>(shm_bytes);
   } else {
     ++failed;
   }
@@ -326,22 +359,70 @@ Result<std::string> Agent::Impl::Prepare(const std::string& body) {
   Result<MappedDests> dst = AllocateDests(store, r.job, v, to, &r.to_hosts, r.host, &*linked);
   if (!dst.ok()) return fail(dst.status());
   const double alloc_seconds = Since(t1);
-  if (fault_at > 0 && ++prepares == fault_at) {
+  if (fault_at > 0 && !fault_in_locate && ++prepares == fault_at) {
     std::fprintf(stderr, "tenplex store: fault injection: exiting in the middle of a prepare\n");
     std::_Exit(137);  // as if SIGKILLed: peers may be reading from us right now
   }
 
   const std::string capability = Capability(r.job, r.from_version, r.to_version);
-  Result<HostExecStats> ex =
-      ExecuteHostPart(ExecInput(r, p, from, to, src, *dst, *linked, capability));
-  CountPrepare(ex, bytes_linked, Since(t0));
+  std::atomic<int64_t> shm_bytes{0};
+  std::atomic<int> shm_peers{0};
+  Result<HostExecStats> ex = ExecuteHostPart(
+      ExecInput(r, p, from, to, src, *dst, *linked, capability, shm_bytes, shm_peers));
+  CountPrepare(ex, bytes_linked, shm_bytes, Since(t0));
   if (!ex.ok())
     return fail(ex.status().WithContext("host " + std::to_string(r.host) + " preparing version " +
                                         std::to_string(v) + " of job " + r.job));
   // Phase one done: durable across a restart of this daemon (two_phase.h). Fails when
   // the coordinator aborted the version meanwhile (it gave up waiting for us).
   if (Status s = store.Prepare(r.job, v); !s.ok()) return fail(s);
-  return PrepareReply(v, r.host, *ex, bytes_linked, plan_seconds, alloc_seconds, Since(t0));
+  return PrepareReply(v, r.host, *ex, bytes_linked, shm_bytes, shm_peers, plan_seconds,
+                      alloc_seconds, Since(t0));
+}
+
+// A same-host peer's question where the tensors it may read are: for each (in order), the
+// committed tensor's file, size and identity, if the capability covers it (Authorize, as
+// for a data-plane fetch; refusals are counted the same way).
+Result<std::string> Agent::Impl::Locate(const std::string& body) {
+  if (!options.local_peer_reads)
+    return FailedPrecondition("this daemon does not offer same-host reads (--no-local-peer-reads)");
+  TP_ASSIGN_OR_RETURN(json j, ParseBody(body));
+  const std::string capability = JsonValueOr(j, "capability", std::string());
+  if (!j.contains("tensors") || !j["tensors"].is_array() || j["tensors"].size() > 100000)
+    return InvalidArgument("'tensors' must be an array of at most 100000 store paths");
+  if (fault_at > 0 && fault_in_locate && ++locates == fault_at) {
+    std::fprintf(stderr, "tenplex store: fault injection: exiting in a peer's locate\n");
+    std::_Exit(137);  // as if SIGKILLed: a peer is about to read our files
+  }
+  json files = json::array();
+  for (const json& t : j["tensors"]) {
+    if (!t.is_string()) return InvalidArgument("'tensors' entries must be strings");
+    const std::string path = t.get<std::string>();
+    TP_RETURN_IF_ERROR(Authorize(path, capability));
+    TP_ASSIGN_OR_RETURN(store::TensorInfo meta, store.Meta(path));
+    if (!meta.committed) return NotFound(path + " is not committed");
+    TP_ASSIGN_OR_RETURN(transport::FileIdentity id, transport::IdentifyFile(meta.file));
+    if (id.bytes != meta.bytes)
+      return DataLoss(path + ": its file has " + std::to_string(id.bytes) + " bytes, not " +
+                      std::to_string(meta.bytes));
+    files.push_back(json{{"tensor", path},
+                         {"file", meta.file},
+                         {"bytes", meta.bytes},
+                         {"dev", id.dev},
+                         {"ino", id.ino}});
+  }
+  files_located += files.size();
+  return json{{"files", std::move(files)}}.dump();
+}
+
+std::string Agent::Impl::AddressReply() {
+  json reply = {{"address", transport->LocalAddress()}, {"kind", std::string(transport->kind())}};
+  if (options.local_peer_reads && !transport::HostBootId().empty()) {
+    reply["local"] = {{"host_id", transport::HostBootId()},
+                      {"shm_dir", store.shm_dir()},
+                      {"store_id", store.id()}};
+  }
+  return reply.dump();
 }
 
 // Fetches `large` bytes of the peer's scratch region into dest, 4 times, checking the
@@ -460,12 +541,13 @@ Result<std::unique_ptr<Agent>> Agent::Create(store::Store& store, const AgentOpt
     const std::string f = options.fault;
     const std::string kind = f.substr(0, f.find(':'));
     const std::string n = f.find(':') == std::string::npos ? "1" : f.substr(f.find(':') + 1);
-    if (kind != "exit-in-prepare" || n.empty() || n.size() > 6 ||
+    if ((kind != "exit-in-prepare" && kind != "exit-in-locate") || n.empty() || n.size() > 6 ||
         n.find_first_not_of("0123456789") != std::string::npos || std::stoi(n) < 1) {
       return InvalidArgument("fault '" + f +
-                             "': expected exit-in-prepare or exit-in-prepare:N (N >= 1)");
+                             "': expected exit-in-prepare[:N] or exit-in-locate[:N] (N >= 1)");
     }
     impl->fault_at = std::stoi(n);
+    impl->fault_in_locate = kind == "exit-in-locate";
   }
   Impl* raw = impl.get();
   TP_ASSIGN_OR_RETURN(impl->transport,
@@ -501,6 +583,14 @@ std::string Agent::Impl::MetricsText() {
   o += "tenplex_transform_bytes_total{source=\"local\"} " + std::to_string(bytes_local) + "\n";
   o +=
       "tenplex_transform_bytes_total{source=\"linked\"} " + std::to_string(bytes_linked_sum) + "\n";
+  o += "# HELP tenplex_transform_fetched_shm_bytes_total The part of the fetched bytes read "
+       "from same-host peers' shared-memory files (not over the data plane).\n";
+  o += "# TYPE tenplex_transform_fetched_shm_bytes_total counter\n";
+  o += "tenplex_transform_fetched_shm_bytes_total " + std::to_string(bytes_fetched_shm) + "\n";
+  o += "# HELP tenplex_peer_files_located_total Tensor files named to same-host peers "
+       "(POST /v1/transform/locate).\n";
+  o += "# TYPE tenplex_peer_files_located_total counter\n";
+  o += "tenplex_peer_files_located_total " + std::to_string(files_located.load()) + "\n";
   o += "# HELP tenplex_transform_seconds_total Seconds spent in transform prepares.\n";
   o += "# TYPE tenplex_transform_seconds_total counter\n";
   o += "tenplex_transform_seconds_total " + num(prepare_seconds) + "\n";
@@ -530,7 +620,11 @@ Result<std::string> Agent::Handle(const std::string& method, const std::string& 
                                   const std::string& body) {
   if (path == "/v1/transform/address") {
     if (method != "GET") return InvalidArgument(method + " is not allowed on " + path);
-    return json{{"address", address()}, {"kind", std::string(impl_->transport->kind())}}.dump();
+    return impl_->AddressReply();
+  }
+  if (path == "/v1/transform/locate") {
+    if (method != "POST") return InvalidArgument(method + " is not allowed on " + path);
+    return impl_->Locate(body);
   }
   if (path == "/v1/transform/prepare") {
     if (method != "POST") return InvalidArgument(method + " is not allowed on " + path);

@@ -6,7 +6,13 @@
 // jobs/<job>/<version>/rank-NNNNN/<name>) to fetches that carry a capability for them
 // (transport/capability.h, AgentOptions::capability_key), and installs these endpoints
 // on its HTTP server:
-//   GET  /v1/transform/address   {"address": "<transport token>", "kind": "ucx"}
+//   GET  /v1/transform/address   {"address": "<transport token>", "kind": "ucx",
+//                                 "local": {"host_id", "shm_dir", "store_id"}} (the
+//                                 last when it offers same-host reads, local_peer.h)
+//   POST /v1/transform/locate    {"capability": C, "tensors": [store paths]}: the
+//                                shared-memory files of committed tensors that the
+//                                capability covers, for a same-host peer:
+//                                {"files": [{"tensor", "file", "bytes", "dev", "ino"}]}
 //   POST /v1/transform/prepare   executes this host's share of a plan into a new open
 //                                version (phase one of the two-phase commit)
 //   POST /v1/transform/probe     {"address": A, "bytes": N}: the fetch bandwidth from
@@ -27,11 +33,14 @@
 // (host_exec.h): local copies from its old tensors, fetches of the rest from the peers
 // named in the plan. The new version is left open, fully written: a commit only
 // renames. Any failure drops the version here and answers the error; a peer that
-// fails or does not answer is UNAVAILABLE with "host <i>" in the message.
+// fails or does not answer is UNAVAILABLE with "host <i>" in the message. A peer on the
+// same machine whose directory this daemon sees is read through its files instead of
+// the data plane (local_peer.h), with the same capability and failure semantics.
 // Tensors that stay exactly where they are (same device, same slice) are linked, not
 // copied (Store::Link, local.h LinkUnchanged).
 // The reply: {"version", "host", "bytes_kept", "bytes_linked", "bytes_local", "bytes_fetched",
-// "peers", "plan_seconds", "alloc_seconds", "local_seconds", "fetch_seconds",
+// "bytes_fetched_shm" (the part of bytes_fetched read from same-host peers' files),
+// "peers", "peers_shm", "plan_seconds", "alloc_seconds", "local_seconds", "fetch_seconds",
 // "landed_seconds", "seconds"}.
 #pragma once
 
@@ -50,7 +59,8 @@ struct AgentOptions {
   transport::TransportOptions transport_options;
   // Fault injection for failure tests: "exit-in-prepare[:N]" makes the process exit
   // (as if killed) in its N-th prepare (default 1st), after allocating its new tensors
-  // and before copying.
+  // and before copying; "exit-in-locate[:N]" in its N-th answer to a same-host peer's
+  // locate (the peer is about to read its files).
   // `tenplex store serve` takes it from the environment variable TENPLEX_FAULT.
   std::string fault;
   // The key of data-plane capabilities (transport/capability.h): the daemon token,
@@ -61,6 +71,14 @@ struct AgentOptions {
   // Refusals are counted in tenplex_fetch_refused_total{reason=...} (GET /metrics).
   std::string capability_key;
   int64_t capability_lifetime_seconds = 900;
+  // Same-host reads (local_peer.h): offered to peers (the address reply's "local") and
+  // used for peers that offer them. false: the data plane only
+  // (`store serve --no-local-peer-reads`).
+  bool local_peer_reads = true;
+  // The bearer token of the peers' HTTP APIs (the daemon token); "" for none.
+  std::string peer_token;
+  // Control calls to a same-host peer (locate, health) that take longer fail.
+  int peer_timeout_s = 10;
 };
 
 class Agent {

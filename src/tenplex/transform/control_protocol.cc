@@ -59,24 +59,65 @@ void PutOp(std::string& out, const plan::CopyOp& op) {
   PutBox(out, op.dst);
 }
 
+// "local_peers": null or an array with one entry (null or an object of strings) per host.
+Result<std::vector<LocalPeer>> LocalPeers(const json& j, std::size_t hosts) {
+  std::vector<LocalPeer> out;
+  if (!j.contains("local_peers") || j["local_peers"].is_null()) return out;
+  const json& a = j["local_peers"];
+  if (!a.is_array() || a.size() != hosts)
+    return InvalidArgument("'local_peers' must be an array with one entry per address");
+  for (const json& e : a) {
+    LocalPeer p;
+    if (!e.is_null()) {
+      if (!e.is_object()) return InvalidArgument("'local_peers' entries must be objects or null");
+      for (const auto& [k, v] : e.items()) {
+        std::string* field = k == "url"        ? &p.url
+                             : k == "host_id"  ? &p.host_id
+                             : k == "shm_dir"  ? &p.shm_dir
+                             : k == "store_id" ? &p.store_id
+                                               : nullptr;
+        if (field == nullptr) return InvalidArgument("'local_peers': unknown field '" + k + "'");
+        if (!v.is_string() || v.get<std::string>().empty() || v.get<std::string>().size() > 4096)
+          return InvalidArgument("'local_peers' field '" + k + "' must be a non-empty string");
+        *field = v.get<std::string>();
+      }
+      if (p.url.empty() || p.host_id.empty() || p.shm_dir.empty() || p.store_id.empty())
+        return InvalidArgument("'local_peers' entries need url, host_id, shm_dir and store_id");
+    }
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string EncodePrepare(const PrepareRequest& r) {
   json info = json::parse(r.info, nullptr, false);
   json new_info = json::parse(r.new_info, nullptr, false);
-  return json{{"protocol", kControlProtocolVersion},
-              {"job", r.job},
-              {"from_version", r.from_version},
-              {"to_version", r.to_version},
-              {"host", r.host},
-              {"info", info},
-              {"to_config", r.to_config.ToString()},
-              {"new_info", new_info},
-              {"addresses", r.addresses},
-              {"from_hosts", r.from_hosts},
-              {"to_hosts", r.to_hosts},
-              {"plan_digest", r.plan_digest}}
-      .dump();
+  json j = json{{"protocol", kControlProtocolVersion},
+                {"job", r.job},
+                {"from_version", r.from_version},
+                {"to_version", r.to_version},
+                {"host", r.host},
+                {"info", info},
+                {"to_config", r.to_config.ToString()},
+                {"new_info", new_info},
+                {"addresses", r.addresses},
+                {"from_hosts", r.from_hosts},
+                {"to_hosts", r.to_hosts},
+                {"plan_digest", r.plan_digest}};
+  if (!r.local_peers.empty()) {
+    json peers = json::array();
+    for (const LocalPeer& p : r.local_peers) {
+      peers.push_back(p.empty() ? json(nullptr)
+                                : json{{"url", p.url},
+                                       {"host_id", p.host_id},
+                                       {"shm_dir", p.shm_dir},
+                                       {"store_id", p.store_id}});
+    }
+    j["local_peers"] = std::move(peers);
+  }
+  return j.dump();
 }
 
 Result<DecodedPrepare> DecodePrepare(std::string_view body) {
@@ -93,9 +134,10 @@ Result<DecodedPrepare> DecodePrepare(std::string_view body) {
         "prepare: control protocol version " + std::to_string(j["protocol"].get<uint64_t>()) +
         " but this daemon speaks version " + std::to_string(kControlProtocolVersion));
   }
-  static const char* kKeys[] = {"protocol",  "job",        "from_version", "to_version",
-                                "host",      "info",       "to_config",    "new_info",
-                                "addresses", "from_hosts", "to_hosts",     "plan_digest"};
+  static const char* kKeys[] = {"protocol",   "job",        "from_version", "to_version",
+                                "host",       "info",       "to_config",    "new_info",
+                                "addresses",  "from_hosts", "to_hosts",     "plan_digest",
+                                "local_peers"};
   for (const auto& [k, v] : j.items()) {
     bool known = false;
     for (const char* key : kKeys) known = known || k == key;
@@ -149,6 +191,7 @@ Result<DecodedPrepare> DecodePrepare(std::string_view body) {
                              ", which has no address");
     }
   }
+  TP_ASSIGN_OR_RETURN(r.local_peers, LocalPeers(j, r.addresses.size()));
   TP_ASSIGN_OR_RETURN(r.plan_digest, StringField(j, "plan_digest"));
   if (r.plan_digest.size() != 16 ||
       r.plan_digest.find_first_not_of("0123456789abcdef") != std::string::npos) {

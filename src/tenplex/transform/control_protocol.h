@@ -11,7 +11,13 @@
 //    "addresses": ["...", "", ...],      data-plane address per host ("": lost)
 //    "from_hosts": [0, -1, ...],         old rank -> host (-1: lost)
 //    "to_hosts": [0, 0, 1, ...],         new rank -> host
-//    "plan_digest": "0123456789abcdef"}  PlanDigest of the coordinator's plan
+//    "plan_digest": "0123456789abcdef",  PlanDigest of the coordinator's plan
+//    "local_peers": [{"url", "host_id", "shm_dir", "store_id"} | null, ...]}
+//                                        optional, one per host: where a host on the
+//                                        same machine keeps its shared memory (its
+//                                        GET /v1/transform/address "local"), for
+//                                        same-host reads (agent.h); absent or null:
+//                                        the data plane only
 // Unknown fields are refused. Correctness rests on every host computing the same plan
 // from these inputs (no plan is shipped), so the coordinator sends the digest of its
 // own plan and an agent refuses (FailedPrecondition) to run a plan whose digest
@@ -34,6 +40,14 @@ namespace tenplex::transform {
 
 inline constexpr uint32_t kControlProtocolVersion = 1;
 
+// A host that offers same-host reads of its committed tensors (agent.h): its store
+// URL (for the control calls and its health), the boot id of its machine, its
+// shared-memory directory and the id in that directory's STORE_ID file.
+struct LocalPeer {
+  std::string url, host_id, shm_dir, store_id;
+  bool empty() const { return url.empty(); }
+};
+
 struct PrepareRequest {
   std::string job;
   uint64_t from_version = 0, to_version = 0;
@@ -44,6 +58,7 @@ struct PrepareRequest {
   std::vector<std::string> addresses;
   std::vector<int> from_hosts, to_hosts;
   std::string plan_digest;
+  std::vector<LocalPeer> local_peers;  // empty, or one per address (empty() for none)
 };
 
 std::string EncodePrepare(const PrepareRequest& request);

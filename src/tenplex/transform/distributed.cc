@@ -34,6 +34,7 @@ struct Host {
   std::string url;
   std::unique_ptr<store::Client> client;  // null: lost
   std::string address;                    // data-plane address ("" until asked, or lost)
+  LocalPeer local;                        // its same-host reads offer (empty: none)
 };
 
 struct Round {
@@ -74,6 +75,7 @@ std::vector<store::Client*> Raw(const std::vector<Host>& hosts) {
 void MarkLost(Host& h) {
   h.client.reset();
   h.address.clear();
+  h.local = {};
 }
 
 // The bytes of the new version a host's prepare reply says it wrote (for the CLI's
@@ -199,6 +201,9 @@ RoundResult RunRound(std::vector<Host>& hosts, const std::string& job, const Rou
   req.to_config = r.to_config;
   req.new_info = r.new_info.dump();
   for (const Host& h : hosts) req.addresses.push_back(h.client ? h.address : "");
+  if (options.local_peer_reads) {
+    for (const Host& h : hosts) req.local_peers.push_back(h.client ? h.local : LocalPeer{});
+  }
   req.from_hosts = r.from_hosts;
   req.to_hosts = r.to_hosts;
   req.plan_digest = r.plan_digest;
@@ -227,6 +232,7 @@ RoundResult RunRound(std::vector<Host>& hosts, const std::string& job, const Rou
     rep.bytes_linked = JsonValueOr(j, "bytes_linked", int64_t{0});
     rep.bytes_local = JsonValueOr(j, "bytes_local", int64_t{0});
     rep.bytes_fetched = JsonValueOr(j, "bytes_fetched", int64_t{0});
+    rep.bytes_fetched_shm = JsonValueOr(j, "bytes_fetched_shm", int64_t{0});
     rep.seconds = JsonValueOr(j, "seconds", 0.0);
     rep.fetch_seconds = JsonValueOr(j, "fetch_seconds", 0.0);
     rep.local_seconds = JsonValueOr(j, "local_seconds", 0.0);
@@ -268,7 +274,7 @@ Result<HostSet> ConnectHosts(const Cluster& from, const Cluster& target,
   auto add = [&](const std::string& url) {
     if (s.index.count(url)) return;
     s.index[url] = static_cast<int>(s.hosts.size());
-    s.hosts.push_back({url, nullptr, ""});
+    s.hosts.push_back({url, nullptr, "", {}});
   };
   for (const std::string& u : from.hosts) add(u);
   for (const std::string& u : target.hosts) add(u);
@@ -376,6 +382,16 @@ Status FetchAddresses(std::vector<Host>& hosts, Status& call_status) {
       return Internal(h.url + ": malformed reply to GET /v1/transform/address");
     }
     h.address = aj["address"].get<std::string>();
+    // Its offer of same-host reads: the agents decide whether they can take it.
+    const json& local = aj.contains("local") ? aj["local"] : json();
+    h.local = {};
+    if (local.is_object()) {
+      h.local = {h.url, JsonValueOr(local, "host_id", std::string()),
+                 JsonValueOr(local, "shm_dir", std::string()),
+                 JsonValueOr(local, "store_id", std::string())};
+      if (h.local.host_id.empty() || h.local.shm_dir.empty() || h.local.store_id.empty())
+        h.local = {};
+    }
   }
   return Status::Ok();
 }

@@ -60,6 +60,10 @@ struct ClusterTransformOptions {
   int silent_s = 10;
   int prepare_timeout_s = 3600;
   bool central = false;
+  // Same-host reads (local_peer.h): hosts that offer them are announced to the agents,
+  // which read same-host peers through their files. false: the data plane only
+  // (`tenplex transform --no-local-peer-reads`).
+  bool local_peer_reads = true;
   std::function<void(const std::string&)> log;  // progress lines (may be empty)
 };
 
@@ -67,6 +71,7 @@ struct HostTransformReport {
   std::string url;
   int ranks = 0;  // new ranks placed on it
   int64_t bytes_kept = 0, bytes_linked = 0, bytes_local = 0, bytes_fetched = 0;
+  int64_t bytes_fetched_shm = 0;  // the part of bytes_fetched read from same-host peers' files
   double seconds = 0, fetch_seconds = 0, local_seconds = 0, alloc_seconds = 0;
 };
 

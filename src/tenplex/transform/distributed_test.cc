@@ -167,6 +167,30 @@ TEST_F(DistributedTest, ChangesEveryDimensionExactly) {
   }
 }
 
+TEST_F(DistributedTest, SameHostReadsAndTheDataPlaneGiveTheSameState) {
+  // The servers of this process share one machine and see each other's directories:
+  // by default every fetched byte is read from the peers' files; without same-host
+  // reads every byte goes over the (in-process) data plane. Both exact.
+  Cluster c = ClusterOf({0, 1, 2, 3}, 2);
+  Load(c, "tp=2,pp=2,dp=2,zero=1");
+  const std::pair<bool, const char*> steps[] = {
+      {false, "tp=2,pp=4"}, {true, "tp=1,pp=2,dp=4,zero=1"}, {false, "tp=2,pp=2,dp=2"}};
+  for (const auto& [local, to] : steps) {
+    ClusterTransformOptions o;
+    o.local_peer_reads = local;
+    Result<ClusterTransformStats> s = TransformCluster(c, "j", *ParseConfig(to), {}, o);
+    ASSERT_TRUE(s.ok()) << to << ": " << s.status().ToString();
+    Verify(*s, to, 2);
+    int64_t fetched = 0, shm = 0;
+    for (const HostTransformReport& r : s->hosts) {
+      fetched += r.bytes_fetched;
+      shm += r.bytes_fetched_shm;
+    }
+    EXPECT_GT(fetched, 0) << to;
+    EXPECT_EQ(shm, local ? fetched : 0) << to;
+  }
+}
+
 TEST_F(DistributedTest, UnevenAndEvenConfigsExactlyAtTheLowerBound) {
   // Spec §9: uneven tp/dp weights to even and back across 4 hosts; Verify checks every
   // element and that the cross-host bytes equal the lower bound.

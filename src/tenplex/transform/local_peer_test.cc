@@ -1,0 +1,159 @@
+// Same-host reads from a peer daemon (local_peer.h) against a real store server with
+// its agent in this process: boxes read through the peer's files equal the tensor's
+// bytes; the peer's capability check applies as for a data-plane fetch; a peer that
+// dies while its files are read (or before) fails the read with UNAVAILABLE.
+#include "tenplex/transform/local_peer.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+#include <thread>
+
+#include "tenplex/store/parse.h"
+#include "tenplex/store/server.h"
+#include "tenplex/transform/agent.h"
+#include "tenplex/transport/capability.h"
+#include "tenplex/transport/peer_files.h"
+
+namespace tenplex::transform {
+namespace {
+
+constexpr char kKey[] = "test-key";
+
+class LocalPeerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    store_ = *store::Store::Open({});
+    server_ = std::make_unique<store::Server>(*store_, store::ServerOptions{});
+    AgentOptions ao;
+    ao.transport = "inproc";
+    ao.capability_key = kKey;
+    agent_ = *Agent::Create(*store_, ao);
+    agent_->Install(*server_);
+    Result<int> port = server_->Bind("127.0.0.1", 0);
+    ASSERT_TRUE(port.ok()) << port.status().ToString();
+    peer_ = {"http://127.0.0.1:" + std::to_string(*port), transport::HostBootId(),
+             store_->shm_dir(), store_->id()};
+    thread_ = std::thread([this] { (void)server_->Serve(); });
+  }
+  void TearDown() override { Kill(); }
+  void Kill() {
+    if (!server_) return;
+    server_->Stop();
+    thread_.join();
+    server_.reset();
+    agent_.reset();
+  }
+
+  // Version 1 of job j with tensor `name` of `bytes` bytes (byte i = i * 13 + 1), committed.
+  std::string Commit(uint64_t bytes) {
+    EXPECT_TRUE(store_->BeginVersion("j", 1).ok());
+    const std::string path = store::TensorPathOf("j", 1, 0, "w");
+    std::vector<uint8_t> b(bytes);
+    for (uint64_t i = 0; i < bytes; ++i) b[i] = static_cast<uint8_t>(i * 13 + 1);
+    EXPECT_TRUE(store_->Put(path, DType::kU8, {static_cast<int64_t>(bytes)}, b.data(), bytes).ok());
+    EXPECT_TRUE(store_->Commit("j", 1).ok());
+    return path;
+  }
+
+  LocalReadOptions Options(uint64_t from = 1, uint64_t to = 2) {
+    LocalReadOptions o;
+    o.capability =
+        transport::MintCapability(kKey, {"j", from, to, transport::UnixSeconds() + 600});
+    return o;
+  }
+
+  std::unique_ptr<store::Store> store_;
+  std::unique_ptr<store::Server> server_;
+  std::unique_ptr<Agent> agent_;
+  std::thread thread_;
+  LocalPeer peer_;
+};
+
+TEST_F(LocalPeerTest, ReadsRunsThroughTheFiles) {
+  const std::string path = Commit(1 << 20);
+  ASSERT_TRUE(LocallyReadable(peer_));
+  std::mt19937_64 rng(5);
+  std::vector<uint8_t> out(1 << 20, 0);
+  transport::ReadRequest req{path, {}};
+  uint64_t at = 0, want = 0;
+  while (at < out.size()) {
+    const uint64_t len = std::min<uint64_t>(1 + rng() % 9000, out.size() - at);
+    if (rng() % 2) {
+      req.runs.push_back({at, len, out.data() + at});
+      want += len;
+    }
+    at += len;
+  }
+  Result<uint64_t> n = ReadFromLocalPeer(peer_, {req}, Options(), &ThreadPool::Default());
+  ASSERT_TRUE(n.ok()) << n.status().ToString();
+  EXPECT_EQ(*n, want);
+  for (const transport::ReadRun& r : req.runs) {
+    for (uint64_t i = r.offset; i < r.offset + r.length; ++i)
+      ASSERT_EQ(out[i], static_cast<uint8_t>(i * 13 + 1)) << i;
+  }
+}
+
+TEST_F(LocalPeerTest, OnlyWhatTheCapabilityCovers) {
+  const std::string path = Commit(4096);
+  std::vector<uint8_t> out(4096);
+  transport::ReadRequest req{path, {{0, 4096, out.data()}}};
+  LocalReadOptions none;
+  EXPECT_EQ(ReadFromLocalPeer(peer_, {req}, none, nullptr).status().code(),
+            StatusCode::kPermissionDenied);
+  LocalReadOptions forged = Options();
+  forged.capability = transport::MintCapability("other-key", {"j", 1, 2, 1LL << 40});
+  EXPECT_EQ(ReadFromLocalPeer(peer_, {req}, forged, nullptr).status().code(),
+            StatusCode::kPermissionDenied);
+  // A capability for another version does not cover version 1.
+  EXPECT_EQ(ReadFromLocalPeer(peer_, {req}, Options(2, 3), nullptr).status().code(),
+            StatusCode::kPermissionDenied);
+  // Nor anything of an open version.
+  ASSERT_TRUE(store_->BeginVersion("j", 2).ok());
+  ASSERT_TRUE(store_->Put(store::TensorPathOf("j", 2, 0, "w"), DType::kU8, {16}, out.data(), 16).ok());
+  transport::ReadRequest open{store::TensorPathOf("j", 2, 0, "w"), {{0, 16, out.data()}}};
+  EXPECT_FALSE(ReadFromLocalPeer(peer_, {open}, Options(2, 3), nullptr).ok());
+  // A run past the end.
+  transport::ReadRequest past{path, {{4000, 200, out.data()}}};
+  EXPECT_EQ(ReadFromLocalPeer(peer_, {past}, Options(), nullptr).status().code(),
+            StatusCode::kOutOfRange);
+  EXPECT_TRUE(ReadFromLocalPeer(peer_, {req}, Options(), nullptr).ok());
+}
+
+TEST_F(LocalPeerTest, OnlyWhereTheDirectoryIsVisible) {
+  EXPECT_TRUE(LocallyReadable(peer_));
+  LocalPeer p = peer_;
+  p.host_id = "00000000-0000-0000-0000-000000000000";
+  EXPECT_FALSE(LocallyReadable(p));  // another machine
+  p = peer_;
+  p.store_id = "another-store";
+  EXPECT_FALSE(LocallyReadable(p));  // another mount namespace sees another directory
+  p = peer_;
+  p.shm_dir = "/nonexistent/dir";
+  EXPECT_FALSE(LocallyReadable(p));
+  EXPECT_FALSE(LocallyReadable(LocalPeer{}));
+}
+
+TEST_F(LocalPeerTest, APeerThatDiesFailsTheRead) {
+  // 2^20 runs of 16 bytes: far more than the 50 ms after which the peer dies.
+  const uint64_t runs = 1 << 20, len = 16;
+  const std::string path = Commit(runs * len);
+  std::vector<uint8_t> out(runs * len);
+  transport::ReadRequest req{path, {}};
+  for (uint64_t i = 0; i < runs; ++i) req.runs.push_back({i * len, len, out.data() + i * len});
+  std::thread killer([this] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    Kill();
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  Result<uint64_t> n = ReadFromLocalPeer(peer_, {req}, Options(), nullptr);
+  killer.join();
+  EXPECT_EQ(n.status().code(), StatusCode::kUnavailable) << n.status().ToString();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(20));
+  // And a peer that is gone before the read.
+  EXPECT_EQ(ReadFromLocalPeer(peer_, {req}, Options(), nullptr).status().code(),
+            StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace tenplex::transform

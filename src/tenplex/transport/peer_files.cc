@@ -1,0 +1,171 @@
+#include "tenplex/transport/peer_files.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "tenplex/util/file.h"
+
+namespace tenplex::transport {
+namespace {
+
+constexpr uint64_t kTaskBytes = 4ull << 20;
+
+// True when `file` names something below `dir` without "." or ".." components.
+bool Below(const std::string& dir, const std::string& file) {
+  if (dir.empty() || dir[0] != '/' || file.size() <= dir.size() + 1) return false;
+  if (file.compare(0, dir.size(), dir) != 0 || file[dir.size()] != '/') return false;
+  std::size_t at = dir.size() + 1;
+  while (at <= file.size()) {
+    std::size_t end = file.find('/', at);
+    if (end == std::string::npos) end = file.size();
+    const std::string_view part(file.data() + at, end - at);
+    if (part.empty() || part == "." || part == "..") return false;
+    at = end + 1;
+  }
+  return true;
+}
+
+// A piece of a run: `length` bytes at `offset` of file `f` into `dest`.
+struct Piece {
+  int fd;
+  uint64_t offset, length;
+  uint8_t* dest;
+};
+
+}  // namespace
+
+const std::string& HostBootId() {
+  static const std::string id = [] {
+    Result<std::string> s = ReadFile("/proc/sys/kernel/random/boot_id");
+    if (!s.ok()) return std::string();
+    std::string v = *s;
+    while (!v.empty() && (v.back() == '\n' || v.back() == ' ')) v.pop_back();
+    return v;
+  }();
+  return id;
+}
+
+bool SeesStoreDirectory(const std::string& dir, const std::string& store_id) {
+  if (dir.empty() || dir[0] != '/' || store_id.empty()) return false;
+  Result<std::string> id = ReadRegularFile(dir + "/STORE_ID");
+  return id.ok() && *id == store_id + "\n";
+}
+
+PeerFile::PeerFile(PeerFile&& o) noexcept : fd_(o.fd_), size_(o.size_), name_(std::move(o.name_)) {
+  o.fd_ = -1;
+}
+
+PeerFile& PeerFile::operator=(PeerFile&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = o.fd_;
+    size_ = o.size_;
+    name_ = std::move(o.name_);
+    o.fd_ = -1;
+  }
+  return *this;
+}
+
+PeerFile::~PeerFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Result<PeerFile> PeerFile::Open(const std::string& dir, const std::string& file, uint64_t bytes,
+                                uint64_t dev, uint64_t ino) {
+  if (!Below(dir, file)) {
+    return FailedPrecondition("peer file " + file + " is not inside the peer's directory " + dir);
+  }
+  // O_NOFOLLOW, O_NONBLOCK, then fstat: a link, FIFO, directory or device is refused.
+  TP_ASSIGN_OR_RETURN(int fd, OpenRegularFile(file));
+  PeerFile f;
+  f.fd_ = fd;
+  f.name_ = file;
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return ErrnoError("fstat " + file, errno);
+  if (static_cast<uint64_t>(st.st_dev) != dev || static_cast<uint64_t>(st.st_ino) != ino) {
+    return FailedPrecondition("peer file " + file +
+                              " is not the file the peer named (another device or inode)");
+  }
+  if (static_cast<uint64_t>(st.st_size) != bytes) {
+    return FailedPrecondition("peer file " + file + " has " + std::to_string(st.st_size) +
+                              " bytes, the peer said " + std::to_string(bytes));
+  }
+  f.size_ = bytes;
+  return f;
+}
+
+Result<FileIdentity> IdentifyFile(const std::string& file) {
+  struct stat st {};
+  if (::lstat(file.c_str(), &st) != 0) return ErrnoError("stat " + file, errno);
+  if (!S_ISREG(st.st_mode)) return FailedPrecondition(file + " is not a regular file");
+  return FileIdentity{static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino),
+                      static_cast<uint64_t>(st.st_size)};
+}
+
+Result<uint64_t> ReadPeerFiles(const std::vector<PeerFileRuns>& files, ThreadPool* pool,
+                               const std::atomic<bool>* cancel) {
+  // Check every run first, then cut them into pieces and the pieces into tasks.
+  std::vector<Piece> pieces;
+  std::vector<std::size_t> task_begin{0};
+  uint64_t total = 0, in_task = 0;
+  for (const PeerFileRuns& f : files) {
+    for (const ReadRun& r : *f.runs) {
+      if (r.length == 0) continue;
+      if (r.dest == nullptr) return InvalidArgument("null destination reading " + f.file->name());
+      if (r.offset > f.file->size() || r.length > f.file->size() - r.offset) {
+        return OutOfRange("run [" + std::to_string(r.offset) + ", +" + std::to_string(r.length) +
+                          ") is past the end of " + f.file->name() + " (" +
+                          std::to_string(f.file->size()) + " bytes)");
+      }
+      for (uint64_t at = 0; at < r.length; at += kTaskBytes) {
+        const uint64_t n = std::min(kTaskBytes, r.length - at);
+        pieces.push_back({f.file->fd(), r.offset + at, n, static_cast<uint8_t*>(r.dest) + at});
+        in_task += n;
+        total += n;
+        if (in_task >= kTaskBytes) {
+          task_begin.push_back(pieces.size());
+          in_task = 0;
+        }
+      }
+    }
+  }
+  if (task_begin.back() != pieces.size()) task_begin.push_back(pieces.size());
+  const std::size_t tasks = task_begin.size() - 1;
+  std::atomic<int> err{0};  // errno, or -1: a short read (the file shrank)
+  std::atomic<bool> stopped{false};
+  auto run = [&](std::size_t t) {
+    for (std::size_t i = task_begin[t]; i < task_begin[t + 1]; ++i) {
+      if (err != 0) return;
+      if (cancel != nullptr && cancel->load(std::memory_order_relaxed)) {
+        stopped = true;
+        return;
+      }
+      const Piece& p = pieces[i];
+      uint64_t done = 0;
+      while (done < p.length) {
+        const ssize_t n =
+            ::pread(p.fd, p.dest + done, p.length - done, static_cast<off_t>(p.offset + done));
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+          err = n < 0 ? errno : -1;
+          return;
+        }
+        done += static_cast<uint64_t>(n);
+      }
+    }
+  };
+  if (pool == nullptr || tasks <= 1) {
+    for (std::size_t t = 0; t < tasks; ++t) run(t);
+  } else {
+    pool->ParallelFor(tasks, run);
+  }
+  if (err == -1) return DataLoss("a peer file ended before its announced size");
+  if (err != 0) return ErrnoError("reading a peer file", err);
+  if (stopped) return Aborted("the read from the peer's files was cancelled");
+  return total;
+}
+
+}  // namespace tenplex::transport

@@ -1,0 +1,179 @@
+// Same-host reads of a peer's files: the checks PeerFile::Open makes before it reads
+// anything, and ReadPeerFiles against a byte-by-byte reference (AppendBoxReads' runs
+// of random boxes, checked with CopyBox, and random runs).
+#include "tenplex/transport/peer_files.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "tenplex/geometry/copy.h"
+#include "tenplex/transport/box_reads.h"
+
+namespace tenplex::transport {
+namespace {
+
+namespace fs = std::filesystem;
+
+class PeerFilesTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/dev/shm/tenplex-peer-files-test-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // A file of `n` bytes, byte i = i * 7 + 3 (mod 256).
+  std::string Write(const std::string& name, uint64_t n) {
+    const std::string path = dir_ + "/" + name;
+    std::vector<uint8_t> b(n);
+    for (uint64_t i = 0; i < n; ++i) b[i] = static_cast<uint8_t>(i * 7 + 3);
+    std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(b.data()), n);
+    return path;
+  }
+
+  Result<PeerFile> OpenAsNamed(const std::string& path) {
+    Result<FileIdentity> id = IdentifyFile(path);
+    if (!id.ok()) return id.status();
+    return PeerFile::Open(dir_, path, id->bytes, id->dev, id->ino);
+  }
+
+  std::string dir_;
+};
+
+TEST_F(PeerFilesTest, HostIdentityAndStoreDirectory) {
+  EXPECT_EQ(HostBootId().size(), 36u) << HostBootId();  // a UUID
+  std::ofstream(dir_ + "/STORE_ID") << "abc\n";
+  EXPECT_TRUE(SeesStoreDirectory(dir_, "abc"));
+  EXPECT_FALSE(SeesStoreDirectory(dir_, "abd"));
+  EXPECT_FALSE(SeesStoreDirectory(dir_, ""));
+  EXPECT_FALSE(SeesStoreDirectory(dir_ + "/missing", "abc"));
+  EXPECT_FALSE(SeesStoreDirectory("relative/dir", "abc"));
+}
+
+TEST_F(PeerFilesTest, OpensOnlyTheFileThePeerNamed) {
+  const std::string a = Write("a", 1000);
+  const std::string b = Write("b", 1000);
+  Result<FileIdentity> ia = IdentifyFile(a);
+  ASSERT_TRUE(ia.ok());
+  Result<PeerFile> f = PeerFile::Open(dir_, a, 1000, ia->dev, ia->ino);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  EXPECT_EQ(f->size(), 1000u);
+  // Another inode under the name (b renamed over a after the peer answered).
+  fs::rename(b, a);
+  Result<PeerFile> swapped = PeerFile::Open(dir_, a, 1000, ia->dev, ia->ino);
+  EXPECT_EQ(swapped.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(swapped.status().message().find("inode"), std::string::npos);
+  // The wrong size.
+  Result<FileIdentity> ib = IdentifyFile(a);
+  ASSERT_TRUE(ib.ok());
+  EXPECT_EQ(PeerFile::Open(dir_, a, 999, ib->dev, ib->ino).status().code(),
+            StatusCode::kFailedPrecondition);
+  // Outside the directory, or through "..".
+  EXPECT_EQ(PeerFile::Open(dir_ + "/sub", a, 1000, ib->dev, ib->ino).status().code(),
+            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(PeerFile::Open(dir_, dir_ + "/../" + fs::path(dir_).filename().string() + "/a", 1000,
+                           ib->dev, ib->ino)
+                .status()
+                .code(),
+            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(PeerFile::Open(dir_, dir_ + "//a", 1000, ib->dev, ib->ino).status().code(),
+            StatusCode::kFailedPrecondition);
+  // A symbolic link to the right file, a FIFO, a directory, a missing file.
+  fs::create_symlink(a, dir_ + "/link");
+  EXPECT_FALSE(PeerFile::Open(dir_, dir_ + "/link", 1000, ib->dev, ib->ino).ok());
+  ASSERT_EQ(::mkfifo((dir_ + "/fifo").c_str(), 0600), 0);
+  EXPECT_FALSE(PeerFile::Open(dir_, dir_ + "/fifo", 0, 0, 0).ok());
+  fs::create_directory(dir_ + "/d");
+  EXPECT_FALSE(PeerFile::Open(dir_, dir_ + "/d", 0, 0, 0).ok());
+  EXPECT_EQ(PeerFile::Open(dir_, dir_ + "/missing", 0, 0, 0).status().code(),
+            StatusCode::kNotFound);
+}
+
+TEST_F(PeerFilesTest, BoxesMatchCopyBox) {
+  std::mt19937_64 rng(7);
+  for (int trial = 0; trial < 40; ++trial) {
+    const int rank = 1 + static_cast<int>(rng() % 4);
+    const int64_t elem = std::vector<int64_t>{1, 2, 4, 8}[rng() % 4];
+    Shape shape;
+    for (int d = 0; d < rank; ++d) shape.push_back(1 + static_cast<int64_t>(rng() % 40));
+    Box box;
+    for (int d = 0; d < rank; ++d) {
+      const int64_t a = static_cast<int64_t>(rng() % shape[d]);
+      const int64_t b = a + 1 + static_cast<int64_t>(rng() % (shape[d] - a));
+      box.dims.push_back({a, b});
+    }
+    const std::string path = Write("t" + std::to_string(trial), Volume(shape) * elem);
+    Result<PeerFile> f = OpenAsNamed(path);
+    ASSERT_TRUE(f.ok()) << f.status().ToString();
+    Shape dshape;
+    for (const Interval& i : box.dims) dshape.push_back(i.end - i.begin + 3);
+    Box dbox;
+    for (const Interval& i : box.dims) dbox.dims.push_back({1, 1 + i.end - i.begin});
+    std::vector<uint8_t> got(Volume(dshape) * elem, 0), want(got.size(), 0);
+    std::vector<ReadRun> runs;
+    ASSERT_TRUE(AppendBoxReads(shape, box, 0, {got.data(), dshape, dbox}, elem, &runs).ok());
+    std::vector<uint8_t> src(Volume(shape) * elem);
+    for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 7 + 3);
+    ASSERT_TRUE(CopyBox(ConstRegion{src.data(), shape, box}, MutRegion{want.data(), dshape, dbox},
+                        elem)
+                    .ok());
+    ThreadPool pool(3);
+    Result<uint64_t> n = ReadPeerFiles({{&*f, &runs}}, &pool, nullptr);
+    ASSERT_TRUE(n.ok()) << n.status().ToString();
+    EXPECT_EQ(*n, static_cast<uint64_t>(Volume(box) * elem));
+    EXPECT_EQ(got, want) << "trial " << trial;
+  }
+}
+
+TEST_F(PeerFilesTest, LongRunsAcrossTasksAndManyFiles) {
+  const uint64_t big = (9ull << 20) + 123;
+  Result<PeerFile> a = OpenAsNamed(Write("a", big));
+  Result<PeerFile> b = OpenAsNamed(Write("b", 5000));
+  ASSERT_TRUE(a.ok() && b.ok());
+  std::vector<uint8_t> out(big + 5000, 0);
+  std::vector<ReadRun> ra{{17, big - 17, out.data()}};
+  std::vector<ReadRun> rb;
+  for (uint64_t i = 0; i < 5000; i += 10) rb.push_back({i, 10, out.data() + big + i});
+  ThreadPool pool(2);
+  Result<uint64_t> n = ReadPeerFiles({{&*a, &ra}, {&*b, &rb}}, &pool, nullptr);
+  ASSERT_TRUE(n.ok()) << n.status().ToString();
+  EXPECT_EQ(*n, big - 17 + 5000);
+  for (uint64_t i = 0; i < big - 17; ++i)
+    ASSERT_EQ(out[i], static_cast<uint8_t>((i + 17) * 7 + 3)) << i;
+  for (uint64_t i = 0; i < 5000; ++i)
+    ASSERT_EQ(out[big + i], static_cast<uint8_t>(i * 7 + 3)) << i;
+}
+
+TEST_F(PeerFilesTest, BadRunsAndCancel) {
+  Result<PeerFile> f = OpenAsNamed(Write("a", 100));
+  ASSERT_TRUE(f.ok());
+  std::vector<uint8_t> out(200, 0xee);
+  std::vector<ReadRun> past{{0, 10, out.data()}, {95, 6, out.data() + 10}};
+  EXPECT_EQ(ReadPeerFiles({{&*f, &past}}, nullptr, nullptr).status().code(),
+            StatusCode::kOutOfRange);
+  EXPECT_EQ(out[0], 0xee);  // nothing read
+  std::vector<ReadRun> huge{{1, ~0ull, out.data()}};
+  EXPECT_EQ(ReadPeerFiles({{&*f, &huge}}, nullptr, nullptr).status().code(),
+            StatusCode::kOutOfRange);
+  std::vector<ReadRun> null_dest{{0, 10, nullptr}};
+  EXPECT_EQ(ReadPeerFiles({{&*f, &null_dest}}, nullptr, nullptr).status().code(),
+            StatusCode::kInvalidArgument);
+  std::vector<ReadRun> ok{{0, 100, out.data()}};
+  std::atomic<bool> cancel{true};
+  EXPECT_EQ(ReadPeerFiles({{&*f, &ok}}, nullptr, &cancel).status().code(), StatusCode::kAborted);
+  // The file shrank after it was opened (a peer that broke the immutability rule).
+  ASSERT_EQ(::truncate(f->name().c_str(), 50), 0);
+  cancel = false;
+  EXPECT_EQ(ReadPeerFiles({{&*f, &ok}}, nullptr, &cancel).status().code(), StatusCode::kDataLoss);
+}
+
+}  // namespace
+}  // namespace tenplex::transport

@@ -1,0 +1,154 @@
+#!/usr/bin/python3
+"""Integration test of same-host reads between store daemons (docs/transport.md,
+"Same-host peers"): daemons on this machine read each other's committed tensors
+through their shared-memory files instead of UCX.
+
+Usage: local_peer_test.py TENPLEX_BIN
+
+- two daemons as two hosts (2 GPUs each) hold a synthetic tp=2,pp=2 checkpoint; a TP
+  change moves boxes between them: every fetched byte went through the peers' files
+  (the transform report's bytes_fetched_shm equals bytes_fetched, the daemons'
+  tenplex_transform_fetched_shm_bytes_total grew by as much, and their UCX data plane
+  served nothing), and the result saved back is checked element by element by
+  `tenplex ckpt verify` (the spec's slicing of the synthetic global tensors);
+- the same with `transform --no-local-peer-reads`: every byte over UCX (served by the
+  data plane, none through files), verified the same way;
+- a daemon started with `--no-local-peer-reads` neither offers nor uses them;
+- a peer that dies while its peer is about to read its files (TENPLEX_FAULT=
+  exit-in-locate) aborts the transform (the reader's prepare fails naming it): with
+  the host lost the new layout does not fit and the error says so, the
+  survivor keeps the old version and nothing newer; restarted on its shared-memory
+  directory the dead host still has its state, and the transform then succeeds,
+  verified (no data lost).
+"""
+import json
+import os
+import shutil
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from daemons import Daemon, check, run_cli, write_cluster  # noqa: E402
+
+TENPLEX = sys.argv[1]
+
+
+def run(*args, expect_ok=True):
+    return run_cli(TENPLEX, *args, expect_ok=expect_ok)
+
+
+def metric(daemon, name):
+    import urllib.request
+    with urllib.request.urlopen(daemon.url + "/metrics", timeout=20) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return int(float(line.split()[1]))
+    raise SystemExit("FAIL: no metric %s" % name)
+
+
+def counters(daemons):
+    return [(metric(d, "tenplex_transform_fetched_shm_bytes_total"),
+             metric(d, "tenplex_fetch_served_bytes_total")) for d in daemons]
+
+
+def transform(cluster, job, to, *extra):
+    p = run("transform", "--cluster", cluster, "--job", job, "--to", to, "--json", *extra)
+    s = json.loads(p.stdout)
+    fetched = sum(h["bytes_fetched"] for h in s["hosts"])
+    shm = sum(h["bytes_fetched_shm"] for h in s["hosts"])
+    check(s["attempts"] == 1 and fetched == s["plan"]["bytes_cross_host"] > 0, "unexpected: %r" % s)
+    print("%s -> %s: %.3f s, fetched %d B, %d B through peers' files" % (s["from"], s["to"], s["seconds"],
+                                                                          fetched, shm))
+    return s, fetched, shm
+
+
+def verify(tmp, cluster, job):
+    out = os.path.join(tmp, "out")
+    shutil.rmtree(out, ignore_errors=True)
+    run("store", "save", "--cluster", cluster, "--job", job, "--out", out)
+    run("ckpt", "verify", "--in", out)
+
+
+def main():
+    tmp = tempfile.mkdtemp(prefix="tenplex-local-peer-test-")
+    daemons = []
+    try:
+        model = os.path.join(tmp, "m.json")
+        run("model", "gpt", "--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
+            "--ffn-hidden-size", "96", "--vocab-size", "301", "--make-vocab-size-divisible-by", "8",
+            "--max-position-embeddings", "16", "-o", model)
+        ckpt = os.path.join(tmp, "in")
+        run("ckpt", "init", "--model", model, "--config", "tp=2,pp=2", "--out", ckpt, "--seed", "3")
+        a, b = Daemon(TENPLEX), Daemon(TENPLEX)
+        daemons += [a, b]
+        check("local" in a.get("/v1/transform/address"), "no same-host offer by default")
+        cluster = os.path.join(tmp, "ab.json")
+        write_cluster(cluster, [a, b], 2)
+        run("store", "load", "--cluster", cluster, "--job", "j", "--dir", ckpt)
+
+        # Same-host reads: every fetched byte through the peer's files, none over UCX.
+        before = counters([a, b])
+        s, fetched, shm = transform(cluster, "j", "tp=4")
+        after = counters([a, b])
+        check(shm == fetched, "not every byte went through the files: %r" % s["hosts"])
+        check(sum(x[0] - y[0] for x, y in zip(after, before)) == fetched, "shm metric %r %r" % (before, after))
+        check(all(x[1] == y[1] for x, y in zip(after, before)), "UCX served bytes: %r %r" % (before, after))
+        check(metric(a, "tenplex_peer_files_located_total") > 0, "a located no file for b")
+        verify(tmp, cluster, "j")
+
+        # The same daemons with the data plane only.
+        before = counters([a, b])
+        s, fetched, shm = transform(cluster, "j", "tp=2,pp=2", "--no-local-peer-reads")
+        after = counters([a, b])
+        check(shm == 0, "bytes through files with --no-local-peer-reads: %r" % s["hosts"])
+        check(sum(x[1] - y[1] for x, y in zip(after, before)) == fetched, "UCX served %r %r" % (before, after))
+        verify(tmp, cluster, "j")
+
+        # A daemon that turned them off neither offers nor uses them; b still offers.
+        c = Daemon(TENPLEX, args=("--no-local-peer-reads",))
+        daemons.append(c)
+        check("local" not in c.get("/v1/transform/address"), "c offers same-host reads")
+        bc = os.path.join(tmp, "bc.json")
+        write_cluster(bc, [b, c], 2)
+        p = run("transform", "--cluster", cluster, "--to-cluster", bc, "--job", "j", "--to", "tp=4", "--json")
+        s = json.loads(p.stdout)
+        hosts = {h["url"]: h for h in s["hosts"]}
+        check(hosts[c.url]["bytes_fetched"] > 0 and hosts[c.url]["bytes_fetched_shm"] == 0,
+              "c used same-host reads: %r" % hosts[c.url])
+        check(hosts[b.url]["bytes_fetched_shm"] == hosts[b.url]["bytes_fetched"] > 0,
+              "b did not read a's files: %r" % hosts[b.url])
+        verify(tmp, bc, "j")
+
+        # A peer that dies as its peer is about to read its files: no replica, so the
+        # transform fails; the survivor keeps version 1; restarted, the state is whole.
+        fdir = os.path.join("/dev/shm", os.path.basename(tmp) + "-f")
+        f = Daemon(TENPLEX, {"TENPLEX_FAULT": "exit-in-locate"}, args=("--shm-dir", fdir))
+        daemons.append(f)
+        af = os.path.join(tmp, "af.json")
+        write_cluster(af, [a, f], 2)
+        run("store", "load", "--cluster", af, "--job", "k", "--dir", ckpt)
+        p = run("transform", "--cluster", af, "--job", "k", "--to", "tp=4", expect_ok=False)
+        check(f.proc.poll() is not None, "the faulty daemon did not exit")
+        # a's read of f's files failed (f died as a asked where they are), the round
+        # was aborted, and without f the new layout does not fit / has no replica.
+        check("fetching from host 1" in p.stderr, "a did not see f die: %r" % p.stderr)
+        check("lost: 1 hosts" in p.stderr or "no surviving replica" in p.stderr, "unclear error: %r" % p.stderr)
+        j = a.get("/v1/jobs/k")
+        check(j["current"] == 1 and all(v["version"] <= 1 for v in j["versions"]), "survivor changed: %r" % j)
+        port = f.url.rsplit(":", 1)[1]
+        f2 = Daemon(TENPLEX, listen="127.0.0.1:" + port, args=("--shm-dir", fdir))
+        daemons.append(f2)
+        s, fetched, shm = transform(af, "k", "tp=4")
+        check(shm == fetched, "not through the files after the restart: %r" % s["hosts"])
+        verify(tmp, af, "k")
+        print("PASS")
+    finally:
+        for d in daemons:
+            d.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+        for d in os.listdir("/dev/shm"):
+            if d.startswith(os.path.basename(tmp)):
+                shutil.rmtree(os.path.join("/dev/shm", d), ignore_errors=True)
+
+
+main()
