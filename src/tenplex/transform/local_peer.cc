@@ -65,11 +65,12 @@ Result<std::vector<transport::PeerFile>> Locate(store::Client& c, const LocalPee
     const json& e = j["files"][i];
     if (!e.is_object() || JsonValueOr(e, "tensor", std::string()) != reqs[i].region)
       return DataLoss(peer.url + ": the locate reply does not answer " + reqs[i].region);
-    TP_ASSIGN_OR_RETURN(transport::PeerFile f,
-                        transport::PeerFile::Open(peer.shm_dir, JsonValueOr(e, "file", std::string()),
-                                                  JsonValueOr(e, "bytes", uint64_t{0}),
-                                                  JsonValueOr(e, "dev", uint64_t{0}),
-                                                  JsonValueOr(e, "ino", uint64_t{0})));
+    TP_ASSIGN_OR_RETURN(
+        transport::PeerFile f,
+        transport::PeerFile::Open(peer.shm_dir, JsonValueOr(e, "file", std::string()),
+                                  JsonValueOr(e, "bytes", uint64_t{0}),
+                                  JsonValueOr(e, "dev", uint64_t{0}),
+                                  JsonValueOr(e, "ino", uint64_t{0})));
     files.push_back(std::move(f));
   }
   return files;

@@ -58,8 +58,7 @@ class LocalPeerTest : public ::testing::Test {
 
   LocalReadOptions Options(uint64_t from = 1, uint64_t to = 2) {
     LocalReadOptions o;
-    o.capability =
-        transport::MintCapability(kKey, {"j", from, to, transport::UnixSeconds() + 600});
+    o.capability = transport::MintCapability(kKey, {"j", from, to, transport::UnixSeconds() + 600});
     return o;
   }
 
@@ -110,7 +109,8 @@ TEST_F(LocalPeerTest, OnlyWhatTheCapabilityCovers) {
             StatusCode::kPermissionDenied);
   // Nor anything of an open version.
   ASSERT_TRUE(store_->BeginVersion("j", 2).ok());
-  ASSERT_TRUE(store_->Put(store::TensorPathOf("j", 2, 0, "w"), DType::kU8, {16}, out.data(), 16).ok());
+  ASSERT_TRUE(
+      store_->Put(store::TensorPathOf("j", 2, 0, "w"), DType::kU8, {16}, out.data(), 16).ok());
   transport::ReadRequest open{store::TensorPathOf("j", 2, 0, "w"), {{0, 16, out.data()}}};
   EXPECT_FALSE(ReadFromLocalPeer(peer_, {open}, Options(2, 3), nullptr).ok());
   // A run past the end.

@@ -122,9 +122,9 @@ TEST_F(PeerFilesTest, BoxesMatchCopyBox) {
     ASSERT_TRUE(AppendBoxReads(shape, box, 0, {got.data(), dshape, dbox}, elem, &runs).ok());
     std::vector<uint8_t> src(Volume(shape) * elem);
     for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 7 + 3);
-    ASSERT_TRUE(CopyBox(ConstRegion{src.data(), shape, box}, MutRegion{want.data(), dshape, dbox},
-                        elem)
-                    .ok());
+    ASSERT_TRUE(
+        CopyBox(ConstRegion{src.data(), shape, box}, MutRegion{want.data(), dshape, dbox}, elem)
+            .ok());
     ThreadPool pool(3);
     Result<uint64_t> n = ReadPeerFiles({{&*f, &runs}}, &pool, nullptr);
     ASSERT_TRUE(n.ok()) << n.status().ToString();
@@ -148,8 +148,7 @@ TEST_F(PeerFilesTest, LongRunsAcrossTasksAndManyFiles) {
   EXPECT_EQ(*n, big - 17 + 5000);
   for (uint64_t i = 0; i < big - 17; ++i)
     ASSERT_EQ(out[i], static_cast<uint8_t>((i + 17) * 7 + 3)) << i;
-  for (uint64_t i = 0; i < 5000; ++i)
-    ASSERT_EQ(out[big + i], static_cast<uint8_t>(i * 7 + 3)) << i;
+  for (uint64_t i = 0; i < 5000; ++i) ASSERT_EQ(out[big + i], static_cast<uint8_t>(i * 7 + 3)) << i;
 }
 
 TEST_F(PeerFilesTest, BadRunsAndCancel) {
