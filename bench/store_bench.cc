@@ -1,6 +1,9 @@
 // Store throughput, each figure as a ratio to memcpy measured in the same run.
 //
-//   store_bench [--mib N (default 256)] [--reps R (default 5)]
+//   store_bench [--mib N (default 256)] [--reps R (default 5)] [--shm-dir DIR]
+//
+// --shm-dir puts the stores' directories under DIR (removed at the end), e.g. on a
+// tmpfs mounted with huge=within_size to compare huge pages (docs/store.md).
 //
 // A store and its HTTP server run in this process on a loopback port; the client is
 // the real store::Client, so local transfers take the same shared-memory paths as
@@ -14,10 +17,16 @@
 // preads a tensor into a pre-faulted buffer; "mapped" rows copy through a map the
 // process already holds (the steady state of a training process that maps its state).
 // HTTP rows move bodies through cpp-httplib on loopback.
+// "new version" rows write a whole new version (8 tensors, the same bytes in all) the
+// way a transform does in the daemon (Store::Allocate, Prefault, memcpy through the
+// store's map) or a loader does (Store::Put, pwrite), each version committed and the
+// one before released: with the page pool off every version lands in fresh pages; with
+// it on (docs/store.md) in the pages of the version released before.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <string>
 #include <thread>
@@ -58,12 +67,64 @@ T Take(tenplex::Result<T> r, const char* what) {
   return std::move(r).value();
 }
 
+struct VersionTimes {
+  double map_write = 1e30, put = 1e30;
+};
+
+// Best time to write a new version of `parts` tensors holding `src`, through maps and
+// through Put, with the page pool off or on; every written version is checked.
+VersionTimes NewVersions(const std::vector<uint8_t>& src, int parts, int reps, bool pool,
+                         const std::string& root) {
+  ts::StoreOptions o;
+  if (!root.empty()) o.shm_dir = root + (pool ? "/pooled" : "/fresh");
+  o.page_pool_bytes = pool ? 4 * src.size() : 0;
+  auto store = Take(ts::Store::Open(o), "open store");
+  const uint64_t part = src.size() / static_cast<uint64_t>(parts);
+  const tenplex::Shape shape{static_cast<int64_t>(part / 4)};
+  VersionTimes best;
+  // Two versions first, so that the measured ones find the pool filled.
+  for (int r = 0; r < reps + 2; ++r) {
+    for (bool put : {false, true}) {
+      const uint64_t v = Take(store->BeginVersion("bench"), "begin");
+      auto path = [&](int i) {
+        return "jobs/bench/" + std::to_string(v) + "/rank-00000/t" + std::to_string(i);
+      };
+      auto t0 = std::chrono::steady_clock::now();
+      if (put) {
+        for (int i = 0; i < parts; ++i) {
+          Take(store->Put(path(i), DType::kF32, shape, src.data() + i * part, part), "put");
+        }
+      } else {
+        std::vector<ts::TensorWriter> ws;
+        for (int i = 0; i < parts; ++i)
+          ws.push_back(Take(store->Allocate(path(i), DType::kF32, shape), "allocate"));
+        for (const auto& w : ws) w.Prefault();
+        for (int i = 0; i < parts; ++i)
+          ts::ParallelMemcpy(ws[i].data(), src.data() + i * part, part);
+      }
+      const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      for (int i = 0; i < parts; ++i) {
+        auto ref = Take(store->Get(path(i)), "get");
+        if (std::memcmp(ref.data(), src.data() + i * part, part) != 0) {
+          std::fprintf(stderr, "store_bench: a new version holds other bytes\n");
+          std::exit(1);
+        }
+      }
+      Check(store->Commit("bench", v), "commit");
+      if (r >= 2) (put ? best.put : best.map_write) = std::min(put ? best.put : best.map_write, t);
+    }
+  }
+  return best;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   uint64_t mib = 256;
   int reps = 5;
+  std::string root;
   for (int i = 1; i + 1 < argc; i += 2) {
+    if (std::string(argv[i]) == "--shm-dir") root = argv[i + 1];
     if (std::string(argv[i]) == "--mib") mib = std::strtoull(argv[i + 1], nullptr, 10);
     if (std::string(argv[i]) == "--reps") reps = std::atoi(argv[i + 1]);
   }
@@ -71,7 +132,9 @@ int main(int argc, char** argv) {
   const int64_t cols = 8192, rows = static_cast<int64_t>(n / 4 / cols);
   const uint64_t bytes = static_cast<uint64_t>(rows * cols * 4);
 
-  auto store = Take(ts::Store::Open(), "open store");
+  ts::StoreOptions so;
+  if (!root.empty()) so.shm_dir = root + "/main";
+  auto store = Take(ts::Store::Open(so), "open store");
   ts::Server server(*store,
                     {.token = "", .max_body_bytes = 2 * bytes, .max_header_bytes = 16 << 10});
   const int port = Take(server.Bind("127.0.0.1", 0), "bind");
@@ -149,6 +212,20 @@ int main(int argc, char** argv) {
     out.push_back({"mapped read (map held)", t_r, bytes, t_memcpy, "memcpy"});
   }
 
+  // New versions into fresh and into pooled pages.
+  const VersionTimes fresh = NewVersions(src, 8, reps, /*pool=*/false, root);
+  const VersionTimes pooled = NewVersions(src, 8, reps, /*pool=*/true, root);
+  out.push_back(
+      {"new version, map + write, fresh pages", fresh.map_write, bytes, t_memcpy, "memcpy"});
+  out.push_back(
+      {"new version, map + write, pooled pages", pooled.map_write, bytes, t_memcpy, "memcpy"});
+  out.push_back({"new version, map + write, pooled pages", pooled.map_write, bytes, fresh.map_write,
+                 "fresh pages"});
+  out.push_back({"new version, Put (pwrite), fresh pages", fresh.put, bytes, t_memcpy, "memcpy"});
+  out.push_back({"new version, Put (pwrite), pooled pages", pooled.put, bytes, t_memcpy, "memcpy"});
+  out.push_back(
+      {"new version, Put (pwrite), pooled pages", pooled.put, bytes, fresh.put, "fresh pages"});
+
   // HTTP bodies.
   auto http = Take(ts::Client::Connect(url, {.token = "", .use_shm = false}), "connect http");
   const double t_hput = Best(reps, nullptr, [&] {
@@ -191,5 +268,10 @@ int main(int argc, char** argv) {
       put_ratio >= 0.8 ? "met" : "NOT met", t_fresh / t_put);
   server.Stop();
   serving.join();
+  if (!root.empty()) {
+    store.reset();
+    std::error_code ec;
+    for (const char* d : {"/main", "/fresh", "/pooled"}) std::filesystem::remove_all(root + d, ec);
+  }
   return 0;
 }

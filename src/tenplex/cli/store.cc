@@ -32,6 +32,8 @@ using store::ClientOptions;
 struct ServeOpts {
   std::string listen = "127.0.0.1:7480", memory_limit, shm_dir, max_body = "1G", transport = "ucx";
   std::string access_log;
+  std::string page_pool;    // --page-pool-bytes; empty: a quarter of the memory limit
+  bool presize = false;     // --page-pool-presize
   std::string data_listen;  // UCX devices; empty: the interface of --listen
   TokenOptions token;
   bool no_local_reads = false;
@@ -64,6 +66,12 @@ Status Serve(const ServeOpts& o) {
   if (!o.memory_limit.empty()) {
     TP_ASSIGN_OR_RETURN(so.memory_limit, store::ParseByteSize(o.memory_limit));
   }
+  if (!o.page_pool.empty()) {
+    Result<uint64_t> pool = store::ParseByteSize(o.page_pool);
+    if (!pool.ok()) return pool.status().WithContext("--page-pool-bytes");
+    so.page_pool_bytes = *pool;
+  }
+  so.presize_pool = o.presize;
   store::ServerOptions sv;
   TP_ASSIGN_OR_RETURN(sv.token, ResolveToken(o.token));
   sv.access_log = o.access_log;
@@ -216,6 +224,12 @@ void AddServe(CLI::App* cmd, Context& ctx) {
   AddTokenOptions(serve, &so->token);
   serve->add_option("--memory-limit", so->memory_limit,
                     "Bytes of tensors the store may hold (e.g. 8G; default: free shared memory)");
+  serve->add_option("--page-pool-bytes", so->page_pool,
+                    "Bytes of released versions' shared memory kept for the job's next tensors "
+                    "(e.g. 4G; 0: off; default: a quarter of the memory limit)");
+  serve->add_flag("--page-pool-presize", so->presize,
+                  "After each commit, fill the job's page pool in the background with files of "
+                  "the committed version's sizes, so that its next version writes into warm pages");
   serve->add_option("--shm-dir", so->shm_dir,
                     "Shared-memory directory; kept across restarts (default: a fresh private one)");
   serve->add_option("--max-body", so->max_body, "Largest request body (e.g. 1G)")

@@ -138,6 +138,22 @@ void ShmMapping::Reset() {
   map_size_ = size_ = 0;
 }
 
+void ShmMapping::Shrink(uint64_t bytes) {
+  if (bytes >= size_) return;
+  if (bytes == 0) {
+    Reset();
+    return;
+  }
+  const uint64_t page = PageSize();
+  const uint64_t used = static_cast<uint64_t>(data_ - base_) + bytes;
+  const uint64_t keep = (used + page - 1) / page * page;
+  if (keep < map_size_) {
+    ::munmap(base_ + keep, map_size_ - keep);
+    map_size_ = keep;
+  }
+  size_ = bytes;
+}
+
 void ShmMapping::Prefault() const {
 #if defined(MADV_POPULATE_READ) && defined(MADV_POPULATE_WRITE)
   if (base_)
@@ -225,6 +241,20 @@ void ParallelMemcpy(void* dst, const void* src, std::size_t n) {
   // Cannot fail: both regions are the same whole 1-D tensor.
   (void)CopyBox(ConstRegion{src, shape, all}, MutRegion{dst, shape, all}, 1,
                 &ThreadPool::Default());
+}
+
+void ParallelZero(void* dst, std::size_t n) {
+  constexpr std::size_t kChunk = 16 << 20;
+  const std::size_t chunks = (n + kChunk - 1) / kChunk;
+  auto one = [&](std::size_t i) {
+    const std::size_t b = i * kChunk;
+    std::memset(static_cast<char*>(dst) + b, 0, std::min(n, b + kChunk) - b);
+  };
+  if (chunks <= 1) {
+    if (chunks == 1) one(0);
+  } else {
+    ThreadPool::Default().ParallelFor(chunks, one);
+  }
 }
 
 }  // namespace tenplex::store

@@ -45,6 +45,9 @@ class ShmMapping {
   // Pre-faults the page tables of the whole map (MADV_POPULATE_READ/WRITE) so that a
   // following bulk copy runs at memcpy speed; a no-op where the kernel lacks it.
   void Prefault() const;
+  // Keeps only the first `bytes` bytes mapped (the file was truncated to them): the
+  // pages past them are unmapped. No-op when bytes >= size().
+  void Shrink(uint64_t bytes);
 
  private:
   void Reset();
@@ -62,6 +65,8 @@ Status CreateShmFile(const std::string& file, uint64_t bytes, bool allocate);
 
 // Copies n bytes, split across the default thread pool when large.
 void ParallelMemcpy(void* dst, const void* src, std::size_t n);
+// Zeroes n bytes, split across the default thread pool when large.
+void ParallelZero(void* dst, std::size_t n);
 
 // Copies into / out of a file with pwrite / pread, in parallel chunks on the default
 // thread pool when large. On tmpfs this needs no page-table set-up in the calling

@@ -221,6 +221,7 @@ Status Health(Store& store, const Target& t, httplib::Response& res) {
             {"shm_dir", store.shm_dir()},
             {"pid", static_cast<int64_t>(::getpid())},
             {"used_bytes", store.used_bytes()},
+            {"pool_bytes", store.pool_bytes()},
             {"memory_limit", store.memory_limit()}});
   return Status::Ok();
 }

@@ -91,6 +91,9 @@ std::string Server::Impl::Metrics() {
   Metric(out, "tenplex_store_memory_limit_bytes", "gauge",
          "The store's memory limit (--memory-limit).");
   out += "tenplex_store_memory_limit_bytes " + std::to_string(store.memory_limit()) + "\n";
+  Metric(out, "tenplex_store_pool_bytes", "gauge",
+         "Bytes of released tensor files kept for recycling (the page pool).");
+  out += "tenplex_store_pool_bytes " + std::to_string(store.pool_bytes()) + "\n";
   uint64_t jobs = 0, open = 0, committed = 0, tensors = 0;
   for (const std::string& name : store.Jobs()) {
     auto j = store.Job(name);

@@ -16,10 +16,17 @@ uint64_t Store::used_bytes() const {
   return impl_->used;
 }
 
+uint64_t Store::pool_bytes() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->pooled;
+}
+
+uint64_t Store::page_pool_limit() const { return impl_->pool_limit; }
+
 Result<std::shared_ptr<void>> Store::Reserve(uint64_t bytes, const std::string& what) {
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
-    if (bytes > impl_->limit || impl_->used > impl_->limit - bytes) {
+    if (!impl_->FitUnderLimit(bytes)) {
       return ResourceExhausted("memory limit: " + what + " needs " + std::to_string(bytes) +
                                " bytes; the store holds " + std::to_string(impl_->used) +
                                " of its limit of " + std::to_string(impl_->limit) +
@@ -27,6 +34,7 @@ Result<std::shared_ptr<void>> Store::Reserve(uint64_t bytes, const std::string& 
     }
     impl_->used += bytes;
   }
+  impl_->Sweep();
   Impl* impl = impl_.get();
   return std::shared_ptr<void>(nullptr, [impl, bytes](void*) {
     std::lock_guard<std::mutex> lock(impl->mu);
@@ -79,6 +87,7 @@ Status Store::Impl::RecordChecksums(const std::string& job, uint64_t version) {
   struct Todo {
     std::string key, file;
     uint64_t bytes, gen;
+    std::shared_ptr<const ShmMapping> map;  // the kept map, if any
     std::string sum;
     Status status;
   };
@@ -89,13 +98,17 @@ Status Store::Impl::RecordChecksums(const std::string& job, uint64_t version) {
     if (v.second->committed || v.second->prepared) return Status::Ok();
     for (const auto& [key, e] : v.second->tensors) {
       if (e.xxh64.empty())
-        todo.push_back({key, VersionDir(job, version) + "/" + key, e.bytes, e.gen, "", {}});
+        todo.push_back({key, VersionDir(job, version) + "/" + key, e.bytes, e.gen, e.map, "", {}});
     }
   }
   ThreadPool::Default().ParallelFor(todo.size(), [&](std::size_t i) {
     Todo& t = todo[i];
     if (t.bytes == 0) {
       t.sum = Xxh64Hex(nullptr, 0);
+      return;
+    }
+    if (t.map) {
+      t.sum = Xxh64Hex(t.map->data(), t.bytes);
       return;
     }
     // Pre-faulted: page faults one by one cost 30x the hash on some VMs.
@@ -170,6 +183,7 @@ Status Store::Commit(const std::string& job, uint64_t version, bool keep_old) {
       v.second->committed = true;
       v.second->prepared = false;
       j.current = version;
+      impl_->SchedulePresize(job, *v.second);
     }
     if (!keep_old) {
       std::vector<uint64_t> old;
@@ -181,6 +195,7 @@ Status Store::Commit(const std::string& job, uint64_t version, bool keep_old) {
   }
   std::error_code ec;
   for (const std::string& t : trash) fs::remove_all(t, ec);
+  impl_->Sweep();
   return Status::Ok();
 }
 
@@ -205,6 +220,7 @@ Status Store::DropVersion(const std::string& job, uint64_t version) {
   std::error_code ec;
   fs::remove_all(trash, ec);
   if (!job_trash.empty()) fs::remove_all(job_trash, ec);
+  impl_->Sweep();
   return Status::Ok();
 }
 
@@ -221,6 +237,7 @@ Status Store::ReleaseOld(const std::string& job) {
   }
   std::error_code ec;
   for (const std::string& t : trash) fs::remove_all(t, ec);
+  impl_->Sweep();
   return Status::Ok();
 }
 
@@ -238,11 +255,13 @@ Status Store::DeleteJob(const std::string& job) {
       TP_ASSIGN_OR_RETURN(JobState * j, impl_->FindJob(job));
       for (const auto& [n, vs] : j->versions) impl_->used -= vs.bytes;
       impl_->jobs.erase(job);
+      impl_->DropPool(job);
       trash = impl_->Trash(impl_->JobDir(job));
     }
   }
   std::error_code ec;
   fs::remove_all(trash, ec);
+  impl_->Sweep();
   return Status::Ok();
 }
 
@@ -337,7 +356,7 @@ Result<TensorInfo> Store::Link(const std::string& from, const std::string& to) {
   TP_ASSIGN_OR_RETURN(TensorPath p, ParseTensorPath(to));
   TP_ASSIGN_OR_RETURN(auto v, impl_->FindOpenVersion(p));
   const uint64_t bytes = src.second->bytes;
-  if (bytes > impl_->limit || impl_->used > impl_->limit - bytes) {
+  if (!impl_->FitUnderLimit(bytes)) {
     return ResourceExhausted("memory limit: linking " + std::to_string(bytes) +
                              " bytes would raise the store's " + std::to_string(impl_->used) +
                              " bytes in use above its limit of " + std::to_string(impl_->limit) +
@@ -374,6 +393,10 @@ Result<TensorRef> Store::Get(const std::string& path) const {
   TP_ASSIGN_OR_RETURN(auto t, impl_->FindTensor(path));
   TensorRef ref;
   ref.info_ = std::move(t.first);
+  if (t.second->map) {  // the store's own map: no new page tables
+    ref.map_ = t.second->map;
+    return ref;
+  }
   // Mapped under the lock so that a concurrent replace or release cannot swap the file.
   TP_ASSIGN_OR_RETURN(ShmMapping m,
                       ShmMapping::Map(ref.info_.file, 0, ref.info_.bytes, /*writable=*/false));

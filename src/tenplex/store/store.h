@@ -28,6 +28,22 @@
 // Memory accounting: the bytes of all tensor files count against memory_limit;
 // an allocation that would exceed it is ResourceExhausted, naming the numbers.
 //
+// Page pool: on this kind of machine the first write into new shared memory costs
+// 10-100x a warm memcpy (page allocation, zeroing, page-table set-up through a new
+// map). So the files of a released committed or prepared version are not removed but
+// moved to <dir>/pool/ (with the writable map the store made when it created them) and
+// recycled for new tensors of the same job: a pooled file at least as large (and at
+// most about twice) is renamed into place, truncated to size, and zeroed through its
+// already-populated map (Allocate) or overwritten completely (Put), so no byte of an
+// older tensor is ever visible in a new one, and no job ever gets another's pages.
+// The pool is bounded (page_pool_bytes, oldest files removed first); pooled bytes
+// count against memory_limit and are evicted before any allocation is refused. The pool
+// is never state: Open clears <dir>/pool/. Files shared with another version (Link),
+// still mapped by a TensorRef/TensorWriter of this process, or of open versions (whose
+// writers may be in other processes) are never pooled. REQUIRES of local processes that
+// map tensor files: no reads through a map of a version after it was released (the
+// pages may hold another tensor by then).
+//
 // Thread-safety: all methods may be called from many threads at once. The metadata
 // is guarded by one mutex that is never held during bulk copies or hashing. Writers
 // and readers hold their maps by shared ownership: a TensorRef stays readable after
@@ -59,6 +75,14 @@ struct StoreOptions {
   // Bytes of tensors the store may hold; 0 means the free space of the shared-memory
   // file system when the store opens.
   uint64_t memory_limit = 0;
+  // Most bytes of released tensor files kept for recycling (the page pool above);
+  // nullopt: a quarter of the memory limit; 0 turns the pool off.
+  std::optional<uint64_t> page_pool_bytes = std::nullopt;
+  // Pre-size the next version: after each commit a background thread fills the job's
+  // pool with files of the committed version's tensor sizes (pages allocated and mapped,
+  // as far as the pool bound and the memory limit leave room, never evicting), so that
+  // the next version (a transform, a checkpoint) writes into warm pages.
+  bool presize_pool = false;
 };
 
 struct TensorInfo {
@@ -137,6 +161,10 @@ class Store {
   const std::string& id() const;
   uint64_t used_bytes() const;
   uint64_t memory_limit() const;
+  // Bytes of released tensor files kept in the page pool (counted against the memory
+  // limit besides used_bytes) and the pool's bound.
+  uint64_t pool_bytes() const;
+  uint64_t page_pool_limit() const;
   // Counts `bytes` of memory that is not a tensor (a bandwidth probe's buffers) against
   // the memory limit until the returned handle is destroyed; ResourceExhausted, naming
   // `what`, when it does not fit. REQUIRES: the handle does not outlive the store.

@@ -1,4 +1,7 @@
+#include <algorithm>
+#include <optional>
 #include <set>
+#include <vector>
 
 #include "tenplex/store/store_internal.h"
 #include "tenplex/util/file.h"
@@ -10,18 +13,21 @@ struct PendingTensor {
   uint64_t bytes = 0;
   std::string tmp;
   std::shared_ptr<ShmMapping> map;
+  std::optional<PoolEntry> reuse;  // a pooled file of the same job to recycle
 };
 
 namespace {
 
 // Creates `file` (sparse, `bytes` long) and lets fill write it; it must write exactly
 // `bytes` bytes.
+// With `exists` the file is a recycled one, already truncated to `bytes`.
 Status FillFile(const std::string& file, uint64_t bytes,
-                const std::function<Status(TensorSink&)>& fill) {
-  int fd = ::open(file.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+                const std::function<Status(TensorSink&)>& fill, bool exists = false) {
+  int fd = ::open(file.c_str(), O_RDWR | O_CLOEXEC | (exists ? 0 : O_CREAT | O_EXCL), 0600);
   if (fd < 0) return ErrnoError("create " + file, errno);
   Status s;
-  if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) s = ErrnoError("ftruncate " + file, errno);
+  if (!exists && ::ftruncate(fd, static_cast<off_t>(bytes)) != 0)
+    s = ErrnoError("ftruncate " + file, errno);
   if (s.ok()) {
     TensorSink sink(fd, file, bytes);
     s = fill(sink);
@@ -53,10 +59,64 @@ Result<std::vector<PendingTensor>> SizeRequests(const std::vector<Store::AllocRe
   return pend;
 }
 
+// Zeroes [0, bytes) of a file with pwrite (a recycled file without a kept map: its
+// pages exist, so this needs no allocation; a new map would cost page tables).
+Status ZeroByPwrite(const std::string& file, uint64_t bytes) {
+  static const std::vector<char> zeros(4 << 20, 0);
+  int fd = ::open(file.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoError("open " + file, errno);
+  Status s;
+  for (uint64_t at = 0; at < bytes && s.ok(); at += zeros.size())
+    s = PwriteFd(fd, file, at, zeros.data(), std::min<uint64_t>(zeros.size(), bytes - at));
+  ::close(fd);
+  return s;
+}
+
+// Recycles p.reuse (a pooled file of the same job) as `tmp`: renamed, truncated to
+// p.bytes, then either written completely by fill or zeroed (through its kept map
+// when it has one), so no byte of the tensor it held before stays visible.
+Status Recycle(PendingTensor& p, const std::string& tmp,
+               const std::function<Status(TensorSink&)>* fill, bool map) {
+  PoolEntry e = std::move(*p.reuse);
+  p.reuse.reset();
+  if (::rename(e.file.c_str(), tmp.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(e.file.c_str());
+    return ErrnoError("rename " + e.file + " to " + tmp, err);
+  }
+  p.tmp = tmp;
+  if (::truncate(tmp.c_str(), static_cast<off_t>(p.bytes)) != 0)
+    return ErrnoError("truncate " + tmp, errno);
+  if (e.map) e.map->Shrink(p.bytes);
+  if (fill) {
+    TP_RETURN_IF_ERROR(FillFile(tmp, p.bytes, *fill, /*exists=*/true)
+                           .WithContext(p.path.WithVersion(*p.path.version)));
+  } else if (e.map) {
+    ParallelZero(e.map->data(), p.bytes);
+  } else if (map) {
+    auto m = ShmMapping::Map(tmp, 0, p.bytes, /*writable=*/true, /*populate=*/true);
+    if (!m.ok()) return m.status();
+    e.map = std::make_shared<ShmMapping>(std::move(m).value());
+    ParallelZero(e.map->data(), p.bytes);
+  } else {
+    TP_RETURN_IF_ERROR(ZeroByPwrite(tmp, p.bytes));
+  }
+  p.map = std::move(e.map);
+  return Status::Ok();
+}
+
 // Writes p's bytes into the temporary file `tmp`: from fill, else allocated and (with
 // map) mapped writable into p.map. p.tmp is set once there is a file to remove.
 Status WriteTmp(PendingTensor& p, const std::string& tmp,
                 const std::function<Status(TensorSink&)>* fill, bool map) {
+  if (p.reuse) {
+    Status s = Recycle(p, tmp, fill, map);
+    if (s.ok() || fill) return s;
+    // A recycled file that failed (an internal error): a fresh one instead.
+    if (!p.tmp.empty()) ::unlink(p.tmp.c_str());
+    p.tmp.clear();
+    p.map.reset();
+  }
   if (fill) {
     Status s = FillFile(tmp, p.bytes, *fill);
     p.tmp = tmp;
@@ -79,7 +139,7 @@ Status WriteTmp(PendingTensor& p, const std::string& tmp,
 
 }  // namespace
 
-Status Store::Impl::ReserveForCreate(const std::vector<PendingTensor>& pend, uint64_t total) {
+Status Store::Impl::ReserveForCreate(std::vector<PendingTensor>& pend, uint64_t total) {
   std::lock_guard<std::mutex> lock(mu);
   std::set<std::string> seen;
   for (const PendingTensor& p : pend) {
@@ -90,7 +150,14 @@ Status Store::Impl::ReserveForCreate(const std::vector<PendingTensor>& pend, uin
                              "' is allocated twice in one request");
     }
   }
-  if (total > limit || used > limit - total) {
+  // Pooled files of the job are taken first (their bytes leave the pool), then the
+  // rest of the pool is evicted as far as the limit needs.
+  for (PendingTensor& p : pend) p.reuse = TakePooled(p.path.job, p.bytes);
+  if (!FitUnderLimit(total)) {
+    for (PendingTensor& p : pend) {
+      if (p.reuse) ReturnPooled(p.path.job, std::move(*p.reuse));
+      p.reuse.reset();
+    }
     return ResourceExhausted("memory limit: allocating " + std::to_string(total) +
                              " bytes would raise the store's " + std::to_string(used) +
                              " bytes in use above its limit of " + std::to_string(limit) +
@@ -107,12 +174,15 @@ Result<std::vector<TensorInfo>> Store::Impl::Create(const std::vector<AllocReque
   uint64_t total = 0;
   TP_ASSIGN_OR_RETURN(std::vector<PendingTensor> pend, SizeRequests(reqs, &total));
   if (fill && reqs.size() != 1) return Internal("Store: a filled create takes one tensor");
-  TP_RETURN_IF_ERROR(ReserveForCreate(pend, total));
+  Status reserved = ReserveForCreate(pend, total);
+  Sweep();  // files the reservation evicted from the pool
+  TP_RETURN_IF_ERROR(reserved);
   for (PendingTensor& p : pend) {
     Status s = WriteTmp(p, TmpName(), fill, maps != nullptr);
     if (s.ok()) continue;
     for (PendingTensor& q : pend) {
       if (!q.tmp.empty()) ::unlink(q.tmp.c_str());
+      if (q.reuse) ::unlink(q.reuse->file.c_str());  // taken from the pool, not used
     }
     std::lock_guard<std::mutex> lock(mu);
     used -= total;
@@ -162,6 +232,7 @@ Result<std::vector<TensorInfo>> Store::Impl::PublishCreated(
     e.dtype = reqs[i].dtype;
     e.shape = reqs[i].shape;
     e.bytes = p.bytes;
+    e.map = p.map;
     vs->bytes += e.bytes;
     auto ins = vs->tensors.emplace(key, std::move(e)).first;
     out.push_back(MakeInfo(p.path.job, num, *vs, ins->first, ins->second));

@@ -15,15 +15,21 @@
 
 #include <atomic>
 #include <cerrno>
+#include <condition_variable>
 #include <cstdio>
+#include <deque>
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <string>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "tenplex/store/manifest.h"
 #include "tenplex/store/store.h"
@@ -49,7 +55,22 @@ struct Entry {
   // clients reading the tensor (Client::Read); "" for open versions.
   std::string xxh64;
   uint64_t gen = 0;  // which file: a replaced tensor of an open version gets a new one
+  // The writable map the store made when it created the file (null for files restored
+  // after a restart or created by Put): Get and checksums read through it, and it goes
+  // to the page pool with the file, so a recycled file needs no new page tables.
+  std::shared_ptr<ShmMapping> map;
 };
+
+// A released tensor file kept for a new tensor of the same job (store.h, page pool).
+struct PoolEntry {
+  std::string file;  // <dir>/pool/<n>
+  uint64_t bytes = 0;
+  uint64_t seq = 0;                 // eviction order: oldest first
+  std::shared_ptr<ShmMapping> map;  // may be null
+};
+
+// Released files smaller than this are removed, not pooled (cheap to create anew).
+inline constexpr uint64_t kPoolMinBytes = 256 << 10;
 
 struct VersionState {
   bool committed = false;
@@ -118,12 +139,49 @@ struct Store::Impl {
   uint64_t used = 0;                     // guarded by mu; includes reservations
   // Jobs whose files could not be restored when the store opened (guarded by mu).
   std::map<std::string, QuarantinedJob> quarantined;
+  // The page pool (guarded by mu): per job, pooled files by size.
+  uint64_t pool_limit = 0;
+  uint64_t pooled = 0;
+  std::map<std::string, std::multimap<uint64_t, PoolEntry>> pool;
+  // Files to remove once mu is released (evicted from the pool): Sweep.
+  std::vector<std::string> unlink_later;
+  // Pre-sizing (store_pool.cc): jobs and the tensor sizes to create pool files for,
+  // worked off by `presizer` (guarded by mu).
+  std::deque<std::pair<std::string, std::vector<uint64_t>>> presize_queue;
+  std::condition_variable presize_cv;
+  bool stopping = false;
+  std::thread presizer;
 
   std::string JobDir(const std::string& job) const { return dir + "/jobs/" + job; }
   std::string VersionDir(const std::string& job, uint64_t v) const {
     return JobDir(job) + "/" + std::to_string(v);
   }
   std::string TmpName() { return dir + "/tmp/" + std::to_string(counter.fetch_add(1)); }
+  std::string PoolName() { return dir + "/pool/" + std::to_string(counter.fetch_add(1)); }
+
+  // ---- page pool (store_pool.cc)
+  // REQUIRES: mu held. Moves the files of a released immutable version into the pool
+  // (those that may be recycled, see store.h), within pool_limit.
+  void PoolVersion(const std::string& job, uint64_t v, VersionState& vs);
+  // REQUIRES: mu held. Takes the smallest pooled file of `job` that holds `bytes`
+  // (and not more than about twice), if any.
+  std::optional<PoolEntry> TakePooled(const std::string& job, uint64_t bytes);
+  // REQUIRES: mu held. Puts back a file TakePooled gave (an allocation refused).
+  void ReturnPooled(const std::string& job, PoolEntry e);
+  // REQUIRES: mu held. Evicts the oldest pooled files until pooled <= target.
+  void EvictPool(uint64_t target);
+  // REQUIRES: mu held. Evicts pooled files until `bytes` more fit under the memory limit
+  // with the pool counted; false when they do not fit even with the pool empty.
+  bool FitUnderLimit(uint64_t bytes);
+  // REQUIRES: mu held. Drops every pooled file of a job.
+  void DropPool(const std::string& job);
+  // REQUIRES: mu NOT held. Removes the files evicted meanwhile.
+  void Sweep();
+  // REQUIRES: mu held. Queues pre-sizing of `job`'s pool after version vs committed.
+  void SchedulePresize(const std::string& job, const VersionState& vs);
+  // The presizer thread's body; returns once `stopping`.
+  void PresizeLoop();
+  void StopPresizer();
 
   // Moves a directory to trash/ (fast, under mu); the caller removes the returned
   // path after releasing mu.
@@ -221,6 +279,7 @@ struct Store::Impl {
   std::string EraseVersion(const std::string& job, JobState& j, uint64_t v) {
     auto it = j.versions.find(v);
     used -= it->second.bytes;
+    if (it->second.committed || it->second.prepared) PoolVersion(job, v, it->second);
     j.versions.erase(it);
     return Trash(VersionDir(job, v));
   }
@@ -261,7 +320,7 @@ struct Store::Impl {
   // Create's steps: reserves `total` bytes against the limit once every tensor's version
   // is open and no tensor is asked for twice; then renames the written files into their
   // versions (undoing the reservation of those not published).
-  Status ReserveForCreate(const std::vector<PendingTensor>& pend, uint64_t total);
+  Status ReserveForCreate(std::vector<PendingTensor>& pend, uint64_t total);
   Result<std::vector<TensorInfo>> PublishCreated(const std::vector<AllocRequest>& reqs,
                                                  const std::vector<PendingTensor>& pend,
                                                  uint64_t total,

@@ -188,7 +188,8 @@ Result<std::unique_ptr<Store>> Store::Open(const StoreOptions& options) {
     }
     return ErrnoError("flock " + lock_path, errno);
   }
-  for (const char* sub : {"/tmp", "/trash"}) {
+  // The page pool is never state: whatever a crashed store left there is removed.
+  for (const char* sub : {"/tmp", "/trash", "/pool"}) {
     TP_RETURN_IF_ERROR(MakeDir(impl->dir + sub));
     ClearDir(impl->dir + sub);
   }
@@ -202,11 +203,17 @@ Result<std::unique_ptr<Store>> Store::Open(const StoreOptions& options) {
     if (::statvfs(impl->dir.c_str(), &sv) != 0) return ErrnoError("statvfs " + impl->dir, errno);
     impl->limit = static_cast<uint64_t>(sv.f_bavail) * sv.f_frsize + impl->used;
   }
+  impl->pool_limit = std::min(impl->limit, options.page_pool_bytes.value_or(impl->limit / 4));
+  if (options.presize_pool && impl->pool_limit > 0) {
+    Impl* raw = impl.get();
+    impl->presizer = std::thread([raw] { raw->PresizeLoop(); });
+  }
   cleanup.impl = nullptr;
   return std::unique_ptr<Store>(new Store(std::move(impl)));
 }
 
 Store::~Store() {
+  impl_->StopPresizer();
   std::error_code ec;
   if (impl_->owned) {
     fs::remove_all(impl_->dir, ec);
@@ -225,6 +232,7 @@ Store::~Store() {
     for (const std::string& t : trash) fs::remove_all(t, ec);
     ClearDir(impl_->dir + "/tmp");
     ClearDir(impl_->dir + "/trash");
+    ClearDir(impl_->dir + "/pool");
   }
   if (impl_->lock_fd >= 0) ::close(impl_->lock_fd);
 }
