@@ -171,7 +171,7 @@ class Trainer:
         handoff.write_rank(handoff.read(path), self.rank, self.state_tensors())
         dist.barrier()
         if self.rank == 0:
-            handoff.write_result(path, self.step, self.samples_consumed)
+            handoff.write_result(path, self.step, self.samples_consumed, durable=not self.args.warm_control)
             self.log_event({"event": "commit", "step": self.step, "seconds": round(time.perf_counter() - t0, 4)})
 
     def log_event(self, rec):

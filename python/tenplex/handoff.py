@@ -144,10 +144,13 @@ def write_rank(handoff, rank, tensors):
             os.close(fd)
 
 
-def write_result(state_out, step, samples_consumed):
+def write_result(state_out, step, samples_consumed, durable=True):
+    """Rank 0's `<state_out>.result`, written whole (a rename); durable=False skips the
+    fsync (a warm worker's: a message to the live runner, on the reconfiguration's path)."""
     tmp = state_out + ".result.tmp"
     with open(tmp, "w") as f:
         json.dump({"step": step, "samples_consumed": samples_consumed}, f)
         f.flush()
-        os.fsync(f.fileno())
+        if durable:
+            os.fsync(f.fileno())
     os.replace(tmp, state_out + ".result")
