@@ -283,7 +283,7 @@ class ScheduleLoop {
     double cost = Since(t_segment_) - worked + last_transform_s_;
     if (!summary_.reconfigurations.empty()) {
       const ReconfigureRecord& r = summary_.reconfigurations.back();
-      cost = r.stop_seconds + r.transform_seconds + r.restart_seconds - worked / (step - start);
+      cost = r.seconds - worked / (step - start);  // end to end (--warm overlaps the transform)
     }
     if (o_.rebalance_cost >= 0) cost = o_.rebalance_cost;
     RebalancePolicy policy;
