@@ -8,33 +8,87 @@ order):
   mp     the tp*pp ranks of one dp replica: gradient norm, loss;
   embed  first and last stage of one (tp, dp) position when pp > 1: tied embedding grads.
 Pipeline neighbours talk point to point with send/recv on the default group.
+
+members_only=True (warm workers, `tenplex run --warm`, which re-join a new world at every
+reconfiguration): each rank creates only its own groups, named after their kind and
+index, and without torch's `new_group` world-wide store barrier (one per group, polled
+every 10 ms: most of a warm re-join's group set-up). The gloo group's construction is a
+rendezvous of its members already; every rank creates its groups in the same kind
+order (tp, dp, mp, embed) and belongs to one group of each kind, so no rank waits on a
+group another rank has not reached yet.
 """
+import datetime
+import weakref
+
 import torch
 import torch.distributed as dist
 
 from meter import METER
 
 
+_C10D_INTERNALS = ("_get_default_store", "_get_default_group", "_pg_map", "_pg_names", "_pg_group_ranks")
+# Member groups are named "tenplex<n>-<kind><index>", n counting the Groups made in the
+# current world (every rank makes the same ones in the same order): the world's store
+# must not see a name twice. [weak reference to the world's default group, n]
+_world = [None, 0]
+
+
+def can_make_member_groups():
+    """Whether this torch has the internals member_group needs (torch 1.13 has)."""
+    return all(hasattr(dist.distributed_c10d, a) for a in _C10D_INTERNALS)
+
+
+def member_group(ranks, name, timeout):
+    """The gloo group of `ranks` (which hold this rank), created by its members only, with
+    no world-wide barrier; registered with torch.distributed like one of `new_group`
+    (collectives with src/dst ranks need that), so destroy_process_group() drops it."""
+    c10d = dist.distributed_c10d
+    store = c10d._get_default_store()
+    ranks = sorted(ranks)  # group ranks in global rank order, as new_group's
+    pg = dist.ProcessGroupGloo(dist.PrefixStore(name, store), ranks.index(dist.get_rank()), len(ranks), timeout)
+    c10d._pg_map[pg] = (dist.Backend.GLOO, store)
+    c10d._pg_names[pg] = name
+    c10d._pg_group_ranks[pg] = {g: i for i, g in enumerate(ranks)}
+    return pg
+
+
+def _next_in_world():
+    """The number of member-only Groups made in this world before (0 in a new world)."""
+    default = dist.distributed_c10d._get_default_group()
+    if _world[0] is None or _world[0]() is not default:
+        _world[0], _world[1] = weakref.ref(default), 0
+    _world[1] += 1
+    return _world[1] - 1
+
+
 class Groups:
-    def __init__(self, cfg, rank, tied_embeddings=True):
+    def __init__(self, cfg, rank, tied_embeddings=True, members_only=False, timeout=1800.0):
         self.cfg, self.rank = cfg, rank
+        self.members_only = members_only and can_make_member_groups()
+        self.timeout = datetime.timedelta(seconds=timeout)
+        self.prefix = f"tenplex{_next_in_world()}-" if self.members_only else None
         self.tp_rank, self.dp_rank, self.pp_rank = cfg.tp_rank(rank), cfg.dp_rank(rank), cfg.pp_rank(rank)
         R = cfg.rank_of
-        self.tp, self.tp_ranks = self._make([[R(t, d, p) for t in range(cfg.tp)]
-                                             for p in range(cfg.pp) for d in range(cfg.dp)])
-        self.dp, self.dp_ranks = self._make([[R(t, d, p) for d in range(cfg.dp)]
-                                             for p in range(cfg.pp) for t in range(cfg.tp)])
-        self.mp, self.mp_ranks = self._make([[R(t, d, p) for p in range(cfg.pp) for t in range(cfg.tp)]
-                                             for d in range(cfg.dp)])
+        self.tp, self.tp_ranks = self._make("tp", [[R(t, d, p) for t in range(cfg.tp)]
+                                                   for p in range(cfg.pp) for d in range(cfg.dp)])
+        self.dp, self.dp_ranks = self._make("dp", [[R(t, d, p) for d in range(cfg.dp)]
+                                                   for p in range(cfg.pp) for t in range(cfg.tp)])
+        self.mp, self.mp_ranks = self._make("mp", [[R(t, d, p) for p in range(cfg.pp) for t in range(cfg.tp)]
+                                                   for d in range(cfg.dp)])
         self.embed, self.embed_ranks = None, [rank]
         if cfg.pp > 1 and tied_embeddings:
-            self.embed, self.embed_ranks = self._make([[R(t, d, 0), R(t, d, cfg.pp - 1)]
-                                                       for d in range(cfg.dp) for t in range(cfg.tp)])
+            self.embed, self.embed_ranks = self._make("embed", [[R(t, d, 0), R(t, d, cfg.pp - 1)]
+                                                                for d in range(cfg.dp) for t in range(cfg.tp)])
 
-    def _make(self, rank_lists):
-        """Creates one group per list (every rank creates all); returns ours and its ranks."""
+    def _make(self, kind, rank_lists):
+        """Creates one group per list (every rank creates all; members_only: each rank
+        only its own); returns ours and its ranks."""
         mine = (None, [self.rank])
-        for ranks in rank_lists:
+        for i, ranks in enumerate(rank_lists):
+            if self.members_only:
+                if self.rank in ranks:
+                    mine = (member_group(ranks, f"{self.prefix}{kind}{i}", self.timeout), ranks)
+                continue
             g = dist.new_group(ranks)
             if self.rank in ranks:
                 mine = (g, ranks)

@@ -91,7 +91,10 @@ class Trainer:
     def __init__(self, args, model, cfg, rank):
         self.args, self.model, self.cfg, self.rank = args, model, cfg, rank
         hp = gpt.HParams(model.info)
-        self.groups = parallel.Groups(cfg, rank, tied_embeddings=hp.tied)
+        # Warm workers re-join a world at every reconfiguration: their groups skip
+        # torch's world-wide barriers (parallel.py).
+        self.groups = parallel.Groups(cfg, rank, tied_embeddings=hp.tied, members_only=bool(args.warm_control),
+                                      timeout=args.timeout)
         self.stage = gpt.Stage(model, cfg, self.groups, args.seed)
         if args.flextp_straggler is not None:
             self.stage.flex = flextp.FlexTp(self.groups, args.flextp_straggler)
@@ -158,7 +161,9 @@ class Trainer:
 
     def load_handoff(self, path):
         h = handoff.read(path)
-        self.restore(f"hand-off {path}", h, lambda: handoff.map_rank(h, self.rank))
+        # (A warm worker re-joins at every change: one read per tensor, no map.)
+        read = handoff.read_rank if self.args.warm_control else handoff.map_rank
+        self.restore(f"hand-off {path}", h, lambda: read(h, self.rank))
 
     def save_handoff(self, path):
         t0 = time.perf_counter()
@@ -166,7 +171,7 @@ class Trainer:
         handoff.write_rank(handoff.read(path), self.rank, self.state_tensors())
         dist.barrier()
         if self.rank == 0:
-            handoff.write_result(path, self.step, self.samples_consumed)
+            handoff.write_result(path, self.step, self.samples_consumed, durable=not self.args.warm_control)
             self.log_event({"event": "commit", "step": self.step, "seconds": round(time.perf_counter() - t0, 4)})
 
     def log_event(self, rec):
@@ -300,6 +305,8 @@ def run_segment(args, control=None):
             first = args.state_in or args.state_out
             if not args.state_in and args.commit_every > 0 and not os.path.exists(first):
                 first = f"{args.commit_prefix}{(args.start_step or 0) + args.commit_every}.json"
+            if control is not None:  # with --warm the runner writes --state-in while we re-join
+                handoff.wait_for(first, args.timeout, warm.ABORT)
             model = L.Model(handoff.read(first)["model"])
         else:
             raise ValueError("give --model (a JSON file from `tenplex model gpt`), --load-dir or --state-in")
@@ -341,6 +348,8 @@ def run_segment(args, control=None):
         fail(e)
 
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    stamp = control.times.__setitem__ if control is not None else lambda k, t: None
+    stamp("start", time.perf_counter())
     if control is not None and args.world_rank != 0:
         warm.wait_port(args.master_addr, args.master_port, args.timeout)
     dist.init_process_group("gloo", init_method=f"tcp://{args.master_addr}:{args.master_port}",
@@ -348,12 +357,22 @@ def run_segment(args, control=None):
                             timeout=datetime.timedelta(seconds=args.timeout))
     if control is not None:
         control.watch()  # the runner's abort (a failed peer) breaks this world's connections
+    stamp("pg", time.perf_counter())
     rank = args.world_rank
     trainer = Trainer(args, model, cfg, rank)
+    stamp("trainer", time.perf_counter())
     if args.load_dir:
         or_fail(rank, trainer.load, args.load_dir)
     elif args.state_in:
+        if control is not None:  # the runner's transform ran while we joined the new world
+            or_fail(rank, lambda path: handoff.wait_for(path, args.timeout, warm.ABORT), args.state_in)
+            stamp("transformed", time.perf_counter())
         or_fail(rank, trainer.load_handoff, args.state_in)
+    if control is not None:
+        stamp("loaded", time.perf_counter())
+        if rank == 0:
+            trainer.log_event(warm.join_event(control.times, trainer.step))
+        control.times.clear()
     if args.save_at is not None and not trainer.step <= args.save_at <= trainer.step + args.steps:
         fail(f"--save-at {args.save_at} is outside the steps of this run "
              f"({trainer.step} to {trainer.step + args.steps})")
@@ -378,6 +397,7 @@ def run_segment(args, control=None):
         or_fail(rank, trainer.save, args.save_dir)
     if args.state_out:
         or_fail(rank, trainer.save_handoff, args.state_out)
+    stamp("saved", time.perf_counter())
     if not (control and args.state_out):
         dist.barrier()  # (with a hand-off the commit's barrier is the last collective)
     if rank == 0 and times:

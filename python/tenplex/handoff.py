@@ -11,6 +11,7 @@ its final state; rank 0 then writes `<state-out>.result` ({"step",
 while training goes on (the runner commits each of those versions).
 """
 import json
+import math
 import os
 import time
 
@@ -48,18 +49,43 @@ def wait_for(path, timeout, abort=None):
         time.sleep(0.002)
 
 
-def map_rank(handoff, rank, writable=False):
-    """{local name: tensor} of `rank`, each sharing memory with its store file."""
+def _rank_tensors(handoff, rank):
+    """(name, dtype name, torch dtype, element size, shape, elements, file) of each of
+    `rank`'s tensors."""
     entry = next((r for r in handoff["ranks"] if r.get("rank") == rank), None)
     if entry is None:
         raise HandoffError(f"hand-off has no rank {rank}")
-    out = {}
     for t in entry["tensors"]:
         name, dt, shape, path = t["name"], t["dtype"], list(t["shape"]), t["file"]
         if dt not in safetensors.DTYPES:
             raise HandoffError(f"hand-off tensor {name}: unknown dtype {dt}")
         torch_dtype, size = safetensors.DTYPES[dt]
-        n = int(np.prod(shape, dtype=np.int64))
+        yield name, dt, torch_dtype, size, shape, math.prod(shape), path
+
+
+def read_rank(handoff, rank):
+    """{local name: tensor} of `rank`, private copies read from its store files with one
+    read each (for state copied on at once, as a warm worker's load: cheaper than
+    map_rank's map, copy and unmap per tensor)."""
+    out = {}
+    for name, _, torch_dtype, size, shape, n, path in _rank_tensors(handoff, rank):
+        raw = torch.empty(n * size, dtype=torch.uint8)
+        if n:
+            with open(path, "rb", buffering=0) as f:
+                view, done = memoryview(raw.numpy()), 0
+                while done < len(view):
+                    got = f.readinto(view[done:])
+                    if not got:
+                        raise HandoffError(f"hand-off tensor {name}: {path} has {done} bytes, needs {n * size}")
+                    done += got
+        out[name] = raw.view(torch_dtype).view(shape)
+    return out
+
+
+def map_rank(handoff, rank, writable=False):
+    """{local name: tensor} of `rank`, each sharing memory with its store file."""
+    out = {}
+    for name, dt, torch_dtype, size, shape, n, path in _rank_tensors(handoff, rank):
         if n == 0:
             out[name] = torch.empty(shape, dtype=torch_dtype)
             continue
@@ -118,10 +144,13 @@ def write_rank(handoff, rank, tensors):
             os.close(fd)
 
 
-def write_result(state_out, step, samples_consumed):
+def write_result(state_out, step, samples_consumed, durable=True):
+    """Rank 0's `<state_out>.result`, written whole (a rename); durable=False skips the
+    fsync (a warm worker's: a message to the live runner, on the reconfiguration's path)."""
     tmp = state_out + ".result.tmp"
     with open(tmp, "w") as f:
         json.dump({"step": step, "samples_consumed": samples_consumed}, f)
         f.flush()
-        os.fsync(f.fileno())
+        if durable:
+            os.fsync(f.fileno())
     os.replace(tmp, state_out + ".result")

@@ -22,7 +22,7 @@ json ReconfigureJson(const ReconfigureRecord& p) {
   return {{"step", p.step},
           {"from", p.from},
           {"to", p.to},
-          {"seconds", p.stop_seconds + p.transform_seconds + p.restart_seconds},
+          {"seconds", p.seconds},
           {"stop_seconds", p.stop_seconds},
           {"transform_seconds", p.transform_seconds},
           {"restart_seconds", p.restart_seconds},
@@ -54,15 +54,17 @@ Status AppendLogLine(const std::string& path, const json& j) {
   return Status::Ok();
 }
 
-void RunRecorder::SetPending(const ReconfigureRecord& rec, Clock::time_point t_failure) {
+void RunRecorder::SetPending(const ReconfigureRecord& rec, Clock::time_point t_begin) {
   pending_ = rec;
-  if (rec.after_failure) t_failure_ = t_failure;
+  t_begin_ = t_begin;
+  if (rec.after_failure) t_failure_ = t_begin;
 }
 
 Status RunRecorder::OnStep(int64_t s, int64_t start_step, Clock::time_point t_launch) {
   if (pending_ && s >= start_step) {
     ReconfigureRecord& p = *pending_;
     p.restart_seconds = Since(t_launch);
+    p.seconds = Since(t_begin_);
     summary_->reconfigurations.push_back(p);
     json ev = ReconfigureJson(p);
     ev["event"] = "reconfigure";
@@ -88,7 +90,10 @@ Status RunRecorder::OnStep(int64_t s, int64_t start_step, Clock::time_point t_la
 Status RunRecorder::Failure(const json& event) { return AppendLogLine(log_, event); }
 
 void RunRecorder::Finish() {
-  if (pending_) summary_->reconfigurations.push_back(*pending_);
+  if (pending_) {
+    pending_->seconds = pending_->stop_seconds + pending_->transform_seconds;  // no step followed
+    summary_->reconfigurations.push_back(*pending_);
+  }
   pending_.reset();
 }
 

@@ -28,9 +28,9 @@ class RunRecorder {
   RunRecorder(std::string log_path, RunSummary* summary)
       : log_(std::move(log_path)), summary_(summary) {}
 
-  // A reconfiguration (or the restart after a failure at `t_failure`) whose new
-  // workers have not completed a step yet.
-  void SetPending(const ReconfigureRecord& rec, Clock::time_point t_failure);
+  // A reconfiguration (or the restart after a failure) whose new workers have not
+  // completed a step yet; it began at `t_begin` (the old config's last step, or the kill).
+  void SetPending(const ReconfigureRecord& rec, Clock::time_point t_begin);
   // A worker logged step `step`; the workers were started at `t_launch` from
   // `start_step` or later. Logs the pending reconfiguration ({"event": "reconfigure"})
   // and, once the failed step is done again, {"event": "recovered"}.
@@ -45,7 +45,7 @@ class RunRecorder {
   RunSummary* summary_;
   std::optional<ReconfigureRecord> pending_;
   std::ptrdiff_t recovering_ = -1;  // index of a failure's record until its step is re-done
-  Clock::time_point t_failure_;
+  Clock::time_point t_begin_, t_failure_;
 };
 
 // Fills summary.max_loss_deviation and sample_mismatches against a static run's log.

@@ -108,6 +108,10 @@ struct ReconfigureRecord {
   bool after_failure = false;
   std::vector<int> killed;
   double stop_seconds = 0, transform_seconds = 0, restart_seconds = 0;
+  // End to end: from the old config's last step (after a failure: the kill) to the first
+  // step done in the new one. With --warm the transform runs while the workers re-join
+  // (overlapped), so the three parts can add up to more.
+  double seconds = 0;
   int64_t bytes_moved = 0, bytes_total = 0, bytes_in_place = 0;
   // After a failure: the step that was running, how many finished steps were lost
   // (re-run from the last commit) and the seconds from the kill until that step was

@@ -53,7 +53,11 @@ TEST_F(RunnerTest, CommitsInStepOrderAndHandsStateOver) {
   EXPECT_FALSE(r.after_failure);
   EXPECT_EQ(r.bytes_moved, 100);
   EXPECT_GT(r.restart_seconds, 0);
-  EXPECT_EQ(Events("reconfigure").size(), 1u);
+  // End to end, from the last step to the first new one: the three parts one after another.
+  EXPECT_GE(r.seconds, r.stop_seconds + r.transform_seconds + r.restart_seconds);
+  std::vector<json> reconf = Events("reconfigure");
+  ASSERT_EQ(reconf.size(), 1u);
+  EXPECT_DOUBLE_EQ(reconf[0]["seconds"].get<double>(), r.seconds);
   EXPECT_EQ(Events("commit").size(), 4u);
 }
 

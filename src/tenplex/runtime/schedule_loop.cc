@@ -153,8 +153,9 @@ class ScheduleLoop {
     rec.step = step_;
     rec.from = cfg_.ToString();
     rec.to = want.ToString();
+    const auto t_begin = Clock::now();
     TP_RETURN_IF_ERROR(TransformTo(want, rec));
-    recorder_.SetPending(rec, Clock::now());
+    recorder_.SetPending(rec, t_begin);
     cfg_ = want;
     return false;
   }
@@ -192,6 +193,15 @@ class ScheduleLoop {
     }
     // --warm: the next entry's world, so that workers it adds start ahead (spares).
     if (o_.warm && !entries_[i_ + 1].stop) spec.next_world = EntryConfig(i_ + 1).world_size();
+    if (deferred_) {
+      spec.transform_in = [this]() -> Result<uint64_t> {
+        DeferredTransform d = std::move(*deferred_);
+        deferred_.reset();
+        TP_RETURN_IF_ERROR(TransformTo(d.to, d.rec));
+        recorder_.SetPending(d.rec, d.t_begin);
+        return *committed_;
+      };
+    }
     Segment seg(env_, spec);
     TP_RETURN_IF_ERROR(seg.Run());
     if (seg.kill_struck()) kills_done_.insert(i_ + 1);
@@ -229,8 +239,13 @@ class ScheduleLoop {
       rec.lost_steps = end - 1 - step_;
     }
     rec.stop_seconds = seg.stop_seconds();
-    if (committed_ && (next != cfg_ || replace)) TP_RETURN_IF_ERROR(TransformTo(next, rec));
-    recorder_.SetPending(rec, seg.kill_time());
+    const bool transform = committed_ && (next != cfg_ || replace);
+    if (transform && pool_) {
+      deferred_ = DeferredTransform{next, rec, seg.stop_begin()};
+      return Status::Ok();
+    }
+    if (transform) TP_RETURN_IF_ERROR(TransformTo(next, rec));
+    recorder_.SetPending(rec, seg.stop_begin());
     return Status::Ok();
   }
 
@@ -268,7 +283,7 @@ class ScheduleLoop {
     double cost = Since(t_segment_) - worked + last_transform_s_;
     if (!summary_.reconfigurations.empty()) {
       const ReconfigureRecord& r = summary_.reconfigurations.back();
-      cost = r.stop_seconds + r.transform_seconds + r.restart_seconds - worked / (step - start);
+      cost = r.seconds - worked / (step - start);  // end to end (--warm overlaps the transform)
     }
     if (o_.rebalance_cost >= 0) cost = o_.rebalance_cost;
     RebalancePolicy policy;
@@ -339,7 +354,7 @@ class ScheduleLoop {
                                     {"cross_host_lower_bound", last_cross_host_[1]},
                                     {"transform_seconds", rec.transform_seconds}}));
     Notify("rebalanced at step " + std::to_string(step_) + ": " + rec.from + " -> " + rec.to);
-    recorder_.SetPending(rec, Clock::now());
+    recorder_.SetPending(rec, seg.stop_begin());
     cfg_ = r.to;
     rebalance_.reset();
     return Status::Ok();
@@ -385,6 +400,14 @@ class ScheduleLoop {
   std::vector<SplitSample> history_;
   std::size_t history_entry_ = SIZE_MAX;
   double last_transform_s_ = 0;
+  // --warm: the reconfiguration's transform, run by the next segment once its workers
+  // have their arguments (they re-join the new world while it runs).
+  struct DeferredTransform {
+    ParallelConfig to;
+    ReconfigureRecord rec;
+    Clock::time_point t_begin;
+  };
+  std::optional<DeferredTransform> deferred_;
   std::array<int64_t, 2> last_cross_host_{};  // the last transform's fetched bytes, bound
   bool warned_ = false;
   int64_t skipped_logged_ = -1;

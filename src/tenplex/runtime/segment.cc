@@ -24,10 +24,17 @@ Segment::Segment(SegmentEnv env, SegmentSpec spec)
 Status Segment::Run() {
   Status s = Open();
   if (s.ok()) s = Launch();
+  if (s.ok() && spec_.transform_in) s = TransformIn();
   if (s.ok()) s = Watch();
   if (s.ok()) s = Finish();
   if (!s.ok() && state_ != State::kFailed) return Fail(s);
   return s;
+}
+
+// Durable without a pool (as ever); with one (--warm) published without the fsyncs: they
+// are messages to live workers, on the reconfiguration's path.
+Status Segment::WriteHandoff(const std::string& path, const json& h) {
+  return env_.pool ? PublishFile(path, h.dump()) : WriteFileAtomic(path, h.dump());
 }
 
 Status Segment::OpenTarget() {
@@ -38,7 +45,7 @@ Status Segment::OpenTarget() {
   open_ = v;
   TP_ASSIGN_OR_RETURN(json h,
                       HandoffJson(*env_.backend, env_.options->job, v, *spec_.layout, info));
-  return WriteFileAtomic(targets_[target_].path, h.dump());
+  return WriteHandoff(targets_[target_].path, h);
 }
 
 Status Segment::Open() {
@@ -51,11 +58,15 @@ Status Segment::Open() {
     fs::remove(t.path, ec);
     fs::remove(t.path + ".result", ec);
   }
+  if (spec_.transform_in) {
+    fs::remove(files_.in_json, ec);  // the workers wait for it
+    return Status::Ok();             // TransformIn writes it and opens the first target
+  }
   TP_RETURN_IF_ERROR(OpenTarget());
   if (committed_) {
     TP_ASSIGN_OR_RETURN(json in, HandoffJson(*env_.backend, env_.options->job, *committed_,
                                              *spec_.layout, spec_.info));
-    TP_RETURN_IF_ERROR(WriteFileAtomic(files_.in_json, in.dump()));
+    TP_RETURN_IF_ERROR(WriteHandoff(files_.in_json, in));
   }
   return Status::Ok();
 }
@@ -76,7 +87,7 @@ Status Segment::Launch() {
   args.commit_every = spec_.commit_every;
   args.slowdown = spec_.slowdown;
   args.commit_prefix = files_.commit_prefix;
-  if (committed_) args.state_in = files_.in_json;
+  if (committed_ || spec_.transform_in) args.state_in = files_.in_json;
   t_launch_ = Clock::now();
   for (int r = 0; r < cfg.world_size(); ++r) TP_RETURN_IF_ERROR(StartWorker(r, args));
   if (env_.pool) env_.pool->Release(false);  // parked workers the new world has no rank for
@@ -97,6 +108,15 @@ Status Segment::Launch() {
   t_progress_ = t_last_step_ = t_kill_ = Clock::now();
   state_ = State::kRunning;
   return Status::Ok();
+}
+
+Status Segment::TransformIn() {
+  TP_ASSIGN_OR_RETURN(uint64_t v, spec_.transform_in());
+  committed_ = v;
+  TP_ASSIGN_OR_RETURN(json in, HandoffJson(*env_.backend, env_.options->job, *committed_,
+                                           *spec_.layout, spec_.info));
+  TP_RETURN_IF_ERROR(WriteHandoff(files_.in_json, in));
+  return OpenTarget();
 }
 
 // Rank r: a parked warm worker when the pool has one (told its new arguments), else
@@ -291,6 +311,7 @@ Status Segment::Finish() {
   if (stopped_) {
     env_.backend->Drop(o.job, *open_);
     open_.reset();
+    t_stop_begin_ = t_last_step_;
     stop_seconds_ = Since(t_last_step_);
     state_ = State::kStopped;
     return Status::Ok();
@@ -302,6 +323,7 @@ Status Segment::Finish() {
   if (failed_) {
     env_.backend->Drop(o.job, *open_);
     open_.reset();
+    t_stop_begin_ = t_kill_;
     stop_seconds_ = Since(t_kill_);
     state_ = State::kKilled;
     HandToPool();
@@ -331,6 +353,7 @@ Status Segment::Finish() {
   TP_RETURN_IF_ERROR(env_.backend->Commit(o.job, *open_, info));
   committed_ = *open_;
   open_.reset();
+  t_stop_begin_ = t_last_step_;
   stop_seconds_ = Since(t_last_step_);
   state_ = State::kCompleted;
   HandToPool();

@@ -69,6 +69,11 @@ struct SegmentSpec {
   int next_world = 0;
   // Called after each periodic commit with its step; true stops the segment there.
   std::function<bool(int64_t step)> stop_after_commit;
+  // With a pool: makes the version the workers load (`committed` is then not used) and
+  // returns it. Called once the workers have their arguments, so that the transform
+  // overlaps their re-joining the new world (they wait for their --state-in file); the
+  // segment's first version is begun after it (versions commit in the order begun).
+  std::function<Result<uint64_t>()> transform_in;
 };
 
 class Segment {
@@ -91,6 +96,8 @@ class Segment {
   // end of the survivors.
   double stop_seconds() const { return stop_seconds_; }
   Clock::time_point kill_time() const { return t_kill_; }
+  // Where stop_seconds() begins: the last step line, or the kill.
+  Clock::time_point stop_begin() const { return t_stop_begin_; }
   // Whether the scheduled kill struck, the ranks it killed and the hosts it lost.
   bool kill_struck() const { return killed_; }
   const std::vector<int>& killed_ranks() const { return to_kill_; }
@@ -109,7 +116,9 @@ class Segment {
 
   Status Open();
   Status OpenTarget();
+  Status WriteHandoff(const std::string& path, const nlohmann::json& h);
   Status Launch();
+  Status TransformIn();
   Status Watch();
   Status ReadLog();
   Status CommitIfWritten();
@@ -146,7 +155,7 @@ class Segment {
   std::string failure_;
   int64_t last_step_seen_;
   double step_interval_ = 0.4;  // between the last two step lines (a guess until two are seen)
-  Clock::time_point t_launch_, t_progress_, t_last_step_, t_kill_;
+  Clock::time_point t_launch_, t_progress_, t_last_step_, t_kill_, t_stop_begin_;
   std::optional<Clock::time_point> kill_at_;
   double stop_seconds_ = 0;
 };

@@ -1,5 +1,9 @@
 #include "tenplex/runtime/warm.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -9,6 +13,31 @@ namespace tenplex::runtime {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
+
+Status PublishFile(const std::string& path, std::string_view data) {
+  const std::string tmp = TempNameFor(path);
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoError("create " + tmp, errno);
+  std::size_t off = 0;
+  while (off < data.size()) {
+    ssize_t n = ::write(fd, data.data() + off, data.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return ErrnoError("write " + tmp, err);
+    }
+    off += static_cast<std::size_t>(n);
+  }
+  ::close(fd);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    return ErrnoError("rename " + tmp + " to " + path, err);
+  }
+  return Status::Ok();
+}
 
 std::string WarmWorker::Path(const char* ext) const {
   return prefix + std::to_string(seq + 1) + "." + ext;
@@ -64,12 +93,12 @@ Status WarmPool::Send(WarmWorker& w, const std::vector<std::string>& args) {
   fs::remove(w.prefix + std::to_string(w.seq + 2) + ".abort", ec);
   fs::remove(w.prefix + std::to_string(w.seq + 2) + ".parked", ec);
   fs::remove(w.prefix + std::to_string(w.seq + 2) + ".json", ec);
-  TP_RETURN_IF_ERROR(WriteFileAtomic(w.Path("json"), json{{"args", args}}.dump()));
+  TP_RETURN_IF_ERROR(PublishFile(w.Path("json"), json{{"args", args}}.dump()));
   ++w.seq;
   return Status::Ok();
 }
 
-Status WarmPool::Abort(const WarmWorker& w) { return WriteFileAtomic(w.Path("abort"), "{}"); }
+Status WarmPool::Abort(const WarmWorker& w) { return PublishFile(w.Path("abort"), "{}"); }
 
 bool WarmPool::IsParked(const WarmWorker& w) {
   std::error_code ec;
@@ -78,13 +107,13 @@ bool WarmPool::IsParked(const WarmWorker& w) {
 
 void WarmPool::Release(bool wait) {
   for (const WarmWorker& w : parked_) {
-    if (!WriteFileAtomic(w.Path("json"), R"({"exit": true})").ok()) launcher_->Kill(w.pid);
+    if (!PublishFile(w.Path("json"), R"({"exit": true})").ok()) launcher_->Kill(w.pid);
     leaving_.push_back(w.pid);
   }
   parked_.clear();
   if (wait) {
     for (const WarmWorker& w : spares_) {
-      if (!WriteFileAtomic(w.Path("json"), R"({"exit": true})").ok()) launcher_->Kill(w.pid);
+      if (!PublishFile(w.Path("json"), R"({"exit": true})").ok()) launcher_->Kill(w.pid);
       leaving_.push_back(w.pid);
     }
     spares_.clear();

@@ -24,12 +24,19 @@
 
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "tenplex/runtime/process.h"
 #include "tenplex/util/status.h"
 
 namespace tenplex::runtime {
+
+// Writes data to a temporary file beside path and renames it onto path, without
+// WriteFileAtomic's fsyncs: readers see no file or the whole one, but a machine crash
+// may lose it. For the messages between the runner and live warm workers, where two
+// fsyncs on a busy disk cost more than the message is worth.
+Status PublishFile(const std::string& path, std::string_view data);
 
 struct WarmWorker {
   pid_t pid = -1;

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "tenplex/model/gpt.h"
 #include "tenplex/runtime/backend.h"
@@ -24,6 +25,41 @@ namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
+
+// The embedded store, recording at each Transform which warm workers' messages (the
+// next segment's arguments) the runner had written by then.
+class RecordingBackend : public StateBackend {
+ public:
+  explicit RecordingBackend(std::unique_ptr<StateBackend> st) : st_(std::move(st)) {}
+  std::string work_dir() const override { return st_->work_dir(); }
+  Result<std::optional<Committed>> Current(const std::string& job) override {
+    return st_->Current(job);
+  }
+  Result<uint64_t> BeginLayout(const std::string& job, const Layout& layout, json info) override {
+    return st_->BeginLayout(job, layout, std::move(info));
+  }
+  Result<std::vector<std::map<std::string, std::string>>> Files(const std::string& job, uint64_t v,
+                                                                const Layout& layout) override {
+    return st_->Files(job, v, layout);
+  }
+  Status Commit(const std::string& job, uint64_t v, const json& info) override {
+    return st_->Commit(job, v, info);
+  }
+  void Drop(const std::string& job, uint64_t v) override { st_->Drop(job, v); }
+  Result<Moved> Transform(const std::string& job, const ParallelConfig& to) override {
+    std::set<std::string> sent;
+    for (const auto& e : fs::directory_iterator(work_dir())) {
+      const std::string name = e.path().filename().string();
+      if (name.rfind("warm-w", 0) == 0 && e.path().extension() == ".json") sent.insert(name);
+    }
+    messages_at_transform.push_back(std::move(sent));
+    return st_->Transform(job, to);
+  }
+  std::vector<std::set<std::string>> messages_at_transform;
+
+ private:
+  std::unique_ptr<StateBackend> st_;
+};
 
 // One segment as train.py runs it (rank 0 logs {"step", "loss", "config", "samples",
 // "pid"} and writes each .result; the others wait for it, train.py's barrier), then,
@@ -48,6 +84,9 @@ segment() {
     shift
   done
   samples=0
+  if [ -n "$in" ] && [ -n "$ctl" ]; then
+    while [ ! -f "$in" ]; do sleep 0.005; done  # warm: written once the transform is done
+  fi
   if [ -n "$in" ]; then samples=$(sed -n 's/.*"samples_consumed":\([0-9]*\).*/\1/p' "$in"); fi
   step=$start; end=$((start + steps))
   while [ $step -lt $end ]; do
@@ -107,7 +146,23 @@ class WarmRunTest : public ::testing::Test {
     TP_RETURN_IF_ERROR(WriteFileAtomic(o_.schedule_path, schedule.dump()));
     TP_ASSIGN_OR_RETURN(RunInputs in, LoadRunInputs(o_));
     TP_ASSIGN_OR_RETURN(std::unique_ptr<StateBackend> st, OpenEmbeddedBackend(o_));
-    return RunSchedule(o_, in, *st, launcher_);
+    RecordingBackend rec(std::move(st));
+    auto s = RunSchedule(o_, in, rec, launcher_);
+    messages_at_transform_ = rec.messages_at_transform;
+    return s;
+  }
+  // The arguments of every message the runner sent: {file name: args}.
+  std::map<std::string, json> Messages() {
+    std::map<std::string, json> out;
+    for (const auto& e : fs::directory_iterator(o_.work_dir)) {
+      const std::string name = e.path().filename().string();
+      if (name.rfind("warm-w", 0) != 0 || e.path().extension() != ".json") continue;
+      auto text = ReadFile(e.path().string());
+      if (!text.ok()) continue;
+      json m = json::parse(*text, nullptr, false);
+      if (m.is_object() && m.contains("args")) out[name] = m["args"];
+    }
+    return out;
   }
   // The log's lines: the last step line per step, and the runner's events.
   std::map<int64_t, json> Steps() {
@@ -127,7 +182,15 @@ class WarmRunTest : public ::testing::Test {
   std::string dir_;
   RunOptions o_;
   runner_testing::RecordingLauncher launcher_;
+  std::vector<std::set<std::string>> messages_at_transform_;
 };
+
+std::string ArgOf(const json& args, const std::string& flag) {
+  for (std::size_t i = 0; i + 1 < args.size(); ++i) {
+    if (args[i] == flag) return args[i + 1].get<std::string>();
+  }
+  return "";
+}
 
 TEST_F(WarmRunTest, WorkersLiveThroughShrinkingAndGrowing) {
   // 4 workers; 2 (ranks 0, 1 stay, 2 and 3 exit); 2 again; 4 (2 new ones).
@@ -161,21 +224,49 @@ TEST_F(WarmRunTest, WorkersLiveThroughShrinkingAndGrowing) {
     auto msg = ReadFile(o_.work_dir + "/warm-w" + std::to_string(k) + "-1.json");
     ASSERT_TRUE(msg.ok()) << msg.status().ToString();
     const json args = json::parse(*msg)["args"];
-    auto at = [&](const std::string& flag) {
-      for (std::size_t i = 0; i + 1 < args.size(); ++i) {
-        if (args[i] == flag) return args[i + 1].get<std::string>();
-      }
-      return std::string();
-    };
+    auto at = [&](const std::string& flag) { return ArgOf(args, flag); };
     EXPECT_EQ(at("--world-rank"), std::to_string(k - 2));
     EXPECT_EQ(at("--config"), "tp=2,pp=1,dp=2");
     EXPECT_EQ(at("--start-step"), "6");
     EXPECT_NE(at("--state-in"), "");
   }
   EXPECT_EQ(s->reconfigurations.size(), 3u);
-  for (const ReconfigureRecord& r : s->reconfigurations) EXPECT_GT(r.restart_seconds, 0);
+  for (const ReconfigureRecord& r : s->reconfigurations) {
+    EXPECT_GT(r.restart_seconds, 0);
+    // End to end: the stop, then the restart, which holds the (overlapped) transform.
+    EXPECT_GE(r.seconds, r.stop_seconds + r.restart_seconds);
+    EXPECT_GE(r.restart_seconds, r.transform_seconds);
+  }
   EXPECT_EQ(Events("reconfigure").size(), 3u);
   EXPECT_TRUE(AllReaped()) << "a worker outlived the run";
+}
+
+TEST_F(WarmRunTest, TheTransformRunsWhileTheWorkersRejoin) {
+  // Every change's transform starts after each worker of the new world (parked ones,
+  // spares, ones started new) got its arguments, which name a --state-in file the
+  // runner writes after the transform.
+  auto s = RunIt(json::parse(R"([{"step": 0, "config": "dp=2"}, {"step": 2, "config": "tp=2"},
+                                 {"step": 4, "config": "dp=3"}, {"step": 6, "stop": true}])"));
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  ASSERT_EQ(messages_at_transform_.size(), 2u);
+  std::map<std::string, json> messages = Messages();
+  for (int seg = 1; seg <= 2; ++seg) {
+    const std::string in = "/state-in-" + std::to_string(seg) + ".json";
+    int ranks = 0;
+    for (const auto& [name, args] : messages) {
+      const std::string state_in = ArgOf(args, "--state-in");
+      if (state_in.size() < in.size() || state_in.substr(state_in.size() - in.size()) != in)
+        continue;
+      ++ranks;
+      EXPECT_TRUE(messages_at_transform_[seg - 1].count(name))
+          << name << " (segment " << seg << ") was sent after the transform began";
+    }
+    EXPECT_EQ(ranks, seg == 1 ? 2 : 3) << "segment " << seg;
+  }
+  std::map<int64_t, json> steps = Steps();
+  ASSERT_EQ(steps.size(), 6u);
+  for (int64_t k = 0; k < 6; ++k) EXPECT_EQ(steps[k]["samples"], json::array({8 * k}));
+  EXPECT_TRUE(AllReaped());
 }
 
 TEST_F(WarmRunTest, SurvivorsOfAKillParkAndGoOn) {
@@ -210,6 +301,25 @@ TEST_F(WarmRunTest, SurvivorsTooFewForTheNextWorldAreJoinedByNewWorkers) {
   // Rank 1 survived and is rank 0 of the new world.
   EXPECT_EQ(steps[3]["pid"].get<int64_t>(), launcher_.pids.at(1));
   EXPECT_TRUE(AllReaped());
+}
+
+TEST(WarmPoolTest, PublishFileReplacesWholeAndLeavesNoTemporaries) {
+  char tmpl[] = "/tmp/tenplex-warm-publish-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl, path = dir + "/m.json";
+  ASSERT_TRUE(PublishFile(path, R"({"args": ["a"]})").ok());
+  EXPECT_EQ(*ReadFile(path), R"({"args": ["a"]})");
+  const std::string big(1 << 20, 'x');  // more than one write() may take
+  ASSERT_TRUE(PublishFile(path, big).ok());
+  EXPECT_EQ(*ReadFile(path), big);
+  int entries = 0;
+  for (const auto& e : fs::directory_iterator(dir)) entries += e.path() == path ? 1 : 100;
+  EXPECT_EQ(entries, 1) << "a temporary file was left beside " << path;
+  Status bad = PublishFile(dir + "/no/such/dir/m.json", "{}");
+  EXPECT_FALSE(bad.ok());
+  EXPECT_NE(bad.message().find("no/such/dir"), std::string::npos) << bad.ToString();
+  std::error_code ec;
+  fs::remove_all(dir, ec);
 }
 
 TEST(WarmPoolTest, MessagesAndExit) {
