@@ -158,6 +158,25 @@ struct Agent::Impl {
     return transport::Region{ref->data(), ref->size(), ref};
   }
 
+  // Holds a reference to the committed tensor `path` (file `file`) in the cache, so that
+  // while it is cached the store's page pool never recycles the file under a same-host
+  // peer's open descriptor (a released version's files that a reference still maps are
+  // not pooled, store.h). Purge drops it once the version is gone. No prefault: the
+  // peer reads the file, not our map.
+  Status Pin(const std::string& path, const std::string& file) {
+    {
+      std::lock_guard<std::mutex> lock(cache_mu);
+      auto it = cache.find(path);
+      if (it != cache.end() && it->second->info().file == file) return Status::Ok();
+    }
+    TP_ASSIGN_OR_RETURN(store::TensorRef ref, store.Get(path));
+    if (!ref.info().committed) return NotFound(path + " is not committed");
+    auto hold = std::make_shared<const store::TensorRef>(std::move(ref));
+    std::lock_guard<std::mutex> lock(cache_mu);
+    cache[path] = std::move(hold);
+    return Status::Ok();
+  }
+
   Result<std::shared_ptr<const store::TensorRef>> Warm(const std::string& path) {
     TP_ASSIGN_OR_RETURN(store::TensorRef ref, store.Get(path));
     if (!ref.info().committed) return NotFound(path + " is not committed");
@@ -401,6 +420,7 @@ Result<std::string> Agent::Impl::Locate(const std::string& body) {
     TP_RETURN_IF_ERROR(Authorize(path, capability));
     TP_ASSIGN_OR_RETURN(store::TensorInfo meta, store.Meta(path));
     if (!meta.committed) return NotFound(path + " is not committed");
+    TP_RETURN_IF_ERROR(Pin(path, meta.file));
     TP_ASSIGN_OR_RETURN(transport::FileIdentity id, transport::IdentifyFile(meta.file));
     if (id.bytes != meta.bytes)
       return DataLoss(path + ": its file has " + std::to_string(id.bytes) + " bytes, not " +

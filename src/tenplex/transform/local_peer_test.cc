@@ -120,6 +120,48 @@ TEST_F(LocalPeerTest, OnlyWhatTheCapabilityCovers) {
   EXPECT_TRUE(ReadFromLocalPeer(peer_, {req}, Options(), nullptr).ok());
 }
 
+// A file named to a same-host peer is never recycled by the page pool (store.h) while
+// the agent may still be read through it: the peer's open descriptor would otherwise
+// see another tensor's bytes. Without a locate, the same release does recycle the file.
+TEST_F(LocalPeerTest, LocatedFilesAreNotRecycledByThePagePool) {
+  constexpr uint64_t kBytes = 1 << 20;
+  auto release_and_reallocate = [&](uint64_t v) {
+    // Version v+1 supersedes v (released: its files go to the pool unless held), then
+    // a tensor of the same size in version v+2 takes a pooled file if there is one.
+    EXPECT_TRUE(store_->BeginVersion("j", v + 1).ok());
+    EXPECT_TRUE(store_->Allocate(store::TensorPathOf("j", v + 1, 0, "x"), DType::kU8, {16}).ok());
+    EXPECT_TRUE(store_->Commit("j", v + 1).ok());
+    EXPECT_TRUE(store_->BeginVersion("j", v + 2).ok());
+    Result<store::TensorWriter> w = store_->Allocate(store::TensorPathOf("j", v + 2, 0, "w"),
+                                                     DType::kU8, {static_cast<int64_t>(kBytes)});
+    EXPECT_TRUE(w.ok()) << w.status().ToString();
+    return w.ok() ? w->info().file : std::string();
+  };
+  auto ino = [](const std::string& file) {
+    Result<transport::FileIdentity> id = transport::IdentifyFile(file);
+    return id.ok() ? id->ino : 0;
+  };
+  // Control: not located, so the released file is recycled (same inode).
+  const std::string path = Commit(kBytes);
+  const uint64_t before = ino(store_->Meta(path)->file);
+  ASSERT_NE(before, 0u);
+  ASSERT_EQ(ino(release_and_reallocate(1)), before);
+  ASSERT_TRUE(store_->Commit("j", 3).ok());
+
+  // Located (and read) by a peer: the release leaves it out of the pool.
+  const std::string located = store::TensorPathOf("j", 3, 0, "w");
+  const std::string file = store_->Meta(located)->file;
+  const uint64_t pinned = ino(file);
+  std::vector<uint8_t> out(64);
+  transport::ReadRequest req{located, {{0, out.size(), out.data()}}};
+  ASSERT_TRUE(ReadFromLocalPeer(peer_, {req}, Options(3, 4), nullptr).ok());
+  Result<transport::PeerFile> open = transport::PeerFile::Open(
+      store_->shm_dir(), file, kBytes, transport::IdentifyFile(file)->dev, pinned);
+  ASSERT_TRUE(open.ok()) << open.status().ToString();
+  EXPECT_NE(ino(release_and_reallocate(3)), pinned);
+  EXPECT_EQ(store_->pool_bytes(), 0u);
+}
+
 TEST_F(LocalPeerTest, OnlyWhereTheDirectoryIsVisible) {
   EXPECT_TRUE(LocallyReadable(peer_));
   LocalPeer p = peer_;

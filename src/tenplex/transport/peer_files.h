@@ -14,7 +14,9 @@
 // file, of the announced size, with the announced device and inode, so that a file
 // swapped in under the same name between the answer and the open is refused.
 // Committed tensor files are immutable, so bytes read through an open descriptor are
-// the committed bytes even if the peer releases the version meanwhile.
+// the committed bytes even if the peer releases the version meanwhile: the peer's agent
+// keeps a reference to every file it names, so its page pool (store.h) never recycles
+// one of them for a new tensor under the reader's descriptor.
 #pragma once
 
 #include <algorithm>
