@@ -18,6 +18,10 @@
                                               (losses and samples equal a static even run
                                               within 1e-3); with the measured cost and few
                                               steps left it keeps the split instead
+  hetero_train_test.py TENPLEX_BIN rebalance_warm
+                                              the same with --warm: the workers park at the
+                                              stop and train on at the rebalanced split (no
+                                              process started after the first segment's)
   hetero_train_test.py TENPLEX_BIN rebalance_cluster
                                               the same with --cluster (2 store daemons, one
                                               device each): the rebalance's transform moves
@@ -205,6 +209,38 @@ def rebalance(bin_):
     check.finish()
 
 
+def rebalance_warm(bin_):
+    """--rebalance --warm: the rebalance stops the workers without ending them."""
+    check = Checks()
+    n = 8
+    with tempfile.TemporaryDirectory() as tmp:
+        model = make_model(bin_, tmp, "llama", LLAMA)
+        base = train(tmp, "tp=2", model, n, "static")
+        slow = [{"step": 0, "config": "tp=2", "slowdown": {"1": 3.0}}, {"step": n, "stop": True}]
+        got, events, _ = run(bin_, tmp, "warm", slow, model,
+                             ["--warm", "--rebalance", "--rebalance-window", "2", "--rebalance-cost", "0"])
+        reb = [e for e in events if e["event"] == "rebalance"]
+        check(len(reb) >= 1, f"a rebalance event: {reb}")
+        for e in reb:
+            w = [int(x) for x in e["to"].split("tp_weights=")[1].split(",")[0].split("+")]
+            check(len(w) == 2 and w[0] > w[1], f"{e['from']} -> {e['to']}: the slow rank 1 gets less")
+            check(e["bytes_moved"] > 0 and e["transform_seconds"] > 0,
+                  f"the state moved: {e['bytes_moved']} bytes in {e['transform_seconds']} s")
+        compare(check, got, base, 1e-3, "rebalanced --warm run")
+        configs = [got[s]["config"] for s in sorted(got)]
+        check(configs[0] == "tp=2,pp=1,dp=1" and "tp_weights" in configs[-1], f"configs per step: {configs}")
+        # Every segment after the first ran in the first one's two processes: no worker
+        # was started again (each start writes worker-seg<k>-rank<r>.log).
+        logs = sorted(f for f in os.listdir(os.path.join(tmp, "warm")) if f.startswith("worker-seg"))
+        check(len(logs) == 2 and all(f.startswith("worker-seg0") for f in logs), f"worker starts: {logs}")
+        joins = [e for e in events if e["event"] == "warm_join"]
+        check(len(joins) == 1 + len(reb) and all(j["step"] == e["step"] for j, e in zip(joins[1:], reb)),
+              f"the workers re-joined at each rebalance: {[j['step'] for j in joins]}")
+        recs = [e for e in events if e["event"] == "reconfigure"]
+        check(len(recs) == len(reb), f"one reconfiguration per rebalance: {recs}")
+    check.finish()
+
+
 def rebalance_cluster(bin_):
     """--rebalance with the state in 2 store daemons (hosts of one device each)."""
     check = Checks()
@@ -248,7 +284,8 @@ def rebalance_cluster(bin_):
 
 
 def main():
-    parts = {"uneven": uneven, "slowdown": slowdown, "rebalance": rebalance, "rebalance_cluster": rebalance_cluster}
+    parts = {"uneven": uneven, "slowdown": slowdown, "rebalance": rebalance, "rebalance_warm": rebalance_warm,
+             "rebalance_cluster": rebalance_cluster}
     if len(sys.argv) != 3 or sys.argv[2] not in parts:
         raise SystemExit(__doc__)
     parts[sys.argv[2]](sys.argv[1])

@@ -48,6 +48,11 @@ Result<RunInputs> LoadRunInputs(const RunOptions& o) {
 
 namespace {
 
+// --rebalance --warm, before any reconfiguration was measured: what a warm re-join (new
+// process groups, the state re-mapped) is assumed to cost besides the transform; the
+// demo's measured 0.35-0.70 s end to end (docs/benchmarks.md section 4).
+constexpr double kWarmRejoinPriorSeconds = 0.5;
+
 class ScheduleLoop {
  public:
   ScheduleLoop(const RunOptions& o, const RunInputs& in, StateBackend& st,
@@ -198,6 +203,7 @@ class ScheduleLoop {
         DeferredTransform d = std::move(*deferred_);
         deferred_.reset();
         TP_RETURN_IF_ERROR(TransformTo(d.to, d.rec));
+        if (d.rebalance) TP_RETURN_IF_ERROR(LogRebalance(*d.rebalance, d.rec));
         recorder_.SetPending(d.rec, d.t_begin);
         return *committed_;
       };
@@ -241,7 +247,7 @@ class ScheduleLoop {
     rec.stop_seconds = seg.stop_seconds();
     const bool transform = committed_ && (next != cfg_ || replace);
     if (transform && pool_) {
-      deferred_ = DeferredTransform{next, rec, seg.stop_begin()};
+      deferred_ = DeferredTransform{next, rec, seg.stop_begin(), std::nullopt};
       return Status::Ok();
     }
     if (transform) TP_RETURN_IF_ERROR(TransformTo(next, rec));
@@ -279,8 +285,10 @@ class ScheduleLoop {
       window.erase(window.begin(), window.end() - o_.rebalance_window);
     // The cost of a reconfiguration: measured at the last one (stop, transform, restart
     // less the step it ran); before any, this segment's own start-up (the seconds since
-    // its launch not spent in steps) plus the last transform's seconds.
+    // its launch not spent in steps) plus the last transform's seconds, or with --warm
+    // (no new processes) the step the stop breaks off plus kWarmRejoinPriorSeconds.
     double cost = Since(t_segment_) - worked + last_transform_s_;
+    if (pool_) cost = worked / (step - start) + kWarmRejoinPriorSeconds + last_transform_s_;
     if (!summary_.reconfigurations.empty()) {
       const ReconfigureRecord& r = summary_.reconfigurations.back();
       cost = r.seconds - worked / (step - start);  // end to end (--warm overlaps the transform)
@@ -325,20 +333,34 @@ class ScheduleLoop {
     return 8;
   }
 
-  // Transforms the state committed at the stop into the rebalanced split and logs it.
+  // Transforms the state committed at the stop into the rebalanced split and logs it
+  // (--warm: the next segment does, while the parked workers re-join).
   Status Rebalance(const Segment& seg) {
-    const ConfigRebalance& r = *rebalance_;
+    ConfigRebalance r = std::move(*rebalance_);
+    rebalance_.reset();
     ReconfigureRecord rec;
     rec.step = step_;
     rec.from = cfg_.ToString();
     rec.to = r.to.ToString();
     rec.stop_seconds = seg.stop_seconds();
-    TP_RETURN_IF_ERROR(TransformTo(r.to, rec));
-    last_transform_s_ = rec.transform_seconds;
     history_.push_back(r.decision.measured);
+    cfg_ = r.to;
+    if (pool_) {
+      deferred_ = DeferredTransform{r.to, rec, seg.stop_begin(), std::move(r)};
+      return Status::Ok();
+    }
+    TP_RETURN_IF_ERROR(TransformTo(r.to, rec));
+    TP_RETURN_IF_ERROR(LogRebalance(r, rec));
+    recorder_.SetPending(rec, seg.stop_begin());
+    return Status::Ok();
+  }
+
+  // The rebalance event of r, whose transform rec recorded.
+  Status LogRebalance(const ConfigRebalance& r, const ReconfigureRecord& rec) {
+    last_transform_s_ = rec.transform_seconds;
     TP_RETURN_IF_ERROR(
         AppendLogLine(o_.log_path, {{"event", "rebalance"},
-                                    {"step", step_},
+                                    {"step", rec.step},
                                     {"from", rec.from},
                                     {"to", rec.to},
                                     {"predicted_gain_s", r.decision.predicted_gain_s},
@@ -353,10 +375,7 @@ class ScheduleLoop {
                                     {"bytes_cross_host", last_cross_host_[0]},
                                     {"cross_host_lower_bound", last_cross_host_[1]},
                                     {"transform_seconds", rec.transform_seconds}}));
-    Notify("rebalanced at step " + std::to_string(step_) + ": " + rec.from + " -> " + rec.to);
-    recorder_.SetPending(rec, seg.stop_begin());
-    cfg_ = r.to;
-    rebalance_.reset();
+    Notify("rebalanced at step " + std::to_string(rec.step) + ": " + rec.from + " -> " + rec.to);
     return Status::Ok();
   }
 
@@ -365,7 +384,7 @@ class ScheduleLoop {
     auto t0 = Clock::now();
     auto ts = st_.Transform(o_.job, next);
     if (!ts.ok())
-      return ts.status().WithContext("transform " + cfg_.ToString() + " -> " + next.ToString());
+      return ts.status().WithContext("transform " + rec.from + " -> " + next.ToString());
     committed_ = ts->version;
     rec.transform_seconds = Since(t0);
     rec.bytes_moved = ts->bytes_moved;
@@ -406,6 +425,7 @@ class ScheduleLoop {
     ParallelConfig to;
     ReconfigureRecord rec;
     Clock::time_point t_begin;
+    std::optional<ConfigRebalance> rebalance;  // the decision, when it is a rebalance
   };
   std::optional<DeferredTransform> deferred_;
   std::array<int64_t, 2> last_cross_host_{};  // the last transform's fetched bytes, bound

@@ -192,7 +192,7 @@ Status Segment::ReadLog() {
 // A periodic commit written by every worker: commit its version, open the next.
 Status Segment::CommitIfWritten() {
   std::error_code ec;
-  if (target_ + 1 >= targets_.size() || failed_ ||
+  if (target_ + 1 >= targets_.size() || failed_ || stopped_ ||
       !fs::exists(targets_[target_].path + ".result", ec)) {
     return Status::Ok();
   }
@@ -217,8 +217,12 @@ Status Segment::CommitIfWritten() {
   t_progress_ = Clock::now();
   if (spec_.stop_after_commit && !kill_scheduled_ && spec_.stop_after_commit(step_)) {
     stopped_ = true;
-    t_last_step_ = Clock::now();
-    StopWorkers();
+    t_stop_begin_ = t_kill_ = Clock::now();
+    if (env_.pool) {
+      AbortSurvivors();  // warm: they break off the step in progress and park
+    } else {
+      StopWorkers();
+    }
   }
   return Status::Ok();
 }
@@ -258,11 +262,11 @@ void Segment::Reap() {
     t_progress_ = Clock::now();
     if (ExitedOk(*status) || failed_) continue;
     failed_ = true;
-    if (!killed_) {
+    if (!killed_ && !stopped_) {
       failure_ = "worker rank " + std::to_string(w.rank) + " " + DescribeExit(*status) +
                  "; its output (" + KeepLog(w.log) + ") ends with:\n" + FileTail(w.log);
     }
-    if (killed_ && env_.pool) {
+    if ((killed_ || stopped_) && env_.pool) {
       AbortSurvivors();  // they park, alive, for the next world
     } else {
       KillWorkers();  // the others cannot finish the step without it
@@ -308,12 +312,12 @@ void Segment::ParkSurvivors() {
 Status Segment::Finish() {
   const RunOptions& o = *env_.options;
   const std::string cfg = spec_.layout->config.ToString();
-  if (stopped_) {
+  if (stopped_) {  // (warm: every worker has parked or exited by now)
     env_.backend->Drop(o.job, *open_);
     open_.reset();
-    t_stop_begin_ = t_last_step_;
-    stop_seconds_ = Since(t_last_step_);
+    stop_seconds_ = Since(t_stop_begin_);
     state_ = State::kStopped;
+    HandToPool();
     return Status::Ok();
   }
   if (failed_ && !killed_) {

@@ -9,8 +9,9 @@
 //               scheduled ranks and hosts in the middle of the step before the end
 //   kCompleted  every worker exited 0 and wrote the last version: it is committed
 //   kStopped    after a periodic commit, stop_after_commit asked for a stop (a
-//               rebalance): the workers are stopped, the open version dropped, the job
-//               goes on from that commit (step())
+//               rebalance): the workers are stopped (with a pool: told to abort the
+//               step in progress, they park for the next segment), the open version
+//               dropped, the job goes on from that commit (step())
 //   kKilled     the scheduled kill struck: the open version is dropped, the job goes
 //               on from the last commit (step()), re-running the steps since
 //   kFailed     Run() returned an error: an unscheduled worker failure (with the
@@ -93,10 +94,10 @@ class Segment {
   int64_t samples_consumed() const { return samples_; }
   std::optional<uint64_t> committed() const { return committed_; }
   // kCompleted: from the last step line to the commit; kKilled: from the kill to the
-  // end of the survivors.
+  // end of the survivors; kStopped: from the decision to stop to the workers' end.
   double stop_seconds() const { return stop_seconds_; }
   Clock::time_point kill_time() const { return t_kill_; }
-  // Where stop_seconds() begins: the last step line, or the kill.
+  // Where stop_seconds() begins: the last step line, the kill or the decision to stop.
   Clock::time_point stop_begin() const { return t_stop_begin_; }
   // Whether the scheduled kill struck, the ranks it killed and the hosts it lost.
   bool kill_struck() const { return killed_; }
@@ -151,7 +152,7 @@ class Segment {
   std::vector<int> to_kill_;
   std::vector<std::string> lost_hosts_;
   bool kill_scheduled_ = false, killed_ = false, failed_ = false, stopped_ = false;
-  bool aborting_ = false;  // warm: survivors of the kill were told to park
+  bool aborting_ = false;  // warm: the kill's survivors (or all, at a stop) were told to park
   std::string failure_;
   int64_t last_step_seen_;
   double step_interval_ = 0.4;  // between the last two step lines (a guess until two are seen)
