@@ -13,6 +13,7 @@ usage: torchrun_fix_test.py REPO_ROOT
 """
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -37,6 +38,15 @@ def expect_error(fn, needle, what):
     check(False, f"{what}: no ElasticError")
 
 
+def rendezvous():
+    """A one-node rendezvous on a free port (--standalone's is always 29400, which a
+    concurrent torchrun on this machine may hold)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return ["--nnodes=1", "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}"]
+
+
 def main():
     repo = sys.argv[1]
     sys.path.insert(0, os.path.join(repo, "python"))
@@ -44,10 +54,12 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         script = os.path.join(tmp, "w.py")
         with open(script, "w") as f:
-            f.write("import os\nprint('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], flush=True)\n")
+            # One write(2) per line: the two workers share torchrun's stdout pipe, and
+            # print() under torchrun (unbuffered) writes word by word, interleaving them.
+            f.write("import os\nos.write(1, f\"rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']}\\n\".encode())\n")
         for redirects in ("0", "3"):
-            args = ["--standalone", "--nproc_per_node=2", f"--redirects={redirects}", "--log_dir", tmp, script]
-            for attempt in range(2):  # --standalone picks a free port by binding and releasing it:
+            for attempt in range(2):  # a free port is found by binding and releasing it:
+                args = rendezvous() + ["--nproc_per_node=2", f"--redirects={redirects}", "--log_dir", tmp, script]
                 p = subprocess.run([PY, "-m", "tenplex.torchrun", *args], capture_output=True, text=True, env=env,
                                    timeout=180)  # another process on a shared machine may take it first
                 if p.returncode == 0:
@@ -63,7 +75,7 @@ def main():
                 text = "".join(open(x).read() for x in logs)
                 check(p.returncode == 0 and "rank 0 of 2" in text and "rank 1 of 2" in text,
                       f"tenplex.torchrun --redirects 3: exit {p.returncode}, stdout files {len(logs)}")
-        p = subprocess.run([PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1", script],
+        p = subprocess.run([PY, "-m", "torch.distributed.run", *rendezvous(), "--nproc_per_node=1", script],
                            capture_output=True, text=True, env=env, timeout=180)
         broken = "object has no attribute 'get'" in p.stderr
         print(f"note: torch.distributed.run itself {'crashes in to_map (the bug)' if broken else 'works'} "
