@@ -36,7 +36,9 @@ client on this machine (CPU, gloo, one torch thread per rank):
               time equal, continuous shares, plus the median non-compute time), which
               no split beats when a part of the work does not divide.
   rebalance cost  the reconfigure event's seconds (stop + transform + restart of the
-              workers, to the first step done) less one rebalanced step.
+              workers, to the first step done) less one rebalanced step. The runs use
+              `tenplex run --warm` (the workers park at the stop and re-join; --cold:
+              they restart).
   flextp      (tp cases) launch.py --flextp-straggler 1 right after: the straggler keeps
               12.5% of its input columns, helpers compute the rest every step
               (flextp.py); median of its steps after the first.
@@ -82,6 +84,7 @@ MODEL = ["--num-layers", "2", "--hidden-size", "128", "--num-attention-heads", "
 # One micro-batch per rank (dp_weights change a dp rank's sample count, not its batches).
 GLOBAL_BATCH = 16
 REUSE = False  # --reuse: read the logs a --keep directory holds instead of running
+COLD = False  # --cold: rebalance without --warm
 TRAIN = ["--global-batch-size", str(GLOBAL_BATCH), "--micro-batch-size", str(GLOBAL_BATCH), "--seq-length", "32", "--threads", "1"]
 # The pp case: 8 layers (so that layers= can follow the speeds: 4+4 even), 4 micro-batches
 # of 4 samples (GPipe: the stages overlap on micro-batches; with one there is no pipeline).
@@ -138,8 +141,8 @@ def rebalanced(tenplex, tmp, config, model, steps, window, factor, tag):
         json.dump([{"step": 0, "config": config, "slowdown": {"1": factor}}, {"step": steps, "stop": True}], f)
     path = os.path.join(tmp, tag + ".jsonl")
     cmd = [tenplex, "run", "--schedule", sched, "--log", path, "--work-dir", os.path.join(tmp, tag), "--quiet",
-           "--rebalance", "--rebalance-window", str(window), "--rebalance-cost", "0", "--hang-seconds", "900",
-           "--", PY, os.path.join(GPT, "train.py"), "--model", model] + case_args(config)[1]
+           "--rebalance", "--rebalance-window", str(window), "--rebalance-cost", "0", "--hang-seconds", "900"]
+    cmd += ([] if COLD else ["--warm"]) + ["--", PY, os.path.join(GPT, "train.py"), "--model", model] + case_args(config)[1]
     if not (REUSE and os.path.exists(path)):
         fresh(path)
         shutil.rmtree(os.path.join(tmp, tag), ignore_errors=True)
@@ -276,8 +279,10 @@ def main():
     ap.add_argument("--keep", help="keep the runs' logs and state in this directory")
     ap.add_argument("--reuse", action="store_true", help="with --keep: read the logs kept there, run only "
                     "what is missing (re-analysis of a run)")
+    ap.add_argument("--cold", action="store_true", help="rebalance without --warm (the workers restart)")
     a = ap.parse_args()
-    global REUSE
+    global REUSE, COLD
+    COLD = a.cold
     REUSE = a.reuse and bool(a.keep)
     factors = [1.5, 2.0, 3.0]
     if a.quick:
