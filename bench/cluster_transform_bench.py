@@ -186,6 +186,11 @@ def measure(figure, case, cluster, tmp, frm, to):
         "speedup_vs_central_ucx": round(central_ucx["seconds"] / ours_ucx["seconds"], 2),
         "speedup_local_vs_ucx": round(ours_ucx["seconds"] / ours["seconds"], 2),
         "shm_bytes": shm,
+        # Where ours spends its prepare, the slowest host's seconds per phase: plan,
+        # allocate (link + new memory), local copies, fetches (then the commit round).
+        "ours_phases_s": "/".join("%.2f" % max(h.get(k, 0) for h in ours["hosts"])
+                                  for k in ("plan_seconds", "alloc_seconds", "local_seconds", "fetch_seconds")),
+        "ours_commit_s": round(ours["seconds"] - ours["prepare_seconds"], 3),
         "fetch_gbps": round(fetch_gbps, 2), "write_gbps": round(write_gbps, 2),
         "all_fetch_gbps": round(cluster.limits["all_fetch_gbps"], 2),
         "all_write_gbps": round(cluster.limits["all_write_gbps"], 2),
@@ -197,6 +202,8 @@ def measure(figure, case, cluster, tmp, frm, to):
         (case, frm, to, row["ours_s"], row["central_s"], row["central_rounds_s"], row["speedup_vs_central"],
          row["limit_s"], row["ratio_to_limit"], row["alloc_limit_s"], row["ratio_to_alloc_limit"],
          row["machine_limit_s"], row["ratio_to_machine_limit"]))
+    log("       ours: slowest host's plan/alloc/copy/fetch %s s, commit round %.2f s" %
+        (row["ours_phases_s"], row["ours_commit_s"]))
     log("       UCX: ours %6.2f s  central %6.2f s  central/ours %.2f  machine limit %5.2f s (%.2f); "
         "same-host reads %.2fx faster than UCX" %
         (row["ours_ucx_s"], row["central_ucx_s"], row["speedup_vs_central_ucx"], row["machine_limit_ucx_s"],

@@ -96,6 +96,7 @@ Status Transform(const TransformOpts& o) {
                      {"bytes_fetched", h.bytes_fetched},
                      {"bytes_fetched_shm", h.bytes_fetched_shm},
                      {"seconds", h.seconds},
+                     {"plan_seconds", h.plan_seconds},
                      {"alloc_seconds", h.alloc_seconds},
                      {"local_seconds", h.local_seconds},
                      {"fetch_seconds", h.fetch_seconds}});

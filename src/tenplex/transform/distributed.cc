@@ -237,6 +237,7 @@ RoundResult RunRound(std::vector<Host>& hosts, const std::string& job, const Rou
     rep.fetch_seconds = JsonValueOr(j, "fetch_seconds", 0.0);
     rep.local_seconds = JsonValueOr(j, "local_seconds", 0.0);
     rep.alloc_seconds = JsonValueOr(j, "alloc_seconds", 0.0);
+    rep.plan_seconds = JsonValueOr(j, "plan_seconds", 0.0);
     out.hosts.push_back(rep);
   }
   for (int h : out.silent) MarkLost(hosts[h]);  // not asked again in this transform

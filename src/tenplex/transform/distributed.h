@@ -73,6 +73,7 @@ struct HostTransformReport {
   int64_t bytes_kept = 0, bytes_linked = 0, bytes_local = 0, bytes_fetched = 0;
   int64_t bytes_fetched_shm = 0;  // the part of bytes_fetched read from same-host peers' files
   double seconds = 0, fetch_seconds = 0, local_seconds = 0, alloc_seconds = 0;
+  double plan_seconds = 0;  // the host's own plan (the prepare's first phase)
 };
 
 struct ClusterTransformStats {
