@@ -117,6 +117,10 @@ inline void ClearDir(const std::string& dir) {
   for (const auto& e : fs::directory_iterator(dir, ec)) fs::remove_all(e.path(), ec);
 }
 
+// Removes the private directories (<root>/tenplex-<pid>-<hex>) that killed stores left
+// behind; returns how many (store_open.cc says when one is abandoned).
+int SweepAbandonedPrivateDirs(const std::string& root);
+
 inline std::string VersionName(const std::string& job, uint64_t v) {
   return "version " + std::to_string(v) + " of job '" + job + "'";
 }

@@ -1,6 +1,9 @@
+#include <signal.h>
 #include <sys/file.h>
 #include <sys/statvfs.h>
 
+#include <chrono>
+#include <cstdlib>
 #include <optional>
 
 #include "tenplex/store/manifest.h"
@@ -141,12 +144,53 @@ Status Store::Impl::RestoreJob(const std::string& job) {
 
 Store::Store(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
+// A store without --shm-dir works in a private directory <root>/tenplex-<pid>-<hex>
+// and removes it when it closes; one that was killed (SIGKILL, the OOM killer) leaves
+// it behind, gigabytes of shared memory that nothing can ever open again (a private
+// directory is never restored: a restarted store makes a new one). Such a directory
+// is abandoned when all three hold: its process is gone (kill(pid, 0) says ESRCH),
+// its LOCK is not held (a store in another PID namespace still holds its flock), and
+// it is older than a minute (a store between its mkdir and its flock is never swept).
+int SweepAbandonedPrivateDirs(const std::string& root) {
+  constexpr auto kMinAge = std::chrono::minutes(1);
+  std::error_code ec;
+  int removed = 0;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    const std::string name = e.path().filename().string();
+    unsigned long pid = 0;  // NOLINT(runtime/int): strtoul's type
+    char* end = nullptr;
+    if (name.rfind("tenplex-", 0) != 0) continue;
+    pid = std::strtoul(name.c_str() + 8, &end, 10);
+    if (end == name.c_str() + 8 || *end != '-' || pid == 0 || pid > 1u << 30) continue;
+    std::error_code e2;
+    if (!e.is_directory(e2) || e.is_symlink(e2)) continue;
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+    const auto mtime = fs::last_write_time(e.path(), e2);
+    if (e2 || fs::file_time_type::clock::now() - mtime < kMinAge) continue;
+    const std::string lock = e.path().string() + "/LOCK";
+    const int fd = ::open(lock.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) continue;  // not one of ours, or not ours to touch
+    const bool free = ::flock(fd, LOCK_EX | LOCK_NB) == 0;
+    if (free) {
+      fs::remove_all(e.path(), e2);
+      if (!e2) {
+        ++removed;
+        LogInfo("store: removed %s, the private directory of a store that is gone (pid %lu)",
+                e.path().c_str(), pid);
+      }
+    }
+    ::close(fd);
+  }
+  return removed;
+}
+
 Result<std::unique_ptr<Store>> Store::Open(const StoreOptions& options) {
   auto impl = std::make_unique<Impl>();
   std::error_code ec;
   if (options.shm_dir.empty()) {
     std::string root = "/dev/shm";
     if (!fs::is_directory(root, ec)) root = fs::temp_directory_path(ec).string();
+    SweepAbandonedPrivateDirs(root);
     for (int attempt = 0;; ++attempt) {
       std::string d =
           root + "/tenplex-" + std::to_string(::getpid()) + "-" + RandomHex().substr(0, 8);
