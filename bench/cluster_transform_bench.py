@@ -109,6 +109,9 @@ def checkpoint(tmp, config):
     if not os.path.exists(path):
         t0 = time.time()
         tenplex("ckpt", "init", "--model", ARGS.model, "--config", config, "--out", path)
+        # Written back before the runs: otherwise the first run's new shared memory
+        # waits for the kernel to write these dirty pages out to reclaim them.
+        os.sync()
         log("  checkpoint %s written in %.1f s" % (config, time.time() - t0))
     return path
 
@@ -257,12 +260,15 @@ def main():
                     c.stop()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    path = os.path.join(ARGS.out, "cluster_transform.csv")
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
-        w.writeheader()
-        w.writerows(rows)
-    log("wrote", path)
+        # The rows measured so far are written also when a later row fails (a
+        # daemon killed for memory on a small machine, say).
+        if rows:
+            path = os.path.join(ARGS.out, "cluster_transform.csv")
+            with open(path, "w", newline="") as f:
+                w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
+                w.writeheader()
+                w.writerows(rows)
+            log("wrote", path, "(%d rows)" % len(rows))
 
 
 main()
