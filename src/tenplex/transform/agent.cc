@@ -104,6 +104,15 @@ struct Agent::Impl {
     if (!scratch) scratch = std::move(s);
   }
 
+  // Drops the scratch region (and its reservation) until the next probe makes it again:
+  // 512 MiB a daemon, which a transform on a full machine needs (8 daemons of one
+  // machine kept 4 GiB of it). A fetch in flight keeps its region alive (Region's owner).
+  void ReleaseScratch() {
+    std::lock_guard<std::mutex> lock(cache_mu);
+    scratch.reset();
+    scratch_reservation.reset();
+  }
+
   // The capability of this host's fetches in a transform from_version -> to_version.
   std::string Capability(const std::string& job, uint64_t from_version, uint64_t to_version) {
     const int64_t now = transport::UnixSeconds();
@@ -355,6 +364,7 @@ Result<std::string> Agent::Impl::Prepare(const std::string& body) {
   const auto t0 = std::chrono::steady_clock::now();
   TP_ASSIGN_OR_RETURN(DecodedPrepare d, DecodePrepare(body));
   const PrepareRequest& r = d.request;
+  ReleaseScratch();  // a transform needs the memory more than a later probe
   const Model& model = d.from.model();
   TP_ASSIGN_OR_RETURN(Layout from, MakeLayout(model, d.from.config()));
   TP_ASSIGN_OR_RETURN(Layout to, MakeLayout(model, r.to_config));
@@ -511,7 +521,7 @@ Result<std::string> Agent::Impl::Probe(const std::string& body) {
     return InvalidArgument("'bytes' must be in [1 MiB, 4 GiB]");
   // Everything the probe allocates counts against --memory-limit while it runs (its
   // buffers: `large` private and shared, `bytes` warm and fresh shared memory), and the
-  // scratch region it keeps for peers as long as the daemon lives.
+  // scratch region it keeps for peers until the daemon's next transform.
   const uint64_t large = std::min<uint64_t>(bytes, kScratchBytes);
   {
     std::lock_guard<std::mutex> lock(cache_mu);

@@ -229,6 +229,33 @@ TEST_F(DistributedTest, UnchangedTensorsAreLinkedNotCopied) {
   Verify(*s, "tp=2,pp=2,dp=2,zero=1", 2);  // the old version is released by now
 }
 
+// A probe keeps a 512 MiB scratch region for its peers' probes; the daemon's next
+// transform releases it (its memory goes to the new version).
+TEST_F(DistributedTest, ATransformReleasesTheProbesScratchRegion) {
+  Cluster c = ClusterOf({0, 1}, 2);
+  Load(c, "tp=2,pp=2");
+  const uint64_t before = hosts_[0]->store->used_bytes();
+  // Both at once, as the benchmark probes: each fetches the other's scratch region.
+  Result<std::string> r0 = InvalidArgument("not run"), r1 = InvalidArgument("not run");
+  std::thread t([&] {
+    r1 = hosts_[1]->agent->Handle(
+        "POST", "/v1/transform/probe",
+        json{{"address", hosts_[0]->agent->address()}, {"bytes", 1 << 20}}.dump());
+  });
+  r0 = hosts_[0]->agent->Handle(
+      "POST", "/v1/transform/probe",
+      json{{"address", hosts_[1]->agent->address()}, {"bytes", 1 << 20}}.dump());
+  t.join();
+  ASSERT_TRUE(r0.ok()) << r0.status().ToString();
+  ASSERT_TRUE(r1.ok()) << r1.status().ToString();
+  EXPECT_GT(json::parse(*r0)["fresh_write_gbps"].get<double>(), 0);
+  EXPECT_GE(hosts_[0]->store->used_bytes(), before + (512ull << 20));  // the scratch region
+  Result<ClusterTransformStats> s = TransformCluster(c, "j", *ParseConfig("tp=2,dp=2"), {});
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  for (int h = 0; h < 2; ++h) EXPECT_LT(hosts_[h]->store->used_bytes(), 64ull << 20) << h;
+  Verify(*s, "tp=2,dp=2", 2);
+}
+
 TEST_F(DistributedTest, CentralBaselineGivesTheSameState) {
   Cluster c = ClusterOf({0, 1, 2, 3}, 2);
   Load(c, "tp=2,pp=2,dp=2,zero=1");
