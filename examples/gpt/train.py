@@ -332,6 +332,7 @@ def run_segment(args, control=None):
         if slowdown and max(slowdown) >= args.world_size:
             raise ValueError(f"--slowdown rank {max(slowdown)} is not a rank of world size {args.world_size}")
         meter.METER.factor = slowdown.get(args.world_rank, 1.0)
+        meter.METER.interrupt = warm.ABORT
         if args.micro_batch_size < 1 or args.seq_length < 1 or args.steps < 0:
             raise ValueError("--micro-batch-size and --seq-length must be >= 1, --steps >= 0")
         if not hp.rope and args.seq_length > hp.max_positions:
