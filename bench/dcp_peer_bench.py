@@ -51,13 +51,12 @@ def state_tensors(model):
     return out
 
 
-def _worker(rank, world, port, model_path, load_dir, save_dir, result_path):
+def _worker(rank, world, rdzv_file, model_path, load_dir, save_dir, result_path):
     import torch
     import torch.distributed as dist
     dcp, st, Chunk = _import_dcp()
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    # a rendezvous file: no TCP port to collide with another program's
+    dist.init_process_group("gloo", init_method="file://" + rdzv_file, rank=rank, world_size=world)
     torch.set_num_threads(1)
     model = json.load(open(model_path))
     spec = Chunk(dim=0, placements=[f"rank:{r}/cpu" for r in range(world)])
@@ -85,8 +84,8 @@ def _worker(rank, world, port, model_path, load_dir, save_dir, result_path):
 def run_world(world, model_path, load_dir, save_dir, tmp):
     import torch.multiprocessing as mp
     res = os.path.join(tmp, "dcp_result.json")
-    port = 29500 + (os.getpid() + world) % 1000
-    mp.start_processes(_worker, args=(world, port, model_path, load_dir, save_dir, res),
+    rdzv_file = os.path.join(tmp, f"rendezvous-{world}-{time.monotonic_ns()}")
+    mp.start_processes(_worker, args=(world, rdzv_file, model_path, load_dir, save_dir, res),
                        nprocs=world, join=True, start_method="spawn")
     return json.load(open(res))
 

@@ -296,15 +296,15 @@ def owned_pieces(lay, rank):
     return out
 
 
-def _dcp_worker(rank, world, port, mode, lay_path, dcp_dir, globals_path, result_dir):
+def _dcp_worker(rank, world, rdzv_file, mode, lay_path, dcp_dir, globals_path, result_dir):
     import torch.distributed as dist
     from tenplex.dcp_compat import import_dcp
     dcp, _, _ = import_dcp()
     from torch.distributed._shard.metadata import ShardMetadata
     from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    # A rendezvous file, not a TCP port: a port chosen here can be taken by
+    # another test of the parallel suite before rank 0 binds it.
+    dist.init_process_group("gloo", init_method="file://" + rdzv_file, rank=rank, world_size=world)
     torch.set_num_threads(1)
     with open(lay_path) as f:
         lay = json.load(f)
@@ -352,8 +352,8 @@ def dcp_world(world, mode, lay, dcp_dir, globals_path):
     with open(lay_path, "w") as f:
         json.dump(lay, f)
     res = tempfile.mkdtemp(dir=TMP)
-    port = 20000 + (os.getpid() * 7 + world) % 20000
-    mp.start_processes(_dcp_worker, args=(world, port, mode, lay_path, dcp_dir, globals_path, res),
+    rdzv_file = os.path.join(res, "rendezvous")
+    mp.start_processes(_dcp_worker, args=(world, rdzv_file, mode, lay_path, dcp_dir, globals_path, res),
                        nprocs=world, join=True, start_method="spawn")
     return [json.load(open(os.path.join(res, f"rank{r}.json"))) for r in range(world)] if mode == "load" else []
 
