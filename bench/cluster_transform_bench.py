@@ -94,7 +94,10 @@ def probe(daemons):
 class Cluster:
     def __init__(self, hosts, tmp):
         extra = ["--page-pool-presize"] if ARGS.presize else []
-        self.daemons = [Daemon(ARGS.tenplex, args=extra) for _ in range(hosts)]
+        dirs = [[]] * hosts
+        if HUGE_MOUNT:  # each daemon its own directory on the huge-page tmpfs
+            dirs = [["--shm-dir", os.path.join(HUGE_MOUNT, "h%d-%d" % (hosts, i))] for i in range(hosts)]
+        self.daemons = [Daemon(ARGS.tenplex, args=extra + dirs[i]) for i in range(hosts)]
         self.file = os.path.join(tmp, "cluster-%d.json" % hosts)
         write_cluster(self.file, self.daemons, 2)
         self.limits = probe(self.daemons)
@@ -102,6 +105,24 @@ class Cluster:
     def stop(self):
         for d in self.daemons:
             d.stop()
+
+
+HUGE_MOUNT = None
+
+
+def mount_huge(tmp):
+    """--huge-shm: a tmpfs of half this machine's memory with huge=within_size (tensors
+    of 2 MiB and more in huge pages, smaller ones in small pages)."""
+    global HUGE_MOUNT
+    path = os.path.join(tmp, "huge-shm")
+    os.makedirs(path)
+    size = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "huge=within_size,size=%d,mode=0700" % size, "tmpfs", path],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit("--huge-shm: mounting a tmpfs with huge=within_size failed (root needed): " + r.stderr.strip())
+    HUGE_MOUNT = path
+    log("  shared memory: tmpfs huge=within_size at %s (%.1f GiB)" % (path, size / 2**30))
 
 
 def checkpoint(tmp, config):
@@ -247,8 +268,14 @@ def main():
                     help="daemons with --page-pool-presize: after each load the store fills its page pool "
                          "(waited for, as while a job trains), so a transform's new tensors take warm "
                          "pages; writes cluster_transform_presized.csv")
+    ap.add_argument("--huge-shm", action="store_true",
+                    help="the daemons' shared memory on a private tmpfs mounted with huge=within_size "
+                         "(needs root; docs/store.md): fresh memory in 2 MiB pages; writes "
+                         "cluster_transform_huge.csv")
     ARGS = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="tenplex-bench-", dir="/tmp")
+    if ARGS.huge_shm:
+        mount_huge(tmp)
     if ARGS.model is None:
         if ARGS.quick:
             ARGS.model = os.path.join(tmp, "small.json")
@@ -284,12 +311,15 @@ def main():
                 finally:
                     c.stop()
     finally:
+        if HUGE_MOUNT:
+            subprocess.run(["umount", HUGE_MOUNT], check=False)
         shutil.rmtree(tmp, ignore_errors=True)
         # The rows measured so far are written also when a later row fails (a
         # daemon killed for memory on a small machine, say).
         if rows:
-            path = os.path.join(ARGS.out, "cluster_transform_presized.csv" if ARGS.presize
-                                else "cluster_transform.csv")
+            name = "cluster_transform%s%s.csv" % ("_huge" if ARGS.huge_shm else "",
+                                                  "_presized" if ARGS.presize else "")
+            path = os.path.join(ARGS.out, name)
             with open(path, "w", newline="") as f:
                 w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
                 w.writeheader()
