@@ -111,12 +111,12 @@ HUGE_MOUNT = None
 
 
 def mount_huge(tmp):
-    """--huge-shm: a tmpfs of half this machine's memory with huge=within_size (tensors
+    """--huge-shm: a tmpfs of up to 80 % of this machine's memory with huge=within_size (tensors
     of 2 MiB and more in huge pages, smaller ones in small pages)."""
     global HUGE_MOUNT
     path = os.path.join(tmp, "huge-shm")
     os.makedirs(path)
-    size = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+    size = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 4 // 5
     r = subprocess.run(["mount", "-t", "tmpfs", "-o", "huge=within_size,size=%d,mode=0700" % size, "tmpfs", path],
                        capture_output=True, text=True)
     if r.returncode != 0:
