@@ -232,7 +232,12 @@ def rebalance_warm(bin_):
         # Every segment after the first ran in the first one's two processes: no worker
         # was started again (each start writes worker-seg<k>-rank<r>.log).
         logs = sorted(f for f in os.listdir(os.path.join(tmp, "warm")) if f.startswith("worker-seg"))
-        check(len(logs) == 2 and all(f.startswith("worker-seg0") for f in logs), f"worker starts: {logs}")
+        warm_only = len(logs) == 2 and all(f.startswith("worker-seg0") for f in logs)
+        check(warm_only, f"worker starts: {logs}")
+        if not warm_only:  # where the workers were when they did not park
+            for f in logs:
+                with open(os.path.join(tmp, "warm", f), errors="replace") as fh:
+                    print(f"--- {f} (last 30 lines)\n" + "".join(fh.readlines()[-30:]), flush=True)
         joins = [e for e in events if e["event"] == "warm_join"]
         check(len(joins) == 1 + len(reb) and all(j["step"] == e["step"] for j, e in zip(joins[1:], reb)),
               f"the workers re-joined at each rebalance: {[j['step'] for j in joins]}")

@@ -1,6 +1,7 @@
 #include "tenplex/runtime/segment.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <thread>
 
@@ -163,6 +164,7 @@ Status Segment::Watch() {
           (committed_ ? " (" + std::to_string(*committed_) + ")" : std::string(" (none)"))));
     }
     if (alive_ > 0 && aborting_ && Since(t_kill_) > std::min(30.0, o.hang_seconds)) {
+      WarnNotParked();
       KillWorkers();  // survivors that do not park in time are stopped the cold way
     }
     if (alive_ > 0 && Since(t_progress_) > o.hang_seconds) {
@@ -295,6 +297,18 @@ void Segment::AbortSurvivors() {
   aborting_ = true;
   for (Worker& w : workers_) {
     if (!w.exited && !env_.pool->Abort(w.warm).ok()) env_.launcher->Kill(w.pid);
+  }
+}
+
+// Names the workers that did not park after an abort (they are killed and the next
+// segment starts cold): their logs say where they were.
+void Segment::WarnNotParked() const {
+  for (const Worker& w : workers_) {
+    if (w.exited || w.parked) continue;
+    std::fprintf(stderr,
+                 "tenplex run: warm worker rank %d (pid %d) did not park within %.0f s of the "
+                 "abort; stopping it (log %s)\n",
+                 w.rank, static_cast<int>(w.pid), Since(t_kill_), w.log.c_str());
   }
 }
 

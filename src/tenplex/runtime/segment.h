@@ -127,6 +127,7 @@ class Segment {
   void ParkIfDone();
   void AbortSurvivors();
   void ParkSurvivors();
+  void WarnNotParked() const;
   void HandToPool();
   Status KillIfDue();
   void Reap();
