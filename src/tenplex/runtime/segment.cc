@@ -1,11 +1,11 @@
 #include "tenplex/runtime/segment.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <filesystem>
 #include <thread>
 
 #include "tenplex/util/file.h"
+#include "tenplex/util/log.h"
 
 namespace tenplex::runtime {
 
@@ -305,10 +305,10 @@ void Segment::AbortSurvivors() {
 void Segment::WarnNotParked() const {
   for (const Worker& w : workers_) {
     if (w.exited || w.parked) continue;
-    std::fprintf(stderr,
-                 "tenplex run: warm worker rank %d (pid %d) did not park within %.0f s of the "
-                 "abort; stopping it (log %s)\n",
-                 w.rank, static_cast<int>(w.pid), Since(t_kill_), w.log.c_str());
+    LogInfo(
+        "run: warm worker rank %d (pid %d) did not park within %.0f s of the abort; "
+        "stopping it (log %s)",
+        w.rank, static_cast<int>(w.pid), Since(t_kill_), w.log.c_str());
   }
 }
 
