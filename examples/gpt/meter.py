@@ -44,10 +44,6 @@ def parse_slowdown(specs):
 class Meter:
     def __init__(self, factor=1.0):
         self.factor = factor
-        # A threading.Event that ends the emulation's sleep early (a warm worker's abort:
-        # the step is being thrown away, so the rank goes on to its next collective,
-        # which fails at once, instead of sleeping out a step nobody will use).
-        self.interrupt = None
         self.compute = 0.0  # this step's own compute, sleep included
         self.waited = 0.0  # this step's time inside communication calls
         self._mark = time.perf_counter()
@@ -61,10 +57,7 @@ class Meter:
         now = time.perf_counter()
         stretch = now - self._mark
         if self.factor > 1.0 and stretch > 0:
-            if self.interrupt is not None:
-                self.interrupt.wait((self.factor - 1.0) * stretch)
-            else:
-                time.sleep((self.factor - 1.0) * stretch)
+            time.sleep((self.factor - 1.0) * stretch)
             # What the sleep really took (a loaded machine wakes the rank late): the
             # others wait for all of it, so it is this rank's time, not theirs.
             stretch = time.perf_counter() - self._mark
