@@ -90,7 +90,8 @@ class Host:
             self.daemon = Daemon(tenplex)
         self.out = open(os.path.join(tmp, f"host{index}.log"), "w")
         env = dict(os.environ, TENPLEX_STORE_URL=self.daemon.url, TENPLEX_BIN=tenplex,
-                   PYTHONPATH=os.path.join(repo, "python"), GLOO_SOCKET_IFNAME=ifname, OMP_NUM_THREADS="1")
+                   PYTHONPATH=os.path.join(repo, "python"), GLOO_SOCKET_IFNAME=ifname, OMP_NUM_THREADS="1",
+                   LOGLEVEL="INFO")  # the agents log their workers' exits and restarts (printed on failure)
         conf = f"is_host={'true' if index == 0 else 'false'},last_call_timeout=1,join_timeout=120,close_timeout=10"
         launcher = [PY, os.path.abspath(__file__), "--agent-after", go_file] if go_file else [PY, "-m", "tenplex.torchrun"]
         cmd = [*prefix, *launcher, "--nnodes=2:3", "--nproc_per_node=2", "--rdzv_backend=c10d",
@@ -205,7 +206,7 @@ def run_test(tenplex, repo, net):
         if not ok:
             for h in hosts:
                 with open(os.path.join(tmp, f"host{h.index}.log")) as f:
-                    print(f"---- host {h.index}\n" + "".join(f.readlines()[-40:]))
+                    print(f"---- host {h.index}\n" + "".join(f.readlines()[-150:]))
 
         base, _ = steps_of(static_log)
         got, events = steps_of(log) if os.path.exists(log) else ({}, [])

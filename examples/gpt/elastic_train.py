@@ -125,3 +125,4 @@ def main(args, trainer_cls, fail):
             time.sleep(args.min_step_seconds - seconds)
         if job.step_done(trainer.step, trainer.info, trainer.state_tensors, last=trainer.step == args.steps):
             job.finish()  # exits
+    job.close()

@@ -15,9 +15,9 @@ local tensors from their own host's daemon.
     ...build the model for job.config, load state.tensors...
     while step < total:
         train_step()
-        if job.step_done(step, info, state_tensors):   # commits every N steps and on SIGTERM
-            break                                        # a planned membership change
-    job.finish()                              # exits when stopping for a change
+        if job.step_done(step, info, state_tensors, last=step == total):  # commits every N
+            job.finish()                      # steps and on SIGTERM; exits for a membership change
+    job.close()                               # the end: a barrier, the process group down
 
 Start-up (``restore``), all workers together:
 
@@ -202,6 +202,19 @@ class Restored:
     @property
     def step(self):
         return self.info.get("step")
+
+
+def _barrier_and_teardown():
+    """A last barrier and the process group's teardown; returns the error text of a
+    failed barrier ("" when it passed or no group exists)."""
+    if not dist.is_initialized():
+        return ""
+    try:
+        dist.barrier()
+        dist.destroy_process_group()
+    except RuntimeError as e:
+        return str(e)
+    return ""
 
 
 class Job:
@@ -483,16 +496,24 @@ class Job:
             self._log_event({"event": "elastic_stop", "step": step, "version": self.version})
         return stop
 
+    def close(self):
+        """At the end of the job, after the last step's commit: a barrier, then the
+        process group's teardown. Without it the ranks that see the commit's outcome
+        first exit and close their connections while a slower rank may still be inside
+        that collective; it fails ("Connection closed by peer"), torchrun counts the
+        failure and restarts its group, whose rendezvous then waits for agents that have
+        already finished (their exit barrier). The job's state is committed by then, so
+        a failing peer is reported, not raised."""
+        err = _barrier_and_teardown()
+        if err:
+            print(f"tenplex.elastic: rank {self.rank}: the closing barrier failed after the last commit "
+                  f"(version {self.version}): {err}", file=sys.stderr, flush=True)
+
     def finish(self):
         """After step_done returned True: wait for this worker's SIGTERM and exit (0), or
         exit with STOP_EXIT_STATUS after term_wait seconds without one."""
         self._stopping = True
-        if dist.is_initialized():
-            try:
-                dist.barrier()
-                dist.destroy_process_group()
-            except RuntimeError:
-                pass
+        _barrier_and_teardown()  # a peer that died meanwhile changes nothing here
         deadline = time.monotonic() + self.term_wait
         while not self._term and time.monotonic() < deadline:
             time.sleep(0.05)
