@@ -198,9 +198,22 @@ def wait_presized(cluster):
     return time.time() - t0
 
 
-def transform_once(cluster, ckpt, job, to, central, local=True):
+def transform_once(cluster, ckpt, job, to, central, local=True, plan_presize=False):
+    """One transform from a fresh load. plan_presize: first `tenplex transform --presize`
+    (each host makes its new tensors of this transform ahead in its page pool, as it
+    would while the old config trains), timed apart as presize_s."""
     tenplex("store", "load", "--cluster", cluster.file, "--job", job, "--dir", ckpt)
     presize_s = wait_presized(cluster) if ARGS.presize else 0.0
+    if plan_presize:
+        t0 = time.time()
+        p = json.loads(tenplex("transform", "--cluster", cluster.file, "--job", job, "--to", to, "--presize",
+                               "--json", "--quiet"))
+        presize_s = time.time() - t0
+        short = [h for h in p["presized"] if h["pooled_bytes"] < h["poolable_bytes"]]
+        if short:
+            log("       note: pools short of the plan (pool bound or memory): %s" %
+                ", ".join("%s %.2f of %.2f GB" % (h["url"], h["pooled_bytes"] / 1e9, h["poolable_bytes"] / 1e9)
+                          for h in short))
     pool_before = sum(d.get("/v1/health")["pool_bytes"] for d in cluster.daemons)
     args = ["transform", "--cluster", cluster.file, "--job", job, "--to", to, "--json", "--quiet"]
     if central:
@@ -225,6 +238,8 @@ def measure(figure, case, cluster, tmp, frm, to):
     ours_ucx = transform_once(cluster, ckpt, "bench", to, central=False, local=False)
     central = transform_once(cluster, ckpt, "bench", to, central=True)
     central_ucx = transform_once(cluster, ckpt, "bench", to, central=True, local=False)
+    planned = transform_once(cluster, ckpt, "bench", to, central=False, plan_presize=True) if ARGS.presize_plan \
+        else None
     shm = sum(h["bytes_fetched_shm"] for h in ours["hosts"])
     if shm != sum(h["bytes_fetched"] for h in ours["hosts"]) or any(h["bytes_fetched_shm"] for h in ours_ucx["hosts"]):
         sys.exit("same-host reads did not (or did with --no-local-peer-reads) carry the fetched bytes")
@@ -288,6 +303,18 @@ def measure(figure, case, cluster, tmp, frm, to):
         "all_write_sum_gbps": round(cluster.limits["all_write_sum_gbps"], 2),
         "all_memcpy_gbps": round(cluster.limits["all_memcpy_gbps"], 2),
     }
+    if planned is not None:
+        # The same transform with every host's pool pre-sized from the plan first.
+        row.update({
+            "ours_presized_s": round(planned["seconds"], 3),
+            "plan_presize_s": round(planned["presize_s"], 2),
+            "ratio_presized_to_machine_limit": round(planned["seconds"] / machine_limit, 2),
+            "speedup_presized_vs_central": round(central["seconds"] / planned["seconds"], 2),
+            "presized_pool_bytes": planned["pool_bytes_before"],
+            "ours_presized_phases_s": "/".join(
+                "%.2f" % max(h.get(k, 0) for h in planned["hosts"])
+                for k in ("plan_seconds", "alloc_seconds", "local_seconds", "fetch_seconds")),
+        })
     log("  %-4s %-12s -> %-22s ours %6.2f s  central %6.2f s (%s)  central/ours %.2f\n"
         "       limits: link+memcpy %5.2f s (ours/limit %.2f), with new memory %5.2f s (%.2f), "
         "this machine all at once %5.2f s (%.2f)" %
@@ -300,6 +327,12 @@ def measure(figure, case, cluster, tmp, frm, to):
         "same-host reads %.2fx faster than UCX" %
         (row["ours_ucx_s"], row["central_ucx_s"], row["speedup_vs_central_ucx"], row["machine_limit_ucx_s"],
          row["ratio_ucx_to_machine_limit"], row["speedup_local_vs_ucx"]))
+    if planned is not None:
+        log("       pre-sized from the plan (%.2f s ahead, %.2f GB pooled): ours %6.2f s (ours/limit %.2f), "
+            "plan/alloc/copy/fetch %s s, central/ours %.2f" %
+            (row["plan_presize_s"], row["presized_pool_bytes"] / 1e9, row["ours_presized_s"],
+             row["ratio_presized_to_machine_limit"], row["ours_presized_phases_s"],
+             row["speedup_presized_vs_central"]))
     return row
 
 
@@ -315,6 +348,11 @@ def main():
                     help="daemons with --page-pool-presize: after each load the store fills its page pool "
                          "(waited for, as while a job trains), so a transform's new tensors take warm "
                          "pages; writes cluster_transform_presized.csv")
+    ap.add_argument("--presize-plan", action="store_true",
+                    help="also run ours once more after `tenplex transform --presize` (every host makes its "
+                         "new tensors of the transform ahead in its page pool, as it would while the old "
+                         "config trains; the joining hosts hold nothing otherwise): columns ours_presized_s, "
+                         "plan_presize_s; writes cluster_transform_planned.csv")
     ap.add_argument("--huge-shm", action="store_true",
                     help="the daemons' shared memory on a private tmpfs mounted with huge=within_size "
                          "(needs root; docs/store.md): fresh memory in 2 MiB pages; writes "
@@ -365,8 +403,9 @@ def main():
         # The rows measured so far are written also when a later row fails (a
         # daemon killed for memory on a small machine, say).
         if rows:
-            name = "cluster_transform%s%s.csv" % ("_huge" if ARGS.huge_shm else "",
-                                                  "_presized" if ARGS.presize else "")
+            name = "cluster_transform%s%s%s.csv" % ("_huge" if ARGS.huge_shm else "",
+                                                    "_presized" if ARGS.presize else "",
+                                                    "_planned" if ARGS.presize_plan else "")
             path = os.path.join(ARGS.out, name)
             with open(path, "w", newline="") as f:
                 w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))

@@ -150,8 +150,28 @@ def main():
         daemons += extra
         other = os.path.join(tmp, "other.json")
         write_cluster(other, extra, 4)
+        # First only pre-sized (as while the old config trains): nothing changes anywhere,
+        # and the new hosts are asked for every byte of the new version (none is linked).
+        before = [d.get("/v1/jobs/j")["current"] for d in daemons[:4]]
+        p = run("transform", "--cluster", cluster, "--job", "j", "--to", "tp=2,pp=2,dp=2", "--to-cluster",
+                other, "--presize", "--json")
+        pre = json.loads(p.stdout)
+        check([h["url"] for h in pre["presized"]] == [d.url for d in extra], "presized hosts %r" % pre)
+        check(all(h["pooled_bytes"] == sum(d.get("/v1/health")["pool_bytes"] for d in extra if d.url == h["url"])
+                  for h in pre["presized"]), "pooled bytes vs the daemons' pools: %r" % pre)
+        check([d.get("/v1/jobs/j")["current"] for d in daemons[:4]] == before, "a pre-size changed a version")
+        text = run("transform", "--cluster", cluster, "--job", "j", "--to", "tp=2,pp=2,dp=2", "--to-cluster",
+                   other, "--presize").stdout
+        check("pre-sized version %d" % before[0] in text, "presize summary: %r" % text)
+        run("transform", "--cluster", cluster, "--job", "j", "--to", "tp=2,pp=2,dp=2", "--presize", "--central",
+            expect_ok=False)
         s = transform(cluster, "tp=2,pp=2,dp=2", "--to-cluster", other)
         check(s["new_hosts"] == [d.url for d in extra], "new hosts %r" % s["new_hosts"])
+        # What each new host was asked to pre-size is what it holds now (its only version).
+        for h, d in zip(pre["presized"], extra):
+            used = d.get("/v1/health")["used_bytes"]
+            check(h["wanted_bytes"] == used, "%s: presize asked for %d B, it holds %d B" %
+                  (d.url, h["wanted_bytes"], used))
         both = os.path.join(tmp, "both.json")
         write_cluster(both, daemons, 2)
         verify(tmp, both, "tp=2,pp=2,dp=2")

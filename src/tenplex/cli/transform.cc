@@ -1,4 +1,4 @@
-// `tenplex transform --cluster C [--to-cluster C2] --job J --to CONFIG [--json]`: the
+// `tenplex transform --cluster C [--to-cluster C2] --job J --to CONFIG [--presize] [--json]`: the
 // distributed state transformation (src/tenplex/transform/distributed.h).
 #include <cstdio>
 #include <cstdlib>
@@ -28,7 +28,37 @@ struct TransformOpts {
   TokenOptions token;
   int attempts = 3, control_timeout = 10, silent_timeout = 10, prepare_timeout = 3600;
   bool central = false, json = false, quiet = false, recover = false, no_local_reads = false;
+  bool presize = false;
 };
+
+// `tenplex transform --presize`: each host's line (or JSON) of what its pool now holds.
+Status PrintPresized(const TransformOpts& o, const transform::ClusterTransformStats& s) {
+  if (o.json) {
+    nlohmann::json hosts = nlohmann::json::array();
+    for (const transform::HostPresizeReport& h : s.presized) {
+      hosts.push_back({{"url", h.url},
+                       {"wanted_bytes", h.wanted_bytes},
+                       {"poolable_bytes", h.poolable_bytes},
+                       {"pooled_bytes", h.pooled_bytes},
+                       {"seconds", h.seconds}});
+    }
+    nlohmann::json j = {{"from_version", s.from_version}, {"from", s.from_config},
+                        {"to", s.to_config},              {"new_hosts", s.new_hosts},
+                        {"seconds", s.seconds},           {"presized", hosts}};
+    std::printf("%s\n", j.dump(2).c_str());
+    return Status::Ok();
+  }
+  for (const transform::HostPresizeReport& h : s.presized) {
+    std::printf("%s: pool %s for the %s this transform allocates there (%s in files large enough "
+                "to pool) (%.2f s)\n",
+                h.url.c_str(), HumanBytes(h.pooled_bytes).c_str(),
+                HumanBytes(h.wanted_bytes).c_str(), HumanBytes(h.poolable_bytes).c_str(), h.seconds);
+  }
+  std::printf("pre-sized version %llu (%s) -> %s on %zu hosts in %.2f s\n",
+              static_cast<unsigned long long>(s.from_version), s.from_config.c_str(),
+              s.to_config.c_str(), s.presized.size(), s.seconds);
+  return Status::Ok();
+}
 
 // `tenplex transform --recover`: finish or roll back what a crash left half done.
 Status Recover(const TransformOpts& o, const transform::Cluster& cluster) {
@@ -69,6 +99,9 @@ Status Transform(const TransformOpts& o) {
   opts.max_attempts = o.attempts;
   opts.central = o.central;
   opts.local_peer_reads = !o.no_local_reads;
+  opts.presize_only = o.presize;
+  if (o.presize && (o.central || o.recover))
+    return InvalidArgument("--presize is for the distributed transform: not with --central");
   TP_ASSIGN_OR_RETURN(store::ClientOptions co, ClusterClientOptions(o.token));
   if (!o.quiet && GetLogLevel() != LogLevel::kQuiet)
     opts.log = [](const std::string& line) {
@@ -82,6 +115,7 @@ Status Transform(const TransformOpts& o) {
   if (progress) progress->Done();
   if (!r.ok()) return r.status();
   const transform::ClusterTransformStats& s = *r;
+  if (o.presize) return PrintPresized(o, s);
   if (!o.json) {
     std::printf("%s\n", transform::ClusterTransformSummary(s).c_str());
     return Status::Ok();
@@ -168,6 +202,10 @@ void RegisterTransform(CLI::App& app, Context& ctx) {
   cmd->add_flag("--no-local-peer-reads", o->no_local_reads,
                 "Move every cross-host byte over the data plane (UCX), also between daemons of "
                 "one machine that could read each other's shared memory (docs/transport.md)");
+  cmd->add_flag("--presize", o->presize,
+                "Only pre-size: every host with new ranks makes its new tensors of this "
+                "transform ahead in its page pool (run it while the old config trains); "
+                "nothing is written or committed");
   cmd->add_flag("--json", o->json, "Print the statistics as JSON");
   cmd->add_flag("--quiet", o->quiet, "No progress lines on stderr (also -q)");
   cmd->callback([o, &ctx] { Finish(ctx, Transform(*o)); });

@@ -67,6 +67,9 @@
 
 namespace tenplex::store {
 
+// Tensor files smaller than this are never pooled (cheap to create anew).
+inline constexpr uint64_t kPoolMinBytes = 256 << 10;
+
 struct StoreOptions {
   // Where the shared memory lives. Empty: a fresh private directory
   // /dev/shm/tenplex-<pid>-<random> that the store removes when destroyed. Given: the
@@ -165,6 +168,14 @@ class Store {
   // limit besides used_bytes) and the pool's bound.
   uint64_t pool_bytes() const;
   uint64_t page_pool_limit() const;
+  // Pre-sizes the pool for a version that is about to be written here (a transform
+  // planned onto this host, which may not hold the job yet): makes files of these sizes
+  // (pages allocated and mapped) for `job` until its pool holds sum(sizes) bytes, as far
+  // as the pool bound and the memory limit leave room, never evicting; sizes below the
+  // pool's minimum are skipped. Runs on the calling thread. Returns the job's pooled
+  // bytes afterwards; FailedPrecondition when the pool is off, the file system's error
+  // when a file cannot be made.
+  Result<uint64_t> FillPool(const std::string& job, const std::vector<uint64_t>& sizes);
   // Counts `bytes` of memory that is not a tensor (a bandwidth probe's buffers) against
   // the memory limit until the returned handle is destroyed; ResourceExhausted, naming
   // `what`, when it does not fit. REQUIRES: the handle does not outlive the store.

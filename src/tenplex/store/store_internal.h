@@ -69,9 +69,6 @@ struct PoolEntry {
   std::shared_ptr<ShmMapping> map;  // may be null
 };
 
-// Released files smaller than this are removed, not pooled (cheap to create anew).
-inline constexpr uint64_t kPoolMinBytes = 256 << 10;
-
 struct VersionState {
   bool committed = false;
   bool prepared = false;  // durable (manifest + PREPARED marker), immutable, not yet committed
@@ -185,6 +182,12 @@ struct Store::Impl {
   void SchedulePresize(const std::string& job, const VersionState& vs);
   // The presizer thread's body; returns once `stopping`.
   void PresizeLoop();
+  // REQUIRES: lock holds mu (released while files are made). Fills job's pool with files
+  // of `sizes` until it holds their sum (Store::FillPool); with job_must_exist, stops
+  // when the job is gone. Returns the first error of making a file.
+  Status FillPoolLocked(std::unique_lock<std::mutex>& lock, const std::string& job,
+                        const std::vector<uint64_t>& sizes, bool job_must_exist);
+  uint64_t PooledFor(const std::string& job) const;
   void StopPresizer();
 
   // Moves a directory to trash/ (fast, under mu); the caller removes the returned

@@ -122,42 +122,66 @@ void Store::Impl::PresizeLoop() {
     if (stopping) return;
     auto [job, sizes] = std::move(presize_queue.front());
     presize_queue.pop_front();
-    uint64_t want = 0, have = 0;
-    for (uint64_t b : sizes) want += b;
-    if (auto j = pool.find(job); j != pool.end()) {
-      for (const auto& [b, e] : j->second) have += b;
-    }
-    for (uint64_t bytes : sizes) {
-      if (stopping || have >= want || !jobs.count(job)) break;
-      // Only free room: pre-sizing never evicts and never takes what tensors need.
-      if (pooled + bytes > pool_limit || bytes > limit || used + pooled > limit - bytes) break;
-      pooled += bytes;  // counted while it is being made
-      PoolEntry e;
-      e.file = PoolName();
-      e.bytes = bytes;
-      lock.unlock();
-      Status s = CreateShmFile(e.file, bytes, /*allocate=*/true);
-      if (s.ok()) {
-        auto m = ShmMapping::Map(e.file, 0, bytes, /*writable=*/true, /*populate=*/true);
-        if (m.ok()) {
-          e.map = std::make_shared<ShmMapping>(std::move(m).value());
-        } else {
-          s = m.status();
-        }
-      }
-      lock.lock();
-      pooled -= bytes;
-      if (!s.ok() || stopping || !jobs.count(job)) {
-        e.map.reset();
-        ::unlink(e.file.c_str());
-        if (!s.ok()) break;  // a full file system: try again after the next commit
-        continue;
-      }
-      e.seq = counter.fetch_add(1);
-      ReturnPooled(job, std::move(e));
-      have += bytes;
-    }
+    // A full file system: tried again after the next commit.
+    (void)FillPoolLocked(lock, job, sizes, /*job_must_exist=*/true);
   }
+}
+
+uint64_t Store::Impl::PooledFor(const std::string& job) const {
+  uint64_t have = 0;
+  if (auto j = pool.find(job); j != pool.end()) {
+    for (const auto& [b, e] : j->second) have += b;
+  }
+  return have;
+}
+
+Status Store::Impl::FillPoolLocked(std::unique_lock<std::mutex>& lock, const std::string& job,
+                                   const std::vector<uint64_t>& sizes, bool job_must_exist) {
+  uint64_t want = 0;
+  for (uint64_t b : sizes) want += b >= kPoolMinBytes ? b : 0;
+  uint64_t have = PooledFor(job);
+  for (uint64_t bytes : sizes) {
+    if (bytes < kPoolMinBytes) continue;
+    if (stopping || have >= want || (job_must_exist && !jobs.count(job))) break;
+    // Only free room: pre-sizing never evicts and never takes what tensors need.
+    if (pooled + bytes > pool_limit || bytes > limit || used + pooled > limit - bytes) break;
+    pooled += bytes;  // counted while it is being made
+    PoolEntry e;
+    e.file = PoolName();
+    e.bytes = bytes;
+    lock.unlock();
+    Status s = CreateShmFile(e.file, bytes, /*allocate=*/true);
+    if (s.ok()) {
+      auto m = ShmMapping::Map(e.file, 0, bytes, /*writable=*/true, /*populate=*/true);
+      if (m.ok()) {
+        e.map = std::make_shared<ShmMapping>(std::move(m).value());
+      } else {
+        s = m.status();
+      }
+    }
+    lock.lock();
+    pooled -= bytes;
+    if (!s.ok() || stopping || (job_must_exist && !jobs.count(job))) {
+      e.map.reset();
+      ::unlink(e.file.c_str());
+      if (!s.ok()) return s;
+      continue;
+    }
+    e.seq = counter.fetch_add(1);
+    ReturnPooled(job, std::move(e));
+    have += bytes;
+  }
+  return Status::Ok();
+}
+
+Result<uint64_t> Store::FillPool(const std::string& job, const std::vector<uint64_t>& sizes) {
+  TP_RETURN_IF_ERROR(CheckJobName(job));
+  if (impl_->pool_limit == 0)
+    return FailedPrecondition("the page pool is off (page_pool_bytes 0): nothing to pre-size");
+  std::unique_lock<std::mutex> lock(impl_->mu);
+  TP_RETURN_IF_ERROR(impl_->FillPoolLocked(lock, job, sizes, /*job_must_exist=*/false)
+                         .WithContext("pre-sizing the page pool of job " + job));
+  return impl_->PooledFor(job);
 }
 
 void Store::Impl::StopPresizer() {

@@ -292,6 +292,59 @@ TEST(PoolTest, PresizeFillsThePoolForTheNextVersionWithinTheLimits) {
   EXPECT_LE(t->used_bytes() + t->pool_bytes(), 4 * kMiB);
 }
 
+// A host that holds nothing of the job yet (one joining a transform) pre-sizes on
+// request: the files are the job's, serve its first version's tensors zeroed and
+// byte-exact, and stay within the pool bound and the memory limit.
+TEST(PoolTest, FillPoolPresizesForAJobThisHostDoesNotHoldYet) {
+  auto s = OpenStore(PoolOf(64 * kMiB));
+  // Sizes below the pool's minimum are skipped; asking twice adds nothing.
+  auto got = s->FillPool("new", {kMiB, 2 * kMiB, 100});
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(*got, 3 * kMiB);
+  EXPECT_EQ(*s->FillPool("new", {kMiB, 2 * kMiB}), 3 * kMiB);
+  EXPECT_EQ(s->pool_bytes(), 3 * kMiB);
+  EXPECT_EQ(s->used_bytes(), 0u);
+  std::set<ino_t> pooled;
+  for (const auto& e : fs::directory_iterator(s->shm_dir() + "/pool"))
+    pooled.insert(Inode(e.path().string()));
+  EXPECT_EQ(pooled.size(), 2u);
+  // Another job does not take them.
+  ASSERT_TRUE(s->BeginVersion("other", 1).ok());
+  auto o = s->Allocate(Path("other", 1, "a"), DType::kF32, ShapeOf(kMiB));
+  ASSERT_TRUE(o.ok());
+  EXPECT_FALSE(pooled.count(Inode(o->info().file)));
+  EXPECT_EQ(s->pool_bytes(), 3 * kMiB);
+
+  ASSERT_TRUE(s->BeginVersion("new", 1).ok());
+  std::vector<std::vector<uint8_t>> want;
+  for (uint64_t bytes : {2 * kMiB, kMiB}) {
+    const std::string name = "t" + std::to_string(bytes);
+    auto w = s->Allocate(Path("new", 1, name), DType::kF32, ShapeOf(bytes));
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    EXPECT_TRUE(pooled.count(Inode(w->info().file))) << name;
+    EXPECT_EQ(std::vector<uint8_t>(w->data(), w->data() + w->size()), std::vector<uint8_t>(bytes, 0));
+    want.push_back(RandomBytes(bytes, bytes));
+    std::memcpy(w->data(), want.back().data(), bytes);
+  }
+  EXPECT_EQ(s->pool_bytes(), 0u);
+  ASSERT_TRUE(s->Commit("new", 1).ok());
+  EXPECT_EQ(Read(*s, Path("new", 1, "t" + std::to_string(2 * kMiB))), want[0]);
+  EXPECT_EQ(Read(*s, Path("new", 1, "t" + std::to_string(kMiB))), want[1]);
+
+  // Only free room: 4 MiB allowed, 1 MiB held, so one 2 MiB file of the three asked.
+  auto t = OpenStore(PoolOf(64 * kMiB, 4 * kMiB));
+  ASSERT_TRUE(t->BeginVersion("j", 1).ok());
+  Write(*t, Path("j", 1, "a"), kMiB, 1);
+  EXPECT_EQ(*t->FillPool("k", {2 * kMiB, 2 * kMiB, 2 * kMiB}), 2 * kMiB);
+  EXPECT_LE(t->used_bytes() + t->pool_bytes(), 4 * kMiB);
+  // The pool's bound too, and a pool that is off says so.
+  auto b = OpenStore(PoolOf(3 * kMiB));
+  EXPECT_EQ(*b->FillPool("k", {2 * kMiB, 2 * kMiB}), 2 * kMiB);
+  auto off = OpenStore(PoolOf(0));
+  EXPECT_EQ(off->FillPool("k", {2 * kMiB}).status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(off->FillPool("../x", {2 * kMiB}).status().code(), StatusCode::kInvalidArgument);
+}
+
 TEST(PoolTest, RestartIgnoresAndClearsALeftoverPool) {
   std::string dir = "/dev/shm/tenplex-pool-test-" + std::to_string(::getpid());
   if (!fs::is_directory("/dev/shm")) dir = fs::temp_directory_path().string() + dir.substr(8);

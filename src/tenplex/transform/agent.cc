@@ -210,6 +210,7 @@ struct Agent::Impl {
 
   Result<std::string> Prepare(const std::string& body);
   Result<std::string> Probe(const std::string& body);
+  Result<std::string> Presize(const std::string& body);
   Result<std::string> Locate(const std::string& body);
   std::string AddressReply();
 
@@ -639,6 +640,35 @@ std::string Agent::Impl::MetricsText() {
   return o;
 }
 
+// A prepare request's new tensors on this host, made ahead in the store's page pool:
+// the prepare that follows allocates them from warm pages (store.h, the page pool).
+Result<std::string> Agent::Impl::Presize(const std::string& body) {
+  const auto t0 = std::chrono::steady_clock::now();
+  TP_ASSIGN_OR_RETURN(DecodedPrepare d, DecodePrepare(body));
+  const PrepareRequest& r = d.request;
+  const Model& model = d.from.model();
+  TP_ASSIGN_OR_RETURN(Layout from, MakeLayout(model, d.from.config()));
+  TP_ASSIGN_OR_RETURN(Layout to, MakeLayout(model, r.to_config));
+  TP_ASSIGN_OR_RETURN(plan::Plan p, CoordinatorsPlan(model, r, from, to));
+  const std::vector<uint64_t> sizes = NewTensorBytes(
+      to, &r.to_hosts, r.host, UnchangedTensors(from, to, p, &r.from_hosts, &r.to_hosts, r.host));
+  uint64_t wanted = 0, poolable = 0;
+  for (uint64_t b : sizes) {
+    wanted += b;
+    poolable += b >= store::kPoolMinBytes ? b : 0;
+  }
+  ReleaseScratch();  // as a prepare would: the pool needs the room more than a probe
+  TP_ASSIGN_OR_RETURN(uint64_t pooled, store.FillPool(r.job, sizes));
+  json reply = {{"host", r.host},
+                {"tensors", sizes.size()},
+                {"wanted_bytes", wanted},
+                {"poolable_bytes", poolable},
+                {"pooled_bytes", pooled},
+                {"pool_limit", store.page_pool_limit()},
+                {"seconds", Since(t0)}};
+  return reply.dump();
+}
+
 void Agent::Install(store::Server& server) {
   server.AddMetricsSource([this] { return impl_->MetricsText(); });
   server.AddJsonRoute("/v1/transform/",
@@ -659,6 +689,10 @@ Result<std::string> Agent::Handle(const std::string& method, const std::string& 
   if (path == "/v1/transform/prepare") {
     if (method != "POST") return InvalidArgument(method + " is not allowed on " + path);
     return impl_->Prepare(body);
+  }
+  if (path == "/v1/transform/presize") {
+    if (method != "POST") return InvalidArgument(method + " is not allowed on " + path);
+    return impl_->Presize(body);
   }
   if (path == "/v1/transform/probe") {
     if (method != "POST") return InvalidArgument(method + " is not allowed on " + path);

@@ -20,6 +20,13 @@
 //                                scratch region into distinct memory) and the bandwidth
 //                                of writing fresh shared memory here (the limits of a
 //                                benchmark)
+//   POST /v1/transform/presize   the body of a prepare: makes this host's new tensors
+//                                of that transform (all but the unchanged ones) ahead
+//                                in the store's page pool (Store::FillPool), so that
+//                                the prepare allocates warm pages; {"host", "tensors",
+//                                "wanted_bytes", "poolable_bytes" (those not too small
+//                                to pool), "pooled_bytes" (the job's pool now),
+//                                "pool_limit", "seconds"}
 // Phase two uses the store's own endpoints: .../versions/<v>/commit or /abort.
 //
 // Prepare request:

@@ -182,17 +182,17 @@ void PreparePhase(std::vector<Host>& hosts, const std::vector<int>& participants
   }
 }
 
-// Phase one on every host with new ranks, then phase two (commit, or abort on all).
-RoundResult RunRound(std::vector<Host>& hosts, const std::string& job, const Round& r,
-                     const store::ClientOptions& client_options,
-                     const ClusterTransformOptions& options) {
-  RoundResult out;
-  std::vector<int> participants;
-  for (int h : r.to_hosts) {
-    if (std::find(participants.begin(), participants.end(), h) == participants.end())
-      participants.push_back(h);
-  }
+// The hosts with new ranks in r, in order.
+std::vector<int> Participants(const Round& r) {
+  std::vector<int> participants(r.to_hosts.begin(), r.to_hosts.end());
   std::sort(participants.begin(), participants.end());
+  participants.erase(std::unique(participants.begin(), participants.end()), participants.end());
+  return participants;
+}
+
+// The prepare request of round r (its "host" is set per participant).
+PrepareRequest RoundRequest(const std::vector<Host>& hosts, const std::string& job, const Round& r,
+                            const ClusterTransformOptions& options) {
   PrepareRequest req;
   req.job = job;
   req.from_version = r.from_version;
@@ -207,6 +207,53 @@ RoundResult RunRound(std::vector<Host>& hosts, const std::string& job, const Rou
   req.from_hosts = r.from_hosts;
   req.to_hosts = r.to_hosts;
   req.plan_digest = r.plan_digest;
+  return req;
+}
+
+// ClusterTransformOptions::presize_only: every participant of r makes its new tensors
+// ahead in its page pool, all at once; the first failure is returned.
+Status PresizeRound(const std::vector<Host>& hosts, const std::string& job, const Round& r,
+                    const store::ClientOptions& client_options,
+                    const ClusterTransformOptions& options, ClusterTransformStats& stats) {
+  const std::vector<int> participants = Participants(r);
+  const PrepareRequest req = RoundRequest(hosts, job, r, options);
+  store::ClientOptions long_opts = client_options;
+  long_opts.timeout_s = options.prepare_timeout_s;
+  std::vector<Result<std::string>> replies(participants.size(), Unavailable("no reply"));
+  std::vector<std::thread> threads;
+  for (std::size_t i = 0; i < participants.size(); ++i) {
+    PrepareRequest mine = req;
+    mine.host = participants[i];
+    threads.emplace_back([&replies, i, url = hosts[participants[i]].url,
+                          text = EncodePrepare(mine), long_opts] {
+      Result<std::unique_ptr<store::Client>> c = store::Client::Connect(url, long_opts);
+      replies[i] = c.ok() ? (*c)->CallJson("POST", "/v1/transform/presize", text) : c.status();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (std::size_t i = 0; i < participants.size(); ++i) {
+    const std::string& url = hosts[participants[i]].url;
+    if (!replies[i].ok()) return replies[i].status().WithContext("pre-sizing on " + url);
+    json j = json::parse(*replies[i], nullptr, false);
+    if (j.is_discarded() || !j.is_object()) return Internal(url + ": malformed presize reply");
+    HostPresizeReport rep;
+    rep.url = url;
+    rep.wanted_bytes = JsonValueOr(j, "wanted_bytes", int64_t{0});
+    rep.poolable_bytes = JsonValueOr(j, "poolable_bytes", int64_t{0});
+    rep.pooled_bytes = JsonValueOr(j, "pooled_bytes", int64_t{0});
+    rep.seconds = JsonValueOr(j, "seconds", 0.0);
+    stats.presized.push_back(rep);
+  }
+  return Status::Ok();
+}
+
+// Phase one on every host with new ranks, then phase two (commit, or abort on all).
+RoundResult RunRound(std::vector<Host>& hosts, const std::string& job, const Round& r,
+                     const store::ClientOptions& client_options,
+                     const ClusterTransformOptions& options) {
+  RoundResult out;
+  const std::vector<int> participants = Participants(r);
+  const PrepareRequest req = RoundRequest(hosts, job, r, options);
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<Result<std::string>> replies(participants.size(),
                                            Unavailable("no reply (given up on)"));
@@ -300,10 +347,13 @@ Result<CommittedState> RecoverAndFindState(std::vector<Host>& hosts, const std::
   std::vector<std::string> urls;
   for (const Host& h : hosts) urls.push_back(h.url);
   const std::vector<store::Client*> live_clients = Raw(hosts);
-  TP_ASSIGN_OR_RETURN(Resolution res, ResolvePending(urls, live_clients, job, /*owner=*/true));
-  for (const std::string& line : res.lines) {
-    Log(options, "recovery: " + line);
-    stats.recovered.push_back(line);
+  // A pre-size runs while the job trains and commits: its versions in flight are not ours.
+  if (!options.presize_only) {
+    TP_ASSIGN_OR_RETURN(Resolution res, ResolvePending(urls, live_clients, job, /*owner=*/true));
+    for (const std::string& line : res.lines) {
+      Log(options, "recovery: " + line);
+      stats.recovered.push_back(line);
+    }
   }
   TP_ASSIGN_OR_RETURN(CommittedState cs, FindCommittedState(urls, live_clients, job, from));
   stats.lost_hosts.clear();
@@ -510,6 +560,12 @@ Result<ClusterTransformStats> TransformCluster(const Cluster& from, const std::s
     next_version = round.to_version + (options.central ? 3 : 1);
     Status addr_status;
     TP_RETURN_IF_ERROR(FetchAddresses(hosts, addr_status));
+    if (options.presize_only) {
+      TP_RETURN_IF_ERROR(addr_status);
+      TP_RETURN_IF_ERROR(PresizeRound(hosts, job, round, client_options, options, stats));
+      stats.seconds = Since(t_start);
+      return stats;
+    }
     RoundResult rr;
     if (!addr_status.ok()) {
       rr.status = addr_status;

@@ -64,7 +64,22 @@ struct ClusterTransformOptions {
   // which read same-host peers through their files. false: the data plane only
   // (`tenplex transform --no-local-peer-reads`).
   bool local_peer_reads = true;
+  // Only pre-size: plan the transform as usual (recovery, placement, plan), then ask
+  // every host with new ranks to make its new tensors ahead in its page pool
+  // (POST /v1/transform/presize, Store::FillPool) and return; nothing is written or
+  // committed. The transform that follows (same state, same target) allocates from the
+  // pools: run it while the old config still trains (a joining host holds nothing of
+  // the job, so its pool is otherwise empty).
+  bool presize_only = false;
   std::function<void(const std::string&)> log;  // progress lines (may be empty)
+};
+
+struct HostPresizeReport {
+  std::string url;
+  int64_t wanted_bytes = 0;    // its new tensors' bytes
+  int64_t poolable_bytes = 0;  // of those, the tensors large enough to pool
+  int64_t pooled_bytes = 0;  // the job's pool on it afterwards
+  double seconds = 0;
 };
 
 struct HostTransformReport {
@@ -91,6 +106,7 @@ struct ClusterTransformStats {
   // prepared version is durable and committed by the next operation on the job).
   std::vector<std::string> unconfirmed_hosts;
   std::vector<std::string> recovered;  // what the recovery at the start did (two_phase.h)
+  std::vector<HostPresizeReport> presized;  // presize_only: every participant
 };
 
 Result<ClusterTransformStats> TransformCluster(const Cluster& from, const std::string& job,

@@ -229,6 +229,68 @@ TEST_F(DistributedTest, UnchangedTensorsAreLinkedNotCopied) {
   Verify(*s, "tp=2,pp=2,dp=2,zero=1", 2);  // the old version is released by now
 }
 
+// `tenplex transform --presize`: every host with new ranks makes exactly the files its
+// prepare will allocate (its new tensors but the linked ones, those large enough to
+// pool), nothing is written or committed, and the transform that follows takes them.
+TEST_F(DistributedTest, PresizeMakesEachHostsNewTensorsAheadInItsPool) {
+  GptArgs a;  // tensors on both sides of the pool's 256 KiB minimum
+  a.num_layers = 2;
+  a.hidden_size = 256;
+  a.num_attention_heads = 4;
+  a.ffn_hidden_size = 512;
+  a.vocab_size = 1000;
+  a.max_position_embeddings = 16;
+  model_ = *MakeGpt(a);
+  constexpr int64_t kPoolMin = store::kPoolMinBytes;
+  Cluster c = ClusterOf({0, 1, 2, 3}, 2);
+  Load(c, "tp=2,pp=2");  // ranks 0-3 on hosts 0 and 1; hosts 2 and 3 hold no tensor
+  const char* to = "tp=2,pp=2,dp=2,zero=1";
+  ClusterTransformOptions o;
+  o.presize_only = true;
+  Result<ClusterTransformStats> s = TransformCluster(c, "j", *ParseConfig(to), {}, o);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  ASSERT_EQ(s->presized.size(), 4u);
+  bool small_skipped = false;
+  // The oracle: a new rank's tensor is linked, not allocated, when its rank number had
+  // the same (tp, pp) slice on the same host and it is a parameter (zero=1 reshards
+  // the optimizer state), as UnchangedTensorsAreLinkedNotCopied establishes.
+  Layout from = *MakeLayout(model_, *ParseConfig("tp=2,pp=2"));
+  Layout layout = *MakeLayout(model_, *ParseConfig(to));
+  for (int h = 0; h < 4; ++h) {
+    int64_t wanted = 0, pooled = 0;
+    for (const RankLayout& r : layout.ranks) {
+      if (r.rank / 2 != h) continue;
+      const bool same_device = r.rank < 4 && layout.ranks[r.rank].tp == from.ranks[r.rank].tp &&
+                               layout.ranks[r.rank].pp == from.ranks[r.rank].pp;
+      for (const LocalTensor& t : *r.tensors) {
+        if (same_device && t.name.find("optimizer") == std::string::npos) continue;
+        wanted += t.bytes();
+        pooled += t.bytes() >= kPoolMin ? t.bytes() : 0;
+      }
+    }
+    const HostPresizeReport& rep = s->presized[h];
+    EXPECT_EQ(rep.url, hosts_[h]->url);
+    EXPECT_EQ(rep.wanted_bytes, wanted) << "host " << h;
+    EXPECT_GT(pooled, 0);
+    small_skipped |= pooled < wanted;
+    EXPECT_EQ(rep.pooled_bytes, pooled) << "host " << h;
+    EXPECT_EQ(rep.poolable_bytes, pooled) << "host " << h;
+    EXPECT_EQ(static_cast<int64_t>(hosts_[h]->store->pool_bytes()), pooled) << "host " << h;
+    // Nothing written: every host still has version 1 (hosts 2 and 3 with no tensors).
+    Result<store::VersionInfo> v = hosts_[h]->store->Version("j", std::nullopt);
+    ASSERT_TRUE(v.ok());
+    EXPECT_EQ(v->version, 1u);
+    EXPECT_EQ(hosts_[h]->store->List("jobs/j/2/")->size(), 0u);
+  }
+  EXPECT_TRUE(small_skipped);  // some tensors were below the pool's minimum
+  o.presize_only = false;
+  s = TransformCluster(c, "j", *ParseConfig(to), {}, o);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  Verify(*s, to, 2);
+  // The joining hosts' pools went into the new version (they release nothing).
+  for (int h = 2; h < 4; ++h) EXPECT_EQ(hosts_[h]->store->pool_bytes(), 0u) << "host " << h;
+}
+
 // A probe keeps a 512 MiB scratch region for its peers' probes; the daemon's next
 // transform releases it (its memory goes to the new version).
 TEST_F(DistributedTest, ATransformReleasesTheProbesScratchRegion) {
@@ -542,11 +604,15 @@ TEST_F(DistributedTest, AgentRejectsMalformedRequests) {
         R"({"protocol": 1, "job": "j", "from_version": 1, "to_version": 2, "host": 5,
                               "addresses": ["x"]})",
         R"({"protocol": 1, "job": "j", "unknown": 1})"}) {
-    Result<std::string> r = a.Handle("POST", "/v1/transform/prepare", bad);
-    ASSERT_FALSE(r.ok()) << bad;
-    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument)
-        << bad << ": " << r.status().ToString();
+    for (const char* endpoint : {"/v1/transform/prepare", "/v1/transform/presize"}) {
+      Result<std::string> r = a.Handle("POST", endpoint, bad);
+      ASSERT_FALSE(r.ok()) << endpoint << " " << bad;
+      EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument)
+          << endpoint << " " << bad << ": " << r.status().ToString();
+    }
   }
+  EXPECT_EQ(a.Handle("GET", "/v1/transform/presize", "").status().code(),
+            StatusCode::kInvalidArgument);
   EXPECT_EQ(a.Handle("GET", "/v1/transform/prepare", "").status().code(),
             StatusCode::kInvalidArgument);
   EXPECT_EQ(a.Handle("GET", "/v1/transform/nothing", "").status().code(), StatusCode::kNotFound);

@@ -46,16 +46,13 @@ Result<MappedSources> MapSources(const store::Store& store, const std::string& j
   return m;
 }
 
-Result<std::set<std::pair<int, int>>> LinkUnchanged(store::Store& store, const std::string& job,
-                                                    uint64_t from_version, uint64_t to_version,
-                                                    const Layout& from, const Layout& to,
-                                                    const plan::Plan& plan,
-                                                    const std::vector<int>* from_hosts,
-                                                    const std::vector<int>* to_hosts, int host,
-                                                    int64_t* bytes) {
+std::set<std::pair<int, int>> UnchangedTensors(const Layout& from, const Layout& to,
+                                               const plan::Plan& plan,
+                                               const std::vector<int>* from_hosts,
+                                               const std::vector<int>* to_hosts, int host) {
   std::set<std::pair<int, int>> written;  // destinations of ops: never linked
   for (const plan::CopyOp& op : plan.ops) written.insert({op.dst_rank, op.dst_tensor});
-  std::set<std::pair<int, int>> linked;
+  std::set<std::pair<int, int>> same;
   for (const RankLayout& r : to.ranks) {
     if (r.rank >= from.world_size()) continue;
     if (to_hosts != nullptr && to_hosts->at(r.rank) != host) continue;
@@ -64,7 +61,7 @@ Result<std::set<std::pair<int, int>>> LinkUnchanged(store::Store& store, const s
     for (std::size_t i = 0; i < r.tensors->size(); ++i) {
       const LocalTensor& t = (*r.tensors)[i];
       if (written.count({r.rank, static_cast<int>(i)})) continue;
-      auto same = std::find_if(old.begin(), old.end(), [&](const LocalTensor& o) {
+      auto it = std::find_if(old.begin(), old.end(), [&](const LocalTensor& o) {
         if (o.name != t.name || o.dtype != t.dtype || o.shape != t.shape ||
             o.pieces.size() != t.pieces.size()) {
           return false;
@@ -77,16 +74,43 @@ Result<std::set<std::pair<int, int>>> LinkUnchanged(store::Store& store, const s
         }
         return true;
       });
-      if (same == old.end()) continue;
-      TP_RETURN_IF_ERROR(store
-                             .Link(store::TensorPathOf(job, from_version, r.rank, t.name),
-                                   store::TensorPathOf(job, to_version, r.rank, t.name))
-                             .status());
-      linked.insert({r.rank, static_cast<int>(i)});
-      *bytes += t.bytes();
+      if (it != old.end()) same.insert({r.rank, static_cast<int>(i)});
     }
   }
-  return linked;
+  return same;
+}
+
+std::vector<uint64_t> NewTensorBytes(const Layout& to, const std::vector<int>* to_hosts, int host,
+                                     const std::set<std::pair<int, int>>& unchanged) {
+  std::vector<uint64_t> sizes;
+  for (const RankLayout& r : to.ranks) {
+    if (to_hosts != nullptr && to_hosts->at(r.rank) != host) continue;
+    for (std::size_t i = 0; i < r.tensors->size(); ++i) {
+      if (!unchanged.count({r.rank, static_cast<int>(i)}))
+        sizes.push_back(static_cast<uint64_t>((*r.tensors)[i].bytes()));
+    }
+  }
+  return sizes;
+}
+
+Result<std::set<std::pair<int, int>>> LinkUnchanged(store::Store& store, const std::string& job,
+                                                    uint64_t from_version, uint64_t to_version,
+                                                    const Layout& from, const Layout& to,
+                                                    const plan::Plan& plan,
+                                                    const std::vector<int>* from_hosts,
+                                                    const std::vector<int>* to_hosts, int host,
+                                                    int64_t* bytes) {
+  const std::set<std::pair<int, int>> same =
+      UnchangedTensors(from, to, plan, from_hosts, to_hosts, host);
+  for (const auto& [rank, i] : same) {
+    const LocalTensor& t = (*to.ranks[rank].tensors)[i];
+    TP_RETURN_IF_ERROR(store
+                           .Link(store::TensorPathOf(job, from_version, rank, t.name),
+                                 store::TensorPathOf(job, to_version, rank, t.name))
+                           .status());
+    *bytes += t.bytes();
+  }
+  return same;
 }
 
 Result<MappedDests> AllocateDests(store::Store& store, const std::string& job, uint64_t version,

@@ -58,6 +58,17 @@ Result<MappedDests> AllocateDests(store::Store& store, const std::string& job, u
 // writes them. They are linked into the new version (Store::Link: the same pages, no
 // allocation, no copy) instead of allocated and copied; returns them as (rank,
 // tensor index) and adds their bytes to *bytes. hosts null: every rank on this host.
+// Which tensors LinkUnchanged links, from the layouts and the plan alone (no store).
+std::set<std::pair<int, int>> UnchangedTensors(const Layout& from, const Layout& to,
+                                               const plan::Plan& plan,
+                                               const std::vector<int>* from_hosts,
+                                               const std::vector<int>* to_hosts, int host);
+
+// The sizes of the files a transform allocates on this host (every new tensor of its
+// ranks but the unchanged ones), for pre-sizing its page pool (Store::FillPool).
+std::vector<uint64_t> NewTensorBytes(const Layout& to, const std::vector<int>* to_hosts, int host,
+                                     const std::set<std::pair<int, int>>& unchanged);
+
 Result<std::set<std::pair<int, int>>> LinkUnchanged(
     store::Store& store, const std::string& job, uint64_t from_version, uint64_t to_version,
     const Layout& from, const Layout& to, const plan::Plan& plan,
