@@ -42,17 +42,18 @@ Status PrintPresized(const TransformOpts& o, const transform::ClusterTransformSt
                        {"pooled_bytes", h.pooled_bytes},
                        {"seconds", h.seconds}});
     }
-    nlohmann::json j = {{"from_version", s.from_version}, {"from", s.from_config},
-                        {"to", s.to_config},              {"new_hosts", s.new_hosts},
-                        {"seconds", s.seconds},           {"presized", hosts}};
+    nlohmann::json j = {
+        {"from_version", s.from_version}, {"from", s.from_config}, {"to", s.to_config},
+        {"new_hosts", s.new_hosts},       {"seconds", s.seconds},  {"presized", hosts}};
     std::printf("%s\n", j.dump(2).c_str());
     return Status::Ok();
   }
   for (const transform::HostPresizeReport& h : s.presized) {
-    std::printf("%s: pool %s for the %s this transform allocates there (%s in files large enough "
-                "to pool) (%.2f s)\n",
-                h.url.c_str(), HumanBytes(h.pooled_bytes).c_str(),
-                HumanBytes(h.wanted_bytes).c_str(), HumanBytes(h.poolable_bytes).c_str(), h.seconds);
+    std::printf(
+        "%s: pool %s for the %s this transform allocates there (%s in files large enough "
+        "to pool) (%.2f s)\n",
+        h.url.c_str(), HumanBytes(h.pooled_bytes).c_str(), HumanBytes(h.wanted_bytes).c_str(),
+        HumanBytes(h.poolable_bytes).c_str(), h.seconds);
   }
   std::printf("pre-sized version %llu (%s) -> %s on %zu hosts in %.2f s\n",
               static_cast<unsigned long long>(s.from_version), s.from_config.c_str(),

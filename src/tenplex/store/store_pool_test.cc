@@ -322,7 +322,8 @@ TEST(PoolTest, FillPoolPresizesForAJobThisHostDoesNotHoldYet) {
     auto w = s->Allocate(Path("new", 1, name), DType::kF32, ShapeOf(bytes));
     ASSERT_TRUE(w.ok()) << w.status().ToString();
     EXPECT_TRUE(pooled.count(Inode(w->info().file))) << name;
-    EXPECT_EQ(std::vector<uint8_t>(w->data(), w->data() + w->size()), std::vector<uint8_t>(bytes, 0));
+    EXPECT_EQ(std::vector<uint8_t>(w->data(), w->data() + w->size()),
+              std::vector<uint8_t>(bytes, 0));
     want.push_back(RandomBytes(bytes, bytes));
     std::memcpy(w->data(), want.back().data(), bytes);
   }

@@ -659,12 +659,9 @@ Result<std::string> Agent::Impl::Presize(const std::string& body) {
   }
   ReleaseScratch();  // as a prepare would: the pool needs the room more than a probe
   TP_ASSIGN_OR_RETURN(uint64_t pooled, store.FillPool(r.job, sizes));
-  json reply = {{"host", r.host},
-                {"tensors", sizes.size()},
-                {"wanted_bytes", wanted},
-                {"poolable_bytes", poolable},
-                {"pooled_bytes", pooled},
-                {"pool_limit", store.page_pool_limit()},
+  json reply = {{"host", r.host},         {"tensors", sizes.size()},
+                {"wanted_bytes", wanted}, {"poolable_bytes", poolable},
+                {"pooled_bytes", pooled}, {"pool_limit", store.page_pool_limit()},
                 {"seconds", Since(t0)}};
   return reply.dump();
 }

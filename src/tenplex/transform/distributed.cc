@@ -224,11 +224,11 @@ Status PresizeRound(const std::vector<Host>& hosts, const std::string& job, cons
   for (std::size_t i = 0; i < participants.size(); ++i) {
     PrepareRequest mine = req;
     mine.host = participants[i];
-    threads.emplace_back([&replies, i, url = hosts[participants[i]].url,
-                          text = EncodePrepare(mine), long_opts] {
-      Result<std::unique_ptr<store::Client>> c = store::Client::Connect(url, long_opts);
-      replies[i] = c.ok() ? (*c)->CallJson("POST", "/v1/transform/presize", text) : c.status();
-    });
+    threads.emplace_back(
+        [&replies, i, url = hosts[participants[i]].url, text = EncodePrepare(mine), long_opts] {
+          Result<std::unique_ptr<store::Client>> c = store::Client::Connect(url, long_opts);
+          replies[i] = c.ok() ? (*c)->CallJson("POST", "/v1/transform/presize", text) : c.status();
+        });
   }
   for (std::thread& t : threads) t.join();
   for (std::size_t i = 0; i < participants.size(); ++i) {

@@ -78,7 +78,7 @@ struct HostPresizeReport {
   std::string url;
   int64_t wanted_bytes = 0;    // its new tensors' bytes
   int64_t poolable_bytes = 0;  // of those, the tensors large enough to pool
-  int64_t pooled_bytes = 0;  // the job's pool on it afterwards
+  int64_t pooled_bytes = 0;    // the job's pool on it afterwards
   double seconds = 0;
 };
 
@@ -105,7 +105,7 @@ struct ClusterTransformStats {
   // Participants whose commit reply never came: the decision is commit and stands (their
   // prepared version is durable and committed by the next operation on the job).
   std::vector<std::string> unconfirmed_hosts;
-  std::vector<std::string> recovered;  // what the recovery at the start did (two_phase.h)
+  std::vector<std::string> recovered;       // what the recovery at the start did (two_phase.h)
   std::vector<HostPresizeReport> presized;  // presize_only: every participant
 };
 
