@@ -245,6 +245,24 @@ Result<plan::Plan> CoordinatorsPlan(const Model& model, const PrepareRequest& r,
   return p;
 }
 
+// What a prepare (or presize) request asks of this host: the request, the old and new
+// layouts, and the coordinator's plan, checked against this host's own.
+struct PlannedRequest {
+  DecodedPrepare d;
+  Layout from, to;
+  plan::Plan plan;
+};
+
+Result<PlannedRequest> PlanRequest(const std::string& body) {
+  PlannedRequest q;
+  TP_ASSIGN_OR_RETURN(q.d, DecodePrepare(body));
+  const Model& model = q.d.from.model();
+  TP_ASSIGN_OR_RETURN(q.from, MakeLayout(model, q.d.from.config()));
+  TP_ASSIGN_OR_RETURN(q.to, MakeLayout(model, q.d.request.to_config));
+  TP_ASSIGN_OR_RETURN(q.plan, CoordinatorsPlan(model, q.d.request, q.from, q.to));
+  return q;
+}
+
 // The reply to a prepare that wrote version v.
 std::string PrepareReply(uint64_t v, int host, const HostExecStats& ex, int64_t bytes_linked,
                          int64_t shm_bytes, int shm_peers, double plan_seconds,
@@ -363,13 +381,12 @@ void Agent::Impl::CountPrepare(const Result<HostExecStats>& ex, int64_t bytes_li
 
 Result<std::string> Agent::Impl::Prepare(const std::string& body) {
   const auto t0 = std::chrono::steady_clock::now();
-  TP_ASSIGN_OR_RETURN(DecodedPrepare d, DecodePrepare(body));
-  const PrepareRequest& r = d.request;
+  TP_ASSIGN_OR_RETURN(PlannedRequest q, PlanRequest(body));
+  const PrepareRequest& r = q.d.request;
+  const Layout& from = q.from;
+  const Layout& to = q.to;
+  const plan::Plan& p = q.plan;
   ReleaseScratch();  // a transform needs the memory more than a later probe
-  const Model& model = d.from.model();
-  TP_ASSIGN_OR_RETURN(Layout from, MakeLayout(model, d.from.config()));
-  TP_ASSIGN_OR_RETURN(Layout to, MakeLayout(model, r.to_config));
-  TP_ASSIGN_OR_RETURN(plan::Plan p, CoordinatorsPlan(model, r, from, to));
   const double plan_seconds = Since(t0);
   WarmServed(r, from, p);
   TP_ASSIGN_OR_RETURN(MappedSources src,
@@ -644,14 +661,11 @@ std::string Agent::Impl::MetricsText() {
 // the prepare that follows allocates them from warm pages (store.h, the page pool).
 Result<std::string> Agent::Impl::Presize(const std::string& body) {
   const auto t0 = std::chrono::steady_clock::now();
-  TP_ASSIGN_OR_RETURN(DecodedPrepare d, DecodePrepare(body));
-  const PrepareRequest& r = d.request;
-  const Model& model = d.from.model();
-  TP_ASSIGN_OR_RETURN(Layout from, MakeLayout(model, d.from.config()));
-  TP_ASSIGN_OR_RETURN(Layout to, MakeLayout(model, r.to_config));
-  TP_ASSIGN_OR_RETURN(plan::Plan p, CoordinatorsPlan(model, r, from, to));
-  const std::vector<uint64_t> sizes = NewTensorBytes(
-      to, &r.to_hosts, r.host, UnchangedTensors(from, to, p, &r.from_hosts, &r.to_hosts, r.host));
+  TP_ASSIGN_OR_RETURN(PlannedRequest q, PlanRequest(body));
+  const PrepareRequest& r = q.d.request;
+  const std::vector<uint64_t> sizes =
+      NewTensorBytes(q.to, &r.to_hosts, r.host,
+                     UnchangedTensors(q.from, q.to, q.plan, &r.from_hosts, &r.to_hosts, r.host));
   uint64_t wanted = 0, poolable = 0;
   for (uint64_t b : sizes) {
     wanted += b;
