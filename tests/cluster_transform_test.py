@@ -165,6 +165,9 @@ def main():
         check("pre-sized version %d" % before[0] in text, "presize summary: %r" % text)
         run("transform", "--cluster", cluster, "--job", "j", "--to", "tp=2,pp=2,dp=2", "--presize", "--central",
             expect_ok=False)
+        p = run("transform", "--cluster", cluster, "--job", "j", "--to", "tp=2,pp=2,dp=2", "--presize", "--recover",
+                expect_ok=False)
+        check("not with --central or --recover" in p.stderr, "--presize --recover: %r" % p.stderr)
         s = transform(cluster, "tp=2,pp=2,dp=2", "--to-cluster", other)
         check(s["new_hosts"] == [d.url for d in extra], "new hosts %r" % s["new_hosts"])
         # What each new host was asked to pre-size is what it holds now (its only version).

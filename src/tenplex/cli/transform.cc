@@ -86,6 +86,9 @@ Status Recover(const TransformOpts& o, const transform::Cluster& cluster) {
 
 Status Transform(const TransformOpts& o) {
   TP_ASSIGN_OR_RETURN(transform::Cluster cluster, transform::ReadClusterFile(o.cluster));
+  if (o.presize && (o.central || o.recover))
+    return InvalidArgument(
+        "--presize is for the distributed transform: not with --central or --recover");
   if (o.recover) return Recover(o, cluster);
   if (o.to.empty()) return InvalidArgument("--to is required (unless --recover)");
   transform::ClusterTransformOptions opts;
@@ -101,8 +104,6 @@ Status Transform(const TransformOpts& o) {
   opts.central = o.central;
   opts.local_peer_reads = !o.no_local_reads;
   opts.presize_only = o.presize;
-  if (o.presize && (o.central || o.recover))
-    return InvalidArgument("--presize is for the distributed transform: not with --central");
   TP_ASSIGN_OR_RETURN(store::ClientOptions co, ClusterClientOptions(o.token));
   if (!o.quiet && GetLogLevel() != LogLevel::kQuiet)
     opts.log = [](const std::string& line) {
