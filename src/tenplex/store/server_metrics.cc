@@ -94,6 +94,10 @@ std::string Server::Impl::Metrics() {
   Metric(out, "tenplex_store_pool_bytes", "gauge",
          "Bytes of released tensor files kept for recycling (the page pool).");
   out += "tenplex_store_pool_bytes " + std::to_string(store.pool_bytes()) + "\n";
+  Metric(out, "tenplex_store_pool_clean_reused_bytes", "counter",
+         "Bytes of pre-sized pool files new tensors took without zeroing them again.");
+  out += "tenplex_store_pool_clean_reused_bytes " +
+         std::to_string(store.pool_clean_reused_bytes()) + "\n";
   uint64_t jobs = 0, open = 0, committed = 0, tensors = 0;
   for (const std::string& name : store.Jobs()) {
     auto j = store.Job(name);

@@ -23,6 +23,8 @@ uint64_t Store::pool_bytes() const {
 
 uint64_t Store::page_pool_limit() const { return impl_->pool_limit; }
 
+uint64_t Store::pool_clean_reused_bytes() const { return impl_->clean_reused.load(); }
+
 Result<std::shared_ptr<void>> Store::Reserve(uint64_t bytes, const std::string& what) {
   {
     std::lock_guard<std::mutex> lock(impl_->mu);

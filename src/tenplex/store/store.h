@@ -168,6 +168,9 @@ class Store {
   // limit besides used_bytes) and the pool's bound.
   uint64_t pool_bytes() const;
   uint64_t page_pool_limit() const;
+  // Bytes of pre-sized pool files (FillPool, presize_pool) that new tensors took while
+  // still clean (never written), and so without zeroing them again; since Open.
+  uint64_t pool_clean_reused_bytes() const;
   // Pre-sizes the pool for a version that is about to be written here (a transform
   // planned onto this host, which may not hold the job yet): makes files of these sizes
   // (pages allocated and mapped) for `job` until its pool holds sum(sizes) bytes, as far

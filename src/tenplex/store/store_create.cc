@@ -74,9 +74,12 @@ Status ZeroByPwrite(const std::string& file, uint64_t bytes) {
 
 // Recycles p.reuse (a pooled file of the same job) as `tmp`: renamed, truncated to
 // p.bytes, then either written completely by fill or zeroed (through its kept map
-// when it has one), so no byte of the tensor it held before stays visible.
+// when it has one), so no byte of the tensor it held before stays visible. A clean
+// file (pre-sized, never written) is all zeros already: truncating it only shortens
+// it, so it is not zeroed again. Adds the bytes of a clean file so used to *clean.
 Status Recycle(PendingTensor& p, const std::string& tmp,
-               const std::function<Status(TensorSink&)>* fill, bool map) {
+               const std::function<Status(TensorSink&)>* fill, bool map,
+               std::atomic<uint64_t>* clean) {
   PoolEntry e = std::move(*p.reuse);
   p.reuse.reset();
   if (::rename(e.file.c_str(), tmp.c_str()) != 0) {
@@ -91,12 +94,17 @@ Status Recycle(PendingTensor& p, const std::string& tmp,
   if (fill) {
     TP_RETURN_IF_ERROR(FillFile(tmp, p.bytes, *fill, /*exists=*/true)
                            .WithContext(p.path.WithVersion(*p.path.version)));
-  } else if (e.map) {
-    ParallelZero(e.map->data(), p.bytes);
-  } else if (map) {
+    p.map = std::move(e.map);
+    return Status::Ok();
+  }
+  if (!e.map && map) {
     auto m = ShmMapping::Map(tmp, 0, p.bytes, /*writable=*/true, /*populate=*/true);
     if (!m.ok()) return m.status();
     e.map = std::make_shared<ShmMapping>(std::move(m).value());
+  }
+  if (e.clean) {
+    clean->fetch_add(p.bytes, std::memory_order_relaxed);
+  } else if (e.map) {
     ParallelZero(e.map->data(), p.bytes);
   } else {
     TP_RETURN_IF_ERROR(ZeroByPwrite(tmp, p.bytes));
@@ -108,9 +116,10 @@ Status Recycle(PendingTensor& p, const std::string& tmp,
 // Writes p's bytes into the temporary file `tmp`: from fill, else allocated and (with
 // map) mapped writable into p.map. p.tmp is set once there is a file to remove.
 Status WriteTmp(PendingTensor& p, const std::string& tmp,
-                const std::function<Status(TensorSink&)>* fill, bool map) {
+                const std::function<Status(TensorSink&)>* fill, bool map,
+                std::atomic<uint64_t>* clean) {
   if (p.reuse) {
-    Status s = Recycle(p, tmp, fill, map);
+    Status s = Recycle(p, tmp, fill, map, clean);
     if (s.ok() || fill) return s;
     // A recycled file that failed (an internal error): a fresh one instead.
     if (!p.tmp.empty()) ::unlink(p.tmp.c_str());
@@ -178,7 +187,7 @@ Result<std::vector<TensorInfo>> Store::Impl::Create(const std::vector<AllocReque
   Sweep();  // files the reservation evicted from the pool
   TP_RETURN_IF_ERROR(reserved);
   for (PendingTensor& p : pend) {
-    Status s = WriteTmp(p, TmpName(), fill, maps != nullptr);
+    Status s = WriteTmp(p, TmpName(), fill, maps != nullptr, &clean_reused);
     if (s.ok()) continue;
     for (PendingTensor& q : pend) {
       if (!q.tmp.empty()) ::unlink(q.tmp.c_str());

@@ -67,6 +67,9 @@ struct PoolEntry {
   uint64_t bytes = 0;
   uint64_t seq = 0;                 // eviction order: oldest first
   std::shared_ptr<ShmMapping> map;  // may be null
+  // Made by FillPool and never handed out: every byte is still the file system's zero,
+  // so recycling it needs no zeroing (a released version's file always does).
+  bool clean = false;
 };
 
 struct VersionState {
@@ -189,6 +192,8 @@ struct Store::Impl {
                         const std::vector<uint64_t>& sizes, bool job_must_exist);
   uint64_t PooledFor(const std::string& job) const;
   void StopPresizer();
+  // Bytes of clean pooled files recycled without zeroing (pool_clean_reused_bytes).
+  std::atomic<uint64_t> clean_reused{0};
 
   // Moves a directory to trash/ (fast, under mu); the caller removes the returned
   // path after releasing mu.

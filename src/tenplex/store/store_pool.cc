@@ -168,6 +168,7 @@ Status Store::Impl::FillPoolLocked(std::unique_lock<std::mutex>& lock, const std
       continue;
     }
     e.seq = counter.fetch_add(1);
+    e.clean = true;
     ReturnPooled(job, std::move(e));
     have += bytes;
   }

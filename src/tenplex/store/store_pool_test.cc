@@ -346,6 +346,39 @@ TEST(PoolTest, FillPoolPresizesForAJobThisHostDoesNotHoldYet) {
   EXPECT_EQ(off->FillPool("../x", {2 * kMiB}).status().code(), StatusCode::kInvalidArgument);
 }
 
+// A pre-sized file is taken without zeroing it again (it was never written); once a
+// tensor has written it and its version is released, it is a dirty file like any
+// other and is zeroed when recycled. Either way the new tensor reads all zeros.
+TEST(PoolTest, CleanPresizedFilesSkipZeroingDirtyOnesDoNot) {
+  auto s = OpenStore(PoolOf(64 * kMiB));
+  ASSERT_EQ(*s->FillPool("j", {4 * kMiB}), 4 * kMiB);
+  const ino_t pre = Inode(fs::directory_iterator(s->shm_dir() + "/pool")->path().string());
+  EXPECT_EQ(s->pool_clean_reused_bytes(), 0u);
+  ASSERT_TRUE(s->BeginVersion("j", 1).ok());
+  {
+    // A smaller tensor takes it (truncated): still all zeros, counted as clean.
+    auto w = s->Allocate(Path("j", 1, "a"), DType::kF32, ShapeOf(3 * kMiB));
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    EXPECT_EQ(Inode(w->info().file), pre);
+    EXPECT_EQ(std::vector<uint8_t>(w->data(), w->data() + w->size()),
+              std::vector<uint8_t>(3 * kMiB, 0));
+    EXPECT_EQ(s->pool_clean_reused_bytes(), 3 * kMiB);
+    auto a = RandomBytes(3 * kMiB, 7);
+    std::memcpy(w->data(), a.data(), a.size());
+  }  // the writer's map is released
+  ASSERT_TRUE(s->Commit("j", 1).ok());
+  CommitSmall(*s, "j", 2);  // version 1 released: its file is pooled, dirty
+  EXPECT_EQ(s->pool_bytes(), 3 * kMiB);
+
+  ASSERT_TRUE(s->BeginVersion("j", 3).ok());
+  auto x = s->Allocate(Path("j", 3, "x"), DType::kF32, ShapeOf(2 * kMiB));
+  ASSERT_TRUE(x.ok()) << x.status().ToString();
+  EXPECT_EQ(Inode(x->info().file), pre);  // the same file, now dirty
+  EXPECT_EQ(std::vector<uint8_t>(x->data(), x->data() + x->size()),
+            std::vector<uint8_t>(2 * kMiB, 0));
+  EXPECT_EQ(s->pool_clean_reused_bytes(), 3 * kMiB);  // zeroed, not counted
+}
+
 TEST(PoolTest, RestartIgnoresAndClearsALeftoverPool) {
   std::string dir = "/dev/shm/tenplex-pool-test-" + std::to_string(::getpid());
   if (!fs::is_directory("/dev/shm")) dir = fs::temp_directory_path().string() + dir.substr(8);
