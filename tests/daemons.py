@@ -62,6 +62,14 @@ class Daemon:
     def get(self, path):
         return self.call("GET", path, timeout=20)
 
+    def metric(self, name):
+        """The value of an unlabelled metric of GET /metrics (an int)."""
+        with urllib.request.urlopen(self.url + "/metrics", timeout=20) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith(name + " "):
+                    return int(float(line.split()[1]))
+        raise SystemExit("FAIL: no metric %s at %s" % (name, self.url))
+
     def kill(self):
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)

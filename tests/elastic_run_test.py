@@ -1,7 +1,8 @@
 """End to end: an elastic schedule (tensor and pipeline changes, a killed worker) gives the
 same samples and losses, step by step, as a static run of the same steps.
 
-usage: elastic_run_test.py TENPLEX_BIN REPO_ROOT [--cluster] [--commit-every N] [--lose-host] [--resume] [--warm]
+usage: elastic_run_test.py TENPLEX_BIN REPO_ROOT [--cluster] [--commit-every N] [--lose-host] [--resume]
+                           [--presize] [--warm]
 
 With --cluster the elastic run keeps its state in 2 store daemons (1 GPU per host), so
 every reconfiguration is a distributed transform over UCX between them; the static
@@ -14,7 +15,12 @@ there: same samples and losses as the static run, the daemon gone. With --resume
 stops at step 3 with its state in --shm-dir, and a second `tenplex run` with the same
 --shm-dir and --job continues from that commit in another config: steps 3-5 have the
 static run's samples and losses, the log keeps the first run's lines (with --cluster:
-the same with the state in 2 store daemons). With --warm the elastic run keeps its
+the same with the state in 2 store daemons). With --presize (2 daemons, 1 GPU each,
+--commit-every 1) the run makes the next config's new tensors ahead in the daemons' page
+pools while the old config trains (StateBackend::PresizeAhead): the joining host's
+transform takes exactly its pooled-size tensors from the pool without zeroing them
+(its tenplex_store_pool_clean_reused_bytes), same losses; with --no-presize nothing is
+pre-sized. With --warm the elastic run keeps its
 workers alive across the changes and the kill (`tenplex run --warm`): the same checks,
 and only the killed rank's replacement starts a new process (ahead, as a spare).
 """
@@ -106,7 +112,10 @@ def main():
     ap.add_argument("--lose-host", action="store_true")
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--warm", action="store_true", help="the elastic run keeps its workers alive (run --warm)")
+    ap.add_argument("--presize", action="store_true")
     a = ap.parse_args()
+    if a.presize:
+        return presize(a.tenplex, a.repo)
     if a.resume:
         return resume(a.tenplex, a.repo, a.cluster)
     if a.lose_host:
@@ -310,6 +319,75 @@ def resume(tenplex, repo, use_cluster):
             check("nothing to run" in err3, f"a finished job has nothing to run: {err3.strip()}")
         finally:
             shutil.rmtree(shm, ignore_errors=True)
+            for d in daemons:
+                d.stop()
+    check.finish()
+
+
+POOL_MIN_BYTES = 256 << 10  # store.h kPoolMinBytes: smaller tensors are never pooled
+DTYPE_BYTES = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8, "I64": 8, "I32": 4, "U8": 1, "I8": 1}
+
+
+def poolable_bytes(daemon, job):
+    """Bytes of the tensors of job's committed version on daemon that are large enough to
+    pool (the layout oracle of what a pre-sized transform takes from the pool)."""
+    v = daemon.get("/v1/jobs/" + job)["current"]
+    total = 0
+    for t in daemon.get("/v1/list/jobs/%s/%d/?detail=1" % (job, v)):
+        n = DTYPE_BYTES[t["dtype"].upper()]
+        for d in t["shape"]:
+            n *= d
+        total += n if n >= POOL_MIN_BYTES else 0
+    return total
+
+
+def presize(tenplex, repo):
+    check = Checks()
+    with tempfile.TemporaryDirectory() as tmp:
+        daemons = [Daemon(tenplex) for _ in range(2)]
+        cluster = os.path.join(tmp, "cluster.json")
+        write_cluster(cluster, daemons, 1)
+        try:
+            # Embeddings of 2048 x 128 fp32 (512 KiB per tp=2 slice, with Adam's states):
+            # large enough to pool; the layers' tensors are not.
+            model = os.path.join(tmp, "model.json")
+            subprocess.run([tenplex, "model", "gpt", "--num-layers", "2", "--hidden-size", "128",
+                            "--num-attention-heads", "4", "--vocab-size", "2048", "--max-position-embeddings", "32",
+                            "-o", model], check=True)
+            n = 4
+            static_log, _ = run(tenplex, repo, tmp, "static", [{"step": 0, "config": "tp=1"},
+                                                               {"step": n, "stop": True}], model)
+            sched = [{"step": 0, "config": "tp=1"}, {"step": 2, "config": "tp=2"}, {"step": n, "stop": True}]
+            clean = [d.metric("tenplex_store_pool_clean_reused_bytes") for d in daemons]
+            log, out, err = run(tenplex, repo, tmp, "presized", sched, model, baseline=static_log, cluster=cluster,
+                                commit_every=1, extra=["--json", "--job", "p"])
+            r = json.loads(out)["reconfigurations"]
+            check(len(r) == 1 and r[0]["presize_poolable_bytes"] > 0 and
+                  r[0]["presize_pooled_bytes"] == r[0]["presize_poolable_bytes"] and r[0]["presize_seconds"] > 0,
+                  f"the reconfiguration was pre-sized ahead, every poolable byte pooled: {r}")
+            got, _ = steps_of(log)
+            base, _ = steps_of(static_log)
+            check(sorted(got) == list(range(n)), f"every step logged: {sorted(got)}")
+            check_steps(check, got, base, n)
+            after = [d.metric("tenplex_store_pool_clean_reused_bytes") for d in daemons]
+            # Host 1 held nothing of the job: every one of its new tensors large enough
+            # to pool came out of the pre-sized pool, unzeroed.
+            want = poolable_bytes(daemons[1], "p")
+            check(want > 0 and after[1] - clean[1] == want,
+                  f"host 1 took its {want} poolable bytes clean from the pool: {after[1] - clean[1]}")
+            check(after[0] - clean[0] > 0, f"host 0 took pre-sized files too: {after[0] - clean[0]}")
+            check("pre-sizing" not in err, "no pre-sizing failure reported")
+
+            log2, out2, _ = run(tenplex, repo, tmp, "plain", sched, model, baseline=static_log, cluster=cluster,
+                                commit_every=1, extra=["--json", "--job", "q", "--no-presize"])
+            r2 = json.loads(out2)["reconfigurations"]
+            check(len(r2) == 1 and r2[0]["presize_poolable_bytes"] == 0 and r2[0]["presize_pooled_bytes"] == 0,
+                  f"--no-presize: nothing pre-sized: {r2}")
+            check([d.metric("tenplex_store_pool_clean_reused_bytes") for d in daemons] == after,
+                  "--no-presize: no clean pool file taken")
+            got2, _ = steps_of(log2)
+            check_steps(check, got2, base, n)
+        finally:
             for d in daemons:
                 d.stop()
     check.finish()

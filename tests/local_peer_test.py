@@ -37,18 +37,9 @@ def run(*args, expect_ok=True):
     return run_cli(TENPLEX, *args, expect_ok=expect_ok)
 
 
-def metric(daemon, name):
-    import urllib.request
-    with urllib.request.urlopen(daemon.url + "/metrics", timeout=20) as r:
-        for line in r.read().decode().splitlines():
-            if line.startswith(name + " "):
-                return int(float(line.split()[1]))
-    raise SystemExit("FAIL: no metric %s" % name)
-
-
 def counters(daemons):
-    return [(metric(d, "tenplex_transform_fetched_shm_bytes_total"),
-             metric(d, "tenplex_fetch_served_bytes_total")) for d in daemons]
+    return [(d.metric("tenplex_transform_fetched_shm_bytes_total"),
+             d.metric("tenplex_fetch_served_bytes_total")) for d in daemons]
 
 
 def transform(cluster, job, to, *extra):
@@ -93,7 +84,7 @@ def main():
         check(shm == fetched, "not every byte went through the files: %r" % s["hosts"])
         check(sum(x[0] - y[0] for x, y in zip(after, before)) == fetched, "shm metric %r %r" % (before, after))
         check(all(x[1] == y[1] for x, y in zip(after, before)), "UCX served bytes: %r %r" % (before, after))
-        check(metric(a, "tenplex_peer_files_located_total") > 0, "a located no file for b")
+        check(a.metric("tenplex_peer_files_located_total") > 0, "a located no file for b")
         verify(tmp, cluster, "j")
 
         # The same daemons with the data plane only.

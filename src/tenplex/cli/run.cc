@@ -44,6 +44,10 @@ void RegisterRun(CLI::App& app, Context& ctx) {
                 "Keep workers alive across reconfigurations and failures: they re-join the new "
                 "world and re-map their state; only added ranks start new processes (the command "
                 "must speak --warm-control, as examples/gpt/train.py does; docs/runtime.md)");
+  auto no_presize = std::make_shared<bool>(false);
+  cmd->add_flag("--no-presize", *no_presize,
+                "With --cluster: do not make the next config's new tensors ahead on its hosts "
+                "while the current config trains (docs/runtime.md)");
   cmd->add_flag("--rebalance", o->rebalance,
                 "Measure per-rank speeds (rank_seconds) and move to an uneven split (tp_weights, "
                 "dp_weights, layers=) when the predicted gain exceeds the reconfiguration cost "
@@ -65,7 +69,8 @@ void RegisterRun(CLI::App& app, Context& ctx) {
   auto json = std::make_shared<bool>(false);
   cmd->add_flag("--json", *json, "Print the summary as one JSON object (steps, reconfigurations)");
   cmd->add_option("command", o->command, "Worker command and arguments (after --)")->required();
-  cmd->callback([o, quiet, json, token, &ctx] {
+  cmd->callback([o, quiet, json, token, no_presize, &ctx] {
+    o->presize = !*no_presize;
     Result<std::string> t = ResolveToken(*token);
     if (!t.ok()) return Finish(ctx, t.status());
     o->token = *t;

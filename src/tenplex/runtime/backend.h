@@ -59,9 +59,26 @@ class StateBackend {
     // Payload fetched from other hosts, and the plan's cross-host lower bound (0 on one
     // host).
     int64_t bytes_cross_host = 0, cross_host_lower_bound = 0;
+    // The PresizeAhead before it, if one ran: the new bytes large enough to pool, how many
+    // of them the hosts' pools held afterwards, its seconds (off the transform's path)
+    // and its error (best effort: the transform then allocates them itself).
+    bool presized = false;
+    int64_t presize_poolable_bytes = 0, presize_pooled_bytes = 0;
+    double presize_seconds = 0;
+    std::string presize_error = {};
   };
-  // Transforms the committed version to `to`, committed.
+  // Transforms the committed version to `to`, committed (after waiting for a
+  // PresizeAhead still running).
   virtual Result<Moved> Transform(const std::string& job, const ParallelConfig& to) = 0;
+  // Starts making, in the background, the new tensors a Transform of the committed
+  // version to `to` will allocate, so that it finds them ready (the cluster backend:
+  // every host with new ranks fills its page pool, POST /v1/transform/presize; a host
+  // that joins holds nothing of the job, so it has nothing else to recycle). Called while
+  // the current config still trains; never writes or commits anything. Default: nothing.
+  virtual void PresizeAhead(const std::string& job, const ParallelConfig& to) {
+    (void)job;
+    (void)to;
+  }
   // Host failures (kill_hosts; the cluster backend only): CheckHosts says whether the
   // indexes name hosts of the cluster file, RanksOnHosts which ranks of a world of
   // `world` ranks live on them, KillHosts kills their daemons (returning their URLs).

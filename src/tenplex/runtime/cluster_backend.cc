@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <future>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -22,6 +23,7 @@ using nlohmann::json;
 namespace {
 
 constexpr int kControlTimeoutS = 30;
+constexpr int kPresizeTimeoutS = 300;
 
 class ClusterBackend : public StateBackend {
  public:
@@ -149,13 +151,51 @@ class ClusterBackend : public StateBackend {
       (void)c->Abort(job, v);  // best effort; NotFound where never begun
   }
 
+  ~ClusterBackend() override { (void)WaitPresize(); }
+
+  void PresizeAhead(const std::string& job, const ParallelConfig& to) override {
+    (void)WaitPresize();  // one at a time; an older one's outcome is superseded
+    presize_to_ = to;
+    presize_ = std::async(std::launch::async,
+                          [from = from_cluster_, live = cluster_, co = co_, job, to]() -> Presized {
+                            transform::ClusterTransformOptions opts;
+                            opts.to = live;
+                            opts.presize_only = true;
+                            // Bounded, so that a run that ends meanwhile does not wait long for it.
+                            opts.prepare_timeout_s = kPresizeTimeoutS;
+                            const auto t0 = Clock::now();
+                            Result<transform::ClusterTransformStats> ts =
+                                transform::TransformCluster(from, job, to, co, opts);
+                            Presized p;
+                            p.seconds = Since(t0);
+                            if (!ts.ok()) {
+                              p.error = ts.status().ToString();
+                              return p;
+                            }
+                            for (const transform::HostPresizeReport& h : ts->presized) {
+                              p.poolable += h.poolable_bytes;
+                              p.pooled += std::min(h.pooled_bytes, h.poolable_bytes);
+                            }
+                            return p;
+                          });
+  }
+
   Result<Moved> Transform(const std::string& job, const ParallelConfig& to) override {
+    std::optional<Presized> ahead = WaitPresize();
+    if (ahead && presize_to_ != to) ahead.reset();  // made for another target
     transform::ClusterTransformOptions opts;
     opts.to = cluster_;  // the live hosts (all of them unless some were killed)
     TP_ASSIGN_OR_RETURN(transform::ClusterTransformStats ts,
                         transform::TransformCluster(from_cluster_, job, to, co_, opts));
     from_cluster_ = cluster_;
     Moved m{ts.to_version, 0, ts.plan.bytes_total, ts.plan.bytes_in_place};
+    if (ahead) {
+      m.presized = true;
+      m.presize_poolable_bytes = ahead->poolable;
+      m.presize_pooled_bytes = ahead->pooled;
+      m.presize_seconds = ahead->seconds;
+      m.presize_error = ahead->error;
+    }
     for (const transform::HostTransformReport& h : ts.hosts) {
       m.bytes_moved += h.bytes_kept + h.bytes_local + h.bytes_fetched;
       m.bytes_cross_host += h.bytes_fetched;
@@ -189,6 +229,7 @@ class ClusterBackend : public StateBackend {
 
   Result<std::vector<std::string>> KillHosts(const std::vector<int>& hosts) override {
     TP_RETURN_IF_ERROR(CheckHosts(hosts));
+    (void)WaitPresize();  // it talks to the daemons about to go
     std::vector<std::string> killed;
     for (int h : hosts) {
       const std::string& url = file_hosts_[h];
@@ -214,12 +255,26 @@ class ClusterBackend : public StateBackend {
   }
 
  private:
+  struct Presized {
+    int64_t poolable = 0, pooled = 0;
+    double seconds = 0;
+    std::string error;
+  };
+
+  // The outcome of the PresizeAhead in flight, once it is done; nullopt when none ran.
+  std::optional<Presized> WaitPresize() {
+    if (!presize_.valid()) return std::nullopt;
+    return presize_.get();
+  }
+
   transform::Cluster cluster_;       // the live hosts
   transform::Cluster from_cluster_;  // where the committed version was placed (incl. lost hosts)
   std::vector<std::string> file_hosts_;
   store::ClientOptions co_;
   std::vector<std::unique_ptr<store::Client>> clients_;
   std::string work_;
+  std::future<Presized> presize_;  // PresizeAhead's, until Transform or KillHosts takes it
+  ParallelConfig presize_to_;
 };
 
 }  // namespace

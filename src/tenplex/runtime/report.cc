@@ -31,7 +31,10 @@ json ReconfigureJson(const ReconfigureRecord& p) {
           {"bytes_in_place", p.bytes_in_place},
           {"after_failure", p.after_failure},
           {"killed_ranks", p.killed},
-          {"lost_steps", p.lost_steps}};
+          {"lost_steps", p.lost_steps},
+          {"presize_poolable_bytes", p.presize_poolable_bytes},
+          {"presize_pooled_bytes", p.presize_pooled_bytes},
+          {"presize_seconds", p.presize_seconds}};
 }
 
 }  // namespace

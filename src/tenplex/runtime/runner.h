@@ -77,6 +77,10 @@ struct RunOptions {
   // kill too; only added ranks start new processes. The command must speak the
   // --warm-control protocol (examples/gpt/train.py does).
   bool warm = false;
+  // With a cluster: once a segment has a committed state, the hosts make the new
+  // tensors of the next entry's config ahead, while it trains (StateBackend::
+  // PresizeAhead), so the transform after it does not allocate them (--no-presize: off).
+  bool presize = true;
   // --rebalance: every rebalance_window steps the workers commit, and the runner reads
   // their rank_seconds; when the rebalance policy (rebalance.h) predicts that an
   // uneven split (tp_weights, dp_weights, layers=) proportional to the measured speeds
@@ -113,6 +117,10 @@ struct ReconfigureRecord {
   // (overlapped), so the three parts can add up to more.
   double seconds = 0;
   int64_t bytes_moved = 0, bytes_total = 0, bytes_in_place = 0;
+  // Pre-sized ahead while the old config trained (not in `seconds`): the new bytes the
+  // hosts could pool and those their pools held, and how long it took.
+  int64_t presize_poolable_bytes = 0, presize_pooled_bytes = 0;
+  double presize_seconds = 0;
   // After a failure: the step that was running, how many finished steps were lost
   // (re-run from the last commit) and the seconds from the kill until that step was
   // done again.

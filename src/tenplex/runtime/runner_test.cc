@@ -61,6 +61,63 @@ TEST_F(RunnerTest, CommitsInStepOrderAndHandsStateOver) {
   EXPECT_EQ(Events("commit").size(), 4u);
 }
 
+// The backend was asked once to pre-size `to` while its committed state was at
+// from_step in from_config.
+void ExpectOnePresize(const runner_testing::FakeBackend& b, const std::string& to,
+                      int64_t from_step, const std::string& from_config) {
+  ASSERT_EQ(b.presizes.size(), 1u);
+  EXPECT_EQ(b.presizes[0].config, to);
+  EXPECT_EQ(b.presizes[0].from_step, from_step);
+  EXPECT_EQ(b.presizes[0].from_config, from_config);
+}
+
+// Pre-sizing (StateBackend::PresizeAhead) asks for the next entry's config as soon as
+// a segment has a committed state in its own config (its first periodic commit, or the
+// state it loads), and the reconfiguration records what the backend reports of it.
+TEST_F(RunnerTest, PresizesTheNextConfigOnceTheSegmentHasState) {
+  o_.commit_every = 2;
+  auto s = RunIt(json::parse(R"([{"step": 0, "config": "dp=2"}, {"step": 4, "config": "tp=2"},
+                                 {"step": 7, "stop": true}])"));
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  // From the commit after step 2 (dp=2); the last segment has no next config.
+  ExpectOnePresize(*backend_, "tp=2,pp=1,dp=1", 2, "tp=1,pp=1,dp=2");
+  ASSERT_EQ(s->reconfigurations.size(), 1u);
+  EXPECT_EQ(s->reconfigurations[0].presize_poolable_bytes, 64);
+  EXPECT_EQ(s->reconfigurations[0].presize_pooled_bytes, 48);
+  EXPECT_DOUBLE_EQ(s->reconfigurations[0].presize_seconds, 0.5);
+  EXPECT_EQ(json::parse(SummaryJson(*s))["reconfigurations"][0]["presize_pooled_bytes"], 48);
+}
+
+TEST_F(RunnerTest, PresizesFromTheLoadedStateAndNotBeforeAKillOrWhenOff) {
+  // No periodic commits: the first segment never has a state to plan from; the second
+  // loads the transformed one (step 2) and pre-sizes the third's config at its launch.
+  auto s = RunIt(json::parse(R"([{"step": 0, "config": "dp=2"}, {"step": 2, "config": "tp=2"},
+                                 {"step": 4, "config": "dp=2"}, {"step": 5, "stop": true}])"));
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  ExpectOnePresize(*backend_, "tp=1,pp=1,dp=2", 2, "tp=2,pp=1,dp=1");
+  ASSERT_EQ(s->reconfigurations.size(), 2u);
+  EXPECT_EQ(s->reconfigurations[0].presize_pooled_bytes, 0);
+  EXPECT_EQ(s->reconfigurations[1].presize_pooled_bytes, 48);
+
+  // A segment with a scheduled kill does not (the transform after it starts from the
+  // survivors), and --no-presize turns it off.
+  for (bool off : {false, true}) {
+    backend_ = std::make_unique<runner_testing::FakeBackend>(dir_);
+    o_.job = off ? "off" : "kill";
+    o_.presize = !off;
+    o_.commit_every = 1;
+    const char* sched =
+        off ? R"([{"step": 0, "config": "dp=2"}, {"step": 2, "config": "tp=2"},
+                  {"step": 3, "stop": true}])"
+            : R"([{"step": 0, "config": "dp=2"}, {"step": 3, "config": "tp=2", "kill_ranks": [1]},
+                  {"step": 4, "stop": true}])";
+    auto t = RunIt(json::parse(sched));
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    EXPECT_EQ(backend_->transforms.size(), 1u) << sched;
+    EXPECT_TRUE(backend_->presizes.empty()) << sched;
+  }
+}
+
 TEST_F(RunnerTest, KillMidSegmentReRunsOnlyTheStepsSinceTheLastCommit) {
   o_.commit_every = 1;
   o_.command.insert(o_.command.end(), {"--step-seconds", "0.3"});  // the kill comes half a step in

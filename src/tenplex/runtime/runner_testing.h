@@ -142,7 +142,22 @@ class FakeBackend : public StateBackend {
     current_ = ++last_;
     infos_[*current_] = info;
     transforms.push_back(to.ToString());
-    return Moved{*current_, 100, 200, 50};
+    Moved m{*current_, 100, 200, 50};
+    if (!presizes.empty() && presizes.back().config == to.ToString()) {
+      m.presized = true;
+      m.presize_poolable_bytes = 64;
+      m.presize_pooled_bytes = 48;
+      m.presize_seconds = 0.5;
+    }
+    return m;
+  }
+  // Records the call with the committed version it would plan from.
+  void PresizeAhead(const std::string&, const ParallelConfig& to) override {
+    std::lock_guard<std::mutex> l(mu_);
+    presizes.push_back({to.ToString(), current_ ? infos_.at(*current_)["step"].get<int64_t>() : -1,
+                        infos_.count(current_.value_or(0))
+                            ? infos_.at(*current_)["config"].get<std::string>()
+                            : ""});
   }
   // Test setup: a committed version as a previous run left it.
   void Preload(const json& info) {
@@ -166,6 +181,12 @@ class FakeBackend : public StateBackend {
   std::vector<CommitRecord> commits;
   std::vector<uint64_t> drops;
   std::vector<std::string> transforms;
+  struct PresizeRecord {
+    std::string config;       // the target
+    int64_t from_step;        // the committed version's step and config at the call
+    std::string from_config;  // (-1, "": none)
+  };
+  std::vector<PresizeRecord> presizes;
   std::atomic<int> n_commits{0};
   bool work_dir_kept_ = true;
 

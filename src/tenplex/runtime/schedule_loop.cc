@@ -198,6 +198,14 @@ class ScheduleLoop {
     }
     // --warm: the next entry's world, so that workers it adds start ahead (spares).
     if (o_.warm && !entries_[i_ + 1].stop) spec.next_world = EntryConfig(i_ + 1).world_size();
+    // The next entry's config is known: its new tensors are made ahead while this
+    // segment trains. Not before a scheduled kill (the next transform starts from fewer
+    // hosts) or with --rebalance (the next split is decided at a stop).
+    if (o_.presize && !o_.rebalance && !entries_[i_ + 1].stop && spec.kill_ranks.empty() &&
+        spec.kill_hosts.empty()) {
+      const ParallelConfig next = EntryConfig(i_ + 1);
+      if (next != cfg_) spec.on_state = [this, next] { st_.PresizeAhead(o_.job, next); };
+    }
     if (deferred_) {
       spec.transform_in = [this]() -> Result<uint64_t> {
         DeferredTransform d = std::move(*deferred_);
@@ -390,6 +398,14 @@ class ScheduleLoop {
     rec.bytes_moved = ts->bytes_moved;
     rec.bytes_total = ts->bytes_total;
     rec.bytes_in_place = ts->bytes_in_place;
+    if (ts->presized) {
+      rec.presize_poolable_bytes = ts->presize_poolable_bytes;
+      rec.presize_pooled_bytes = ts->presize_pooled_bytes;
+      rec.presize_seconds = ts->presize_seconds;
+      if (!ts->presize_error.empty())
+        Notify("pre-sizing " + next.ToString() +
+               " ahead failed (the transform allocated): " + ts->presize_error);
+    }
     last_cross_host_ = {ts->bytes_cross_host, ts->cross_host_lower_bound};
     return Status::Ok();
   }

@@ -26,6 +26,7 @@ Status Segment::Run() {
   Status s = Open();
   if (s.ok()) s = Launch();
   if (s.ok() && spec_.transform_in) s = TransformIn();
+  if (s.ok() && committed_) StateReady();
   if (s.ok()) s = Watch();
   if (s.ok()) s = Finish();
   if (!s.ok() && state_ != State::kFailed) return Fail(s);
@@ -118,6 +119,12 @@ Status Segment::TransformIn() {
                                            *spec_.layout, spec_.info));
   TP_RETURN_IF_ERROR(WriteHandoff(files_.in_json, in));
   return OpenTarget();
+}
+
+void Segment::StateReady() {
+  if (state_ready_ || !spec_.on_state) return;
+  state_ready_ = true;
+  spec_.on_state();
 }
 
 // Rank r: a parked warm worker when the pool has one (told its new arguments), else
@@ -217,6 +224,7 @@ Status Segment::CommitIfWritten() {
   if (!s.ok())
     return Fail(s.WithContext("periodic commit of segment " + spec_.layout->config.ToString()));
   t_progress_ = Clock::now();
+  StateReady();
   if (spec_.stop_after_commit && !kill_scheduled_ && spec_.stop_after_commit(step_)) {
     stopped_ = true;
     t_stop_begin_ = t_kill_ = Clock::now();

@@ -75,6 +75,11 @@ struct SegmentSpec {
   // overlaps their re-joining the new world (they wait for their --state-in file); the
   // segment's first version is begun after it (versions commit in the order begun).
   std::function<Result<uint64_t>()> transform_in;
+  // Called once, as soon as the segment has a committed version in its config (after
+  // the launch when it loads one, else after its first periodic commit): the state a
+  // transform at its end starts from is laid out as that one. Must return at once (the
+  // schedule loop starts pre-sizing the next config from it, StateBackend::PresizeAhead).
+  std::function<void()> on_state;
 };
 
 class Segment {
@@ -120,6 +125,7 @@ class Segment {
   Status WriteHandoff(const std::string& path, const nlohmann::json& h);
   Status Launch();
   Status TransformIn();
+  void StateReady();
   Status Watch();
   Status ReadLog();
   Status CommitIfWritten();
@@ -153,7 +159,8 @@ class Segment {
   std::vector<int> to_kill_;
   std::vector<std::string> lost_hosts_;
   bool kill_scheduled_ = false, killed_ = false, failed_ = false, stopped_ = false;
-  bool aborting_ = false;  // warm: the kill's survivors (or all, at a stop) were told to park
+  bool state_ready_ = false;  // on_state was called
+  bool aborting_ = false;     // warm: the kill's survivors (or all, at a stop) were told to park
   std::string failure_;
   int64_t last_step_seen_;
   double step_interval_ = 0.4;  // between the last two step lines (a guess until two are seen)
