@@ -133,9 +133,11 @@ Status Transform(const TransformOpts& o) {
                      {"bytes_fetched_shm", h.bytes_fetched_shm},
                      {"seconds", h.seconds},
                      {"plan_seconds", h.plan_seconds},
+                     {"warm_seconds", h.warm_seconds},
                      {"alloc_seconds", h.alloc_seconds},
                      {"local_seconds", h.local_seconds},
-                     {"fetch_seconds", h.fetch_seconds}});
+                     {"fetch_seconds", h.fetch_seconds},
+                     {"seal_seconds", h.seal_seconds}});
   }
   nlohmann::json j = {{"from_version", s.from_version},
                       {"to_version", s.to_version},

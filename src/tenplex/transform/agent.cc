@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -263,10 +264,18 @@ Result<PlannedRequest> PlanRequest(const std::string& body) {
   return q;
 }
 
+// A prepare's phases on this host (seconds), besides the execution's own.
+struct PreparePhases {
+  double plan = 0;   // decoding the request, both layouts, the plan
+  double warm = 0;   // pre-faulting what peers fetch over the transport; mapping sources
+  double alloc = 0;  // the new version: linked tensors, allocated (or recycled) ones
+  double seal = 0;   // Store::Prepare: checksums of the new tensors, manifest, marker
+  double total = 0;
+};
+
 // The reply to a prepare that wrote version v.
 std::string PrepareReply(uint64_t v, int host, const HostExecStats& ex, int64_t bytes_linked,
-                         int64_t shm_bytes, int shm_peers, double plan_seconds,
-                         double alloc_seconds, double seconds) {
+                         int64_t shm_bytes, int shm_peers, const PreparePhases& t) {
   json reply = {{"version", v},
                 {"host", host},
                 {"bytes_kept", ex.bytes_kept},
@@ -277,24 +286,43 @@ std::string PrepareReply(uint64_t v, int host, const HostExecStats& ex, int64_t 
                 {"remote_ops", ex.remote_ops},
                 {"peers", ex.peers},
                 {"peers_shm", shm_peers},
-                {"plan_seconds", plan_seconds},
-                {"alloc_seconds", alloc_seconds},
+                {"plan_seconds", t.plan},
+                {"warm_seconds", t.warm},
+                {"alloc_seconds", t.alloc},
                 {"local_seconds", ex.local_seconds},
                 {"fetch_seconds", ex.fetch_seconds},
                 {"landed_seconds", ex.landed_seconds},
-                {"seconds", seconds}};
+                {"seal_seconds", t.seal},
+                {"seconds", t.total}};
   return reply.dump();
 }
 
 }  // namespace
 
-// The old tensors of this host that peers will read: mapped and pre-faulted now, so
-// that serving them does not fault page by page on the transport's thread.
+// The old tensors of this host that peers will read over the transport: mapped and
+// pre-faulted now, so that serving them does not fault page by page on the transport's
+// thread. Not those a same-host peer reads through our files (both offered same-host
+// reads and it is a daemon of this machine that we see, as it sees us): it preads the
+// files, so mapping and touching them here would only take CPU from its copies.
 void Agent::Impl::WarmServed(const PrepareRequest& r, const Layout& from, const plan::Plan& p) {
   Purge();
+  const bool offered = options.local_peer_reads &&
+                       static_cast<std::size_t>(r.host) < r.local_peers.size() &&
+                       !r.local_peers[r.host].empty();
+  std::map<int, bool> reads_files;  // reader host -> reads our files
+  auto by_files = [&](int reader) {
+    auto it = reads_files.find(reader);
+    if (it != reads_files.end()) return it->second;
+    const bool local = offered && static_cast<std::size_t>(reader) < r.local_peers.size() &&
+                       LocallyReadable(r.local_peers[reader]);
+    reads_files[reader] = local;
+    return local;
+  };
   std::set<std::pair<int, int>> served;
   for (const plan::CopyOp& op : p.ops) {
-    if (!op.src_new && r.from_hosts[op.src_rank] == r.host && r.to_hosts[op.dst_rank] != r.host) {
+    const int reader = r.to_hosts[op.dst_rank];
+    if (!op.src_new && r.from_hosts[op.src_rank] == r.host && reader != r.host &&
+        !by_files(reader)) {
       served.insert({op.src_rank, op.src_tensor});
     }
   }
@@ -387,10 +415,12 @@ Result<std::string> Agent::Impl::Prepare(const std::string& body) {
   const Layout& to = q.to;
   const plan::Plan& p = q.plan;
   ReleaseScratch();  // a transform needs the memory more than a later probe
-  const double plan_seconds = Since(t0);
+  PreparePhases phases;
+  phases.plan = Since(t0);
   WarmServed(r, from, p);
   TP_ASSIGN_OR_RETURN(MappedSources src,
                       MapSources(store, r.job, r.from_version, from, &r.from_hosts, r.host));
+  phases.warm = Since(t0) - phases.plan;
 
   auto t1 = std::chrono::steady_clock::now();
   TP_ASSIGN_OR_RETURN(uint64_t v, store.BeginVersion(r.job, r.to_version, r.new_info));
@@ -405,7 +435,7 @@ Result<std::string> Agent::Impl::Prepare(const std::string& body) {
   if (!linked.ok()) return fail(linked.status());
   Result<MappedDests> dst = AllocateDests(store, r.job, v, to, &r.to_hosts, r.host, &*linked);
   if (!dst.ok()) return fail(dst.status());
-  const double alloc_seconds = Since(t1);
+  phases.alloc = Since(t1);
   if (fault_at > 0 && !fault_in_locate && ++prepares == fault_at) {
     std::fprintf(stderr, "tenplex store: fault injection: exiting in the middle of a prepare\n");
     std::_Exit(137);  // as if SIGKILLed: peers may be reading from us right now
@@ -422,9 +452,11 @@ Result<std::string> Agent::Impl::Prepare(const std::string& body) {
                                         std::to_string(v) + " of job " + r.job));
   // Phase one done: durable across a restart of this daemon (two_phase.h). Fails when
   // the coordinator aborted the version meanwhile (it gave up waiting for us).
+  const auto t2 = std::chrono::steady_clock::now();
   if (Status s = store.Prepare(r.job, v); !s.ok()) return fail(s);
-  return PrepareReply(v, r.host, *ex, bytes_linked, shm_bytes, shm_peers, plan_seconds,
-                      alloc_seconds, Since(t0));
+  phases.seal = Since(t2);
+  phases.total = Since(t0);
+  return PrepareReply(v, r.host, *ex, bytes_linked, shm_bytes, shm_peers, phases);
 }
 
 // A same-host peer's question where the tensors it may read are: for each (in order), the

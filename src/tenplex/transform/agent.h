@@ -47,8 +47,8 @@
 // copied (Store::Link, local.h LinkUnchanged).
 // The reply: {"version", "host", "bytes_kept", "bytes_linked", "bytes_local", "bytes_fetched",
 // "bytes_fetched_shm" (the part of bytes_fetched read from same-host peers' files),
-// "peers", "peers_shm", "plan_seconds", "alloc_seconds", "local_seconds", "fetch_seconds",
-// "landed_seconds", "seconds"}.
+// "peers", "peers_shm", "plan_seconds", "warm_seconds", "alloc_seconds", "local_seconds",
+// "fetch_seconds", "landed_seconds", "seal_seconds", "seconds"}.
 #pragma once
 
 #include <memory>

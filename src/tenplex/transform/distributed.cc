@@ -285,6 +285,8 @@ RoundResult RunRound(std::vector<Host>& hosts, const std::string& job, const Rou
     rep.local_seconds = JsonValueOr(j, "local_seconds", 0.0);
     rep.alloc_seconds = JsonValueOr(j, "alloc_seconds", 0.0);
     rep.plan_seconds = JsonValueOr(j, "plan_seconds", 0.0);
+    rep.warm_seconds = JsonValueOr(j, "warm_seconds", 0.0);
+    rep.seal_seconds = JsonValueOr(j, "seal_seconds", 0.0);
     out.hosts.push_back(rep);
   }
   for (int h : out.silent) MarkLost(hosts[h]);  // not asked again in this transform

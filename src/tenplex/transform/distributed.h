@@ -89,6 +89,9 @@ struct HostTransformReport {
   int64_t bytes_fetched_shm = 0;  // the part of bytes_fetched read from same-host peers' files
   double seconds = 0, fetch_seconds = 0, local_seconds = 0, alloc_seconds = 0;
   double plan_seconds = 0;  // the host's own plan (the prepare's first phase)
+  // Before the allocation: pre-faulting what peers fetch over the transport and mapping
+  // the sources; after the copies: checksums of the new tensors, manifest and marker.
+  double warm_seconds = 0, seal_seconds = 0;
 };
 
 struct ClusterTransformStats {

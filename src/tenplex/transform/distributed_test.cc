@@ -185,6 +185,15 @@ TEST_F(DistributedTest, SameHostReadsAndTheDataPlaneGiveTheSameState) {
     for (const HostTransformReport& r : s->hosts) {
       fetched += r.bytes_fetched;
       shm += r.bytes_fetched_shm;
+      // The phases are parts of the host's time, one after another (local copies
+      // overlap the fetches); sealing (checksums, manifest) happens wherever ranks land.
+      EXPECT_LE(
+          r.plan_seconds + r.warm_seconds + r.alloc_seconds + r.fetch_seconds + r.seal_seconds,
+          r.seconds + 1e-3)
+          << r.url;
+      if (r.ranks > 0) {
+        EXPECT_GT(r.seal_seconds, 0) << r.url;
+      }
     }
     EXPECT_GT(fetched, 0) << to;
     EXPECT_EQ(shm, local ? fetched : 0) << to;
