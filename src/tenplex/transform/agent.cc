@@ -264,6 +264,23 @@ Result<PlannedRequest> PlanRequest(const std::string& body) {
   return q;
 }
 
+// The old tensors (rank, index) of this host that its own copies read: sources of kept
+// ops into tensors that are not linked, and of local copies.
+std::set<std::pair<int, int>> ReadHere(const PrepareRequest& r, const plan::Plan& p,
+                                       const std::set<std::pair<int, int>>& linked) {
+  std::set<std::pair<int, int>> out;
+  for (const plan::CopyOp& op : p.kept) {
+    if (r.to_hosts[op.dst_rank] == r.host && r.from_hosts[op.src_rank] == r.host &&
+        !linked.count({op.dst_rank, op.dst_tensor}))
+      out.insert({op.src_rank, op.src_tensor});
+  }
+  for (const plan::CopyOp& op : p.ops) {
+    if (!op.src_new && r.to_hosts[op.dst_rank] == r.host && r.from_hosts[op.src_rank] == r.host)
+      out.insert({op.src_rank, op.src_tensor});
+  }
+  return out;
+}
+
 // A prepare's phases on this host (seconds), besides the execution's own.
 struct PreparePhases {
   double plan = 0;   // decoding the request, both layouts, the plan
@@ -418,8 +435,6 @@ Result<std::string> Agent::Impl::Prepare(const std::string& body) {
   PreparePhases phases;
   phases.plan = Since(t0);
   WarmServed(r, from, p);
-  TP_ASSIGN_OR_RETURN(MappedSources src,
-                      MapSources(store, r.job, r.from_version, from, &r.from_hosts, r.host));
   phases.warm = Since(t0) - phases.plan;
 
   auto t1 = std::chrono::steady_clock::now();
@@ -433,9 +448,18 @@ Result<std::string> Agent::Impl::Prepare(const std::string& body) {
       LinkUnchanged(store, r.job, r.from_version, v, from, to, p, &r.from_hosts, &r.to_hosts,
                     r.host, &bytes_linked);
   if (!linked.ok()) return fail(linked.status());
+  // Only what this host's own copies read is pre-faulted: not the linked tensors (no
+  // copy), nor those only peers read.
+  const std::set<std::pair<int, int>> read_here = ReadHere(r, p, *linked);
+  const auto t_map = std::chrono::steady_clock::now();
+  Result<MappedSources> src =
+      MapSources(store, r.job, r.from_version, from, &r.from_hosts, r.host, &read_here);
+  if (!src.ok()) return fail(src.status());
+  const double map_seconds = Since(t_map);
+  phases.warm += map_seconds;
   Result<MappedDests> dst = AllocateDests(store, r.job, v, to, &r.to_hosts, r.host, &*linked);
   if (!dst.ok()) return fail(dst.status());
-  phases.alloc = Since(t1);
+  phases.alloc = Since(t1) - map_seconds;
   if (fault_at > 0 && !fault_in_locate && ++prepares == fault_at) {
     std::fprintf(stderr, "tenplex store: fault injection: exiting in the middle of a prepare\n");
     std::_Exit(137);  // as if SIGKILLed: peers may be reading from us right now
@@ -445,7 +469,7 @@ Result<std::string> Agent::Impl::Prepare(const std::string& body) {
   std::atomic<int64_t> shm_bytes{0};
   std::atomic<int> shm_peers{0};
   Result<HostExecStats> ex = ExecuteHostPart(
-      ExecInput(r, p, from, to, src, *dst, *linked, capability, shm_bytes, shm_peers));
+      ExecInput(r, p, from, to, *src, *dst, *linked, capability, shm_bytes, shm_peers));
   CountPrepare(ex, bytes_linked, shm_bytes, Since(t0));
   if (!ex.ok())
     return fail(ex.status().WithContext("host " + std::to_string(r.host) + " preparing version " +

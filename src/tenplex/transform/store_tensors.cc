@@ -16,7 +16,8 @@ Result<VersionState> ReadVersionState(const store::Store& store, const std::stri
 
 Result<MappedSources> MapSources(const store::Store& store, const std::string& job,
                                  uint64_t version, const Layout& layout,
-                                 const std::vector<int>* hosts, int host) {
+                                 const std::vector<int>* hosts, int host,
+                                 const std::set<std::pair<int, int>>* prefault) {
   MappedSources m;
   m.refs.resize(layout.world_size());
   m.ptrs.resize(layout.world_size());
@@ -39,8 +40,11 @@ Result<MappedSources> MapSources(const store::Store& store, const std::string& j
     }
   }
   std::vector<const store::TensorRef*> all;
-  for (const auto& rank : m.refs) {
-    for (const store::TensorRef& ref : rank) all.push_back(&ref);
+  for (std::size_t r = 0; r < m.refs.size(); ++r) {
+    for (std::size_t t = 0; t < m.refs[r].size(); ++t) {
+      if (prefault == nullptr || prefault->count({static_cast<int>(r), static_cast<int>(t)}))
+        all.push_back(&m.refs[r][t]);
+    }
   }
   ThreadPool::Default().ParallelFor(all.size(), [&](std::size_t i) { all[i]->Prefault(); });
   return m;

@@ -44,9 +44,12 @@ struct MappedDests {
 };
 // hosts[r] == host selects the ranks (hosts may be null: every rank). Checks every
 // tensor's dtype and shape against the layout (DataLoss naming it otherwise).
+// `prefault`: the tensors (rank, index) whose page tables are filled now, as the copies
+// will read them (null: all); the others are mapped only.
 Result<MappedSources> MapSources(const store::Store& store, const std::string& job,
                                  uint64_t version, const Layout& layout,
-                                 const std::vector<int>* hosts, int host);
+                                 const std::vector<int>* hosts, int host,
+                                 const std::set<std::pair<int, int>>* prefault = nullptr);
 // `skip`: tensors (rank, index) not to allocate (linked ones); their pointer is null.
 Result<MappedDests> AllocateDests(store::Store& store, const std::string& job, uint64_t version,
                                   const Layout& layout, const std::vector<int>* hosts, int host,
