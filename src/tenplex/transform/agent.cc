@@ -264,21 +264,13 @@ Result<PlannedRequest> PlanRequest(const std::string& body) {
   return q;
 }
 
-// The old tensors (rank, index) of this host that its own copies read: sources of kept
-// ops into tensors that are not linked, and of local copies.
-std::set<std::pair<int, int>> ReadHere(const PrepareRequest& r, const plan::Plan& p,
-                                       const std::set<std::pair<int, int>>& linked) {
-  std::set<std::pair<int, int>> out;
-  for (const plan::CopyOp& op : p.kept) {
-    if (r.to_hosts[op.dst_rank] == r.host && r.from_hosts[op.src_rank] == r.host &&
-        !linked.count({op.dst_rank, op.dst_tensor}))
-      out.insert({op.src_rank, op.src_tensor});
-  }
-  for (const plan::CopyOp& op : p.ops) {
-    if (!op.src_new && r.to_hosts[op.dst_rank] == r.host && r.from_hosts[op.src_rank] == r.host)
-      out.insert({op.src_rank, op.src_tensor});
-  }
-  return out;
+// Whether this daemon reads host `peer`'s tensor files directly in r (local_peer.h)
+// rather than over the transport: it allows same-host reads and the peer qualifies.
+// For r.host itself: whether this daemon offered them.
+bool ReadsPeerFiles(const AgentOptions& options, const PrepareRequest& r, int peer) {
+  return options.local_peer_reads && peer >= 0 &&
+         static_cast<std::size_t>(peer) < r.local_peers.size() &&
+         LocallyReadable(r.local_peers[peer]);
 }
 
 // A prepare's phases on this host (seconds), besides the execution's own.
@@ -323,25 +315,19 @@ std::string PrepareReply(uint64_t v, int host, const HostExecStats& ex, int64_t 
 // files, so mapping and touching them here would only take CPU from its copies.
 void Agent::Impl::WarmServed(const PrepareRequest& r, const Layout& from, const plan::Plan& p) {
   Purge();
-  const bool offered = options.local_peer_reads &&
-                       static_cast<std::size_t>(r.host) < r.local_peers.size() &&
-                       !r.local_peers[r.host].empty();
-  std::map<int, bool> reads_files;  // reader host -> reads our files
-  auto by_files = [&](int reader) {
-    auto it = reads_files.find(reader);
-    if (it != reads_files.end()) return it->second;
-    const bool local = offered && static_cast<std::size_t>(reader) < r.local_peers.size() &&
-                       LocallyReadable(r.local_peers[reader]);
-    reads_files[reader] = local;
-    return local;
-  };
+  // reads_files[h]: host h reads our files (both sides offered, each sees the other).
+  std::vector<bool> reads_files(r.local_peers.size(), false);
+  if (ReadsPeerFiles(options, r, r.host)) {
+    for (std::size_t h = 0; h < reads_files.size(); ++h)
+      reads_files[h] = ReadsPeerFiles(options, r, static_cast<int>(h));
+  }
   std::set<std::pair<int, int>> served;
   for (const plan::CopyOp& op : p.ops) {
     const int reader = r.to_hosts[op.dst_rank];
-    if (!op.src_new && r.from_hosts[op.src_rank] == r.host && reader != r.host &&
-        !by_files(reader)) {
+    const bool by_files =
+        static_cast<std::size_t>(reader) < reads_files.size() && reads_files[reader];
+    if (!op.src_new && r.from_hosts[op.src_rank] == r.host && reader != r.host && !by_files)
       served.insert({op.src_rank, op.src_tensor});
-    }
   }
   std::vector<std::pair<int, int>> warm(served.begin(), served.end());
   ThreadPool::Default().ParallelFor(warm.size(), [&](std::size_t i) {
@@ -378,8 +364,7 @@ HostExecInput Agent::Impl::ExecInput(const PrepareRequest& r, const plan::Plan& 
   in.fetch = [this, &r, &capability, &shm_bytes, &shm_peers](
                  int peer, const std::vector<transport::ReadRequest>& reqs) -> Status {
     const std::string who = "host " + std::to_string(peer);
-    if (options.local_peer_reads && static_cast<std::size_t>(peer) < r.local_peers.size() &&
-        LocallyReadable(r.local_peers[peer])) {
+    if (ReadsPeerFiles(options, r, peer)) {
       LocalReadOptions lo;
       lo.token = options.peer_token;
       lo.capability = capability;
@@ -450,7 +435,8 @@ Result<std::string> Agent::Impl::Prepare(const std::string& body) {
   if (!linked.ok()) return fail(linked.status());
   // Only what this host's own copies read is pre-faulted: not the linked tensors (no
   // copy), nor those only peers read.
-  const std::set<std::pair<int, int>> read_here = ReadHere(r, p, *linked);
+  const std::set<std::pair<int, int>> read_here =
+      SourcesReadHere(p, r.from_hosts, r.to_hosts, r.host, &*linked);
   const auto t_map = std::chrono::steady_clock::now();
   Result<MappedSources> src =
       MapSources(store, r.job, r.from_version, from, &r.from_hosts, r.host, &read_here);

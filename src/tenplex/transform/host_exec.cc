@@ -67,6 +67,19 @@ Status AddRemoteReads(const HostExecInput& in, const plan::CopyOp& op, PeerReads
   return Status::Ok();
 }
 
+// The predicates SortOps and SourcesReadHere share: whether an op writes on `host`,
+// whether its destination tensor was linked (no copy), whether its source is an old
+// rank of `host`.
+bool WritesOn(const std::vector<int>& to_hosts, const plan::CopyOp& op, int host) {
+  return to_hosts.at(op.dst_rank) == host;
+}
+bool IntoLinked(const std::set<std::pair<int, int>>* linked, const plan::CopyOp& op) {
+  return linked != nullptr && linked->count({op.dst_rank, op.dst_tensor}) > 0;
+}
+bool ReadsOldOn(const std::vector<int>& from_hosts, const plan::CopyOp& op, int host) {
+  return !op.src_new && from_hosts.at(op.src_rank) == host;
+}
+
 // Sorts the plan's ops that write on this host by kind, counting their bytes in stats.
 Result<HostOps> SortOps(const HostExecInput& in, HostExecStats& stats) {
   const plan::Plan& p = *in.plan;
@@ -75,8 +88,8 @@ Result<HostOps> SortOps(const HostExecInput& in, HostExecStats& stats) {
   const auto& th = *in.to_hosts;
   HostOps ops;
   for (const plan::CopyOp& op : p.kept) {
-    if (th.at(op.dst_rank) != in.host) continue;
-    if (in.linked != nullptr && in.linked->count({op.dst_rank, op.dst_tensor})) {
+    if (!WritesOn(th, op, in.host)) continue;
+    if (IntoLinked(in.linked, op)) {
       stats.bytes_linked += OpBytes(p, from, op);
       continue;
     }
@@ -84,18 +97,18 @@ Result<HostOps> SortOps(const HostExecInput& in, HostExecStats& stats) {
     stats.bytes_kept += OpBytes(p, from, op);
   }
   for (const plan::CopyOp& op : p.ops) {
-    if (th.at(op.dst_rank) != in.host) continue;
+    if (!WritesOn(th, op, in.host)) continue;
     if (op.src_new) {
       ops.landed.push_back(op);
       stats.bytes_local += OpBytes(p, from, op);
       continue;
     }
-    const int src_host = fh.at(op.src_rank);
-    if (src_host == in.host) {
+    if (ReadsOldOn(fh, op, in.host)) {
       ops.local.push_back(op);
       stats.bytes_local += OpBytes(p, from, op);
       continue;
     }
+    const int src_host = fh.at(op.src_rank);
     if (src_host == plan::kLostHost) {
       return Internal("the plan reads " + p.tensors[op.tensor] + " from old rank " +
                       std::to_string(op.src_rank) + " on a lost host");
@@ -109,6 +122,22 @@ Result<HostOps> SortOps(const HostExecInput& in, HostExecStats& stats) {
 }
 
 }  // namespace
+
+std::set<std::pair<int, int>> SourcesReadHere(const plan::Plan& p,
+                                              const std::vector<int>& from_hosts,
+                                              const std::vector<int>& to_hosts, int host,
+                                              const std::set<std::pair<int, int>>* linked) {
+  std::set<std::pair<int, int>> out;
+  for (const plan::CopyOp& op : p.kept) {
+    if (WritesOn(to_hosts, op, host) && ReadsOldOn(from_hosts, op, host) && !IntoLinked(linked, op))
+      out.insert({op.src_rank, op.src_tensor});
+  }
+  for (const plan::CopyOp& op : p.ops) {
+    if (WritesOn(to_hosts, op, host) && ReadsOldOn(from_hosts, op, host))
+      out.insert({op.src_rank, op.src_tensor});
+  }
+  return out;
+}
 
 Result<HostExecStats> ExecuteHostPart(const HostExecInput& in) {
   const plan::Plan& p = *in.plan;

@@ -68,6 +68,14 @@ struct HostExecInput {
   const std::set<std::pair<int, int>>* linked = nullptr;
 };
 
+// The old tensors (rank, index) of `host` that its own copies read (ExecuteHostPart's
+// kept and local ops): sources of kept ops into tensors that are not in `linked` (may be
+// null), and of local copies. What a prepare maps and pre-faults before executing.
+std::set<std::pair<int, int>> SourcesReadHere(const plan::Plan& p,
+                                              const std::vector<int>& from_hosts,
+                                              const std::vector<int>& to_hosts, int host,
+                                              const std::set<std::pair<int, int>>* linked);
+
 // Executes this host's ops. Destination padding is not written (fresh store tensors
 // read as zero). On error the destinations are unspecified; the caller drops them.
 Result<HostExecStats> ExecuteHostPart(const HostExecInput& in);
