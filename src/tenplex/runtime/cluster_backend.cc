@@ -155,7 +155,6 @@ class ClusterBackend : public StateBackend {
 
   void PresizeAhead(const std::string& job, const ParallelConfig& to) override {
     (void)WaitPresize();  // one at a time; an older one's outcome is superseded
-    presize_to_ = to;
     presize_ = std::async(std::launch::async,
                           [from = from_cluster_, live = cluster_, co = co_, job, to]() -> Presized {
                             transform::ClusterTransformOptions opts;
@@ -167,6 +166,7 @@ class ClusterBackend : public StateBackend {
                             Result<transform::ClusterTransformStats> ts =
                                 transform::TransformCluster(from, job, to, co, opts);
                             Presized p;
+                            p.to = to;
                             p.seconds = Since(t0);
                             if (!ts.ok()) {
                               p.error = ts.status().ToString();
@@ -182,7 +182,7 @@ class ClusterBackend : public StateBackend {
 
   Result<Moved> Transform(const std::string& job, const ParallelConfig& to) override {
     std::optional<Presized> ahead = WaitPresize();
-    if (ahead && presize_to_ != to) ahead.reset();  // made for another target
+    if (ahead && ahead->to != to) ahead.reset();  // made for another target
     transform::ClusterTransformOptions opts;
     opts.to = cluster_;  // the live hosts (all of them unless some were killed)
     TP_ASSIGN_OR_RETURN(transform::ClusterTransformStats ts,
@@ -256,6 +256,7 @@ class ClusterBackend : public StateBackend {
 
  private:
   struct Presized {
+    ParallelConfig to;  // the target it was made for
     int64_t poolable = 0, pooled = 0;
     double seconds = 0;
     std::string error;
@@ -274,7 +275,6 @@ class ClusterBackend : public StateBackend {
   std::vector<std::unique_ptr<store::Client>> clients_;
   std::string work_;
   std::future<Presized> presize_;  // PresizeAhead's, until Transform or KillHosts takes it
-  ParallelConfig presize_to_;
 };
 
 }  // namespace

@@ -154,10 +154,13 @@ class FakeBackend : public StateBackend {
   // Records the call with the committed version it would plan from.
   void PresizeAhead(const std::string&, const ParallelConfig& to) override {
     std::lock_guard<std::mutex> l(mu_);
-    presizes.push_back({to.ToString(), current_ ? infos_.at(*current_)["step"].get<int64_t>() : -1,
-                        infos_.count(current_.value_or(0))
-                            ? infos_.at(*current_)["config"].get<std::string>()
-                            : ""});
+    if (!current_) {
+      presizes.push_back({to.ToString(), -1, ""});
+      return;
+    }
+    const json& info = infos_.at(*current_);
+    presizes.push_back(
+        {to.ToString(), info["step"].get<int64_t>(), info["config"].get<std::string>()});
   }
   // Test setup: a committed version as a previous run left it.
   void Preload(const json& info) {
