@@ -74,6 +74,7 @@ Result<ShmMapping> ShmMapping::Map(const std::string& file, uint64_t offset, uin
     }
     m.base_ = static_cast<uint8_t*>(p);
     m.data_ = m.base_ + (offset - aligned);
+    m.populated_ = populate;
   }
   ::close(fd);
   return m;
@@ -115,7 +116,8 @@ ShmMapping::ShmMapping(ShmMapping&& o) noexcept
       map_size_(std::exchange(o.map_size_, 0)),
       data_(std::exchange(o.data_, nullptr)),
       size_(std::exchange(o.size_, 0)),
-      writable_(o.writable_) {}
+      writable_(o.writable_),
+      populated_(o.populated_.exchange(false)) {}
 
 ShmMapping& ShmMapping::operator=(ShmMapping&& o) noexcept {
   if (this != &o) {
@@ -125,6 +127,7 @@ ShmMapping& ShmMapping::operator=(ShmMapping&& o) noexcept {
     data_ = std::exchange(o.data_, nullptr);
     size_ = std::exchange(o.size_, 0);
     writable_ = o.writable_;
+    populated_ = o.populated_.exchange(false);
   }
   return *this;
 }
@@ -136,6 +139,7 @@ void ShmMapping::Reset() {
   base_ = nullptr;
   data_ = nullptr;
   map_size_ = size_ = 0;
+  populated_ = false;
 }
 
 void ShmMapping::Shrink(uint64_t bytes) {
@@ -156,8 +160,9 @@ void ShmMapping::Shrink(uint64_t bytes) {
 
 void ShmMapping::Prefault() const {
 #if defined(MADV_POPULATE_READ) && defined(MADV_POPULATE_WRITE)
-  if (base_)
-    (void)::madvise(base_, map_size_, writable_ ? MADV_POPULATE_WRITE : MADV_POPULATE_READ);
+  if (base_ && !populated_.load(std::memory_order_acquire) &&
+      ::madvise(base_, map_size_, writable_ ? MADV_POPULATE_WRITE : MADV_POPULATE_READ) == 0)
+    populated_.store(true, std::memory_order_release);
 #endif
 }
 

@@ -5,6 +5,7 @@
 // that wrote them.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 
@@ -43,8 +44,11 @@ class ShmMapping {
   uint64_t size() const { return size_; }
   bool writable() const { return writable_; }
   // Pre-faults the page tables of the whole map (MADV_POPULATE_READ/WRITE) so that a
-  // following bulk copy runs at memcpy speed; a no-op where the kernel lacks it.
+  // following bulk copy runs at memcpy speed; a no-op where the kernel lacks it, and
+  // for a map that is populated already (mapped with `populate`, or pre-faulted
+  // before): walking its present pages again costs time and takes nothing.
   void Prefault() const;
+  bool populated() const { return populated_; }
   // Keeps only the first `bytes` bytes mapped (the file was truncated to them): the
   // pages past them are unmapped. No-op when bytes >= size().
   void Shrink(uint64_t bytes);
@@ -56,6 +60,7 @@ class ShmMapping {
   uint8_t* data_ = nullptr;
   uint64_t size_ = 0;
   bool writable_ = false;
+  mutable std::atomic<bool> populated_{false};
 };
 
 // Creates a new file (O_EXCL, mode 0600) of `bytes` bytes; with allocate its pages are

@@ -1,6 +1,7 @@
 #include "tenplex/store/store.h"
 
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -8,6 +9,7 @@
 #include <random>
 #include <thread>
 
+#include "tenplex/store/mapping.h"
 #include "tenplex/util/file.h"
 #include "tenplex/util/hash.h"
 
@@ -580,6 +582,37 @@ TEST(StoreTest, ConcurrentWritersAndReaders) {
   ASSERT_TRUE(store->Commit("j", 1).ok());
   EXPECT_EQ(store->List("jobs/j/current/").value().size(),
             static_cast<std::size_t>(kThreads * kPer));
+}
+
+// A map knows whether its page tables are filled: mapped with populate, or after a
+// pre-fault; a pre-fault of a populated map (a pooled file's kept map handed to a new
+// tensor) does nothing, and the map moves with the flag. The bytes are the file's.
+TEST(ShmMappingTest, PopulatedMapsAreNotPrefaultedAgain) {
+  TempDir dir;
+  fs::create_directories(dir.path);
+  const std::string file = dir.path + "/t";
+  ASSERT_TRUE(CreateShmFile(file, 1 << 20, /*allocate=*/true).ok());
+  Result<ShmMapping> lazy = ShmMapping::Map(file, 0, 1 << 20, /*writable=*/true);
+  ASSERT_TRUE(lazy.ok()) << lazy.status().ToString();
+  EXPECT_FALSE(lazy->populated());
+  lazy->Prefault();
+#ifdef MADV_POPULATE_WRITE
+  // Linux >= 5.14 has it; older kernels refuse it (EINVAL) and the flag stays false.
+  if (::madvise(lazy->data(), 4096, MADV_POPULATE_WRITE) == 0) {
+    EXPECT_TRUE(lazy->populated());
+  }
+#endif
+  Result<ShmMapping> eager =
+      ShmMapping::Map(file, 0, 1 << 20, /*writable=*/true, /*populate=*/true);
+  ASSERT_TRUE(eager.ok());
+  EXPECT_TRUE(eager->populated());
+  std::memset(eager->data(), 0x5a, 1 << 20);
+  ShmMapping moved = std::move(eager).value();
+  EXPECT_TRUE(moved.populated());
+  moved.Prefault();  // a no-op: the bytes stay
+  moved.Shrink(4096);
+  EXPECT_TRUE(moved.populated());
+  for (uint64_t i = 0; i < (1 << 20); i += 4093) ASSERT_EQ(lazy->data()[i], 0x5a) << i;
 }
 
 }  // namespace
