@@ -49,6 +49,20 @@ Result<json> ParseBody(const std::string& body) {
   return j;
 }
 
+// The layouts and the plan of a request: what a presize computed, the prepare that
+// follows reuses (PlanCache).
+struct PlanCore {
+  Layout from, to;
+  plan::Plan plan;
+};
+
+// What a prepare (or presize) request asks of this host: the request, the old and new
+// layouts, and the coordinator's plan, checked against this host's own.
+struct PlannedRequest {
+  DecodedPrepare d;
+  std::shared_ptr<const PlanCore> core;
+};
+
 }  // namespace
 
 struct Agent::Impl {
@@ -66,6 +80,7 @@ struct Agent::Impl {
   uint64_t bytes_fetched = 0, bytes_local = 0, bytes_linked_sum = 0;  // guarded by metrics_mu
   uint64_t bytes_fetched_shm = 0;                                     // guarded by metrics_mu
   std::atomic<uint64_t> files_located{0};  // files named to same-host peers
+  std::atomic<uint64_t> plans_reused{0};   // prepares that took a presize's plan
   double prepare_seconds = 0;              // guarded by metrics_mu
   // Fetches refused for their capability, by transport::CapabilityRefusal.
   std::atomic<uint64_t> refused[5] = {0, 0, 0, 0, 0};
@@ -216,6 +231,12 @@ struct Agent::Impl {
   std::string AddressReply();
 
  private:
+  // Decodes and plans a prepare or presize request (or takes the plan of the last one).
+  Result<PlannedRequest> PlanRequest(const std::string& body);
+  std::mutex plan_mu;
+  std::shared_ptr<const PlanCore> last_plan;  // guarded by plan_mu
+  std::string last_plan_key;                  // guarded by plan_mu
+
   // Prepare's parts.
   void WarmServed(const PrepareRequest& r, const Layout& from, const plan::Plan& p);
   HostExecInput ExecInput(const PrepareRequest& r, const plan::Plan& p, const Layout& from,
@@ -246,23 +267,51 @@ Result<plan::Plan> CoordinatorsPlan(const Model& model, const PrepareRequest& r,
   return p;
 }
 
-// What a prepare (or presize) request asks of this host: the request, the old and new
-// layouts, and the coordinator's plan, checked against this host's own.
-struct PlannedRequest {
-  DecodedPrepare d;
-  Layout from, to;
-  plan::Plan plan;
-};
+// What determines a request's layouts and plan: the model, both configs, where the
+// ranks live and the coordinator's digest (not the job, versions, addresses or the
+// rest of the info, which change from the presize to its prepare).
+std::string PlanKey(const DecodedPrepare& d) {
+  std::string key = d.from.field("model").dump();
+  key += '\n' + d.from.config().ToString() + '\n' + d.request.to_config.ToString() + '\n';
+  for (int h : d.request.from_hosts) key += std::to_string(h) + ',';
+  key += '\n';
+  for (int h : d.request.to_hosts) key += std::to_string(h) + ',';
+  key += '\n' + d.request.plan_digest;
+  return key;
+}
 
-Result<PlannedRequest> PlanRequest(const std::string& body) {
+}  // namespace
+
+// The last plan this agent computed, by PlanKey: the prepare after a presize of the
+// same transform (tenplex run pre-sizes the next config while the old one trains)
+// plans nothing again. Each daemon plans the whole transform (every host's ops), which
+// with many daemons on few cores is a visible part of a prepare. One entry: a plan
+// can be large, and only the next transform's is worth keeping.
+Result<PlannedRequest> Agent::Impl::PlanRequest(const std::string& body) {
   PlannedRequest q;
   TP_ASSIGN_OR_RETURN(q.d, DecodePrepare(body));
+  const std::string key = PlanKey(q.d);
+  {
+    std::lock_guard<std::mutex> lock(plan_mu);
+    if (last_plan && last_plan_key == key) {
+      q.core = last_plan;
+      ++plans_reused;
+      return q;
+    }
+  }
   const Model& model = q.d.from.model();
-  TP_ASSIGN_OR_RETURN(q.from, MakeLayout(model, q.d.from.config()));
-  TP_ASSIGN_OR_RETURN(q.to, MakeLayout(model, q.d.request.to_config));
-  TP_ASSIGN_OR_RETURN(q.plan, CoordinatorsPlan(model, q.d.request, q.from, q.to));
+  auto core = std::make_shared<PlanCore>();
+  TP_ASSIGN_OR_RETURN(core->from, MakeLayout(model, q.d.from.config()));
+  TP_ASSIGN_OR_RETURN(core->to, MakeLayout(model, q.d.request.to_config));
+  TP_ASSIGN_OR_RETURN(core->plan, CoordinatorsPlan(model, q.d.request, core->from, core->to));
+  q.core = core;
+  std::lock_guard<std::mutex> lock(plan_mu);
+  last_plan = std::move(core);
+  last_plan_key = key;
   return q;
 }
+
+namespace {
 
 // Whether this daemon reads host `peer`'s tensor files directly in r (local_peer.h)
 // rather than over the transport: it allows same-host reads and the peer qualifies.
@@ -413,9 +462,9 @@ Result<std::string> Agent::Impl::Prepare(const std::string& body) {
   const auto t0 = std::chrono::steady_clock::now();
   TP_ASSIGN_OR_RETURN(PlannedRequest q, PlanRequest(body));
   const PrepareRequest& r = q.d.request;
-  const Layout& from = q.from;
-  const Layout& to = q.to;
-  const plan::Plan& p = q.plan;
+  const Layout& from = q.core->from;
+  const Layout& to = q.core->to;
+  const plan::Plan& p = q.core->plan;
   ReleaseScratch();  // a transform needs the memory more than a later probe
   PreparePhases phases;
   phases.plan = Since(t0);
@@ -681,6 +730,10 @@ std::string Agent::Impl::MetricsText() {
        "(POST /v1/transform/locate).\n";
   o += "# TYPE tenplex_peer_files_located_total counter\n";
   o += "tenplex_peer_files_located_total " + std::to_string(files_located.load()) + "\n";
+  o += "# HELP tenplex_transform_plans_reused_total Prepares and presizes that took the plan "
+       "of the request before (the same transform pre-sized ahead), not planning again.\n";
+  o += "# TYPE tenplex_transform_plans_reused_total counter\n";
+  o += "tenplex_transform_plans_reused_total " + std::to_string(plans_reused.load()) + "\n";
   o += "# HELP tenplex_transform_seconds_total Seconds spent in transform prepares.\n";
   o += "# TYPE tenplex_transform_seconds_total counter\n";
   o += "tenplex_transform_seconds_total " + num(prepare_seconds) + "\n";
@@ -705,9 +758,9 @@ Result<std::string> Agent::Impl::Presize(const std::string& body) {
   const auto t0 = std::chrono::steady_clock::now();
   TP_ASSIGN_OR_RETURN(PlannedRequest q, PlanRequest(body));
   const PrepareRequest& r = q.d.request;
-  const std::vector<uint64_t> sizes =
-      NewTensorBytes(q.to, &r.to_hosts, r.host,
-                     UnchangedTensors(q.from, q.to, q.plan, &r.from_hosts, &r.to_hosts, r.host));
+  const std::vector<uint64_t> sizes = NewTensorBytes(
+      q.core->to, &r.to_hosts, r.host,
+      UnchangedTensors(q.core->from, q.core->to, q.core->plan, &r.from_hosts, &r.to_hosts, r.host));
   uint64_t wanted = 0, poolable = 0;
   for (uint64_t b : sizes) {
     wanted += b;

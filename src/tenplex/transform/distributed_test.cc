@@ -292,12 +292,28 @@ TEST_F(DistributedTest, PresizeMakesEachHostsNewTensorsAheadInItsPool) {
     EXPECT_EQ(hosts_[h]->store->List("jobs/j/2/")->size(), 0u);
   }
   EXPECT_TRUE(small_skipped);  // some tensors were below the pool's minimum
+  auto reused = [&](int h) {
+    const std::string m = hosts_[h]->agent->metrics();
+    const std::string key = "\ntenplex_transform_plans_reused_total ";
+    const std::size_t at = m.find(key);
+    return at == std::string::npos ? -1 : std::stoi(m.substr(at + key.size()));
+  };
+  for (int h = 0; h < 4; ++h) EXPECT_EQ(reused(h), 0) << "host " << h;
   o.presize_only = false;
   s = TransformCluster(c, "j", *ParseConfig(to), {}, o);
   ASSERT_TRUE(s.ok()) << s.status().ToString();
   Verify(*s, to, 2);
   // The joining hosts' pools went into the new version (they release nothing).
   for (int h = 2; h < 4; ++h) EXPECT_EQ(hosts_[h]->store->pool_bytes(), 0u) << "host " << h;
+  // Every host took the presize's plan instead of planning the same transform again.
+  for (int h = 0; h < 4; ++h) EXPECT_EQ(reused(h), 1) << "host " << h;
+  // The next transform (another config, other rank placements) is planned anew, and
+  // exactly: a kept plan is only ever the one of the same inputs.
+  const char* back = "tp=2,pp=2";
+  s = TransformCluster(c, "j", *ParseConfig(back), {}, o);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  Verify(*s, back, 2);
+  for (int h = 0; h < 4; ++h) EXPECT_EQ(reused(h), 1) << "host " << h;
 }
 
 // A probe keeps a 512 MiB scratch region for its peers' probes; the daemon's next
