@@ -18,7 +18,7 @@ uint64_t Store::used_bytes() const {
 
 uint64_t Store::pool_bytes() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  return impl_->pooled;
+  return impl_->pooled - impl_->making;
 }
 
 uint64_t Store::page_pool_limit() const { return impl_->pool_limit; }
@@ -367,16 +367,20 @@ Result<TensorInfo> Store::Link(const std::string& from, const std::string& to) {
   const std::string key = p.Key();
   const std::string vdir = impl_->VersionDir(p.job, v.first);
   const std::string file = vdir + "/" + key;
-  TP_RETURN_IF_ERROR(MakeDir(vdir + "/" + RankSegment(p.rank)));
-  const std::string tmp = impl_->TmpName();
-  if (::link(src.first.file.c_str(), tmp.c_str()) != 0)
-    return ErrnoError("link " + src.first.file + " to " + tmp, errno);
-  if (::rename(tmp.c_str(), file.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    return ErrnoError("rename " + tmp + " to " + file, err);
-  }
   VersionState* vs = v.second;
+  TP_RETURN_IF_ERROR(MakeRankDir(vdir, p.rank, *vs));
+  // Straight to its name; a tensor it replaces is swapped atomically (link, rename).
+  if (::link(src.first.file.c_str(), file.c_str()) != 0) {
+    if (errno != EEXIST) return ErrnoError("link " + src.first.file + " to " + file, errno);
+    const std::string tmp = impl_->TmpName();
+    if (::link(src.first.file.c_str(), tmp.c_str()) != 0)
+      return ErrnoError("link " + src.first.file + " to " + tmp, errno);
+    if (::rename(tmp.c_str(), file.c_str()) != 0) {
+      const int err = errno;
+      ::unlink(tmp.c_str());
+      return ErrnoError("rename " + tmp + " to " + file, err);
+    }
+  }
   auto old = vs->tensors.find(key);
   if (old != vs->tensors.end()) {
     impl_->used -= old->second.bytes;

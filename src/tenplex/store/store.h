@@ -165,7 +165,8 @@ class Store {
   uint64_t used_bytes() const;
   uint64_t memory_limit() const;
   // Bytes of released tensor files kept in the page pool (counted against the memory
-  // limit besides used_bytes) and the pool's bound.
+  // limit besides used_bytes) and the pool's bound. Files still being pre-sized are
+  // counted against the limit but not here: pool_bytes() is what new tensors can take.
   uint64_t pool_bytes() const;
   uint64_t page_pool_limit() const;
   // Bytes of pre-sized pool files (FillPool, presize_pool) that new tensors took while

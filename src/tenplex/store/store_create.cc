@@ -72,22 +72,20 @@ Status ZeroByPwrite(const std::string& file, uint64_t bytes) {
   return s;
 }
 
-// Recycles p.reuse (a pooled file of the same job) as `tmp`: renamed, truncated to
-// p.bytes, then either written completely by fill or zeroed (through its kept map
-// when it has one), so no byte of the tensor it held before stays visible. A clean
-// file (pre-sized, never written) is all zeros already: truncating it only shortens
-// it, so it is not zeroed again. Adds the bytes of a clean file so used to *clean.
-Status Recycle(PendingTensor& p, const std::string& tmp,
-               const std::function<Status(TensorSink&)>* fill, bool map,
+// Recycles p.reuse (a pooled file of the same job, taken out of the pool) in place:
+// it keeps its pool name until PublishCreated renames it to the tensor's (one rename,
+// not two: a rename across directories takes the file system's rename lock, which
+// every daemon of the machine shares). Truncated to p.bytes, then either written
+// completely by fill or zeroed (through its kept map when it has one), so no byte of
+// the tensor it held before stays visible. A clean file (pre-sized, never written) is
+// all zeros already: truncating it only shortens it, so it is not zeroed again. Adds
+// the bytes of a clean file so used to *clean.
+Status Recycle(PendingTensor& p, const std::function<Status(TensorSink&)>* fill, bool map,
                std::atomic<uint64_t>* clean) {
   PoolEntry e = std::move(*p.reuse);
   p.reuse.reset();
-  if (::rename(e.file.c_str(), tmp.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(e.file.c_str());
-    return ErrnoError("rename " + e.file + " to " + tmp, err);
-  }
-  p.tmp = tmp;
+  p.tmp = e.file;
+  const std::string& tmp = p.tmp;
   if (::truncate(tmp.c_str(), static_cast<off_t>(p.bytes)) != 0)
     return ErrnoError("truncate " + tmp, errno);
   if (e.map) e.map->Shrink(p.bytes);
@@ -119,7 +117,7 @@ Status WriteTmp(PendingTensor& p, const std::string& tmp,
                 const std::function<Status(TensorSink&)>* fill, bool map,
                 std::atomic<uint64_t>* clean) {
   if (p.reuse) {
-    Status s = Recycle(p, tmp, fill, map, clean);
+    Status s = Recycle(p, fill, map, clean);
     if (s.ok() || fill) return s;
     // A recycled file that failed (an internal error): a fresh one instead.
     if (!p.tmp.empty()) ::unlink(p.tmp.c_str());
@@ -220,7 +218,7 @@ Result<std::vector<TensorInfo>> Store::Impl::PublishCreated(
     const std::string key = p.path.Key();
     const std::string vdir = VersionDir(p.path.job, num);
     const std::string file = vdir + "/" + key;
-    Status s = MakeDir(vdir + "/" + RankSegment(p.path.rank));
+    Status s = MakeRankDir(vdir, p.path.rank, *vs);
     if (s.ok() && ::rename(p.tmp.c_str(), file.c_str()) != 0)
       s = ErrnoError("rename " + p.tmp + " to " + file, errno);
     if (!s.ok()) {  // an internal file-system error: the tensors before i stay published

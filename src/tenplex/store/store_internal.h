@@ -26,12 +26,14 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "tenplex/store/manifest.h"
+#include "tenplex/store/parse.h"
 #include "tenplex/store/store.h"
 #include "tenplex/util/json_depth.h"
 
@@ -78,6 +80,7 @@ struct VersionState {
   std::string info = "{}";
   std::map<std::string, Entry> tensors;  // key "rank-00000/name"
   uint64_t bytes = 0;
+  std::set<int> rank_dirs;  // ranks whose directory exists in the version's directory
 };
 
 struct JobState {
@@ -108,6 +111,14 @@ inline Result<std::string> CanonicalInfo(const std::string& info) {
 inline Status MakeDir(const std::string& path) {
   if (::mkdir(path.c_str(), 0700) != 0 && errno != EEXIST)
     return ErrnoError("mkdir " + path, errno);
+  return Status::Ok();
+}
+
+// Makes version directory vdir's directory of `rank` unless vs knows it exists.
+inline Status MakeRankDir(const std::string& vdir, int rank, VersionState& vs) {
+  if (vs.rank_dirs.count(rank)) return Status::Ok();
+  TP_RETURN_IF_ERROR(MakeDir(vdir + "/" + RankSegment(rank)));
+  vs.rank_dirs.insert(rank);
   return Status::Ok();
 }
 
@@ -145,7 +156,8 @@ struct Store::Impl {
   std::map<std::string, QuarantinedJob> quarantined;
   // The page pool (guarded by mu): per job, pooled files by size.
   uint64_t pool_limit = 0;
-  uint64_t pooled = 0;
+  uint64_t pooled = 0;  // includes files FillPoolLocked is still making (the limit's view)
+  uint64_t making = 0;  // bytes of those files: not in the pool yet, not to be taken
   std::map<std::string, std::multimap<uint64_t, PoolEntry>> pool;
   // Files to remove once mu is released (evicted from the pool): Sweep.
   std::vector<std::string> unlink_later;

@@ -145,7 +145,8 @@ Status Store::Impl::FillPoolLocked(std::unique_lock<std::mutex>& lock, const std
     if (stopping || have >= want || (job_must_exist && !jobs.count(job))) break;
     // Only free room: pre-sizing never evicts and never takes what tensors need.
     if (pooled + bytes > pool_limit || bytes > limit || used + pooled > limit - bytes) break;
-    pooled += bytes;  // counted while it is being made
+    pooled += bytes;  // counted while it is being made (but not reported: pool_bytes)
+    making += bytes;
     PoolEntry e;
     e.file = PoolName();
     e.bytes = bytes;
@@ -161,6 +162,7 @@ Status Store::Impl::FillPoolLocked(std::unique_lock<std::mutex>& lock, const std
     }
     lock.lock();
     pooled -= bytes;
+    making -= bytes;
     if (!s.ok() || stopping || (job_must_exist && !jobs.count(job))) {
       e.map.reset();
       ::unlink(e.file.c_str());
