@@ -414,4 +414,5 @@ def main():
             log("wrote", path, "(%d rows)" % len(rows))
 
 
-main()
+if __name__ == "__main__":
+    main()
