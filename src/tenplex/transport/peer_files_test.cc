@@ -151,6 +151,52 @@ TEST_F(PeerFilesTest, LongRunsAcrossTasksAndManyFiles) {
   for (uint64_t i = 0; i < 5000; ++i) ASSERT_EQ(out[big + i], static_cast<uint8_t>(i * 7 + 3)) << i;
 }
 
+// Short runs close together are read in spans (one preadv each, the gaps dropped):
+// rows of a column slice, runs going backwards, gaps too large to join, more runs than
+// a span holds and spans across tasks; every destination byte against the file's
+// formula, every byte between destinations untouched. A file that shrank under a span
+// is DataLoss.
+TEST_F(PeerFilesTest, SpansOfShortRunsAgainstAReference) {
+  std::mt19937_64 rng(11);
+  const uint64_t size = 32ull << 20;
+  Result<PeerFile> f = OpenAsNamed(Write("rows", size));
+  ASSERT_TRUE(f.ok());
+  for (int trial = 0; trial < 12; ++trial) {
+    std::vector<ReadRun> runs;
+    std::vector<std::pair<uint64_t, uint64_t>> where;  // file offset, out offset
+    std::vector<uint8_t> out(24ull << 20, 0xee);
+    uint64_t at = rng() % 4096, out_at = 0;
+    const uint64_t len = 1 + rng() % (trial < 6 ? 4096 : 70000);
+    while (out_at + len + 8 <= out.size()) {
+      // Mostly a fixed stride (a column slice); sometimes a jump back or a big gap.
+      uint64_t gap = trial % 3 == 0 ? len : rng() % (3 * len + 1);
+      const int kind = static_cast<int>(rng() % 50);
+      if (kind == 0) gap = 20000 + rng() % 100000;
+      if (at + len > size) break;
+      runs.push_back({at, len, out.data() + out_at});
+      where.push_back({at, out_at});
+      out_at += len + rng() % 3;  // destinations with holes of 0-2 bytes
+      at = kind == 1 && at > 50000 ? at - 50000 : at + len + gap;
+    }
+    ASSERT_GT(runs.size(), 40u);
+    ThreadPool pool(3);
+    Result<uint64_t> n = ReadPeerFiles({{&*f, &runs}}, trial % 2 ? &pool : nullptr, nullptr);
+    ASSERT_TRUE(n.ok()) << n.status().ToString();
+    EXPECT_EQ(*n, len * runs.size());
+    std::vector<uint8_t> want(out.size(), 0xee);
+    for (const auto& [file_at, to] : where) {
+      for (uint64_t i = 0; i < len; ++i) want[to + i] = static_cast<uint8_t>((file_at + i) * 7 + 3);
+    }
+    ASSERT_EQ(out, want) << "trial " << trial << ", run length " << len;
+  }
+  // Rows of 100 bytes, 100 apart, over a file cut short after it was opened.
+  std::vector<uint8_t> out(1 << 20, 0);
+  std::vector<ReadRun> rows;
+  for (uint64_t r = 0; r < 4000; ++r) rows.push_back({r * 200, 100, out.data() + r * 100});
+  ASSERT_EQ(::truncate(f->name().c_str(), 300000), 0);
+  EXPECT_EQ(ReadPeerFiles({{&*f, &rows}}, nullptr, nullptr).status().code(), StatusCode::kDataLoss);
+}
+
 TEST_F(PeerFilesTest, BadRunsAndCancel) {
   Result<PeerFile> f = OpenAsNamed(Write("a", 100));
   ASSERT_TRUE(f.ok());
