@@ -42,14 +42,14 @@ struct Piece {
 };
 
 // Spans. A reshard along a tensor's last dimension reads one short run per row (a
-// tp=4 -> tp=8 change of a 1024-wide weight: 2 KiB runs, 2 KiB apart), and one pread
-// per run spends more in the system call than in the copy (profiled at 4 daemons,
-// gpt3-350m tp=4 -> tp=8: over half of the same-host fetch's CPU outside the copy). Consecutive
-// short runs of a file that are close together are read with one preadv, the gaps between them
-// included: a gap costs a copy of its bytes, a run saved costs a system call (~1-2 us, a 4-16 KiB
-// copy). A span holds runs shorter than kSpanRunBytes, gaps of at most kSpanGapBytes
-// and no larger than 3 runs' worth, at most kSpanIov pieces (and as many gaps) and
-// kSpanBytes of file.
+// tp=4 -> tp=8 change of a 1024-wide weight: 2 KiB runs, 2 KiB apart), and one pread per
+// run spends more in the system call than in the copy (profiled at 4 daemons, gpt3-350m
+// tp=4 -> tp=8: over half of the same-host fetch's CPU outside the copy). Consecutive
+// short runs of a file that are close together are read with one preadv, the gaps
+// between them included: a gap costs a copy of its bytes, a run saved costs a system
+// call (~1-2 us, a 4-16 KiB copy). A span holds runs shorter than kSpanRunBytes, gaps of
+// at most kSpanGapBytes and no larger than 3 runs' worth, at most kSpanIov pieces (and
+// as many gaps) and kSpanBytes of file.
 constexpr uint64_t kSpanRunBytes = 64 << 10;
 constexpr uint64_t kSpanGapBytes = 16 << 10;
 constexpr std::size_t kSpanIov = 256;  // 2 iovecs each: <= IOV_MAX (1024)
