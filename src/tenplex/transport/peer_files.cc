@@ -219,39 +219,26 @@ Result<uint64_t> ReadPeerFiles(const std::vector<PeerFileRuns>& files, ThreadPoo
         stopped = true;
         return;
       }
+      // Pieces i..j: a span with its gaps, or one piece alone; one preadv.
       const Piece& p = pieces[i];
-      if (p.joins_next) {  // a span: pieces i..j with their gaps, one preadv
+      iov.clear();
+      uint64_t bytes = 0;
+      std::size_t j = i;
+      for (;; ++j) {
+        const Piece& q = pieces[j];
+        iov.push_back({q.dest, q.length});
+        bytes += q.length;
+        if (!q.joins_next) break;
         if (scratch.empty()) scratch.resize(kSpanGapBytes);
-        iov.clear();
-        uint64_t bytes = 0;
-        std::size_t j = i;
-        for (;; ++j) {
-          const Piece& q = pieces[j];
-          iov.push_back({q.dest, q.length});
-          bytes += q.length;
-          if (!q.joins_next) break;
-          if (q.gap > 0) iov.push_back({scratch.data(), q.gap});
-          bytes += q.gap;
-        }
-        const int e = PreadvFully(p.fd, iov.data(), static_cast<int>(iov.size()), p.offset, bytes);
-        if (e != 0) {
-          err = e;
-          return;
-        }
-        i = j;
-        continue;
+        if (q.gap > 0) iov.push_back({scratch.data(), q.gap});
+        bytes += q.gap;
       }
-      uint64_t done = 0;
-      while (done < p.length) {
-        const ssize_t n =
-            ::pread(p.fd, p.dest + done, p.length - done, static_cast<off_t>(p.offset + done));
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) {
-          err = n < 0 ? errno : -1;
-          return;
-        }
-        done += static_cast<uint64_t>(n);
+      const int e = PreadvFully(p.fd, iov.data(), static_cast<int>(iov.size()), p.offset, bytes);
+      if (e != 0) {
+        err = e;
+        return;
       }
+      i = j;
     }
   };
   if (pool == nullptr || tasks <= 1) {
