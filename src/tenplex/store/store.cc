@@ -44,6 +44,17 @@ Result<std::shared_ptr<void>> Store::Reserve(uint64_t bytes, const std::string& 
   });
 }
 
+std::shared_ptr<void> Store::OnRelease(std::function<void(const std::string& job)> listener) {
+  Impl* impl = impl_.get();
+  std::lock_guard<std::mutex> lock(impl->listen_mu);
+  const uint64_t id = impl->next_listener++;
+  impl->listeners.emplace(id, std::move(listener));
+  return std::shared_ptr<void>(nullptr, [impl, id](void*) {
+    std::lock_guard<std::mutex> lock(impl->listen_mu);
+    impl->listeners.erase(id);
+  });
+}
+
 Result<uint64_t> Store::BeginVersion(const std::string& job, std::optional<uint64_t> version,
                                      const std::string& info) {
   TP_RETURN_IF_ERROR(CheckJobName(job));
@@ -197,7 +208,11 @@ Status Store::Commit(const std::string& job, uint64_t version, bool keep_old) {
   }
   std::error_code ec;
   for (const std::string& t : trash) fs::remove_all(t, ec);
-  impl_->Sweep();
+  if (trash.empty()) {
+    impl_->Sweep();  // kept the older versions: nothing released
+  } else {
+    impl_->Released(job);
+  }
   return Status::Ok();
 }
 
@@ -222,7 +237,7 @@ Status Store::DropVersion(const std::string& job, uint64_t version) {
   std::error_code ec;
   fs::remove_all(trash, ec);
   if (!job_trash.empty()) fs::remove_all(job_trash, ec);
-  impl_->Sweep();
+  impl_->Released(job);
   return Status::Ok();
 }
 
@@ -239,7 +254,7 @@ Status Store::ReleaseOld(const std::string& job) {
   }
   std::error_code ec;
   for (const std::string& t : trash) fs::remove_all(t, ec);
-  impl_->Sweep();
+  impl_->Released(job);
   return Status::Ok();
 }
 
@@ -263,7 +278,7 @@ Status Store::DeleteJob(const std::string& job) {
   }
   std::error_code ec;
   fs::remove_all(trash, ec);
-  impl_->Sweep();
+  impl_->Released(job);
   return Status::Ok();
 }
 

@@ -184,6 +184,15 @@ class Store {
   // the memory limit until the returned handle is destroyed; ResourceExhausted, naming
   // `what`, when it does not fit. REQUIRES: the handle does not outlive the store.
   Result<std::shared_ptr<void>> Reserve(uint64_t bytes, const std::string& what);
+  // Calls `listener(job)` after versions of `job` were released (Commit, DropVersion,
+  // ReleaseOld, DeleteJob), on the releasing thread with no store lock held. A holder
+  // of maps of committed tensors (the transform agent's cache of tensors its peers read)
+  // drops those of released versions then: a released tensor's memory is freed only
+  // when its last map goes, and the holder would otherwise keep it until it next looks.
+  // Listening stops when the returned handle is destroyed (which waits for a call in
+  // progress). REQUIRES: the handle does not outlive the store; a listener does not
+  // call OnRelease.
+  std::shared_ptr<void> OnRelease(std::function<void(const std::string& job)> listener);
 
   // ---- versions
   // Opens a new version of job (created on first use). Without `version` it is one

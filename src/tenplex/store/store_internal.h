@@ -193,6 +193,12 @@ struct Store::Impl {
   void DropPool(const std::string& job);
   // REQUIRES: mu NOT held. Removes the files evicted meanwhile.
   void Sweep();
+  // REQUIRES: mu NOT held. After versions of `job` were released: Sweep, then tells the
+  // release listeners (Store::OnRelease).
+  void Released(const std::string& job);
+  std::mutex listen_mu;  // held while listeners are called
+  std::map<uint64_t, std::function<void(const std::string&)>> listeners;  // by listen_mu
+  uint64_t next_listener = 0;                                             // by listen_mu
   // REQUIRES: mu held. Queues pre-sizing of `job`'s pool after version vs committed.
   void SchedulePresize(const std::string& job, const VersionState& vs);
   // The presizer thread's body; returns once `stopping`.

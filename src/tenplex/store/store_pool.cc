@@ -98,6 +98,12 @@ void Store::Impl::Sweep() {
   for (const std::string& f : files) ::unlink(f.c_str());
 }
 
+void Store::Impl::Released(const std::string& job) {
+  Sweep();
+  std::lock_guard<std::mutex> lock(listen_mu);
+  for (const auto& [id, listener] : listeners) listener(job);
+}
+
 void Store::Impl::SchedulePresize(const std::string& job, const VersionState& vs) {
   if (!presizer.joinable() || pool_limit == 0) return;
   std::vector<uint64_t> sizes;

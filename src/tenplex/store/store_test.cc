@@ -179,6 +179,43 @@ TEST(StoreTest, ExplicitVersionNumbersAndKeepOld) {
   EXPECT_EQ(store->Job("j").status().code(), StatusCode::kNotFound);
 }
 
+// Store::OnRelease: a listener hears of every release (not of commits that keep the
+// older versions), after the released tensors are gone, with no store lock held (it can
+// call the store), and never again once its handle is destroyed.
+TEST(StoreTest, ReleaseListenersHearOfEveryReleaseAfterIt) {
+  auto store = OpenStore();
+  std::vector<std::string> heard;
+  std::vector<bool> v1_gone;
+  std::shared_ptr<void> handle = store->OnRelease([&](const std::string& job) {
+    heard.push_back(job);
+    v1_gone.push_back(!store->Meta("jobs/j/1/rank-00000/x").ok());
+  });
+  uint8_t x = 1;
+  auto put_commit = [&](uint64_t v, bool keep_old) {
+    ASSERT_TRUE(store->BeginVersion("j", v).ok());
+    ASSERT_TRUE(store->Put(TensorPathOf("j", v, 0, "x"), DType::kU8, {1}, &x, 1).ok());
+    ASSERT_TRUE(store->Commit("j", v, keep_old).ok());
+  };
+  put_commit(1, false);  // nothing older
+  put_commit(2, true);   // 1 kept
+  EXPECT_TRUE(heard.empty());
+  ASSERT_TRUE(store->ReleaseOld("j").ok());  // releases 1
+  EXPECT_EQ(heard.size(), 1u);
+  put_commit(3, false);  // releases 2
+  EXPECT_EQ(heard.size(), 2u);
+  ASSERT_TRUE(store->BeginVersion("j", 4).ok());
+  ASSERT_TRUE(store->DropVersion("j", 4).ok());
+  EXPECT_EQ(heard.size(), 3u);
+  ASSERT_TRUE(store->DeleteJob("j").ok());
+  EXPECT_EQ(heard, std::vector<std::string>(4, "j"));
+  EXPECT_EQ(v1_gone, std::vector<bool>(4, true));
+  handle.reset();
+  put_commit(1, false);
+  put_commit(2, false);
+  ASSERT_TRUE(store->DeleteJob("j").ok());
+  EXPECT_EQ(heard.size(), 4u);
+}
+
 TEST(StoreTest, MemoryLimit) {
   auto store = OpenStore({.shm_dir = "", .memory_limit = 1000});
   EXPECT_EQ(store->memory_limit(), 1000u);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -86,15 +87,50 @@ struct Agent::Impl {
   std::atomic<uint64_t> refused[5] = {0, 0, 0, 0, 0};
   std::string MetricsText();
 
-  explicit Impl(store::Store& s, AgentOptions o) : store(s), options(std::move(o)) {}
+  explicit Impl(store::Store& s, AgentOptions o) : store(s), options(std::move(o)) {
+    reaper = std::thread([this] { ReapLoop(); });
+    release_listener = store.OnRelease([this](const std::string& job) { Purge(&job); });
+  }
+  ~Impl() {
+    release_listener.reset();  // waits for a call in progress
+    {
+      std::lock_guard<std::mutex> lock(reap_mu);
+      reap_stop = true;
+    }
+    reap_cv.notify_one();
+    reaper.join();
+  }
+  std::shared_ptr<void> release_listener;  // Store::OnRelease
 
   // Maps of the committed tensors peers read, kept between requests: a fresh map of
   // a tmpfs file starts with empty page tables, and on some machines a page fault
   // costs more than copying the page, so every map is pre-faulted once and reused.
   // Committed tensors never change; an entry is dropped when its tensor is gone (its
-  // version released) or replaced, checked at every prepare (Purge).
+  // version released) or replaced, checked when the store releases versions of its job
+  // (Store::OnRelease) and at every prepare (Purge).
   std::mutex cache_mu;
   std::unordered_map<std::string, std::shared_ptr<const store::TensorRef>> cache;
+
+  // Dropped maps are destroyed on this thread: the last map of a released tensor frees
+  // its pages (the kernel evicts the unlinked file then), which for a whole version is
+  // tenths of a second that neither a commit nor a prepare should wait for.
+  std::mutex reap_mu;
+  std::condition_variable reap_cv;
+  std::vector<std::shared_ptr<const store::TensorRef>> reap;  // guarded by reap_mu
+  bool reap_stop = false;                                     // guarded by reap_mu
+  std::thread reaper;
+  void ReapLoop() {
+    std::unique_lock<std::mutex> lock(reap_mu);
+    while (true) {
+      reap_cv.wait(lock, [&] { return reap_stop || !reap.empty(); });
+      if (reap.empty()) return;  // stopping, nothing left
+      std::vector<std::shared_ptr<const store::TensorRef>> now;
+      now.swap(reap);
+      lock.unlock();
+      now.clear();
+      lock.lock();
+    }
+  }
 
   // A large region of a fixed pattern (transport::ProbeByte) for probes that move
   // distinct memory, as a transform does (the transport's own probe region is 64 MiB,
@@ -212,16 +248,35 @@ struct Agent::Impl {
     return hold;
   }
 
-  void Purge() {
-    std::lock_guard<std::mutex> lock(cache_mu);
-    for (auto it = cache.begin(); it != cache.end();) {
-      Result<store::TensorInfo> meta = store.Meta(it->first);
-      if (!meta.ok() || meta->file != it->second->info().file) {
-        it = cache.erase(it);
-      } else {
-        ++it;
+  // Drops the entries whose tensor is gone or replaced (of `job` only, if given); the
+  // reaper unmaps them.
+  void Purge(const std::string* job = nullptr) {
+    auto other_job = [job](const std::string& path) {
+      if (!job) return false;
+      Result<store::TensorPath> p = store::ParseTensorPath(path);
+      return p.ok() && p->job != *job;
+    };
+    std::vector<std::shared_ptr<const store::TensorRef>> dropped;
+    {
+      std::lock_guard<std::mutex> lock(cache_mu);
+      for (auto it = cache.begin(); it != cache.end();) {
+        if (other_job(it->first)) {
+          ++it;
+          continue;
+        }
+        Result<store::TensorInfo> meta = store.Meta(it->first);
+        if (!meta.ok() || meta->file != it->second->info().file) {
+          dropped.push_back(std::move(it->second));
+          it = cache.erase(it);
+        } else {
+          ++it;
+        }
       }
     }
+    if (dropped.empty()) return;
+    std::lock_guard<std::mutex> lock(reap_mu);
+    for (auto& d : dropped) reap.push_back(std::move(d));
+    reap_cv.notify_one();
   }
 
   Result<std::string> Prepare(const std::string& body);

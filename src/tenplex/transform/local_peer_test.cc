@@ -6,7 +6,10 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <fstream>
 #include <random>
+#include <sstream>
 #include <thread>
 
 #include "tenplex/store/parse.h"
@@ -160,6 +163,41 @@ TEST_F(LocalPeerTest, LocatedFilesAreNotRecycledByThePagePool) {
   ASSERT_TRUE(open.ok()) << open.status().ToString();
   EXPECT_NE(ino(release_and_reallocate(3)), pinned);
   EXPECT_EQ(store_->pool_bytes(), 0u);
+}
+
+// Whether this process maps a file of `dir` with inode `ino` (/proc/self/maps; an
+// unlinked file keeps its inode there, with " (deleted)" after its last path).
+bool MapsInode(const std::string& dir, uint64_t ino) {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    std::istringstream in(line);
+    std::string range, perms, offset, dev, path;
+    uint64_t inode = 0;
+    in >> range >> perms >> offset >> dev >> inode >> path;
+    if (inode == ino && path.compare(0, dir.size(), dir) == 0) return true;
+  }
+  return false;
+}
+
+// The map the agent holds of a located file (so that the page pool never recycles it
+// under the peer) goes when the store releases the file's version, not at the agent's
+// next prepare: until then the released tensor's memory would stay allocated.
+TEST_F(LocalPeerTest, LocatedFilesAreUnmappedWhenTheirVersionIsReleased) {
+  const std::string path = Commit(1 << 20);
+  const std::string file = store_->Meta(path)->file;
+  const uint64_t ino = transport::IdentifyFile(file)->ino;
+  EXPECT_FALSE(MapsInode(store_->shm_dir(), ino));
+  std::vector<uint8_t> out(64);
+  transport::ReadRequest req{path, {{0, out.size(), out.data()}}};
+  ASSERT_TRUE(ReadFromLocalPeer(peer_, {req}, Options(), nullptr).ok());
+  EXPECT_TRUE(MapsInode(store_->shm_dir(), ino));  // pinned by the locate
+  ASSERT_TRUE(store_->BeginVersion("j", 2).ok());
+  ASSERT_TRUE(store_->Commit("j", 2).ok());  // releases version 1
+  // Unmapped on the agent's reaper thread, soon after the release.
+  for (int i = 0; i < 500 && MapsInode(store_->shm_dir(), ino); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_FALSE(MapsInode(store_->shm_dir(), ino));
 }
 
 TEST_F(LocalPeerTest, OnlyWhereTheDirectoryIsVisible) {
