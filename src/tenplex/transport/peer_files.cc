@@ -30,15 +30,53 @@ bool Below(const std::string& dir, const std::string& file) {
   return true;
 }
 
-// A piece of a run: `length` bytes at `offset` of file `f` into `dest`; `gap` bytes of
-// the file between its end and the next piece's start, when both are read by one
-// preadv (a span), the gap's bytes into a scratch buffer that is dropped.
+// A piece of a run (runs are cut at kTaskBytes): `length` bytes at `offset` of file
+// `fd` into `dest`.
 struct Piece {
   int fd;
   uint64_t offset, length;
   uint8_t* dest;
-  uint64_t gap = 0;
-  bool joins_next = false;  // the next piece continues this one's span
+};
+
+// Where a piece starts: byte `at` of run `run` of files[file].
+struct PieceAt {
+  std::size_t file = 0, run = 0;
+  uint64_t at = 0;
+};
+
+// Moves `c` onto a piece (past empty runs and the ends of runs and files); false past
+// the last piece.
+bool Settle(const std::vector<PeerFileRuns>& files, PieceAt& c) {
+  while (c.file < files.size()) {
+    const std::vector<ReadRun>& runs = *files[c.file].runs;
+    if (c.run >= runs.size()) {
+      ++c.file;
+      c.run = 0;
+    } else if (c.at >= runs[c.run].length) {
+      ++c.run;
+      c.at = 0;
+    } else {
+      return true;
+    }
+  }
+  return false;
+}
+
+Piece PieceOf(const std::vector<PeerFileRuns>& files, const PieceAt& c) {
+  const ReadRun& r = (*files[c.file].runs)[c.run];
+  return {files[c.file].file->fd(), r.offset + c.at, std::min(kTaskBytes, r.length - c.at),
+          static_cast<uint8_t*>(r.dest) + c.at};
+}
+
+// Consecutive pieces read with one preadv: `pieces` of them from `first`, `bytes` of
+// the file from the first's offset, the gaps between them included (their bytes go to a
+// scratch buffer that is dropped). Not stored as pieces: a reshard along the last
+// dimension has hundreds of thousands of short runs per host, and a vector of them is
+// fresh memory, whose first touch costs more on some VMs than the copy it describes.
+struct Span {
+  PieceAt first;
+  std::size_t pieces = 0;
+  uint64_t bytes = 0;
 };
 
 // Spans. A reshard along a tensor's last dimension reads one short run per row (a
@@ -160,8 +198,7 @@ Result<FileIdentity> IdentifyFile(const std::string& file) {
 Result<uint64_t> ReadPeerFiles(const std::vector<PeerFileRuns>& files, ThreadPool* pool,
                                const std::atomic<bool>* cancel) {
   // Check every run first, then cut them into pieces, join close short pieces into
-  // spans, and group the pieces into tasks (a span never crosses a task).
-  std::size_t count = 0;
+  // spans, and group the spans into tasks (a span never crosses a task).
   for (const PeerFileRuns& f : files) {
     for (const ReadRun& r : *f.runs) {
       if (r.length == 0) continue;
@@ -171,42 +208,32 @@ Result<uint64_t> ReadPeerFiles(const std::vector<PeerFileRuns>& files, ThreadPoo
                           ") is past the end of " + f.file->name() + " (" +
                           std::to_string(f.file->size()) + " bytes)");
       }
-      count += static_cast<std::size_t>((r.length + kTaskBytes - 1) / kTaskBytes);
     }
   }
-  std::vector<Piece> pieces;
-  pieces.reserve(count);
-  std::vector<std::size_t> task_begin{0};
-  uint64_t total = 0, in_task = 0, span_bytes = 0;
-  std::size_t in_span = 0;
-  for (const PeerFileRuns& f : files) {
-    for (const ReadRun& r : *f.runs) {
-      for (uint64_t at = 0; at < r.length; at += kTaskBytes) {
-        const uint64_t n = std::min(kTaskBytes, r.length - at);
-        Piece p{f.file->fd(), r.offset + at, n, static_cast<uint8_t*>(r.dest) + at};
-        if (!pieces.empty() && task_begin.back() != pieces.size() &&
-            Joinable(pieces.back(), p, in_span, span_bytes)) {
-          Piece& prev = pieces.back();
-          prev.gap = p.offset - (prev.offset + prev.length);
-          prev.joins_next = true;
-          ++in_span;
-          span_bytes += prev.gap + n;
-          in_task += prev.gap;
-        } else {
-          in_span = 1;
-          span_bytes = n;
-        }
-        pieces.push_back(p);
-        in_task += n;
-        total += n;
-        if (in_task >= kTaskBytes) {
-          task_begin.push_back(pieces.size());
-          in_task = 0;
-        }
-      }
+  std::vector<Span> spans;
+  std::vector<std::size_t> task_begin{0};  // tasks: ranges of spans
+  uint64_t total = 0, in_task = 0;
+  Piece prev{};
+  for (PieceAt c; Settle(files, c); c.at += kTaskBytes) {
+    const Piece p = PieceOf(files, c);
+    if (task_begin.back() != spans.size() &&
+        Joinable(prev, p, spans.back().pieces, spans.back().bytes)) {
+      const uint64_t gap = p.offset - (prev.offset + prev.length);
+      spans.back().pieces += 1;
+      spans.back().bytes += gap + p.length;
+      in_task += gap;
+    } else {
+      spans.push_back({c, 1, p.length});
+    }
+    prev = p;
+    in_task += p.length;
+    total += p.length;
+    if (in_task >= kTaskBytes) {
+      task_begin.push_back(spans.size());
+      in_task = 0;
     }
   }
-  if (task_begin.back() != pieces.size()) task_begin.push_back(pieces.size());
+  if (task_begin.back() != spans.size()) task_begin.push_back(spans.size());
   const std::size_t tasks = task_begin.size() - 1;
   std::atomic<int> err{0};  // errno, or -1: a short read (the file shrank)
   std::atomic<bool> stopped{false};
@@ -219,26 +246,27 @@ Result<uint64_t> ReadPeerFiles(const std::vector<PeerFileRuns>& files, ThreadPoo
         stopped = true;
         return;
       }
-      // Pieces i..j: a span with its gaps, or one piece alone; one preadv.
-      const Piece& p = pieces[i];
+      // One preadv: the span's pieces with the gaps between them.
+      const Span& sp = spans[i];
       iov.clear();
-      uint64_t bytes = 0;
-      std::size_t j = i;
-      for (;; ++j) {
-        const Piece& q = pieces[j];
+      PieceAt c = sp.first;
+      const Piece first = PieceOf(files, c);
+      uint64_t end = first.offset;
+      for (std::size_t k = 0; k < sp.pieces; ++k, c.at += kTaskBytes, Settle(files, c)) {
+        const Piece q = PieceOf(files, c);
+        if (q.offset > end) {
+          if (scratch.empty()) scratch.resize(kSpanGapBytes);
+          iov.push_back({scratch.data(), q.offset - end});
+        }
         iov.push_back({q.dest, q.length});
-        bytes += q.length;
-        if (!q.joins_next) break;
-        if (scratch.empty()) scratch.resize(kSpanGapBytes);
-        if (q.gap > 0) iov.push_back({scratch.data(), q.gap});
-        bytes += q.gap;
+        end = q.offset + q.length;
       }
-      const int e = PreadvFully(p.fd, iov.data(), static_cast<int>(iov.size()), p.offset, bytes);
+      const int e =
+          PreadvFully(first.fd, iov.data(), static_cast<int>(iov.size()), first.offset, sp.bytes);
       if (e != 0) {
         err = e;
         return;
       }
-      i = j;
     }
   };
   if (pool == nullptr || tasks <= 1) {

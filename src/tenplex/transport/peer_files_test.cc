@@ -30,11 +30,11 @@ class PeerFilesTest : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
 
-  // A file of `n` bytes, byte i = i * 7 + 3 (mod 256).
-  std::string Write(const std::string& name, uint64_t n) {
+  // A file of `n` bytes, byte i = i * 7 + salt (mod 256).
+  std::string Write(const std::string& name, uint64_t n, int salt = 3) {
     const std::string path = dir_ + "/" + name;
     std::vector<uint8_t> b(n);
-    for (uint64_t i = 0; i < n; ++i) b[i] = static_cast<uint8_t>(i * 7 + 3);
+    for (uint64_t i = 0; i < n; ++i) b[i] = static_cast<uint8_t>(i * 7 + salt);
     std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(b.data()), n);
     return path;
   }
@@ -195,6 +195,42 @@ TEST_F(PeerFilesTest, SpansOfShortRunsAgainstAReference) {
   for (uint64_t r = 0; r < 4000; ++r) rows.push_back({r * 200, 100, out.data() + r * 100});
   ASSERT_EQ(::truncate(f->name().c_str(), 300000), 0);
   EXPECT_EQ(ReadPeerFiles({{&*f, &rows}}, nullptr, nullptr).status().code(), StatusCode::kDataLoss);
+}
+
+// Several files in one read, with empty runs, runs longer than a task (cut into pieces
+// of 4 MiB, a span of one each) and short runs between them: every byte lands where the
+// reference puts it, with and without the pool.
+TEST_F(PeerFilesTest, FilesEmptyRunsAndLongRunsAgainstAReference) {
+  const uint64_t size = 24ull << 20;
+  Result<PeerFile> a = OpenAsNamed(Write("a", size));
+  Result<PeerFile> b = OpenAsNamed(Write("b", size, /*salt=*/100));
+  ASSERT_TRUE(a.ok() && b.ok());
+  std::mt19937_64 rng(5);
+  for (int trial = 0; trial < 4; ++trial) {
+    std::vector<uint8_t> out(40ull << 20, 0xee), want(out.size(), 0xee);
+    std::vector<ReadRun> runs[2];
+    uint64_t at[2] = {0, 0}, out_at = 0, bytes = 0;
+    for (int i = 0; i < 3000; ++i) {
+      const int f = static_cast<int>(rng() % 2);
+      const int kind = static_cast<int>(rng() % 100);
+      const uint64_t len = kind == 0  ? (9ull << 20) + rng() % 4096
+                           : kind < 5 ? 0
+                                      : 1 + rng() % 3000;
+      if (at[f] + len > size || out_at + len > out.size()) break;
+      runs[f].push_back({at[f], len, out.data() + out_at});
+      for (uint64_t k = 0; k < len; ++k)
+        want[out_at + k] = static_cast<uint8_t>((at[f] + k) * 7 + (f == 0 ? 3 : 100));
+      at[f] += len + rng() % (2 * len + 1);
+      out_at += len;
+      bytes += len;
+    }
+    ThreadPool pool(3);
+    Result<uint64_t> n =
+        ReadPeerFiles({{&*a, &runs[0]}, {&*b, &runs[1]}}, trial % 2 ? &pool : nullptr, nullptr);
+    ASSERT_TRUE(n.ok()) << n.status().ToString();
+    EXPECT_EQ(*n, bytes);
+    ASSERT_EQ(out, want) << "trial " << trial;
+  }
 }
 
 TEST_F(PeerFilesTest, BadRunsAndCancel) {
