@@ -79,7 +79,7 @@ struct PeerFileRuns {
 
 // Copies every run with pread, in tasks of about 4 MiB on the pool (null: this
 // thread). A run past the end of its file is OutOfRange (nothing is read then); a
-// null destination InvalidArgument. `cancel` (may be null) is checked between pieces:
+// null destination InvalidArgument. `cancel` (may be null) is checked between reads:
 // once it is set the copy stops and returns Aborted. Returns the bytes copied.
 Result<uint64_t> ReadPeerFiles(const std::vector<PeerFileRuns>& files, ThreadPool* pool,
                                const std::atomic<bool>* cancel);
