@@ -62,6 +62,12 @@ bool Settle(const std::vector<PeerFileRuns>& files, PieceAt& c) {
   return false;
 }
 
+// Moves `c` to the next piece; false past the last.
+bool NextPiece(const std::vector<PeerFileRuns>& files, PieceAt& c) {
+  c.at += kTaskBytes;
+  return Settle(files, c);
+}
+
 Piece PieceOf(const std::vector<PeerFileRuns>& files, const PieceAt& c) {
   const ReadRun& r = (*files[c.file].runs)[c.run];
   return {files[c.file].file->fd(), r.offset + c.at, std::min(kTaskBytes, r.length - c.at),
@@ -214,8 +220,9 @@ Result<uint64_t> ReadPeerFiles(const std::vector<PeerFileRuns>& files, ThreadPoo
   std::vector<std::size_t> task_begin{0};  // tasks: ranges of spans
   uint64_t total = 0, in_task = 0;
   Piece prev{};
-  for (PieceAt c; Settle(files, c); c.at += kTaskBytes) {
-    const Piece p = PieceOf(files, c);
+  PieceAt cursor;
+  for (bool more = Settle(files, cursor); more; more = NextPiece(files, cursor)) {
+    const Piece p = PieceOf(files, cursor);
     if (task_begin.back() != spans.size() &&
         Joinable(prev, p, spans.back().pieces, spans.back().bytes)) {
       const uint64_t gap = p.offset - (prev.offset + prev.length);
@@ -223,7 +230,7 @@ Result<uint64_t> ReadPeerFiles(const std::vector<PeerFileRuns>& files, ThreadPoo
       spans.back().bytes += gap + p.length;
       in_task += gap;
     } else {
-      spans.push_back({c, 1, p.length});
+      spans.push_back({cursor, 1, p.length});
     }
     prev = p;
     in_task += p.length;
@@ -252,7 +259,7 @@ Result<uint64_t> ReadPeerFiles(const std::vector<PeerFileRuns>& files, ThreadPoo
       PieceAt c = sp.first;
       const Piece first = PieceOf(files, c);
       uint64_t end = first.offset;
-      for (std::size_t k = 0; k < sp.pieces; ++k, c.at += kTaskBytes, Settle(files, c)) {
+      for (std::size_t k = 0; k < sp.pieces; ++k) {
         const Piece q = PieceOf(files, c);
         if (q.offset > end) {
           if (scratch.empty()) scratch.resize(kSpanGapBytes);
@@ -260,6 +267,7 @@ Result<uint64_t> ReadPeerFiles(const std::vector<PeerFileRuns>& files, ThreadPoo
         }
         iov.push_back({q.dest, q.length});
         end = q.offset + q.length;
+        NextPiece(files, c);
       }
       const int e =
           PreadvFully(first.fd, iov.data(), static_cast<int>(iov.size()), first.offset, sp.bytes);
