@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Benchmark of the distributed state transformation (`tenplex transform --cluster`).
 
 Store daemons on this machine play the hosts (2 GPUs each). A synthetic GPT state with

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Failure recovery (paper Fig. 11): resuming after killed workers from the state in
 the store, against restarting from the last on-disk checkpoint.
 
@@ -59,7 +59,7 @@ from daemons import Daemon, write_cluster  # noqa: E402
 from tenplex.runlog import read_run_log  # noqa: E402
 
 REPO = os.path.abspath(os.path.join(HERE, ".."))
-PY = "/usr/bin/python3"
+PY = sys.executable  # the project interpreter (.venv/bin/python) that runs this file
 TRAIN = os.path.join(REPO, "examples", "gpt", "train.py")
 LAUNCH = os.path.join(REPO, "examples", "gpt", "launch.py")
 FROM = "tp=2,dp=2"

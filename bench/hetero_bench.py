@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Heterogeneous devices: even split vs `tenplex run --rebalance` vs the FlexTP-style
 per-step offload, against the ideal bound measured in the same run (issue 14).
 
@@ -77,7 +77,7 @@ sys.path.insert(0, os.path.join(ROOT, "python"))
 from tenplex import layout as L  # noqa: E402
 from tenplex.runlog import read_run_log  # noqa: E402
 
-PY = "/usr/bin/python3"
+PY = sys.executable  # the project interpreter (.venv/bin/python) that runs this file
 GPT = os.path.join(ROOT, "examples", "gpt")
 MODEL = ["--num-layers", "2", "--hidden-size", "128", "--num-attention-heads", "32", "--num-query-groups", "32",
          "--ffn-hidden-size", "1024", "--vocab-size", "512", "--max-position-embeddings", "64"]

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Checkpoint import/export throughput (docs/interop.md) against the write limit.
 
 A GPT model (fp32 parameters, no optimizer state, so every format carries the same
@@ -15,7 +15,7 @@ GB/s is the model's bytes over the command's wall time (process start, Python an
 imports, checks before and after included). The limit is writing the same bytes to one
 file in the same directory with fsync, measured in this run; `ratio` = limit time /
 command time (1.0 = as fast as the write alone). `startup_s` is the fixed cost of every
-command measured in the same run (`/usr/bin/python3 -c "import torch, numpy"`, the
+command measured in the same run (`python -c "import torch, numpy"`, the
 helper's interpreter start), and `gb_per_s_after_startup` the rate without it.
 
   interop_bench.py --tenplex build/bin/tenplex [--out docs/benchmarks] [--quick] [--dir D]
@@ -63,7 +63,7 @@ def main():
         subprocess.run([a.tenplex, "ckpt", "init", "--model", model, "--config", "tp=2,pp=2", "--out", ck],
                        check=True, capture_output=True)
         nbytes = du_bytes(ck)
-        startup = min(timed(["/usr/bin/python3", "-c", "import torch, numpy"]) for _ in range(3))
+        startup = min(timed([sys.executable, "-c", "import torch, numpy"]) for _ in range(3))
         for fmt in ("hf", "dcp", "megatron"):
             out = os.path.join(root, fmt)
             back = os.path.join(root, fmt + "-back")

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Job completion time under changing GPUs: a trace-driven simulation at paper scale
 (docs/policy.md). Step times come from `tenplex config suggest --json` (the policy's
 model), reconfiguration bytes from `tenplex plan --json` (our planner), transform

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Planner scaling: runs bench/plan_bench (Google Benchmark) for growth with the number of
 layers (gpt3-175b shape, tp=8,pp=16,dp=8 -> tp=8,pp=12,dp=10) and with the world size
 (dp 4..32, i.e. up to 4096 old + 5120 new ranks), and one host's plan (per-host planning) of a

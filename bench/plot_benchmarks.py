@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Plots every docs/benchmarks/*.csv this script knows about into PNGs beside them:
 dcp_peer.csv (bench/dcp_peer_bench.py), plan_scaling.csv (bench/plan_scaling.py),
 failure_recovery.csv (bench/failure_recovery_bench.py), and

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Plots docs/benchmarks/cluster_transform.csv (bench/cluster_transform_bench.py):
 cluster_transform_dims.png (per dimension: ours, central baseline, limits) and
 cluster_transform_size.png (against the number of hosts).

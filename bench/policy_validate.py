@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Validates `tenplex config suggest` against published measurements (docs/policy.md).
 
 Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters Using

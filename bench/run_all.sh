@@ -10,7 +10,7 @@ BIN=${BIN:-build/bin}
 OUT=${OUT:-docs/benchmarks}
 QUICK=()
 if [[ "${1:-}" == "--quick" ]]; then QUICK=(--quick); fi
-PY=/usr/bin/python3
+PY=${TENPLEX_PYTHON:-$(cd "$(dirname "$0")/.." && pwd)/.venv/bin/python}
 for b in tenplex plan_bench; do
   [[ -x "$BIN/$b" ]] || { echo "run_all: $BIN/$b missing (set BIN= or build it)" >&2; exit 1; }
 done

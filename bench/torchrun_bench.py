@@ -1,10 +1,10 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """A reconfiguration under torchrun, split into its parts, against a DP-only restart from
 a disk checkpoint (what torchrun users do today).
 
 usage: torchrun_bench.py [--bin build/bin/tenplex] [--hidden 32] [--layers 2] [--out DIR]
 
-Both runs are the same elastic job under `python -m tenplex.torchrun` on 3 loopback
+Both runs are the same elastic job under torchrun (`python -m torch.distributed.run`) on 3 loopback
 "hosts" (nproc 2 each, c10d rendezvous on host 0, monitor interval 0.5 s): 2 hosts
 train, at step 3 host 2 joins (its agent already started, so its join is immediate),
 the agents stop their workers (SIGTERM), the workers commit at the step boundary and the

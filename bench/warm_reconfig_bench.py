@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Reconfiguration end to end, cold workers against warm ones (`tenplex run --warm`).
 
 Runs the demo (scripts/demo.sh: GPT 4 layers, hidden 64, examples/schedules/demo.json:
@@ -43,7 +43,7 @@ def run(tenplex, tmp, model, name, warm, baseline=None):
            log, "--work-dir", os.path.join(tmp, name)]
     cmd += ["--warm"] if warm else []
     cmd += ["--baseline", baseline] if baseline else []
-    cmd += ["--json", "--", "/usr/bin/python3", os.path.join(REPO, "examples/gpt/train.py"), "--model", model]
+    cmd += ["--json", "--", sys.executable, os.path.join(REPO, "examples/gpt/train.py"), "--model", model]
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
         sys.exit(f"tenplex run {name} failed ({p.returncode}):\n{p.stderr[-3000:]}")

@@ -1,7 +1,7 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Randomized fault-injection campaign (issue 19 §3, docs/reliability.md).
 
-    /usr/bin/python3 scripts/fault_campaign.py build/bin/tenplex [--trials 100]
+    .venv/bin/python scripts/fault_campaign.py build/bin/tenplex [--trials 100]
         [--seed 1] [--markdown FILE] [--verbose]
 
 4 store daemons on loopback (2 GPUs each, persistent --shm-dir on fixed ports, so a
@@ -275,7 +275,7 @@ class Campaign:
             json.dump([{"step": 0, "config": "tp=2"}, {"step": 3, "config": "dp=2"}, {"step": 6, "stop": True}], f)
         cmd = [self.tenplex, "run", "--schedule", sched, "--log", os.path.join(self.tmp, job + ".jsonl"),
                "--work-dir", work, "--cluster", self.cluster, "--job", job, "--commit-every", "1",
-               "--hang-seconds", "60", "--quiet", "--", "/usr/bin/python3", os.path.join(REPO, "examples/gpt/train.py"),
+               "--hang-seconds", "60", "--quiet", "--", sys.executable, os.path.join(REPO, "examples/gpt/train.py"),
                "--model", self.model, "--global-batch-size", "4", "--micro-batch-size", "2", "--seq-length", "16"]
         t0 = time.time()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

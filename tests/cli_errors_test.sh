@@ -2,6 +2,7 @@
 # Bad input to the CLI: a clear message on stderr and exit code 2, never a crash.
 set -u
 T="$1"
+PY=${TENPLEX_PYTHON:?the project interpreter (set by CMake: TENPLEX_PY)}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fails=0
@@ -53,7 +54,7 @@ MEG=(--num-layers 2 --hidden-size 64 --num-attention-heads 8 --vocab-size 300
      --use-distributed-optimizer --data-path 0.5 a_text_document 0.5 b_text_document --split 949,50,1
      --tokenizer-type GPT2BPETokenizer --vocab-file v.json --merge-file m.txt --save-interval 100 --use-flash-attn)
 expect_ok "$T" model gpt "${MEG[@]}" -o "$tmp/meg.json"
-/usr/bin/python3 - "$tmp/meg.json" <<'PY' || fails=$((fails+1))
+"$PY" - "$tmp/meg.json" <<'PY' || fails=$((fails+1))
 import json, sys
 m = json.load(open(sys.argv[1]))
 t = {x["path"]: x for x in m["tensors"]}
@@ -67,7 +68,7 @@ print("ok: Megatron-LM argument block -> bf16, 2 query groups, 1024 positions, u
 PY
 # --group-query-attention alone: Megatron's default of one query group.
 expect_ok "$T" model gpt --num-layers 1 --hidden-size 32 --num-attention-heads 4 --vocab-size 64 --group-query-attention -o "$tmp/mqa.json"
-/usr/bin/python3 -c "
+"$PY" -c "
 import json, sys; m = json.load(open('$tmp/mqa.json'))
 s = [t['shape'] for t in m['tensors'] if t['path'].endswith('linear_qkv.weight')][0]
 sys.exit(0 if s == [32 + 2 * 8, 32] else 1)" || { echo "FAIL: --group-query-attention alone is not one group"; fails=$((fails+1)); }

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Integration test of `tenplex store load|save --cluster` with 4 store daemons as 4 hosts.
 
 Usage: cluster_store_test.py TENPLEX_BIN

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Integration test of `tenplex transform --cluster`: 4 store daemons as 4 hosts
 (2 GPUs each) on loopback, bytes between them over UCX.
 

@@ -6,7 +6,7 @@ Kubernetes (deploy/k8s/*.yaml, parsed with PyYAML): every document has apiVersio
 and metadata.name; the Secret holds the key the others read; the store DaemonSet's
 selector matches its pod labels, it runs `tenplex store serve` on the port it exposes,
 with hostIPC, the host's /dev/shm and TENPLEX_TOKEN from the Secret; the PyTorchJob is
-elastic (c10d, 1 <= min <= replicas <= max), runs `python3 -m tenplex.torchrun` with
+elastic (c10d, 1 <= min <= replicas <= max), runs `torchrun` with
 `train.py --elastic` and the policy of the ConfigMap it mounts (every entry a valid
 config of its world size, a multiple of nproc_per_node), reaches the daemon's port at the
 node's address, shares /dev/shm and IPC with the daemon, one pod per node.
@@ -93,8 +93,8 @@ def check_k8s(repo):
     wpod = worker.get("template", {}).get("spec", {})
     wc = (wpod.get("containers") or [{}])[0]
     wcmd = wc.get("command", [])
-    check(wcmd[:3] == ["python3", "-m", "tenplex.torchrun"] and "--elastic" in wcmd,
-          f"workers run python3 -m tenplex.torchrun ... train.py --elastic: {wcmd[:4]}")
+    check(wcmd[:1] == ["torchrun"] and "--elastic" in wcmd,
+          f"workers run torchrun ... train.py --elastic: {wcmd[:4]}")
     nproc = next((int(a.split("=", 1)[1]) for a in wcmd if a.startswith("--nproc_per_node=")), 0)
     url = env_of(wc).get("TENPLEX_STORE_URL", {}).get("value", "")
     check(url.endswith(f":{port}") and "$(NODE_IP)" in url and

@@ -84,7 +84,7 @@ def run(tenplex, repo, tmp, name, schedule, model, baseline=None, cluster=None, 
     if commit_every:
         cmd += ["--commit-every", str(commit_every)]
     cmd += list(extra) + (["--warm"] if warm else [])
-    cmd += ["--", "/usr/bin/python3", os.path.join(repo, "examples/gpt/train.py"), "--model", model,
+    cmd += ["--", sys.executable, os.path.join(repo, "examples/gpt/train.py"), "--model", model,
             "--global-batch-size", "8", "--micro-batch-size", "2", "--seq-length", "32"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     print(p.stdout)
@@ -252,7 +252,7 @@ def lose_host(tenplex, repo, commit_every):
                            {"step": 4, "stop": True}], f)
             p = subprocess.run([tenplex, "run", "--schedule", sched, "--log", os.path.join(tmp, "u.jsonl"),
                                 "--work-dir", os.path.join(tmp, "u"), "--cluster", cluster, "--commit-every", "1",
-                                "--hang-seconds", "240", "--", "/usr/bin/python3",
+                                "--hang-seconds", "240", "--", sys.executable,
                                 os.path.join(repo, "examples/gpt/train.py"), "--model", model,
                                 "--global-batch-size", "8", "--micro-batch-size", "2", "--seq-length", "32"],
                                capture_output=True, text=True, timeout=600)

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Regression tests of the two-phase commit of `tenplex transform --cluster` (issue 19
 §2): 4 store daemons on loopback with persistent --shm-dir (a restart keeps state),
 2 GPUs each, one of them behind a fault proxy (fault_proxy.py) that acts at exactly

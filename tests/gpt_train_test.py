@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Integration tests of the reference GPT client (examples/gpt).
 
   gpt_train_test.py TENPLEX_BIN equivalence   same steps in many parallel configs give the
@@ -40,7 +40,7 @@ import data_ref  # noqa: E402  (independent pure-Python sample order)
 import model as gpt  # noqa: E402
 from tenplex import checkpoint, safetensors  # noqa: E402
 
-PY = "/usr/bin/python3"
+PY = sys.executable  # the project interpreter (.venv/bin/python) that runs this file
 BIN = None
 TMP = None
 STEPS = 4

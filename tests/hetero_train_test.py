@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Integration tests of heterogeneous training (issue 14; docs/hetero.md).
 
   hetero_train_test.py TENPLEX_BIN uneven     examples/gpt trains with tp_weights and
@@ -44,7 +44,7 @@ from tenplex.runlog import read_run_log  # noqa: E402
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 GPT = os.path.join(ROOT, "examples", "gpt")
-PY = "/usr/bin/python3"
+PY = sys.executable  # the project interpreter (.venv/bin/python) that runs this file
 TRAIN = ["--global-batch-size", "8", "--micro-batch-size", "2", "--seq-length", "32"]
 LLAMA = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "8", "--num-query-groups", "4",
          "--ffn-hidden-size", "96", "--vocab-size", "250", "--make-vocab-size-divisible-by", "16",

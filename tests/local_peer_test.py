@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Integration test of same-host reads between store daemons (docs/transport.md,
 "Same-host peers"): daemons on this machine read each other's committed tensors
 through their shared-memory files instead of UCX.

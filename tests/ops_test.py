@@ -247,17 +247,17 @@ def test_install(tmp):
             "'layout': json.loads(tenplex.layout_json('gpt3-125m', 'tp=2'))['world_size']}))")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     # cmake --install: on sys.path for /usr and /usr/local; here via PYTHONPATH (a temp prefix).
-    r = subprocess.run(["/usr/bin/python3", "-c", code], capture_output=True, text=True, cwd=tmp,
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp,
                        env=dict(env, PYTHONPATH=os.path.dirname(site[0])))
     check(r.returncode == 0, r.stderr)
     got = json.loads(r.stdout)
     check(got["file"].startswith(prefix) and got["w"] == [1.0, 1.0, 1.0] and got["layout"] == 2, got)
-    # pip from the checkout (Debian's pip and setuptools, no network, no build isolation).
+    # pip from the checkout (the venv's pip and setuptools, no network, no build isolation).
     target = os.path.join(tmp, "pip-target")
-    r = subprocess.run(["/usr/bin/python3", "-m", "pip", "install", "--no-deps", "--no-build-isolation",
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation",
                         "--no-index", "--target", target, ROOT], capture_output=True, text=True, cwd=tmp)
     check(r.returncode == 0, r.stdout + r.stderr)
-    r = subprocess.run(["/usr/bin/python3", "-c", code], capture_output=True, text=True, cwd=tmp,
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp,
                        env=dict(env, PYTHONPATH=target))
     check(r.returncode == 0, r.stderr)
     got = json.loads(r.stdout)

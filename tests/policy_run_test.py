@@ -67,7 +67,7 @@ def main():
         with open(bad, "w") as f:
             json.dump([{"step": 0, "gpus": 1, "gpu_memory": "1KiB"}, {"step": 2, "stop": True}], f)
         p = subprocess.run([tenplex, "run", "--schedule", bad, "--log", os.path.join(tmp, "bad.jsonl"), "--work-dir",
-                            os.path.join(tmp, "bad"), "--", "/usr/bin/python3", "train.py", "--model", model],
+                            os.path.join(tmp, "bad"), "--", sys.executable, "train.py", "--model", model],
                            capture_output=True, text=True, timeout=60)
         check(p.returncode != 0 and "entry 0 (1 GPUs)" in p.stderr and "fits in 1.00 KiB" in p.stderr,
               f"nothing fits: exit {p.returncode}: {p.stderr.strip()[-300:]}")

@@ -133,7 +133,7 @@ def main():
             "try:\n    tenplex.attach()\nexcept ImportError as e:\n    print(e)\n")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        env=dict(os.environ, PYTHONPATH=os.path.join(repo, "python")))
-    check(p.returncode == 0 and "'torch'" in p.stdout and "/usr/bin/python3" in p.stdout,
+    check(p.returncode == 0 and "'torch'" in p.stdout and ".venv/bin/python" in p.stdout,
           f"import without torch names the module and the interpreter: {p.stdout.strip()} {p.stderr.strip()}")
 
     # A daemon on this machine, through the same API.

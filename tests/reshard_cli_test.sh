@@ -6,6 +6,7 @@
 # file) fail with a clear message, exit code 2 and no output directory left behind.
 set -u
 T="$1"
+PY=${TENPLEX_PYTHON:?the project interpreter (set by CMake: TENPLEX_PY)}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fails=0
@@ -41,7 +42,7 @@ expect_ok "$T" model gpt --num-layers 4 --hidden-size 16 --num-attention-heads 4
 # Plans: JSON per spec section 8, cross-host bytes at the lower bound.
 "$T" plan --model "$M" --from tp=2,pp=2,dp=2 --to tp=2,pp=1,dp=3,zero=1 --gpus-per-host 2 --json >"$tmp/plan.json" \
   || fail "plan --json"
-/usr/bin/python3 - "$tmp/plan.json" <<'PY' || fail "plan JSON"
+"$PY" - "$tmp/plan.json" <<'PY' || fail "plan JSON"
 import json, sys
 p = json.load(open(sys.argv[1]))
 s = p["stats"]
@@ -78,7 +79,7 @@ U="tp=2,tp_weights=2+1,pp=2,dp=2,dp_weights=3+1"
 "$T" layout --model "$M" --config "$U" --json >"$tmp/ulayout.json" || fail "layout $U"
 "$T" plan --model "$M" --from "$U" --to tp=2,pp=1,dp=3,zero=1 --gpus-per-host 2 --json >"$tmp/uplan.json" \
   || fail "plan from $U"
-/usr/bin/python3 - "$tmp/ulayout.json" "$tmp/uplan.json" <<'PY' || fail "uneven layout/plan JSON"
+"$PY" - "$tmp/ulayout.json" "$tmp/uplan.json" <<'PY' || fail "uneven layout/plan JSON"
 import json, sys
 l, p = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
 assert l["config"] == "tp=2,pp=2,dp=2,tp_weights=2+1,dp_weights=3+1", l["config"]

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Daemon-side security and integrity of the store (issue 19, docs/reliability.md).
 
 Usage: store_security_test.py TENPLEX_BIN PART, PART one of

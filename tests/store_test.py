@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Integration tests of the tensor store daemon (`tenplex store serve|load|save`).
 
 Usage: store_test.py TENPLEX_BIN PART, PART one of

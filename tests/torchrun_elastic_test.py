@@ -4,7 +4,7 @@ matches a static run.
 usage: torchrun_elastic_test.py TENPLEX_BIN REPO_ROOT [--netns]
 
 Three "hosts" on 127.0.0.1 (different ports): each one store daemon (`tenplex store
-serve`) and one torchrun agent (`python -m tenplex.torchrun`, nproc 2, c10d rendezvous
+serve`) and one torchrun agent (`torchrun`, i.e. `python -m torch.distributed.run`, nproc 2, c10d rendezvous
 hosted by host 0's agent, --nnodes=2:3) running `train.py --elastic` with the policy
 {"4": "tp=2,pp=2", "6": "tp=2,dp=3"} and a commit every 2 steps. Hosts 0 and 1 start
 (tp=2,pp=2); at step 3 host 2 joins: the agents stop their workers (SIGTERM: a commit
@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from daemons import Daemon, NetnsBridge  # noqa: E402
 from elastic_run_test import Checks, check_steps, steps_of  # noqa: E402
 
-PY = "/usr/bin/python3"
+PY = sys.executable  # the project interpreter (.venv/bin/python) that runs this file
 STEPS = 24
 COMMIT_EVERY = 2
 POLICY = {"4": "tp=2,pp=2", "6": "tp=2,dp=3", "2": "tp=2"}
@@ -93,7 +93,7 @@ class Host:
                    PYTHONPATH=os.path.join(repo, "python"), GLOO_SOCKET_IFNAME=ifname, OMP_NUM_THREADS="1",
                    LOGLEVEL="INFO")  # the agents log their workers' exits and restarts (printed on failure)
         conf = f"is_host={'true' if index == 0 else 'false'},last_call_timeout=1,join_timeout=120,close_timeout=10"
-        launcher = [PY, os.path.abspath(__file__), "--agent-after", go_file] if go_file else [PY, "-m", "tenplex.torchrun"]
+        launcher = [PY, os.path.abspath(__file__), "--agent-after", go_file] if go_file else [PY, "-m", "torch.distributed.run"]
         cmd = [*prefix, *launcher, "--nnodes=2:3", "--nproc_per_node=2", "--rdzv_backend=c10d",
                f"--rdzv_endpoint={rdzv_host}:{rdzv_port}", "--rdzv_id=torchrun-test", f"--rdzv_conf={conf}",
                "--monitor_interval=0.5", "--max_restarts=3",
@@ -121,8 +121,6 @@ class Host:
 def delayed_agent(go_file, args):
     """A torchrun agent with its start-up done ahead: joins when go_file appears, so the
     test's scale-up happens at a known step instead of after an interpreter start."""
-    import tenplex.torchrun
-    tenplex.torchrun.patch()
     from torch.distributed import run
     while not os.path.exists(go_file):
         time.sleep(0.05)

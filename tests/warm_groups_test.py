@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Warm workers' process groups (examples/gpt/parallel.py, members_only=True): each rank
 creates only its own tp/dp/mp/embed groups, without torch's world-wide barrier per group.
 

@@ -1,7 +1,7 @@
 #!/bin/bash
 # One node of an elastic tenplex job: starts this node's store daemon, waits until it
-# answers, runs the torchrun agent (python -m tenplex.torchrun: torchrun with the
-# torch 1.13 / Python 3.11 fix) with train.py --elastic, and stops the daemon at the
+# answers, runs the torchrun agent (python -m torch.distributed.run) with train.py
+# --elastic, and stops the daemon at the
 # end. Run by tenplex-torchrun.sbatch through srun; it needs only environment variables,
 # so it also runs by hand on any machine (docs/deploy.md):
 #   TENPLEX_TOKEN, STORE_PORT, RDZV_ENDPOINT (host:port), RDZV_ID, RDZV_HOST_NODE (the
@@ -14,7 +14,7 @@ set -euo pipefail
 : "${RDZV_ENDPOINT:?set RDZV_ENDPOINT=host:port}" "${RDZV_ID:?set RDZV_ID}" "${POLICY:?set POLICY}"
 repo=${TENPLEX_REPO:-$(cd "$(dirname "$0")/../.." && pwd)}
 tenplex=${TENPLEX:-$repo/build/bin/tenplex}
-python=${PYTHON:-/usr/bin/python3}
+python=${PYTHON:-$repo/.venv/bin/python}
 port=${STORE_PORT:-7480}
 addr=${NODE_ADDR:-$(hostname -I | awk '{print $1}')}
 export TENPLEX_TOKEN TENPLEX_BIN=$tenplex PYTHONPATH=$repo/python${PYTHONPATH:+:$PYTHONPATH}
@@ -35,7 +35,7 @@ for _ in $(seq 100); do
 done
 
 # shellcheck disable=SC2086
-"$python" -m tenplex.torchrun --nnodes="${MIN_NODES:-1}:${MAX_NODES:-1}" --nproc_per_node="${NPROC:-1}" \
+"$python" -m torch.distributed.run --nnodes="${MIN_NODES:-1}:${MAX_NODES:-1}" --nproc_per_node="${NPROC:-1}" \
   --rdzv_backend=c10d --rdzv_endpoint="$RDZV_ENDPOINT" --rdzv_id="$RDZV_ID" \
   --rdzv_conf="is_host=$is_host,last_call_timeout=${LAST_CALL:-5}" \
   --monitor_interval="${MONITOR_INTERVAL:-5}" --max_restarts="${MAX_RESTARTS:-10}" \

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Step time of the reference GPT client per parallel config, on this machine.
 
   bench.py --model M.json [--steps 10] [--configs tp=1,tp=2,...] [train.py args]

@@ -1,7 +1,7 @@
 """`train.py --elastic POLICY`: the same training loop under torchrun, with the state in
 the per-host store daemons (python/tenplex/elastic.py, docs/deploy.md).
 
-    TENPLEX_STORE_URL=http://127.0.0.1:7480 /usr/bin/python3 -m tenplex.torchrun \\
+    TENPLEX_STORE_URL=http://127.0.0.1:7480 .venv/bin/torchrun \\
         --nnodes=1:3 --nproc_per_node=2 --rdzv_backend=c10d --rdzv_endpoint=HOST0:29400 \\
         examples/gpt/train.py --elastic policy.json --job gpt --model gpt.json --steps 100 \\
         --commit-every 10

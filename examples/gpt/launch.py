@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Starts every rank of a parallel config on this machine and waits for them.
 
   launch.py --config tp=2,pp=2 --model M.json [train.py args...]

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Writes data/corpus.jsonl: a small deterministic corpus for the reference GPT client.
 
 Each line is one sample, {"text": "..."}: a few sentences built from fixed word lists

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Reference training client: a Megatron-style GPT on CPU, TP/PP/DP over gloo.
 
 One process per rank:

@@ -3,12 +3,13 @@
 Parts without the native module: `tenplex.safetensors` (reader and writer) and
 `tenplex.checkpoint` (checkpoint directories, docs/layout.md). Everything else
 (`attach`, `Store`, `layout_json`, `tenplex.layout`, `tenplex.data`) needs the native
-module `tenplex._tenplex`, built by CMake for /usr/bin/python3, and torch for the store.
+module `tenplex._tenplex`, built by CMake for the project's interpreter (.venv/bin/python,
+made by scripts/setup-venv.sh), and torch for the store.
 """
 import sys as _sys
 
-# The interpreter the native module is built for (python/CMakeLists.txt).
-PYTHON = "/usr/bin/python3"
+# The interpreter the native module is built for (CMake's TENPLEX_PY, python/CMakeLists.txt).
+PYTHON = "the project's .venv/bin/python (scripts/setup-venv.sh)"
 _import_error = None
 
 try:  # the native module (built by CMake into this folder, or installed beside it)

@@ -15,9 +15,9 @@ sample more.
 
 Command line (the same JSON as `tenplex data batches --json`):
 
-    /usr/bin/python3 -m tenplex.data batches --index DIR --seed S --global-batch B \\
+    .venv/bin/python -m tenplex.data batches --index DIR --seed S --global-batch B \\
         --dp D --rank R --start-sample P --steps N
-    /usr/bin/python3 -m tenplex.data read --index DIR --sample N
+    .venv/bin/python -m tenplex.data read --index DIR --sample N
 """
 import json
 import sys

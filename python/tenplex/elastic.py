@@ -160,7 +160,7 @@ def _env_int(name, default=None):
     v = os.environ.get(name)
     if v is None:
         if default is None:
-            raise ElasticError(f"{name} is not set: run under torchrun (or python -m tenplex.torchrun)")
+            raise ElasticError(f"{name} is not set: run under torchrun")
         return default
     try:
         return int(v)

@@ -18,7 +18,11 @@ std::string PythonDir() {
 
 std::string PythonExe() {
   const char* env = std::getenv("TENPLEX_PYTHON");
-  return env && *env ? env : "/usr/bin/python3";
+  if (env && *env) return env;
+  // The project's virtual environment (CMake's TENPLEX_PY); an installed CLI whose
+  // source tree is gone falls back to python3 on PATH.
+  if (::access(TENPLEX_PY, X_OK) == 0) return TENPLEX_PY;
+  return "python3";
 }
 
 Result<int> RunHelper(const std::vector<std::string>& args) {
@@ -30,9 +34,9 @@ Result<int> RunHelper(const std::vector<std::string>& args) {
         "the Python helper is missing: " + dir +
         "/tenplex/interop (set TENPLEX_PYTHON_DIR to the folder holding the tenplex package)");
   }
-  if (::access(exe.c_str(), X_OK) != 0) {
+  if (exe.find('/') != std::string::npos && ::access(exe.c_str(), X_OK) != 0) {
     return FailedPrecondition("cannot run " + exe +
-                              " (the torch formats need Python 3 with torch; set TENPLEX_PYTHON)");
+                              " (the torch formats need Python 3 with torch: run scripts/setup-venv.sh, or set TENPLEX_PYTHON)");
   }
   std::string pythonpath = dir;
   if (const char* old = std::getenv("PYTHONPATH"); old && *old)
@@ -48,7 +52,7 @@ Result<int> RunHelper(const std::vector<std::string>& args) {
   if (pid < 0) return Internal(std::string("fork: ") + std::strerror(errno));
   if (pid == 0) {
     ::setenv("PYTHONPATH", pythonpath.c_str(), 1);
-    ::execv(argv[0], argv.data());
+    ::execvp(argv[0], argv.data());
     std::fprintf(stderr, "tenplex: error: exec %s: %s\n", argv[0], std::strerror(errno));
     ::_exit(127);
   }

@@ -1,6 +1,6 @@
 // Checkpoint import and export (docs/interop.md): the torch formats (PyTorch DCP,
 // Megatron-LM .pt files) are pickles that only torch reads, so the format codecs live
-// in one Python package, python/tenplex/interop, run with /usr/bin/python3. This side
+// in one Python package, python/tenplex/interop, run with the project's interpreter. This side
 // checks what it can before (the model, the configs, the source checkpoint against its
 // layout, the target not existing) and after an import (the new checkpoint against
 // the C++ layout, every rank file and tensor), so a bad argument is an exit-2 error
@@ -14,12 +14,13 @@
 
 namespace tenplex::interop {
 
-inline constexpr const char* kFormats[] = {"dcp", "megatron", "hf"};
+inline constexpr const char* kFormats[] = {"dcp", "megatron", "hf", "ds-universal", "mcore"};
 
 // The folder holding the `tenplex` Python package: $TENPLEX_PYTHON_DIR, else the
 // source tree's python/ (set at build time).
 std::string PythonDir();
-// The interpreter: $TENPLEX_PYTHON, else /usr/bin/python3.
+// The interpreter: $TENPLEX_PYTHON, else the project's .venv/bin/python (CMake's
+// TENPLEX_PY) where it exists, else python3 on PATH.
 std::string PythonExe();
 
 // Runs `python -m tenplex.interop <args>` with stdout and stderr passed through and

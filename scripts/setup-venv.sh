@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Makes the project's one Python environment at .venv/ (Debian's python3 + venv) and
+# installs the pinned packages of requirements.lock from PyPI: torch 2.x, numpy,
+# matplotlib, safetensors, transformers, megatron-core, pytest. Idempotent: a venv
+# whose installed lock equals requirements.lock is left as it is (a few ms).
+#   setup-venv.sh            make the venv if needed and install the lock
+#   setup-venv.sh --create   only make the (empty) venv: CMake can configure against it
+#                            while the packages install (scripts/demo.sh)
+# Top-level packages (pip freeze of these gives requirements.lock):
+#   torch numpy matplotlib safetensors transformers megatron-core pytest pyyaml
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=.venv
+STAMP=$VENV/.tenplex-lock
+if [ ! -x $VENV/bin/python ]; then
+  echo "setup-venv: creating $VENV"
+  /usr/bin/python3 -m venv $VENV
+fi
+[ "${1:-}" = "--create" ] && exit 0
+cmp -s requirements.lock "$STAMP" && exit 0
+echo "setup-venv: installing requirements.lock into $VENV (torch and its CUDA libraries: ~3 GB, 2-3 min)"
+t0=$(date +%s)
+$VENV/bin/python -m pip install -q --no-input -r requirements.lock
+cp requirements.lock "$STAMP"
+echo "setup-venv: done in $(( $(date +%s) - t0 )) s"
