@@ -297,9 +297,10 @@ def owned_pieces(lay, rank):
 
 
 def _dcp_worker(rank, world, rdzv_file, mode, lay_path, dcp_dir, globals_path, result_dir):
+    import warnings
+    warnings.filterwarnings("ignore", message=".*deprecating ShardedTensor.*")  # ShardedTensor: any chunk boxes
     import torch.distributed as dist
-    from tenplex.dcp_compat import import_dcp
-    dcp, _, _ = import_dcp()
+    import torch.distributed.checkpoint as dcp
     from torch.distributed._shard.metadata import ShardMetadata
     from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor
     # A rendezvous file, not a TCP port: a port chosen here can be taken by
@@ -327,11 +328,11 @@ def _dcp_worker(rank, world, rdzv_file, mode, lay_path, dcp_dir, globals_path, r
     if mode == "save":
         sd["step"] = 7
         sd["samples_consumed"] = 448
-        dcp.save_state_dict(sd, dcp.FileSystemWriter(dcp_dir))
+        dcp.save(sd, storage_writer=dcp.FileSystemWriter(dcp_dir))
     else:
         sd["step"] = 0
         sd["samples_consumed"] = 0
-        dcp.load_state_dict(sd, dcp.FileSystemReader(dcp_dir))
+        dcp.load(sd, storage_reader=dcp.FileSystemReader(dcp_dir))
         n = 0
         for name in sorted(G):
             for sh in sd[name].local_shards():
