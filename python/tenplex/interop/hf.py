@@ -24,6 +24,7 @@ import json
 import math
 import os
 import shutil
+import sys
 
 import numpy as np
 
@@ -34,6 +35,9 @@ from .ptc import InteropError
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 HF_DTYPE = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
+# What the tenplex GPT (examples/gpt, Megatron-Core defaults) computes with; the model
+# description does not record them.
+NORM_EPS, ROPE_THETA = 1e-5, 10000.0
 
 
 class Part:
@@ -126,6 +130,11 @@ def recipe(model):
 
 
 def config_json(model):
+    """config.json of the export. Values the description does not record are those the
+    tenplex GPT (examples/gpt, Megatron-Core's defaults) computes with: norm epsilon 1e-5,
+    rotary base 10000, exact (erf) GELU. Both spellings of the dtype (`dtype`, read by
+    transformers 5; `torch_dtype`, by 4.x) and of the rotary base (`rope_parameters`,
+    transformers 5; `rope_theta`, 4.x) are written."""
     m = _info(model)
     dt = HF_DTYPE[{"fp32": "F32", "bf16": "BF16", "fp16": "F16"}[m["params_dtype"]]]
     if family_of(model) == "llama":
@@ -134,21 +143,24 @@ def config_json(model):
              "num_hidden_layers": m["num_layers"], "num_attention_heads": m["num_attention_heads"],
              "num_key_value_heads": m["num_query_groups"], "head_dim": m["kv_channels"],
              "vocab_size": m["vocab_size"], "max_position_embeddings": m["max_position_embeddings"],
-             "hidden_act": "silu", "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+             "hidden_act": "silu", "rms_norm_eps": NORM_EPS, "rope_theta": ROPE_THETA,
+             "rope_parameters": {"rope_type": "default", "rope_theta": ROPE_THETA},
              "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": m["tied"]}
     else:
         c = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
              "n_embd": m["hidden_size"], "n_inner": m["ffn_hidden_size"], "n_layer": m["num_layers"],
              "n_head": m["num_attention_heads"], "n_positions": m["max_position_embeddings"],
              "n_ctx": m["max_position_embeddings"], "vocab_size": m["vocab_size"],
-             "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5, "tie_word_embeddings": True}
-    c["torch_dtype"] = dt
+             "activation_function": "gelu", "layer_norm_epsilon": NORM_EPS, "tie_word_embeddings": True}
+    c["dtype"] = c["torch_dtype"] = dt
     c["tenplex_model"] = model.get("name", "gpt")
     return c
 
 
-_NOT_CHECKED = ("torch_dtype", "tenplex_model", "architectures", "rope_theta", "rms_norm_eps",
-                "layer_norm_epsilon", "n_ctx", "hidden_act", "activation_function")
+_NOT_CHECKED = ("torch_dtype", "dtype", "tenplex_model", "architectures", "rope_theta", "rope_parameters",
+                "rms_norm_eps", "layer_norm_epsilon", "n_ctx", "hidden_act", "activation_function")
+# model_type of files whose tensors are a Llama's: Mistral is Llama plus a sliding window
+_LLAMA_TYPES = ("llama", "mistral")
 
 
 def _hf_defaults(cfg, model_type):
@@ -161,20 +173,71 @@ def _hf_defaults(cfg, model_type):
 
 
 def _check_config(model, cfg, path):
-    """config.json against the description: every size it states must agree."""
+    """config.json against the description: every size it states must agree; what the
+    tenplex model cannot compute is an error, what it computes with other constants a
+    warning (returned)."""
     want = config_json(model)
-    if cfg.get("model_type") != want["model_type"]:
+    mt = cfg.get("model_type")
+    if mt == "qwen2":
+        raise InteropError(f"{path}: model_type {mt!r} has q/k/v biases without o_proj and MLP biases; the "
+                           "model description has one bias flag for every linear layer "
+                           "(--disable-bias-linear or all biases), so it cannot express this model")
+    if want["model_type"] == "llama" and mt in _LLAMA_TYPES:
+        mt = "llama"
+    if mt != want["model_type"]:
         raise InteropError(f"{path}: model_type is {cfg.get('model_type')!r}, the model description is "
                            f"{want['model_type']}-like")
     defaults = _hf_defaults(cfg, want["model_type"])
     for k, v in want.items():
-        if k in _NOT_CHECKED:
+        if k in _NOT_CHECKED or k == "model_type":
             continue
         got = cfg.get(k)
         if got is None:
             got = defaults.get(k)
         if got != v:
             raise InteropError(f"{path}: {k} is {got!r}, the model description says {v!r}")
+    return (_check_llama_compute if mt == "llama" else _check_gpt2_compute)(cfg, path)
+
+
+def _check_llama_compute(cfg, path):
+    warn = []
+    if cfg.get("hidden_act", "silu") != "silu":
+        raise InteropError(f"{path}: hidden_act is {cfg['hidden_act']!r}; the description's SwiGLU is silu")
+    sw = cfg.get("sliding_window")
+    if sw is not None and (cfg.get("use_sliding_window", True) and sw < cfg["max_position_embeddings"]):
+        raise InteropError(f"{path}: sliding_window {sw} < max_position_embeddings "
+                           f"{cfg['max_position_embeddings']}: the tenplex model attends to every earlier token")
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    theta = rope.get("rope_theta", cfg.get("rope_theta", ROPE_THETA))
+    if rope.get("rope_type", rope.get("type", "default")) != "default":
+        warn.append(f"rope_type {rope.get('rope_type', rope.get('type'))!r}: the model description does not "
+                    "record rotary scaling; the training run must apply it (Megatron: --use-rope-scaling)")
+    if float(theta) != ROPE_THETA:
+        warn.append(f"rope_theta {theta}: the model description does not record the rotary base "
+                    f"(Megatron: --rotary-base {theta:g})")
+    eps = cfg.get("rms_norm_eps", 1e-6)
+    if float(eps) != NORM_EPS:
+        warn.append(f"rms_norm_eps {eps}: the model description does not record the norm epsilon "
+                    f"(Megatron: --norm-epsilon {eps:g})")
+    return [f"{path}: {w}" for w in warn]
+
+
+def _check_gpt2_compute(cfg, path):
+    warn = []
+    act = cfg.get("activation_function", "gelu_new")
+    if act in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"):
+        warn.append(f"activation_function {act!r} is GELU's tanh approximation; the tenplex GPT computes "
+                    "the exact GELU (Megatron: --openai-gelu for the approximation)")
+    elif act != "gelu":
+        raise InteropError(f"{path}: activation_function is {act!r}; the description's MLP is GELU")
+    if not cfg.get("scale_attn_weights", True) or cfg.get("scale_attn_by_inverse_layer_idx", False):
+        raise InteropError(f"{path}: attention scores scaled other than by 1/sqrt(head size) "
+                           "(scale_attn_weights / scale_attn_by_inverse_layer_idx)")
+    eps = cfg.get("layer_norm_epsilon", 1e-5)
+    if float(eps) != NORM_EPS:
+        warn.append(f"layer_norm_epsilon {eps}: the model description does not record the norm epsilon "
+                    f"(Megatron: --norm-epsilon {eps:g})")
+    return [f"{path}: {w}" for w in warn]
 
 
 # ----------------------------------------------------------------------------- export
@@ -297,7 +360,8 @@ def import_(src, writer):
             cfg = json.load(f)
     except ValueError as e:
         raise InteropError(f"{cfg_path} is not JSON ({e})") from None
-    _check_config(model, cfg, cfg_path)
+    for w in _check_config(model, cfg, cfg_path):
+        print(f"tenplex: warning: {w}", file=sys.stderr)
     tensors = open_model(src)
     fam = family_of(model)
     if fam == "gpt2":  # files saved from GPT2Model have no "transformer." prefix
