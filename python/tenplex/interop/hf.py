@@ -1,4 +1,4 @@
-"""Hugging Face safetensors models (Llama family and GPT-2) <-> tenplex checkpoints.
+"""Hugging Face safetensors models (Llama family, Mistral on import, and GPT-2) <-> tenplex checkpoints.
 
 An HF model is one consolidated set of tensors: `model.safetensors`, or above
 `--max-shard-size` bytes `model-00001-of-0000N.safetensors` ... with
