@@ -99,6 +99,7 @@ def _tensor(path, what, shape):
 
 def _np(t):
     import torch
+    t = t.detach()  # DeepSpeed saves slices of parameters (requires_grad)
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy().view(np.uint16)
     return t.numpy()
