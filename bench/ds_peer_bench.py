@@ -14,7 +14,8 @@ names are the tenplex global names) takes one step and saves its ZeRO checkpoint
            --output_folder ...` (default workers: 4 extract, 2 merge). It writes one
            temporary file per (parameter, state, ZeRO rank) under <out>/tmp, merges them
            into one file per (parameter, state), then deletes tmp. Timed with process
-           start (`peer_s`); `peer_peak_disk_MB` is the largest size of the output folder
+           start (`peer_s`; `peer_start_s`: starting Python and importing the converter
+           alone); `peer_peak_disk_MB` is the largest size of the output folder
            seen by a sampler walking it every 0.1 s (a lower bound of the true peak),
            `peer_files_peak` the most files seen; `peer_out_MB` what stays. A DeepSpeed
            job then loads the universal folder in its new configuration (not measured).
@@ -127,8 +128,8 @@ def run_peer(src, dst):
 
 def measure(a, root, tp):
     mpath = os.path.join(root, "model.json")
-    subprocess.run([tp, "model", "gpt", "--preset", "gpt3-125m", "--optimizer", "adam", "--params-dtype", "bf16",
-                    "--num-layers", str(a.layers), "-o", mpath], check=True)
+    subprocess.run([tp, "model", "gpt", "--preset", "gpt3-125m", "--optimizer", "adam", "--params-dtype",
+                    "bf16", "--num-layers", str(a.layers), "-o", mpath], check=True)
     with open(mpath) as f:
         model = json.load(f)
     nbytes = sum((2 + 4 + 4 + 4) * math.prod(t["shape"]) for t in model["tensors"])
@@ -157,14 +158,20 @@ def measure(a, root, tp):
         ours_out = walk_size(out)[0]
         shutil.rmtree(out)
     wl.append(write_limit_s(root, nbytes))
+    start = min(timed([sys.executable, "-c", "import deepspeed.checkpoint.ds_to_universal"], env=ds_env())
+                for _ in range(2))
     p = min(peer)
     w = min(wl)
-    row.update({"old_world": a.old, "peer_s": round(p[0], 3), "peer_peak_disk_MB": round(max(x[1] for x in peer) / 1e6, 1),
+    row.update({"old_world": a.old, "peer_s": round(p[0], 3),
+                "peer_peak_disk_MB": round(max(x[1] for x in peer) / 1e6, 1),
+                "peer_start_s": round(start, 3),
                 "peer_files_peak": max(x[2] for x in peer), "peer_out_MB": round(peer_out[0] / 1e6, 1),
-                "peer_out_files": peer_out[1], "import_s": round(min(imp), 3), "import_out_MB": round(imp_out / 1e6, 1),
+                "peer_out_files": peer_out[1], "import_s": round(min(imp), 3),
+                "import_out_MB": round(imp_out / 1e6, 1),
                 "reshard_s": round(min(ours), 3), "reshard_out_MB": round(ours_out / 1e6, 1),
                 "write_limit_s": round(w, 3), "peer_over_write_limit": round(p[0] / w, 2),
-                "import_over_write_limit": round(min(imp) / w, 2), "reshard_over_write_limit": round(min(ours) / w, 2),
+                "import_over_write_limit": round(min(imp) / w, 2),
+                "reshard_over_write_limit": round(min(ours) / w, 2),
                 "peer_over_reshard": round(p[0] / min(ours), 2), "reps": a.reps})
     return row
 
@@ -173,7 +180,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tenplex", default="build/bin/tenplex")
     ap.add_argument("--layers", type=int, default=6, help="gpt3-125m with this many layers (6: 1.16 GB)")
-    ap.add_argument("--old", default="dp=2,zero=1", help="tenplex layout of the reshard source (the DeepSpeed run's)")
+    ap.add_argument("--old", default="dp=2,zero=1",
+                    help="tenplex layout of the reshard source (the DeepSpeed run's)")
     ap.add_argument("--new", default="tp=2,pp=2")
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--disk-dir", default=None, help="directory on disk (default ../.tenplex-bench-ds)")
