@@ -19,6 +19,9 @@
    torch reshards on load); every element of every loaded tensor (full_tensor()) is
    compared with the drawn tensors, the local shards add up to the model's size, and
    step and samples come back.
+4. One process `dcp.save`s plain tensors (parameters only, no process group) with step and
+   samples as 0-d integer tensors; import gives the parameters in every element, Adam
+   moments zero, and the step and samples.
 """
 import json
 import logging
@@ -27,6 +30,7 @@ import shutil
 import sys
 import tempfile
 import time
+import warnings
 import zlib
 
 import numpy as np
@@ -174,6 +178,17 @@ def _quiet_torch():
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
 
 
+def plain_params_only(model, out_dir):
+    """One process, no process group: dcp.save of plain tensors (parameters only) with
+    step and samples as 0-d integer tensors."""
+    import torch.distributed.checkpoint as dcp
+    sd = {t["path"]: torch.from_numpy(draw(t["path"], t["shape"])) for t in model["tensors"]}
+    sd["step"], sd["samples_consumed"] = torch.tensor(STEP), torch.tensor(SAMPLES, dtype=torch.int32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save(sd, checkpoint_id=out_dir, no_dist=True)
+
+
 def spawn(fn, world, *args):
     import torch.multiprocessing as mp
     rdzv = os.path.join(tempfile.mkdtemp(dir=IT.TMP), "rendezvous")
@@ -217,6 +232,15 @@ def main():
                          f"elements, step {STEP}, samples {SAMPLES}")
             print(f"export: tenplex {cfg} -> DCP -> dcp.load on a mesh of 3 (Shard(1) / Shard(0), uneven): "
                   f"{len(shapes)} tensors, {total} elements equal; step and samples loaded")
+        d3 = os.path.join(IT.TMP, "dcp-plain")
+        plain_params_only(model, d3)
+        c3 = os.path.join(IT.TMP, "ck-plain")
+        IT.run("import", "--from", "dcp", d3, "--model", mpath, "--config", "tp=1,pp=2", "--out", c3)
+        info, n = IT.check_ckpt(c3, model, G, optimizer="fresh")
+        if info.get("step") != STEP or info.get("samples_consumed") != SAMPLES:
+            sys.exit(f"FAIL: step/samples from 0-d tensors: {info.get('step')}/{info.get('samples_consumed')}")
+        print(f"import: no_dist dcp.save of plain tensors (parameters only, step/samples as 0-d tensors) -> "
+              f"tp=1,pp=2: {n} elements equal, Adam fresh (moments zero); step and samples carried")
     finally:
         shutil.rmtree(IT.TMP, ignore_errors=True)
     print(f"interop_dcp2: OK ({time.monotonic() - t0:.1f} s)")
