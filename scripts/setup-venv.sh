@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Makes the project's one Python environment at .venv/ (Debian's python3 + venv) and
 # installs the pinned packages of requirements.lock from PyPI: torch 2.x, numpy,
-# matplotlib, safetensors, transformers, megatron-core, pytest. Idempotent: a venv
+# matplotlib, safetensors, transformers, megatron-core, deepspeed, pytest. Idempotent: a venv
 # whose installed lock equals requirements.lock is left as it is (a few ms).
 #   setup-venv.sh            make the venv if needed and install the lock
 #   setup-venv.sh --create   only make the (empty) venv: CMake can configure against it
 #                            while the packages install (scripts/demo.sh)
 # Top-level packages (pip freeze of these gives requirements.lock):
-#   torch numpy matplotlib safetensors transformers megatron-core pytest pyyaml
+#   torch numpy matplotlib safetensors transformers megatron-core deepspeed pytest pyyaml
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=.venv
@@ -20,6 +20,11 @@ fi
 cmp -s requirements.lock "$STAMP" && exit 0
 echo "setup-venv: installing requirements.lock into $VENV (torch and its CUDA libraries: ~3 GB, 2-3 min)"
 t0=$(date +%s)
-$VENV/bin/python -m pip install -q --no-input -r requirements.lock
+# deepspeed ships an sdist whose setup.py imports torch: built after torch is in, with
+# no build isolation and none of its CUDA ops (DS_BUILD_OPS=0; it runs on CPU here).
+grep -v '^deepspeed==' requirements.lock >$VENV/.requirements-1.txt
+$VENV/bin/python -m pip install -q --no-input -r $VENV/.requirements-1.txt
+DS_BUILD_OPS=0 $VENV/bin/python -m pip install -q --no-input --no-deps --no-build-isolation \
+  "$(grep '^deepspeed==' requirements.lock)"
 cp requirements.lock "$STAMP"
 echo "setup-venv: done in $(( $(date +%s) - t0 )) s"

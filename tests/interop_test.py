@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """`tenplex import` / `tenplex export` (docs/interop.md) against independent references.
 
   interop_test.py TENPLEX_BIN hf|dcp|megatron|errors

@@ -23,6 +23,11 @@ except ImportError as e:  # safetensors and checkpoint still work without it
 def __getattr__(name):
     """A name that needs the native module or torch, when importing them failed: say
     which module is missing and which interpreter has it."""
+    if not name.startswith("_"):  # a submodule (`from tenplex import safetensors`) imports as usual
+        import importlib.util
+        if importlib.util.find_spec(f"{__name__}.{name}") is not None:
+            import importlib
+            return importlib.import_module(f"{__name__}.{name}")
     if _import_error is not None and not name.startswith("__"):
         missing = getattr(_import_error, "name", None) or str(_import_error)
         raise ImportError(

@@ -35,7 +35,7 @@ import re
 import numpy as np
 
 from .. import safetensors as st
-from . import ptc
+from . import pickles, ptc
 from .ptc import InteropError
 
 LATEST = "latest_universal"
@@ -60,14 +60,7 @@ def universal_dir(src):
 
 
 def _load(path):
-    import torch
-    if not os.path.isfile(path):
-        raise InteropError(f"{path} is missing")
-    try:
-        return torch.load(path, map_location="cpu", mmap=True, weights_only=False)
-    except Exception as e:
-        raise InteropError(f"{path}: torch.load failed ({type(e).__name__}: {e}); truncated or not a "
-                           "DeepSpeed checkpoint file?") from None
+    return pickles.load(path, "DeepSpeed checkpoint file", mmap=True)
 
 
 def model_states(u):

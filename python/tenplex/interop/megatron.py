@@ -37,7 +37,7 @@ import shutil
 
 import numpy as np
 
-from . import ptc
+from . import pickles, ptc
 from .dcp import to_numpy, to_torch
 from .ptc import InteropError
 
@@ -94,12 +94,7 @@ def _rank_dir(t, p, P):
 
 
 def _load(path):
-    import torch
-    try:
-        return torch.load(path, map_location="cpu")
-    except Exception as e:
-        raise InteropError(f"{path}: torch.load failed ({type(e).__name__}: {e}); truncated or not a "
-                           "Megatron-LM checkpoint file?") from None
+    return pickles.load(path, "Megatron-LM checkpoint file")
 
 
 def _hyper(model):
