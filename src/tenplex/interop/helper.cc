@@ -36,7 +36,8 @@ Result<int> RunHelper(const std::vector<std::string>& args) {
   }
   if (exe.find('/') != std::string::npos && ::access(exe.c_str(), X_OK) != 0) {
     return FailedPrecondition("cannot run " + exe +
-                              " (the torch formats need Python 3 with torch: run scripts/setup-venv.sh, or set TENPLEX_PYTHON)");
+                              " (the torch formats need Python 3 with torch: run "
+                              "scripts/setup-venv.sh, or set TENPLEX_PYTHON)");
   }
   std::string pythonpath = dir;
   if (const char* old = std::getenv("PYTHONPATH"); old && *old)
