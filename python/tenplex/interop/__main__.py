@@ -9,10 +9,10 @@ import json
 import sys
 import time
 
-from . import dcp, hf, megatron, ptc
+from . import dcp, hf, mcore, megatron, ptc
 from .ptc import InteropError
 
-FORMATS = ("dcp", "megatron", "hf")
+FORMATS = ("dcp", "megatron", "hf", "mcore")
 
 
 def _log(msg):
@@ -28,6 +28,8 @@ def run_import(a):
     try:
         if a.fmt == "dcp":
             zero_ok = dcp.import_(a.src, w)
+        elif a.fmt == "mcore":
+            zero_ok = mcore.import_(a.src, w)
         elif a.fmt == "megatron":
             zero_ok = megatron.import_(a.tenplex, a.model_file, a.src, w, _log)
         else:
@@ -53,6 +55,8 @@ def run_export(a):
             raise InteropError(f"export --to dcp writes the checkpoint's own layout ({reader.info['config']}); "
                                f"reshard it to {a.config} first (tenplex reshard), any layout can load it")
         return dcp.export(reader, a.out)
+    if a.fmt == "mcore":
+        return mcore.export(reader, a.out, a.config)
     model_file = reader.model_file
     return megatron.export(a.tenplex, model_file, reader, a.out, a.config)
 

@@ -25,7 +25,6 @@ tenplex global tensor (MCore's ShardedTensorFactory saves each TP rank's gate an
 halves at offsets t*f/T and f + t*f/T); with `singleton_local_shards` the halves are
 keys `<key>_w` and `<key>_v` of [L, f, h] each, also accepted.
 """
-import io
 import json
 import os
 import shutil
@@ -105,14 +104,13 @@ def checkpoint_dir(src):
 
 
 def _common(src):
-    import torch
+    """common.pt (plain data only, tenplex.interop.pickles), or {} when absent."""
+    from . import pickles
     path = os.path.join(src, "common.pt")
     if not os.path.isfile(path):
         return {}
-    try:
-        return torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as e:
-        raise InteropError(f"{path}: torch.load failed ({type(e).__name__}: {e})") from None
+    common = pickles.load(path, "Megatron-Core common.pt")
+    return common if isinstance(common, dict) else {}
 
 
 def _expected(writer):

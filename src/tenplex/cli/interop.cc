@@ -29,7 +29,7 @@ Status CheckFormat(const std::string& f) {
   for (const char* k : interop::kFormats) {
     if (f == k) return Status::Ok();
   }
-  return InvalidArgument("unknown format '" + f + "' (formats: dcp, megatron, hf)");
+  return InvalidArgument("unknown format '" + f + "' (formats: dcp, megatron, hf, mcore)");
 }
 
 Status CheckTarget(const std::string& out) {
@@ -135,7 +135,7 @@ void RegisterInterop(CLI::App& app, Context& ctx) {
       "import",
       "Convert a PyTorch DCP, Megatron-LM or Hugging Face checkpoint into a tenplex checkpoint");
   auto io = std::make_shared<ImportOpts>();
-  imp->add_option("--from", io->from, "Source format: dcp, megatron or hf")->required();
+  imp->add_option("--from", io->from, "Source format: dcp, megatron, hf or mcore")->required();
   imp->add_option("src", io->src, "Source directory")->required();
   imp->add_option("--model", io->model, "Model JSON file or preset name")->required();
   imp->add_option("--config", io->config, "Parallel config of the new checkpoint, e.g. tp=2,pp=2")
@@ -151,12 +151,13 @@ void RegisterInterop(CLI::App& app, Context& ctx) {
       "export",
       "Convert a tenplex checkpoint into a PyTorch DCP, Megatron-LM or Hugging Face checkpoint");
   auto eo = std::make_shared<ExportOpts>();
-  exp->add_option("--to", eo->to, "Target format: dcp, megatron or hf")->required();
+  exp->add_option("--to", eo->to, "Target format: dcp, megatron, hf or mcore")->required();
   exp->add_option("src", eo->src, "tenplex checkpoint directory")->required();
   exp->add_option("--out", eo->out, "Output directory (must not exist)")->required();
   exp->add_option(
       "--config", eo->config,
-      "megatron: target tp/pp (default: the checkpoint's); dcp: must be the checkpoint's own");
+      "megatron: target tp/pp (default: the checkpoint's); dcp: must be the checkpoint's own; "
+      "mcore: its tp sets the vocabulary padding (default: the checkpoint's)");
   exp->add_option("--max-shard-size", eo->max_shard_size,
                   "hf: bytes per safetensors file before sharding with an index (default 5e9)");
   exp->add_flag("--no-verify", eo->no_verify,
