@@ -53,8 +53,8 @@ for h in 0 1; do
   URLS+=("$(grep -o 'http://127.0.0.1:[0-9]*' "$OUT/daemon$h.log")")
 done
 printf '{"hosts": ["%s", "%s"], "gpus_per_host": 2}\n' "${URLS[0]}" "${URLS[1]}" >"$OUT/cluster.json"
-echo "== elastic run across 2 store daemons, warm: tenplex run --warm --cluster $OUT/cluster.json --commit-every 1"
-$T run --warm --cluster "$OUT/cluster.json" --schedule $SCHEDULE --log "$OUT/elastic-cluster.jsonl" \
+echo "== elastic run across 2 store daemons: tenplex run --cluster $OUT/cluster.json --commit-every 1"
+$T run --cluster "$OUT/cluster.json" --schedule $SCHEDULE --log "$OUT/elastic-cluster.jsonl" \
   --work-dir "$OUT/elastic-cluster" --commit-every 1 --baseline "$OUT/static.jsonl" -- "${TRAIN[@]}"
 stamp "cluster elastic run done"
 echo "logs: $OUT/elastic-warm.jsonl, $OUT/elastic.jsonl, $OUT/elastic-cluster.jsonl, $OUT/static.jsonl"

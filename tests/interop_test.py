@@ -559,6 +559,16 @@ def expect_error(what, args, needle, out):
     print(f"errors: {what}: exit 2, '{p.stderr.strip().splitlines()[-1][:110]}'")
 
 
+class Hostile:
+    """Unpickling this runs `touch path` (what a hostile checkpoint would do)."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.path}",))
+
+
 def part_errors():
     mpath, model = model_json("err", "--num-layers", "2", "--hidden-size", "48", "--num-attention-heads", "4",
                               "--vocab-size", "100", "--make-vocab-size-divisible-by", "8",
@@ -628,11 +638,19 @@ def part_errors():
     m4 = os.path.join(TMP, "err-meg4")
     write_megatron(m4, model, G, 2, 1, 10, 80)
     f4 = os.path.join(m4, "iter_0000010", "mp_rank_01", "model_optim_rng.pt")
-    sd = torch.load(f4)
+    sd = torch.load(f4, weights_only=False)  # the test's own file
     sd["model"]["decoder.layers.0.mlp.router.weight"] = torch.zeros(4, 48)
     torch.save(sd, f4)
     expect_error("unknown Megatron key", ["import", "--from", "megatron", m4, "--model", mpath, "--config", "tp=1",
                                           "--out", out], "unknown tensor 'decoder.layers.0.mlp.router.weight'", out)
+    # A hostile pickle: refused by the restricted unpickler, naming the class; nothing runs.
+    marker = os.path.join(TMP, "pickle-ran")
+    sd["args"].evil = Hostile(marker)
+    torch.save(sd, f4)
+    expect_error("hostile Megatron pickle", ["import", "--from", "megatron", m4, "--model", mpath, "--config", "tp=1",
+                                             "--out", out], "TENPLEX_TRUST_PICKLES=1", out)
+    if os.path.exists(marker):
+        sys.exit("FAIL: the hostile pickle ran code")
     expect_error("missing source directory", ["import", "--from", "megatron", os.path.join(TMP, "meg-src-err"),
                                             "--model", mpath, "--config", "tp=1", "--out", out],
                  "does not exist", out)

@@ -9,10 +9,10 @@ import json
 import sys
 import time
 
-from . import dcp, hf, mcore, megatron, ptc
+from . import dcp, ds, hf, mcore, megatron, ptc
 from .ptc import InteropError
 
-FORMATS = ("dcp", "megatron", "hf", "mcore")
+FORMATS = ("dcp", "megatron", "hf", "ds-universal", "mcore")
 
 
 def _log(msg):
@@ -28,6 +28,8 @@ def run_import(a):
     try:
         if a.fmt == "dcp":
             zero_ok = dcp.import_(a.src, w)
+        elif a.fmt == "ds-universal":
+            zero_ok = ds.import_(a.src, w, _log)
         elif a.fmt == "mcore":
             zero_ok = mcore.import_(a.src, w)
         elif a.fmt == "megatron":
@@ -47,6 +49,9 @@ def run_import(a):
 
 
 def run_export(a):
+    if a.fmt == "ds-universal":
+        raise InteropError("export --to ds-universal is not supported (import only): DeepSpeed loads a "
+                           "universal checkpoint into its own engine; export --to dcp or hf instead")
     reader = ptc.Reader.directory(a.tenplex, a.src)
     if a.fmt == "hf":
         return hf.export(reader, a.out, a.max_shard_size)

@@ -29,7 +29,8 @@ Status CheckFormat(const std::string& f) {
   for (const char* k : interop::kFormats) {
     if (f == k) return Status::Ok();
   }
-  return InvalidArgument("unknown format '" + f + "' (formats: dcp, megatron, hf, mcore)");
+  return InvalidArgument("unknown format '" + f +
+                         "' (formats: dcp, megatron, hf, ds-universal, mcore)");
 }
 
 Status CheckTarget(const std::string& out) {
@@ -100,6 +101,9 @@ struct ExportOpts {
 
 int Export(const ExportOpts& o) {
   if (Status s = CheckFormat(o.to); !s.ok()) return Fail(s);
+  if (o.to == "ds-universal")
+    return Fail(InvalidArgument(
+        "export --to ds-universal is not supported (import only); export --to dcp or hf"));
   auto info = io::ReadCheckpointInfo(o.src);
   if (!info.ok()) return Fail(info.status());
   auto l = MakeLayout(info->model, info->config);
@@ -135,7 +139,8 @@ void RegisterInterop(CLI::App& app, Context& ctx) {
       "import",
       "Convert a PyTorch DCP, Megatron-LM or Hugging Face checkpoint into a tenplex checkpoint");
   auto io = std::make_shared<ImportOpts>();
-  imp->add_option("--from", io->from, "Source format: dcp, megatron, hf or mcore")->required();
+  imp->add_option("--from", io->from, "Source format: dcp, megatron, hf, ds-universal or mcore")
+      ->required();
   imp->add_option("src", io->src, "Source directory")->required();
   imp->add_option("--model", io->model, "Model JSON file or preset name")->required();
   imp->add_option("--config", io->config, "Parallel config of the new checkpoint, e.g. tp=2,pp=2")
