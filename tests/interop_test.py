@@ -502,7 +502,7 @@ def check_megatron(path, model, G, T, P, iteration, samples):
     n = 0
     for (t, p), sd in want.items():
         d = os.path.join(path, f"iter_{iteration:07d}", f"mp_rank_{t:02d}" if P == 1 else f"mp_rank_{t:02d}_{p:03d}")
-        got = torch.load(os.path.join(d, "model_optim_rng.pt"))
+        got = torch.load(os.path.join(d, "model_optim_rng.pt"), weights_only=False)  # our export, trusted here
         a = got["args"]
         if got["iteration"] != iteration or a.tensor_model_parallel_size != T or \
                 a.pipeline_model_parallel_size != P or a.consumed_train_samples != samples or \
