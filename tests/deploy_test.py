@@ -154,7 +154,7 @@ def check_slurm(tenplex, repo):
                    SLURM_JOB_NODELIST=host, SLURM_JOB_NUM_NODES="1", SLURM_JOB_ID="4242", NPROC="2",
                    STORE_PORT=str(port), RDZV_PORT=str(free_port()), POLICY='{"2": "tp=2"}', NODE_ADDR="127.0.0.1",
                    TENPLEX_REPO=repo, TENPLEX=tenplex, GLOO_SOCKET_IFNAME="lo", MONITOR_INTERVAL="0.5", LAST_CALL="1",
-                   TRAIN_ARGS=f"--model {model} --steps 4 --commit-every 4 --log {log} --seq-length 32")
+                   TRAIN_ARGS=f"--model {model} --steps 4 --commit-every 4 --step-log {log} --seq-length 32")
         env.pop("TENPLEX_TOKEN", None)
         t0 = time.time()
         p = subprocess.run(["bash", os.path.join(sdir, "tenplex-torchrun.sbatch")], cwd=tmp, env=env,

@@ -98,7 +98,7 @@ class Host:
                f"--rdzv_endpoint={rdzv_host}:{rdzv_port}", "--rdzv_id=torchrun-test", f"--rdzv_conf={conf}",
                "--monitor_interval=0.5", "--max_restarts=3",
                os.path.join(repo, "examples/gpt/train.py"), "--elastic", policy, "--job", "gpt", "--model", model,
-               "--steps", str(STEPS), "--commit-every", str(COMMIT_EVERY), "--log", log,
+               "--steps", str(STEPS), "--commit-every", str(COMMIT_EVERY), "--step-log", log,
                "--min-step-seconds", "0.4", "--timeout", "60", *TRAIN_ARGS, *extra]
         self.agent = subprocess.Popen(cmd, stdout=self.out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 

@@ -62,7 +62,9 @@ def parse_args(argv=None):
     ap.add_argument("--save-dir", help="write a checkpoint directory (spec §7) after the last step")
     ap.add_argument("--save-at", type=int, help="write --save-dir when this many steps are done instead "
                     "(training goes on)")
-    ap.add_argument("--log", help="append one JSON line per completed step (rank 0), "
+    # --step-log: the spelling for torchrun, whose argparse (Python 3.11) rejects a script
+    # argument that is an ambiguous prefix of its own options (--log: --log-dir, --logs-specs).
+    ap.add_argument("--log", "--step-log", dest="log", help="append one JSON line per completed step (rank 0), "
                     "and {\"event\": \"checkpoint\" or \"commit\", \"step\", \"seconds\"} per state save")
     ap.add_argument("--state-in", help="hand-off JSON of `tenplex run`: load state from store files")
     ap.add_argument("--state-out", help="hand-off JSON of `tenplex run`: write the final state into store files")
