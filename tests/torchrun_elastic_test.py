@@ -89,7 +89,10 @@ class Host:
         else:
             self.daemon = Daemon(tenplex)
         self.out = open(os.path.join(tmp, f"host{index}.log"), "w")
+        # TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: torch 2.x's shared rendezvous store deadlocks a
+        # node joining a later round (docs/deploy.md, "torchrun on torch 2.x").
         env = dict(os.environ, TENPLEX_STORE_URL=self.daemon.url, TENPLEX_BIN=tenplex,
+                   TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
                    PYTHONPATH=os.path.join(repo, "python"), GLOO_SOCKET_IFNAME=ifname, OMP_NUM_THREADS="1",
                    LOGLEVEL="INFO")  # the agents log their workers' exits and restarts (printed on failure)
         conf = f"is_host={'true' if index == 0 else 'false'},last_call_timeout=1,join_timeout=120,close_timeout=10"

@@ -18,6 +18,10 @@ python=${PYTHON:-$repo/.venv/bin/python}
 port=${STORE_PORT:-7480}
 addr=${NODE_ADDR:-$(hostname -I | awk '{print $1}')}
 export TENPLEX_TOKEN TENPLEX_BIN=$tenplex PYTHONPATH=$repo/python${PYTHONPATH:+:$PYTHONPATH}
+# torch 2.x's torchrun shares the rendezvous TCPStore with the workers and then never
+# publishes MASTER_ADDR for a later round, so a node joining a running job waits for it
+# forever (docs/deploy.md): the opt-out keeps scale-up working.
+export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
 # Other nodes use addr:port; this node's workers reach the same daemon on 127.0.0.1
 # (loopback: tensors through shared memory).
 export TENPLEX_STORE_URL="http://$addr:$port"
