@@ -39,6 +39,7 @@ import time
 import zlib
 
 import numpy as np
+import tenplex_cli  # noqa: E402  (tests/, this script's folder)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -201,11 +202,7 @@ BIN = ""
 
 
 def tenplex(*args, expect=0):
-    p = subprocess.run([BIN, *map(str, args)], capture_output=True, text=True)
-    if p.returncode != expect:
-        sys.exit(f"FAIL: tenplex {' '.join(map(str, args))}: exit {p.returncode}, expected {expect}\n"
-                 f"{p.stdout}\n{p.stderr}")
-    return p
+    return tenplex_cli.run(BIN, *args, expect=expect)
 
 
 def mcore_name(name):

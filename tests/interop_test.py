@@ -29,7 +29,6 @@ import json
 import math
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 
@@ -43,6 +42,7 @@ import torch  # noqa: E402
 sys.path.insert(0, os.path.join(HERE, "reference"))
 import layout_ref as L  # noqa: E402  (the independent pure-Python layout)
 from tenplex import safetensors as sf  # noqa: E402
+import tenplex_cli  # noqa: E402  (tests/, this script's folder)
 
 BIN = None
 TMP = None
@@ -51,11 +51,7 @@ TORCH = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
 
 
 def run(*args, expect=0):
-    p = subprocess.run([BIN, *map(str, args)], capture_output=True, text=True)
-    if p.returncode != expect:
-        sys.exit(f"FAIL: tenplex {' '.join(map(str, args))}: exit {p.returncode}, expected {expect}\n"
-                 f"{p.stdout}\n{p.stderr}")
-    return p
+    return tenplex_cli.run(BIN, *args, expect=expect)
 
 
 def model_json(name, *flags):

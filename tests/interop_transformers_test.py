@@ -28,7 +28,6 @@ than the usual init), and the arg-max tokens must agree.
 import glob
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -51,6 +50,7 @@ import model as gpt  # noqa: E402  (examples/gpt/model.py)
 import optimizer  # noqa: E402  (examples/gpt/optimizer.py)
 from tenplex import checkpoint  # noqa: E402
 from tenplex import layout as L  # noqa: E402
+import tenplex_cli  # noqa: E402  (tests/, this script's folder)
 
 TOL = 1e-5  # max |ours - theirs| / max |theirs|
 BIN = None
@@ -60,11 +60,7 @@ RESULTS = []
 
 
 def run(*args, expect=0):
-    p = subprocess.run([BIN, *map(str, args)], capture_output=True, text=True)
-    if p.returncode != expect:
-        sys.exit(f"FAIL: tenplex {' '.join(map(str, args))}: exit {p.returncode}, expected {expect}\n"
-                 f"{p.stdout}\n{p.stderr}")
-    return p
+    return tenplex_cli.run(BIN, *args, expect=expect)
 
 
 def model_json(name, *flags):
