@@ -34,7 +34,7 @@ _world = [None, 0]
 
 
 def can_make_member_groups():
-    """Whether this torch has the internals member_group needs (torch 1.13 has)."""
+    """Whether this torch has the internals member_group needs (torch 1.13 and 2.15 have)."""
     return all(hasattr(dist.distributed_c10d, a) for a in _C10D_INTERNALS)
 
 
