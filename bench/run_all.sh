@@ -35,6 +35,14 @@ echo "== 1. planner scaling"
 step plan_scaling $PY bench/plan_scaling.py --plan-bench "$BIN/plan_bench" --out "$OUT" "${QUICK[@]}"
 echo "== 2. re-partitioning vs torch DCP (peer) and the limits"
 step dcp_peer $PY bench/dcp_peer_bench.py --tenplex "$BIN/tenplex" --out "$OUT" "${QUICK[@]}"
+echo "== 2b. the same kind of reshard against Megatron-Core dist_checkpointing and DeepSpeed ds_to_universal"
+if [[ ${#QUICK[@]} -gt 0 ]]; then
+  step mcore_peer $PY bench/mcore_peer_bench.py "$BIN/tenplex" --out "$OUT" --layers 2 --hidden 256 --ffn 704
+  step ds_peer $PY bench/ds_peer_bench.py --tenplex "$BIN/tenplex" --out "$OUT" --layers 2
+else
+  step mcore_peer $PY bench/mcore_peer_bench.py "$BIN/tenplex" --out "$OUT"
+  step ds_peer $PY bench/ds_peer_bench.py --tenplex "$BIN/tenplex" --out "$OUT" --reps 2
+fi
 echo "== 3. distributed transform across store daemons"
 if [[ -f bench/cluster_transform_bench.py ]]; then
   step cluster_transform $PY bench/cluster_transform_bench.py --tenplex "$BIN/tenplex" --out "$OUT" "${QUICK[@]}"
