@@ -266,7 +266,20 @@ def check_errors(src, model_file, tmp):
                     expect=2)
         if words not in p.stderr or os.path.exists(out) or os.path.exists(out + ".partial"):
             sys.exit(f"FAIL: bad key {key}: stderr {p.stderr!r}, output left: {os.path.exists(out)}")
-    print("ok: errors: dp_reshardable bucket state and unknown keys exit 2 naming the key, nothing left")
+    # A data file cut short: torch's reader fails inside dcp.load (a CheckpointException,
+    # a BaseException): exit 2 naming the checkpoint, no traceback, nothing left.
+    bad = os.path.join(tmp, "bad-trunc")
+    shutil.rmtree(bad, ignore_errors=True)
+    shutil.copytree(src, bad)
+    data = sorted(x for x in os.listdir(bad) if x.endswith(".distcp"))[0]
+    with open(os.path.join(bad, data), "r+b") as f:
+        f.truncate(os.path.getsize(os.path.join(bad, data)) // 2)
+    out = os.path.join(tmp, "bad-out")
+    p = tenplex("import", "--from", "mcore", bad, "--model", model_file, "--config", "tp=1", "--out", out, expect=2)
+    if ("truncated or damaged" not in p.stderr or "Traceback" in p.stderr or os.path.exists(out)
+            or os.path.exists(out + ".partial")):
+        sys.exit(f"FAIL: truncated data file: stderr {p.stderr[-600:]!r}, output left: {os.path.exists(out)}")
+    print("ok: errors: dp_reshardable bucket state, unknown keys and a truncated data file exit 2, nothing left")
 
 
 def main():

@@ -149,6 +149,35 @@ def _cause(e):
     return errs[-1] if errs else f"{type(e).__name__}: {lines[-1] if lines else ''}"
 
 
+def load(state_dict, reader, src, keys, planner=None):
+    """`dcp.load(no_dist=True)` from `reader`; any failure (torch's CheckpointException is
+    a BaseException) is an InteropError naming the first of `keys` and the cause."""
+    import torch.distributed.checkpoint as dcp
+    try:
+        with _quiet():
+            dcp.load(state_dict, storage_reader=reader, planner=planner, no_dist=True)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:
+        keys = list(dict.fromkeys(keys))
+        raise InteropError(f"{src}: torch's DCP failed to read {', '.join(keys[:3])}"
+                           f"{'...' if len(keys) > 3 else ''} ({_cause(e)}); "
+                           "truncated or damaged files?") from None
+
+
+def batches(items, nbytes, limit):
+    """`items` in lists of at most `limit` bytes (`nbytes(item)` each; a larger item alone)."""
+    batch, size = [], 0
+    for item in items:
+        batch.append(item)
+        size += nbytes(item)
+        if size >= limit:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
+
+
 def _load_planner_class():
     import torch
     from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
@@ -266,18 +295,9 @@ def import_(src, writer, batch_bytes=1 << 29):
     reader = dcp.FileSystemReader(src)
     storage = meta.storage_data or {}
 
-    def load(chunks, scalar_keys=()):
+    def load_chunks(chunks, scalar_keys=()):
         planner = planner_cls(chunks, scalar_keys)
-        try:
-            with _quiet():
-                dcp.load({}, storage_reader=reader, planner=planner, no_dist=True)
-        except (KeyboardInterrupt, SystemExit):
-            raise
-        except BaseException as e:  # torch's CheckpointException is a BaseException
-            keys = list(dict.fromkeys([k for k, _, _ in chunks] + list(scalar_keys)))
-            raise InteropError(f"{src}: torch's DCP failed to read {', '.join(keys[:3])}"
-                               f"{'...' if len(keys) > 3 else ''} ({_cause(e)}); "
-                               "truncated or damaged files?") from None
+        load({}, reader, src, [k for k, _, _ in chunks] + list(scalar_keys), planner)
         return planner.values
 
     def where(item):  # read the data files front to back
@@ -286,21 +306,15 @@ def import_(src, writer, batch_bytes=1 << 29):
         return (str(getattr(info, "relative_path", "")), int(getattr(info, "offset", 0)), key)
 
     order = sorted(((k, c) for k in tensors for c in meta.state_dict_metadata[k].chunks), key=where)
-    batch, size = [], 0
-    for item in order + [None]:
-        if item is not None:
-            key, c = item
-            t = torch.empty(list(c.sizes), dtype=meta.state_dict_metadata[key].properties.dtype)
-            batch.append((key, c, t))
-            size += t.numel() * t.element_size()
-        if batch and (item is None or size >= batch_bytes):
-            load(batch)
-            for k, c, t in batch:
-                box = [(int(o), int(o) + int(n)) for o, n in zip(c.offsets, c.sizes)]
-                writer.put_param(k, box, to_numpy(t), derive_fp32=not with_optimizer)
-            batch, size = [], 0
+    chunks = ((k, c, torch.empty(list(c.sizes), dtype=meta.state_dict_metadata[k].properties.dtype))
+              for k, c in order)
+    for batch in batches(chunks, lambda item: item[2].numel() * item[2].element_size(), batch_bytes):
+        load_chunks(batch)
+        for k, c, t in batch:
+            box = [(int(o), int(o) + int(n)) for o, n in zip(c.offsets, c.sizes)]
+            writer.put_param(k, box, to_numpy(t), derive_fp32=not with_optimizer)
     if scalars:
-        for k, v in load([], scalars).items():
+        for k, v in load_chunks([], scalars).items():
             if isinstance(v, torch.Tensor):
                 v = v.item()
             if not isinstance(v, int) or isinstance(v, bool):
@@ -309,7 +323,7 @@ def import_(src, writer, batch_bytes=1 << 29):
     if scalar_tensors:
         chunks = [(k, c, torch.empty(list(c.sizes), dtype=meta.state_dict_metadata[k].properties.dtype))
                   for k in scalar_tensors for c in meta.state_dict_metadata[k].chunks]
-        load(chunks)
+        load_chunks(chunks)
         for k, _, t in chunks:
             writer.extra[k] = int(t.reshape(-1)[0].item())
     return [] if with_optimizer else ["optimizer."]

@@ -35,7 +35,8 @@ import numpy as np
 
 from .. import safetensors as st
 from . import ptc
-from .dcp import to_numpy, to_torch
+from .dcp import batches, read_metadata, to_numpy, to_torch
+from .dcp import load as dcp_load
 from .ptc import InteropError
 
 _LAYER_PREFIX = "decoder.layers."
@@ -140,15 +141,10 @@ def _check_key(src, key, m, members, globals_, V):
     return dt
 
 
-def scan(src, writer, V):
-    """Checks every stored key against the model; returns ([(key, members, dtype, half)],
-    with_optimizer)."""
+def scan(src, md, writer, V):
+    """Checks every stored key of the DCP metadata `md` against the model; returns
+    ([(key, members, dtype, half)], with_optimizer)."""
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-    dcp = _torch_dcp()
-    try:
-        md = dcp.FileSystemReader(src).read_metadata()
-    except Exception as e:
-        raise InteropError(f"{src}/.metadata: cannot be read by torch's DCP ({type(e).__name__}: {e})") from None
     expected = _expected(writer)
     found, halves = [], {}
     for key, m in md.state_dict_metadata.items():
@@ -219,15 +215,10 @@ def _put(writer, members, half, arr, dt, with_opt):
         writer.put_param(name, box, np.ascontiguousarray(a), dt, derive_fp32=not with_opt)
 
 
-def _load_batch(dcp, reader, src, md, batch, writer, with_opt):
+def _load_batch(reader, src, md, batch, writer, with_opt):
     import torch
     sd = {key: torch.empty(list(md[key].size), dtype=st.DTYPES[dt][0]) for key, _, _, dt, _ in batch}
-    try:
-        dcp.load(sd, storage_reader=reader, no_dist=True)
-    except Exception as e:
-        lines = [x for x in str(e).strip().splitlines() if x.strip()]
-        raise InteropError(f"{src}: torch's DCP failed to read {', '.join(list(sd)[:3])} ({type(e).__name__}: "
-                           f"{lines[-1] if lines else ''}); truncated or damaged files?") from None
+    dcp_load(sd, reader, src, list(sd))
     for key, _, members, dt, half in batch:
         _put(writer, members, half, to_numpy(sd[key]), dt, with_opt)
 
@@ -236,19 +227,17 @@ def import_(src, writer, batch_bytes=1 << 29):
     """Fills writer from a torch_dist checkpoint; returns the prefixes allowed to stay zero."""
     i = _info(writer.model)
     src, _ = checkpoint_dir(src)
-    found, with_opt = scan(src, writer, int(i["vocab_size"]))
+    meta = read_metadata(src)
+    found, with_opt = scan(src, meta, writer, int(i["vocab_size"]))
     common = _common(src)
-    dcp = _torch_dcp()
-    reader = dcp.FileSystemReader(src)
-    md = reader.read_metadata().state_dict_metadata
-    batch, size = [], 0
-    for item in found + [None]:
-        if item is not None:
-            batch.append(item)
-            size += md[item[0]].properties.dtype.itemsize * int(np.prod(list(md[item[0]].size)))
-        if batch and (item is None or size >= batch_bytes):
-            _load_batch(dcp, reader, src, md, batch, writer, with_opt)
-            batch, size = [], 0
+    reader = _torch_dcp().FileSystemReader(src)
+    md = meta.state_dict_metadata
+
+    def nbytes(item):
+        return md[item[0]].properties.dtype.itemsize * int(np.prod(list(md[item[0]].size)))
+
+    for batch in batches(found, nbytes, batch_bytes):
+        _load_batch(reader, src, md, batch, writer, with_opt)
     if "iteration" in common:
         writer.extra["step"] = int(common["iteration"])
     args = common.get("args")
