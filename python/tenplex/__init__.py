@@ -26,7 +26,6 @@ def __getattr__(name):
     if not name.startswith("_"):  # a submodule (`from tenplex import safetensors`) imports as usual
         import importlib.util
         if importlib.util.find_spec(f"{__name__}.{name}") is not None:
-            import importlib
             return importlib.import_module(f"{__name__}.{name}")
     if _import_error is not None and not name.startswith("__"):
         missing = getattr(_import_error, "name", None) or str(_import_error)

@@ -32,10 +32,9 @@ model-states `iteration` (else `global_steps`), `samples_consumed` its `global_s
 import os
 import re
 
-import numpy as np
-
 from .. import safetensors as st
-from . import pickles, ptc
+from . import pickles
+from .dcp import to_numpy
 from .ptc import InteropError
 
 LATEST = "latest_universal"
@@ -91,11 +90,7 @@ def _tensor(path, what, shape):
 
 
 def _np(t):
-    import torch
-    t = t.detach()  # DeepSpeed saves slices of parameters (requires_grad)
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(np.uint16)
-    return t.numpy()
+    return to_numpy(t.detach())  # DeepSpeed saves slices of parameters (requires_grad)
 
 
 def _names(zero):
@@ -111,7 +106,7 @@ def _names(zero):
     return out
 
 
-def _module(sd, n_files, path):
+def _module(sd, n_files):
     """{global name: tensor} of the model-states `module` when it holds whole tensors."""
     m = sd.get("module")
     if n_files != 1 or not isinstance(m, dict):
@@ -153,7 +148,7 @@ def import_(src, writer, log):
     u = universal_dir(src)
     zero = os.path.join(u, "zero")
     states_path, sd, n_files = model_states(u)
-    module = _module(sd, n_files, states_path)
+    module = _module(sd, n_files)
     if n_files != 1:
         log(f"{u}: {n_files} model-states files (tensor-parallel source); parameters are the fp32 master "
             "copies rounded to the model dtype")
