@@ -35,7 +35,7 @@ def run_import(a):
         elif a.fmt == "megatron":
             zero_ok = megatron.import_(a.tenplex, a.model_file, a.src, w, _log)
         else:
-            hf.import_(a.src, w)
+            hf.import_(a.src, w, _log)
             zero_ok = ["optimizer."]
         if a.step is not None:
             w.extra["step"] = a.step

@@ -24,7 +24,6 @@ import json
 import math
 import os
 import shutil
-import sys
 
 import numpy as np
 
@@ -215,11 +214,7 @@ def _check_llama_compute(cfg, path):
     if float(theta) != ROPE_THETA:
         warn.append(f"rope_theta {theta}: the model description does not record the rotary base "
                     f"(Megatron: --rotary-base {theta:g})")
-    eps = cfg.get("rms_norm_eps", 1e-6)
-    if float(eps) != NORM_EPS:
-        warn.append(f"rms_norm_eps {eps}: the model description does not record the norm epsilon "
-                    f"(Megatron: --norm-epsilon {eps:g})")
-    return [f"{path}: {w}" for w in warn]
+    return [f"{path}: {w}" for w in warn + _eps_warning(cfg, "rms_norm_eps", 1e-6)]
 
 
 def _check_gpt2_compute(cfg, path):
@@ -233,11 +228,15 @@ def _check_gpt2_compute(cfg, path):
     if not cfg.get("scale_attn_weights", True) or cfg.get("scale_attn_by_inverse_layer_idx", False):
         raise InteropError(f"{path}: attention scores scaled other than by 1/sqrt(head size) "
                            "(scale_attn_weights / scale_attn_by_inverse_layer_idx)")
-    eps = cfg.get("layer_norm_epsilon", 1e-5)
-    if float(eps) != NORM_EPS:
-        warn.append(f"layer_norm_epsilon {eps}: the model description does not record the norm epsilon "
-                    f"(Megatron: --norm-epsilon {eps:g})")
-    return [f"{path}: {w}" for w in warn]
+    return [f"{path}: {w}" for w in warn + _eps_warning(cfg, "layer_norm_epsilon", 1e-5)]
+
+
+def _eps_warning(cfg, key, default):
+    """[warning] when the file's norm epsilon (`key`, HF's `default`) is not NORM_EPS."""
+    eps = cfg.get(key, default)
+    if float(eps) == NORM_EPS:
+        return []
+    return [f"{key} {eps}: the model description does not record the norm epsilon (Megatron: --norm-epsilon {eps:g})"]
 
 
 # ----------------------------------------------------------------------------- export
@@ -350,7 +349,7 @@ def open_model(src):
     return out
 
 
-def import_(src, writer):
+def import_(src, writer, log):
     model = writer.model
     cfg_path = os.path.join(src, "config.json")
     if not os.path.exists(cfg_path):
@@ -361,7 +360,7 @@ def import_(src, writer):
     except ValueError as e:
         raise InteropError(f"{cfg_path} is not JSON ({e})") from None
     for w in _check_config(model, cfg, cfg_path):
-        print(f"tenplex: warning: {w}", file=sys.stderr)
+        log(f"warning: {w}")
     tensors = open_model(src)
     fam = family_of(model)
     if fam == "gpt2":  # files saved from GPT2Model have no "transformer." prefix
