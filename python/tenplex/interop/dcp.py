@@ -103,8 +103,17 @@ def _save_planner_class():
     return PieceSavePlanner
 
 
-def export(reader, out):
+def save(state_dict, pieces, stage):
+    """dcp.save (one process, fsynced) into `stage` of `pieces` ({name: (global shape,
+    [(box, tensor)])}) as chunks of their global tensors, plus the non-tensor entries of
+    `state_dict` as DCP writes them."""
     import torch.distributed.checkpoint as dcp
+    with _quiet():
+        dcp.save(state_dict, storage_writer=dcp.FileSystemWriter(stage, single_file_per_rank=True, sync_files=True),
+                 planner=_save_planner_class()(pieces), no_dist=True)
+
+
+def export(reader, out):
     model = reader.info["model"]
     ptc.check_target_dir(out)
     stage = out.rstrip("/") + ".partial"
@@ -118,10 +127,7 @@ def export(reader, out):
                 raise InteropError(f"{name}: the checkpoint holds no piece of it")
             total += sum(t.numel() * t.element_size() for _, t in parts)
             pieces[name] = (shape, parts)
-        sd = {k: int(reader.info[k]) for k in _SCALARS if k in reader.info}
-        with _quiet():
-            dcp.save(sd, storage_writer=dcp.FileSystemWriter(stage, single_file_per_rank=True, sync_files=True),
-                     planner=_save_planner_class()(pieces), no_dist=True)
+        save({k: int(reader.info[k]) for k in _SCALARS if k in reader.info}, pieces, stage)
         ptc.move_into_place(stage, out)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)

@@ -28,7 +28,6 @@ keys `<key>_w` and `<key>_v` of [L, f, h] each, also accepted.
 import json
 import os
 import shutil
-import tempfile
 import warnings
 
 import numpy as np
@@ -37,6 +36,7 @@ from .. import safetensors as st
 from . import ptc
 from .dcp import batches, read_metadata, to_numpy, to_torch
 from .dcp import load as dcp_load
+from .dcp import save as dcp_save
 from .ptc import InteropError
 
 _LAYER_PREFIX = "decoder.layers."
@@ -248,32 +248,15 @@ def import_(src, writer, batch_bytes=1 << 29):
 
 # ----------------------------------------------------------------------------- export
 
-def _sharded(chunks, shape, dt):
-    """A torch ShardedTensor (one process) of global `shape` from [(offsets, tensor)]."""
-    import torch
-    from torch.distributed._shard.metadata import ShardMetadata
-    from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor
-    from torch.distributed._shard.sharded_tensor.metadata import ShardedTensorMetadata, TensorProperties
-    shards, metas = [], []
-    for offsets, t in chunks:
-        m = ShardMetadata(shard_offsets=list(offsets), shard_sizes=list(t.shape), placement="rank:0/cpu")
-        shards.append(Shard(tensor=t, metadata=m))
-        metas.append(m)
-    props = TensorProperties(dtype=st.DTYPES[dt][0], layout=torch.strided, requires_grad=False,
-                             memory_format=torch.contiguous_format, pin_memory=False)
-    meta = ShardedTensorMetadata(shards_metadata=metas, size=torch.Size(shape), tensor_properties=props)
-    return ShardedTensor._init_from_local_shards_and_global_metadata(shards, meta)
-
-
 def _padded_vocab(info, tp):
     V, m = int(info["vocab_size"]), int(info["make_vocab_size_divisible_by"])
     return -(-V // (m * tp)) * m * tp
 
 
 def export_state(reader, tp):
-    """{MCore key: ShardedTensor or None} of a tenplex checkpoint: one chunk per distinct
-    piece of the checkpoint's own layout (views of the mapped rank files), vocabulary
-    padded for `tp` (zero rows)."""
+    """({MCore key: (global shape, [(box, tensor)])}, {_extra_state key: [None]}, bytes) of
+    a tenplex checkpoint: one chunk per distinct piece of the checkpoint's own layout
+    (views of the mapped rank files), vocabulary padded for `tp` (zero rows)."""
     import torch
     model = reader.info["model"]
     info = _info(model)
@@ -290,7 +273,7 @@ def export_state(reader, tp):
                 t, g = t.unsqueeze(0), [(layer, layer + 1)] + g
             entry["chunks"].append(([b for b, _ in g], t))
             total += t.numel() * t.element_size()
-    out = {}
+    pieces = {}
     for key, e in keys.items():
         vocab = key.rsplit("optimizer.state.", 1)[-1].split(".", 1)[-1] if key.startswith("optimizer.") else key
         if vocab in _VOCAB_KEYS:
@@ -298,18 +281,11 @@ def export_state(reader, tp):
             if Vp > V:
                 e["chunks"].append(([V, 0], torch.zeros([Vp - V] + e["shape"][1:], dtype=st.DTYPES[e["dt"]][0])))
             e["shape"] = [Vp] + e["shape"][1:]
-        out[key] = _sharded(e["chunks"], e["shape"], e["dt"])
-    for mod in _EXTRA_STATE_MODULES:
-        for i in range(L):
-            # MCore stores a ShardedObject as torch.save of the list of its local objects
-            out[f"decoder.layers.{mod}._extra_state/shard_{i}_{L}"] = [None]
-    return out, total
-
-
-def _single_rank_group(tmp):
-    import torch.distributed as dist
-    if not dist.is_initialized():
-        dist.init_process_group("gloo", init_method="file://" + os.path.join(tmp, "pg"), rank=0, world_size=1)
+        pieces[key] = (e["shape"], [([(o, o + n) for o, n in zip(off, t.shape)], t) for off, t in e["chunks"]])
+    # MCore stores a ShardedObject as torch.save of the list of its local objects
+    objects = {f"decoder.layers.{mod}._extra_state/shard_{i}_{L}": [None]
+               for mod in _EXTRA_STATE_MODULES for i in range(L)}
+    return pieces, objects, total
 
 
 def export(reader, out, config=""):
@@ -317,19 +293,15 @@ def export(reader, out, config=""):
     dist_checkpointing.load reshards it into any TP/PP); config's tp sets the vocabulary
     padding (default: the checkpoint's own)."""
     import torch
-    import torch.distributed as dist
-    dcp = _torch_dcp()
     cfg = config or reader.info["config"]
     tp = int(dict(x.split("=", 1) for x in cfg.split(",") if "=" in x).get("tp", 1))
     ptc.check_target_dir(out)
     stage = out.rstrip("/") + ".partial"
     shutil.rmtree(stage, ignore_errors=True)
     os.makedirs(stage)
-    tmp = tempfile.mkdtemp(prefix="tenplex-mcore-")
     try:
-        _single_rank_group(tmp)
-        sd, total = export_state(reader, tp)
-        dcp.save(sd, storage_writer=dcp.FileSystemWriter(stage, single_file_per_rank=True), no_dist=True)
+        pieces, objects, total = export_state(reader, tp)
+        dcp_save(objects, pieces, stage)
         common = {"checkpoint_version": 3.0, "iteration": int(reader.info.get("step", 0))}
         if "samples_consumed" in reader.info:
             import argparse
@@ -345,8 +317,4 @@ def export(reader, out, config=""):
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        shutil.rmtree(tmp, ignore_errors=True)
     return total
