@@ -27,6 +27,8 @@ vocabulary rows (uneven.py); the forward is the same code, reading each rank's s
 from its tensors' shapes and its vocabulary offset from the layout.
 Column-parallel linears take their input through copy_to_tp (all-reduce of the input
 gradient), row-parallel linears all-reduce their output, as in Megatron.
+Activation recomputation (Megatron's --recompute-granularity/-method/-num-layers,
+class Recompute) checkpoints the attention core or whole layers with torch.utils.checkpoint.
 
 Parameters whose dtype is BF16/F16 keep an fp32 master copy (the spec's
 optimizer.fp32_param companion); forward uses the master rounded to that dtype.
@@ -36,12 +38,75 @@ import math
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 import parallel
 import uneven
 from tenplex import layout as L
 
 TORCH_DTYPE = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+
+# Forward runs of Stage.layer and Stage.attention_core, recomputations included, and the
+# checkpointed regions entered; per process, never reset here (tests/recompute_test.py).
+CALLS = {"layer": 0, "attention_core": 0, "checkpoint": 0}
+
+
+class Recompute:
+    """Activation recomputation as Megatron-LM's --recompute-* arguments set it, done with
+    torch.utils.checkpoint (use_reentrant=False): a checkpointed region keeps only its
+    inputs in the forward and runs again in the backward, when its gradient is needed.
+
+      granularity  None         store every activation (the default)
+                   "selective"  recompute the attention core of every layer
+                                (Stage.attention_core: scores, mask, softmax, probs @ v)
+                   "full"       recompute whole layers, chosen by method:
+      method       "uniform"    groups of num_layers consecutive local layers (the last
+                                group may be shorter), each group's input stored
+                   "block"      the first num_layers local layers of this pipeline stage
+                                (all of them when it has fewer); the rest store theirs
+    A recomputed layer runs its tensor-parallel all-reduces again in the backward; every
+    tp rank recomputes the same layers in the same order, so they pair up as in the
+    forward. The forward draws no random numbers (no dropout); the default
+    preserve_rng_state stays on all the same.
+    """
+
+    def __init__(self, granularity=None, method=None, num_layers=None):
+        if granularity not in (None, "full", "selective"):
+            raise ValueError(f"--recompute-granularity must be full or selective, got {granularity!r}")
+        if method is not None and method not in ("uniform", "block"):
+            raise ValueError(f"--recompute-method must be uniform or block, got {method!r}")
+        if granularity != "full":
+            given = [a for a, v in (("--recompute-method", method), ("--recompute-num-layers", num_layers))
+                     if v is not None]
+            if given:
+                raise ValueError(f"{' and '.join(given)} need{'s' if len(given) == 1 else ''} "
+                                 f"--recompute-granularity full (this run has "
+                                 f"{granularity or 'no recomputation'})")
+        if num_layers is not None and num_layers < 1:
+            raise ValueError(f"--recompute-num-layers must be >= 1, got {num_layers}")
+        self.granularity = granularity
+        self.method = method or ("uniform" if granularity == "full" else None)
+        self.num_layers = num_layers or (1 if granularity == "full" else None)
+
+    @classmethod
+    def from_args(cls, args):
+        """From train.py's arguments; --recompute-activations is Megatron's older spelling
+        of --recompute-granularity selective."""
+        granularity = args.recompute_granularity
+        if args.recompute_activations:
+            if granularity not in (None, "selective"):
+                raise ValueError("--recompute-activations (--recompute-granularity selective) conflicts with "
+                                 f"--recompute-granularity {granularity}")
+            granularity = "selective"
+        return cls(granularity, args.recompute_method, args.recompute_num_layers)
+
+    def segments(self, n):
+        """[(begin, end, checkpointed)]: the n local layers in order, in runs of layers."""
+        if self.granularity != "full":
+            return [(i, i + 1, False) for i in range(n)]
+        if self.method == "uniform":
+            return [(b, min(b + self.num_layers, n), True) for b in range(0, n, self.num_layers)]
+        return [(i, i + 1, i < self.num_layers) for i in range(n)]
 
 
 class HParams:
@@ -122,6 +187,7 @@ class Stage:
             if p.rule["rule"] == "vocab":
                 self.vocab_start = uneven.vocab_start(p, cfg, groups.tp_rank)
         self.weights = {}
+        self.recompute = Recompute()  # activation recomputation (train.py --recompute-*)
         self.flex = None  # flextp.FlexTp: the per-step straggler offload (train.py --flextp-straggler)
 
     def view(self, flat, p):
@@ -187,7 +253,24 @@ class Stage:
             e = e + w["embedding.position_embeddings.weight"][: ids.shape[1]].unsqueeze(0)
         return e
 
+    def attention_core(self, q, k, v):
+        """Scores, causal mask, softmax and probs @ v of this rank's heads: q [b, s, n, d],
+        k and v [b, s, groups, d] (each group shared by n / groups query heads); returns
+        the context [b, s, n·d]. The part that selective recomputation recomputes (its
+        [b, n, s, s] scores and probabilities are most of a layer's activations)."""
+        CALLS["attention_core"] += 1
+        b, s, n, d = q.shape
+        r = n // k.shape[2]
+        q = q.transpose(1, 2)
+        k = k.transpose(1, 2).repeat_interleave(r, dim=1)
+        v = v.transpose(1, 2).repeat_interleave(r, dim=1)
+        scores = (q @ k.transpose(-1, -2)) / math.sqrt(d)
+        causal = torch.ones(s, s, dtype=torch.bool).triu(1)
+        probs = scores.masked_fill(causal, float("-inf")).softmax(dim=-1)
+        return (probs @ v).transpose(1, 2).reshape(b, s, n * d)
+
     def layer(self, i, x):
+        CALLS["layer"] += 1
         w, g, hp = self.weights, self.groups, self.hp
         p = f"{self.model.layer_prefix}{i}."
         b, s, _ = x.shape
@@ -202,13 +285,11 @@ class Stage:
         k, v = qkv[:, :, :, r], qkv[:, :, :, r + 1]
         if hp.rope:
             q, k = self._rope(q, s), self._rope(k, s)
-        q = q.transpose(1, 2)
-        k = k.transpose(1, 2).repeat_interleave(r, dim=1)
-        v = v.transpose(1, 2).repeat_interleave(r, dim=1)
-        scores = (q @ k.transpose(-1, -2)) / math.sqrt(d)
-        causal = torch.ones(s, s, dtype=torch.bool).triu(1)
-        probs = scores.masked_fill(causal, float("-inf")).softmax(dim=-1)
-        ctx = (probs @ v).transpose(1, 2).reshape(b, s, gl * r * d)
+        if self.recompute.granularity == "selective":
+            CALLS["checkpoint"] += 1
+            ctx = checkpoint(self.attention_core, q, k, v, use_reentrant=False)
+        else:
+            ctx = self.attention_core(q, k, v)
         out = parallel.reduce_from_tp(self._linear(a + "linear_proj.weight", ctx, replicated_input=False), g)
         if hp.bias:
             out = out + w[a + "linear_proj.bias"]
@@ -226,6 +307,12 @@ class Stage:
         if hp.bias:
             out = out + w[m + "linear_fc2.bias"]
         return x + out
+
+    def layers(self, begin, end, x):
+        """Local layers [begin, end) on x."""
+        for i in range(begin, end):
+            x = self.layer(i, x)
+        return x
 
     def loss(self, x, labels, mask, total_tokens):
         """Sum over the micro-batch of the token losses / tokens of the global batch."""
@@ -245,8 +332,12 @@ class Stage:
         """First stage: inp are token ids; others: hidden states. Last stage returns
         the loss term, others the hidden states."""
         x = self.embed(inp) if self.groups.first_stage else inp
-        for i in range(self.num_local_layers):
-            x = self.layer(i, x)
+        for begin, end, recomputed in self.recompute.segments(self.num_local_layers):
+            if recomputed:
+                CALLS["checkpoint"] += 1
+                x = checkpoint(self.layers, begin, end, x, use_reentrant=False)
+            else:
+                x = self.layers(begin, end, x)
         if self.groups.last_stage:
             return self.loss(x, labels, mask, total_tokens)
         return x

@@ -81,6 +81,17 @@ def parse_args(argv=None):
     ap.add_argument("--flextp-straggler", type=int, metavar="T",
                     help="FlexTP-style per-step offload (flextp.py): tp rank T keeps 12.5%% of the input "
                     "columns of its layer linears, the other tp ranks compute the rest every step")
+    # Megatron-LM's activation recomputation (model.Recompute; docs/training.md).
+    ap.add_argument("--recompute-granularity", choices=["full", "selective"],
+                    help="recompute activations in the backward: whole layers (full) or the attention core "
+                    "of every layer (selective); default: store all activations")
+    ap.add_argument("--recompute-method", choices=["uniform", "block"],
+                    help="with full: checkpoint groups of --recompute-num-layers consecutive local layers "
+                    "(uniform, the default) or only the first --recompute-num-layers layers of the stage (block)")
+    ap.add_argument("--recompute-num-layers", type=int, metavar="N",
+                    help="with full: layers per group (uniform) or recomputed layers per stage (block); default 1")
+    ap.add_argument("--recompute-activations", action="store_true",
+                    help="Megatron's older spelling of --recompute-granularity selective")
     ap.add_argument("--slowdown", action="append", metavar="RANK=FACTOR",
                     help="emulate a slow device: that rank's own compute takes FACTOR times as long "
                     "(sleeps (FACTOR-1) x its measured compute; docs/hetero.md); repeatable, or 1=2,3=1.5")
@@ -98,6 +109,7 @@ class Trainer:
         self.groups = parallel.Groups(cfg, rank, tied_embeddings=hp.tied, members_only=bool(args.warm_control),
                                       timeout=args.timeout)
         self.stage = gpt.Stage(model, cfg, self.groups, args.seed)
+        self.stage.recompute = gpt.Recompute.from_args(args)
         if args.flextp_straggler is not None:
             self.stage.flex = flextp.FlexTp(self.groups, args.flextp_straggler)
         self.opt = optimizer.Adam(self.stage, self.groups, lr=args.lr, weight_decay=args.weight_decay)
@@ -282,6 +294,10 @@ def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.elastic:
+        try:  # (run_segment checks it with the other arguments)
+            gpt.Recompute.from_args(args)
+        except ValueError as e:
+            fail(e)
         return elastic_train.main(args, Trainer, fail)
     if args.warm_control:
         return warm.serve(args, sys.argv[1:] if argv is None else argv, parse_args, run_segment)
@@ -337,6 +353,7 @@ def run_segment(args, control=None):
         # (The emulated sleep is not cut short by a warm abort: waking it on warm.ABORT
         # made the slowed rank miss the park in 1 of ~5 runs of hetero_rebalance_warm;
         # docs/hetero.md.)
+        gpt.Recompute.from_args(args)
         if args.micro_batch_size < 1 or args.seq_length < 1 or args.steps < 0:
             raise ValueError("--micro-batch-size and --seq-length must be >= 1, --steps >= 0")
         if not hp.rope and args.seq_length > hp.max_positions:
