@@ -20,6 +20,41 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from elastic_run_test import Checks  # noqa: E402
 
 
+def knobs_searched(check, suggest) -> None:
+    """With the knobs searched, each config's setting is the fastest of the settings the
+    CLI gives when each is pinned (the CLI as its own oracle over a grid), its Megatron
+    arguments name it, and pinning it reproduces its step time."""
+    base = ["--model", "gpt3-1.3b", "--gpus", "16", "--gpu-memory", "24GiB", "--global-batch", "64", "--json",
+            "--top", "0", "--no-distributed-optimizer"]
+    got = {c["config"]: c for c in json.loads(suggest(*base).stdout)["configs"]}
+    check(len(got) >= 4, f"searched: {len(got)} configs fit")
+    best = {}
+    for b in ["1", "2", "4"]:
+        for r in ["none", "selective", "full", "full:2", "full:6"]:
+            for sp in ["--sequence-parallel", "--no-sequence-parallel"]:
+                p = suggest(*base, "--micro-batch", b, "--recompute", r, sp, "--virtual-stages", "1")
+                if p.returncode != 0:
+                    continue
+                for c in json.loads(p.stdout)["configs"]:
+                    if c["config"] in got and c["step_seconds"] < best.get(c["config"], 1e300):
+                        best[c["config"]] = c["step_seconds"]
+    for name, c in got.items():
+        if c["virtual_stages"] == 1 and c["micro_batch"] in (1, 2, 4):
+            check(abs(c["step_seconds"] - best[name]) <= 1e-9 * best[name],
+                  f"{name}: searched {c['step_seconds']:.4f} s = fastest pinned {best[name]:.4f} s")
+        else:
+            check(c["step_seconds"] <= best[name] * (1 + 1e-9),
+                  f"{name}: searched (b={c['micro_batch']}, v={c['virtual_stages']}) no slower than the pinned grid")
+        a = c["megatron_args"]
+        check(a[a.index("--micro-batch-size") + 1] == str(c["micro_batch"])
+              and ("--sequence-parallel" in a) == (c["sequence_parallel"] and c["tp"] > 1)
+              and ("--recompute-granularity" in a) == (c["recompute"] != "none"), f"{name}: Megatron arguments {a}")
+        pin = ["--micro-batch", str(c["micro_batch"]), "--recompute", c["recompute"], "--virtual-stages",
+               str(c["virtual_stages"]), "--sequence-parallel" if c["sequence_parallel"] else "--no-sequence-parallel"]
+        again = {x["config"]: x for x in json.loads(suggest(*base, *pin).stdout)["configs"]}
+        check(name in again and again[name]["step_seconds"] == c["step_seconds"], f"{name}: pinning its knobs gives the same step")
+
+
 def main():
     tenplex = sys.argv[1]
     check = Checks()
@@ -31,8 +66,10 @@ def main():
         model = os.path.join(tmp, "m.json")
         subprocess.run([tenplex, "model", "gpt", "--preset", "gpt3-350m", "--params-dtype", "bf16", "-o", model],
                        check=True)
+        # the knobs fixed as in the hand-checked case below (selective recompute, SP, no chunks)
+        fixed = ["--recompute", "selective", "--sequence-parallel", "--virtual-stages", "1"]
         p = suggest("--model", model, "--gpus", "8", "--gpus-per-host", "8", "--gpu-memory", "16GiB",
-                    "--global-batch", "32", "--micro-batch", "4", "--seq-length", "2048", "--top", "0", "--json")
+                    "--global-batch", "32", "--micro-batch", "4", "--seq-length", "2048", "--top", "0", "--json", *fixed)
         check(p.returncode == 0, f"suggest --json exits 0 ({p.stderr.strip()})")
         j = json.loads(p.stdout)
         cfgs = j["configs"]
@@ -66,15 +103,23 @@ def main():
         check(names[0] == "tp=1,pp=1,dp=8,zero=1", f"dp=8,zero=1 ranks first: {names[:3]}")
         # --all lists the configs that do not fit, after those that do.
         p = suggest("--model", model, "--gpus", "8", "--gpus-per-host", "8", "--gpu-memory", "16GiB", "--global-batch",
-                    "32", "--micro-batch", "4", "--seq-length", "2048", "--top", "0", "--all", "--json")
+                    "32", "--micro-batch", "4", "--seq-length", "2048", "--top", "0", "--all", "--json", *fixed)
         allc = json.loads(p.stdout)["configs"]
         fits = [c["fits"] for c in allc]
         check(fits == sorted(fits, reverse=True) and not fits[-1], "--all: unfit configs listed last")
         check(any(c["config"] == "tp=1,pp=1,dp=8" and c["memory"]["total"] > 16 << 30 for c in allc),
               "--all: dp=8 listed with its memory above 16 GiB")
-        # Text output.
-        p = suggest("--model", "gpt3-1.3b", "--params-dtype", "bf16", "--gpus", "16", "--global-batch", "256")
-        check(p.returncode == 0 and "step s" in p.stdout and "tp=" in p.stdout, "text table")
+        knobs_searched(check, suggest)
+        # Text output: the dtype in the header (presets are bf16 here), the rows the footer counts.
+        p = suggest("--model", "gpt3-1.3b", "--gpus", "16", "--global-batch", "256", "--top", "3")
+        rows = [ln for ln in p.stdout.splitlines() if ln.strip()[:1].isdigit()]
+        check(p.returncode == 0 and "step s" in p.stdout and "(bf16 parameters)" in p.stdout and len(rows) == 3
+              and "3 shown" in p.stdout and "Megatron-LM arguments of #1: --tensor-model-parallel-size" in p.stdout,
+              f"text table: bf16 header, 3 rows, footer says 3 shown:\n{p.stdout}")
+        # Decimal units as written: 80GB is 80e9 bytes, 80GiB 80 x 2^30.
+        for text, want in [("80GB", 80 * 10**9), ("80GiB", 80 << 30)]:
+            p = suggest("--model", model, "--gpus", "1", "--gpu-memory", text, "--json")
+            check(p.returncode == 0 and json.loads(p.stdout)["profile"]["memory"] == want, f"--gpu-memory {text} = {want} B")
         # Errors.
         for args, rc, needle in [
             (["--model", model, "--gpus", "0"], 2, "--gpus must be >= 1"),
@@ -85,6 +130,10 @@ def main():
             (["--model", model, "--gpus", "4", "--global-batch", "10", "--micro-batch", "4"], 2, "not a multiple"),
             (["--model", "gpt3-175b", "--params-dtype", "bf16", "--gpus", "2"], 1, "fits in 80.00 GiB"),
             (["--model", model, "--params-dtype", "bf16", "--gpus", "2"], 2, "needs a preset name"),
+            (["--model", model, "--gpus", "2", "--recompute", "full:0"], 2, "full:N needs N >= 1"),
+            (["--model", model, "--gpus", "2", "--recompute", "selective:2"], 2, "full:N needs N >= 1"),
+            (["--model", model, "--gpus", "2", "--sequence-parallel", "--no-sequence-parallel"], 2, "give one of"),
+            (["--model", model, "--gpus", "2", "--virtual-stages", "-1"], 2, "--virtual-stages must be >= 1"),
         ]:
             p = suggest(*args)
             check(p.returncode == rc and needle in p.stderr, f"{' '.join(args)} -> exit {p.returncode}: {p.stderr.strip()}")

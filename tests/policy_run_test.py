@@ -5,7 +5,10 @@ it must shard), and the run gives the same samples and losses as a static run.
 usage: policy_run_test.py TENPLEX_BIN REPO_ROOT
 
 The expected configs come from `tenplex config suggest --json` with the same shape
-(global batch 8, micro-batch 2, sequence 32: the worker arguments) and memory.
+(global batch 8, micro-batch 2, sequence 32: the worker arguments), the same memory and
+the knobs the example implements (recomputation searched; no sequence parallelism or
+virtual stages); the workers must run with the recomputation the policy chose (their
+step log says which).
 """
 import json
 import os
@@ -17,6 +20,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from elastic_run_test import Checks, run, steps_of  # noqa: E402
 
 MEMORY = "600KiB"
+# what examples/gpt implements of the knobs: recomputation; not SP or virtual stages
+EXAMPLE_KNOBS = ["--no-sequence-parallel", "--virtual-stages", "1"]
 
 
 def main():
@@ -27,15 +32,17 @@ def main():
         subprocess.run([tenplex, "model", "gpt", "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
                         "--num-query-groups", "2", "--vocab-size", "200", "--make-vocab-size-divisible-by", "16",
                         "--max-position-embeddings", "32", "-o", model], check=True)
-        want = {}
+        want, want_rc = {}, {}
         for gpus in (2, 4):
             p = subprocess.run([tenplex, "config", "suggest", "--model", model, "--gpus", str(gpus), "--device-profile",
                                 "cpu", "--gpu-memory", MEMORY, "--global-batch", "8", "--micro-batch", "2",
-                                "--seq-length", "32", "--json"], capture_output=True, text=True)
+                                "--seq-length", "32", *EXAMPLE_KNOBS, "--json"], capture_output=True, text=True)
             check(p.returncode == 0, f"config suggest for {gpus} GPUs: {p.stderr.strip()}")
-            want[gpus] = json.loads(p.stdout)["configs"][0]["config"] if p.returncode == 0 else None
-        print("policy picks:", want)
-        check(want[2] != "tp=1,pp=1,dp=2", f"with {MEMORY} per GPU plain dp=2 does not fit: {want[2]}")
+            first = json.loads(p.stdout)["configs"][0] if p.returncode == 0 else {}
+            want[gpus] = first.get("config")
+            want_rc[gpus] = first.get("recompute")
+        print("policy picks:", want, want_rc)
+        check(want_rc[2] != "none", f"with {MEMORY} per GPU the policy recomputes on 2 GPUs: {want[2]} {want_rc[2]}")
         n = 6
         static_log, _ = run(tenplex, repo, tmp, "static", [{"step": 0, "config": "tp=1"}, {"step": n, "stop": True}],
                             model)
@@ -46,8 +53,9 @@ def main():
         # 1 GPU with 1 MiB: the whole model fits, the policy must choose tp=1.
         p = subprocess.run([tenplex, "config", "suggest", "--model", model, "--gpus", "1", "--device-profile", "cpu",
                             "--gpu-memory", "1MiB", "--global-batch", "8", "--micro-batch", "2", "--seq-length", "32",
-                            "--json"], capture_output=True, text=True)
+                            *EXAMPLE_KNOBS, "--json"], capture_output=True, text=True)
         want[1] = json.loads(p.stdout)["configs"][0]["config"]
+        want_rc[1] = json.loads(p.stdout)["configs"][0]["recompute"]
         log, out = run(tenplex, repo, tmp, "gpus", sched, model, baseline=static_log)
         base, _ = steps_of(static_log)
         got, events = steps_of(log)
@@ -60,6 +68,9 @@ def main():
         for s, gpus in ((0, 2), (1, 2), (2, 4), (3, 4), (4, 1), (5, 1)):
             check(s in got and got[s]["config"] == want[gpus],
                   f"step {s} ran the policy's config for {gpus} GPUs: {got.get(s, {}).get('config')} == {want[gpus]}")
+            check(s in got and got[s].get("recompute") == want_rc[gpus] and got[s].get("micro_batch") == 2,
+                  f"step {s}: the workers recompute as the policy chose: {got.get(s, {}).get('recompute')} == "
+                  f"{want_rc[gpus]}, micro-batch 2")
         reconf = [e for e in events if e["event"] == "reconfigure"]
         check(len(reconf) == 2, f"two reconfigurations: {[(e['from'], e['to']) for e in reconf]}")
         # A GPU count nothing fits on is refused before anything runs.

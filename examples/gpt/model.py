@@ -100,6 +100,15 @@ class Recompute:
             granularity = "selective"
         return cls(granularity, args.recompute_method, args.recompute_num_layers)
 
+    def describe(self):
+        """The setting in `tenplex config suggest`'s notation: none, selective, full (uniform,
+        one layer per group), full:N (block, N layers), full-uniform:N (groups of N)."""
+        if self.granularity != "full":
+            return self.granularity or "none"
+        if self.method == "block":
+            return f"full:{self.num_layers}"
+        return "full" if self.num_layers == 1 else f"full-uniform:{self.num_layers}"
+
     def segments(self, n):
         """[(begin, end, checkpointed)]: the n local layers in order, in runs of layers."""
         if self.granularity != "full":

@@ -409,6 +409,7 @@ def run_segment(args, control=None):
         times.append(time.perf_counter() - t0)
         if rank == 0:
             rec = {"step": step, "loss": loss, "config": str(cfg), "samples": ids,
+                   "micro_batch": args.micro_batch_size, "recompute": trainer.stage.recompute.describe(),
                    "grad_norm": norm, "seconds": round(times[-1], 4), "rank_seconds": trainer.rank_seconds}
             print(json.dumps(rec), flush=True)
             trainer.log_event(rec)

@@ -1,7 +1,10 @@
 // tenplex config suggest --model M --gpus N [--gpus-per-host K] [--gpu-memory 80GiB]
-//   [--device-profile a100|h100|cpu|FILE] [--global-batch B --micro-batch b --seq-length s]
-//   [--recompute selective|full|none] [--no-sequence-parallel] [--params-dtype bf16]
-//   [--device-speeds 1,1,0.5,...] [--efficiency E] [--top 5] [--all] [--json]
+//   [--device-profile a100|h100|cpu|FILE] [--global-batch B --seq-length s]
+//   [--micro-batch b] [--recompute none|selective|full|full:N] [--sequence-parallel |
+//   --no-sequence-parallel] [--virtual-stages v] [--no-distributed-optimizer]
+//   [--fixed-knobs] [--params-dtype bf16] [--device-speeds 1,1,0.5,...] [--efficiency E]
+//   [--top 5] [--all] [--json]
+// A knob given is fixed; the others are searched per config (policy.h).
 #include <cstdio>
 
 #include "tenplex/cli/command.h"
@@ -14,21 +17,67 @@ namespace tenplex::cli {
 namespace {
 
 struct SuggestArgs {
-  std::string model, profile = "a100", gpu_memory, speeds, recompute = "selective", params_dtype;
-  int gpus = 0, gpus_per_host = 0, top = 5;
-  int64_t global_batch = 512, micro_batch = 1, seq_length = 0;
+  std::string model, profile = "a100", gpu_memory, speeds, recompute, params_dtype;
+  int gpus = 0, gpus_per_host = 0, top = 5, virtual_stages = 0;
+  int64_t global_batch = 512, micro_batch = 0, seq_length = 0;
   double efficiency = 0;
-  bool no_sp = false, all = false, json = false;
+  bool sp = false, no_sp = false, no_dist_opt = false, fixed = false, all = false, json = false;
 };
 
-// A preset with another parameter dtype (presets are fp32; GPU training is bf16).
+// A preset in the parameter dtype GPUs train with: presets are fp32 in `tenplex model`,
+// the profiles' peaks are 16-bit, so a preset is bf16 here unless --params-dtype says
+// otherwise; a model file keeps its own dtype (the table's header shows it).
 Result<Model> LoadPolicyModel(const std::string& spec, const std::string& dtype) {
-  if (dtype.empty()) return LoadModel(spec);
   auto args = GptPreset(spec.rfind("preset:", 0) == 0 ? spec.substr(7) : spec);
-  if (!args.ok())
+  if (!args.ok()) {
+    if (dtype.empty()) return LoadModel(spec);
     return InvalidArgument("--params-dtype needs a preset name as --model (got '" + spec + "')");
-  args->params_dtype = dtype;
+  }
+  args->params_dtype = dtype.empty() ? "bf16" : dtype;
   return MakeGpt(*args);
+}
+
+// The knobs: a knob given is fixed, the others searched (--fixed-knobs: none searched,
+// the defaults micro-batch 1, selective recompute, sequence parallelism, no chunks).
+Status SetKnobs(const SuggestArgs& a, policy::SuggestOptions& o) {
+  if (a.fixed) o.search = policy::FixedKnobs();
+  if (a.micro_batch != 0) {
+    o.shape.micro_batch = a.micro_batch;
+    o.search.micro_batch = false;
+  }
+  if (!a.recompute.empty()) {
+    std::string mode = a.recompute;
+    const std::size_t colon = mode.find(':');
+    if (colon != std::string::npos) {
+      const std::string n = mode.substr(colon + 1);
+      mode = mode.substr(0, colon);
+      std::size_t used = 0;
+      int v = 0;
+      try {
+        v = std::stoi(n, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (mode != "full" || used != n.size() || n.empty() || v < 1)
+        return InvalidArgument("--recompute full:N needs N >= 1 layers (got '" + a.recompute + "')");
+      o.shape.recompute_layers = v;
+    }
+    TP_ASSIGN_OR_RETURN(o.shape.recompute, policy::ParseRecompute(mode));
+    o.search.recompute = false;
+  }
+  if (a.sp && a.no_sp)
+    return InvalidArgument("give one of --sequence-parallel and --no-sequence-parallel");
+  if (a.sp || a.no_sp) {
+    o.shape.sequence_parallel = a.sp;
+    o.search.sequence_parallel = false;
+  }
+  if (a.virtual_stages < 0) return InvalidArgument("--virtual-stages must be >= 1");
+  if (a.virtual_stages > 0) {
+    o.shape.virtual_stages = a.virtual_stages;
+    o.search.virtual_stages = false;
+  }
+  if (a.no_dist_opt) o.search.distributed_optimizer = false;
+  return Status::Ok();
 }
 
 Status RunSuggest(const SuggestArgs& a) {
@@ -51,14 +100,12 @@ Status RunSuggest(const SuggestArgs& a) {
     o.profile.efficiency = a.efficiency;
   }
   o.shape.global_batch = a.global_batch;
-  o.shape.micro_batch = a.micro_batch;
   o.shape.seq_length = a.seq_length;
   if (o.shape.seq_length == 0) {
     auto it = model.info.find("max_position_embeddings");
     o.shape.seq_length = it != model.info.end() ? std::stoll(it->second) : 2048;
   }
-  TP_ASSIGN_OR_RETURN(o.shape.recompute, policy::ParseRecompute(a.recompute));
-  o.shape.sequence_parallel = !a.no_sp;
+  TP_RETURN_IF_ERROR(SetKnobs(a, o));
   if (!a.speeds.empty()) {
     for (std::string_view part : SplitString(a.speeds, ',')) {
       try {
@@ -95,14 +142,23 @@ void RegisterConfig(CLI::App& app, Context& ctx) {
   cmd->add_option("--device-profile", a->profile, "a100, h100, cpu or a JSON file")
       ->default_val("a100");
   cmd->add_option("--global-batch", a->global_batch, "Samples per step")->default_val(512);
-  cmd->add_option("--micro-batch", a->micro_batch, "Samples per micro-batch")->default_val(1);
+  cmd->add_option("--micro-batch", a->micro_batch, "Samples per micro-batch (default: searched)");
   cmd->add_option("--seq-length", a->seq_length,
                   "Tokens per sample (default: the model's positions)");
-  cmd->add_option("--recompute", a->recompute, "Activation recomputation: selective, full or none")
-      ->default_val("selective");
-  cmd->add_flag("--no-sequence-parallel", a->no_sp, "Activations without sequence parallelism");
+  cmd->add_option("--recompute", a->recompute,
+                  "Activation recomputation: none, selective, full or full:N (the first N layers "
+                  "of each chunk; default: searched)");
+  cmd->add_flag("--sequence-parallel", a->sp, "Sequence parallelism on (default: searched)");
+  cmd->add_flag("--no-sequence-parallel", a->no_sp, "Sequence parallelism off");
+  cmd->add_option("--virtual-stages", a->virtual_stages,
+                  "Model chunks per pipeline rank, 1 = no interleaving (default: searched)");
+  cmd->add_flag("--no-distributed-optimizer", a->no_dist_opt,
+                "Do not try zero=1 (Megatron's distributed optimizer)");
+  cmd->add_flag("--fixed-knobs", a->fixed,
+                "Search only (tp, pp, dp, zero): micro-batch 1, selective recompute, sequence "
+                "parallelism, no chunks unless given");
   cmd->add_option("--params-dtype", a->params_dtype,
-                  "With a preset: fp32, bf16 or fp16 parameters");
+                  "With a preset: fp32, bf16 or fp16 parameters (default bf16)");
   cmd->add_option("--device-speeds", a->speeds, "Relative speed of each GPU, comma-separated");
   cmd->add_option("--efficiency", a->efficiency,
                   "Fraction of peak FLOP/s reached (default: the profile's)");

@@ -60,16 +60,38 @@ double AttentionCoreFlopsPerToken(const GptShape& g, int64_t s) {
   return 4.0 * s * g.heads * g.head_dim;
 }
 
+// How one layer is recomputed: Recompute's three modes, layer by layer (block recompute
+// mixes kFull layers with kNone ones).
 // Training FLOPs per token of one layer: forward, backward (2x), recomputation.
-double LayerTrainFlopsPerToken(const GptShape& g, const TrainingShape& sh) {
-  const double fwd = LayerForwardFlopsPerToken(g, sh.seq_length);
+double LayerTrainFlopsPerToken(const GptShape& g, int64_t s, Recompute mode) {
+  const double fwd = LayerForwardFlopsPerToken(g, s);
   double f = 3 * fwd;
-  if (sh.recompute == Recompute::kFull) f += fwd;
-  if (sh.recompute == Recompute::kSelective) f += AttentionCoreFlopsPerToken(g, sh.seq_length);
+  if (mode == Recompute::kFull) f += fwd;
+  if (mode == Recompute::kSelective) f += AttentionCoreFlopsPerToken(g, s);
   return f;
 }
 
+// Of a stage's `layers` layers in v chunks, how many are recomputed in full.
+int64_t FullyRecomputedLayers(const TrainingShape& sh, int64_t layers) {
+  if (sh.recompute != Recompute::kFull) return 0;
+  if (sh.recompute_layers == 0) return layers;
+  const int64_t v = std::max(1, sh.virtual_stages);
+  return v * std::min<int64_t>(sh.recompute_layers, layers / v);
+}
+// The mode of the layers that are not recomputed in full.
+Recompute OtherLayers(const TrainingShape& sh) {
+  return sh.recompute == Recompute::kFull ? Recompute::kNone : sh.recompute;
+}
+
 }  // namespace
+
+bool TpCrossesHosts(int tp, int gpus_per_host) { return tp > gpus_per_host || gpus_per_host % tp; }
+
+std::string RecomputeText(const TrainingShape& sh) {
+  if (sh.recompute == Recompute::kFull && sh.recompute_layers > 0)
+    return "full:" + std::to_string(sh.recompute_layers);
+  return RecomputeName(sh.recompute);
+}
 
 Result<Recompute> ParseRecompute(const std::string& text) {
   if (text == "selective") return Recompute::kSelective;
@@ -145,20 +167,28 @@ int64_t StageActivationBytes(const GptShape& g, const ParallelConfig& c,
   const bool sp = sh.sequence_parallel;  // at t = 1 only the logits term differs (FP32 logits)
   const int64_t m =
       std::max<int64_t>(1, sh.global_batch / (static_cast<int64_t>(c.dp) * sh.micro_batch));
-  const double inflight = static_cast<double>(std::min<int64_t>(c.pp - stage, m));
-  const double layers = bounds[stage + 1] - bounds[stage];
+  const int64_t v = std::max(1, sh.virtual_stages);
+  const int64_t layers = bounds[stage + 1] - bounds[stage];
+  // Units in flight: micro-batches of the whole stage (1F1B), or of one model chunk
+  // (interleaved: the warm-up of Megatron's schedule, 2(p - i - 1) + (v - 1)p, plus one).
+  const int64_t units = v == 1 ? std::min<int64_t>(c.pp - stage, m)
+                               : std::min<int64_t>(2 * (c.pp - stage - 1) + (v - 1) * c.pp + 1,
+                                                   m * v);
+  const double unit_layers = static_cast<double>(layers) / v;
+  const double inflight_mb = v == 1 ? units : std::min<double>(m, std::ceil(1.0 * units / v));
   // Korthikanti et al. Table 2 (f = ffn width; f = 4h gives 34/t and 10 + 24/t).
   const double selective =
       sp ? sbh * (18 + 4.0 * g.ffn / h) / t : sbh * (10 + (8 + 4.0 * g.ffn / h) / t);
-  double per_layer = selective, once = 0;
-  if (sh.recompute == Recompute::kNone) per_layer += 5.0 * g.heads * s * s * b / t;
-  if (sh.recompute == Recompute::kFull) {
-    per_layer = 2 * sbh / (sp ? t : 1);
-    once = layers > 0 ? selective : 0;  // the layer being recomputed in the backward
-  }
-  double bytes = per_layer * layers * inflight + once;
+  const double none = selective + 5.0 * g.heads * s * s * b / t;
+  const double full_input = 2 * sbh / (sp ? t : 1);
+  const double recomputed = static_cast<double>(FullyRecomputedLayers(sh, layers)) / v;
+  const double other = OtherLayers(sh) == Recompute::kNone ? none : selective;
+  const double per_unit = recomputed * full_input + (unit_layers - recomputed) * other;
+  // the layer being recomputed in the backward holds its working set once
+  const double once = recomputed > 0 ? selective : 0;
+  double bytes = per_unit * static_cast<double>(units) + once;
   if (stage == 0)
-    bytes += (8 * s * b + sbh) * inflight / (sp ? t : 1);  // token ids, embedding dropout
+    bytes += (8 * s * b + sbh) * inflight_mb / (sp ? t : 1);  // token ids, embedding dropout
   if (stage == c.pp - 1) {
     const double vp = static_cast<double>(PaddedVocab(g, c.tp));
     bytes +=
@@ -169,13 +199,17 @@ int64_t StageActivationBytes(const GptShape& g, const ParallelConfig& c,
 
 double StepFlops(const GptShape& g, const TrainingShape& sh) {
   const double tokens = static_cast<double>(sh.global_batch) * sh.seq_length;
-  return tokens * (g.layers * LayerTrainFlopsPerToken(g, sh) + 6.0 * g.hidden * g.vocab);
+  const int64_t full = FullyRecomputedLayers(sh, g.layers);
+  return tokens * (static_cast<double>(full) * LayerTrainFlopsPerToken(g, sh.seq_length, Recompute::kFull) +
+                   static_cast<double>(g.layers - full) *
+                       LayerTrainFlopsPerToken(g, sh.seq_length, OtherLayers(sh)) +
+                   6.0 * g.hidden * g.vocab);
 }
 
 namespace {
 
-Status CheckShape(const ParallelConfig& c, const TrainingShape& sh,
-                  const std::vector<double>& speeds) {
+Status CheckShape(const ParallelConfig& c, const std::vector<int>& bounds,
+                  const TrainingShape& sh, const std::vector<double>& speeds) {
   if (sh.global_batch < 1 || sh.micro_batch < 1 || sh.seq_length < 1) {
     return InvalidArgument("global batch, micro-batch and sequence length must be >= 1");
   }
@@ -187,6 +221,27 @@ Status CheckShape(const ParallelConfig& c, const TrainingShape& sh,
   if (!speeds.empty() && static_cast<int>(speeds.size()) < c.world_size()) {
     return InvalidArgument("--device-speeds has " + std::to_string(speeds.size()) +
                            " entries for " + std::to_string(c.world_size()) + " GPUs");
+  }
+  if (sh.recompute_layers < 0 ||
+      (sh.recompute_layers > 0 && sh.recompute != Recompute::kFull)) {
+    return InvalidArgument("a number of recomputed layers needs full recomputation (full:N, N >= 1)");
+  }
+  const int v = sh.virtual_stages;
+  if (v < 1) return InvalidArgument("virtual pipeline stages must be >= 1");
+  if (v == 1) return Status::Ok();
+  const int64_t m = sh.global_batch / (static_cast<int64_t>(c.dp) * sh.micro_batch);
+  if (c.pp < 2) return InvalidArgument("virtual pipeline stages need pp >= 2");
+  for (int st = 0; st < c.pp; ++st) {
+    const int layers = bounds[st + 1] - bounds[st];
+    if (layers % v != 0 || layers != bounds[1] - bounds[0]) {
+      return InvalidArgument("virtual pipeline stages (" + std::to_string(v) +
+                             ") need every stage's layers to be the same multiple of them");
+    }
+  }
+  if (m % c.pp != 0) {
+    return InvalidArgument("the interleaved schedule needs the micro-batches per step (" +
+                           std::to_string(m) + ") to be a multiple of pp (" +
+                           std::to_string(c.pp) + ")");
   }
   return Status::Ok();
 }
@@ -219,17 +274,37 @@ struct StageTime {
   double total() const { return compute + tp + p2p; }
 };
 
+// Pipeline sends and receives of rank `st` per micro-batch: along the chunk order
+// (chunk k on rank k mod pp), every boundary moves an activation forward and its gradient
+// backward, each endpoint sending or receiving once per direction.
+double P2pTime(const ParallelConfig& c, int st, int v, double msg, const DeviceProfile& prof) {
+  const int K = prof.gpus_per_host;
+  auto link = [&](int other) {
+    const int64_t ra = c.RankOf(0, 0, st), ro = c.RankOf(0, 0, other);
+    const bool same = SameHost(std::min(ra, ro), std::max(ra, ro), K);
+    return 2 * (msg / (same ? prof.intra_bw : prof.inter_bw) +
+                (same ? prof.intra_latency : prof.inter_latency));
+  };
+  double time = 0;
+  for (int j = 0; j < v; ++j) {  // chunk k = j·pp + st, with neighbours k - 1 and k + 1
+    const int k = j * c.pp + st;
+    if (k > 0) time += link((k - 1) % c.pp);
+    if (k + 1 < c.pp * v) time += link((k + 1) % c.pp);
+  }
+  return time;
+}
+
 StageTime SlowestStage(const GptShape& g, const ParallelConfig& c, const std::vector<int>& bounds,
                        const TrainingShape& sh, const DeviceProfile& prof,
                        const std::vector<double>& speeds) {
-  const int K = prof.gpus_per_host;
   const double s = sh.seq_length, b = sh.micro_batch, t = c.tp;
   const double act_msg = s * b * g.hidden * g.activation_bytes;  // one s·b·h activation tensor
-  const bool tp_intra = c.tp <= K && K % c.tp == 0;
+  const bool tp_intra = !TpCrossesHosts(c.tp, prof.gpus_per_host);
   const double tp_bw = tp_intra ? prof.intra_bw : prof.inter_bw,
                tp_lat = tp_intra ? prof.intra_latency : prof.inter_latency;
-  const int ar_per_layer = sh.recompute == Recompute::kFull ? 6 : 4;
-  const double layer_flops = LayerTrainFlopsPerToken(g, sh) * s * b / t;
+  const double tp_one = RingAllReduce(act_msg, c.tp, tp_bw, tp_lat) * (1 - prof.tp_overlap);
+  const double full_flops = LayerTrainFlopsPerToken(g, sh.seq_length, Recompute::kFull) * s * b / t;
+  const double other_flops = LayerTrainFlopsPerToken(g, sh.seq_length, OtherLayers(sh)) * s * b / t;
   const double logit_flops = 6.0 * g.hidden * static_cast<double>(PaddedVocab(g, c.tp)) * s * b / t;
   const double p2p_msg = c.tp > 1 ? act_msg / t : act_msg;  // scatter-gather / sequence parallel
   StageTime worst;
@@ -242,20 +317,17 @@ StageTime SlowestStage(const GptShape& g, const ParallelConfig& c, const std::ve
         for (int tr = 0; tr < c.tp; ++tr) speed = std::min(speed, speeds[c.RankOf(tr, dr, st)]);
       }
     }
-    const int layers = bounds[st + 1] - bounds[st];
-    const double flops = layers * layer_flops + (st == c.pp - 1 ? logit_flops : 0);
+    const int64_t layers = bounds[st + 1] - bounds[st];
+    const int64_t full = FullyRecomputedLayers(sh, layers);
+    const double flops = static_cast<double>(full) * full_flops +
+                         static_cast<double>(layers - full) * other_flops +
+                         (st == c.pp - 1 ? logit_flops : 0);
     StageTime x;
-    x.compute = flops / (prof.peak_flops * prof.efficiency * speed);
-    x.tp = layers * ar_per_layer * RingAllReduce(act_msg, c.tp, tp_bw, tp_lat);
-    auto link = [&](int other) {
-      const int64_t a = c.RankOf(0, 0, st), o = c.RankOf(0, 0, other);
-      const bool same = SameHost(std::min(a, o), std::max(a, o), K);
-      // forward activation and backward gradient, each way once per micro-batch
-      x.p2p += 2 * (p2p_msg / (same ? prof.intra_bw : prof.inter_bw) +
-                    (same ? prof.intra_latency : prof.inter_latency));
-    };
-    if (st > 0) link(st - 1);
-    if (st + 1 < c.pp) link(st + 1);
+    x.compute = flops / (prof.peak_flops * prof.efficiency * speed) +
+                static_cast<double>(layers) * prof.layer_overhead;
+    // 4 all-reduces per layer (2 forward, 2 backward), 2 more when recomputed in full
+    x.tp = static_cast<double>(4 * layers + 2 * full) * tp_one;
+    x.p2p = P2pTime(c, st, std::max(1, sh.virtual_stages), p2p_msg, prof);
     if (first || x.total() > worst.total()) worst = x;
     first = false;
   }
@@ -284,27 +356,42 @@ double DpReduceTime(const ParallelConfig& c, const std::vector<RankState>& state
 
 }  // namespace
 
-Result<Estimate> EstimateConfig(const Model& model, const GptShape& g, const ParallelConfig& c,
-                                const TrainingShape& sh, const DeviceProfile& prof,
-                                const std::vector<double>& speeds) {
-  TP_RETURN_IF_ERROR(CheckShape(c, sh, speeds));
-  TP_ASSIGN_OR_RETURN(std::vector<int> bounds, StageBounds(model, c));
-  TP_ASSIGN_OR_RETURN(std::vector<RankState> states, StateBytes(model, c));
+Result<PreparedConfig> PrepareConfig(const Model& model, const ParallelConfig& c) {
+  PreparedConfig p;
+  p.config = c;
+  TP_ASSIGN_OR_RETURN(p.bounds, StageBounds(model, c));
+  TP_ASSIGN_OR_RETURN(p.states, StateBytes(model, c));
+  return p;
+}
+
+Result<Estimate> EstimatePrepared(const GptShape& g, const PreparedConfig& p,
+                                  const TrainingShape& sh, const DeviceProfile& prof,
+                                  const std::vector<double>& speeds) {
+  const ParallelConfig& c = p.config;
+  TP_RETURN_IF_ERROR(CheckShape(c, p.bounds, sh, speeds));
   Estimate est;
   est.micro_batches = sh.global_batch / (static_cast<int64_t>(c.dp) * sh.micro_batch);
   std::vector<int64_t> acts(c.pp);
-  for (int s = 0; s < c.pp; ++s) acts[s] = StageActivationBytes(g, c, bounds, s, sh);
-  est.memory = PeakMemory(states, acts, prof);
+  for (int s = 0; s < c.pp; ++s) acts[s] = StageActivationBytes(g, c, p.bounds, s, sh);
+  est.memory = PeakMemory(p.states, acts, prof);
 
-  const StageTime worst = SlowestStage(g, c, bounds, sh, prof, speeds);
+  const StageTime worst = SlowestStage(g, c, p.bounds, sh, prof, speeds);
   const double m = static_cast<double>(est.micro_batches);
   est.time.compute = m * worst.compute;
   est.time.tp = m * worst.tp;
   est.time.p2p = m * worst.p2p;
-  est.time.bubble = (c.pp - 1) * worst.total();
-  est.time.dp_total = DpReduceTime(c, states, prof);
+  // 1F1B idles (pp - 1) micro-batch slots; the interleaved schedule 1/v of them
+  est.time.bubble = (c.pp - 1) * worst.total() / std::max(1, sh.virtual_stages);
+  est.time.dp_total = DpReduceTime(c, p.states, prof);
   est.time.dp = est.time.dp_total * (1 - prof.dp_overlap);
   return est;
+}
+
+Result<Estimate> EstimateConfig(const Model& model, const GptShape& g, const ParallelConfig& c,
+                                const TrainingShape& sh, const DeviceProfile& prof,
+                                const std::vector<double>& speeds) {
+  TP_ASSIGN_OR_RETURN(PreparedConfig p, PrepareConfig(model, c));
+  return EstimatePrepared(g, p, sh, prof, speeds);
 }
 
 }  // namespace tenplex::policy

@@ -1,4 +1,4 @@
-// Candidate enumeration, ranking and output of policy.h.
+// Output of policy.h: JSON, the table, Megatron-LM's arguments, the `tenplex run` chooser.
 #include "tenplex/policy/policy.h"
 
 #include <algorithm>
@@ -12,49 +12,6 @@ namespace tenplex::policy {
 namespace {
 
 using nlohmann::json;
-
-// L layers over pp stages: L / pp each, the L % pp extra ones on the middle stages
-// first (the first stage holds the embedding, the last the logits), then the first.
-std::vector<int> SpreadLayers(int layers, int pp) {
-  std::vector<int> out(pp, layers / pp);
-  int extra = layers % pp;
-  for (int s = 1; s + 1 < pp && extra > 0; ++s, --extra) ++out[s];
-  for (int s = 0; extra > 0; s = (s + 1) % pp, --extra) ++out[s];
-  return out;
-}
-
-// Largest-remainder apportionment of `units` over weights, each part at least 1.
-std::vector<int> Apportion(int units, const std::vector<double>& w) {
-  const int n = static_cast<int>(w.size());
-  std::vector<int> out(n, 1);
-  double total = 0;
-  for (double x : w) total += x;
-  const int rest = units - n;
-  std::vector<std::pair<double, int>> rem;
-  int given = 0;
-  for (int i = 0; i < n; ++i) {
-    const double q = rest * w[i] / total;
-    const int f = static_cast<int>(q);
-    out[i] += f;
-    given += f;
-    rem.push_back({-(q - f), i});
-  }
-  std::sort(rem.begin(), rem.end());
-  for (int k = 0; k < rest - given; ++k) ++out[rem[k % n].second];
-  return out;
-}
-
-bool Better(const Candidate& a, const Candidate& b) {
-  if (a.fits != b.fits) return a.fits;
-  const double ta = a.estimate.time.total(), tb = b.estimate.time.total();
-  if (std::abs(ta - tb) > 1e-9 * std::max(ta, tb)) return ta < tb;
-  if (a.estimate.memory.total() != b.estimate.memory.total()) {
-    return a.estimate.memory.total() < b.estimate.memory.total();
-  }
-  if (a.config.tp != b.config.tp) return a.config.tp < b.config.tp;
-  if (a.config.pp != b.config.pp) return a.config.pp < b.config.pp;
-  return !a.config.zero && b.config.zero;
-}
 
 json TimeJson(const StepTime& t) {
   return {{"compute", t.compute}, {"tp", t.tp}, {"p2p", t.p2p},
@@ -72,113 +29,42 @@ json MemoryJson(const MemoryEstimate& m) {
           {"tp_rank", m.tp}};
 }
 
-}  // namespace
-
-std::vector<ParallelConfig> EnumerateConfigs(const Model& model, const GptShape& gpt, int world,
-                                             const TrainingShape& shape) {
-  std::vector<ParallelConfig> out;
-  const int L = static_cast<int>(gpt.layers);
-  for (int tp = 1; tp <= world; ++tp) {
-    if (world % tp) continue;
-    for (int pp = 1; pp <= std::min(L, world / tp); ++pp) {
-      if ((world / tp) % pp) continue;
-      const int dp = world / (tp * pp);
-      if (shape.global_batch % (static_cast<int64_t>(dp) * shape.micro_batch)) continue;
-      ParallelConfig c;
-      c.tp = tp;
-      c.pp = pp;
-      c.dp = dp;
-      if (L % pp) c.layers = SpreadLayers(L, pp);
-      if (!ValidateConfig(model, c).ok()) continue;
-      out.push_back(c);
-      if (dp > 1 && model.optimizer.type != "none") {
-        c.zero = true;
-        out.push_back(c);
-      }
-    }
-  }
-  return out;
+std::string ParamsDtype(const Model& m) {
+  auto it = m.info.find("params_dtype");
+  return it != m.info.end() ? it->second : "fp32";
 }
 
-Result<Suggestion> Suggest(const Model& model, const SuggestOptions& o) {
-  if (o.gpus < 1)
-    return InvalidArgument("--gpus must be >= 1 (got " + std::to_string(o.gpus) + ")");
-  const TrainingShape& sh = o.shape;
-  if (sh.global_batch < 1 || sh.micro_batch < 1 || sh.seq_length < 1) {
-    return InvalidArgument("--global-batch, --micro-batch and --seq-length must be >= 1");
+}  // namespace
+
+std::vector<std::string> MegatronArgs(const Candidate& c, int64_t num_layers) {
+  const TrainingShape& sh = c.shape;
+  std::vector<std::string> a = {"--tensor-model-parallel-size",
+                                std::to_string(c.config.tp),
+                                "--pipeline-model-parallel-size",
+                                std::to_string(c.config.pp),
+                                "--global-batch-size",
+                                std::to_string(sh.global_batch),
+                                "--micro-batch-size",
+                                std::to_string(sh.micro_batch),
+                                "--seq-length",
+                                std::to_string(sh.seq_length)};
+  auto add = [&a](std::initializer_list<std::string> more) { a.insert(a.end(), more); };
+  if (sh.recompute == Recompute::kSelective) add({"--recompute-granularity", "selective"});
+  if (sh.recompute == Recompute::kFull && sh.recompute_layers == 0) {
+    add({"--recompute-granularity", "full", "--recompute-method", "uniform",
+         "--recompute-num-layers", "1"});
   }
-  if (sh.global_batch % sh.micro_batch) {
-    return InvalidArgument("--global-batch " + std::to_string(sh.global_batch) +
-                           " is not a multiple of --micro-batch " + std::to_string(sh.micro_batch));
+  if (sh.recompute == Recompute::kFull && sh.recompute_layers > 0) {
+    add({"--recompute-granularity", "full", "--recompute-method", "block",
+         "--recompute-num-layers", std::to_string(sh.recompute_layers)});
   }
-  if (!o.speeds.empty()) {
-    if (static_cast<int>(o.speeds.size()) != o.gpus) {
-      return InvalidArgument("--device-speeds has " + std::to_string(o.speeds.size()) +
-                             " entries for --gpus " + std::to_string(o.gpus));
-    }
-    for (double v : o.speeds) {
-      if (!(v > 0)) return InvalidArgument("--device-speeds must all be > 0");
-    }
+  if (sh.sequence_parallel && c.config.tp > 1) add({"--sequence-parallel"});
+  if (sh.virtual_stages > 1) {  // every stage holds the same layers then (CheckShape)
+    add({"--num-layers-per-virtual-pipeline-stage",
+         std::to_string(num_layers / c.config.pp / sh.virtual_stages)});
   }
-  TP_ASSIGN_OR_RETURN(GptShape gpt, GptShapeOf(model));
-  Suggestion out;
-  std::vector<ParallelConfig> configs;
-  for (int w = o.gpus; w >= 1 && configs.empty(); --w) {
-    configs = EnumerateConfigs(model, gpt, w, sh);
-    out.world_size = w;
-  }
-  if (configs.empty()) {
-    return NotFound("no parallel config of model '" + model.name + "' runs global batch " +
-                    std::to_string(sh.global_batch) + " in micro-batches of " +
-                    std::to_string(sh.micro_batch) + " on up to " + std::to_string(o.gpus) +
-                    " GPUs");
-  }
-  out.idle_gpus = o.gpus - out.world_size;
-  // Uneven devices: also try stage sizes proportional to each stage's slowest device.
-  if (!o.speeds.empty()) {
-    const std::size_t n = configs.size();
-    for (std::size_t i = 0; i < n; ++i) {
-      ParallelConfig c = configs[i];
-      if (c.pp < 2) continue;
-      std::vector<double> w(c.pp, 1e300);
-      for (int r = 0; r < c.world_size(); ++r)
-        w[c.PpRank(r)] = std::min(w[c.PpRank(r)], o.speeds[r]);
-      std::vector<int> layers = Apportion(static_cast<int>(gpt.layers), w);
-      TP_ASSIGN_OR_RETURN(std::vector<int> bounds, StageBounds(model, c));
-      std::vector<int> current;
-      for (int s = 0; s < c.pp; ++s) current.push_back(bounds[s + 1] - bounds[s]);
-      if (layers == current) continue;
-      c.layers = layers;
-      if (ValidateConfig(model, c).ok()) configs.push_back(c);
-    }
-  }
-  out.considered = static_cast<int>(configs.size());
-  const Candidate* smallest = nullptr;
-  std::vector<Candidate> all;
-  for (const ParallelConfig& c : configs) {
-    auto e = EstimateConfig(model, gpt, c, sh, o.profile, o.speeds);
-    if (!e.ok()) continue;
-    Candidate cand{c, *e, e->memory.total() <= o.profile.memory_bytes};
-    all.push_back(cand);
-  }
-  for (const Candidate& c : all) {
-    if (!smallest || c.estimate.memory.total() < smallest->estimate.memory.total()) smallest = &c;
-  }
-  const bool any_fit =
-      std::any_of(all.begin(), all.end(), [](const Candidate& c) { return c.fits; });
-  if (!any_fit && !o.include_unfit) {
-    if (!smallest)
-      return NotFound("no parallel config of model '" + model.name + "' could be evaluated");
-    return ResourceExhausted(
-        "no parallel config of model '" + model.name + "' on " + std::to_string(out.world_size) +
-        " GPUs fits in " + HumanBytes(o.profile.memory_bytes) + " per GPU: the smallest, " +
-        smallest->config.ToString() + ", needs " + HumanBytes(smallest->estimate.memory.total()));
-  }
-  for (Candidate& c : all) {
-    if (c.fits || o.include_unfit) out.ranked.push_back(std::move(c));
-  }
-  std::sort(out.ranked.begin(), out.ranked.end(), Better);
-  return out;
+  if (c.config.zero) add({"--use-distributed-optimizer"});
+  return a;
 }
 
 std::string SuggestionToJson(const Model& model, const SuggestOptions& o, const Suggestion& s,
@@ -186,10 +72,13 @@ std::string SuggestionToJson(const Model& model, const SuggestOptions& o, const 
   const DeviceProfile& p = o.profile;
   json j;
   j["model"] = model.name;
+  j["params_dtype"] = ParamsDtype(model);
   j["gpus"] = o.gpus;
   j["world_size"] = s.world_size;
   j["idle_gpus"] = s.idle_gpus;
   j["considered"] = s.considered;
+  j["evaluated"] = s.evaluated;
+  j["fitting"] = s.fitting;
   j["profile"] = {{"name", p.name},
                   {"peak_tflops", p.peak_flops / 1e12},
                   {"efficiency", p.efficiency},
@@ -197,12 +86,20 @@ std::string SuggestionToJson(const Model& model, const SuggestOptions& o, const 
                   {"gpus_per_host", p.gpus_per_host},
                   {"intra_host_gbps", p.intra_bw / 1e9},
                   {"inter_host_gbps", p.inter_bw / 1e9},
-                  {"dp_overlap", p.dp_overlap}};
+                  {"dp_overlap", p.dp_overlap},
+                  {"tp_overlap", p.tp_overlap},
+                  {"layer_overhead_us", p.layer_overhead * 1e6}};
   j["shape"] = {{"global_batch", o.shape.global_batch},
                 {"micro_batch", o.shape.micro_batch},
                 {"seq_length", o.shape.seq_length},
-                {"recompute", RecomputeName(o.shape.recompute)},
-                {"sequence_parallel", o.shape.sequence_parallel}};
+                {"recompute", RecomputeText(o.shape)},
+                {"sequence_parallel", o.shape.sequence_parallel},
+                {"virtual_stages", o.shape.virtual_stages}};
+  j["search"] = {{"micro_batch", o.search.micro_batch},
+                 {"recompute", o.search.recompute},
+                 {"sequence_parallel", o.search.sequence_parallel},
+                 {"virtual_stages", o.search.virtual_stages},
+                 {"distributed_optimizer", o.search.distributed_optimizer}};
   json list = json::array();
   for (int i = 0; i < static_cast<int>(s.ranked.size()) && (top <= 0 || i < top); ++i) {
     const Candidate& c = s.ranked[i];
@@ -213,6 +110,12 @@ std::string SuggestionToJson(const Model& model, const SuggestOptions& o, const 
     e["dp"] = c.config.dp;
     e["zero"] = c.config.zero ? 1 : 0;
     e["layers"] = c.config.layers;
+    e["micro_batch"] = c.shape.micro_batch;
+    e["recompute"] = RecomputeText(c.shape);
+    e["sequence_parallel"] = c.shape.sequence_parallel;
+    e["virtual_stages"] = c.shape.virtual_stages;
+    e["megatron_args"] = MegatronArgs(c, model.num_layers);
+    e["tp_crosses_hosts"] = c.tp_crosses_hosts;
     e["micro_batches"] = c.estimate.micro_batches;
     e["step_seconds"] = c.estimate.time.total();
     e["time"] = TimeJson(c.estimate.time);
@@ -224,55 +127,98 @@ std::string SuggestionToJson(const Model& model, const SuggestOptions& o, const 
   return j.dump() + "\n";
 }
 
+namespace {
+
+// "b=2 full:3 sp v=2": the knobs of a candidate in a few characters.
+std::string KnobsText(const Candidate& c) {
+  std::string k = "b=" + std::to_string(c.shape.micro_batch) + " " + RecomputeText(c.shape);
+  if (c.shape.sequence_parallel && c.config.tp > 1) k += " sp";
+  if (c.shape.virtual_stages > 1) k += " v=" + std::to_string(c.shape.virtual_stages);
+  return k;
+}
+
+std::string Searched(const SearchSpace& s) {
+  std::string out;
+  auto add = [&out](bool on, const char* name) {
+    if (on) out += std::string(out.empty() ? "" : ", ") + name;
+  };
+  add(s.micro_batch, "micro-batch");
+  add(s.recompute, "recompute");
+  add(s.sequence_parallel, "sequence parallelism");
+  add(s.virtual_stages, "virtual stages");
+  add(s.distributed_optimizer, "distributed optimizer");
+  return out.empty() ? "none" : out;
+}
+
+}  // namespace
+
 std::string SuggestionToText(const Model& model, const SuggestOptions& o, const Suggestion& s,
                              int top) {
   std::string out;
-  char line[512];
-  std::snprintf(
-      line, sizeof line,
-      "%s on %d GPUs (%d per host, %s: %.0f TFLOP/s x %.2f, %s each); batch %lld x seq %lld, "
-      "micro-batch "
-      "%lld, recompute %s%s\n",
-      model.name.c_str(), o.gpus, o.profile.gpus_per_host, o.profile.name.c_str(),
-      o.profile.peak_flops / 1e12, o.profile.efficiency, HumanBytes(o.profile.memory_bytes).c_str(),
-      static_cast<long long>(o.shape.global_batch), static_cast<long long>(o.shape.seq_length),
-      static_cast<long long>(o.shape.micro_batch), RecomputeName(o.shape.recompute),
-      o.shape.sequence_parallel ? ", sequence parallel" : "");
+  char line[640];
+  const SearchSpace& q = o.search;
+  std::snprintf(line, sizeof line,
+                "%s (%s parameters) on %d GPUs (%d per host, %s: %.0f TFLOP/s x %.2f, %s each); "
+                "batch %lld x seq %lld%s%s%s\n  searched per config: %s\n",
+                model.name.c_str(), ParamsDtype(model).c_str(), o.gpus, o.profile.gpus_per_host,
+                o.profile.name.c_str(), o.profile.peak_flops / 1e12, o.profile.efficiency,
+                HumanBytes(o.profile.memory_bytes).c_str(),
+                static_cast<long long>(o.shape.global_batch),
+                static_cast<long long>(o.shape.seq_length),
+                q.micro_batch ? "" : (", micro-batch " + std::to_string(o.shape.micro_batch)).c_str(),
+                q.recompute ? "" : (", recompute " + RecomputeText(o.shape)).c_str(),
+                q.sequence_parallel ? "" : (o.shape.sequence_parallel ? ", sequence parallel" : ", no sequence parallelism"),
+                Searched(q).c_str());
   out += line;
   if (s.idle_gpus) out += "  no config uses all GPUs: " + std::to_string(s.idle_gpus) + " idle\n";
-  std::snprintf(line, sizeof line, "  %-4s %-28s %9s %9s %8s %8s %8s %8s %11s %11s %4s\n", "#",
-                "config", "step s", "compute", "tp", "p2p", "bubble", "dp", "memory", "activations",
-                "fits");
+  std::snprintf(line, sizeof line, "  %-4s %-24s %-18s %9s %9s %8s %8s %8s %8s %10s %10s %4s\n",
+                "#", "config", "knobs", "step s", "compute", "tp", "p2p", "bubble", "dp", "memory",
+                "activation", "fits");
   out += line;
-  for (int i = 0; i < static_cast<int>(s.ranked.size()) && (top <= 0 || i < top); ++i) {
+  int shown = 0;
+  for (int i = 0; i < static_cast<int>(s.ranked.size()) && (top <= 0 || i < top); ++i, ++shown) {
     const Candidate& c = s.ranked[i];
     const StepTime& t = c.estimate.time;
+    const std::string cfg = c.config.ToString() + (c.tp_crosses_hosts ? " (x-host tp)" : "");
     std::snprintf(line, sizeof line,
-                  "  %-4d %-28s %9.3f %9.3f %8.3f %8.3f %8.3f %8.3f %11s %11s %4s\n", i + 1,
-                  c.config.ToString().c_str(), t.total(), t.compute, t.tp, t.p2p, t.bubble, t.dp,
-                  HumanBytes(c.estimate.memory.total()).c_str(),
+                  "  %-4d %-24s %-18s %9.3f %9.3f %8.3f %8.3f %8.3f %8.3f %10s %10s %4s\n", i + 1,
+                  cfg.c_str(), KnobsText(c).c_str(), t.total(), t.compute, t.tp, t.p2p, t.bubble,
+                  t.dp, HumanBytes(c.estimate.memory.total()).c_str(),
                   HumanBytes(c.estimate.memory.activations).c_str(), c.fits ? "yes" : "no");
     out += line;
   }
-  out += "  (" + std::to_string(s.considered) + " valid configs considered, " +
-         std::to_string(s.ranked.size()) + " listed)\n";
+  if (!s.ranked.empty()) {
+    std::string args;
+    for (const std::string& a : MegatronArgs(s.ranked.front(), model.num_layers))
+      args += (args.empty() ? "" : " ") + a;
+    out += "  Megatron-LM arguments of #1: " + args + "\n";
+  }
+  out += "  (" + std::to_string(s.considered) + " configs, " + std::to_string(s.evaluated) +
+         " knob settings evaluated; " + std::to_string(s.fitting) + " configs fit, " +
+         std::to_string(shown) + " shown)\n";
   return out;
 }
 
-Result<ParallelConfig> ChooseForWorkers(const Model& model, const std::vector<std::string>& command,
-                                        int gpus, const std::string& profile,
-                                        const std::string& gpu_memory) {
+Result<WorkerChoice> ChooseForWorkers(const Model& model, const std::vector<std::string>& command,
+                                      int gpus, const std::string& profile,
+                                      const std::string& gpu_memory) {
   SuggestOptions o;
   o.gpus = gpus;
   o.shape.global_batch = 8;
   o.shape.micro_batch = 2;
   o.shape.seq_length = 64;
+  // the example implements recomputation and micro-batches, not SP or virtual stages
+  o.search = FixedKnobs();
+  o.search.recompute = true;
+  o.search.micro_batch = true;
+  o.shape.sequence_parallel = false;
   for (std::size_t i = 0; i + 1 < command.size(); ++i) {
     int64_t* field = command[i] == "--global-batch-size"  ? &o.shape.global_batch
                      : command[i] == "--micro-batch-size" ? &o.shape.micro_batch
                      : command[i] == "--seq-length"       ? &o.shape.seq_length
                                                           : nullptr;
     if (!field) continue;
+    if (field == &o.shape.micro_batch) o.search.micro_batch = false;  // the user's choice
     try {
       std::size_t used = 0;
       *field = std::stoll(command[i + 1], &used);
@@ -289,7 +235,24 @@ Result<ParallelConfig> ChooseForWorkers(const Model& model, const std::vector<st
     o.profile.memory_bytes = static_cast<int64_t>(*b);
   }
   TP_ASSIGN_OR_RETURN(Suggestion s, Suggest(model, o));
-  return s.ranked.front().config;
+  const Candidate& best = s.ranked.front();
+  WorkerChoice out;
+  out.config = best.config;
+  // Megatron's flags for the knobs searched here, without the parallel sizes (the run
+  // gives the config itself) and the batch arguments the command already has
+  const std::vector<std::string> all = MegatronArgs(best, model.num_layers);
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    const std::string& a = all[i];
+    const bool pair = i + 1 < all.size() && all[i + 1].rfind("--", 0) != 0;
+    const bool keep = a.rfind("--recompute-", 0) == 0 ||
+                      (a == "--micro-batch-size" && o.search.micro_batch);
+    if (keep) {
+      out.args.push_back(a);
+      if (pair) out.args.push_back(all[i + 1]);
+    }
+    if (pair) ++i;
+  }
+  return out;
 }
 
 }  // namespace tenplex::policy

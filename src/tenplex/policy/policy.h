@@ -93,12 +93,14 @@ struct DeviceProfile {
   int64_t reserve_bytes = 2LL << 30;
   double reserve_fraction = 0.05;
   double dp_overlap = 0.5;  // fraction of the DP all-reduce hidden by the backward
+  double tp_overlap = 0.0;  // fraction of the TP collectives hidden behind the GEMMs
+  double layer_overhead = 0;  // seconds per layer and micro-batch (launches, framework)
 };
 
 // The names of the presets, and a preset or a JSON file ({"name", "peak_tflops",
 // "efficiency", "memory": "80GiB", "gpus_per_host", "intra_host_gbps", "intra_host_latency_us",
 // "inter_host_gbps", "inter_host_latency_us", "reserve": "2GiB", "reserve_fraction",
-// "dp_overlap"}; fields absent keep the "base" preset's values, default "a100").
+// "dp_overlap", "tp_overlap", "layer_overhead_us"}; fields absent keep the "base" preset's values, default "a100").
 std::vector<std::string> ProfilePresetNames();
 Result<DeviceProfile> LoadDeviceProfile(const std::string& spec);
 Result<DeviceProfile> DeviceProfileFromJson(const std::string& text);
@@ -114,8 +116,17 @@ struct TrainingShape {
   int64_t micro_batch = 1;     // b
   int64_t seq_length = 2048;   // s
   Recompute recompute = Recompute::kSelective;
+  // With kFull: 0 recomputes every layer (Megatron's --recompute-method uniform
+  // --recompute-num-layers 1); n > 0 only the first n layers of each model chunk, the
+  // others keep all their activations (--recompute-method block --recompute-num-layers n).
+  int recompute_layers = 0;
   bool sequence_parallel = true;
+  // Model chunks per pipeline rank: 1 is plain 1F1B, v > 1 the interleaved schedule
+  // (Megatron's --num-layers-per-virtual-pipeline-stage = layers per stage / v).
+  int virtual_stages = 1;
 };
+// "selective", "full", "full:N" (block, N layers), "none"; and the reverse.
+std::string RecomputeText(const TrainingShape& shape);
 
 // The GPT hyper-parameters the formulas need, from the model's info (gpt.h).
 struct GptShape {
@@ -175,15 +186,45 @@ Result<Estimate> EstimateConfig(const Model& model, const GptShape& gpt,
                                 const ParallelConfig& config, const TrainingShape& shape,
                                 const DeviceProfile& profile, const std::vector<double>& speeds);
 
+// What EstimateConfig derives from (model, config) alone, so that a search over the
+// training knobs computes it once per config.
+struct PreparedConfig {
+  ParallelConfig config;
+  std::vector<int> bounds;  // layer bounds of the stages (StageBounds)
+  std::vector<RankState> states;
+};
+Result<PreparedConfig> PrepareConfig(const Model& model, const ParallelConfig& config);
+Result<Estimate> EstimatePrepared(const GptShape& gpt, const PreparedConfig& prepared,
+                                  const TrainingShape& shape, const DeviceProfile& profile,
+                                  const std::vector<double>& speeds);
+
+// Whether a tp group of `tp` consecutive ranks spans hosts of gpus_per_host GPUs.
+bool TpCrossesHosts(int tp, int gpus_per_host);
+
 struct Candidate {
   ParallelConfig config;
+  TrainingShape shape;  // the knobs chosen for it (micro-batch, recompute, SP, chunks)
   Estimate estimate;
   bool fits = false;
+  bool tp_crosses_hosts = false;  // the tp group spans hosts (priced on the inter-host link)
 };
+
+// Which training knobs Suggest searches per (tp, pp, dp, zero); a knob not searched
+// keeps SuggestOptions::shape's value. The CLI searches a knob unless it is given.
+struct SearchSpace {
+  bool micro_batch = true;        // every b dividing B / dp (up to the first b nothing fits)
+  bool recompute = true;          // none, selective, full, full on the fewest layers that fit
+  bool sequence_parallel = true;  // on and off when tp > 1 (off at tp = 1, as Megatron)
+  bool virtual_stages = true;     // v = 1 and every v > 1 Megatron accepts
+  bool distributed_optimizer = true;  // zero=1 besides zero=0 when dp > 1
+};
+// Nothing searched: the shape as given, zero=1 still tried (the policy before knobs).
+SearchSpace FixedKnobs();
 
 struct SuggestOptions {
   int gpus = 1;
   TrainingShape shape;
+  SearchSpace search;
   DeviceProfile profile;
   std::vector<double> speeds;  // per GPU; empty = uniform
   bool include_unfit = false;  // also return configs that do not fit (ranked after)
@@ -192,8 +233,10 @@ struct SuggestOptions {
 struct Suggestion {
   int world_size = 0;  // GPUs the configs use (< gpus when no config uses all)
   int idle_gpus = 0;
-  int considered = 0;             // valid configs before the memory check
-  std::vector<Candidate> ranked;  // fitting configs, fastest first
+  int considered = 0;             // (tp, pp, dp, zero, layers) configs, before memory
+  int64_t evaluated = 0;          // configs x knob settings whose cost was computed
+  int fitting = 0;                // configs with at least one setting that fits
+  std::vector<Candidate> ranked;  // per config its best setting; fitting first, fastest first
 };
 
 // Ranks the configs for opts.gpus GPUs. Fails (InvalidArgument) on bad options and
@@ -202,24 +245,45 @@ struct Suggestion {
 Result<Suggestion> Suggest(const Model& model, const SuggestOptions& opts);
 // Candidate configs for exactly `world` GPUs (the enumeration above), unevaluated.
 std::vector<ParallelConfig> EnumerateConfigs(const Model& model, const GptShape& gpt, int world,
-                                             const TrainingShape& shape);
+                                             const TrainingShape& shape, bool zero = true);
+// The knob settings searched for one config (before the block-recompute search).
+std::vector<TrainingShape> KnobSettings(const GptShape& gpt, const PreparedConfig& prepared,
+                                        const TrainingShape& base, const SearchSpace& search);
+// Orders candidates: fitting first, then predicted step time, lower memory, smaller tp,
+// pp, no zero, larger micro-batch, fewer chunks, less recomputation.
+bool BetterCandidate(const Candidate& a, const Candidate& b);
+
+// Megatron-LM's arguments for a candidate: --tensor-model-parallel-size,
+// --pipeline-model-parallel-size, --global-batch-size, --micro-batch-size, --seq-length,
+// the recompute flags, --sequence-parallel, --num-layers-per-virtual-pipeline-stage,
+// --use-distributed-optimizer, for a model of num_layers layers. Uneven stages
+// (layers=) have no Megatron argument that places extra layers in the middle stages.
+std::vector<std::string> MegatronArgs(const Candidate& c, int64_t num_layers);
 
 // JSON of a suggestion: {"model", "gpus", "world_size", "idle_gpus", "profile", "shape",
-// "configs": [{"config", "tp", "pp", "dp", "zero", "layers", "step_seconds", "time":
-// {...}, "memory": {...}, "fits"}]} with at most `top` configs.
+// "search", "configs": [{"config", "tp", "pp", "dp", "zero", "layers", "micro_batch",
+// "recompute", "sequence_parallel", "virtual_stages", "megatron_args", "tp_crosses_hosts",
+// "step_seconds", "time": {...}, "memory": {...}, "fits"}]} with at most `top` configs.
 std::string SuggestionToJson(const Model& model, const SuggestOptions& opts, const Suggestion& s,
                              int top);
 // A table a person reads.
 std::string SuggestionToText(const Model& model, const SuggestOptions& opts, const Suggestion& s,
                              int top);
 
-// For `tenplex run` schedules with "gpus": N: the best config for N GPUs, the training
-// shape read from the worker command's Megatron-style arguments (--global-batch-size,
-// --micro-batch-size, --seq-length; examples/gpt/train.py's defaults 8, 2 and 64 when
-// absent), the device profile `profile` ("cpu" when empty) and, when not empty,
-// `gpu_memory` (e.g. "1MiB") instead of the profile's memory.
-Result<ParallelConfig> ChooseForWorkers(const Model& model, const std::vector<std::string>& command,
-                                        int gpus, const std::string& profile,
-                                        const std::string& gpu_memory);
+// For `tenplex run` schedules with "gpus": N: the best config for N GPUs and the worker
+// arguments of its knobs. The training shape is read from the worker command's
+// Megatron-style arguments (--global-batch-size, --micro-batch-size, --seq-length;
+// examples/gpt/train.py's defaults 8, 2 and 64 when absent); the micro-batch is searched
+// when the command does not give one, and recomputation always (the example implements
+// Megatron's recompute flags; not sequence parallelism or virtual stages, which stay
+// off). The device profile is `profile` ("cpu" when empty) and, when not empty,
+// `gpu_memory` (e.g. "1MiB") replaces the profile's memory.
+struct WorkerChoice {
+  ParallelConfig config;
+  std::vector<std::string> args;  // appended to the worker command (later ones win)
+};
+Result<WorkerChoice> ChooseForWorkers(const Model& model, const std::vector<std::string>& command,
+                                      int gpus, const std::string& profile,
+                                      const std::string& gpu_memory);
 
 }  // namespace tenplex::policy

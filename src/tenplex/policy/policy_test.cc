@@ -7,16 +7,11 @@
 #include <map>
 
 #include "tenplex/model/gpt.h"
+#include "tenplex/policy/test_models.h"
 #include "tenplex/ptc/layout.h"
 
 namespace tenplex::policy {
 namespace {
-
-Model Gpt(const std::string& preset, const std::string& dtype = "bf16") {
-  GptArgs a = *GptPreset(preset);
-  a.params_dtype = dtype;
-  return *MakeGpt(a);
-}
 
 Model Tiny(const std::string& dtype, bool untied = false) {
   GptArgs a;

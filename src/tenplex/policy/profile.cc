@@ -97,7 +97,9 @@ Result<DeviceProfile> DeviceProfileFromJson(const std::string& text) {
                                  "inter_host_latency_us",
                                  "reserve",
                                  "reserve_fraction",
-                                 "dp_overlap"};
+                                 "dp_overlap",
+                                 "tp_overlap",
+                                 "layer_overhead_us"};
   for (auto& [k, v] : j.items()) {
     (void)v;
     bool ok = false;
@@ -152,6 +154,15 @@ Result<DeviceProfile> DeviceProfileFromJson(const std::string& text) {
   }
   if (j.contains("dp_overlap")) {
     TP_ASSIGN_OR_RETURN(p.dp_overlap, Fraction(j, "dp_overlap"));
+  }
+  if (j.contains("tp_overlap")) {
+    TP_ASSIGN_OR_RETURN(p.tp_overlap, Fraction(j, "tp_overlap"));
+  }
+  if (j.contains("layer_overhead_us")) {
+    const json& v = j["layer_overhead_us"];
+    if (!v.is_number() || v.get<double>() < 0 || v.get<double>() > 1e6)
+      return InvalidArgument("device profile: 'layer_overhead_us' must be a number in [0, 1e6]");
+    p.layer_overhead = v.get<double>() * 1e-6;
   }
   return p;
 }

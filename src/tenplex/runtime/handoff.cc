@@ -100,6 +100,7 @@ std::vector<std::string> WorkerArgv(const std::vector<std::string>& command, con
     argv.push_back("--warm-control");
     argv.push_back(a.warm_control);
   }
+  argv.insert(argv.end(), a.extra.begin(), a.extra.end());
   return argv;
 }
 

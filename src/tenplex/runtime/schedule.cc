@@ -34,7 +34,8 @@ Status ParseEntryConfig(const json& e, const std::string& where, const Model& mo
     s.gpus = e["gpus"].get<int>();
     auto c = choose(s.gpus, JsonValueOr(e, "device_profile", ""), JsonValueOr(e, "gpu_memory", ""));
     if (!c.ok()) return c.status().WithContext(where + " (" + std::to_string(s.gpus) + " GPUs)");
-    s.config = *c;
+    s.config = c->config;
+    s.worker_args = c->worker_args;
   } else if (s.stop == e.contains("config")) {
     return InvalidArgument(where + ": needs either a 'config', 'gpus' or \"stop\": true");
   } else if (e.contains("device_profile") || e.contains("gpu_memory")) {

@@ -37,13 +37,21 @@ struct ScheduleEntry {
   int gpus = 0;                 // "gpus": N entries: the count the policy chose `config` for
   // "slowdown": rank -> factor (>= 1); unset when the entry gives none.
   std::optional<std::map<int, double>> slowdown;
+  // "gpus": N entries: the policy's knobs for the workers (e.g. --micro-batch-size 4
+  // --recompute-granularity full), appended to their command for this entry's segment.
+  std::vector<std::string> worker_args;
 };
 
 // "1=2,3=1.5": the workers' --slowdown argument ("" when none).
 std::string SlowdownArg(const std::map<int, double>& slowdown);
 
-// Picks the config of a {"gpus": N, "device_profile": P, "gpu_memory": M} entry.
-using ConfigChooser = std::function<Result<ParallelConfig>(
+// Picks the config of a {"gpus": N, "device_profile": P, "gpu_memory": M} entry, and the
+// worker arguments of its training knobs.
+struct ChosenConfig {
+  ParallelConfig config;
+  std::vector<std::string> worker_args;
+};
+using ConfigChooser = std::function<Result<ChosenConfig>(
     int gpus, const std::string& device_profile, const std::string& gpu_memory)>;
 
 // Parses and checks a schedule: a non-empty list, the first entry at step 0 with a

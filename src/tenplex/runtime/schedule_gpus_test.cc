@@ -17,12 +17,12 @@ Model Small() {
 TEST(ScheduleGpusTest, GpusEntriesGetTheChoosersConfig) {
   std::vector<std::string> calls;
   ConfigChooser choose = [&](int gpus, const std::string& profile,
-                             const std::string& memory) -> Result<ParallelConfig> {
+                             const std::string& memory) -> Result<ChosenConfig> {
     calls.push_back(std::to_string(gpus) + "/" + profile + "/" + memory);
     ParallelConfig c;
     c.pp = gpus >= 2 ? 2 : 1;
     c.dp = gpus / c.pp;
-    return c;
+    return ChosenConfig{c, {"--micro-batch-size", std::to_string(gpus)}};
   };
   auto s = ParseSchedule(R"([{"step": 0, "gpus": 4, "device_profile": "cpu", "gpu_memory": "1MiB"},
       {"step": 3, "config": "tp=2"}, {"step": 5, "gpus": 1, "kill_ranks": [1]}, {"step": 6, "stop": true}])",
@@ -31,18 +31,20 @@ TEST(ScheduleGpusTest, GpusEntriesGetTheChoosersConfig) {
   EXPECT_EQ(calls, (std::vector<std::string>{"4/cpu/1MiB", "1//"}));
   EXPECT_EQ((*s)[0].config.ToString(), "tp=1,pp=2,dp=2");
   EXPECT_EQ((*s)[0].gpus, 4);
+  EXPECT_EQ((*s)[0].worker_args, (std::vector<std::string>{"--micro-batch-size", "4"}));
   EXPECT_EQ((*s)[1].gpus, 0);
+  EXPECT_TRUE((*s)[1].worker_args.empty());
   EXPECT_EQ((*s)[2].config.world_size(), 1);
   EXPECT_EQ((*s)[2].kill_ranks, std::vector<int>{1});
 }
 
 TEST(ScheduleGpusTest, Errors) {
   ConfigChooser fail = [](int gpus, const std::string&,
-                          const std::string&) -> Result<ParallelConfig> {
+                          const std::string&) -> Result<ChosenConfig> {
     return ResourceExhausted("nothing fits on " + std::to_string(gpus));
   };
-  ConfigChooser ok = [](int, const std::string&, const std::string&) -> Result<ParallelConfig> {
-    return ParallelConfig{};
+  ConfigChooser ok = [](int, const std::string&, const std::string&) -> Result<ChosenConfig> {
+    return ChosenConfig{};
   };
   struct Case {
     const char* json;

@@ -37,8 +37,11 @@ Result<RunInputs> LoadRunInputs(const RunOptions& o) {
   TP_ASSIGN_OR_RETURN(in.model, LoadModel(model_spec));
   TP_ASSIGN_OR_RETURN(std::string sched_text, ReadFile(o.schedule_path));
   auto sched = ParseSchedule(
-      sched_text, in.model, [&](int gpus, const std::string& profile, const std::string& memory) {
-        return policy::ChooseForWorkers(in.model, o.command, gpus, profile, memory);
+      sched_text, in.model,
+      [&](int gpus, const std::string& profile, const std::string& memory) -> Result<ChosenConfig> {
+        TP_ASSIGN_OR_RETURN(policy::WorkerChoice c,
+                            policy::ChooseForWorkers(in.model, o.command, gpus, profile, memory));
+        return ChosenConfig{c.config, c.args};
       });
   if (!sched.ok()) return sched.status().WithContext(o.schedule_path);
   in.schedule = std::move(*sched);
@@ -182,6 +185,7 @@ class ScheduleLoop {
     spec.committed = committed_;
     spec.commit_every = o_.commit_every;
     spec.slowdown = SlowdownArg(slowdown_);
+    spec.worker_args = entries_[i_].worker_args;
     if (o_.rebalance) {
       const int64_t w = o_.rebalance_window;
       spec.commit_every = o_.commit_every > 0 ? std::min(o_.commit_every, w) : w;

@@ -88,6 +88,7 @@ Status Segment::Launch() {
   args.state_out = files_.out_json;
   args.commit_every = spec_.commit_every;
   args.slowdown = spec_.slowdown;
+  args.extra = spec_.worker_args;
   args.commit_prefix = files_.commit_prefix;
   if (committed_ || spec_.transform_in) args.state_in = files_.in_json;
   t_launch_ = Clock::now();

@@ -406,44 +406,35 @@ Result<uint64_t> ParseByteSize(std::string_view text) {
   std::size_t digits = 0;
   while (digits < text.size() && text[digits] >= '0' && text[digits] <= '9') ++digits;
   std::string_view suffix = text.substr(digits);
-  int shift = 0;
+  int power = 0;  // of the unit
+  bool decimal = false;
+  bool ok = true;
   if (!suffix.empty()) {
-    switch (suffix[0]) {
-      case 'K':
-      case 'k':
-        shift = 10;
-        break;
-      case 'M':
-      case 'm':
-        shift = 20;
-        break;
-      case 'G':
-      case 'g':
-        shift = 30;
-        break;
-      case 'T':
-      case 't':
-        shift = 40;
-        break;
-      case 'B':
-        shift = 0;
-        break;
-      default:
-        shift = -1;
-    }
+    static constexpr std::string_view kUnits = "KMGT";
+    const char u = suffix[0] == 'k' ? 'K' : suffix[0] == 'm' ? 'M' : suffix[0] == 'g' ? 'G'
+                                         : suffix[0] == 't' ? 'T' : suffix[0];
+    const std::size_t at = kUnits.find(u);
     std::string_view rest = suffix.substr(1);
-    if (suffix[0] == 'B' ? !rest.empty()
-                         : !(rest.empty() || rest == "i" || rest == "iB" || rest == "B"))
-      shift = -1;
+    if (u == 'B') {
+      ok = rest.empty();
+    } else if (at == std::string_view::npos) {
+      ok = false;
+    } else {
+      power = static_cast<int>(at) + 1;
+      decimal = rest == "B";  // 80GB is 80·10^9 bytes, as written; 80G and 80GiB are 80·2^30
+      ok = rest.empty() || rest == "i" || rest == "iB" || rest == "B";
+    }
   }
-  if (digits == 0 || shift < 0) {
+  if (digits == 0 || !ok) {
     return InvalidArgument("size " + Quote(text) +
-                           " must be a byte count such as 1073741824, 512M or 8G");
+                           " must be a byte count such as 1073741824, 512M, 8GiB or 80GB");
   }
   TP_ASSIGN_OR_RETURN(int64_t v, ParseNumber(text.substr(0, digits), "size"));
-  if (v > (std::numeric_limits<int64_t>::max() >> shift))
+  uint64_t unit = 1;
+  for (int i = 0; i < power; ++i) unit *= decimal ? 1000 : 1024;
+  if (static_cast<uint64_t>(v) > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) / unit)
     return InvalidArgument("size " + Quote(text) + " is too large");
-  return static_cast<uint64_t>(v) << shift;
+  return static_cast<uint64_t>(v) * unit;
 }
 
 bool IsLoopbackHost(std::string_view host) {

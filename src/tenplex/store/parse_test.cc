@@ -231,9 +231,14 @@ TEST(ParseTest, ByteSizes) {
   EXPECT_EQ(*ParseByteSize("512M"), 512ull << 20);
   EXPECT_EQ(*ParseByteSize("8GiB"), 8ull << 30);
   EXPECT_EQ(*ParseByteSize("2k"), 2048u);
-  EXPECT_EQ(*ParseByteSize("3TB"), 3ull << 40);
+  EXPECT_EQ(*ParseByteSize("3TiB"), 3ull << 40);
+  EXPECT_EQ(*ParseByteSize("3TB"), 3000000000000ull);  // decimal units as written
+  EXPECT_EQ(*ParseByteSize("80GB"), 80000000000ull);
+  EXPECT_EQ(*ParseByteSize("80GiB"), 80ull << 30);
+  EXPECT_EQ(*ParseByteSize("5kB"), 5000u);
   EXPECT_EQ(*ParseByteSize("7B"), 7u);
-  for (const char* bad : {"", "G", "-1", "1.5G", "1X", "1GG", "1 G", "99999999999999999T", "1BB"}) {
+  for (const char* bad : {"", "G", "-1", "1.5G", "1X", "1GG", "1 G", "99999999999999999T", "1BB", "9223372036854775808",
+                          "9223372036854775TB", "1iB", "1Bi"}) {
     EXPECT_FALSE(ParseByteSize(bad).ok()) << bad;
   }
 }
