@@ -69,6 +69,11 @@ def main():
             best = min(ok, key=lambda c: c["step_seconds"])
             check(elastic.Config.parse(got).world_size == w and
                   got == str(elastic.Config.parse(best["config"])), f"suggested config for {w} workers: {got}")
+            cfg, knobs = elastic.pick_choice(sp, w, 2)
+            check(cfg == got and knobs == best["megatron_args"]
+                  and ("--recompute-granularity" in knobs) == (best["recompute"] != "none"),
+                  f"{w} workers: the choice's Megatron arguments {knobs}")
+        check(elastic.pick_choice({2: "tp=2"}, 2) == ("tp=2", []), "a table policy gives no knobs")
         expect_error(lambda: elastic.pick_config(sp, 6, 2), "no config that fits on 6 workers",
                      "suggest with no config for the world size")
         expect_error(lambda: elastic.read_policy("suggest:--gpus 4"), "needs --model", "suggest without a model")

@@ -295,6 +295,27 @@ def test_bad_combinations_exit(tmp: str) -> None:
         log.info("train.py %s: %s", " ".join(args[-4:]), err.strip().splitlines()[-1])
 
 
+def test_torchrun_policy_knobs() -> None:
+    """Under torchrun a suggest: policy is asked with this example's limits fixed, and its
+    chosen recomputation reaches the trainer's arguments unless the command set one."""
+    import elastic_train
+
+    args = train.parse_args(["--elastic", "suggest:--model m.json --device-profile cpu", "--micro-batch-size", "2"])
+    policy = elastic_train.example_policy(args)
+    assert policy.split()[-9:] == ["--global-batch", "8", "--micro-batch", "2", "--seq-length", "64",
+                                   "--virtual-stages", "1", "--no-sequence-parallel"], policy
+    pinned = train.parse_args(["--elastic", "suggest:--model m.json --micro-batch 4 --sequence-parallel"])
+    assert elastic_train.example_policy(pinned).count("--micro-batch") == 1
+    assert "--no-sequence-parallel" not in elastic_train.example_policy(pinned)
+    knobs = ["--micro-batch-size", "2", "--recompute-granularity", "full", "--recompute-method", "block",
+             "--recompute-num-layers", "3"]
+    elastic_train.apply_knobs(args, knobs)
+    assert gpt.Recompute.from_args(args).describe() == "full:3"
+    own = train.parse_args(["--elastic", "x", "--recompute-activations"])
+    elastic_train.apply_knobs(own, knobs)
+    assert gpt.Recompute.from_args(own).describe() == "selective"
+
+
 if __name__ == "__main__":
     worker = os.environ.get(WORKER_ENV)
     if worker:

@@ -81,6 +81,35 @@ class DiskJob(elastic.Job):
         self._log_event({"event": "commit", "step": info.get("step"), "seconds": round(time.perf_counter() - t0, 4)})
 
 
+def example_policy(args):
+    """--elastic as given, a "suggest:ARGS" policy with what this example implements of
+    the knobs fixed (no sequence parallelism or virtual stages; its own batch shape), so
+    that the policy searches the rest (recomputation, zero=1)."""
+    policy = args.elastic
+    if not isinstance(policy, str) or not policy.startswith("suggest:"):
+        return policy
+    given = policy[len("suggest:"):].split()
+    for flag, value in (("--global-batch", args.global_batch_size), ("--micro-batch", args.micro_batch_size),
+                        ("--seq-length", args.seq_length), ("--virtual-stages", 1)):
+        if flag not in given:
+            policy += f" {flag} {value}"
+    if "--sequence-parallel" not in given and "--no-sequence-parallel" not in given:
+        policy += " --no-sequence-parallel"
+    return policy
+
+
+def apply_knobs(args, knobs):
+    """The recomputation of the policy's choice (Megatron-LM arguments), unless the
+    command gave its own."""
+    if args.recompute_granularity or args.recompute_activations or not knobs:
+        return
+    for flag, attr, kind in (("--recompute-granularity", "recompute_granularity", str),
+                             ("--recompute-method", "recompute_method", str),
+                             ("--recompute-num-layers", "recompute_num_layers", int)):
+        if flag in knobs:
+            setattr(args, attr, kind(knobs[knobs.index(flag) + 1]))
+
+
 def main(args, trainer_cls, fail):
     """Runs the elastic loop; `trainer_cls` is train.py's Trainer, `fail` its error exit."""
     try:
@@ -90,7 +119,8 @@ def main(args, trainer_cls, fail):
             job = DiskJob(args.disk_checkpoint, args.job, args.elastic, **kw)
         else:
             kw["store_url"] = args.store_url
-            job = elastic.Job(args.job, args.elastic, **kw)
+            job = elastic.Job(args.job, example_policy(args), **kw)
+        apply_knobs(args, job.knobs)
         cfg = L.Config.parse(job.config)
         if not args.model or not os.path.isfile(args.model):
             raise ValueError("--elastic needs --model (a JSON file from `tenplex model gpt`)")

@@ -127,8 +127,10 @@ def read_policy(policy):
     return out
 
 
-def suggest_config(policy, world_size, gpus_per_host=None):
-    """The best config of `tenplex config suggest` that fits and uses all world_size workers."""
+def suggest_choice(policy, world_size, gpus_per_host=None):
+    """The best config of `tenplex config suggest` that fits and uses all world_size
+    workers, and its Megatron-LM arguments (the knobs the policy chose with it:
+    micro-batch, recomputation, sequence parallelism, virtual stages)."""
     cmd = [tenplex_binary(), "config", "suggest", *policy.args, "--gpus", str(world_size), "--all", "--json"]
     if gpus_per_host and "--gpus-per-host" not in policy.args:
         cmd += ["--gpus-per-host", str(gpus_per_host)]
@@ -142,18 +144,29 @@ def suggest_config(policy, world_size, gpus_per_host=None):
     for c in configs:
         cfg = Config.parse(c["config"])
         if c.get("fits") and cfg.world_size == world_size:
-            return str(cfg)
+            return str(cfg), list(c.get("megatron_args", []))
     raise ElasticError(f"tenplex config suggest has no config that fits on {world_size} workers")
+
+
+def suggest_config(policy, world_size, gpus_per_host=None):
+    """The config of suggest_choice."""
+    return suggest_choice(policy, world_size, gpus_per_host)[0]
+
+
+def pick_choice(policy, world_size, gpus_per_host=None):
+    """(config, Megatron-LM arguments of its knobs) for world_size: a table policy gives
+    no arguments, a suggest: policy those of its choice."""
+    if isinstance(policy, SuggestPolicy):
+        return suggest_choice(policy, world_size, gpus_per_host)
+    if world_size not in policy:
+        raise ElasticError(f"the policy has no config for world size {world_size} "
+                           f"(it has {sorted(policy)}): add an entry or change --nnodes/--nproc_per_node")
+    return policy[world_size], []
 
 
 def pick_config(policy, world_size, gpus_per_host=None):
     """The policy's config for world_size, or ElasticError naming the sizes it has."""
-    if isinstance(policy, SuggestPolicy):
-        return suggest_config(policy, world_size, gpus_per_host)
-    if world_size not in policy:
-        raise ElasticError(f"the policy has no config for world size {world_size} "
-                           f"(it has {sorted(policy)}): add an entry or change --nnodes/--nproc_per_node")
-    return policy[world_size]
+    return pick_choice(policy, world_size, gpus_per_host)[0]
 
 
 def _env_int(name, default=None):
@@ -234,7 +247,9 @@ class Job:
         if self.rank != self.group_rank * self.local_world_size + self.local_rank:
             raise ElasticError(f"rank {self.rank} is not group_rank {self.group_rank} x {self.local_world_size} + "
                                f"local_rank {self.local_rank}: every host must run the same --nproc_per_node")
-        self.config = pick_config(self.policy, self.world_size, self.local_world_size)
+        # knobs: the Megatron-LM arguments the policy chose with the config (suggest:
+        # policies; none for a table), for the training script to apply
+        self.config, self.knobs = pick_choice(self.policy, self.world_size, self.local_world_size)
         self.url = (store_url or os.environ.get("TENPLEX_STORE_URL") or "").rstrip("/")
         if not self.url.startswith("http://"):
             raise ElasticError("give this host's store daemon as TENPLEX_STORE_URL=http://host:port "
