@@ -5,7 +5,11 @@ model), reconfiguration bytes from `tenplex plan --json` (our planner), transfor
 bandwidths from the measured figures of docs/benchmarks.md §3.
 
 Policies, at every change of the GPU count N:
-  ours        the best config for N (`config suggest`), state moved by the planner's plan;
+  ours        the best config for N (`config suggest`, its knobs searched: micro-batch,
+              recomputation, sequence parallelism, virtual stages, zero=1), state moved by
+              the planner's plan;
+  ours-fixed  the same with the policy before the knob search (`--fixed-knobs`: the
+              scenario's micro-batch, selective recomputation, SP, no virtual stages);
   paper-table (tenplex-xl only) the same mechanics with the Tenplex paper's hand-filled
               table of configs instead of our policy;
   tenplex-dp  tp x pp fixed at the start, dp = floor(N / (tp pp)), extra GPUs idle, paused
@@ -31,7 +35,8 @@ Scenarios:
   {2.7b,6.7b}-spot     spot instances: 16-64 GPUs, a preemption or grant of 1-2 hosts every
               5-20 min (seeded), 12 h of ours.
 The DP-only baselines start from ours' config for the first N (the paper's baselines
-start from the config the job was launched with).
+start from the config the job was launched with). Every policy but ours-fixed runs each
+config with its best knobs (a per-config choice a user makes once).
 
 usage: jct_sim.py [--bin build/bin/tenplex] [--out docs/benchmarks] [--quick]
 Writes jct.csv (one row per scenario and policy), jct_timeline.csv (the tenplex-xl
@@ -78,26 +83,29 @@ class Tenplex:
             self.models[name] = path
         return self.models[name]
 
-    def suggest(self, sc, gpus):
-        key = (sc["model"], gpus, sc["batch"], sc["micro"], sc["seq"], sc["per_host"])
+    def suggest(self, sc, gpus, knobs="wide"):
+        """knobs: "wide" searches them all, "fixed" is the policy before the knob search."""
+        key = (sc["model"], gpus, sc["batch"], sc["micro"], sc["seq"], sc["per_host"], knobs)
         if key not in self.suggest_cache:
             cmd = [self.bin, "config", "suggest", "--model", self.model(sc["model"]), "--gpus", str(gpus),
-                   "--gpus-per-host", str(sc["per_host"]), "--global-batch", str(sc["batch"]), "--micro-batch",
-                   str(sc["micro"]), "--seq-length", str(sc["seq"]), "--top", "0", "--all", "--json"]
+                   "--gpus-per-host", str(sc["per_host"]), "--global-batch", str(sc["batch"]),
+                   "--seq-length", str(sc["seq"]), "--top", "0", "--all", "--json"]
+            if knobs == "fixed":
+                cmd += ["--fixed-knobs", "--micro-batch", str(sc["micro"])]
             p = subprocess.run(cmd, capture_output=True, text=True)
             self.suggest_cache[key] = json.loads(p.stdout) if p.returncode == 0 else None
         return self.suggest_cache[key]
 
-    def best(self, sc, gpus):
-        j = self.suggest(sc, gpus)
+    def best(self, sc, gpus, knobs="wide"):
+        j = self.suggest(sc, gpus, knobs)
         if not j or not j["configs"] or not j["configs"][0]["fits"]:
             return None
         return j["configs"][0]
 
-    def config_time(self, sc, config):
+    def config_time(self, sc, config, knobs="wide"):
         """Predicted step time of one config (its own world size)."""
         c = parse(config)
-        j = self.suggest(sc, c["tp"] * c["pp"] * c["dp"])
+        j = self.suggest(sc, c["tp"] * c["pp"] * c["dp"], knobs)
         for e in (j or {}).get("configs", []):
             if e["config"] == config:
                 return e["step_seconds"] if e["fits"] else None
@@ -167,11 +175,15 @@ def world(config):
     return c["tp"] * c["pp"] * c["dp"]
 
 
+def knobs_of(policy):
+    return "fixed" if policy == "ours-fixed" else "wide"
+
+
 def choose(tx, sc, policy, gpus, fixed):
     if policy == "paper-table":  # fixed: {gpus: config}, the Tenplex paper's hand-filled table
         return fixed.get(gpus)
-    if policy == "ours":
-        b = tx.best(sc, gpus)
+    if policy in ("ours", "ours-fixed"):
+        b = tx.best(sc, gpus, knobs_of(policy))
         return b["config"] if b else None
     if policy == "static":
         return fixed if gpus >= world(fixed) else None
@@ -196,7 +208,7 @@ def simulate(tx, sc, trace, cyclic, policy, work_steps, horizon_s=None, fixed=No
         cost = 0.0
         if config is not None and (new != config or event == "fail"):
             if policy == "dp-ckpt":  # every change restarts from the last checkpoint
-                br["lost"] += (steps - ckpt_steps) * tx.config_time(sc, config)
+                br["lost"] += (steps - ckpt_steps) * tx.config_time(sc, config, knobs_of(policy))
                 steps = ckpt_steps
             elif event == "fail":  # the store holds the commit of the last step
                 steps = max(0.0, steps - 1)
@@ -218,7 +230,7 @@ def simulate(tx, sc, trace, cyclic, policy, work_steps, horizon_s=None, fixed=No
             timeline.append((seg_start / 60, gpus, "paused", 0))
             t = max(t, seg_end)
         else:
-            st = tx.config_time(sc, config)
+            st = tx.config_time(sc, config, knobs_of(policy))
             avail = max(0.0, seg_end - t)
             if horizon_s is not None:
                 avail = min(avail, max(0.0, horizon_s - t))
@@ -276,7 +288,7 @@ def run_scenario(tx, name, sc, trace, cyclic, ours_minutes, fixed_dp=None, table
     smallest = min(g for _, g, _ in trace)
     sb = tx.best(sc, smallest)
     rows = []
-    runs = [("ours", None)] + ([("paper-table", table)] if table else [])
+    runs = [("ours", None), ("ours-fixed", None)] + ([("paper-table", table)] if table else [])
     runs += [("tenplex-dp", fixed), ("dp-ckpt", fixed), ("static", sb["config"] if sb else None)]
     for policy, cfg in runs:
         if policy == "static" and cfg is None:
@@ -305,14 +317,16 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         tx = Tenplex(a.bin, tmp)
         xl = {"model": "gpt3-xl", "batch": 128, "micro": 8, "seq": 1024, "per_host": 4}
-        print("Tenplex experiment: our configs per GPU count")
+        print("Tenplex experiment: our configs per GPU count (knobs searched, then fixed)")
         for n in (4, 8, 16):
-            j = tx.suggest(xl, n)
-            top = [c for c in j["configs"] if c["fits"]][:3]
-            paper = {4: "tp=2,pp=2,dp=1", 8: "tp=2,pp=4,dp=1", 16: "tp=2,pp=4,dp=2"}[n]
-            pt = tx.config_time(xl, paper)
-            print(f"  {n:2d} GPUs: " + "; ".join(f"{c['config']} {c['step_seconds']:.3f} s" for c in top) +
-                  f"   (paper's {paper}: {pt:.3f} s)" if pt else "")
+            for knobs in ("wide", "fixed"):
+                j = tx.suggest(xl, n, knobs)
+                top = [c for c in j["configs"] if c["fits"]][:3]
+                paper = {4: "tp=2,pp=2,dp=1", 8: "tp=2,pp=4,dp=1", 16: "tp=2,pp=4,dp=2"}[n]
+                pt = tx.config_time(xl, paper, knobs)
+                print(f"  {n:2d} GPUs, {knobs}: " + "; ".join(
+                    f"{c['config']} b={c['micro_batch']} {c['recompute']} v={c['virtual_stages']} "
+                    f"{c['step_seconds']:.3f} s" for c in top) + (f"   (paper's {paper}: {pt:.3f} s)" if pt else ""))
         paper = {4: "tp=2,pp=2,dp=1", 8: "tp=2,pp=4,dp=1", 16: "tp=2,pp=4,dp=2"}
         r, timeline = run_scenario(tx, "tenplex-xl", xl, tr["tenplex-xl"], True, 538, fixed_dp="tp=2,pp=4,dp=2",
                                    table=paper)

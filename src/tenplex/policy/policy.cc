@@ -171,7 +171,7 @@ std::string SuggestionToText(const Model& model, const SuggestOptions& o, const 
                 Searched(q).c_str());
   out += line;
   if (s.idle_gpus) out += "  no config uses all GPUs: " + std::to_string(s.idle_gpus) + " idle\n";
-  std::snprintf(line, sizeof line, "  %-4s %-24s %-18s %9s %9s %8s %8s %8s %8s %10s %10s %4s\n",
+  std::snprintf(line, sizeof line, "  %-4s %-30s %-18s %9s %9s %8s %8s %8s %8s %10s %10s %4s\n",
                 "#", "config", "knobs", "step s", "compute", "tp", "p2p", "bubble", "dp", "memory",
                 "activation", "fits");
   out += line;
@@ -181,7 +181,7 @@ std::string SuggestionToText(const Model& model, const SuggestOptions& o, const 
     const StepTime& t = c.estimate.time;
     const std::string cfg = c.config.ToString() + (c.tp_crosses_hosts ? " (x-host tp)" : "");
     std::snprintf(line, sizeof line,
-                  "  %-4d %-24s %-18s %9.3f %9.3f %8.3f %8.3f %8.3f %8.3f %10s %10s %4s\n", i + 1,
+                  "  %-4d %-30s %-18s %9.3f %9.3f %8.3f %8.3f %8.3f %8.3f %10s %10s %4s\n", i + 1,
                   cfg.c_str(), KnobsText(c).c_str(), t.total(), t.compute, t.tp, t.p2p, t.bubble,
                   t.dp, HumanBytes(c.estimate.memory.total()).c_str(),
                   HumanBytes(c.estimate.memory.activations).c_str(), c.fits ? "yes" : "no");

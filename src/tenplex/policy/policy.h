@@ -8,6 +8,14 @@
 // config uses all N GPUs (e.g. 7 GPUs and B = 128), the largest world size below N
 // that has one is used and the rest idle ("idle_gpus").
 //
+// Knobs (search.cc). Per config Suggest also searches what Megatron-LM users tune with
+// it: the micro-batch b (every divisor of B/dp), recomputation (none, selective, full,
+// and full on the first n layers of each chunk, the fewest that fit: Megatron's
+// --recompute-method block), sequence parallelism (on/off when tp > 1) and model chunks
+// v (the interleaved 1F1B schedule: v divides every stage's layers, pp ≥ 2 and m a
+// multiple of pp, as Megatron requires). Each config is reported with its fastest
+// setting that fits, and MegatronArgs names it. A knob the caller fixes is not searched.
+//
 // Memory per GPU (bytes, the most loaded rank):
 //   state        the rank's local tensors from our own layout (MakeLayout): parameters
 //                plus optimizer state, exact, padding and zero=1 flat shards included;
@@ -21,6 +29,8 @@
 //                  no recompute                               the line above + 5·a·s²·b/t
 //                  full recompute                             2·s·b·h (/t with SP), plus one
 //                                                             layer's selective activations
+//                  full on n layers per chunk (block)         n layers as full, the others as
+//                                                             no recompute
 //                (f = 4h gives the paper's 34/t and 10 + 24/t). Stage i of the 1F1B
 //                schedule holds min(pp - i, m) micro-batches in flight (m = B / (dp·b)),
 //                so stage i needs layers_i · min(pp - i, m) layer activations; stage 0
@@ -28,8 +38,11 @@
 //                micro-batch in flight) and the last stage the logits and loss inputs
 //                (4·s·b·h·(1 + V/h)/t with SP, 2·(s·b·V/t + s·b·h) without). These are
 //                the formulas of Megatron-LM's megatron/training/theoretical_memory_usage.py
-//                (which reports the first stage), applied per stage. Activations are in
-//                16-bit precision; an FP32 model doubles them.
+//                (which reports the first stage), applied per stage. With v chunks stage i
+//                holds min(2(pp-i-1) + (v-1)pp + 1, m·v) chunk micro-batches of layers_i/v
+//                layers (Megatron's interleaved warm-up plus one; stage 0 thus holds
+//                Korthikanti's L·(1 + (pp-1)/(pp·v)) layers). Activations are in 16-bit
+//                precision; an FP32 model doubles them.
 //   reserve      profile.reserve_bytes (CUDA context, NCCL buffers, workspace: 2 GiB on
 //                GPUs) + profile.reserve_fraction (5 %, the overhead factor of the same
 //                Megatron file, for allocator fragmentation) of the rest.
@@ -43,17 +56,20 @@
 //             the logits, 6·h·V per token (never recomputed). This is Narayanan et al.
 //             (SC'21) Eq. 3 for a GPT with f = 4h: 96·B·s·l·h²(1 + s/6h + V/16lh) with
 //             full recompute. The efficiency is calibrated (docs/policy.md) and speed is
-//             the slowest device of the stage (--device-speeds, 1 by default).
+//             the slowest device of the stage (--device-speeds, 1 by default); plus
+//             profile.layer_overhead per layer and micro-batch (kernel launches).
 //   TP        per layer and micro-batch, 4 all-reduces of s·b·h 16-bit values in the
 //             tp group (2 forward, 2 backward; 6 with full recompute; all-gather plus
 //             reduce-scatter with sequence parallelism moves the same bytes), each a ring:
 //             2·(t-1)/t · bytes / bw + 2·(t-1) · latency, on the intra-host link when
 //             the group's ranks share a host (tp ranks are consecutive, rank r on host
-//             r / K) and on the inter-host link otherwise. Not overlapped.
-//   PP        the 1F1B pipeline: (m + pp - 1) · max_i(stage i's time per micro-batch),
-//             i.e. the bubble (pp-1)/(m+pp-1) of Narayanan et al. §2.2; each stage time
-//             includes sending and receiving s·b·h 16-bit activations (forward) and
-//             gradients (backward) to its neighbours (/t with sequence parallelism).
+//             r / K) and on the inter-host link otherwise; profile.tp_overlap of it hides
+//             behind the GEMMs (Transformer Engine's userbuffers overlap; 0 on a100).
+//   PP        the 1F1B pipeline: (m + (pp - 1)/v) · max_i(stage i's time per micro-batch),
+//             i.e. the bubble (pp-1)/(v·m) of Narayanan et al. §2.2 (v = 1: plain 1F1B);
+//             each stage time includes sending and receiving s·b·h 16-bit activations
+//             (forward) and gradients (backward) at each of its chunk boundaries (/t with
+//             tp > 1: scatter-gather), so v chunks send about v times as often.
 //   DP        the gradient all-reduce of the rank's gradients over dp ranks (a ring,
 //             as above, on the intra-host link when the dp group shares a host); with
 //             zero=1 a reduce-scatter of the gradients plus an all-gather of the
