@@ -116,6 +116,19 @@ def main():
         check(p.returncode == 0 and "step s" in p.stdout and "(bf16 parameters)" in p.stdout and len(rows) == 3
               and "3 shown" in p.stdout and "Megatron-LM arguments of #1: --tensor-model-parallel-size" in p.stdout,
               f"text table: bf16 header, 3 rows, footer says 3 shown:\n{p.stdout}")
+        # One layer and 2 GPUs per host: only TP shards it further, so what fits crosses hosts.
+        one = os.path.join(tmp, "one.json")
+        subprocess.run([tenplex, "model", "gpt", "--num-layers", "1", "--hidden-size", "64", "--num-attention-heads",
+                        "8", "--vocab-size", "256", "--max-position-embeddings", "32", "-o", one], check=True)
+        xa = ["--model", one, "--gpus", "8", "--gpus-per-host", "2", "--device-profile", "cpu", "--global-batch", "8",
+              "--seq-length", "32"]
+        j = json.loads(suggest(*xa, "--gpu-memory", "400KiB", "--json").stdout)
+        check(j["fits_only_across_hosts"] and all(c["tp_crosses_hosts"] and c["tp"] > 2 for c in j["configs"]),
+              f"only configs with TP across hosts fit: {[c['config'] for c in j['configs']]}")
+        text = suggest(*xa, "--gpu-memory", "400KiB").stdout
+        check("(x-host tp)" in text and "no config with its tp group inside a host fits" in text, "marked in the table")
+        j = json.loads(suggest(*xa, "--gpu-memory", "8MiB", "--json").stdout)
+        check(not j["fits_only_across_hosts"] and not j["configs"][0]["tp_crosses_hosts"], "with room: TP in a host")
         # Decimal units as written: 80GB is 80e9 bytes, 80GiB 80 x 2^30.
         for text, want in [("80GB", 80 * 10**9), ("80GiB", 80 << 30)]:
             p = suggest("--model", model, "--gpus", "1", "--gpu-memory", text, "--json")

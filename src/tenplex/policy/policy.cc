@@ -29,6 +29,17 @@ json MemoryJson(const MemoryEstimate& m) {
           {"tp_rank", m.tp}};
 }
 
+// Every config that fits runs its tp group across hosts.
+bool FitsOnlyAcrossHosts(const Suggestion& s) {
+  bool any = false;
+  for (const Candidate& c : s.ranked) {
+    if (!c.fits) continue;
+    if (!c.tp_crosses_hosts) return false;
+    any = true;
+  }
+  return any;
+}
+
 std::string ParamsDtype(const Model& m) {
   auto it = m.info.find("params_dtype");
   return it != m.info.end() ? it->second : "fp32";
@@ -124,6 +135,7 @@ std::string SuggestionToJson(const Model& model, const SuggestOptions& o, const 
     list.push_back(std::move(e));
   }
   j["configs"] = std::move(list);
+  j["fits_only_across_hosts"] = FitsOnlyAcrossHosts(s);
   return j.dump() + "\n";
 }
 
@@ -186,6 +198,10 @@ std::string SuggestionToText(const Model& model, const SuggestOptions& o, const 
                   t.dp, HumanBytes(c.estimate.memory.total()).c_str(),
                   HumanBytes(c.estimate.memory.activations).c_str(), c.fits ? "yes" : "no");
     out += line;
+  }
+  if (FitsOnlyAcrossHosts(s)) {
+    out += "  note: no config with its tp group inside a host fits; these cross hosts (TP priced "
+           "on the inter-host link)\n";
   }
   if (!s.ranked.empty()) {
     std::string args;
