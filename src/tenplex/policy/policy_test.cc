@@ -379,6 +379,15 @@ TEST(PolicyProfile, PresetsFilesAndErrors) {
   EXPECT_EQ(p->memory_bytes, 40LL << 30);
   EXPECT_EQ(p->inter_bw, 12.5e9);
   EXPECT_EQ(p->peak_flops, 989e12);
+  EXPECT_EQ(p->tp_overlap, 0.8);  // the h100 preset models Transformer Engine's TP overlap
+  auto q = DeviceProfileFromJson(R"({"base": "h100", "tp_overlap": 0, "layer_overhead_us": 40})");
+  ASSERT_TRUE(q.ok()) << q.status().ToString();
+  EXPECT_EQ(q->tp_overlap, 0);
+  EXPECT_DOUBLE_EQ(q->layer_overhead, 40e-6);
+  for (const char* bad : {R"({"tp_overlap": 1.5})", R"({"layer_overhead_us": -1})",
+                          R"({"peak_tflops": 1e400})", R"({"layer_overhead_us": "x"})"}) {
+    EXPECT_FALSE(DeviceProfileFromJson(bad).ok()) << bad;
+  }
   EXPECT_NE(
       DeviceProfileFromJson(R"({"speed": 1})").status().message().find("unknown field 'speed'"),
       std::string::npos);

@@ -19,6 +19,10 @@ DeviceProfile H100() {
   p.peak_flops = 989e12;
   p.intra_bw = 360e9;
   p.inter_bw = 45e9;
+  // Megatron-Core with Transformer Engine's TP comm-GEMM overlap (--tp-comm-overlap), as
+  // in its H100 scaling table: fitted there (docs/policy.md, calibration)
+  p.efficiency = 0.63;
+  p.tp_overlap = 0.8;
   return p;
 }
 
