@@ -41,7 +41,7 @@ void Store::Impl::ListQuarantine() {
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir + "/quarantine", ec)) {
     if (e.path().extension() != ".why") continue;
-    Result<std::string> text = ReadFile(e.path().string());
+    Result<std::string> text = ReadRegularFile(e.path().string());
     if (!text.ok() || !CheckJsonDepth(*text).ok()) continue;
     json j = json::parse(*text, nullptr, false);
     const std::string job = JsonValueOr(j, "job", std::string());
@@ -65,7 +65,15 @@ Status Store::Impl::Restore() {
       fs::remove_all(jobs_dir + "/" + job, ec);
       continue;
     }
-    Status s = RestoreJob(job);
+    // A job directory must be a directory of its own: a symbolic link would alias two
+    // jobs (writes of one landing in the other's files) or reach outside the store.
+    const fs::file_type type = fs::symlink_status(jobs_dir + "/" + job, ec).type();
+    Status s = type == fs::file_type::directory
+                   ? RestoreJob(job)
+                   : DataLoss(jobs_dir + "/" + job + " is " +
+                              (type == fs::file_type::symlink ? "a symbolic link"
+                                                              : "not a directory") +
+                              "; a job directory must be a real directory");
     if (!s.ok()) TP_RETURN_IF_ERROR(Quarantine(job, s));
   }
   ListQuarantine();
@@ -76,8 +84,10 @@ Status Store::Impl::RestoreJob(const std::string& job) {
   const std::string jdir = JobDir(job);
   std::error_code ec;
   std::optional<uint64_t> current;
-  if (auto cur_text = ReadFile(jdir + "/" + kCurrent); cur_text.ok()) {
-    std::string t = *cur_text;
+  // Only regular files are read (ReadRegularFile: a FIFO named CURRENT or MANIFEST.json
+  // must not block the daemon's start, a link must not read outside the store).
+  if (fs::symlink_status(jdir + "/" + kCurrent, ec).type() != fs::file_type::not_found) {
+    TP_ASSIGN_OR_RETURN(std::string t, ReadRegularFile(jdir + "/" + kCurrent));
     while (!t.empty() && (t.back() == '\n' || t.back() == ' ')) t.pop_back();
     auto cur = ParseVersion(t);
     if (!cur.ok() || !*cur)
@@ -90,6 +100,9 @@ Status Store::Impl::RestoreJob(const std::string& job) {
     const std::string name = e.path().filename().string();
     if (name == kCurrent) continue;
     auto v = ParseVersion(name);
+    if (v.ok() && *v && e.symlink_status(ec).type() == fs::file_type::symlink) {
+      return DataLoss(e.path().string() + " is a symbolic link, not a version directory");
+    }
     const bool has_manifest = v.ok() && *v && fs::exists(e.path() / kManifest);
     // Committed: at or below CURRENT. Prepared: above it, with the PREPARED marker
     // (written after the manifest), waiting for its two-phase commit to be decided.
@@ -100,7 +113,7 @@ Status Store::Impl::RestoreJob(const std::string& job) {
       continue;
     }
     const std::string mpath = (e.path() / kManifest).string();
-    TP_ASSIGN_OR_RETURN(std::string text, ReadFile(mpath));
+    TP_ASSIGN_OR_RETURN(std::string text, ReadRegularFile(mpath));
     Result<Manifest> m = ParseManifest(text, job, name);
     if (!m.ok()) return m.status().WithContext(mpath);
     VersionState vs;
@@ -115,9 +128,10 @@ Status Store::Impl::RestoreJob(const std::string& job) {
       en.bytes = t.bytes;
       en.xxh64 = std::move(t.xxh64);
       const std::string file = (e.path() / key).string();
-      struct stat st;
-      if (::stat(file.c_str(), &st) != 0 || static_cast<uint64_t>(st.st_size) != en.bytes) {
-        return DataLoss("committed tensor file " + file + " is missing or not " +
+      struct stat st;  // lstat: a tensor file that is a link or a FIFO is not ours
+      if (::lstat(file.c_str(), &st) != 0 || !S_ISREG(st.st_mode) ||
+          static_cast<uint64_t>(st.st_size) != en.bytes) {
+        return DataLoss("committed tensor file " + file + " is missing, not a regular file or not " +
                         std::to_string(en.bytes) +
                         " bytes long; the shared-memory directory was modified outside the store");
       }
