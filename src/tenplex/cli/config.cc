@@ -59,7 +59,8 @@ Status SetKnobs(const SuggestArgs& a, policy::SuggestOptions& o) {
         used = 0;
       }
       if (mode != "full" || used != n.size() || n.empty() || v < 1)
-        return InvalidArgument("--recompute full:N needs N >= 1 layers (got '" + a.recompute + "')");
+        return InvalidArgument("--recompute full:N needs N >= 1 layers (got '" + a.recompute +
+                               "')");
       o.shape.recompute_layers = v;
     }
     TP_ASSIGN_OR_RETURN(o.shape.recompute, policy::ParseRecompute(mode));

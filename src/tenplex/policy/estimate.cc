@@ -171,9 +171,9 @@ int64_t StageActivationBytes(const GptShape& g, const ParallelConfig& c,
   const int64_t layers = bounds[stage + 1] - bounds[stage];
   // Units in flight: micro-batches of the whole stage (1F1B), or of one model chunk
   // (interleaved: the warm-up of Megatron's schedule, 2(p - i - 1) + (v - 1)p, plus one).
-  const int64_t units = v == 1 ? std::min<int64_t>(c.pp - stage, m)
-                               : std::min<int64_t>(2 * (c.pp - stage - 1) + (v - 1) * c.pp + 1,
-                                                   m * v);
+  const int64_t units = v == 1
+                            ? std::min<int64_t>(c.pp - stage, m)
+                            : std::min<int64_t>(2 * (c.pp - stage - 1) + (v - 1) * c.pp + 1, m * v);
   const double unit_layers = static_cast<double>(layers) / v;
   const double inflight_mb = v == 1 ? units : std::min<double>(m, std::ceil(1.0 * units / v));
   // Korthikanti et al. Table 2 (f = ffn width; f = 4h gives 34/t and 10 + 24/t).
@@ -200,16 +200,17 @@ int64_t StageActivationBytes(const GptShape& g, const ParallelConfig& c,
 double StepFlops(const GptShape& g, const TrainingShape& sh) {
   const double tokens = static_cast<double>(sh.global_batch) * sh.seq_length;
   const int64_t full = FullyRecomputedLayers(sh, g.layers);
-  return tokens * (static_cast<double>(full) * LayerTrainFlopsPerToken(g, sh.seq_length, Recompute::kFull) +
-                   static_cast<double>(g.layers - full) *
-                       LayerTrainFlopsPerToken(g, sh.seq_length, OtherLayers(sh)) +
-                   6.0 * g.hidden * g.vocab);
+  return tokens *
+         (static_cast<double>(full) * LayerTrainFlopsPerToken(g, sh.seq_length, Recompute::kFull) +
+          static_cast<double>(g.layers - full) *
+              LayerTrainFlopsPerToken(g, sh.seq_length, OtherLayers(sh)) +
+          6.0 * g.hidden * g.vocab);
 }
 
 namespace {
 
-Status CheckShape(const ParallelConfig& c, const std::vector<int>& bounds,
-                  const TrainingShape& sh, const std::vector<double>& speeds) {
+Status CheckShape(const ParallelConfig& c, const std::vector<int>& bounds, const TrainingShape& sh,
+                  const std::vector<double>& speeds) {
   if (sh.global_batch < 1 || sh.micro_batch < 1 || sh.seq_length < 1) {
     return InvalidArgument("global batch, micro-batch and sequence length must be >= 1");
   }
@@ -222,9 +223,9 @@ Status CheckShape(const ParallelConfig& c, const std::vector<int>& bounds,
     return InvalidArgument("--device-speeds has " + std::to_string(speeds.size()) +
                            " entries for " + std::to_string(c.world_size()) + " GPUs");
   }
-  if (sh.recompute_layers < 0 ||
-      (sh.recompute_layers > 0 && sh.recompute != Recompute::kFull)) {
-    return InvalidArgument("a number of recomputed layers needs full recomputation (full:N, N >= 1)");
+  if (sh.recompute_layers < 0 || (sh.recompute_layers > 0 && sh.recompute != Recompute::kFull)) {
+    return InvalidArgument(
+        "a number of recomputed layers needs full recomputation (full:N, N >= 1)");
   }
   const int v = sh.virtual_stages;
   if (v < 1) return InvalidArgument("virtual pipeline stages must be >= 1");
@@ -240,8 +241,8 @@ Status CheckShape(const ParallelConfig& c, const std::vector<int>& bounds,
   }
   if (m % c.pp != 0) {
     return InvalidArgument("the interleaved schedule needs the micro-batches per step (" +
-                           std::to_string(m) + ") to be a multiple of pp (" +
-                           std::to_string(c.pp) + ")");
+                           std::to_string(m) + ") to be a multiple of pp (" + std::to_string(c.pp) +
+                           ")");
   }
   return Status::Ok();
 }

@@ -66,8 +66,8 @@ std::vector<std::string> MegatronArgs(const Candidate& c, int64_t num_layers) {
          "--recompute-num-layers", "1"});
   }
   if (sh.recompute == Recompute::kFull && sh.recompute_layers > 0) {
-    add({"--recompute-granularity", "full", "--recompute-method", "block",
-         "--recompute-num-layers", std::to_string(sh.recompute_layers)});
+    add({"--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers",
+         std::to_string(sh.recompute_layers)});
   }
   if (sh.sequence_parallel && c.config.tp > 1) add({"--sequence-parallel"});
   if (sh.virtual_stages > 1) {  // every stage holds the same layers then (CheckShape)
@@ -169,18 +169,20 @@ std::string SuggestionToText(const Model& model, const SuggestOptions& o, const 
   std::string out;
   char line[640];
   const SearchSpace& q = o.search;
-  std::snprintf(line, sizeof line,
-                "%s (%s parameters) on %d GPUs (%d per host, %s: %.0f TFLOP/s x %.2f, %s each); "
-                "batch %lld x seq %lld%s%s%s\n  searched per config: %s\n",
-                model.name.c_str(), ParamsDtype(model).c_str(), o.gpus, o.profile.gpus_per_host,
-                o.profile.name.c_str(), o.profile.peak_flops / 1e12, o.profile.efficiency,
-                HumanBytes(o.profile.memory_bytes).c_str(),
-                static_cast<long long>(o.shape.global_batch),
-                static_cast<long long>(o.shape.seq_length),
-                q.micro_batch ? "" : (", micro-batch " + std::to_string(o.shape.micro_batch)).c_str(),
-                q.recompute ? "" : (", recompute " + RecomputeText(o.shape)).c_str(),
-                q.sequence_parallel ? "" : (o.shape.sequence_parallel ? ", sequence parallel" : ", no sequence parallelism"),
-                Searched(q).c_str());
+  std::snprintf(
+      line, sizeof line,
+      "%s (%s parameters) on %d GPUs (%d per host, %s: %.0f TFLOP/s x %.2f, %s each); "
+      "batch %lld x seq %lld%s%s%s\n  searched per config: %s\n",
+      model.name.c_str(), ParamsDtype(model).c_str(), o.gpus, o.profile.gpus_per_host,
+      o.profile.name.c_str(), o.profile.peak_flops / 1e12, o.profile.efficiency,
+      HumanBytes(o.profile.memory_bytes).c_str(), static_cast<long long>(o.shape.global_batch),
+      static_cast<long long>(o.shape.seq_length),
+      q.micro_batch ? "" : (", micro-batch " + std::to_string(o.shape.micro_batch)).c_str(),
+      q.recompute ? "" : (", recompute " + RecomputeText(o.shape)).c_str(),
+      q.sequence_parallel
+          ? ""
+          : (o.shape.sequence_parallel ? ", sequence parallel" : ", no sequence parallelism"),
+      Searched(q).c_str());
   out += line;
   if (s.idle_gpus) out += "  no config uses all GPUs: " + std::to_string(s.idle_gpus) + " idle\n";
   std::snprintf(line, sizeof line, "  %-4s %-30s %-18s %9s %9s %8s %8s %8s %8s %10s %10s %4s\n",
@@ -200,8 +202,9 @@ std::string SuggestionToText(const Model& model, const SuggestOptions& o, const 
     out += line;
   }
   if (FitsOnlyAcrossHosts(s)) {
-    out += "  note: no config with its tp group inside a host fits; these cross hosts (TP priced "
-           "on the inter-host link)\n";
+    out +=
+        "  note: no config with its tp group inside a host fits; these cross hosts (TP priced "
+        "on the inter-host link)\n";
   }
   if (!s.ranked.empty()) {
     std::string args;
@@ -260,8 +263,8 @@ Result<WorkerChoice> ChooseForWorkers(const Model& model, const std::vector<std:
   for (std::size_t i = 0; i < all.size(); ++i) {
     const std::string& a = all[i];
     const bool pair = i + 1 < all.size() && all[i + 1].rfind("--", 0) != 0;
-    const bool keep = a.rfind("--recompute-", 0) == 0 ||
-                      (a == "--micro-batch-size" && o.search.micro_batch);
+    const bool keep =
+        a.rfind("--recompute-", 0) == 0 || (a == "--micro-batch-size" && o.search.micro_batch);
     if (keep) {
       out.args.push_back(a);
       if (pair) out.args.push_back(all[i + 1]);

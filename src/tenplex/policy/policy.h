@@ -108,15 +108,16 @@ struct DeviceProfile {
   double inter_latency = 10e-6;
   int64_t reserve_bytes = 2LL << 30;
   double reserve_fraction = 0.05;
-  double dp_overlap = 0.5;  // fraction of the DP all-reduce hidden by the backward
-  double tp_overlap = 0.0;  // fraction of the TP collectives hidden behind the GEMMs
+  double dp_overlap = 0.5;    // fraction of the DP all-reduce hidden by the backward
+  double tp_overlap = 0.0;    // fraction of the TP collectives hidden behind the GEMMs
   double layer_overhead = 0;  // seconds per layer and micro-batch (launches, framework)
 };
 
 // The names of the presets, and a preset or a JSON file ({"name", "peak_tflops",
 // "efficiency", "memory": "80GiB", "gpus_per_host", "intra_host_gbps", "intra_host_latency_us",
 // "inter_host_gbps", "inter_host_latency_us", "reserve": "2GiB", "reserve_fraction",
-// "dp_overlap", "tp_overlap", "layer_overhead_us"}; fields absent keep the "base" preset's values, default "a100").
+// "dp_overlap", "tp_overlap", "layer_overhead_us"}; fields absent keep the "base" preset's values,
+// default "a100").
 std::vector<std::string> ProfilePresetNames();
 Result<DeviceProfile> LoadDeviceProfile(const std::string& spec);
 Result<DeviceProfile> DeviceProfileFromJson(const std::string& text);
@@ -228,10 +229,10 @@ struct Candidate {
 // Which training knobs Suggest searches per (tp, pp, dp, zero); a knob not searched
 // keeps SuggestOptions::shape's value. The CLI searches a knob unless it is given.
 struct SearchSpace {
-  bool micro_batch = true;        // every b dividing B / dp (up to the first b nothing fits)
-  bool recompute = true;          // none, selective, full, full on the fewest layers that fit
-  bool sequence_parallel = true;  // on and off when tp > 1 (off at tp = 1, as Megatron)
-  bool virtual_stages = true;     // v = 1 and every v > 1 Megatron accepts
+  bool micro_batch = true;            // every b dividing B / dp (up to the first b nothing fits)
+  bool recompute = true;              // none, selective, full, full on the fewest layers that fit
+  bool sequence_parallel = true;      // on and off when tp > 1 (off at tp = 1, as Megatron)
+  bool virtual_stages = true;         // v = 1 and every v > 1 Megatron accepts
   bool distributed_optimizer = true;  // zero=1 besides zero=0 when dp > 1
 };
 // Nothing searched: the shape as given, zero=1 still tried (the policy before knobs).

@@ -57,7 +57,8 @@ Result<DeviceProfile> Preset(const std::string& name) {
 Result<double> Positive(const json& j, const char* key, double scale) {
   const json& v = j[key];
   if (!v.is_number() || !(v.get<double>() > 0) || !std::isfinite(v.get<double>() * scale)) {
-    return InvalidArgument(std::string("device profile: '") + key + "' must be a finite number > 0");
+    return InvalidArgument(std::string("device profile: '") + key +
+                           "' must be a finite number > 0");
   }
   return v.get<double>() * scale;
 }

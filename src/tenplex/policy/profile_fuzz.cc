@@ -16,8 +16,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto unit = [](double x) { return std::isfinite(x) && x >= 0 && x <= 1; };
   auto positive = [](double x) { return std::isfinite(x) && x > 0; };
   tenplex::FuzzRequire(positive(p->peak_flops) && p->efficiency > 0 && unit(p->efficiency));
-  tenplex::FuzzRequire(positive(p->intra_bw) && positive(p->inter_bw) && positive(p->intra_latency) &&
-                       positive(p->inter_latency));
+  tenplex::FuzzRequire(positive(p->intra_bw) && positive(p->inter_bw) &&
+                       positive(p->intra_latency) && positive(p->inter_latency));
   tenplex::FuzzRequire(p->gpus_per_host >= 1 && p->memory_bytes >= 0 && p->reserve_bytes >= 0);
   tenplex::FuzzRequire(unit(p->reserve_fraction) && unit(p->dp_overlap) && unit(p->tp_overlap));
   tenplex::FuzzRequire(std::isfinite(p->layer_overhead) && p->layer_overhead >= 0);

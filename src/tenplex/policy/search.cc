@@ -126,7 +126,8 @@ std::vector<TrainingShape> KnobSettings(const GptShape& gpt, const PreparedConfi
   std::vector<Recompute> recompute{base.recompute};
   if (search.recompute) recompute = {Recompute::kNone, Recompute::kSelective, Recompute::kFull};
   std::vector<bool> sp{base.sequence_parallel};
-  if (search.sequence_parallel) sp = c.tp > 1 ? std::vector<bool>{true, false} : std::vector<bool>{false};
+  if (search.sequence_parallel)
+    sp = c.tp > 1 ? std::vector<bool>{true, false} : std::vector<bool>{false};
   std::vector<int> chunks{base.virtual_stages};
   if (search.virtual_stages) {
     chunks = {1};
@@ -281,8 +282,8 @@ Result<Suggestion> Suggest(const Model& model, const SuggestOptions& o) {
   if (configs.empty()) {
     return NotFound("no parallel config of model '" + model.name + "' runs global batch " +
                     std::to_string(sh.global_batch) + " in micro-batches of " +
-                    std::to_string(enum_shape.micro_batch) + " on up to " +
-                    std::to_string(o.gpus) + " GPUs");
+                    std::to_string(enum_shape.micro_batch) + " on up to " + std::to_string(o.gpus) +
+                    " GPUs");
   }
   out.idle_gpus = o.gpus - out.world_size;
   if (!o.speeds.empty()) TP_RETURN_IF_ERROR(AddProportionalStages(model, gpt, o.speeds, &configs));

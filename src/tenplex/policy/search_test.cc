@@ -9,8 +9,8 @@
 #include <optional>
 
 #include "tenplex/model/gpt.h"
-#include "tenplex/policy/test_models.h"
 #include "tenplex/policy/policy.h"
+#include "tenplex/policy/test_models.h"
 #include "tenplex/store/parse.h"
 
 namespace tenplex::policy {
@@ -35,16 +35,15 @@ TEST(PolicyKnobs, InterleavedFirstStageHoldsKorthikantisFactor) {
   const ParallelConfig c = Cfg("tp=8,pp=8");
   std::vector<int> bounds = *StageBounds(m, c);
   const double s = sh.seq_length, h = g.hidden, t = 8, sbh = s * h;
-  const double layer = sbh * (18 + 4.0 * g.ffn / h) / t;   // selective + SP, per layer
-  const double ends = (8 * s + sbh) / t;                    // token ids + embedding output
+  const double layer = sbh * (18 + 4.0 * g.ffn / h) / t;  // selective + SP, per layer
+  const double ends = (8 * s + sbh) / t;                  // token ids + embedding output
   for (int v : {1, 2, 3, 4, 6, 12}) {
     sh.virtual_stages = v;
     // layer-activations of the first stage (v = 1: plain 1F1B, p micro-batches of L / p)
     const double held = v == 1 ? 96 : 96 * (1 + 7.0 / (8 * v));
     // the embedding's activations live as long as the first chunk's micro-batches
     const double mb = v == 1 ? 8 : std::ceil((2.0 * 7 + (v - 1) * 8 + 1) / v);
-    EXPECT_EQ(StageActivationBytes(g, c, bounds, 0, sh),
-              std::llround(layer * held + ends * mb))
+    EXPECT_EQ(StageActivationBytes(g, c, bounds, 0, sh), std::llround(layer * held + ends * mb))
         << "v=" << v;
   }
 }
@@ -184,7 +183,7 @@ std::map<std::string, Candidate> BruteForce(const Model& m, const SuggestOptions
           for (int64_t b = 1; b * dp <= o.shape.global_batch; ++b) {
             if (o.shape.global_batch % (b * dp)) continue;  // whole micro-batches
             for (int mode = 0; mode < 3; ++mode) {
-              const Recompute r = mode == 0 ? Recompute::kNone
+              const Recompute r = mode == 0   ? Recompute::kNone
                                   : mode == 1 ? Recompute::kSelective
                                               : Recompute::kFull;
               // a count beyond a stage's layers recomputes all of them, as 0 does

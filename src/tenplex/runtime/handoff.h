@@ -73,8 +73,8 @@ struct WorkerArgs {
   std::string log, state_out, commit_prefix;
   int64_t commit_every = 0;
   std::optional<std::string> state_in;
-  std::string slowdown;      // --slowdown (schedule "slowdown"), none when empty
-  std::string warm_control;  // --warm-control (warm.h), none when empty
+  std::string slowdown;            // --slowdown (schedule "slowdown"), none when empty
+  std::string warm_control;        // --warm-control (warm.h), none when empty
   std::vector<std::string> extra;  // last: the schedule entry's worker_args
 };
 std::vector<std::string> WorkerArgv(const std::vector<std::string>& command, const WorkerArgs& args,

@@ -63,8 +63,8 @@ struct SegmentSpec {
   std::optional<uint64_t> committed;  // the version the workers load, if any
   std::vector<int> kill_ranks;        // killed in the step before `end`
   std::vector<int> kill_hosts;
-  int64_t commit_every = 0;  // periodic commits inside the segment (0: only at its end)
-  std::string slowdown;      // the workers' --slowdown, none when empty
+  int64_t commit_every = 0;              // periodic commits inside the segment (0: only at its end)
+  std::string slowdown;                  // the workers' --slowdown, none when empty
   std::vector<std::string> worker_args;  // appended to the workers' command (policy knobs)
   // With a pool: the world size of the segment after this one (0: none or unknown);
   // the workers it adds beyond this segment's survivors are started ahead as spares.

@@ -411,8 +411,11 @@ Result<uint64_t> ParseByteSize(std::string_view text) {
   bool ok = true;
   if (!suffix.empty()) {
     static constexpr std::string_view kUnits = "KMGT";
-    const char u = suffix[0] == 'k' ? 'K' : suffix[0] == 'm' ? 'M' : suffix[0] == 'g' ? 'G'
-                                         : suffix[0] == 't' ? 'T' : suffix[0];
+    const char u = suffix[0] == 'k'   ? 'K'
+                   : suffix[0] == 'm' ? 'M'
+                   : suffix[0] == 'g' ? 'G'
+                   : suffix[0] == 't' ? 'T'
+                                      : suffix[0];
     const std::size_t at = kUnits.find(u);
     std::string_view rest = suffix.substr(1);
     if (u == 'B') {

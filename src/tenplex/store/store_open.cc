@@ -68,12 +68,12 @@ Status Store::Impl::Restore() {
     // A job directory must be a directory of its own: a symbolic link would alias two
     // jobs (writes of one landing in the other's files) or reach outside the store.
     const fs::file_type type = fs::symlink_status(jobs_dir + "/" + job, ec).type();
-    Status s = type == fs::file_type::directory
-                   ? RestoreJob(job)
-                   : DataLoss(jobs_dir + "/" + job + " is " +
-                              (type == fs::file_type::symlink ? "a symbolic link"
-                                                              : "not a directory") +
-                              "; a job directory must be a real directory");
+    Status s =
+        type == fs::file_type::directory
+            ? RestoreJob(job)
+            : DataLoss(jobs_dir + "/" + job + " is " +
+                       (type == fs::file_type::symlink ? "a symbolic link" : "not a directory") +
+                       "; a job directory must be a real directory");
     if (!s.ok()) TP_RETURN_IF_ERROR(Quarantine(job, s));
   }
   ListQuarantine();
@@ -131,8 +131,8 @@ Status Store::Impl::RestoreJob(const std::string& job) {
       struct stat st;  // lstat: a tensor file that is a link or a FIFO is not ours
       if (::lstat(file.c_str(), &st) != 0 || !S_ISREG(st.st_mode) ||
           static_cast<uint64_t>(st.st_size) != en.bytes) {
-        return DataLoss("committed tensor file " + file + " is missing, not a regular file or not " +
-                        std::to_string(en.bytes) +
+        return DataLoss("committed tensor file " + file +
+                        " is missing, not a regular file or not " + std::to_string(en.bytes) +
                         " bytes long; the shared-memory directory was modified outside the store");
       }
       vs.bytes += en.bytes;

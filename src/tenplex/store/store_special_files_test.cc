@@ -38,7 +38,8 @@ bool OpensWithin(const std::string& dir, std::chrono::seconds limit) {
   const auto deadline = std::chrono::steady_clock::now() + limit;
   int status = 0;
   while (std::chrono::steady_clock::now() < deadline) {
-    if (::waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    if (::waitpid(pid, &status, WNOHANG) == pid)
+      return WIFEXITED(status) && WEXITSTATUS(status) == 0;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   ::kill(pid, SIGKILL);
@@ -55,10 +56,10 @@ TEST(StoreSpecialFiles, AreQuarantinedNeverOpened) {
     ASSERT_TRUE(store.ok()) << store.status().ToString();
     for (const char* job : {"good", "fifo-current", "fifo-manifest", "linked-tensor", "src"}) {
       ASSERT_TRUE((*store)->BeginVersion(job).ok());
-      ASSERT_TRUE((*store)
-                      ->Put(std::string("jobs/") + job + "/1/rank-00000/a", DType::kF32, {16},
-                            a.data(), 64)
-                      .ok());
+      ASSERT_TRUE(
+          (*store)
+              ->Put(std::string("jobs/") + job + "/1/rank-00000/a", DType::kF32, {16}, a.data(), 64)
+              .ok());
       ASSERT_TRUE((*store)->Commit(job, 1).ok());
     }
   }
@@ -83,13 +84,14 @@ TEST(StoreSpecialFiles, AreQuarantinedNeverOpened) {
   std::map<std::string, std::string> why;
   for (const auto& q : (*store)->QuarantinedJobs()) why[q.job] = q.reason;
   ASSERT_EQ(why.size(), 4u);
-  EXPECT_NE(why["fifo-current"].find("CURRENT is a FIFO"), std::string::npos) << why["fifo-current"];
+  EXPECT_NE(why["fifo-current"].find("CURRENT is a FIFO"), std::string::npos)
+      << why["fifo-current"];
   EXPECT_NE(why["fifo-manifest"].find("MANIFEST.json is a FIFO"), std::string::npos)
       << why["fifo-manifest"];
   EXPECT_NE(why["linked-tensor"].find("not a regular file"), std::string::npos)
       << why["linked-tensor"];
   EXPECT_NE(why["alias"].find("symbolic link"), std::string::npos) << why["alias"];
-  EXPECT_TRUE(fs::exists(outside.path + "/a"));  // the link's target is untouched
+  EXPECT_TRUE(fs::exists(outside.path + "/a"));   // the link's target is untouched
   EXPECT_TRUE(fs::is_directory(jobs + "src/1"));  // so is the aliased job
   // the aliased name is free for a job of its own, which does not write into "src"
   ASSERT_TRUE((*store)->DeleteJob("alias").ok());

@@ -77,7 +77,7 @@ struct AgentOptions {
   // prepare that minted it, or as soon as this daemon committed the new version.
   // Refusals are counted in tenplex_fetch_refused_total{reason=...} (GET /metrics).
   std::string capability_key;
-  int64_t capability_lifetime_seconds = 900;
+  int64_t capability_lifetime_seconds = 900;  // <= transport::kMaxCapabilityLifetimeSeconds
   // Same-host reads (local_peer.h): offered to peers (the address reply's "local") and
   // used for peers that offer them. false: the data plane only
   // (`store serve --no-local-peer-reads`).

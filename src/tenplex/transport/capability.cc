@@ -106,6 +106,13 @@ CapabilityCheck CheckCapability(std::string_view key, std::string_view capabilit
     c.why = "the fetch's capability expired " + std::to_string(now - g.expires) + " s ago";
     return c;
   }
+  if (g.expires - now > kMaxCapabilityLifetimeSeconds) {
+    c.refusal = CapabilityRefusal::kWrong;
+    c.why = "the fetch's capability claims to live " + std::to_string(g.expires - now) +
+            " s more, longer than any daemon mints (" +
+            std::to_string(kMaxCapabilityLifetimeSeconds) + " s)";
+    return c;
+  }
   c.refusal = CapabilityRefusal::kNone;
   c.why.clear();
   return c;

@@ -37,6 +37,12 @@ struct CapabilityGrant {
   int64_t expires = 0;        // unix seconds
 };
 
+// The longest a capability may live: a daemon mints them for 15 minutes
+// (transform/agent.h); one whose expiry lies further ahead than this was not minted by
+// a daemon (a key holder forging a capability that outlives every transform) and is
+// refused as wrong (issue 35: an expiry in the year 2^40 was accepted).
+inline constexpr int64_t kMaxCapabilityLifetimeSeconds = 3600;
+
 // Why a capability was refused (the server's metrics count each).
 enum class CapabilityRefusal { kNone, kMissing, kWrong, kExpired, kScope };
 std::string_view CapabilityRefusalName(CapabilityRefusal r);
@@ -52,7 +58,8 @@ struct CapabilityCheck {
   CapabilityGrant grant;  // valid when refusal is kNone or kExpired
   std::string why;        // for the refused reader
 };
-// Checks the signature and the expiry against `now` (unix seconds); the caller checks
+// Checks the signature, the expiry against `now` (unix seconds) and the lifetime
+// (kMaxCapabilityLifetimeSeconds); the caller checks
 // the scope (region inside grant.job / grant.from_version) and the transform's end.
 CapabilityCheck CheckCapability(std::string_view key, std::string_view capability, int64_t now);
 

@@ -27,6 +27,21 @@ TEST(CapabilityTest, MintAndCheck) {
   EXPECT_EQ(CheckCapability("key", "", 999).refusal, CapabilityRefusal::kMissing);
 }
 
+// A correctly signed capability that claims to outlive any transform (issue 35: the
+// year 2^40 was accepted) is refused; one at the bound is not.
+TEST(CapabilityTest, LifetimeIsBounded) {
+  const int64_t now = 1'700'000'000;
+  const std::string forever = MintCapability("key", {"j", 1, 2, int64_t{1} << 40});
+  CapabilityCheck c = CheckCapability("key", forever, now);
+  EXPECT_EQ(c.refusal, CapabilityRefusal::kWrong);
+  EXPECT_NE(c.why.find("longer than any daemon mints"), std::string::npos) << c.why;
+  const std::string hour = MintCapability("key", {"j", 1, 2, now + kMaxCapabilityLifetimeSeconds});
+  EXPECT_EQ(CheckCapability("key", hour, now).refusal, CapabilityRefusal::kNone);
+  EXPECT_EQ(CheckCapability("key", hour, now - 1).refusal, CapabilityRefusal::kWrong);
+  const std::string minted = MintCapability("key", {"j", 1, 2, now + 900});  // the agent's
+  EXPECT_EQ(CheckCapability("key", minted, now).refusal, CapabilityRefusal::kNone);
+}
+
 TEST(CapabilityTest, AnyChangedByteIsWrong) {
   const std::string cap = MintCapability("key", {"j", 1, 2, 5000});
   for (std::size_t i = 0; i < cap.size(); ++i) {
