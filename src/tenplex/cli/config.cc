@@ -46,24 +46,7 @@ Status SetKnobs(const SuggestArgs& a, policy::SuggestOptions& o) {
     o.search.micro_batch = false;
   }
   if (!a.recompute.empty()) {
-    std::string mode = a.recompute;
-    const std::size_t colon = mode.find(':');
-    if (colon != std::string::npos) {
-      const std::string n = mode.substr(colon + 1);
-      mode = mode.substr(0, colon);
-      std::size_t used = 0;
-      int v = 0;
-      try {
-        v = std::stoi(n, &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      if (mode != "full" || used != n.size() || n.empty() || v < 1)
-        return InvalidArgument("--recompute full:N needs N >= 1 layers (got '" + a.recompute +
-                               "')");
-      o.shape.recompute_layers = v;
-    }
-    TP_ASSIGN_OR_RETURN(o.shape.recompute, policy::ParseRecompute(mode));
+    TP_RETURN_IF_ERROR(policy::ParseRecomputeText(a.recompute, &o.shape));
     o.search.recompute = false;
   }
   if (a.sp && a.no_sp)

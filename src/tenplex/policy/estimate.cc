@@ -60,9 +60,8 @@ double AttentionCoreFlopsPerToken(const GptShape& g, int64_t s) {
   return 4.0 * s * g.heads * g.head_dim;
 }
 
-// How one layer is recomputed: Recompute's three modes, layer by layer (block recompute
-// mixes kFull layers with kNone ones).
-// Training FLOPs per token of one layer: forward, backward (2x), recomputation.
+// Training FLOPs per token of one layer recomputed as `mode` (block recompute mixes kFull
+// layers with kNone ones): forward, backward (2x), recomputation.
 double LayerTrainFlopsPerToken(const GptShape& g, int64_t s, Recompute mode) {
   const double fwd = LayerForwardFlopsPerToken(g, s);
   double f = 3 * fwd;
@@ -91,6 +90,23 @@ std::string RecomputeText(const TrainingShape& sh) {
   if (sh.recompute == Recompute::kFull && sh.recompute_layers > 0)
     return "full:" + std::to_string(sh.recompute_layers);
   return RecomputeName(sh.recompute);
+}
+
+Status ParseRecomputeText(const std::string& text, TrainingShape* shape) {
+  const std::size_t colon = text.find(':');
+  int layers = 0;
+  if (colon != std::string::npos) {
+    const std::string n = text.substr(colon + 1);
+    const bool digits = !n.empty() && n.size() <= 6 && std::all_of(n.begin(), n.end(), [](char c) {
+      return c >= '0' && c <= '9';
+    });
+    if (digits) layers = std::stoi(n);
+    if (text.substr(0, colon) != "full" || layers < 1)
+      return InvalidArgument("--recompute full:N needs N >= 1 layers (got '" + text + "')");
+  }
+  TP_ASSIGN_OR_RETURN(shape->recompute, ParseRecompute(text.substr(0, colon)));
+  shape->recompute_layers = layers;
+  return Status::Ok();
 }
 
 Result<Recompute> ParseRecompute(const std::string& text) {

@@ -45,6 +45,15 @@ std::string ParamsDtype(const Model& m) {
   return it != m.info.end() ? it->second : "fp32";
 }
 
+// Megatron-LM's recomputation flags for a shape (none without recomputation).
+std::vector<std::string> RecomputeArgs(const TrainingShape& sh) {
+  if (sh.recompute == Recompute::kSelective) return {"--recompute-granularity", "selective"};
+  if (sh.recompute != Recompute::kFull) return {};
+  return {"--recompute-granularity", "full",
+          "--recompute-method",      sh.recompute_layers > 0 ? "block" : "uniform",
+          "--recompute-num-layers",  std::to_string(std::max(1, sh.recompute_layers))};
+}
+
 }  // namespace
 
 std::vector<std::string> MegatronArgs(const Candidate& c, int64_t num_layers) {
@@ -60,15 +69,8 @@ std::vector<std::string> MegatronArgs(const Candidate& c, int64_t num_layers) {
                                 "--seq-length",
                                 std::to_string(sh.seq_length)};
   auto add = [&a](std::initializer_list<std::string> more) { a.insert(a.end(), more); };
-  if (sh.recompute == Recompute::kSelective) add({"--recompute-granularity", "selective"});
-  if (sh.recompute == Recompute::kFull && sh.recompute_layers == 0) {
-    add({"--recompute-granularity", "full", "--recompute-method", "uniform",
-         "--recompute-num-layers", "1"});
-  }
-  if (sh.recompute == Recompute::kFull && sh.recompute_layers > 0) {
-    add({"--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers",
-         std::to_string(sh.recompute_layers)});
-  }
+  const std::vector<std::string> recompute = RecomputeArgs(sh);
+  a.insert(a.end(), recompute.begin(), recompute.end());
   if (sh.sequence_parallel && c.config.tp > 1) add({"--sequence-parallel"});
   if (sh.virtual_stages > 1) {  // every stage holds the same layers then (CheckShape)
     add({"--num-layers-per-virtual-pipeline-stage",
@@ -259,18 +261,10 @@ Result<WorkerChoice> ChooseForWorkers(const Model& model, const std::vector<std:
   out.config = best.config;
   // Megatron's flags for the knobs searched here, without the parallel sizes (the run
   // gives the config itself) and the batch arguments the command already has
-  const std::vector<std::string> all = MegatronArgs(best, model.num_layers);
-  for (std::size_t i = 0; i < all.size(); ++i) {
-    const std::string& a = all[i];
-    const bool pair = i + 1 < all.size() && all[i + 1].rfind("--", 0) != 0;
-    const bool keep =
-        a.rfind("--recompute-", 0) == 0 || (a == "--micro-batch-size" && o.search.micro_batch);
-    if (keep) {
-      out.args.push_back(a);
-      if (pair) out.args.push_back(all[i + 1]);
-    }
-    if (pair) ++i;
-  }
+  if (o.search.micro_batch)
+    out.args = {"--micro-batch-size", std::to_string(best.shape.micro_batch)};
+  const std::vector<std::string> recompute = RecomputeArgs(best.shape);
+  out.args.insert(out.args.end(), recompute.begin(), recompute.end());
   return out;
 }
 

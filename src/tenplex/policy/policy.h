@@ -142,8 +142,10 @@ struct TrainingShape {
   // (Megatron's --num-layers-per-virtual-pipeline-stage = layers per stage / v).
   int virtual_stages = 1;
 };
-// "selective", "full", "full:N" (block, N layers), "none"; and the reverse.
+// "selective", "full", "full:N" (block, N layers), "none"; and the reverse, which sets
+// shape->recompute and shape->recompute_layers.
 std::string RecomputeText(const TrainingShape& shape);
+Status ParseRecomputeText(const std::string& text, TrainingShape* shape);
 
 // The GPT hyper-parameters the formulas need, from the model's info (gpt.h).
 struct GptShape {

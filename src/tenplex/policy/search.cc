@@ -69,22 +69,23 @@ std::vector<int64_t> Divisors(int64_t n) {
 }
 
 // The smallest block-recompute layer count per chunk that fits, if any (memory falls as
-// it grows); `uniform` is the setting with every layer recomputed.
-void AddBlockRecompute(const GptShape& gpt, const PreparedConfig& p, const TrainingShape& uniform,
+// it grows); `uniform` is the candidate with every layer recomputed.
+void AddBlockRecompute(const GptShape& gpt, const PreparedConfig& p, const Candidate& uniform,
                        const SuggestOptions& o, std::vector<Candidate>* out, int64_t* evaluated) {
   int chunk = 0;
   for (int s = 0; s < p.config.pp; ++s) chunk = std::max(chunk, p.bounds[s + 1] - p.bounds[s]);
-  chunk /= std::max(1, uniform.virtual_stages);
+  chunk /= std::max(1, uniform.shape.virtual_stages);
   int lo = 1, hi = chunk - 1;  // chunk layers would be the uniform setting again
   std::optional<Candidate> found;
   while (lo <= hi) {
     const int mid = (lo + hi) / 2;
-    TrainingShape sh = uniform;
-    sh.recompute_layers = mid;
-    auto e = EstimatePrepared(gpt, p, sh, o.profile, o.speeds);
+    Candidate c = uniform;
+    c.shape.recompute_layers = mid;
+    auto e = EstimatePrepared(gpt, p, c.shape, o.profile, o.speeds);
     ++*evaluated;
     if (e.ok() && e->memory.total() <= o.profile.memory_bytes) {
-      found = Candidate{p.config, sh, *e, true, false};
+      c.estimate = *e;
+      found = c;
       hi = mid - 1;
     } else {
       lo = mid + 1;
@@ -256,10 +257,9 @@ ConfigResult SearchConfig(const GptShape& gpt, const PreparedConfig& p, const Su
       r.smallest = c;
     found.push_back(c);
     if (o.search.recompute && c.fits && sh.recompute == Recompute::kFull)
-      AddBlockRecompute(gpt, p, sh, o, &found, evaluated);
+      AddBlockRecompute(gpt, p, c, o, &found, evaluated);
   }
-  for (Candidate& c : found) {
-    c.tp_crosses_hosts = crosses;
+  for (const Candidate& c : found) {
     if (!r.best || BetterCandidate(c, *r.best)) r.best = c;
   }
   return r;
