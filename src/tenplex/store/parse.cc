@@ -1,5 +1,6 @@
 #include "tenplex/store/parse.h"
 
+#include <cctype>
 #include <cstdio>
 #include <limits>
 
@@ -410,15 +411,11 @@ Result<uint64_t> ParseByteSize(std::string_view text) {
   bool decimal = false;
   bool ok = true;
   if (!suffix.empty()) {
-    static constexpr std::string_view kUnits = "KMGT";
-    const char u = suffix[0] == 'k'   ? 'K'
-                   : suffix[0] == 'm' ? 'M'
-                   : suffix[0] == 'g' ? 'G'
-                   : suffix[0] == 't' ? 'T'
-                                      : suffix[0];
-    const std::size_t at = kUnits.find(u);
+    static constexpr std::string_view kUnits = "KMGT";  // either case
+    const std::size_t at =
+        kUnits.find(static_cast<char>(std::toupper(static_cast<unsigned char>(suffix[0]))));
     std::string_view rest = suffix.substr(1);
-    if (u == 'B') {
+    if (suffix[0] == 'B') {
       ok = rest.empty();
     } else if (at == std::string_view::npos) {
       ok = false;
