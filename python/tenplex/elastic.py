@@ -380,8 +380,10 @@ class Job:
         rec["transform_seconds"] = round(time.perf_counter() - t0, 4)
         return rec
 
-    def restore(self):
-        """Brings the job's committed state onto this world; None for a new job."""
+    def restore(self, device=None):
+        """Brings the job's committed state onto this world; None for a new job. With a
+        device ("cuda", "cuda:1", "cpu") the tensors are loaded onto it (tenplex.device),
+        else they map the store's files."""
         if not dist.is_initialized():
             raise ElasticError("call init_process_group() (or torch.distributed.init_process_group) first")
         t0 = time.perf_counter()
@@ -407,7 +409,7 @@ class Job:
         t1 = time.perf_counter()
         st = self._local_store()
         info = st.status(self.job, self.version)
-        tensors = st.load_state(self.job, self.rank, self.version)
+        tensors = st.load_state(self.job, self.rank, self.version, device=device)
         load_s = time.perf_counter() - t1
         ok = torch.tensor([1 if info.get("config") == self.config else 0])
         dist.all_reduce(ok, op=dist.ReduceOp.MIN)
@@ -447,7 +449,8 @@ class Job:
         """Two-phase commit of every rank's tensors as a new version on all hosts.
 
         info: the training fields (model, config, step, samples_consumed, ...);
-        tensors: {local name: tensor} of this rank. Returns the version number."""
+        tensors: {local name: tensor} of this rank, on the CPU or a CUDA device. Returns
+        the version number."""
         if self.hosts is None:
             raise ElasticError("commit before restore(): the hosts are not known yet")
         t0 = time.perf_counter()
