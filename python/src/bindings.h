@@ -21,5 +21,6 @@ void register_errors(pyb::module_& m);
 void register_store(pyb::module_& m);
 void register_ptc(pyb::module_& m);
 void register_data(pyb::module_& m);
+void register_device(pyb::module_& m);
 
 }  // namespace tenplex::py
