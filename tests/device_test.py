@@ -15,9 +15,11 @@ written bytes); hand-off read_rank/write_rank with a device. Runs without pytest
 small runner below), for GPU machines that lack it.
 """
 import inspect
+import json
 import logging
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -524,6 +526,137 @@ def test_cuda_handoff(tmp_path: Path) -> None:
     back = handoff.read_rank(h, 0)
     for k in tensors:
         assert same(back[k], new[k]), k
+
+
+# ---- tenplex.elastic.Job(async_commit=True) -----------------------------------------------
+
+
+def check_job_async(device: str) -> None:
+    """A one-rank elastic job over a store daemon: periodic commits in the background
+    (step_done), each version equal to the state at its step although the training loop
+    updated the tensors in place meanwhile; restore(device=) brings the last one back."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import socket
+
+    import torch.distributed as dist
+    from daemons import Daemon
+    from tenplex import elastic
+
+    daemon = Daemon(tenplex_bin())
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {"WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "0",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "TENPLEX_STORE_URL": daemon.url}
+    saved_env = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        job = elastic.Job("dev", {"1": "tp=1"}, commit_every=2, async_commit=True)
+        job.init_process_group("gloo", timeout=60)
+        assert job.restore(device=device) is None
+        live = {k: v for k, v in state(14, device).items() if v.dtype != torch.bool}
+        st = tenplex.attach(url=daemon.url)
+        at_step: Dict[int, Dict[str, bytes]] = {}
+        seen = []
+        for step in range(1, 8):
+            for t in live.values():  # a training step: in place
+                t.add_(1)
+            if step % 2 == 0 or step == 7:
+                at_step[step] = {k: raw_bytes(t) for k, t in live.items()}
+            before = job.version
+            job.step_done(step, lambda: {"config": job.config, "step": step}, lambda: live, last=step == 7)
+            if job.version != before:  # a commit completed here: the version is the state at its step
+                done = st.status("dev")["step"]
+                got = st.load_state("dev", 0)
+                assert {k: raw_bytes(t) for k, t in got.items()} == at_step[done], f"version of step {done}"
+                seen.append(done)
+        assert seen == [2, 4, 7] and job._pending is None, seen  # (6 completes in step 7's step_done, then 7)
+        back = job.restore(device=device)
+        assert back.step == 7
+        for k, t in live.items():
+            assert back.tensors[k].device.type == torch.device(device).type and same(back.tensors[k], t), k
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        daemon.stop()
+
+
+def test_job_async_commit() -> None:
+    if not tenplex_bin():
+        return  # (ctest gives TENPLEX_BIN)
+    fresh_cpu_engine()
+    check_job_async("cpu")
+
+
+@cuda_only
+def test_cuda_job_async_commit() -> None:
+    assert tenplex_bin(), "needs the tenplex CLI (TENPLEX_BIN or build/bin/tenplex)"
+    tdev.configure("cuda")
+    check_job_async("cuda")
+
+
+# ---- examples/gpt/train.py --device ------------------------------------------------------
+
+
+def tenplex_bin() -> str:
+    exe = os.environ.get("TENPLEX_BIN") or os.path.join(ROOT, "build", "bin", "tenplex")
+    return exe if os.path.exists(exe) else ""
+
+
+def train_losses(tmp_path: Path, config: str, device: str, extra: List[str]) -> List[float]:
+    """Losses of examples/gpt/launch.py running train.py in `config` on `device`."""
+    model = tmp_path / "model.json"
+    if not model.exists():
+        subprocess.run([tenplex_bin(), "model", "gpt", "-o", str(model), "--num-layers", "2", "--hidden-size", "64",
+                        "--num-attention-heads", "4", "--vocab-size", "250", "--max-position-embeddings", "64"],
+                       check=True)
+    logf = tmp_path / f"{config}-{device}.jsonl"
+    if logf.exists():
+        logf.unlink()
+    cmd = [sys.executable, os.path.join(ROOT, "examples", "gpt", "launch.py"), "--config", config, "--model",
+           str(model), "--steps", "4", "--seq-length", "32", "--global-batch-size", "4", "--micro-batch-size", "2",
+           "--timeout", "120", "--device", device, "--log", str(logf)] + extra
+    subprocess.run(cmd, check=True, timeout=600, stdout=subprocess.DEVNULL)
+    recs = [json.loads(line) for line in logf.read_text().splitlines()]
+    return [r["loss"] for r in recs if "loss" in r]
+
+
+def check_train(tmp_path: Path, device: str) -> None:
+    """`device` gives the losses of the CPU run (the reference): in tp=1, and through gloo
+    collectives staged through host memory (tp=2,pp=2: all-reduces, sends and receives;
+    dp=2,zero=1: all-gathers); a checkpoint written from the device and resumed onto it
+    goes on with the reference's losses."""
+    ref = {}
+    for config in ("tp=1", "tp=2,pp=2", "dp=2,zero=1"):
+        ref[config] = train_losses(tmp_path, config, "cpu", [])
+        got = train_losses(tmp_path, config, device, [])
+        log.info("%s: cpu %s, %s %s", config, ref[config], device, got)
+        assert len(ref[config]) == len(got) == 4
+        for a, b in zip(ref[config], got):
+            assert abs(a - b) <= 1e-4 * abs(a), (config, ref[config], got)
+    ckpt = tmp_path / "ckpt"
+    train_losses(tmp_path, "tp=1", device, ["--save-dir", str(ckpt), "--save-at", "2"])
+    resumed = train_losses(tmp_path, "tp=1", device, ["--load-dir", str(ckpt), "--steps", "2"])
+    assert len(resumed) == 2
+    assert all(abs(a - b) <= 1e-4 * abs(a) for a, b in zip(ref["tp=1"][2:], resumed)), (ref["tp=1"], resumed)
+
+
+def test_train_cpu_device_flag(tmp_path: Path) -> None:
+    """The harness of test_cuda_train with --device cpu (the flag's plumbing)."""
+    if not tenplex_bin():
+        return  # (ctest gives TENPLEX_BIN; a GPU machine may have only the module)
+    assert train_losses(tmp_path, "tp=1", "cpu", []) == train_losses(tmp_path, "tp=1", "cpu", ["--threads", "1"])
+
+
+@cuda_only
+def test_cuda_train(tmp_path: Path) -> None:
+    assert tenplex_bin(), "test_cuda_train needs the tenplex CLI (TENPLEX_BIN or build/bin/tenplex)"
+    check_train(tmp_path, "cuda")
 
 
 # ---- helpers and the runner ---------------------------------------------------------------

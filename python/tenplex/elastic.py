@@ -42,7 +42,10 @@ change), the workers write their tensors into a new version on their own daemon 
 copy into shared memory), rank 0 begins that version (same number and info on every
 host, one past any version any host has had) before and commits it on every host after
 all workers reported success (phase one: every write done; phase two: the commits, a
-rename each), or aborts it everywhere. A planned change therefore loses no finished
+rename each), or aborts it everywhere. With ``async_commit=True`` the periodic writes
+overlap the following steps (a snapshot of the tensors, on their GPU when they are there,
+written by a background thread); the collectives of both phases stay in the training
+thread, at a later ``step_done``. A planned change therefore loses no finished
 step; a failure loses the steps since the last commit.
 
 A lost host is a daemon that does not answer: its ranks are re-placed from replicas by
@@ -231,12 +234,15 @@ def _barrier_and_teardown():
 
 
 class Job:
-    def __init__(self, job, policy, commit_every=0, store_url=None, token=None, term_wait=15.0, log=None):
+    def __init__(self, job, policy, commit_every=0, store_url=None, token=None, term_wait=15.0, log=None,
+                 async_commit=False):
         if not job or "/" in job:
             raise ElasticError(f"job name {job!r} must be non-empty without '/'")
         if commit_every < 0:
             raise ElasticError(f"commit_every must be >= 0, got {commit_every}")
         self.job, self.commit_every, self.term_wait = job, commit_every, term_wait
+        self.async_commit = async_commit  # periodic commits overlap the next steps (step_done)
+        self._pending = None  # (version, info, start time, AsyncCommit) of an asynchronous commit
         self.policy = read_policy(policy)
         self.world_size = _env_int("WORLD_SIZE")
         self.rank = _env_int("RANK")
@@ -451,6 +457,17 @@ class Job:
         info: the training fields (model, config, step, samples_consumed, ...);
         tensors: {local name: tensor} of this rank, on the CPU or a CUDA device. Returns
         the version number."""
+        self.finish_pending()
+        v, info, t0 = self._begin_commit(info)
+        err = ""
+        try:
+            self._local_store().save_state(self.job, v, self.rank, dict(tensors))
+        except (_tenplex.Error, OSError, RuntimeError) as e:
+            err = f"rank {self.rank}: writing into {self.url}: {e}"
+        return self._end_commit(v, info, t0, err)
+
+    def _begin_commit(self, info):
+        """Rank 0 begins the version on every host; (version, info, start time) on all ranks."""
         if self.hosts is None:
             raise ElasticError("commit before restore(): the hosts are not known yet")
         t0 = time.perf_counter()
@@ -471,12 +488,11 @@ class Job:
         dist.broadcast_object_list(rec, src=0)
         if "error" in rec[0]:
             raise ElasticError(rec[0]["error"])
-        v = rec[0]["version"]
-        err = ""
-        try:
-            self._local_store().save_state(self.job, v, self.rank, dict(tensors))
-        except (_tenplex.Error, OSError, RuntimeError) as e:
-            err = f"rank {self.rank}: writing into {self.url}: {e}"
+        return rec[0]["version"], info, t0
+
+    def _end_commit(self, v, info, t0, err):
+        """Phase one (every rank's write done: `err` is this rank's failure or "") and
+        phase two (rank 0 commits on every host, or aborts everywhere)."""
         flags = [None] * self.world_size
         dist.all_gather_object(flags, err)  # phase one: every rank's bytes are in its daemon
         errors = [e for e in flags if e]
@@ -496,18 +512,60 @@ class Job:
         if outcome[0]:
             raise ElasticError(f"commit of step {info.get('step')} failed: {outcome[0]}")
         self.version = v
-        self._log_event({"event": "commit", "step": info.get("step"), "version": v,
-                         "seconds": round(time.perf_counter() - t0, 4)})
+        rec = {"event": "commit", "step": info.get("step"), "version": v, "seconds": round(time.perf_counter() - t0, 4)}
+        if self._pending is not None:
+            rec["async"] = True  # seconds: from the snapshot to the version's commit
+        self._log_event(rec)
         return v
+
+    def start_commit(self, info, tensors):
+        """The first half of commit() without waiting for the bytes: the version is begun,
+        a snapshot of the tensors taken (on their device) and written in the background
+        (Store.save_state_async); finish_pending() completes the two-phase commit. One
+        in flight: a pending one is finished first."""
+        self.finish_pending()
+        v, info, t0 = self._begin_commit(info)
+        ac = self._local_store().save_state_async(self.job, v, self.rank, dict(tensors))
+        self._pending = (v, info, t0, ac)
+
+    def finish_pending(self):
+        """Completes the asynchronous commit in flight (waits for this rank's write, then
+        the two-phase commit's collectives, here in the calling thread); its version, or
+        None when none was pending."""
+        if self._pending is None:
+            return None
+        v, info, t0, ac = self._pending
+        err = ""
+        try:
+            ac.wait()
+        except (_tenplex.Error, OSError, RuntimeError) as e:
+            err = f"rank {self.rank}: writing into {self.url}: {e}"
+        try:
+            return self._end_commit(v, info, t0, err)
+        finally:
+            self._pending = None
 
     def step_done(self, step, info_fn, tensors_fn, last=False):
         """Call after every finished step (`step` = steps done). Commits every
         commit_every steps, at the last step and when any worker got SIGTERM; returns True
-        when the loop must stop for a membership change (then call finish())."""
-        flag = torch.tensor([1 if self._term else 0])
+        when the loop must stop for a membership change (then call finish()).
+
+        With async_commit the periodic commits overlap the next steps: the state is
+        snapshotted here and written in the background; the commit completes at the first
+        step_done where every rank's write is done (the same all-reduce carries that),
+        and at once before a stop, the last step or the next commit."""
+        busy = self._pending is not None and not self._pending[3].done()
+        flag = torch.tensor([1 if self._term else 0, 1 if busy else 0])
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        stop = flag.item() > 0
-        if stop or last or (self.commit_every > 0 and step % self.commit_every == 0):
+        stop = flag[0].item() > 0
+        if self._pending is not None and flag[1].item() == 0:
+            self.finish_pending()  # every rank's bytes are written: phase one and two now
+        due = self.commit_every > 0 and step % self.commit_every == 0
+        if stop or last:
+            self.commit(info_fn(), tensors_fn())
+        elif due and self.async_commit:
+            self.start_commit(info_fn(), tensors_fn())
+        elif due:
             self.commit(info_fn(), tensors_fn())
         if stop:
             self._stopping = True
