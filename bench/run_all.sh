@@ -62,6 +62,14 @@ else
 fi
 echo "== 7. heterogeneous devices: even vs rebalanced vs FlexTP-style vs ideal"
 step hetero $PY bench/hetero_bench.py --tenplex "$BIN/tenplex" --out "$OUT" "${QUICK[@]}"
+echo "== 8. GPU-resident state: restore onto the device, commit from it (the cpu backend without a GPU; docs/gpu.md)"
+if [[ ${#QUICK[@]} -gt 0 ]]; then
+  step device_restore $PY bench/device_restore.py --out "$OUT" --sizes 0.05,0.25
+  step device_commit $PY bench/device_commit.py --out "$OUT" --steps 8
+else
+  step device_restore $PY bench/device_restore.py --out "$OUT"
+  step device_commit $PY bench/device_commit.py --out "$OUT"
+fi
 echo "== plots"
 $PY bench/plot_benchmarks.py --dir "$OUT"
 echo "run_all: done in $(( $(date +%s) - start )) s; results in $OUT"
