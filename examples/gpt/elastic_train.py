@@ -33,6 +33,8 @@ def add_args(ap):
     g.add_argument("--disk-checkpoint", metavar="DIR", help="baseline for benchmarks (what torchrun users do "
                    "today): data parallelism only, the state saved by rank 0 into DIR/step-N on a shared disk and read "
                    "back by every rank at a restart, instead of the store daemons")
+    g.add_argument("--async-commit", action="store_true", help="with --elastic and --commit-every: write the "
+                   "periodic commits in the background while training goes on (tenplex.elastic.Job(async_commit))")
     g.add_argument("--term-wait", type=float, default=15.0, help="with --elastic: seconds to wait for torchrun's "
                    "SIGTERM after stopping for a membership change (then exit 3: a new rendezvous)")
 
@@ -48,7 +50,8 @@ class DiskJob(elastic.Job):
         if cfg.tp != 1 or cfg.pp != 1 or getattr(cfg, "zero", 0):
             raise elastic.ElasticError(f"--disk-checkpoint is data parallelism only, the policy gives {self.config}")
 
-    def restore(self):
+    def restore(self, device=None):
+        """(`device` is left to the trainer: the checkpoint's tensors are read on the host.)"""
         t0, age = time.perf_counter(), elastic.process_age()
         self.hosts = []
         latest = os.path.join(self.directory, "latest")
@@ -119,7 +122,7 @@ def main(args, trainer_cls, fail):
             job = DiskJob(args.disk_checkpoint, args.job, args.elastic, **kw)
         else:
             kw["store_url"] = args.store_url
-            job = elastic.Job(args.job, example_policy(args), **kw)
+            job = elastic.Job(args.job, example_policy(args), async_commit=args.async_commit, **kw)
         apply_knobs(args, job.knobs)
         cfg = L.Config.parse(job.config)
         if not args.model or not os.path.isfile(args.model):
@@ -136,7 +139,11 @@ def main(args, trainer_cls, fail):
         fail(e)
     args.world_rank, args.world_size, args.start_step = job.rank, job.world_size, None
     job.init_process_group("gloo", timeout=args.timeout)
-    restored = job.restore()
+    try:
+        device = trainer_cls.device_of(args)
+    except ValueError as e:
+        fail(e)
+    restored = job.restore(device=device if device.type == "cuda" else None)
     trainer = trainer_cls(args, model, cfg, job.rank)
     if restored is not None:
         try:

@@ -158,7 +158,7 @@ def init_global(seed, path, shape, num_layers):
 class Stage:
     """The parameters and the forward pass of one (pipeline stage, tp rank)."""
 
-    def __init__(self, model, cfg, groups, seed):
+    def __init__(self, model, cfg, groups, seed, device="cpu"):
         self.model, self.cfg, self.groups = model, cfg, groups
         self.hp = hp = HParams(model.info)
         self.params = L.local_params(model, cfg, groups.pp_rank, groups.tp_rank)
@@ -190,6 +190,9 @@ class Stage:
             self.view(self.norm_mask, p).fill_(counts)
             self.view(self.decay_mask, p).fill_(len(p.shape) >= 2)
             self.view(self.pad_mask, p).copy_(p.padding_mask())
+        # Built on the host (the same initial values everywhere), then moved to the device.
+        self.flat, self.norm_mask, self.decay_mask, self.pad_mask = (
+            t.to(device) for t in (self.flat, self.norm_mask, self.decay_mask, self.pad_mask))
         # First global vocabulary row of this tp rank (uneven with tp_weights, spec §9).
         self.vocab_start = 0
         for p in self.params:
@@ -237,8 +240,8 @@ class Stage:
 
     def _rope(self, x, s):
         d = x.shape[-1]
-        inv = 1.0 / (10000.0 ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
-        freqs = torch.outer(torch.arange(s, dtype=torch.float32), inv)
+        inv = 1.0 / (10000.0 ** (torch.arange(0, d, 2, dtype=torch.float32, device=x.device) / d))
+        freqs = torch.outer(torch.arange(s, dtype=torch.float32, device=x.device), inv)
         emb = torch.cat([freqs, freqs], dim=-1)[None, :, None, :]  # [1, s, 1, d]
         x1, x2 = x[..., : d // 2], x[..., d // 2:]
         return x * emb.cos() + torch.cat([-x2, x1], dim=-1) * emb.sin()
@@ -274,7 +277,7 @@ class Stage:
         k = k.transpose(1, 2).repeat_interleave(r, dim=1)
         v = v.transpose(1, 2).repeat_interleave(r, dim=1)
         scores = (q @ k.transpose(-1, -2)) / math.sqrt(d)
-        causal = torch.ones(s, s, dtype=torch.bool).triu(1)
+        causal = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
         probs = scores.masked_fill(causal, float("-inf")).softmax(dim=-1)
         return (probs @ v).transpose(1, 2).reshape(b, s, n * d)
 

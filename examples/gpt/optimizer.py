@@ -14,9 +14,8 @@ The update is elementwise, so a ZeRO-1 shard computes bit for bit what the full 
 computes on those elements; the updated shards are then all-gathered over dp.
 """
 import torch
-import torch.distributed as dist
 
-from meter import METER
+import parallel
 from tenplex import layout as L
 
 
@@ -31,8 +30,8 @@ class Adam:
         else:
             self.begin, self.end = 0, stage.total
         n = self.end - self.begin
-        self.exp_avg = torch.zeros(n)
-        self.exp_avg_sq = torch.zeros(n)
+        self.exp_avg = torch.zeros(n, device=stage.flat.device)
+        self.exp_avg_sq = torch.zeros(n, device=stage.flat.device)
 
     @torch.no_grad()
     def step(self, flat_grad, t):
@@ -52,8 +51,7 @@ class Adam:
             per = e - b
             flat = self.stage.flat
             parts = [flat[j * per:(j + 1) * per] for j in range(self.stage.cfg.dp)]
-            with METER.comm():
-                dist.all_gather(parts, p.clone(), group=self.groups.dp)
+            parallel.all_gather(parts, p.clone(), self.groups.dp)
 
     # ---- state as the spec's companions ---------------------------------------
 
@@ -98,7 +96,7 @@ class Adam:
             per = self.end - self.begin
             flat = self.stage.flat
             parts = [flat[j * per:(j + 1) * per] for j in range(self.stage.cfg.dp)]
-            dist.all_gather(parts, flat[self.begin:self.end].clone(), group=self.groups.dp)
+            parallel.all_gather(parts, flat[self.begin:self.end].clone(), self.groups.dp, metered=False)
         return used
 
 

@@ -17,6 +17,7 @@ rendezvous of its members already; every rank creates its groups in the same kin
 order (tp, dp, mp, embed) and belongs to one group of each kind, so no rank waits on a
 group another rank has not reached yet.
 """
+import contextlib
 import datetime
 import weakref
 
@@ -109,21 +110,49 @@ class Groups:
         return self.cfg.rank_of(self.tp_rank, self.dp_rank, self.pp_rank + 1)
 
 
+def _on_host(t):
+    """The tensor a gloo collective can take: `t` itself, or a host copy of a CUDA tensor
+    (train.py --device cuda; gloo has no CUDA transport for every collective). The one
+    place device tensors are staged through host memory for communication."""
+    return t.cpu() if t.is_cuda else t
+
+
+def _back(t, host):
+    """Copies a staged host tensor's result back into the device tensor `t`."""
+    if host is not t:
+        t.copy_(host)
+    return t
+
+
 def all_reduce(t, group, ranks, op=dist.ReduceOp.SUM):
     if len(ranks) > 1:
         with METER.comm():
-            dist.all_reduce(t, op=op, group=group)
+            h = _on_host(t)
+            dist.all_reduce(h, op=op, group=group)
+            _back(t, h)
     return t
+
+
+def all_gather(parts, t, group, metered=True):
+    """dist.all_gather of `t` into the tensors `parts` (views into one buffer, e.g. ZeRO-1
+    shards); metered: the time counts as a step's waiting (meter.py)."""
+    with METER.comm() if metered else contextlib.nullcontext():
+        hosts = [_on_host(x) for x in parts]
+        dist.all_gather(hosts, _on_host(t), group=group)
+        for x, h in zip(parts, hosts):
+            _back(x, h)
 
 
 def send(t, dst):
     with METER.comm():
-        dist.send(t, dst)
+        dist.send(_on_host(t), dst)
 
 
 def recv(t, src):
     with METER.comm():
-        dist.recv(t, src)
+        h = _on_host(t)
+        dist.recv(h, src)
+        _back(t, h)
     return t
 
 
@@ -181,7 +210,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         logits -= mx.unsqueeze(1)
         outside = (target < start) | (target >= start + valid)
         local_t = (target - start).masked_fill(outside, 0)
-        rows = torch.arange(logits.shape[0])
+        rows = torch.arange(logits.shape[0], device=logits.device)
         picked = logits[rows, local_t].masked_fill(outside, 0.0)
         all_reduce(picked, tp, ranks)
         exp = logits.exp()
@@ -196,7 +225,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
     def backward(ctx, g):
         softmax, local_t, outside = ctx.saved_tensors
         grad = softmax.clone()
-        rows = torch.arange(grad.shape[0])
+        rows = torch.arange(grad.shape[0], device=grad.device)
         grad[rows, local_t] -= (~outside).float()
         grad *= g.unsqueeze(1)
         return grad, None, None, None, None

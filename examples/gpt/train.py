@@ -72,6 +72,10 @@ def parse_args(argv=None):
                     "the state every N steps into <commit-prefix><step>.json and train on")
     ap.add_argument("--commit-prefix", help="hand-off file prefix of the periodic commits")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads per process")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                    help="where the model and optimizer state live: cuda is cuda:<local rank %% GPUs>; state "
+                    "loads and commits go between the store and the device (tenplex.device); collectives "
+                    "stay on gloo, through host memory")
     ap.add_argument("--timeout", type=float, default=300, help="seconds a collective may wait")
     ap.add_argument("--warm-control", metavar="PREFIX", help="with `tenplex run --warm`: after each segment "
                     "wait for the runner's next message <PREFIX><n>.json and go on in the same process")
@@ -103,12 +107,13 @@ class Trainer:
 
     def __init__(self, args, model, cfg, rank):
         self.args, self.model, self.cfg, self.rank = args, model, cfg, rank
+        self.device = self.device_of(args)
         hp = gpt.HParams(model.info)
         # Warm workers re-join a world at every reconfiguration: their groups skip
         # torch's world-wide barriers (parallel.py).
         self.groups = parallel.Groups(cfg, rank, tied_embeddings=hp.tied, members_only=bool(args.warm_control),
                                       timeout=args.timeout)
-        self.stage = gpt.Stage(model, cfg, self.groups, args.seed)
+        self.stage = gpt.Stage(model, cfg, self.groups, args.seed, self.device)
         self.stage.recompute = gpt.Recompute.from_args(args)
         if args.flextp_straggler is not None:
             self.stage.flex = flextp.FlexTp(self.groups, args.flextp_straggler)
@@ -116,6 +121,20 @@ class Trainer:
         self.corpus = data.Corpus(args.data, hp.vocab, args.seq_length)
         self.step = args.start_step or 0
         self.samples_consumed = self.step * args.global_batch_size
+
+    @staticmethod
+    def device_of(args):
+        """torch.device of --device: cuda:<local rank % visible GPUs> (LOCAL_RANK under
+        torchrun, else the world rank: launch.py starts every rank on this machine), made
+        torch's current device."""
+        if args.device == "cpu":
+            return torch.device("cpu")
+        if not torch.cuda.is_available():
+            raise ValueError("--device cuda: torch sees no CUDA device")
+        local = int(os.environ.get("LOCAL_RANK", args.world_rank))
+        d = torch.device("cuda", local % torch.cuda.device_count())
+        torch.cuda.set_device(d)
+        return d
 
     # ---- state hand-off --------------------------------------------------------
 
@@ -175,7 +194,11 @@ class Trainer:
 
     def load_handoff(self, path):
         h = handoff.read(path)
-        # (A warm worker re-joins at every change: one read per tensor, no map.)
+        # (A warm worker re-joins at every change: one read per tensor, no map. On a GPU
+        # the files go straight into device tensors.)
+        if self.device.type == "cuda":
+            self.restore(f"hand-off {path}", h, lambda: handoff.read_rank(h, self.rank, device=self.device))
+            return
         read = handoff.read_rank if self.args.warm_control else handoff.map_rank
         self.restore(f"hand-off {path}", h, lambda: read(h, self.rank))
 
@@ -198,7 +221,7 @@ class Trainer:
         if self.rank == 0:
             checkpoint.begin(directory)
         dist.barrier()
-        checkpoint.write_rank(directory, self.rank, self.state_tensors(),
+        checkpoint.write_rank(directory, self.rank, [(n, t.cpu()) for n, t in self.state_tensors()],
                               {"config": str(self.cfg), "rank": str(self.rank)})
         dist.barrier()
         if self.rank == 0:
@@ -220,7 +243,7 @@ class Trainer:
         begin, end = uneven.dp_slice(a.global_batch_size, cfg, g.dp_rank)  # dp_weights, spec §9
         ids = global_ids[begin:end]
         total_tokens = self.corpus.valid_tokens(global_ids)
-        inputs, labels, mask = self.corpus.batch(ids)
+        inputs, labels, mask = (t.to(self.device) for t in self.corpus.batch(ids))
         w = st.make_weights()
         h = st.hp.hidden
         micro = [(i, min(i + a.micro_batch_size, len(ids))) for i in range(0, len(ids), a.micro_batch_size)]
@@ -230,7 +253,7 @@ class Trainer:
             if g.first_stage:
                 inp = inputs[b:e]
             else:
-                inp = parallel.recv(torch.empty(e - b, a.seq_length, h), g.prev_rank())
+                inp = parallel.recv(torch.empty(e - b, a.seq_length, h, device=self.device), g.prev_rank())
                 inp.requires_grad_(True)
             out = st.forward(inp, labels[b:e], mask[b:e], total_tokens)
             if g.last_stage:
@@ -366,6 +389,9 @@ def run_segment(args, control=None):
             raise ValueError("--commit-every N needs N >= 0, --commit-prefix and --state-out")
         if args.load_dir and args.state_in:
             raise ValueError("give --load-dir or --state-in, not both")
+        if args.device == "cuda" and args.flextp_straggler is not None:
+            raise ValueError("--flextp-straggler runs on --device cpu only")
+        Trainer.device_of(args)
     except (ValueError, KeyError, OSError) as e:
         fail(e)
 
