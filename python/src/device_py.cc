@@ -2,7 +2,9 @@
 // Addresses are plain integers (a torch tensor's data_ptr()); calls release the GIL.
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <memory>
+#include <thread>
 
 #include "bindings.h"
 #include "tenplex/device/engine.h"
@@ -24,8 +26,9 @@ pyb::dict StatsDict(const device::CopyStats& s) {
   return d;
 }
 
-std::shared_ptr<CopyEngine> MakePyEngine(const std::string& backend, int device, uint64_t chunk_bytes, int slots,
-                                         int streams, int threads, const std::string& mode) {
+std::shared_ptr<CopyEngine> MakePyEngine(const std::string& backend, int device,
+                                         uint64_t chunk_bytes, int slots, int streams, int threads,
+                                         const std::string& mode) {
   device::BackendOptions b;
   b.kind = backend;
   b.device = device;
@@ -33,7 +36,11 @@ std::shared_ptr<CopyEngine> MakePyEngine(const std::string& backend, int device,
   device::EngineOptions o;
   o.chunk_bytes = chunk_bytes;
   o.slots = slots;
-  o.threads = threads;
+  // 0: half the cores, 2..8 (each worker's pread runs at a few GB/s, a PCIe Gen5 link
+  // takes ~55 GB/s, and the job's own threads need the rest).
+  o.threads = threads > 0
+                  ? threads
+                  : std::clamp(static_cast<int>(std::thread::hardware_concurrency()) / 2, 2, 8);
   o.mode = Take(device::ParseMode(mode));
   std::unique_ptr<CopyEngine> e;
   {
@@ -52,19 +59,22 @@ std::shared_ptr<CopyEngine> MakePyEngine(const std::string& backend, int device,
 
 void register_device(pyb::module_& m) {
   m.def("cuda_built", &device::CudaBuilt, "Whether this module was built with the CUDA backend.");
-  pyb::class_<CopyEngine, std::shared_ptr<CopyEngine>>(m, "CopyEngine",
-                                                       "Tensors between store files and device memory "
-                                                       "(docs/gpu.md).")
+  pyb::class_<CopyEngine, std::shared_ptr<CopyEngine>>(
+      m, "CopyEngine",
+      "Tensors between store files and device memory "
+      "(docs/gpu.md).")
       .def(pyb::init(&MakePyEngine), pyb::arg("backend") = "auto", pyb::arg("device") = 0,
            pyb::arg("chunk_bytes") = 8ull << 20, pyb::arg("slots") = 3, pyb::arg("streams") = 2,
-           pyb::arg("threads") = 4, pyb::arg("mode") = "auto")
+           pyb::arg("threads") = 0, pyb::arg("mode") = "auto")
       .def_property_readonly("backend", [](CopyEngine& e) { return e.backend().name(); })
       .def_property_readonly("description", [](CopyEngine& e) { return e.backend().description(); })
       .def(
           "restore",
-          [](CopyEngine& e, const std::vector<std::tuple<std::string, uint64_t, uint64_t, uint64_t>>& items) {
+          [](CopyEngine& e,
+             const std::vector<std::tuple<std::string, uint64_t, uint64_t, uint64_t>>& items) {
             std::vector<Span> spans;
-            for (const auto& [path, offset, bytes, dst] : items) spans.push_back(Span{path, offset, bytes, dst});
+            for (const auto& [path, offset, bytes, dst] : items)
+              spans.push_back(Span{path, offset, bytes, dst});
             Result<device::CopyStats> r = device::CopyStats{};
             {
               pyb::gil_scoped_release release;
@@ -72,12 +82,15 @@ void register_device(pyb::module_& m) {
             }
             return StatsDict(Take(std::move(r)));
           },
-          pyb::arg("items"), "[(file, offset, nbytes, device address)] into device memory; complete on return.")
+          pyb::arg("items"),
+          "[(file, offset, nbytes, device address)] into device memory; complete on return.")
       .def(
           "commit",
-          [](CopyEngine& e, const std::vector<std::tuple<uint64_t, std::string, uint64_t, uint64_t>>& items) {
+          [](CopyEngine& e,
+             const std::vector<std::tuple<uint64_t, std::string, uint64_t, uint64_t>>& items) {
             std::vector<Span> spans;
-            for (const auto& [src, path, offset, bytes] : items) spans.push_back(Span{path, offset, bytes, src});
+            for (const auto& [src, path, offset, bytes] : items)
+              spans.push_back(Span{path, offset, bytes, src});
             Result<device::CopyStats> r = device::CopyStats{};
             {
               pyb::gil_scoped_release release;
@@ -85,7 +98,8 @@ void register_device(pyb::module_& m) {
             }
             return StatsDict(Take(std::move(r)));
           },
-          pyb::arg("items"), "[(device address, file, offset, nbytes)] into the files; complete on return.");
+          pyb::arg("items"),
+          "[(device address, file, offset, nbytes)] into the files; complete on return.");
 }
 
 }  // namespace tenplex::py
