@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check of issue 30 (docs/gpu.md): run once on a machine with a GPU, in the repository
 # root, without network:   bash scripts/gpu_check.sh OUTDIR
-# Steps, each under a time limit (all within GPU_CHECK_BUDGET seconds, default 460); a failing
+# Steps, each under a time limit (all within GPU_CHECK_BUDGET seconds, default 470); a failing
 # step is recorded and the next one runs; the exit status is 1 when any failed:
 #   a. env      nvidia-smi (+ topo -m), the GPU's NUMA node, ulimit -l, cores, memory, python,
 #               torch, numpy, pybind11, gcc/nvcc/cmake/ninja versions          -> env.txt
@@ -23,14 +23,14 @@
 #   GPU_CHECK_SIZES       restore sizes in GB (default 1,4,16 on cuda, 0.05,0.2 on cpu)
 set -euo pipefail
 OUT=${1:?usage: scripts/gpu_check.sh OUTDIR}
-cd "$(dirname "$0")/.."
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
+cd "$(dirname "$0")/.."
 PY=$(command -v "${GPU_CHECK_PY:-python3}") || { echo "gpu_check: no ${GPU_CHECK_PY:-python3}" >&2; exit 2; }
 export PY B=${GPU_CHECK_BUILD_DIR:-/tmp/tenplex-build}
 export PFX=/tmp/tenplex-prefix OUT
 export P=$PFX/usr L=$PFX/usr/lib/x86_64-linux-gnu
 export PYTHONPATH=$PWD/python PYTHONFAULTHANDLER=1 TENPLEX_PYTHON=$PY TENPLEX_BIN=$B/bin/tenplex
-END=$(( $(date +%s) + ${GPU_CHECK_BUDGET:-460} ))
+END=$(( $(date +%s) + ${GPU_CHECK_BUDGET:-470} ))
 FAILED=()
 : > "$OUT/summary.txt"
 note() { echo "$*" | tee -a "$OUT/summary.txt"; }
@@ -78,7 +78,8 @@ deps() {
   local debs=(.gpu-deps/*.deb)
   for d in "${debs[@]}"; do dpkg -x "$d" "$PFX"; done
   # Debian's pybind11 (2.10) does not support Python 3.12: the module crashed with it.
-  rm -rf "$P/include/pybind11" "$P/lib/cmake/pybind11" "$P/share/cmake/pybind11" "$L/cmake/pybind11"
+  rm -rf "$P/include/pybind11" "$P/lib/cmake/pybind11" "$P/share/cmake/pybind11" "$L/cmake/pybind11" \
+    "$P/share/pkgconfig/pybind11.pc"
   echo "unpacked ${#debs[@]} packages into $PFX"
   if ls .gpu-deps/*.whl >/dev/null 2>&1 && ! "$PY" -c 'import numpy' 2>/dev/null; then
     "$PY" -m pip install --no-index --no-deps --target "$PFX/py" .gpu-deps/*.whl || echo "pip: wheels not installed"
@@ -154,7 +155,7 @@ else
   export DEV=cpu SIZES=${GPU_CHECK_SIZES:-0.05,0.2} COMMIT_STEPS=8 STAGED=2x4
   note "torch sees no CUDA device: the benches and the training run on the cpu"
 fi
-step tests 150 tests.log device_tests
+step tests 180 tests.log device_tests
 step device_restore 180 bench.log restore_bench
 step device_commit 90 bench.log commit_bench
 step train 45 train.log train
