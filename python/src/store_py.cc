@@ -40,8 +40,16 @@ class PyStore {
   void SetVersionInfo(const std::string& job, uint64_t v, const std::string& info) {
     Check(store_ ? store_->SetVersionInfo(job, v, info) : client_->SetVersionInfo(job, v, info));
   }
+  // Commit and Allocate run without the GIL: a commit hashes every byte of the version
+  // and an allocation zeroes recycled pages, while another thread (the training loop,
+  // whose state an AsyncCommit writes) goes on.
   void Commit(const std::string& job, uint64_t v, bool keep_old) {
-    Check(store_ ? store_->Commit(job, v, keep_old) : client_->Commit(job, v, keep_old));
+    Status s;
+    {
+      pyb::gil_scoped_release release;
+      s = store_ ? store_->Commit(job, v, keep_old) : client_->Commit(job, v, keep_old);
+    }
+    Check(s);
   }
   void Abort(const std::string& job, uint64_t v) {
     Check(store_ ? store_->DropVersion(job, v) : client_->Abort(job, v));
@@ -79,14 +87,15 @@ class PyStore {
     std::vector<store::Store::AllocRequest> rs;
     for (const auto& [path, dtype, shape] : reqs)
       rs.push_back({path, Take(ParseDType(dtype)), shape});
-    pyb::list out;
-    if (store_) {
-      for (const auto& t : Take(store_->AllocateMany(rs))) out.append(InfoDict(t));
-    } else {
-      if (!client_->local())
-        Check(FailedPrecondition("allocate needs a store on this machine (use write)"));
-      for (const auto& t : Take(client_->Allocate(rs))) out.append(InfoDict(t));
+    if (!store_ && !client_->local())
+      Check(FailedPrecondition("allocate needs a store on this machine (use write)"));
+    Result<std::vector<store::TensorInfo>> infos = Internal("allocate: not run");
+    {
+      pyb::gil_scoped_release release;
+      infos = store_ ? store_->AllocateMany(rs) : client_->Allocate(rs);
     }
+    pyb::list out;
+    for (const auto& t : Take(std::move(infos))) out.append(InfoDict(t));
     return out;
   }
   void Write(const std::string& path, const std::string& dtype, const std::vector<int64_t>& shape,
