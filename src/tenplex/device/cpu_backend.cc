@@ -102,7 +102,8 @@ class CpuBackend : public Backend {
   Result<void*> AllocPinned(size_t bytes) override {
     size_t rounded = (std::max<size_t>(bytes, 1) + 4095) / 4096 * 4096;
     void* p = std::aligned_alloc(4096, rounded);
-    if (p == nullptr) return ResourceExhausted("cpu backend: cannot allocate " + std::to_string(bytes) + " bytes");
+    if (p == nullptr)
+      return ResourceExhausted("cpu backend: cannot allocate " + std::to_string(bytes) + " bytes");
     return p;
   }
   void FreePinned(void* p) override { std::free(p); }
@@ -110,13 +111,16 @@ class CpuBackend : public Backend {
   void FreeDevice(void* p) override { std::free(p); }
   Status Register(void* p, size_t bytes, bool /*read_only*/) override {
     if (p == nullptr || bytes == 0) return InvalidArgument("register: empty range");
-    if (options_.cpu_fail_register) return Unavailable("cpu backend: registration refused (injected)");
+    if (options_.cpu_fail_register)
+      return Unavailable("cpu backend: registration refused (injected)");
     return Status::Ok();
   }
   void Unregister(void* /*p*/) override {}
 
-  Status CopyAsync(void* dst, const void* src, size_t bytes, Direction /*dir*/, int stream) override {
-    if (stream < 0 || stream >= streams()) return InvalidArgument("copy: no stream " + std::to_string(stream));
+  Status CopyAsync(void* dst, const void* src, size_t bytes, Direction /*dir*/,
+                   int stream) override {
+    if (stream < 0 || stream >= streams())
+      return InvalidArgument("copy: no stream " + std::to_string(stream));
     if (bytes == 0) return Status::Ok();
     if (dst == nullptr || src == nullptr) return InvalidArgument("copy: null pointer");
     uint64_t n = copies_.fetch_add(1) + 1;
@@ -124,14 +128,17 @@ class CpuBackend : public Backend {
     return Status::Ok();
   }
   Status RecordEvent(int event, int stream) override {
-    if (event < 0 || event >= events()) return InvalidArgument("event " + std::to_string(event) + " out of range");
-    if (stream < 0 || stream >= streams()) return InvalidArgument("record: no stream " + std::to_string(stream));
+    if (event < 0 || event >= events())
+      return InvalidArgument("event " + std::to_string(event) + " out of range");
+    if (stream < 0 || stream >= streams())
+      return InvalidArgument("record: no stream " + std::to_string(stream));
     std::lock_guard<std::mutex> l(mu_);
     events_[static_cast<size_t>(event)] = {stream, streams_[static_cast<size_t>(stream)]->queued()};
     return Status::Ok();
   }
   Status WaitEvent(int event) override {
-    if (event < 0 || event >= events()) return InvalidArgument("event " + std::to_string(event) + " out of range");
+    if (event < 0 || event >= events())
+      return InvalidArgument("event " + std::to_string(event) + " out of range");
     Mark m;
     {
       std::lock_guard<std::mutex> l(mu_);

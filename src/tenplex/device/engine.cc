@@ -29,22 +29,28 @@ class Files {
         fds_.push_back(-1);
         continue;
       }
-      if (s.device == 0) return InvalidArgument(s.path + ": null device address for " + std::to_string(s.bytes) + " bytes");
-      if (s.offset > UINT64_MAX - s.bytes) return InvalidArgument(s.path + ": offset + bytes overflows");
-      int flags = (dir == Direction::kHostToDevice ? O_RDONLY : O_RDWR) | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK;
+      if (s.device == 0)
+        return InvalidArgument(s.path + ": null device address for " + std::to_string(s.bytes) +
+                               " bytes");
+      if (s.offset > UINT64_MAX - s.bytes)
+        return InvalidArgument(s.path + ": offset + bytes overflows");
+      int flags = (dir == Direction::kHostToDevice ? O_RDONLY : O_RDWR) | O_CLOEXEC | O_NOFOLLOW |
+                  O_NONBLOCK;
       int fd = open(s.path.c_str(), flags);
       if (fd < 0) {
         int e = errno;
-        return e == ENOENT ? NotFound(s.path + ": no such file") : ErrnoError("opening " + s.path, e);
+        return e == ENOENT ? NotFound(s.path + ": no such file")
+                           : ErrnoError("opening " + s.path, e);
       }
       fds_.push_back(fd);
       struct stat st {};
       if (fstat(fd, &st) != 0) return ErrnoError("fstat " + s.path, errno);
       if (!S_ISREG(st.st_mode)) return InvalidArgument(s.path + ": not a regular file");
       if (static_cast<uint64_t>(st.st_size) < s.offset + s.bytes) {
-        return InvalidArgument(s.path + ": has " + std::to_string(st.st_size) + " bytes, the copy needs " +
-                               std::to_string(s.offset + s.bytes) + " (offset " + std::to_string(s.offset) +
-                               " + " + std::to_string(s.bytes) + ")");
+        return InvalidArgument(s.path + ": has " + std::to_string(st.st_size) +
+                               " bytes, the copy needs " + std::to_string(s.offset + s.bytes) +
+                               " (offset " + std::to_string(s.offset) + " + " +
+                               std::to_string(s.bytes) + ")");
       }
       fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
     }
@@ -61,10 +67,12 @@ Status FullIo(int fd, void* buf, uint64_t n, uint64_t off, Direction dir, const 
   auto* p = static_cast<char*>(buf);
   uint64_t done = 0;
   while (done < n) {
-    ssize_t r = dir == Direction::kHostToDevice ? pread(fd, p + done, n - done, static_cast<off_t>(off + done))
-                                                 : pwrite(fd, p + done, n - done, static_cast<off_t>(off + done));
+    ssize_t r = dir == Direction::kHostToDevice
+                    ? pread(fd, p + done, n - done, static_cast<off_t>(off + done))
+                    : pwrite(fd, p + done, n - done, static_cast<off_t>(off + done));
     if (r < 0 && errno == EINTR) continue;
-    if (r < 0) return ErrnoError((dir == Direction::kHostToDevice ? "reading " : "writing ") + path, errno);
+    if (r < 0)
+      return ErrnoError((dir == Direction::kHostToDevice ? "reading " : "writing ") + path, errno);
     if (r == 0) {
       return DataLoss(path + ": ended at " + std::to_string(off + done) + " bytes, expected " +
                       std::to_string(off + n));
@@ -133,9 +141,11 @@ CopyEngine::~CopyEngine() {
   for (void* p : slots_) backend_->FreePinned(p);
 }
 
-Result<std::unique_ptr<CopyEngine>> CopyEngine::Make(std::unique_ptr<Backend> backend, const EngineOptions& o) {
+Result<std::unique_ptr<CopyEngine>> CopyEngine::Make(std::unique_ptr<Backend> backend,
+                                                     const EngineOptions& o) {
   if (o.chunk_bytes < 4096 || o.chunk_bytes > kMaxChunk) {
-    return InvalidArgument("copy engine: chunk_bytes must be 4096..2^30, got " + std::to_string(o.chunk_bytes));
+    return InvalidArgument("copy engine: chunk_bytes must be 4096..2^30, got " +
+                           std::to_string(o.chunk_bytes));
   }
   if (o.slots < 1 || o.slots > 64) return InvalidArgument("copy engine: slots must be 1..64");
   if (o.threads < 1 || o.threads > 64) return InvalidArgument("copy engine: threads must be 1..64");
@@ -152,8 +162,12 @@ Result<std::unique_ptr<CopyEngine>> CopyEngine::Make(std::unique_ptr<Backend> ba
   return e;
 }
 
-Result<CopyStats> CopyEngine::Restore(const std::vector<Span>& spans) { return Run(spans, Direction::kHostToDevice); }
-Result<CopyStats> CopyEngine::Commit(const std::vector<Span>& spans) { return Run(spans, Direction::kDeviceToHost); }
+Result<CopyStats> CopyEngine::Restore(const std::vector<Span>& spans) {
+  return Run(spans, Direction::kHostToDevice);
+}
+Result<CopyStats> CopyEngine::Commit(const std::vector<Span>& spans) {
+  return Run(spans, Direction::kDeviceToHost);
+}
 
 Result<CopyStats> CopyEngine::Run(const std::vector<Span>& spans, Direction dir) {
   std::lock_guard<std::mutex> l(mu_);
@@ -179,12 +193,13 @@ Result<CopyStats> CopyEngine::Run(const std::vector<Span>& spans, Direction dir)
 // A chunk is "issued" (restore: read into the slot, copy queued; commit: copy queued)
 // and later "completed" (restore: nothing; commit: the slot written to the file) after
 // its slot's event; a slot is issued again only after its last chunk completed.
-Status CopyEngine::RunStaged(const std::vector<Span>& spans, const std::vector<int>& fds, Direction dir,
-                             CopyStats& stats) {
+Status CopyEngine::RunStaged(const std::vector<Span>& spans, const std::vector<int>& fds,
+                             Direction dir, CopyStats& stats) {
   std::vector<Chunk> chunks = SplitChunks(spans, options_.chunk_bytes);
   stats.mode = "staged";
   stats.chunks = chunks.size();
-  const int threads = static_cast<int>(std::min<size_t>(static_cast<size_t>(options_.threads), chunks.size()));
+  const int threads =
+      static_cast<int>(std::min<size_t>(static_cast<size_t>(options_.threads), chunks.size()));
   FirstError error;
   auto worker = [&](int t) {
     Status bound = backend_->BindThread();
@@ -197,12 +212,14 @@ Status CopyEngine::RunStaged(const std::vector<Span>& spans, const std::vector<i
       Status s = backend_->WaitEvent(slot);
       if (s.ok() && dir == Direction::kDeviceToHost && !error.failed()) {
         const Span& sp = spans[c->span];
-        s = FullIo(fds[c->span], slots_[static_cast<size_t>(slot)], c->bytes, sp.offset + c->offset, dir, sp.path);
+        s = FullIo(fds[c->span], slots_[static_cast<size_t>(slot)], c->bytes, sp.offset + c->offset,
+                   dir, sp.path);
       }
       error.Set(s);
     };
     int next = 0;
-    for (size_t k = static_cast<size_t>(t); k < chunks.size() && !error.failed(); k += static_cast<size_t>(threads)) {
+    for (size_t k = static_cast<size_t>(t); k < chunks.size() && !error.failed();
+         k += static_cast<size_t>(threads)) {
       if (static_cast<int>(inflight.size()) == options_.slots) complete();
       const Chunk& c = chunks[k];
       const Span& sp = spans[c.span];
@@ -234,8 +251,8 @@ Status CopyEngine::RunStaged(const std::vector<Span>& spans, const std::vector<i
 // The registered path: map and page-lock every span in place, then copy directly.
 // A refused registration undoes what was done, sets stats.fallback and returns an
 // error, and Run() goes staged instead.
-Status CopyEngine::RunRegistered(const std::vector<Span>& spans, const std::vector<int>& fds, Direction dir,
-                                 CopyStats& stats) {
+Status CopyEngine::RunRegistered(const std::vector<Span>& spans, const std::vector<int>& fds,
+                                 Direction dir, CopyStats& stats) {
   struct Map {
     void* base = nullptr;
     size_t length = 0;
@@ -254,8 +271,8 @@ Status CopyEngine::RunRegistered(const std::vector<Span>& spans, const std::vect
     if (spans[i].bytes == 0) continue;
     uint64_t start = spans[i].offset / page * page;
     maps[i].length = spans[i].offset + spans[i].bytes - start;
-    void* p = mmap(nullptr, maps[i].length, read_only ? PROT_READ : PROT_READ | PROT_WRITE, MAP_SHARED, fds[i],
-                   static_cast<off_t>(start));
+    void* p = mmap(nullptr, maps[i].length, read_only ? PROT_READ : PROT_READ | PROT_WRITE,
+                   MAP_SHARED, fds[i], static_cast<off_t>(start));
     if (p == MAP_FAILED) {
       stats.fallback = "mapping " + spans[i].path + ": " + ErrnoError("mmap", errno).message();
       maps[i].base = nullptr;
@@ -291,7 +308,8 @@ Status CopyEngine::RunRegistered(const std::vector<Span>& spans, const std::vect
   return st;
 }
 
-Result<std::unique_ptr<CopyEngine>> MakeEngine(BackendOptions backend, const EngineOptions& options) {
+Result<std::unique_ptr<CopyEngine>> MakeEngine(BackendOptions backend,
+                                               const EngineOptions& options) {
   backend.events = std::max(backend.events, options.threads * options.slots);
   TP_ASSIGN_OR_RETURN(auto b, MakeBackend(backend));
   return CopyEngine::Make(std::move(b), options);

@@ -84,7 +84,8 @@ class CopyEngine {
  public:
   // Allocates threads * slots page-locked slots of chunk_bytes on the backend, whose
   // events() must be at least threads * slots (MakeEngine below sizes it).
-  static Result<std::unique_ptr<CopyEngine>> Make(std::unique_ptr<Backend> backend, const EngineOptions& options);
+  static Result<std::unique_ptr<CopyEngine>> Make(std::unique_ptr<Backend> backend,
+                                                  const EngineOptions& options);
   ~CopyEngine();
   CopyEngine(const CopyEngine&) = delete;
   CopyEngine& operator=(const CopyEngine&) = delete;
@@ -100,8 +101,10 @@ class CopyEngine {
  private:
   CopyEngine(std::unique_ptr<Backend> backend, const EngineOptions& options);
   Result<CopyStats> Run(const std::vector<Span>& spans, Direction dir);
-  Status RunStaged(const std::vector<Span>& spans, const std::vector<int>& fds, Direction dir, CopyStats& stats);
-  Status RunRegistered(const std::vector<Span>& spans, const std::vector<int>& fds, Direction dir, CopyStats& stats);
+  Status RunStaged(const std::vector<Span>& spans, const std::vector<int>& fds, Direction dir,
+                   CopyStats& stats);
+  Status RunRegistered(const std::vector<Span>& spans, const std::vector<int>& fds, Direction dir,
+                       CopyStats& stats);
 
   std::unique_ptr<Backend> backend_;
   EngineOptions options_;
@@ -110,6 +113,7 @@ class CopyEngine {
 };
 
 // A backend and an engine of matching sizes: backend.kind "cpu", "cuda" or "auto".
-Result<std::unique_ptr<CopyEngine>> MakeEngine(BackendOptions backend, const EngineOptions& options);
+Result<std::unique_ptr<CopyEngine>> MakeEngine(BackendOptions backend,
+                                               const EngineOptions& options);
 
 }  // namespace tenplex::device

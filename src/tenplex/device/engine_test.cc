@@ -29,8 +29,9 @@ std::string RandomBytes(size_t n, uint32_t seed) {
 
 class TempDir {
  public:
-  TempDir() : path_(fs::temp_directory_path() / ("tenplex-device-" + std::to_string(getpid()) + "-" +
-                                                 std::to_string(counter_++))) {
+  TempDir()
+      : path_(fs::temp_directory_path() /
+              ("tenplex-device-" + std::to_string(getpid()) + "-" + std::to_string(counter_++))) {
     fs::create_directories(path_);
   }
   ~TempDir() { fs::remove_all(path_); }
@@ -62,14 +63,17 @@ class DeviceBuffers {
   std::string Read(uint64_t addr, size_t n) {
     std::string out(n, '\0');
     if (n == 0) return out;
-    EXPECT_TRUE(b_.CopyAsync(out.data(), reinterpret_cast<void*>(addr), n, Direction::kDeviceToHost, 0).ok());
+    EXPECT_TRUE(
+        b_.CopyAsync(out.data(), reinterpret_cast<void*>(addr), n, Direction::kDeviceToHost, 0)
+            .ok());
     EXPECT_TRUE(b_.Synchronize().ok());
     return out;
   }
   void Write(uint64_t addr, const std::string& bytes) {
     if (bytes.empty()) return;
-    EXPECT_TRUE(
-        b_.CopyAsync(reinterpret_cast<void*>(addr), bytes.data(), bytes.size(), Direction::kHostToDevice, 0).ok());
+    EXPECT_TRUE(b_.CopyAsync(reinterpret_cast<void*>(addr), bytes.data(), bytes.size(),
+                             Direction::kHostToDevice, 0)
+                    .ok());
     EXPECT_TRUE(b_.Synchronize().ok());
   }
 
@@ -78,7 +82,8 @@ class DeviceBuffers {
   std::vector<void*> ptrs_;
 };
 
-std::unique_ptr<CopyEngine> Engine(const std::string& kind, EngineOptions o, BackendOptions b = {}) {
+std::unique_ptr<CopyEngine> Engine(const std::string& kind, EngineOptions o,
+                                   BackendOptions b = {}) {
   b.kind = kind;
   auto e = MakeEngine(b, o);
   if (!e.ok()) return nullptr;
@@ -113,7 +118,8 @@ class EngineTest : public ::testing::TestWithParam<std::string> {
     BackendOptions b;
     b.kind = GetParam();
     auto probe = MakeBackend(b);
-    if (!probe.ok()) GTEST_SKIP() << GetParam() << " backend unavailable here: " << probe.status().ToString();
+    if (!probe.ok())
+      GTEST_SKIP() << GetParam() << " backend unavailable here: " << probe.status().ToString();
   }
 };
 
@@ -144,7 +150,8 @@ TEST_P(EngineTest, RestoreEqualsTheFilesBytesForEveryRingShape) {
         ASSERT_NE(e, nullptr);
         TempDir dir;
         DeviceBuffers dev(e->backend());
-        Fixture f = MakeFixture(dir, dev, o.chunk_bytes, static_cast<uint32_t>(threads * 10 + slots));
+        Fixture f =
+            MakeFixture(dir, dev, o.chunk_bytes, static_cast<uint32_t>(threads * 10 + slots));
         auto st = e->Restore(f.spans);
         ASSERT_TRUE(st.ok()) << st.status().ToString();
         EXPECT_EQ(st->mode, ModeName(mode));
@@ -193,7 +200,8 @@ TEST_P(EngineTest, BadSpansFailBeforeAnyByteMoves) {
   EXPECT_NE(missing.status().message().find(ok + ".nope"), std::string::npos);
   auto short_file = e->Restore({Span{ok, 60, 50, d}});
   EXPECT_EQ(short_file.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(short_file.status().message().find("has 100 bytes, the copy needs 110"), std::string::npos)
+  EXPECT_NE(short_file.status().message().find("has 100 bytes, the copy needs 110"),
+            std::string::npos)
       << short_file.status().message();
   EXPECT_EQ(e->Commit({Span{ok, 0, 10, 0}}).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(e->Restore({Span{dir.Write("x", ""), UINT64_MAX, 2, d}}).status().code(),
@@ -209,9 +217,12 @@ TEST_P(EngineTest, BadSpansFailBeforeAnyByteMoves) {
 INSTANTIATE_TEST_SUITE_P(Backends, EngineTest, ::testing::Values("cpu", "cuda"));
 
 TEST(EngineOptionsTest, AreChecked) {
-  EXPECT_EQ(MakeEngine({}, EngineOptions{100, 2, 2, Mode::kAuto}).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(MakeEngine({}, EngineOptions{4096, 0, 2, Mode::kAuto}).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(MakeEngine({}, EngineOptions{4096, 2, 0, Mode::kAuto}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(MakeEngine({}, EngineOptions{100, 2, 2, Mode::kAuto}).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(MakeEngine({}, EngineOptions{4096, 0, 2, Mode::kAuto}).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(MakeEngine({}, EngineOptions{4096, 2, 0, Mode::kAuto}).status().code(),
+            StatusCode::kInvalidArgument);
   BackendOptions b;
   b.kind = "tpu";
   EXPECT_EQ(MakeEngine(b, {}).status().code(), StatusCode::kInvalidArgument);
@@ -238,7 +249,8 @@ TEST(EngineFaultsTest, RefusedRegistrationFallsBackToStaging) {
   ASSERT_TRUE(st.ok()) << st.status().ToString();
   EXPECT_EQ(st->mode, "staged");
   EXPECT_NE(st->fallback.find("registration refused"), std::string::npos) << st->fallback;
-  for (size_t i = 0; i < f.spans.size(); ++i) EXPECT_EQ(dev.Read(f.spans[i].device, f.data[i].size()), f.data[i]);
+  for (size_t i = 0; i < f.spans.size(); ++i)
+    EXPECT_EQ(dev.Read(f.spans[i].device, f.data[i].size()), f.data[i]);
 }
 
 TEST(EngineFaultsTest, AFailedCopyFailsTheCallAfterTheQueueDrains) {

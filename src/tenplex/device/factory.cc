@@ -13,10 +13,12 @@ bool CudaBuilt() { return false; }
 
 Result<std::unique_ptr<Backend>> MakeBackend(const BackendOptions& options) {
   if (options.streams < 1 || options.streams > 64) {
-    return InvalidArgument("device backend: streams must be 1..64, got " + std::to_string(options.streams));
+    return InvalidArgument("device backend: streams must be 1..64, got " +
+                           std::to_string(options.streams));
   }
   if (options.events < 1 || options.events > 4096) {
-    return InvalidArgument("device backend: events must be 1..4096, got " + std::to_string(options.events));
+    return InvalidArgument("device backend: events must be 1..4096, got " +
+                           std::to_string(options.events));
   }
   if (options.kind == "cpu") return MakeCpuBackend(options);
   if (options.kind != "cuda" && options.kind != "auto") {
@@ -28,7 +30,8 @@ Result<std::unique_ptr<Backend>> MakeBackend(const BackendOptions& options) {
   return MakeCpuBackend(options);  // auto without a usable device
 #else
   if (options.kind == "cuda") {
-    return Unavailable("device backend cuda: this build has no CUDA backend (configure with -DTENPLEX_CUDA=ON)");
+    return Unavailable(
+        "device backend cuda: this build has no CUDA backend (configure with -DTENPLEX_CUDA=ON)");
   }
   return MakeCpuBackend(options);
 #endif

@@ -14,7 +14,8 @@ namespace tenplex::device {
 namespace {
 
 Status CudaError(const std::string& what, cudaError_t e) {
-  std::string msg = "cuda: " + what + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")";
+  std::string msg =
+      "cuda: " + what + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")";
   if (e == cudaErrorMemoryAllocation || e == cudaErrorHostMemoryAlreadyRegistered) {
     return ResourceExhausted(msg);
   }
@@ -35,26 +36,29 @@ class CudaBackend : public Backend {
     cudaError_t e = cudaGetDeviceCount(&count);
     if (e != cudaSuccess) return CudaError("counting devices", e);
     if (o.device < 0 || o.device >= count) {
-      return Unavailable("cuda: no device " + std::to_string(o.device) + " (" + std::to_string(count) +
-                         " present)");
+      return Unavailable("cuda: no device " + std::to_string(o.device) + " (" +
+                         std::to_string(count) + " present)");
     }
     auto b = std::unique_ptr<CudaBackend>(new CudaBackend());
     b->device_ = o.device;
     if ((e = cudaSetDevice(o.device)) != cudaSuccess) return CudaError("setting the device", e);
     cudaDeviceProp prop{};
-    if ((e = cudaGetDeviceProperties(&prop, o.device)) != cudaSuccess) return CudaError("device properties", e);
+    if ((e = cudaGetDeviceProperties(&prop, o.device)) != cudaSuccess)
+      return CudaError("device properties", e);
     b->description_ = std::string(prop.name) + " (cuda:" + std::to_string(o.device) + ")";
     int ro = 0;
     cudaDeviceGetAttribute(&ro, cudaDevAttrHostRegisterReadOnlySupported, o.device);
     b->read_only_registration_ = ro != 0;
     for (int i = 0; i < o.streams; ++i) {
       cudaStream_t s;
-      if ((e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)) != cudaSuccess) return CudaError("stream", e);
+      if ((e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)) != cudaSuccess)
+        return CudaError("stream", e);
       b->streams_.push_back(s);
     }
     for (int i = 0; i < o.events; ++i) {
       cudaEvent_t ev;
-      if ((e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming)) != cudaSuccess) return CudaError("event", e);
+      if ((e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming)) != cudaSuccess)
+        return CudaError("event", e);
       b->events_.push_back(ev);
     }
     b->recorded_.assign(b->events_.size(), 0);
@@ -73,14 +77,16 @@ class CudaBackend : public Backend {
   Result<void*> AllocPinned(size_t bytes) override {
     void* p = nullptr;
     cudaError_t e = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
-    if (e != cudaSuccess) return CudaError("pinned allocation of " + std::to_string(bytes) + " bytes", e);
+    if (e != cudaSuccess)
+      return CudaError("pinned allocation of " + std::to_string(bytes) + " bytes", e);
     return p;
   }
   void FreePinned(void* p) override { cudaFreeHost(p); }
   Result<void*> AllocDevice(size_t bytes) override {
     void* p = nullptr;
     cudaError_t e = cudaMalloc(&p, bytes);
-    if (e != cudaSuccess) return CudaError("device allocation of " + std::to_string(bytes) + " bytes", e);
+    if (e != cudaSuccess)
+      return CudaError("device allocation of " + std::to_string(bytes) + " bytes", e);
     return p;
   }
   void FreeDevice(void* p) override { cudaFree(p); }
@@ -99,21 +105,28 @@ class CudaBackend : public Backend {
   void Unregister(void* p) override { cudaHostUnregister(p); }
 
   Status CopyAsync(void* dst, const void* src, size_t bytes, Direction dir, int stream) override {
-    if (stream < 0 || stream >= streams()) return InvalidArgument("copy: no stream " + std::to_string(stream));
-    cudaMemcpyKind kind = dir == Direction::kHostToDevice ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
+    if (stream < 0 || stream >= streams())
+      return InvalidArgument("copy: no stream " + std::to_string(stream));
+    cudaMemcpyKind kind =
+        dir == Direction::kHostToDevice ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
     cudaError_t e = cudaMemcpyAsync(dst, src, bytes, kind, streams_[static_cast<size_t>(stream)]);
-    return e == cudaSuccess ? Status::Ok() : CudaError("copy of " + std::to_string(bytes) + " bytes", e);
+    return e == cudaSuccess ? Status::Ok()
+                            : CudaError("copy of " + std::to_string(bytes) + " bytes", e);
   }
   Status RecordEvent(int event, int stream) override {
-    if (event < 0 || event >= events()) return InvalidArgument("event " + std::to_string(event) + " out of range");
-    if (stream < 0 || stream >= streams()) return InvalidArgument("record: no stream " + std::to_string(stream));
-    cudaError_t e = cudaEventRecord(events_[static_cast<size_t>(event)], streams_[static_cast<size_t>(stream)]);
+    if (event < 0 || event >= events())
+      return InvalidArgument("event " + std::to_string(event) + " out of range");
+    if (stream < 0 || stream >= streams())
+      return InvalidArgument("record: no stream " + std::to_string(stream));
+    cudaError_t e =
+        cudaEventRecord(events_[static_cast<size_t>(event)], streams_[static_cast<size_t>(stream)]);
     if (e != cudaSuccess) return CudaError("recording an event", e);
     recorded_[static_cast<size_t>(event)] = 1;  // each event is owned by one engine thread
     return Status::Ok();
   }
   Status WaitEvent(int event) override {
-    if (event < 0 || event >= events()) return InvalidArgument("event " + std::to_string(event) + " out of range");
+    if (event < 0 || event >= events())
+      return InvalidArgument("event " + std::to_string(event) + " out of range");
     if (!recorded_[static_cast<size_t>(event)]) return Status::Ok();
     cudaError_t e = cudaEventSynchronize(events_[static_cast<size_t>(event)]);
     return e == cudaSuccess ? Status::Ok() : CudaError("waiting for copies", e);
