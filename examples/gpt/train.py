@@ -81,6 +81,9 @@ def parse_args(argv=None):
                     "wait for the runner's next message <PREFIX><n>.json and go on in the same process")
     ap.add_argument("--warm-spare", action="store_true", help="with --warm-control: started ahead, wait for the "
                     "first segment's arguments")
+    ap.add_argument("--no-warm-keep", action="store_true", help="with --warm-control: do not keep the state "
+                    "written at a stop for the next load (by default the tensors the plan leaves unchanged are "
+                    "reused on their device instead of read from the store; they stay allocated while parked)")
     elastic_train.add_args(ap)
     ap.add_argument("--flextp-straggler", type=int, metavar="T",
                     help="FlexTP-style per-step offload (flextp.py): tp rank T keeps 12.5%% of the input "
@@ -192,20 +195,31 @@ class Trainer:
         self.restore(f"checkpoint {directory}", checkpoint.read_info(directory),
                      lambda: checkpoint.read_rank(directory, self.rank))
 
-    def load_handoff(self, path):
+    def load_handoff(self, path, keep=None):
+        """Loads the hand-off `path`; with `keep` (a warm worker's handoff.KeptState of
+        its last stop) the tensors whose files the plan linked unchanged are reused."""
         h = handoff.read(path)
         # (A warm worker re-joins at every change: one read per tensor, no map. On a GPU
         # the files go straight into device tensors.)
+        if keep is not None:
+            device = self.device if self.device.type == "cuda" else None
+            self.restore(f"hand-off {path}", h, lambda: handoff.read_rank(h, self.rank, device=device, keep=keep))
+            return
         if self.device.type == "cuda":
             self.restore(f"hand-off {path}", h, lambda: handoff.read_rank(h, self.rank, device=self.device))
             return
         read = handoff.read_rank if self.args.warm_control else handoff.map_rank
         self.restore(f"hand-off {path}", h, lambda: read(h, self.rank))
 
-    def save_handoff(self, path):
+    def save_handoff(self, path, keep=None):
+        """Writes the state into the hand-off `path`; with `keep` (a warm worker's stop)
+        the written tensors are kept for the next segment's load (handoff.KeptState)."""
         t0 = time.perf_counter()
         handoff.wait_for(path, self.args.timeout, warm.ABORT)  # the runner opens versions one by one
-        handoff.write_rank(handoff.read(path), self.rank, self.state_tensors())
+        h, tensors = handoff.read(path), self.state_tensors()
+        handoff.write_rank(h, self.rank, tensors)
+        if keep is not None:
+            keep.remember(h, self.rank, tensors)
         dist.barrier()
         if self.rank == 0:
             handoff.write_result(path, self.step, self.samples_consumed, durable=not self.args.warm_control)
@@ -407,6 +421,10 @@ def run_segment(args, control=None):
         control.watch()  # the runner's abort (a failed peer) breaks this world's connections
     stamp("pg", time.perf_counter())
     rank = args.world_rank
+    # A warm worker keeps the state it wrote at its last stop, on its device, and reuses
+    # the tensors the plan left unchanged (linked) instead of reading them again; on the
+    # CPU too (it saves the copy out of shared memory), so CPU runs exercise it.
+    keep = control.kept if control is not None and not args.no_warm_keep else None
     trainer = Trainer(args, model, cfg, rank)
     stamp("trainer", time.perf_counter())
     if args.load_dir:
@@ -415,12 +433,18 @@ def run_segment(args, control=None):
         if control is not None:  # the runner's transform ran while we joined the new world
             or_fail(rank, lambda path: handoff.wait_for(path, args.timeout, warm.ABORT), args.state_in)
             stamp("transformed", time.perf_counter())
-        or_fail(rank, trainer.load_handoff, args.state_in)
+        or_fail(rank, lambda path: trainer.load_handoff(path, keep), args.state_in)
     if control is not None:
         stamp("loaded", time.perf_counter())
         if rank == 0:
-            trainer.log_event(warm.join_event(control.times, trainer.step))
+            ev = warm.join_event(control.times, trainer.step)
+            if keep is not None and keep.stats:  # rank 0's own tensors
+                st = keep.stats
+                ev.update(kept_tensors=st["kept_tensors"], kept_mb=round(st["kept_bytes"] / 1e6, 3),
+                          loaded_tensors=st["loaded_tensors"], loaded_mb=round(st["loaded_bytes"] / 1e6, 3))
+            trainer.log_event(ev)
         control.times.clear()
+        control.kept.clear()  # (used by the load, or none was: not for a later segment)
     if args.save_at is not None and not trainer.step <= args.save_at <= trainer.step + args.steps:
         fail(f"--save-at {args.save_at} is outside the steps of this run "
              f"({trainer.step} to {trainer.step + args.steps})")
@@ -445,7 +469,7 @@ def run_segment(args, control=None):
     if args.save_dir and args.save_at in (None, trainer.step):
         or_fail(rank, trainer.save, args.save_dir)
     if args.state_out:
-        or_fail(rank, trainer.save_handoff, args.state_out)
+        or_fail(rank, lambda path: trainer.save_handoff(path, keep), args.state_out)
     stamp("saved", time.perf_counter())
     if not (control and args.state_out):
         dist.barrier()  # (with a hand-off the commit's barrier is the last collective)

@@ -28,6 +28,8 @@ import time
 
 import torch.distributed as dist
 
+from . import handoff
+
 # Set while the runner has aborted the current segment (read by handoff waits).
 ABORT = threading.Event()
 
@@ -87,6 +89,9 @@ class Control:
         # perf_counter() times of this worker's phases (rank 0 logs them as "warm_join"):
         # "saved" (its state written), "parked", "message" (the next segment's read).
         self.times = {}
+        # The state this worker wrote at its last stop, for its next load (the client's:
+        # handoff.KeptState.remember at the stop, read_rank(keep=) at the load).
+        self.kept = handoff.KeptState()
         self._stop = threading.Event()
         self._thread = None
 
@@ -193,6 +198,7 @@ def serve(args, argv, parse_args, run_segment):
             except Exception as e:  # noqa: BLE001 - a failed peer shows as any error
                 if not control.failed(e):
                     raise
+                control.kept.clear()  # the next state need not come from this segment's stop
                 print(f"warm worker: segment aborted by the runner ({type(e).__name__}: {str(e)[:200]})",
                       flush=True)
         spare = False
