@@ -31,7 +31,7 @@ variant: median and mean step time, the overhead of the median against the basel
 (goal for async: < 5 %), the loop's own time at the boundary, and for async the snapshot's
 and the background write's time. The pinned device-to-host limit is measured in the same run.
 
-Writes device_commit_<device>.csv into --out (default docs/benchmarks) and prints a table.
+Writes device_commit_<device>[_every<N>].csv into --out (default docs/benchmarks) and prints a table.
 Usage: device_commit.py [--device cuda|cpu] [--steps 30] [--hidden 6144 --layers 4] [--out DIR]
 """
 from __future__ import annotations
@@ -128,14 +128,24 @@ def calibrate(a: argparse.Namespace) -> int:
     return out
 
 
+PHASES: dict[str, list[float]] = {"allocate": [], "engine": [], "commit": []}
+
+
 def write_version(st: Any, step: int, snap: State) -> int:
     """A new version holding snap: files allocated by the store, filled by the copy
-    engine, committed. Runs in AsyncCommit's writer thread."""
+    engine, committed (each phase timed into PHASES). Runs in AsyncCommit's writer thread."""
+    t0 = time.perf_counter()
     v = st.begin(JOB, info={"step": step})
     prefix = f"jobs/{JOB}/{v}/rank-00000/"
-    infos = st._s.allocate([(prefix + k, tenplex.store._NAME_OF[t.dtype], list(t.shape)) for k, t in snap.items()])
+    infos = st._s.allocate([(prefix + k, tenplex.store._NAME_OF[t.dtype], list(t.shape)) for k, t in snap.items()],
+                            zero_fill=False)
+    t1 = time.perf_counter()
     tdev.commit_files([(k, t, info["file"]) for (k, t), info in zip(snap.items(), infos)])
+    t2 = time.perf_counter()
     st.commit(JOB, v)
+    t3 = time.perf_counter()
+    for name, d in (("allocate", t1 - t0), ("engine", t2 - t1), ("commit", t3 - t2)):
+        PHASES[name].append(d)
     return v
 
 
@@ -152,9 +162,8 @@ class Committer:
 
     def submit(self, step: int, state: State) -> None:
         if self.variant == "blocking":
-            v = self.st.begin(JOB, info={"step": step})
-            self.st.save_state(JOB, v, 0, state)
-            self.st.commit(JOB, v)
+            sync(next(iter(state.values())).device.type)  # the step's kernels: not the commit's time
+            write_version(self.st, step, state)
         elif self.variant == "async":
             self.flush()
             self.ac.start(state, lambda snap: write_version(self.st, step, snap))
@@ -218,6 +227,8 @@ def run_variant(variant: str, a: argparse.Namespace, batch: int, failures: list[
     tr = Trainer(a.hidden, a.layers, batch, dev)
     state = tr.state()
     c = Committer(variant, st)
+    for v in PHASES.values():
+        v.clear()
     check = a.warmup + a.steps // 2
     step_s: list[float] = []
     boundary_s: list[float] = []
@@ -229,7 +240,7 @@ def run_variant(variant: str, a: argparse.Namespace, batch: int, failures: list[
         t_b = time.perf_counter()
         if variant != "baseline" and step == check:
             problems += check_snapshot(c, st, step, state, dev)
-        elif variant != "baseline":
+        elif variant != "baseline" and (step % a.every == 0 or step == total - 1):
             c.submit(step, state)
         t = time.perf_counter()
         if step >= a.warmup and step != check:
@@ -254,7 +265,12 @@ def run_variant(variant: str, a: argparse.Namespace, batch: int, failures: list[
            "boundary_ms": round(statistics.mean(boundary_s) * 1e3, 2),
            "verified": "" if st is None else ("yes" if not problems else "NO"),
            "snapshot_ms": round(statistics.mean(c.snapshot_s) * 1e3, 2) if c.snapshot_s else "",
-           "write_ms": round(statistics.mean(c.write_s) * 1e3, 2) if c.write_s else ""}
+           "write_ms": round(statistics.mean(c.write_s) * 1e3, 2) if c.write_s else "", "every": a.every}
+    for name, ds in PHASES.items():  # where a write's time goes (blocking and async)
+        row[f"{name}_ms"] = round(statistics.median(ds) * 1e3, 2) if ds else ""
+    if any(PHASES.values()):
+        log.info("%s: write phases (median ms): %s", variant,
+                 ", ".join(f"{k} {row[k + '_ms']}" for k in PHASES if PHASES[k]))
     del tr, state, c
     if dev == "cuda":
         torch.cuda.empty_cache()
@@ -266,7 +282,7 @@ def print_table(rows: list[dict[str, Any]], info: dict[str, str], a: argparse.Na
     sys.stdout.flush()
     if not rows:
         return
-    print(f"\ncommit every step from {a.device} ({info['device_name']}; memlock {info['memlock']}, NUMA node "
+    print(f"\ncommit every {a.every} step(s) from {a.device} ({info['device_name']}; memlock {info['memlock']}, NUMA node "
           f"{info['numa_node']}, torch {info['torch']}); state {rows[0]['state_bytes'] / GB:.2f} GB, "
           f"batch {batch}, D2H limit {limit:.1f} GB/s")
     print(f"{'variant':<10} {'steps':>5} {'step ms':>8} {'mean':>8} {'overhead':>9} {'boundary ms':>11} "
@@ -294,6 +310,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     ap.add_argument("--batch", type=int, help="a fixed batch instead of calibrating one")
     ap.add_argument("--max-batch", type=int, default=65536)
     ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--every", type=int, default=1, help="commit every N steps (the checked and the last step always commit)")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(HERE), "docs", "benchmarks"))
     a = ap.parse_args(argv)
     if a.device == "cuda" and not torch.cuda.is_available():
@@ -335,7 +352,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         r.update({"device": a.device, "limit_d2h_gbps": round(limit, 2), **info})
     print_table(rows, info, a, batch, limit)
     if rows:
-        write_rows(a.out, f"device_commit_{a.device}.csv", rows, "device_commit")
+        name = f"device_commit_{a.device}" + ("" if a.every == 1 else f"_every{a.every}")
+        write_rows(a.out, name + ".csv", rows, "device_commit")
     for f in failures:
         log.error("FAILED: %s", f)
     return 1 if failures or not rows else 0

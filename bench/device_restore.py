@@ -441,15 +441,20 @@ def print_table(rows: list[dict[str, Any]], info: dict[str, str], device: str) -
 
 
 def parse_variant(ap: argparse.ArgumentParser, text: str) -> tuple[str, dict[str, int]]:
-    """("t8,c16", {"threads": 8, "chunk_bytes": 16 MiB}) of "8x16"; "8x16x4" sets slots too."""
+    """("t8,c16", {"threads": 8, "chunk_bytes": 16 MiB}) of "8x16"; the chunk in KiB with a
+    k ("8x512k": slots small enough to stay in the CPU's cache); "8x16x4" sets slots too."""
+    parts = text.split("x")
     try:
-        nums = [int(x) for x in text.split("x")]
+        nums = [int(x) for x in parts if not x.endswith("k")]
+        kib = len(parts) >= 2 and parts[1].endswith("k")
+        if kib:
+            nums.insert(1, int(parts[1][:-1]))
     except ValueError:
         nums = []
     if not 2 <= len(nums) <= 3:
-        ap.error(f"--staged-variants: {text!r} is not THREADSxCHUNK_MB[xSLOTS]")
-    opts = {"threads": nums[0], "chunk_bytes": nums[1] * MIB}
-    key = f"t{nums[0]},c{nums[1]}"
+        ap.error(f"--staged-variants: {text!r} is not THREADSxCHUNK_MB[xSLOTS] (CHUNK in KiB with a k)")
+    opts = {"threads": nums[0], "chunk_bytes": nums[1] * (1024 if kib else MIB)}
+    key = f"t{nums[0]},c{nums[1]}{'k' if kib else ''}"
     if len(nums) == 3:
         opts["slots"] = nums[2]
         key += f",s{nums[2]}"

@@ -11,16 +11,20 @@
 #               the CLI and tenplex_device_test with -DTENPLEX_CUDA=ON; a store round trip
 #               (with ldd and the loaded libraries when it fails)             -> build.log
 #   c. tests    tenplex_device_test (the engine on the CPU and CUDA backends)  -> tests.log
-#   d. benches  bench/device_restore.py and bench/device_commit.py              -> bench.log,
-#               device_restore_<dev>.csv, device_commit_<dev>.csv
+#   d. benches  bench/device_restore.py, bench/device_commit.py (every step and  -> bench.log,
+#               every GPU_CHECK_EVERY steps)  device_restore_<dev>.csv,
+#               device_commit_<dev>.csv, device_commit_<dev>_every<N>.csv
 #   e. tests    tests/device_test.py (--cuda on a GPU: its CUDA parts)         -> tests.log
-#   f. train    examples/gpt/launch.py --device <dev>, 4 steps                  -> train.log
+#   f. train    examples/gpt/launch.py --device <dev>, 4 steps                  -> tests.log
 # and summary.txt (every step's result and the benchmark tables): 8 files at most.
 # Without a GPU (a dry run) the benches run small in their cpu mode. Environment:
 #   GPU_CHECK_PY          interpreter (default python3: the GPU machine's torch venv)
 #   GPU_CHECK_BUILD_DIR   CMake build directory (default /tmp/tenplex-build)
 #   GPU_CHECK_SKIP_BUILD  1: use GPU_CHECK_BUILD_DIR and python/tenplex's module as they are
 #   GPU_CHECK_SIZES       restore sizes in GB (default 1,4,16 on cuda, 0.05,0.2 on cpu)
+#   GPU_CHECK_STAGED      the restore's staged variants (THREADSxCHUNK_MB, k for KiB)
+#   GPU_CHECK_RESTORE_ARGS more arguments of bench/device_restore.py (e.g. --no-peers)
+#   GPU_CHECK_COMMIT_STEPS, GPU_CHECK_EVERY  the commit bench's steps and interval
 set -euo pipefail
 OUT=${1:?usage: scripts/gpu_check.sh OUTDIR}
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
@@ -80,6 +84,12 @@ deps() {
   # Debian's pybind11 (2.10) does not support Python 3.12: the module crashed with it.
   rm -rf "$P/include/pybind11" "$P/lib/cmake/pybind11" "$P/share/cmake/pybind11" "$L/cmake/pybind11" \
     "$P/share/pkgconfig/pybind11.pc"
+  # OpenSSL from the system (Ubuntu's 3.0.x; Debian's headers are of the same ABI): with
+  # Debian's libssl.so.3 on LD_LIBRARY_PATH, a process that had loaded the system's
+  # libcrypto first (python's hashlib) crashed in the HTTP client, and one that loaded
+  # ours first crashed importing torch (free(): invalid pointer), on the first GPU run.
+  rm -f "$L"/libssl.so* "$L"/libcrypto.so* "$L"/pkgconfig/{libssl,libcrypto,openssl}.pc
+  rm -rf "$L/engines-3" "$L/ossl-modules"
   echo "unpacked ${#debs[@]} packages into $PFX"
   if ls .gpu-deps/*.whl >/dev/null 2>&1 && ! "$PY" -c 'import numpy' 2>/dev/null; then
     "$PY" -m pip install --no-index --no-deps --target "$PFX/py" .gpu-deps/*.whl || echo "pip: wheels not installed"
@@ -97,8 +107,14 @@ build() {
   ninja -C "$B" tenplex_device_test
 }
 smoke() {
+  # tenplex before torch, as examples/gpt/launch.py imports them; then the HTTP client
+  "$PY" -c 'import tenplex, hashlib, ssl, torch; print("import order tenplex, torch: ok")' || return 1
   if "$PY" -c 'import torch, tenplex
 from tenplex import _tenplex
+try:
+    _tenplex.Store.connect("http://127.0.0.1:9", "")
+except _tenplex.Error as e:
+    print("client: refused as expected:", type(e).__name__)
 st = tenplex.attach(); v = st.begin("j"); t = torch.arange(1000.0)
 st.save_state("j", v, 0, {"t": t}); st.commit("j", v)
 assert torch.equal(st.load_state("j", 0)["t"], t), "bytes differ"
@@ -126,9 +142,13 @@ py_tests() {  # on a GPU only the CUDA parts: CI runs the rest on every commit
 }
 restore_bench() {
   "$PY" bench/device_restore.py --device "$DEV" --sizes "$SIZES" --staged-variants "$STAGED" \
-    --budget-s 6 --out "$OUT"
+    --budget-s 6 --out "$OUT" ${GPU_CHECK_RESTORE_ARGS:-}
 }
-commit_bench() { "$PY" bench/device_commit.py --device "$DEV" --out "$OUT" --steps "$COMMIT_STEPS"; }
+commit_bench() {  # every step, and every GPU_CHECK_EVERY steps (default 4)
+  "$PY" bench/device_commit.py --device "$DEV" --out "$OUT" --steps "$COMMIT_STEPS"
+  "$PY" bench/device_commit.py --device "$DEV" --out "$OUT" --steps "$COMMIT_STEPS" --every "${GPU_CHECK_EVERY:-4}" \
+    --variants baseline,async,async-api
+}
 train() {
   grep -q -- '"--device"' examples/gpt/train.py || { echo "train.py has no --device: skipped"; return 0; }
   "$B/bin/tenplex" model gpt -o /tmp/gpu-check-model.json --num-layers 2 --hidden-size 64 \
@@ -150,7 +170,7 @@ if [[ ${GPU_CHECK_SKIP_BUILD:-0} == 1 ]]; then note "skipped build: GPU_CHECK_SK
 else step build 300 build.log build; fi
 step smoke 60 build.log smoke
 if "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
-  export DEV=cuda SIZES=${GPU_CHECK_SIZES:-1,4,16} COMMIT_STEPS=30 STAGED=8x16,12x32
+  export DEV=cuda SIZES=${GPU_CHECK_SIZES:-1,4,16} COMMIT_STEPS=${GPU_CHECK_COMMIT_STEPS:-30} STAGED=${GPU_CHECK_STAGED:-8x16,12x32}
 else
   export DEV=cpu SIZES=${GPU_CHECK_SIZES:-0.05,0.2} COMMIT_STEPS=8 STAGED=2x4
   note "torch sees no CUDA device: the benches and the training run on the cpu"
@@ -158,11 +178,11 @@ fi
 # The figures first (the engine's C++ tests are quick), then the Python device tests.
 step cxx_tests 60 tests.log cxx_tests
 step device_restore 150 bench.log restore_bench
-step device_commit 80 bench.log commit_bench
+step device_commit 150 bench.log commit_bench
 step py_tests 150 tests.log py_tests
-step train 45 train.log train
+step train 45 tests.log train
 # The benchmark tables, and every log cut to its last 4 MiB.
-awk '/^(restore onto|commit every step)/{p=1} /^\[device_(restore|commit)\] wrote/{p=0} p' "$OUT/bench.log" \
+awk '/^(restore onto|commit every)/{p=1} /^\[device_(restore|commit)\] wrote/{p=0} p' "$OUT/bench.log" \
   >> "$OUT/summary.txt" 2>/dev/null || true
 for f in "$OUT"/*.log "$OUT"/env.txt; do
   if [[ -f $f ]] && (( $(stat -c %s "$f") > 4194304 )); then tail -c 4194304 "$f" > "$f.tmp"; mv "$f.tmp" "$f"; fi

@@ -83,7 +83,8 @@ class PyStore {
   }
   // Creates zero-filled tensors and returns their infos (with shared-memory files).
   pyb::list Allocate(
-      const std::vector<std::tuple<std::string, std::string, std::vector<int64_t>>>& reqs) {
+      const std::vector<std::tuple<std::string, std::string, std::vector<int64_t>>>& reqs,
+      bool zero_fill) {
     std::vector<store::Store::AllocRequest> rs;
     for (const auto& [path, dtype, shape] : reqs)
       rs.push_back({path, Take(ParseDType(dtype)), shape});
@@ -92,7 +93,7 @@ class PyStore {
     Result<std::vector<store::TensorInfo>> infos = Internal("allocate: not run");
     {
       pyb::gil_scoped_release release;
-      infos = store_ ? store_->AllocateMany(rs) : client_->Allocate(rs);
+      infos = store_ ? store_->AllocateMany(rs, zero_fill) : client_->Allocate(rs, zero_fill);
     }
     pyb::list out;
     for (const auto& t : Take(std::move(infos))) out.append(InfoDict(t));
@@ -165,7 +166,7 @@ void register_store(pyb::module_& m) {
       .def("delete_job", &PyStore::DeleteJob, pyb::arg("job"))
       .def("drop_version", &PyStore::DropVersion, pyb::arg("job"), pyb::arg("version"))
       .def("list", &PyStore::List)
-      .def("allocate", &PyStore::Allocate)
+      .def("allocate", &PyStore::Allocate, pyb::arg("tensors"), pyb::arg("zero_fill") = true)
       .def("write", &PyStore::Write)
       .def("read", &PyStore::Read);
 }

@@ -92,7 +92,7 @@ class Store:
         items = [(name, t.detach() if t.is_cuda else t.detach().contiguous()) for name, t in tensors.items()]
         if self.local:
             reqs = [(prefix + name, _NAME_OF[t.dtype], list(t.shape)) for name, t in items]
-            infos = self._s.allocate(reqs)
+            infos = self._s.allocate(reqs, zero_fill=False)  # every byte is written below
             on_device = []
             for (name, t), info in zip(items, infos):
                 if t.numel() == 0:
@@ -121,7 +121,8 @@ class Store:
             self._async = _device.AsyncCommit()
         if self.local:
             prefix = _rank_prefix(job, version, rank)
-            infos = self._s.allocate([(prefix + name, _NAME_OF[t.dtype], list(t.shape)) for name, t in tensors.items()])
+            infos = self._s.allocate([(prefix + name, _NAME_OF[t.dtype], list(t.shape)) for name, t in tensors.items()],
+                                     zero_fill=False)
             files = {name: info["file"] for name, info in zip(tensors, infos)}
 
             def write(snap):

@@ -246,8 +246,9 @@ class Store {
   // Several tensors created at once (for local processes that map or pwrite their
   // files): all succeed or none is created. Their pages are always allocated (and
   // zeroed) now, so a full file system is ResourceExhausted here and a map of them never
-  // gets SIGBUS; zero_fill is kept for the API (false used to make sparse files, which a
-  // reader of an unwritten page on a full file system died of).
+  // gets SIGBUS. zero_fill false: the caller writes every byte before the commit, so a
+  // file recycled from the job's pool is not zeroed (it holds an older tensor of the
+  // same job until then); fresh files are zeros either way.
   struct AllocRequest {
     std::string path;
     DType dtype = DType::kF32;

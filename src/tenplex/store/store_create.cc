@@ -79,9 +79,12 @@ Status ZeroByPwrite(const std::string& file, uint64_t bytes) {
 // completely by fill or zeroed (through its kept map when it has one), so no byte of
 // the tensor it held before stays visible. A clean file (pre-sized, never written) is
 // all zeros already: truncating it only shortens it, so it is not zeroed again. Adds
-// the bytes of a clean file so used to *clean.
+// the bytes of a clean file so used to *clean. overwrite: the caller writes every byte
+// before the version commits (AllocateMany with zero_fill false, e.g. a commit from a
+// device through the copy engine), so the file is not zeroed either; until then it
+// holds an older tensor of the same job (the pool is per job).
 Status Recycle(PendingTensor& p, const std::function<Status(TensorSink&)>* fill, bool map,
-               std::atomic<uint64_t>* clean) {
+               std::atomic<uint64_t>* clean, bool overwrite) {
   PoolEntry e = std::move(*p.reuse);
   p.reuse.reset();
   p.tmp = e.file;
@@ -102,6 +105,8 @@ Status Recycle(PendingTensor& p, const std::function<Status(TensorSink&)>* fill,
   }
   if (e.clean) {
     clean->fetch_add(p.bytes, std::memory_order_relaxed);
+  } else if (overwrite) {
+    // not zeroed: every byte is written by the caller
   } else if (e.map) {
     ParallelZero(e.map->data(), p.bytes);
   } else {
@@ -115,9 +120,9 @@ Status Recycle(PendingTensor& p, const std::function<Status(TensorSink&)>* fill,
 // map) mapped writable into p.map. p.tmp is set once there is a file to remove.
 Status WriteTmp(PendingTensor& p, const std::string& tmp,
                 const std::function<Status(TensorSink&)>* fill, bool map,
-                std::atomic<uint64_t>* clean) {
+                std::atomic<uint64_t>* clean, bool overwrite) {
   if (p.reuse) {
-    Status s = Recycle(p, fill, map, clean);
+    Status s = Recycle(p, fill, map, clean, overwrite);
     if (s.ok() || fill) return s;
     // A recycled file that failed (an internal error): a fresh one instead.
     if (!p.tmp.empty()) ::unlink(p.tmp.c_str());
@@ -177,7 +182,7 @@ Status Store::Impl::ReserveForCreate(std::vector<PendingTensor>& pend, uint64_t 
 Result<std::vector<TensorInfo>> Store::Impl::Create(const std::vector<AllocRequest>& reqs,
                                                     const Fill* fill,
                                                     std::vector<std::shared_ptr<ShmMapping>>* maps,
-                                                    bool /*zero_fill: always allocated*/) {
+                                                    bool zero_fill) {
   uint64_t total = 0;
   TP_ASSIGN_OR_RETURN(std::vector<PendingTensor> pend, SizeRequests(reqs, &total));
   if (fill && reqs.size() != 1) return Internal("Store: a filled create takes one tensor");
@@ -185,7 +190,7 @@ Result<std::vector<TensorInfo>> Store::Impl::Create(const std::vector<AllocReque
   Sweep();  // files the reservation evicted from the pool
   TP_RETURN_IF_ERROR(reserved);
   for (PendingTensor& p : pend) {
-    Status s = WriteTmp(p, TmpName(), fill, maps != nullptr, &clean_reused);
+    Status s = WriteTmp(p, TmpName(), fill, maps != nullptr, &clean_reused, !zero_fill);
     if (s.ok()) continue;
     for (PendingTensor& q : pend) {
       if (!q.tmp.empty()) ::unlink(q.tmp.c_str());
