@@ -341,6 +341,7 @@ class SizeRun:
             items = [(src.files[k][0], 0, src.files[k][1], self.dst[k].data_ptr()) for k in self.state]
             runs = [(f"engine-{m}", m, {}) for m in ("staged", "registered")]
             runs += [(f"engine-staged[{k}]", "staged", opts) for k, opts in self.a.staged_variants]
+            runs += [(f"engine-registered[{k}]", "registered", opts) for k, opts in self.a.registered_variants]
             for method, mode, opts in runs:
                 try:
                     eng = open_engine(self.a.device, mode, self.a, **opts)
@@ -478,12 +479,15 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     ap.add_argument("--staged-variants", default="",
                     help="more staged runs with other engine options, THREADSxCHUNK_MB[xSLOTS] comma-separated "
                     "(e.g. 8x16,12x32x4)")
+    ap.add_argument("--registered-variants", default="",
+                    help="more registered runs (chunks locked in place), the same THREADSxCHUNK_MB[xSLOTS] form")
     ap.add_argument("--shm-root", default="/dev/shm")
     ap.add_argument("--out", default=os.path.join(REPO, "docs", "benchmarks"))
     a = ap.parse_args(argv)
     if a.device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: torch sees no CUDA device")
     a.staged_variants = [parse_variant(ap, v) for v in a.staged_variants.split(",") if v]
+    a.registered_variants = [parse_variant(ap, v) for v in a.registered_variants.split(",") if v]
     a.sizes = [float(x) for x in (a.sizes or ("1,4,16" if a.device == "cuda" else "0.25,1")).split(",")]
     return a
 

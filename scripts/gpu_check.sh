@@ -23,6 +23,7 @@
 #   GPU_CHECK_SKIP_BUILD  1: use GPU_CHECK_BUILD_DIR and python/tenplex's module as they are
 #   GPU_CHECK_SIZES       restore sizes in GB (default 1,4,16 on cuda, 0.05,0.2 on cpu)
 #   GPU_CHECK_STAGED      the restore's staged variants (THREADSxCHUNK_MB, k for KiB)
+#   GPU_CHECK_REGISTERED  the restore's registered variants (the same form)
 #   GPU_CHECK_RESTORE_ARGS more arguments of bench/device_restore.py (e.g. --no-peers)
 #   GPU_CHECK_COMMIT_STEPS, GPU_CHECK_EVERY  the commit bench's steps and interval
 set -euo pipefail
@@ -142,6 +143,7 @@ py_tests() {  # on a GPU only the CUDA parts: CI runs the rest on every commit
 }
 restore_bench() {
   "$PY" bench/device_restore.py --device "$DEV" --sizes "$SIZES" --staged-variants "$STAGED" \
+    --registered-variants "${GPU_CHECK_REGISTERED:-}" \
     --budget-s 6 --out "$OUT" ${GPU_CHECK_RESTORE_ARGS:-}
 }
 commit_bench() {  # every step, and every GPU_CHECK_EVERY steps (default 4)

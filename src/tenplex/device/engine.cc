@@ -180,6 +180,8 @@ Result<CopyStats> CopyEngine::Run(const std::vector<Span>& spans, Direction dir)
   Status st;
   if (options_.mode == Mode::kRegistered) {
     st = RunRegistered(spans, files.fds(), dir, stats);
+    // A refusal: all over again staged (every byte is written again, so a half-done
+    // registered pass leaves nothing behind).
     if (!st.ok() && !stats.fallback.empty()) st = RunStaged(spans, files.fds(), dir, stats);
   } else {
     st = RunStaged(spans, files.fds(), dir, stats);
@@ -189,15 +191,12 @@ Result<CopyStats> CopyEngine::Run(const std::vector<Span>& spans, Direction dir)
   return stats;
 }
 
-// Worker t of the staged path: every threads-th chunk, through its own ring of slots.
-// A chunk is "issued" (restore: read into the slot, copy queued; commit: copy queued)
-// and later "completed" (restore: nothing; commit: the slot written to the file) after
-// its slot's event; a slot is issued again only after its last chunk completed.
-Status CopyEngine::RunStaged(const std::vector<Span>& spans, const std::vector<int>& fds,
-                             Direction dir, CopyStats& stats) {
-  std::vector<Chunk> chunks = SplitChunks(spans, options_.chunk_bytes);
-  stats.mode = "staged";
-  stats.chunks = chunks.size();
+// The pipeline both paths share. Worker t takes every threads-th chunk; a chunk is
+// issued on slot t * slots + i (its event) and completed once the slot comes round
+// again (or at the end): complete waits for the slot's event, then runs `done`. So each
+// worker keeps up to `slots` chunks in flight, and the workers' streams overlap.
+Status CopyEngine::RunPipeline(const std::vector<Chunk>& chunks, const IssueFn& issue,
+                               const DoneFn& done) {
   const int threads =
       static_cast<int>(std::min<size_t>(static_cast<size_t>(options_.threads), chunks.size()));
   FirstError error;
@@ -210,33 +209,20 @@ Status CopyEngine::RunStaged(const std::vector<Span>& spans, const std::vector<i
       auto [c, slot] = inflight.front();
       inflight.pop_front();
       Status s = backend_->WaitEvent(slot);
-      if (s.ok() && dir == Direction::kDeviceToHost && !error.failed()) {
-        const Span& sp = spans[c->span];
-        s = FullIo(fds[c->span], slots_[static_cast<size_t>(slot)], c->bytes, sp.offset + c->offset,
-                   dir, sp.path);
-      }
-      error.Set(s);
+      Status d = done(*c, slot, s.ok() && !error.failed());
+      error.Set(s.ok() ? d : s);
     };
     int next = 0;
     for (size_t k = static_cast<size_t>(t); k < chunks.size() && !error.failed();
          k += static_cast<size_t>(threads)) {
       if (static_cast<int>(inflight.size()) == options_.slots) complete();
-      const Chunk& c = chunks[k];
-      const Span& sp = spans[c.span];
       const int slot = t * options_.slots + next;
       next = (next + 1) % options_.slots;
-      void* buf = slots_[static_cast<size_t>(slot)];
-      auto* dev = reinterpret_cast<char*>(static_cast<uintptr_t>(sp.device)) + c.offset;
-      Status s;
-      if (dir == Direction::kHostToDevice) {
-        s = FullIo(fds[c.span], buf, c.bytes, sp.offset + c.offset, dir, sp.path);
-        if (s.ok()) s = backend_->CopyAsync(dev, buf, c.bytes, dir, stream);
-      } else {
-        s = backend_->CopyAsync(buf, dev, c.bytes, dir, stream);
-      }
+      bool issued = false;
+      Status s = issue(chunks[k], slot, stream, issued);
       if (s.ok()) s = backend_->RecordEvent(slot, stream);
       error.Set(s);
-      if (s.ok()) inflight.emplace_back(&c, slot);
+      if (issued) inflight.emplace_back(&chunks[k], slot);  // its done() must run
     }
     while (!inflight.empty()) complete();
   };
@@ -248,63 +234,91 @@ Status CopyEngine::RunStaged(const std::vector<Span>& spans, const std::vector<i
   return error.Get();
 }
 
-// The registered path: map and page-lock every span in place, then copy directly.
-// A refused registration undoes what was done, sets stats.fallback and returns an
-// error, and Run() goes staged instead.
+// Staged: restore reads the chunk into the slot's pinned buffer and queues its copy to
+// the device; commit queues the copy into the buffer and writes it to the file when done.
+Status CopyEngine::RunStaged(const std::vector<Span>& spans, const std::vector<int>& fds,
+                             Direction dir, CopyStats& stats) {
+  std::vector<Chunk> chunks = SplitChunks(spans, options_.chunk_bytes);
+  stats.mode = "staged";
+  stats.chunks = chunks.size();
+  auto issue = [&](const Chunk& c, int slot, int stream, bool& issued) {
+    const Span& sp = spans[c.span];
+    void* buf = slots_[static_cast<size_t>(slot)];
+    auto* dev = reinterpret_cast<char*>(static_cast<uintptr_t>(sp.device)) + c.offset;
+    Status s;
+    if (dir == Direction::kHostToDevice) {
+      s = FullIo(fds[c.span], buf, c.bytes, sp.offset + c.offset, dir, sp.path);
+      if (s.ok()) s = backend_->CopyAsync(dev, buf, c.bytes, dir, stream);
+    } else {
+      s = backend_->CopyAsync(buf, dev, c.bytes, dir, stream);
+    }
+    issued = s.ok();
+    return s;
+  };
+  auto done = [&](const Chunk& c, int slot, bool ok) {
+    if (!ok || dir == Direction::kHostToDevice) return Status::Ok();
+    const Span& sp = spans[c.span];
+    return FullIo(fds[c.span], slots_[static_cast<size_t>(slot)], c.bytes, sp.offset + c.offset,
+                  dir, sp.path);
+  };
+  return RunPipeline(chunks, issue, done);
+}
+
+// Registered: every span's file is mapped (cheap: no page is touched), and each chunk
+// is page-locked in place just before its copy and unlocked after it, in the pipeline:
+// locking chunk k+1 overlaps the DMA of chunk k, and the workers lock in parallel. A
+// refused registration (or a span that does not start on a page) sets stats.fallback
+// and returns an error once the queued copies drained; Run() then goes staged.
 Status CopyEngine::RunRegistered(const std::vector<Span>& spans, const std::vector<int>& fds,
                                  Direction dir, CopyStats& stats) {
-  struct Map {
-    void* base = nullptr;
-    size_t length = 0;
-    bool registered = false;
-  };
-  std::vector<Map> maps(spans.size());
   const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
   const bool read_only = dir == Direction::kHostToDevice;
-  auto undo = [&]() {
-    for (Map& m : maps) {
-      if (m.registered) backend_->Unregister(m.base);
-      if (m.base != nullptr) munmap(m.base, m.length);
-    }
+  std::vector<std::pair<void*, size_t>> maps(spans.size(), {nullptr, 0});
+  auto unmap = [&]() {
+    for (auto& [base, length] : maps)
+      if (base != nullptr) munmap(base, length);
   };
   for (size_t i = 0; i < spans.size(); ++i) {
     if (spans[i].bytes == 0) continue;
-    uint64_t start = spans[i].offset / page * page;
-    maps[i].length = spans[i].offset + spans[i].bytes - start;
-    void* p = mmap(nullptr, maps[i].length, read_only ? PROT_READ : PROT_READ | PROT_WRITE,
-                   MAP_SHARED, fds[i], static_cast<off_t>(start));
+    if (spans[i].offset % page != 0 || options_.chunk_bytes % page != 0) {
+      stats.fallback = spans[i].path + ": the span or the chunk size is not page-aligned";
+      unmap();
+      return Unavailable(stats.fallback);
+    }
+    void* p = mmap(nullptr, spans[i].bytes, read_only ? PROT_READ : PROT_READ | PROT_WRITE,
+                   MAP_SHARED, fds[i], static_cast<off_t>(spans[i].offset));
     if (p == MAP_FAILED) {
       stats.fallback = "mapping " + spans[i].path + ": " + ErrnoError("mmap", errno).message();
-      maps[i].base = nullptr;
-      undo();
+      unmap();
       return Unavailable(stats.fallback);
     }
-    maps[i].base = p;
-    Status r = backend_->Register(p, maps[i].length, read_only);
-    if (!r.ok()) {
-      stats.fallback = "registering " + spans[i].path + ": " + r.message();
-      undo();
-      return Unavailable(stats.fallback);
-    }
-    maps[i].registered = true;
+    maps[i] = {p, spans[i].bytes};
   }
   std::vector<Chunk> chunks = SplitChunks(spans, options_.chunk_bytes);
   stats.mode = "registered";
   stats.chunks = chunks.size();
-  Status st;
-  for (size_t k = 0; k < chunks.size() && st.ok(); ++k) {
-    const Chunk& c = chunks[k];
-    const Span& sp = spans[c.span];
-    char* host = static_cast<char*>(maps[c.span].base) + (sp.offset % page) + c.offset;
-    auto* dev = reinterpret_cast<char*>(static_cast<uintptr_t>(sp.device)) + c.offset;
-    int stream = static_cast<int>(k % static_cast<size_t>(backend_->streams()));
-    st = read_only ? backend_->CopyAsync(dev, host, c.bytes, dir, stream)
-                   : backend_->CopyAsync(host, dev, c.bytes, dir, stream);
-  }
-  Status synced = backend_->Synchronize();
-  if (st.ok()) st = synced;
-  undo();
-  stats.fallback.clear();
+  std::mutex refused_mu;
+  std::string refused;
+  auto host = [&](const Chunk& c) { return static_cast<char*>(maps[c.span].first) + c.offset; };
+  auto issue = [&](const Chunk& c, int /*slot*/, int stream, bool& issued) {
+    Status r = backend_->Register(host(c), c.bytes, read_only);
+    if (!r.ok()) {
+      std::lock_guard<std::mutex> l(refused_mu);
+      if (refused.empty()) refused = "registering " + spans[c.span].path + ": " + r.message();
+      return Unavailable(refused);
+    }
+    issued = true;  // registered: done() unregisters it, whatever the copy does
+    auto* dev = reinterpret_cast<char*>(static_cast<uintptr_t>(spans[c.span].device)) + c.offset;
+    return read_only ? backend_->CopyAsync(dev, host(c), c.bytes, dir, stream)
+                     : backend_->CopyAsync(host(c), dev, c.bytes, dir, stream);
+  };
+  auto done = [&](const Chunk& c, int /*slot*/, bool /*ok*/) {
+    backend_->Unregister(host(c));
+    return Status::Ok();
+  };
+  Status st = RunPipeline(chunks, issue, done);
+  unmap();
+  if (!refused.empty()) stats.fallback = refused;
   return st;
 }
 

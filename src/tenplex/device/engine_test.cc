@@ -129,11 +129,17 @@ struct Fixture {
   std::vector<Span> spans;
 };
 
-Fixture MakeFixture(TempDir& dir, DeviceBuffers& dev, uint64_t chunk, uint32_t seed) {
+// Span i starts at byte i * align of its file: odd offsets for the staged path, pages
+// for the registered one (which locks the file's pages in place).
+const uint64_t kPage = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+uint64_t AlignFor(Mode mode) { return mode == Mode::kRegistered ? kPage : 13; }
+
+Fixture MakeFixture(TempDir& dir, DeviceBuffers& dev, uint64_t chunk, uint32_t seed,
+                    uint64_t align = 13) {
   Fixture f;
   std::vector<uint64_t> sizes = {chunk - 1, chunk, chunk + 1, 0, 5 * chunk + 17, 1, 3 * chunk};
   for (size_t i = 0; i < sizes.size(); ++i) {
-    std::string prefix = RandomBytes(i * 13, seed + 100 + static_cast<uint32_t>(i));
+    std::string prefix = RandomBytes(i * align, seed + 100 + static_cast<uint32_t>(i));
     f.data.push_back(RandomBytes(sizes[i], seed + static_cast<uint32_t>(i)));
     std::string path = dir.Write("t" + std::to_string(i), prefix + f.data.back() + "tail");
     f.spans.push_back(Span{path, prefix.size(), sizes[i], dev.Alloc(sizes[i])});
@@ -150,8 +156,8 @@ TEST_P(EngineTest, RestoreEqualsTheFilesBytesForEveryRingShape) {
         ASSERT_NE(e, nullptr);
         TempDir dir;
         DeviceBuffers dev(e->backend());
-        Fixture f =
-            MakeFixture(dir, dev, o.chunk_bytes, static_cast<uint32_t>(threads * 10 + slots));
+        Fixture f = MakeFixture(dir, dev, o.chunk_bytes,
+                                static_cast<uint32_t>(threads * 10 + slots), AlignFor(mode));
         auto st = e->Restore(f.spans);
         ASSERT_TRUE(st.ok()) << st.status().ToString();
         EXPECT_EQ(st->mode, ModeName(mode));
@@ -171,7 +177,7 @@ TEST_P(EngineTest, CommitWritesOnlyTheSpans) {
     ASSERT_NE(e, nullptr);
     TempDir dir;
     DeviceBuffers dev(e->backend());
-    Fixture f = MakeFixture(dir, dev, 4096, 7);
+    Fixture f = MakeFixture(dir, dev, 4096, 7, AlignFor(mode));
     std::vector<std::string> before, fresh;
     for (size_t i = 0; i < f.spans.size(); ++i) {
       before.push_back(*ReadFile(f.spans[i].path));
@@ -180,6 +186,7 @@ TEST_P(EngineTest, CommitWritesOnlyTheSpans) {
     }
     auto st = e->Commit(f.spans);
     ASSERT_TRUE(st.ok()) << st.status().ToString();
+    EXPECT_EQ(st->mode, ModeName(mode));
     for (size_t i = 0; i < f.spans.size(); ++i) {
       std::string want = before[i];
       want.replace(f.spans[i].offset, fresh[i].size(), fresh[i]);
@@ -244,11 +251,25 @@ TEST(EngineFaultsTest, RefusedRegistrationFallsBackToStaging) {
   ASSERT_NE(e, nullptr);
   TempDir dir;
   DeviceBuffers dev(e->backend());
-  Fixture f = MakeFixture(dir, dev, 4096, 3);
+  Fixture f = MakeFixture(dir, dev, 4096, 3, kPage);
   auto st = e->Restore(f.spans);
   ASSERT_TRUE(st.ok()) << st.status().ToString();
   EXPECT_EQ(st->mode, "staged");
   EXPECT_NE(st->fallback.find("registration refused"), std::string::npos) << st->fallback;
+  for (size_t i = 0; i < f.spans.size(); ++i)
+    EXPECT_EQ(dev.Read(f.spans[i].device, f.data[i].size()), f.data[i]);
+}
+
+TEST(EngineFaultsTest, AnUnalignedSpanIsCopiedStaged) {
+  auto e = Engine("cpu", EngineOptions{4096, 2, 2, Mode::kRegistered});
+  ASSERT_NE(e, nullptr);
+  TempDir dir;
+  DeviceBuffers dev(e->backend());
+  Fixture f = MakeFixture(dir, dev, 4096, 4, 13);
+  auto st = e->Restore(f.spans);
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  EXPECT_EQ(st->mode, "staged");
+  EXPECT_NE(st->fallback.find("not page-aligned"), std::string::npos) << st->fallback;
   for (size_t i = 0; i < f.spans.size(); ++i)
     EXPECT_EQ(dev.Read(f.spans[i].device, f.data[i].size()), f.data[i]);
 }
