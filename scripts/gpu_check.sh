@@ -89,7 +89,7 @@ deps() {
   # Debian's libssl.so.3 on LD_LIBRARY_PATH, a process that had loaded the system's
   # libcrypto first (python's hashlib) crashed in the HTTP client, and one that loaded
   # ours first crashed importing torch (free(): invalid pointer), on the first GPU run.
-  rm -f "$L"/libssl.so* "$L"/libcrypto.so* "$L"/pkgconfig/{libssl,libcrypto,openssl}.pc
+  rm -f "$L"/libssl.so* "$L"/libcrypto.so*  # their .pc files stay: cpp-httplib.pc requires openssl
   rm -rf "$L/engines-3" "$L/ossl-modules"
   echo "unpacked ${#debs[@]} packages into $PFX"
   if ls .gpu-deps/*.whl >/dev/null 2>&1 && ! "$PY" -c 'import numpy' 2>/dev/null; then
@@ -166,6 +166,11 @@ step deps 60 build.log deps
 if [[ -d $P ]]; then  # the recipe that built on the GPU machine
   export LD_LIBRARY_PATH=$L${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} CPATH=$P/include LIBRARY_PATH=$L
   export PKG_CONFIG_LIBDIR=$L/pkgconfig:$P/share/pkgconfig PKG_CONFIG_SYSROOT_DIR=$PFX
+  # Debian's UCX 1.13 looks for its modules in /usr/lib/x86_64-linux-gnu/ucx, where this
+  # image keeps its own UCX's (with CUDA memory hooks): a module of another UCX in our
+  # core is the suspected cause of the crashes of the second GPU run (free(): invalid
+  # pointer importing torch after tenplex; a segfault in a Job's HTTP client). Ours only.
+  export UCX_MODULE_DIR=$L/ucx
   [[ -d $PFX/py ]] && export PYTHONPATH=$PYTHONPATH:$PFX/py
 fi
 if [[ ${GPU_CHECK_SKIP_BUILD:-0} == 1 ]]; then note "skipped build: GPU_CHECK_SKIP_BUILD=1 ($B as it is)"

@@ -36,11 +36,14 @@ std::shared_ptr<CopyEngine> MakePyEngine(const std::string& backend, int device,
   device::EngineOptions o;
   o.chunk_bytes = chunk_bytes;
   o.slots = slots;
-  // 0: half the cores, 2..8 (each worker's pread runs at a few GB/s, a PCIe Gen5 link
-  // takes ~55 GB/s, and the job's own threads need the rest).
-  o.threads = threads > 0
-                  ? threads
-                  : std::clamp(static_cast<int>(std::thread::hardware_concurrency()) / 2, 2, 8);
+  // 0: three quarters of the cores, 2..16. Each worker's pread runs at a few GB/s and a
+  // PCIe Gen5 link takes ~55 GB/s: on an H200 host (16 cores) 12-16 workers with 1-2 MiB
+  // chunks reached 0.63-0.65 of the pinned limit, 8 workers with 8 MiB chunks 0.33
+  // (docs/gpu.md). A restore runs while the job waits, so the cores are free.
+  o.threads =
+      threads > 0
+          ? threads
+          : std::clamp(static_cast<int>(std::thread::hardware_concurrency()) * 3 / 4, 2, 16);
   o.mode = Take(device::ParseMode(mode));
   std::unique_ptr<CopyEngine> e;
   {
@@ -64,7 +67,7 @@ void register_device(pyb::module_& m) {
       "Tensors between store files and device memory "
       "(docs/gpu.md).")
       .def(pyb::init(&MakePyEngine), pyb::arg("backend") = "auto", pyb::arg("device") = 0,
-           pyb::arg("chunk_bytes") = 8ull << 20, pyb::arg("slots") = 3, pyb::arg("streams") = 2,
+           pyb::arg("chunk_bytes") = 2ull << 20, pyb::arg("slots") = 3, pyb::arg("streams") = 2,
            pyb::arg("threads") = 0, pyb::arg("mode") = "auto")
       .def_property_readonly("backend", [](CopyEngine& e) { return e.backend().name(); })
       .def_property_readonly("description", [](CopyEngine& e) { return e.backend().description(); })

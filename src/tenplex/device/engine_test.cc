@@ -29,12 +29,19 @@ std::string RandomBytes(size_t n, uint32_t seed) {
 
 class TempDir {
  public:
+  // In /dev/shm where there is one: the store's medium, and the one whose pages a
+  // writable registration may lock (a kernel refuses long-term pins of a disk file's
+  // shared writable pages; the engine then falls back to staged, as a GPU run saw).
   TempDir()
-      : path_(fs::temp_directory_path() /
+      : path_(Base() /
               ("tenplex-device-" + std::to_string(getpid()) + "-" + std::to_string(counter_++))) {
     fs::create_directories(path_);
   }
   ~TempDir() { fs::remove_all(path_); }
+  static fs::path Base() {
+    std::error_code ec;
+    return fs::is_directory("/dev/shm", ec) ? fs::path("/dev/shm") : fs::temp_directory_path();
+  }
   std::string Write(const std::string& name, const std::string& bytes) {
     std::string p = (path_ / name).string();
     std::ofstream(p, std::ios::binary) << bytes;
