@@ -82,13 +82,11 @@ deps() {
   mkdir -p "$PFX"
   local debs=(.gpu-deps/*.deb)
   for d in "${debs[@]}"; do dpkg -x "$d" "$PFX"; done
-  # Debian's pybind11 (2.10) does not support Python 3.12: the module crashed with it.
+  # Debian's pybind11 (2.10) predates Python 3.12: pip's, of this Python, is used.
   rm -rf "$P/include/pybind11" "$P/lib/cmake/pybind11" "$P/share/cmake/pybind11" "$L/cmake/pybind11" \
     "$P/share/pkgconfig/pybind11.pc"
-  # OpenSSL from the system (Ubuntu's 3.0.x; Debian's headers are of the same ABI): with
-  # Debian's libssl.so.3 on LD_LIBRARY_PATH, a process that had loaded the system's
-  # libcrypto first (python's hashlib) crashed in the HTTP client, and one that loaded
-  # ours first crashed importing torch (free(): invalid pointer), on the first GPU run.
+  # The image's own libssl.so.3/libcrypto.so.3 (Debian's removed after the first GPU run's
+  # crashes; that alone did not stop them, see RT below).
   rm -f "$L"/libssl.so* "$L"/libcrypto.so*  # their .pc files stay: cpp-httplib.pc requires openssl
   rm -rf "$L/engines-3" "$L/ossl-modules"
   echo "unpacked ${#debs[@]} packages into $PFX"
@@ -164,13 +162,19 @@ export -f env_info deps build smoke cxx_tests py_tests restore_bench commit_benc
 step env 60 env.txt env_info
 step deps 60 build.log deps
 if [[ -d $P ]]; then  # the recipe that built on the GPU machine
-  export LD_LIBRARY_PATH=$L${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} CPATH=$P/include LIBRARY_PATH=$L
+  export CPATH=$P/include LIBRARY_PATH=$L
   export PKG_CONFIG_LIBDIR=$L/pkgconfig:$P/share/pkgconfig PKG_CONFIG_SYSROOT_DIR=$PFX
-  # Debian's UCX 1.13 looks for its modules in /usr/lib/x86_64-linux-gnu/ucx, where this
-  # image keeps its own UCX's (with CUDA memory hooks): a module of another UCX in our
-  # core is the suspected cause of the crashes of the second GPU run (free(): invalid
-  # pointer importing torch after tenplex; a segfault in a Job's HTTP client). Ours only.
-  export UCX_MODULE_DIR=$L/ucx
+  # At run time only the libraries this image lacks come from the prefix (a folder of
+  # links, RT): the whole prefix on LD_LIBRARY_PATH also put Debian's rdma-core, numa, nl
+  # and OpenSSL in front of the image's own for torch and python, in the runs whose
+  # processes crashed (free(): invalid pointer importing torch after tenplex; a segfault
+  # in a Job's HTTP client; cause not established: our module loads no UCX, and the
+  # pybind11 of torch and ours keep separate internals). pkgconf needs its library too.
+  RT=$PFX/runtime; mkdir -p "$RT"
+  for f in "$L"/lib{ucp,uct,ucs,ucm,spdlog,fmt,cpp-httplib,xxhash,fuse3,brotli,benchmark,pkgconf}*.so.*; do
+    [[ -e $f ]] && ln -sf "$f" "$RT/"
+  done
+  export LD_LIBRARY_PATH=$RT${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} UCX_MODULE_DIR=$L/ucx
   [[ -d $PFX/py ]] && export PYTHONPATH=$PYTHONPATH:$PFX/py
 fi
 if [[ ${GPU_CHECK_SKIP_BUILD:-0} == 1 ]]; then note "skipped build: GPU_CHECK_SKIP_BUILD=1 ($B as it is)"
