@@ -14,7 +14,8 @@
 #   d. benches  bench/device_restore.py, bench/device_commit.py (every step and  -> bench.log,
 #               every GPU_CHECK_EVERY steps)  device_restore_<dev>.csv,
 #               device_commit_<dev>.csv, device_commit_<dev>_every<N>.csv
-#   e. tests    tests/device_test.py (--cuda on a GPU: its CUDA parts)         -> tests.log
+#   e. tests    tests/device_test.py, tests/device_run_test.py (--cuda on a GPU: -> tests.log
+#               their CUDA parts)
 #   f. train    examples/gpt/launch.py --device <dev>, 4 steps                  -> tests.log
 # and summary.txt (every step's result and the benchmark tables): 8 files at most.
 # Without a GPU (a dry run) the benches run small in their cpu mode. Environment:
@@ -135,9 +136,13 @@ cxx_tests() {
   [[ -x $B/bin/tenplex_device_test ]] || { echo "no $B/bin/tenplex_device_test"; return 1; }
   "$B/bin/tenplex_device_test"
 }
-py_tests() {  # on a GPU only the CUDA parts: CI runs the rest on every commit
-  [[ -f tests/device_test.py ]] || { echo "tests/device_test.py absent: skipped"; return 0; }
-  if [[ $DEV == cuda ]]; then "$PY" tests/device_test.py --cuda; else "$PY" tests/device_test.py; fi
+py_tests() {  # on a GPU only the CUDA parts: CI runs the rest on every commit; fails when either file does
+  local f rc=0
+  for f in tests/device_test.py tests/device_run_test.py; do
+    [[ -f $f ]] || { echo "$f absent: skipped"; continue; }
+    if [[ $DEV == cuda ]]; then "$PY" "$f" --cuda || rc=1; else "$PY" "$f" || rc=1; fi
+  done
+  return $rc
 }
 restore_bench() {
   "$PY" bench/device_restore.py --device "$DEV" --sizes "$SIZES" --staged-variants "$STAGED" \
