@@ -2,9 +2,7 @@
 // Addresses are plain integers (a torch tensor's data_ptr()); calls release the GIL.
 #include <pybind11/stl.h>
 
-#include <algorithm>
 #include <memory>
-#include <thread>
 
 #include "bindings.h"
 #include "tenplex/device/engine.h"
@@ -36,39 +34,41 @@ std::shared_ptr<CopyEngine> MakePyEngine(const std::string& backend, int device,
   device::EngineOptions o;
   o.chunk_bytes = chunk_bytes;
   o.slots = slots;
-  // 0: three quarters of the cores, 2..16. Each worker's pread runs at a few GB/s and a
-  // PCIe Gen5 link takes ~55 GB/s: on an H200 host (16 cores) 12-16 workers with 1-2 MiB
-  // chunks reached 0.63-0.65 of the pinned limit, 8 workers with 8 MiB chunks 0.33
-  // (docs/gpu.md). A restore runs while the job waits, so the cores are free.
-  o.threads =
-      threads > 0
-          ? threads
-          : std::clamp(static_cast<int>(std::thread::hardware_concurrency()) * 3 / 4, 2, 16);
+  if (threads > 0) o.threads = threads;  // else the engine's default (DefaultThreads)
   o.mode = Take(device::ParseMode(mode));
-  std::unique_ptr<CopyEngine> e;
+  Result<std::unique_ptr<CopyEngine>> r = Internal("copy engine: not made");
+  {
+    pyb::gil_scoped_release release;  // pinned allocations take a while
+    r = device::MakeEngine(b, o);
+  }
+  return std::shared_ptr<CopyEngine>(Take(std::move(r)));
+}
+
+// Runs Restore or Commit over the spans without the GIL; its stats as a dict.
+pyb::dict RunSpans(CopyEngine& e, const std::vector<Span>& spans,
+                   Result<device::CopyStats> (CopyEngine::*run)(const std::vector<Span>&)) {
+  Result<device::CopyStats> r = device::CopyStats{};
   {
     pyb::gil_scoped_release release;
-    auto r = device::MakeEngine(b, o);
-    if (!r.ok()) {
-      pyb::gil_scoped_acquire acquire;
-      Check(r.status());
-    }
-    e = std::move(r).value();
+    r = (e.*run)(spans);
   }
-  return std::shared_ptr<CopyEngine>(std::move(e));
+  return StatsDict(Take(std::move(r)));
 }
 
 }  // namespace
 
 void register_device(pyb::module_& m) {
+  const device::EngineOptions engine;  // the keyword defaults are the engine's
+  const device::BackendOptions backend;
   m.def("cuda_built", &device::CudaBuilt, "Whether this module was built with the CUDA backend.");
   pyb::class_<CopyEngine, std::shared_ptr<CopyEngine>>(
       m, "CopyEngine",
       "Tensors between store files and device memory "
       "(docs/gpu.md).")
-      .def(pyb::init(&MakePyEngine), pyb::arg("backend") = "auto", pyb::arg("device") = 0,
-           pyb::arg("chunk_bytes") = 2ull << 20, pyb::arg("slots") = 3, pyb::arg("streams") = 2,
-           pyb::arg("threads") = 0, pyb::arg("mode") = "auto")
+      .def(pyb::init(&MakePyEngine), pyb::arg("backend") = backend.kind, pyb::arg("device") = 0,
+           pyb::arg("chunk_bytes") = engine.chunk_bytes, pyb::arg("slots") = engine.slots,
+           pyb::arg("streams") = backend.streams, pyb::arg("threads") = 0,
+           pyb::arg("mode") = "auto")
       .def_property_readonly("backend", [](CopyEngine& e) { return e.backend().name(); })
       .def_property_readonly("description", [](CopyEngine& e) { return e.backend().description(); })
       .def(
@@ -78,12 +78,7 @@ void register_device(pyb::module_& m) {
             std::vector<Span> spans;
             for (const auto& [path, offset, bytes, dst] : items)
               spans.push_back(Span{path, offset, bytes, dst});
-            Result<device::CopyStats> r = device::CopyStats{};
-            {
-              pyb::gil_scoped_release release;
-              r = e.Restore(spans);
-            }
-            return StatsDict(Take(std::move(r)));
+            return RunSpans(e, spans, &CopyEngine::Restore);
           },
           pyb::arg("items"),
           "[(file, offset, nbytes, device address)] into device memory; complete on return.")
@@ -94,12 +89,7 @@ void register_device(pyb::module_& m) {
             std::vector<Span> spans;
             for (const auto& [src, path, offset, bytes] : items)
               spans.push_back(Span{path, offset, bytes, src});
-            Result<device::CopyStats> r = device::CopyStats{};
-            {
-              pyb::gil_scoped_release release;
-              r = e.Commit(spans);
-            }
-            return StatsDict(Take(std::move(r)));
+            return RunSpans(e, spans, &CopyEngine::Commit);
           },
           pyb::arg("items"),
           "[(device address, file, offset, nbytes)] into the files; complete on return.");

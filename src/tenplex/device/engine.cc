@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -124,6 +125,10 @@ std::string_view ModeName(Mode mode) {
   return "?";
 }
 
+int DefaultThreads() {
+  return std::clamp(static_cast<int>(std::thread::hardware_concurrency()) * 3 / 4, 2, 16);
+}
+
 std::vector<Chunk> SplitChunks(const std::vector<Span>& spans, uint64_t chunk_bytes) {
   std::vector<Chunk> out;
   for (size_t i = 0; i < spans.size(); ++i) {
@@ -239,7 +244,7 @@ Status CopyEngine::RunPipeline(const std::vector<Chunk>& chunks, const IssueFn& 
 Status CopyEngine::RunStaged(const std::vector<Span>& spans, const std::vector<int>& fds,
                              Direction dir, CopyStats& stats) {
   std::vector<Chunk> chunks = SplitChunks(spans, options_.chunk_bytes);
-  stats.mode = "staged";
+  stats.mode = ModeName(Mode::kStaged);
   stats.chunks = chunks.size();
   auto issue = [&](const Chunk& c, int slot, int stream, bool& issued) {
     const Span& sp = spans[c.span];
@@ -295,7 +300,7 @@ Status CopyEngine::RunRegistered(const std::vector<Span>& spans, const std::vect
     maps[i] = {p, spans[i].bytes};
   }
   std::vector<Chunk> chunks = SplitChunks(spans, options_.chunk_bytes);
-  stats.mode = "registered";
+  stats.mode = ModeName(Mode::kRegistered);
   stats.chunks = chunks.size();
   std::mutex refused_mu;
   std::string refused;

@@ -65,10 +65,16 @@ enum class Mode { kAuto, kStaged, kRegistered };
 Result<Mode> ParseMode(std::string_view text);
 std::string_view ModeName(Mode mode);
 
+// The default worker count: three quarters of the cores, 2..16. Each worker's pread runs
+// at a few GB/s and a PCIe Gen5 link takes ~55 GB/s: on an H200 host (16 cores) 12-16
+// workers with 1-2 MiB chunks reached 0.63-0.65 of the pinned limit, 8 workers with
+// 8 MiB chunks 0.33 (docs/gpu.md). A restore runs while the job waits: the cores are free.
+int DefaultThreads();
+
 struct EngineOptions {
   uint64_t chunk_bytes = 2ull << 20;  // small: the ring stays in the CPU's cache
   int slots = 3;                      // page-locked slots per worker thread (at least 2 overlap)
-  int threads = 4;                    // worker threads of the staged path
+  int threads = DefaultThreads();     // worker threads of the pipeline
   Mode mode = Mode::kAuto;
 };
 
