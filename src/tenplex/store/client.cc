@@ -106,6 +106,7 @@ Result<std::unique_ptr<Client>> Client::Connect(const std::string& url,
   TP_ASSIGN_OR_RETURN(std::string text, c->Call("GET", "/v1/health"));
   TP_ASSIGN_OR_RETURN(json health, ParseJson(text));
   c->store_id_ = JsonValueOr(health, "store_id", "");
+  c->host_id_ = JsonValueOr(health, "host_id", "");
   const std::string shm_dir = JsonValueOr(health, "shm_dir", "");
   if (options.use_shm && IsLoopbackHost(hp.host) && !shm_dir.empty() && !c->store_id_.empty()) {
     auto id = ReadFile(shm_dir + "/STORE_ID");

@@ -45,6 +45,9 @@ class Client {
   // The daemon's process id when local() (0 otherwise or when it does not say).
   int64_t pid() const { return pid_; }
   const std::string& store_id() const { return store_id_; }
+  // The daemon's stable host id (Store::host_id, from /v1/health); "" from a daemon of
+  // an older build that does not say.
+  const std::string& host_id() const { return host_id_; }
 
   // ---- versions
   Result<uint64_t> BeginVersion(const std::string& job, std::optional<uint64_t> version = {},
@@ -113,6 +116,7 @@ class Client {
                            int* status = nullptr);
   std::string url_;
   std::string store_id_;
+  std::string host_id_;
   bool local_ = false;
   int64_t pid_ = 0;
   std::unique_ptr<Http> http_;

@@ -218,6 +218,7 @@ Status Health(Store& store, const Target& t, httplib::Response& res) {
            {{"ok", true},
             {"quarantined", std::move(quarantined)},
             {"store_id", store.id()},
+            {"host_id", store.host_id()},
             {"shm_dir", store.shm_dir()},
             {"pid", static_cast<int64_t>(::getpid())},
             {"used_bytes", store.used_bytes()},

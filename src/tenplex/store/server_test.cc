@@ -57,6 +57,10 @@ TEST(ServerTest, LocalAndHttpPathsAgree) {
   EXPECT_TRUE(local->local());
   EXPECT_FALSE(remote->local());
   EXPECT_EQ(local->store_id(), r.store->id());
+  // Issue 34 finding 3: /v1/health serves the stable host id; clients read it.
+  EXPECT_EQ(local->host_id(), r.store->host_id());
+  EXPECT_EQ(remote->host_id(), r.store->host_id());
+  EXPECT_FALSE(r.store->host_id().empty());
 
   auto v = local->BeginVersion("j", std::nullopt, R"({"a": 1})");
   ASSERT_TRUE(v.ok()) << v.status().ToString();

@@ -13,6 +13,7 @@
 // process that wrote them. On disk:
 //   <dir>/LOCK                   flock: one store per directory
 //   <dir>/STORE_ID               random id of this store instance (local-client check)
+//   <dir>/HOST_ID                the stable host id: made once, kept across restarts
 //   <dir>/tmp/                   tensors being created, renamed into place when ready
 //   <dir>/jobs/<job>/CURRENT     the committed version number, replaced by rename
 //   <dir>/jobs/<job>/<v>/MANIFEST.json          written at commit, before CURRENT
@@ -162,6 +163,12 @@ class Store {
   // Random id written to <shm_dir>/STORE_ID: a client that reads the same id from the
   // file system shares this store's memory.
   const std::string& id() const;
+  // The stable identity of this host's store: random hex made once and kept in
+  // <shm_dir>/HOST_ID, so a restart on the same directory keeps it (id() changes).
+  // Components match hosts by it, never by the URL a host is reached by (a job's
+  // recorded placement, transform/cluster_state.h). Not the machine's boot id
+  // (transport::HostBootId, the control protocol's "local.host_id").
+  const std::string& host_id() const;
   uint64_t used_bytes() const;
   uint64_t memory_limit() const;
   // Bytes of released tensor files kept in the page pool (counted against the memory

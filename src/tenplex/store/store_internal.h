@@ -128,6 +128,9 @@ inline void ClearDir(const std::string& dir) {
   for (const auto& e : fs::directory_iterator(dir, ec)) fs::remove_all(e.path(), ec);
 }
 
+// Reads <dir>/HOST_ID, or makes it (random hex) when missing (store_open.cc).
+Result<std::string> LoadHostId(const std::string& dir);
+
 // Removes the private directories (<root>/tenplex-<pid>-<hex>) that killed stores left
 // behind; returns how many (store_open.cc says when one is abandoned).
 int SweepAbandonedPrivateDirs(const std::string& root);
@@ -146,6 +149,7 @@ struct Store::Impl {
   bool owned = false;
   int lock_fd = -1;
   std::string id;
+  std::string host_id;  // <dir>/HOST_ID: kept across restarts (store.h)
   uint64_t limit = 0;
   std::atomic<uint64_t> counter{0};
 

@@ -156,6 +156,29 @@ Status Store::Impl::RestoreJob(const std::string& job) {
   return Status::Ok();
 }
 
+// The stable identity of the daemon serving this directory (store.h, host_id()):
+// made once (random hex) and kept across restarts on the same directory.
+Result<std::string> LoadHostId(const std::string& dir) {
+  const std::string path = dir + "/HOST_ID";
+  std::error_code ec;
+  if (fs::symlink_status(path, ec).type() != fs::file_type::not_found) {
+    TP_ASSIGN_OR_RETURN(std::string t, ReadRegularFile(path));
+    while (!t.empty() && (t.back() == '\n' || t.back() == ' ')) t.pop_back();
+    const bool hex = t.size() >= 8 && t.size() <= 64 &&
+                     t.find_first_not_of("0123456789abcdef") == std::string::npos;
+    if (!hex) {
+      return DataLoss(path + " does not hold a host id (8 to 64 lower-case hex digits); " +
+                      "remove it to give this store a new host id (jobs that recorded the " +
+                      "old one then no longer find their state on this host)");
+    }
+    return t;
+  }
+  const std::string id = RandomHex() + RandomHex();
+  TP_RETURN_IF_ERROR(WriteFileAtomic(path, id + "\n"));
+  LogInfo("store: new host id %s (kept in %s)", id.c_str(), path.c_str());
+  return id;
+}
+
 Store::Store(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 // A store without --shm-dir works in a private directory <root>/tenplex-<pid>-<hex>
@@ -254,6 +277,7 @@ Result<std::unique_ptr<Store>> Store::Open(const StoreOptions& options) {
   TP_RETURN_IF_ERROR(impl->Restore());
   impl->id = RandomHex();
   TP_RETURN_IF_ERROR(WriteFileAtomic(impl->dir + "/STORE_ID", impl->id + "\n"));
+  TP_ASSIGN_OR_RETURN(impl->host_id, LoadHostId(impl->dir));
   if (options.memory_limit > 0) {
     impl->limit = options.memory_limit;
   } else {

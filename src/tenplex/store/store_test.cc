@@ -403,6 +403,32 @@ TEST(StoreTest, RestartKeepsCommittedStateOnly) {
   EXPECT_EQ((*broken)->Job("j").status().code(), StatusCode::kDataLoss);
 }
 
+// Issue 34 finding 3: the host id is the store's stable identity: kept in
+// <dir>/HOST_ID across restarts on the same directory (STORE_ID changes on purpose),
+// different for another directory, and a corrupt file is refused with its path.
+TEST(StoreTest, HostIdIsKeptAcrossRestarts) {
+  TempDir dir, other;
+  std::string host, instance;
+  {
+    auto store = OpenStore({.shm_dir = dir.path});
+    host = store->host_id();
+    instance = store->id();
+    EXPECT_GE(host.size(), 16u);
+    EXPECT_EQ(*ReadFile(dir.path + "/HOST_ID"), host + "\n");
+  }
+  {
+    auto store = OpenStore({.shm_dir = dir.path});
+    EXPECT_EQ(store->host_id(), host);
+    EXPECT_NE(store->id(), instance);
+    EXPECT_NE(OpenStore({.shm_dir = other.path})->host_id(), host);
+  }
+  ASSERT_TRUE(WriteFileAtomic(dir.path + "/HOST_ID", "not hex\n").ok());
+  auto bad = Store::Open({.shm_dir = dir.path});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kDataLoss);
+  EXPECT_NE(bad.status().message().find(dir.path + "/HOST_ID"), std::string::npos);
+}
+
 // One job with unreadable files (issue 19: a corrupt manifest stopped the daemon) is
 // moved aside and refused with the reason; the others are served; the quarantine is
 // reported after another restart; DeleteJob forgets it and frees the name.
