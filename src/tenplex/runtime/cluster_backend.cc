@@ -85,7 +85,7 @@ class ClusterBackend : public StateBackend {
           "config " + layout.config.ToString() + " has " + std::to_string(layout.world_size()) +
           " ranks but the cluster has " + std::to_string(cluster_.Capacity()) + " GPUs");
     }
-    info["cluster"] = {{"hosts", cluster_.hosts}, {"gpus_per_host", cluster_.gpus_per_host}};
+    info["cluster"] = transform::ClusterJson(transform::WithHostIds(cluster_, clients_));
     TP_ASSIGN_OR_RETURN(uint64_t v, transform::NextCommonVersion(clients_, job));
     std::vector<std::vector<store::Store::AllocRequest>> reqs(clients_.size());
     for (const RankLayout& r : layout.ranks) {
@@ -134,7 +134,7 @@ class ClusterBackend : public StateBackend {
       if (clients_[h]->Version(job, v).ok()) holders.push_back(h);
     }
     json full = info;
-    full["cluster"] = {{"hosts", cluster_.hosts}, {"gpus_per_host", cluster_.gpus_per_host}};
+    full["cluster"] = transform::ClusterJson(transform::WithHostIds(cluster_, clients_));
     for (std::size_t h : holders)
       TP_RETURN_IF_ERROR(clients_[h]->SetVersionInfo(job, v, full.dump()));
     // Two-phase (transform/two_phase.h): prepared (durable) on every holder, then

@@ -128,8 +128,9 @@ inline void ClearDir(const std::string& dir) {
   for (const auto& e : fs::directory_iterator(dir, ec)) fs::remove_all(e.path(), ec);
 }
 
-// Reads <dir>/HOST_ID, or makes it (random hex) when missing (store_open.cc).
-Result<std::string> LoadHostId(const std::string& dir);
+// Reads <dir>/HOST_ID, or makes it (random hex) when missing, logging the new id when
+// `announce` (store_open.cc).
+Result<std::string> LoadHostId(const std::string& dir, bool announce);
 
 // Removes the private directories (<root>/tenplex-<pid>-<hex>) that killed stores left
 // behind; returns how many (store_open.cc says when one is abandoned).

@@ -158,7 +158,7 @@ Status Store::Impl::RestoreJob(const std::string& job) {
 
 // The stable identity of the daemon serving this directory (store.h, host_id()):
 // made once (random hex) and kept across restarts on the same directory.
-Result<std::string> LoadHostId(const std::string& dir) {
+Result<std::string> LoadHostId(const std::string& dir, bool announce) {
   const std::string path = dir + "/HOST_ID";
   std::error_code ec;
   if (fs::symlink_status(path, ec).type() != fs::file_type::not_found) {
@@ -175,7 +175,7 @@ Result<std::string> LoadHostId(const std::string& dir) {
   }
   const std::string id = RandomHex() + RandomHex();
   TP_RETURN_IF_ERROR(WriteFileAtomic(path, id + "\n"));
-  LogInfo("store: new host id %s (kept in %s)", id.c_str(), path.c_str());
+  if (announce) LogInfo("store: new host id %s (kept in %s)", id.c_str(), path.c_str());
   return id;
 }
 
@@ -277,7 +277,7 @@ Result<std::unique_ptr<Store>> Store::Open(const StoreOptions& options) {
   TP_RETURN_IF_ERROR(impl->Restore());
   impl->id = RandomHex();
   TP_RETURN_IF_ERROR(WriteFileAtomic(impl->dir + "/STORE_ID", impl->id + "\n"));
-  TP_ASSIGN_OR_RETURN(impl->host_id, LoadHostId(impl->dir));
+  TP_ASSIGN_OR_RETURN(impl->host_id, LoadHostId(impl->dir, /*announce=*/!impl->owned));
   if (options.memory_limit > 0) {
     impl->limit = options.memory_limit;
   } else {

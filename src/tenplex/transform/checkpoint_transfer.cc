@@ -204,7 +204,7 @@ Result<TransferStats> Load(const Cluster& cluster, const std::vector<store::Clie
   }
   std::optional<uint64_t> want;
   if (!single) {
-    info.set_placement(Cluster{stats.hosts, k});
+    info.set_placement(WithHostIds(Cluster{stats.hosts, k}, clients));
     // Finish or roll back what a crashed transform or load left half done
     // (two_phase.h), so that the new version lands on one state everywhere.
     TP_RETURN_IF_ERROR(ResolvePending(cluster.hosts, clients, job, /*owner=*/true).status());

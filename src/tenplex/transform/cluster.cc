@@ -21,8 +21,9 @@ Result<Cluster> ParseCluster(const std::string& json_text) {
   json j = json::parse(json_text, nullptr, false);
   if (j.is_discarded() || !j.is_object()) return InvalidArgument("cluster: not a JSON object");
   for (const auto& [k, v] : j.items()) {
-    if (k != "hosts" && k != "gpus_per_host") {
-      return InvalidArgument("cluster: unknown field '" + k + "' (expected hosts, gpus_per_host)");
+    if (k != "hosts" && k != "gpus_per_host" && k != "host_ids") {
+      return InvalidArgument("cluster: unknown field '" + k +
+                             "' (expected hosts, gpus_per_host, host_ids)");
     }
   }
   if (!j.contains("hosts") || !j["hosts"].is_array() || j["hosts"].empty()) {
@@ -47,7 +48,67 @@ Result<Cluster> ParseCluster(const std::string& json_text) {
       return InvalidArgument("cluster: host " + url + " is listed twice");
     c.hosts.push_back(std::move(url));
   }
+  if (j.contains("host_ids")) {
+    const json& ids = j["host_ids"];
+    if (!ids.is_array() || ids.size() != c.hosts.size()) {
+      return InvalidArgument("cluster: 'host_ids' must be an array as long as 'hosts'");
+    }
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      if (!ids[i].is_string() || ids[i].get<std::string>().size() > 64) {
+        return InvalidArgument("cluster: host_ids[" + std::to_string(i) +
+                               "] must be a host id string (\"\" when unknown)");
+      }
+      c.host_ids.push_back(ids[i].get<std::string>());
+    }
+  }
   return c;
+}
+
+json ClusterJson(const Cluster& c) {
+  json j = {{"hosts", c.hosts}, {"gpus_per_host", c.gpus_per_host}};
+  bool any = false;
+  for (std::size_t i = 0; i < c.hosts.size(); ++i) any = any || !c.HostId(i).empty();
+  if (any) {
+    json ids = json::array();
+    for (std::size_t i = 0; i < c.hosts.size(); ++i) ids.push_back(c.HostId(i));
+    j["host_ids"] = std::move(ids);
+  }
+  return j;
+}
+
+Cluster WithHostIds(Cluster cluster, const std::vector<store::Client*>& clients) {
+  cluster.host_ids.resize(cluster.hosts.size());
+  for (std::size_t i = 0; i < cluster.hosts.size() && i < clients.size(); ++i) {
+    if (clients[i] != nullptr && !clients[i]->host_id().empty())
+      cluster.host_ids[i] = clients[i]->host_id();
+  }
+  return cluster;
+}
+
+Cluster WithHostIds(Cluster cluster, const std::vector<std::unique_ptr<store::Client>>& clients) {
+  std::vector<store::Client*> raw;
+  for (const auto& c : clients) raw.push_back(c.get());
+  return WithHostIds(std::move(cluster), raw);
+}
+
+int MatchHost(const Cluster& placement, std::size_t slot, const std::vector<std::string>& urls,
+              const std::vector<store::Client*>& clients) {
+  if (slot >= placement.hosts.size()) return -1;
+  const std::string want = placement.HostId(slot);
+  auto id_of = [&](std::size_t h) {
+    return h < clients.size() && clients[h] != nullptr ? clients[h]->host_id() : std::string();
+  };
+  if (!want.empty()) {
+    for (std::size_t h = 0; h < urls.size(); ++h) {
+      if (id_of(h) == want) return static_cast<int>(h);
+    }
+  }
+  for (std::size_t h = 0; h < urls.size(); ++h) {
+    // Both ids known and different: another daemon now answers at the recorded URL.
+    if (urls[h] == placement.hosts[slot] && (want.empty() || id_of(h).empty()))
+      return static_cast<int>(h);
+  }
+  return -1;
 }
 
 Result<Cluster> ReadClusterFile(const std::string& path) {
@@ -69,6 +130,17 @@ Result<std::vector<std::unique_ptr<store::Client>>> ConnectCluster(
     if (!c.ok())
       return c.status().WithContext("host " + std::to_string(h) + " (" + cluster.hosts[h] + ")");
     out.push_back(std::move(*c));
+  }
+  // One daemon named twice (two URLs of one host): its ranks would collide.
+  for (std::size_t a = 0; a < out.size(); ++a) {
+    for (std::size_t b = a + 1; b < out.size(); ++b) {
+      if (out[a] && out[b] && !out[a]->host_id().empty() &&
+          out[a]->host_id() == out[b]->host_id()) {
+        return InvalidArgument("cluster: hosts " + cluster.hosts[a] + " and " + cluster.hosts[b] +
+                               " are the same store daemon (host id " + out[a]->host_id() +
+                               "); list each host once");
+      }
+    }
   }
   return out;
 }

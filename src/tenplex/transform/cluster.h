@@ -8,9 +8,18 @@
 // ranks of each host are written to it, and it is committed on all hosts or aborted
 // on all. Checkpoint directories in and out of a cluster: checkpoint_transfer.h; where
 // a job's committed state lives: cluster_state.h.
+//
+// Host identity. A host is its store daemon's stable host id (Store::host_id, served by
+// /v1/health, kept in <shm-dir>/HOST_ID across restarts), not the URL it is reached by:
+// a version's info records "host_ids" parallel to "hosts" (ids of the clients that
+// wrote it), and a recorded host is matched to a live one by id when both are known,
+// by URL only when one side has no id (an info written before ids existed, a daemon of
+// an older build). So a job keeps finding its state when its hosts are named by other
+// URLs (another interface, a renamed host).
 #pragma once
 
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -22,20 +31,39 @@ namespace tenplex::transform {
 struct Cluster {
   std::vector<std::string> hosts;  // store URLs
   int gpus_per_host = 1;
+  // The hosts' stable ids, parallel to hosts ("" where unknown); empty when none is
+  // known (a cluster file, an info of an older build).
+  std::vector<std::string> host_ids = {};
 
   int HostOfRank(int rank) const { return rank / gpus_per_host; }
   int Capacity() const { return static_cast<int>(hosts.size()) * gpus_per_host; }
   // rank -> host index for a world of `world_size` ranks (planner input).
   std::vector<int> RankHosts(int world_size) const;
+  // hosts[i]'s id, "" when unknown.
+  std::string HostId(std::size_t i) const { return i < host_ids.size() ? host_ids[i] : ""; }
 };
 
+// {"hosts", "gpus_per_host"} and "host_ids" when any is known (ParseCluster reads it).
+nlohmann::json ClusterJson(const Cluster& cluster);
 Result<Cluster> ParseCluster(const std::string& json_text);
 Result<Cluster> ReadClusterFile(const std::string& path);
 
 // One client per host, connected in host order. With allow_lost, a host that cannot
-// be reached gets a null client instead of failing the whole call.
+// be reached gets a null client instead of failing the whole call. Two URLs that reach
+// one daemon (the same host id) are InvalidArgument.
 Result<std::vector<std::unique_ptr<store::Client>>> ConnectCluster(
     const Cluster& cluster, const store::ClientOptions& options, bool allow_lost = false);
+
+// The cluster with its hosts' ids taken from clients (parallel to cluster.hosts; a null
+// client or one of a daemon without an id leaves the id unknown).
+Cluster WithHostIds(Cluster cluster, const std::vector<store::Client*>& clients);
+Cluster WithHostIds(Cluster cluster, const std::vector<std::unique_ptr<store::Client>>& clients);
+
+// Which of the given hosts (urls[h], clients[h]; null: not answering) is host `slot` of
+// a recorded placement: by host id when both the placement and the host's client know
+// one (the URL may differ), else by URL; an id match wins; -1 when none.
+int MatchHost(const Cluster& placement, std::size_t slot, const std::vector<std::string>& urls,
+              const std::vector<store::Client*>& clients);
 
 // The version number one past every version the hosts report for `job` (committed,
 // current or open); 1 for a new job. Null clients (lost hosts) are skipped.

@@ -49,10 +49,10 @@ Result<CommittedState> FindCommittedState(const std::vector<std::string>& urls,
   out.rank_hosts.assign(world, plan::kLostHost);
   for (int r = 0; r < world; ++r) {
     const std::size_t slot = static_cast<std::size_t>(out.placement.HostOfRank(r));
-    if (slot >= out.placement.hosts.size()) continue;
-    auto it = std::find(urls.begin(), urls.end(), out.placement.hosts[slot]);
-    if (it == urls.end()) continue;
-    const std::size_t h = static_cast<std::size_t>(it - urls.begin());
+    // By host id where known: the URL a host is reached by may have changed.
+    const int match = MatchHost(out.placement, slot, urls, clients);
+    if (match < 0) continue;
+    const std::size_t h = static_cast<std::size_t>(match);
     if (cur[h] && cur[h]->version == out.version && cur[h]->info == out.info_text) {
       out.rank_hosts[r] = static_cast<int>(h);
       if (std::find(out.holders.begin(), out.holders.end(), static_cast<int>(h)) ==

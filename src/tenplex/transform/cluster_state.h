@@ -6,7 +6,8 @@
 // version any host reports is the state (a host that reports an older one missed a
 // commit: stale). Its ranks live where its info's "cluster" says (or, when it has
 // none, on `fallback`). Old rank r is available on the host of its slot when that
-// host is one of the given hosts, answered, and reports the same version with the
+// host is one of the given hosts (matched by host id, by URL where an id is unknown:
+// MatchHost in cluster.h), answered, and reports the same version with the
 // same info; otherwise the rank is lost (plan::kLostHost): its host is dead
 // (Unavailable), gone from the cluster, restarted empty (NotFound) or stale. Lost
 // ranks are not an error here: whether their state survives in replicas is the

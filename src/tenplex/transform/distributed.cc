@@ -409,7 +409,11 @@ Result<Round> PlanRound(const HostSet& hs, const Cluster& target, const Parallel
   round.from_hosts = cs.rank_hosts;
   TP_ASSIGN_OR_RETURN(stats.new_hosts, PlaceRanks(hs, target, to, to_layout.world_size(),
                                                   stats.lost_hosts.size(), round.to_hosts, live));
-  round.new_info = NewInfo(cs.info, to, Cluster{stats.new_hosts, target.gpus_per_host});
+  std::vector<store::Client*> new_clients;  // their host ids go into the placement
+  for (const std::string& u : stats.new_hosts)
+    new_clients.push_back(hs.hosts[hs.index.at(u)].client.get());
+  round.new_info = NewInfo(
+      cs.info, to, WithHostIds(Cluster{stats.new_hosts, target.gpus_per_host}, new_clients));
   const auto t_plan = std::chrono::steady_clock::now();
   TP_ASSIGN_OR_RETURN(plan::Plan p, plan::MakePlan(cs.info.model(), from_layout, to_layout,
                                                    round.from_hosts, round.to_hosts));
@@ -465,14 +469,17 @@ Result<RoundResult> RunCentral(std::vector<Host>& hosts, const std::string& job,
   Round gather = round, reslice = round, scatter = round;
   gather.to_config = from_config;
   gather.to_hosts.assign(from_layout.world_size(), c);
+  const std::vector<store::Client*> center_client = {hosts[c].client.get()};
   gather.new_info =
-      NewInfo(cs.info, from_config, Cluster{{hosts[c].url}, from_layout.world_size()});
+      NewInfo(cs.info, from_config,
+              WithHostIds(Cluster{{hosts[c].url}, from_layout.world_size()}, center_client));
   reslice.from_version = gather.to_version;
   reslice.to_version = gather.to_version + 1;
   reslice.info = gather.new_info;
   reslice.from_hosts.assign(from_layout.world_size(), c);
   reslice.to_hosts.assign(to_layout.world_size(), c);
-  reslice.new_info = NewInfo(cs.info, to, Cluster{{hosts[c].url}, to_layout.world_size()});
+  reslice.new_info = NewInfo(
+      cs.info, to, WithHostIds(Cluster{{hosts[c].url}, to_layout.world_size()}, center_client));
   scatter.from_version = reslice.to_version;
   scatter.to_version = reslice.to_version + 1;
   scatter.info = reslice.new_info;

@@ -18,6 +18,7 @@
 #include "tenplex/transform/cluster_state.h"
 #include "tenplex/transform/control_protocol.h"
 #include "tenplex/transform/local.h"
+#include "tenplex/transform/test_hosts.h"
 #include "tenplex/transform/two_phase.h"
 
 namespace tenplex::transform {
@@ -25,133 +26,11 @@ namespace {
 
 using nlohmann::json;
 
-constexpr uint64_t kSeed = 11;
+using test_hosts::kSeed;
+using test_hosts::TestHost;
+using test_hosts::TinyGpt;
 
-struct TestHost {
-  std::unique_ptr<store::Store> store;
-  std::unique_ptr<store::Server> server;
-  std::unique_ptr<Agent> agent;
-  std::thread thread;
-  std::string url;
-
-  void Start() {
-    store = *store::Store::Open({});
-    server = std::make_unique<store::Server>(*store, store::ServerOptions{});
-    AgentOptions ao;
-    ao.transport = "inproc";
-    ao.transport_options.timeout = std::chrono::milliseconds(2000);
-    agent = *Agent::Create(*store, ao);
-    agent->Install(*server);
-    Result<int> port = server->Bind("127.0.0.1", 0);
-    ASSERT_TRUE(port.ok()) << port.status().ToString();
-    url = "http://127.0.0.1:" + std::to_string(*port);
-    thread = std::thread([this] { (void)server->Serve(); });
-  }
-  // The host dies: its server and data plane go away (its store object stays, unused).
-  void Kill() {
-    if (!server) return;
-    server->Stop();
-    thread.join();
-    server.reset();
-    agent.reset();
-  }
-  ~TestHost() { Kill(); }
-};
-
-Model TinyGpt() {
-  GptArgs a;
-  a.num_layers = 4;
-  a.hidden_size = 16;
-  a.num_attention_heads = 4;
-  a.num_query_groups = 2;
-  a.ffn_hidden_size = 24;
-  a.vocab_size = 101;
-  a.make_vocab_size_divisible_by = 8;
-  a.max_position_embeddings = 8;
-  a.swiglu = true;
-  return *MakeGpt(a);
-}
-
-class DistributedTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    model_ = TinyGpt();
-    hosts_.resize(6);
-    for (auto& h : hosts_) {
-      h = std::make_unique<TestHost>();
-      h->Start();
-    }
-  }
-
-  Cluster ClusterOf(std::vector<int> which, int k) {
-    Cluster c;
-    c.gpus_per_host = k;
-    for (int h : which) c.hosts.push_back(hosts_[h]->url);
-    return c;
-  }
-
-  // Version 1 of job "j" in `config` on the hosts of `cluster`, from the oracle.
-  void Load(const Cluster& cluster, const std::string& config) {
-    ParallelConfig cfg = *ParseConfig(config);
-    Layout layout = *MakeLayout(model_, cfg);
-    json info = {{"model", json::parse(ModelToJson(model_))},
-                 {"config", cfg.ToString()},
-                 {"cluster", {{"hosts", cluster.hosts}, {"gpus_per_host", cluster.gpus_per_host}}}};
-    for (std::size_t h = 0; h < cluster.hosts.size(); ++h) {
-      store::Store& st = *StoreOf(cluster.hosts[h]);
-      ASSERT_TRUE(st.BeginVersion("j", 1, info.dump()).ok());
-      for (const RankLayout& r : layout.ranks) {
-        if (cluster.HostOfRank(r.rank) != static_cast<int>(h)) continue;
-        for (const LocalTensor& t : *r.tensors) {
-          Result<store::TensorWriter> w =
-              st.Allocate(store::TensorPathOf("j", 1, r.rank, t.name), t.dtype, t.shape);
-          ASSERT_TRUE(w.ok()) << w.status().ToString();
-          ASSERT_TRUE(plan::FillSynthetic(layout, t, kSeed, w->data()).ok());
-        }
-      }
-      ASSERT_TRUE(st.Commit("j", 1).ok());
-    }
-  }
-
-  store::Store* StoreOf(const std::string& url) {
-    for (auto& h : hosts_) {
-      if (h->url == url) return h->store.get();
-    }
-    return nullptr;
-  }
-
-  // Every new rank's tensors on its host, element by element, and nothing else there.
-  void Verify(const ClusterTransformStats& s, const std::string& config, int k) {
-    Layout layout = *MakeLayout(model_, *ParseConfig(config));
-    for (std::size_t h = 0; h < s.new_hosts.size(); ++h) {
-      store::Store& st = *StoreOf(s.new_hosts[h]);
-      Result<store::VersionInfo> v = st.Version("j", std::nullopt);
-      ASSERT_TRUE(v.ok());
-      EXPECT_EQ(v->version, s.to_version);
-      std::size_t expected = 0;
-      for (const RankLayout& r : layout.ranks) {
-        if (r.rank / k != static_cast<int>(h)) continue;
-        for (const LocalTensor& t : *r.tensors) {
-          ++expected;
-          Result<store::TensorRef> ref =
-              st.Get(store::TensorPathOf("j", s.to_version, r.rank, t.name));
-          ASSERT_TRUE(ref.ok()) << ref.status().ToString();
-          Status c = plan::CheckSynthetic(layout, t, kSeed, ref->data());
-          EXPECT_TRUE(c.ok()) << config << " rank " << r.rank << ": " << c.ToString();
-        }
-      }
-      EXPECT_EQ(st.List("jobs/j/" + std::to_string(s.to_version) + "/")->size(), expected)
-          << s.new_hosts[h];
-    }
-    int64_t fetched = 0;
-    for (const HostTransformReport& r : s.hosts) fetched += r.bytes_fetched;
-    EXPECT_EQ(fetched, s.plan.bytes_cross_host);
-    EXPECT_EQ(s.plan.bytes_cross_host, s.plan.cross_host_lower_bound);
-  }
-
-  Model model_;
-  std::vector<std::unique_ptr<TestHost>> hosts_;
-};
+class DistributedTest : public test_hosts::HostsFixture {};
 
 TEST_F(DistributedTest, ChangesEveryDimensionExactly) {
   Cluster c = ClusterOf({0, 1, 2, 3}, 2);

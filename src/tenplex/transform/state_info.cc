@@ -15,10 +15,6 @@ const std::set<std::string>& StoreFields() {
 }
 constexpr char kShadowed[] = "shadowed_fields";
 
-json ClusterJson(const Cluster& c) {
-  return {{"hosts", c.hosts}, {"gpus_per_host", c.gpus_per_host}};
-}
-
 }  // namespace
 
 Result<StateInfo> StateInfo::Parse(const std::string& text) {

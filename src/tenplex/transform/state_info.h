@@ -4,7 +4,8 @@
 //
 //   {"model": <model JSON>, "config": "tp=2,pp=2,dp=1",
 //    "step": 24, "samples_consumed": 192, <other training fields>,
-//    "cluster": {"hosts": [...], "gpus_per_host": K},   where the ranks live
+//    "cluster": {"hosts": [...], "gpus_per_host": K,    where the ranks live
+//                "host_ids": [...]},                    (the hosts' ids: cluster.h)
 //    "source": "/ckpt/dir",                             the checkpoint it was loaded from
 //    "safetensors": {"rank-00000.safetensors": {"metadata": {...}, "order": [...]}}}
 //

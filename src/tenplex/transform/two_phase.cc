@@ -176,11 +176,7 @@ class Resolver {
     const std::size_t used = std::min(
         placement.hosts.size(), static_cast<std::size_t>((si->config().world_size() + k - 1) / k));
     std::vector<int> out;
-    for (std::size_t i = 0; i < used; ++i) {
-      const std::string& u = placement.hosts[i];
-      auto it = std::find(urls_.begin(), urls_.end(), u);
-      out.push_back(it == urls_.end() ? -1 : static_cast<int>(it - urls_.begin()));
-    }
+    for (std::size_t i = 0; i < used; ++i) out.push_back(MatchHost(placement, i, urls_, clients_));
     return out;
   }
 
