@@ -255,7 +255,8 @@ def test_install(tmp):
     # pip from the checkout (the venv's pip and setuptools, no network, no build isolation).
     target = os.path.join(tmp, "pip-target")
     r = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation",
-                        "--no-index", "--target", target, ROOT], capture_output=True, text=True, cwd=tmp)
+                        "--no-index", "--target", target, ROOT], capture_output=True, text=True, cwd=tmp,
+                       env=dict(os.environ, TENPLEX_BUILD_DIR=build))  # the CLI of this build
     check(r.returncode == 0, r.stdout + r.stderr)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp,
                        env=dict(env, PYTHONPATH=target))

@@ -16,11 +16,18 @@ namespace tenplex::interop {
 
 inline constexpr const char* kFormats[] = {"dcp", "megatron", "hf", "ds-universal", "mcore"};
 
-// The folder holding the `tenplex` Python package: $TENPLEX_PYTHON_DIR, else the
-// source tree's python/ (set at build time).
-std::string PythonDir();
-// The interpreter: $TENPLEX_PYTHON, else the project's .venv/bin/python (CMake's
-// TENPLEX_PY) where it exists, else python3 on PATH.
+// The folder holding the `tenplex` Python package (one with tenplex/interop/__main__.py)
+// for a CLI whose executable lies in `exe_dir`: $TENPLEX_PYTHON_DIR, else, relative to
+// the executable, EXE/../lib/python3*/{dist,site}-packages (`cmake --install`, pip into an
+// environment) or EXE/.. (`pip install --target DIR`: DIR/bin and DIR/tenplex); the source
+// tree's python/ only for the executable in the build tree (compiled-in paths, never
+// used by an installed CLI). NotFound lists the places looked in.
+Result<std::string> PythonDirFor(const std::string& exe_dir);
+// PythonDirFor the running executable (/proc/self/exe).
+Result<std::string> PythonDir();
+// The interpreter: $TENPLEX_PYTHON, else python3 beside the executable (a CLI that pip
+// installed into an environment), else the interpreter CMake built the native module for
+// (TENPLEX_PY, the project's .venv/bin/python) where it exists, else python3 on PATH.
 std::string PythonExe();
 
 // Runs `python -m tenplex.interop <args>` with stdout and stderr passed through and
