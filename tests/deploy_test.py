@@ -15,7 +15,9 @@ Slurm (deploy/slurm/): `bash -n` of both scripts, then the sbatch script really 
 this machine with stand-ins for `scontrol` and `srun` (one node, as srun would start
 node.sh there): it starts a daemon with the token, a torchrun agent (nproc 2, the
 rendezvous on this node) and trains 4 steps of the demo model as tp=2; the log has
-steps 0-3 and a commit of step 4, the exit status is 0 and the daemon is gone.
+steps 0-3 and a commit of step 4, the exit status is 0, the daemon is gone and kept its
+state in SHM_DIR; node.sh without one of its required variables fails naming it, and
+exits 76 repeating the message when a worker recorded a fatal loss (a stand-in python).
 """
 import json
 import os
@@ -150,7 +152,8 @@ def check_slurm(tenplex, repo):
         subprocess.run([tenplex, "model", "gpt", "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads",
                         "4", "--vocab-size", "128", "--max-position-embeddings", "32", "-o", model], check=True)
         port = free_port()
-        env = dict(os.environ, PATH=fake + ":" + os.environ["PATH"], TENPLEX_TOKEN_FILE=token,
+        shm = tempfile.mkdtemp(prefix="tenplex-deploy-", dir="/dev/shm")
+        env = dict(os.environ, SHM_DIR=shm, PATH=fake + ":" + os.environ["PATH"], TENPLEX_TOKEN_FILE=token,
                    SLURM_JOB_NODELIST=host, SLURM_JOB_NUM_NODES="1", SLURM_JOB_ID="4242", NPROC="2",
                    STORE_PORT=str(port), RDZV_PORT=str(free_port()), POLICY='{"2": "tp=2"}', NODE_ADDR="127.0.0.1",
                    TENPLEX_REPO=repo, TENPLEX=tenplex, GLOO_SOCKET_IFNAME="lo", MONITOR_INTERVAL="0.5", LAST_CALL="1",
@@ -169,6 +172,30 @@ def check_slurm(tenplex, repo):
         check(any(x.get("event") == "commit" and x["step"] == 4 for x in lines), "the last step was committed")
         with socket.socket() as s:
             check(s.connect_ex(("127.0.0.1", port)) != 0, "the node's daemon stopped with the job")
+        check(len(os.listdir(shm)) > 0, "the daemon kept the job's state in SHM_DIR (--shm-dir)")
+        subprocess.run(["rm", "-rf", shm])
+        # node.sh by hand without a required variable: an error naming it, before a daemon
+        # starts (issue 34: TRAIN_ARGS was needed but undocumented, an "unbound variable").
+        for name in ("TENPLEX_TOKEN", "RDZV_ENDPOINT", "RDZV_ID", "POLICY", "TRAIN_ARGS"):
+            hand = dict(env, TENPLEX_TOKEN="t", RDZV_ENDPOINT="127.0.0.1:1", RDZV_ID="x")
+            hand.pop(name)
+            p = subprocess.run(["bash", os.path.join(sdir, "node.sh")], env=hand, capture_output=True, text=True,
+                               timeout=30)
+            check(p.returncode != 0 and f"set {name}" in p.stderr and "docs/deploy.md" in p.stderr,
+                  f"node.sh without {name}: a clear error {p.stderr.strip()[-200:]!r}")
+        # A worker's unrecoverable loss (tenplex.elastic writes TENPLEX_FATAL_FILE and stops
+        # the agent): node.sh exits 76 and repeats the message (issue 34 finding 4).
+        stub = os.path.join(fake, "python-fatal")
+        with open(stub, "w") as f:
+            f.write('#!/bin/sh\necho "tenplex: fatal: every old rank is on a lost host" > "$TENPLEX_FATAL_FILE"\nexit 1\n')
+        os.chmod(stub, stat.S_IRWXU)
+        hand = dict(env, TENPLEX_TOKEN="t", RDZV_ENDPOINT="127.0.0.1:1", RDZV_ID="x", PYTHON=stub,
+                    SHM_DIR=tempfile.mkdtemp(prefix="tenplex-deploy-", dir="/dev/shm"))
+        p = subprocess.run(["bash", os.path.join(sdir, "node.sh")], env=hand, capture_output=True, text=True,
+                           timeout=60)
+        subprocess.run(["rm", "-rf", hand["SHM_DIR"]])
+        check(p.returncode == 76 and "unrecoverable loss" in p.stderr and "every old rank" in p.stderr,
+              f"node.sh reports a fatal loss with exit 76: {p.returncode} {p.stderr.strip()[-300:]!r}")
         env["TENPLEX_TOKEN_FILE"] = os.path.join(tmp, "missing")
         p = subprocess.run(["bash", os.path.join(sdir, "tenplex-torchrun.sbatch")], cwd=tmp, env=env,
                            capture_output=True, text=True, timeout=60)
