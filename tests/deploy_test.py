@@ -92,9 +92,12 @@ def check_k8s(repo):
     worker = spec.get("pytorchReplicaSpecs", {}).get("Worker", {})
     lo, hi, n = ep.get("minReplicas", 0), ep.get("maxReplicas", 0), worker.get("replicas", 0)
     check(ep.get("rdzvBackend") == "c10d" and 1 <= lo <= n <= hi, f"elastic c10d job, min {lo} <= {n} <= max {hi}")
+    conf = {c.get("key"): c.get("value") for c in ep.get("rdzvConf", [])}
+    check(0 < float(conf.get("last_call_timeout", "30")) <= 5, f"a short rendezvous last call: {conf}")
     wpod = worker.get("template", {}).get("spec", {})
     wc = (wpod.get("containers") or [{}])[0]
     wcmd = wc.get("command", [])
+    check("--monitor_interval=1" in wcmd, "a short monitor interval")
     check(wcmd[:1] == ["torchrun"] and "--elastic" in wcmd,
           f"workers run torchrun ... train.py --elastic: {wcmd[:4]}")
     nproc = next((int(a.split("=", 1)[1]) for a in wcmd if a.startswith("--nproc_per_node=")), 0)
