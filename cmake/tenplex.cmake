@@ -1,24 +1,36 @@
-# tenplex_module(NAME DEPS a b c) builds src/tenplex/NAME/*.cc (except *_test.cc and
-# *_main.cc) into the static library tenplex_NAME and *_test.cc into tenplex_NAME_test.
-function(tenplex_module name)
-  cmake_parse_arguments(M "" "" "DEPS;TEST_DEPS" ${ARGN})
-  file(GLOB srcs CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/*.cc)
-  file(GLOB tests CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/*_test.cc)
-  list(FILTER srcs EXCLUDE REGEX "(_test|_main|_fuzz)\\.cc$")
-  add_library(tenplex_${name} STATIC ${srcs})
-  target_include_directories(tenplex_${name} PUBLIC ${PROJECT_SOURCE_DIR}/src)
-  target_link_libraries(tenplex_${name} PUBLIC ${M_DEPS})
-  set_target_properties(tenplex_${name} PROPERTIES POSITION_INDEPENDENT_CODE ON)
+# tenplex_library(NAME SOURCES a.cc b.cc DEPS x y) builds the static library NAME from
+# the given sources of the current directory (position independent, the shared
+# precompiled header): a library split out of a module (tenplex_module's EXCLUDE).
+function(tenplex_library name)
+  cmake_parse_arguments(L "" "" "SOURCES;DEPS" ${ARGN})
+  add_library(${name} STATIC ${L_SOURCES})
+  target_include_directories(${name} PUBLIC ${PROJECT_SOURCE_DIR}/src)
+  target_link_libraries(${name} PUBLIC ${L_DEPS})
+  set_target_properties(${name} PROPERTIES POSITION_INDEPENDENT_CODE ON)
   # One precompiled header (util/pch.h) for all libraries, built with tenplex_util's
   # flags; each test executable (other flags: not PIC) builds its own with gtest added.
   # It halves the build on 2 cores (scripts/demo.sh builds the CLI within its budget).
   if(TENPLEX_PCH)
-    if(name STREQUAL "util")
+    if(name STREQUAL "tenplex_util")
       target_precompile_headers(tenplex_util PRIVATE ${PROJECT_SOURCE_DIR}/src/tenplex/util/pch.h)
     else()
-      target_precompile_headers(tenplex_${name} REUSE_FROM tenplex_util)
+      target_precompile_headers(${name} REUSE_FROM tenplex_util)
     endif()
   endif()
+endfunction()
+
+# tenplex_module(NAME DEPS a b c [EXCLUDE x.cc ...]) builds src/tenplex/NAME/*.cc (except
+# *_test.cc, *_main.cc and the EXCLUDE files, which another library of the directory
+# builds) into the static library tenplex_NAME and *_test.cc into tenplex_NAME_test.
+function(tenplex_module name)
+  cmake_parse_arguments(M "" "" "DEPS;TEST_DEPS;EXCLUDE" ${ARGN})
+  file(GLOB srcs CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/*.cc)
+  file(GLOB tests CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/*_test.cc)
+  list(FILTER srcs EXCLUDE REGEX "(_test|_main|_fuzz)\\.cc$")
+  foreach(x ${M_EXCLUDE})
+    list(REMOVE_ITEM srcs ${CMAKE_CURRENT_SOURCE_DIR}/${x})
+  endforeach()
+  tenplex_library(tenplex_${name} SOURCES ${srcs} DEPS ${M_DEPS})
   if(tests)
     add_executable(tenplex_${name}_test ${tests})
     target_link_libraries(tenplex_${name}_test PRIVATE tenplex_${name} ${M_TEST_DEPS} GTest::gtest GTest::gtest_main)

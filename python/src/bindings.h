@@ -22,5 +22,6 @@ void register_store(pyb::module_& m);
 void register_ptc(pyb::module_& m);
 void register_data(pyb::module_& m);
 void register_device(pyb::module_& m);
+void register_cluster(pyb::module_& m);
 
 }  // namespace tenplex::py

@@ -7,4 +7,5 @@ PYBIND11_MODULE(_tenplex, m) {
   tenplex::py::register_ptc(m);
   tenplex::py::register_data(m);
   tenplex::py::register_device(m);
+  tenplex::py::register_cluster(m);
 }

@@ -11,6 +11,14 @@
 namespace tenplex::py {
 namespace {
 
+// Runs f without the GIL and returns its result: a request to a daemon waits on the
+// network while other Python threads (a training loop, a test's in-process proxy) go on.
+template <typename F>
+auto NoGil(F&& f) {
+  pyb::gil_scoped_release release;
+  return f();
+}
+
 class PyStore {
  public:
   static std::shared_ptr<PyStore> Embedded(const std::string& shm_dir, uint64_t memory_limit) {
@@ -21,24 +29,33 @@ class PyStore {
     s->store_ = Take(store::Store::Open(o));
     return s;
   }
-  static std::shared_ptr<PyStore> Connect(const std::string& url, const std::string& token) {
+  static std::shared_ptr<PyStore> Connect(const std::string& url, const std::string& token,
+                                          int timeout_s) {
+    if (timeout_s <= 0) Check(InvalidArgument("timeout_s must be > 0"));
     store::ClientOptions o;
     o.token = token;
+    o.timeout_s = timeout_s;
     auto s = std::make_shared<PyStore>();
-    s->client_ = Take(store::Client::Connect(url, o));
+    s->client_ = Take(NoGil([&] { return store::Client::Connect(url, o); }));
     return s;
   }
 
   bool local() const { return store_ || client_->local(); }
   std::string where() const { return store_ ? store_->shm_dir() : client_->url(); }
+  // The daemon's stable host id (the embedded store's own): how hosts are matched.
+  std::string host_id() const { return store_ ? store_->host_id() : client_->host_id(); }
 
   uint64_t BeginVersion(const std::string& job, std::optional<uint64_t> version,
                         const std::string& info) {
-    return store_ ? Take(store_->BeginVersion(job, version, info))
-                  : Take(client_->BeginVersion(job, version, info));
+    return Take(NoGil([&] {
+      return store_ ? store_->BeginVersion(job, version, info)
+                    : client_->BeginVersion(job, version, info);
+    }));
   }
   void SetVersionInfo(const std::string& job, uint64_t v, const std::string& info) {
-    Check(store_ ? store_->SetVersionInfo(job, v, info) : client_->SetVersionInfo(job, v, info));
+    Check(NoGil([&] {
+      return store_ ? store_->SetVersionInfo(job, v, info) : client_->SetVersionInfo(job, v, info);
+    }));
   }
   // Commit and Allocate run without the GIL: a commit hashes every byte of the version
   // and an allocation zeroes recycled pages, while another thread (the training loop,
@@ -52,14 +69,19 @@ class PyStore {
     Check(s);
   }
   void Abort(const std::string& job, uint64_t v) {
-    Check(store_ ? store_->DropVersion(job, v) : client_->Abort(job, v));
+    Check(NoGil([&] { return store_ ? store_->DropVersion(job, v) : client_->Abort(job, v); }));
   }
   pyb::dict Version(const std::string& job, std::optional<uint64_t> v) {
-    return VersionDict(store_ ? Take(store_->Version(job, v)) : Take(client_->Version(job, v)));
+    return VersionDict(
+        Take(NoGil([&] { return store_ ? store_->Version(job, v) : client_->Version(job, v); })));
   }
-  std::vector<std::string> Jobs() { return store_ ? store_->Jobs() : Take(client_->Jobs()); }
+  std::vector<std::string> Jobs() {
+    if (store_) return store_->Jobs();
+    return Take(NoGil([&] { return client_->Jobs(); }));
+  }
   pyb::dict Job(const std::string& job) {
-    store::JobInfo info = store_ ? Take(store_->Job(job)) : Take(client_->Job(job));
+    store::JobInfo info =
+        Take(NoGil([&] { return store_ ? store_->Job(job) : client_->Job(job); }));
     pyb::dict d;
     d["job"] = info.job;
     d["current"] = info.current ? pyb::cast(*info.current) : pyb::none();
@@ -69,14 +91,15 @@ class PyStore {
     return d;
   }
   void DeleteJob(const std::string& job) {
-    Check(store_ ? store_->DeleteJob(job) : client_->DeleteJob(job));
+    Check(NoGil([&] { return store_ ? store_->DeleteJob(job) : client_->DeleteJob(job); }));
   }
   void DropVersion(const std::string& job, uint64_t v) {
-    Check(store_ ? store_->DropVersion(job, v) : client_->DropVersion(job, v));
+    Check(
+        NoGil([&] { return store_ ? store_->DropVersion(job, v) : client_->DropVersion(job, v); }));
   }
   pyb::list List(const std::string& prefix) {
     std::vector<store::TensorInfo> infos =
-        store_ ? Take(store_->List(prefix)) : Take(client_->List(prefix));
+        Take(NoGil([&] { return store_ ? store_->List(prefix) : client_->List(prefix); }));
     pyb::list out;
     for (const auto& t : infos) out.append(InfoDict(t));
     return out;
@@ -107,7 +130,7 @@ class PyStore {
     if (store_) {
       Take(store_->Put(path, dt, shape, bi.ptr, size));
     } else {
-      Check(client_->Write(path, dt, shape, bi.ptr, size));
+      Check(NoGil([&] { return client_->Write(path, dt, shape, bi.ptr, size); }));
     }
   }
   pyb::bytes Read(const std::string& path) {
@@ -115,7 +138,7 @@ class PyStore {
       store::TensorRef ref = Take(store_->Get(path));
       return pyb::bytes(reinterpret_cast<const char*>(ref.data()), ref.size());
     }
-    std::string bytes = Take(client_->Get(path));
+    std::string bytes = Take(NoGil([&] { return client_->Get(path); }));
     return pyb::bytes(bytes);
   }
 
@@ -125,6 +148,7 @@ class PyStore {
     d["job"] = vi.job;
     d["version"] = vi.version;
     d["committed"] = vi.committed;
+    d["prepared"] = vi.prepared;
     d["current"] = vi.current;
     d["bytes"] = vi.bytes;
     d["tensors"] = vi.tensors;
@@ -151,9 +175,11 @@ void register_store(pyb::module_& m) {
   pyb::class_<PyStore, std::shared_ptr<PyStore>>(m, "Store")
       .def_static("embedded", &PyStore::Embedded, pyb::arg("shm_dir") = "",
                   pyb::arg("memory_limit") = 0)
-      .def_static("connect", &PyStore::Connect, pyb::arg("url"), pyb::arg("token") = "")
+      .def_static("connect", &PyStore::Connect, pyb::arg("url"), pyb::arg("token") = "",
+                  pyb::arg("timeout_s") = store::ClientOptions{}.timeout_s)
       .def_property_readonly("local", &PyStore::local)
       .def_property_readonly("where", &PyStore::where)
+      .def_property_readonly("host_id", &PyStore::host_id)
       .def("begin_version", &PyStore::BeginVersion, pyb::arg("job"),
            pyb::arg("version") = pyb::none(), pyb::arg("info") = "")
       .def("set_version_info", &PyStore::SetVersionInfo)

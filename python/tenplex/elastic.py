@@ -27,26 +27,48 @@ Start-up (``restore``), all workers together:
    host ``h`` of the new placement is the one of group rank ``h`` (torchrun numbers
    ranks host by host: rank = group_rank * LOCAL_WORLD_SIZE + local_rank), so rank r
    lives on the daemon of its own host.
-3. Rank 0 (the coordinator) finds the job's committed version on the daemons (the
-   newest; its info's ``cluster`` says where its ranks were) and, unless it is already
-   in this config on these hosts, runs ``tenplex transform --cluster OLD --to-cluster
-   NEW`` (the C++ distributed transform: two-phase commit, hosts that do not answer are
-   lost and the plan reads their replicas). Its result is broadcast; on failure every
-   worker raises ``ElasticError`` with the coordinator's message.
+3. Rank 0 (the coordinator) asks every daemon of this world for the job, retrying the
+   ones that do not answer until ``connect_timeout`` (TENPLEX_CONNECT_TIMEOUT, 60 s;
+   -1: forever); still silent daemons fail the start with an ``ElasticError`` naming
+   them: a job is new only when every daemon answered and none has it, never on
+   silence. It then runs the owner recovery of the C++ side (ResolvePending, through
+   ``_tenplex.cluster_resolve``): a commit a dead coordinator or host left half done is
+   finished (every participant prepared it) or rolled back. The newest version current
+   on any host is the state (its info's ``cluster`` says where its ranks were, with the
+   hosts' ids); it is used as it is only when it is in this config on these hosts
+   (matched by host id, not URL text) and current with the same info on every one of
+   them, else rank 0 runs ``tenplex transform --cluster OLD --to-cluster NEW`` (the C++
+   distributed transform: hosts that do not answer or missed a commit are lost and the
+   plan reads their replicas). Its result is broadcast; on failure every worker raises
+   ``ElasticError`` with the coordinator's message. A transform that fails for data
+   loss (every replica of some rank gone) ends the job: one message naming the
+   recovery commands, a marker file (``TENPLEX_FATAL_FILE``, else one per job and
+   torchrun run id in the temp directory) that makes every later restart of this run
+   stop at once, this host's torchrun agent stopped, exit status ``FATAL_EXIT_STATUS``
+   (76), which a launcher treats as final.
 4. Each worker maps its rank's tensors of that version from its own daemon
-   (copy-on-write shared memory: no bytes copied until written).
+   (copy-on-write shared memory: no bytes copied until written), after checking that
+   it is the committed, current version there.
 
 Commits (``step_done``): every ``commit_every`` steps, and at the first step boundary
 after any worker got SIGTERM (torchrun's agent stops its workers so for a membership
 change), the workers write their tensors into a new version on their own daemon (one
 copy into shared memory), rank 0 begins that version (same number and info on every
-host, one past any version any host has had) before and commits it on every host after
-all workers reported success (phase one: every write done; phase two: the commits, a
-rename each), or aborts it everywhere. With ``async_commit=True`` the periodic writes
-overlap the following steps (a snapshot of the tensors, on their GPU when they are there,
-written by a background thread); the collectives of both phases stay in the training
-thread, at a later ``step_done``. A planned change therefore loses no finished
-step; a failure loses the steps since the last commit.
+host, one past any version any host has had) before, and after all workers reported
+success commits it with the C++ two-phase commit (``_tenplex.cluster_prepare_commit``:
+prepare on every host, durable across a daemon restart; then CommitEverywhere, the
+first host alone first; the old versions are released only once every host
+confirmed), or aborts it everywhere (AbortEverywhere). From the last prepare on the
+decision is durable: a commit whose reply is lost is confirmed by asking the host, a
+host that dies or stops between the other hosts' commits keeps the version prepared
+and the next restore's recovery commits it there. Rank 0 refuses a commit when some
+host's current version is newer than the one this job restored from (another
+coordinator moved the job on), naming both. One request to a daemon may take
+``request_timeout`` seconds (TENPLEX_REQUEST_TIMEOUT, 120). With ``async_commit=True``
+the periodic writes overlap the following steps (a snapshot of the tensors, on their
+GPU when they are there, written by a background thread); the collectives of both
+phases stay in the training thread, at a later ``step_done``. A planned change
+therefore loses no finished step; a failure loses the steps since the last commit.
 
 A lost host is a daemon that does not answer: its ranks are re-placed from replicas by
 the transform. A worker that stopped for a change waits for its own SIGTERM (its agent
@@ -56,7 +78,6 @@ torchrun treats as a failure and answers with a new rendezvous.
 """
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -67,109 +88,16 @@ import torch
 import torch.distributed as dist
 
 from . import _tenplex
+from . import elastic_cluster as _ec
 from . import store as _store
-from .layout import Config
+from .elastic_cluster import FATAL_EXIT_STATUS, ElasticError, FatalElasticError  # noqa: F401 (the API)
+from .elastic_policy import (SuggestPolicy, pick_choice, pick_config, read_policy,  # noqa: F401 (the API)
+                             suggest_choice, suggest_config, tenplex_binary)
+from .layout import Config  # noqa: F401 (elastic.Config)
 
-
-class ElasticError(RuntimeError):
-    pass
-
+log = _ec.log
 
 STOP_EXIT_STATUS = 3  # stopped for a change but no SIGTERM came: ask torchrun for a new round
-
-
-class SuggestPolicy:
-    """The config policy (``tenplex config suggest``, docs/policy.md) instead of a table:
-    for each world size the best-ranked config that fits and uses every worker."""
-
-    def __init__(self, args):
-        self.args = list(args)
-
-
-def read_policy(policy):
-    """{world size: config string} from a policy file path, a JSON text or a dict; or, for
-    ``"suggest:ARGS"`` (e.g. ``"suggest:--model m.json --device-profile cpu"``), a
-    SuggestPolicy that asks ``tenplex config suggest ARGS`` at start-up."""
-    if isinstance(policy, str) and policy.startswith("suggest:"):
-        args = policy[len("suggest:"):].split()
-        if "--model" not in args:
-            raise ElasticError(f"policy {policy!r}: suggest needs --model M (the model JSON or a preset)")
-        return SuggestPolicy(args)
-    if isinstance(policy, dict):
-        raw = policy
-    else:
-        text = policy
-        if not policy.lstrip().startswith("{"):
-            try:
-                with open(policy) as f:
-                    text = f.read()
-            except OSError as e:
-                raise ElasticError(f"cannot read policy file {policy}: {e}") from None
-        try:
-            raw = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ElasticError(f"policy {policy}: not JSON ({e})") from None
-    if not isinstance(raw, dict) or not raw:
-        raise ElasticError("policy: expected a JSON object mapping world sizes to configs, "
-                           "e.g. {\"4\": \"tp=2,pp=2\", \"2\": \"tp=2\"}")
-    out = {}
-    for k, v in raw.items():
-        try:
-            n = int(k)
-        except (TypeError, ValueError):
-            n = 0
-        if n < 1 or not isinstance(v, str):
-            raise ElasticError(f"policy: entry {k!r}: {v!r} is not world size -> config string")
-        try:
-            cfg = Config.parse(v)
-        except _tenplex.Error as e:
-            raise ElasticError(f"policy: entry {k!r}: {e}") from None
-        if cfg.world_size != n:
-            raise ElasticError(f"policy: entry {k!r}: config {v} has world size {cfg.world_size}, not {n}")
-        out[n] = str(cfg)
-    return out
-
-
-def suggest_choice(policy, world_size, gpus_per_host=None):
-    """The best config of `tenplex config suggest` that fits and uses all world_size
-    workers, and its Megatron-LM arguments (the knobs the policy chose with it:
-    micro-batch, recomputation, sequence parallelism, virtual stages)."""
-    cmd = [tenplex_binary(), "config", "suggest", *policy.args, "--gpus", str(world_size), "--all", "--json"]
-    if gpus_per_host and "--gpus-per-host" not in policy.args:
-        cmd += ["--gpus-per-host", str(gpus_per_host)]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise ElasticError(f"tenplex config suggest failed: {(r.stderr or r.stdout).strip()}")
-    try:
-        configs = json.loads(r.stdout)["configs"]
-    except (ValueError, KeyError, TypeError) as e:
-        raise ElasticError(f"tenplex config suggest: unreadable output ({e})") from None
-    for c in configs:
-        cfg = Config.parse(c["config"])
-        if c.get("fits") and cfg.world_size == world_size:
-            return str(cfg), list(c.get("megatron_args", []))
-    raise ElasticError(f"tenplex config suggest has no config that fits on {world_size} workers")
-
-
-def suggest_config(policy, world_size, gpus_per_host=None):
-    """The config of suggest_choice."""
-    return suggest_choice(policy, world_size, gpus_per_host)[0]
-
-
-def pick_choice(policy, world_size, gpus_per_host=None):
-    """(config, Megatron-LM arguments of its knobs) for world_size: a table policy gives
-    no arguments, a suggest: policy those of its choice."""
-    if isinstance(policy, SuggestPolicy):
-        return suggest_choice(policy, world_size, gpus_per_host)
-    if world_size not in policy:
-        raise ElasticError(f"the policy has no config for world size {world_size} "
-                           f"(it has {sorted(policy)}): add an entry or change --nnodes/--nproc_per_node")
-    return policy[world_size], []
-
-
-def pick_config(policy, world_size, gpus_per_host=None):
-    """The policy's config for world_size, or ElasticError naming the sizes it has."""
-    return pick_choice(policy, world_size, gpus_per_host)[0]
 
 
 def _env_int(name, default=None):
@@ -195,18 +123,6 @@ def process_age():
         return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
     except (OSError, ValueError, IndexError):
         return 0.0
-
-
-def tenplex_binary():
-    """The tenplex CLI: TENPLEX_BIN, else `tenplex` on PATH, else this checkout's build."""
-    exe = os.environ.get("TENPLEX_BIN") or shutil.which("tenplex")
-    if exe:
-        return exe
-    here = os.path.dirname(os.path.abspath(__file__))
-    built = os.path.join(here, "..", "..", "build", "bin", "tenplex")
-    if os.path.exists(built):
-        return os.path.abspath(built)
-    raise ElasticError("cannot find the tenplex CLI: set TENPLEX_BIN or put tenplex on PATH")
 
 
 class Restored:
@@ -235,7 +151,13 @@ def _barrier_and_teardown():
 
 class Job:
     def __init__(self, job, policy, commit_every=0, store_url=None, token=None, term_wait=15.0, log=None,
-                 async_commit=False):
+                 async_commit=False, connect_timeout=None, request_timeout=None, exit_on_fatal=True):
+        """connect_timeout: seconds restore() waits for daemons that do not answer before it
+        fails naming them (default TENPLEX_CONNECT_TIMEOUT or 60; -1: forever); never a new
+        job on silence. request_timeout: seconds one request of the coordinator may take
+        (TENPLEX_REQUEST_TIMEOUT or 120). exit_on_fatal: an unrecoverable loss exits the
+        worker with FATAL_EXIT_STATUS (and stops its torchrun agent) instead of raising
+        FatalElasticError."""
         if not job or "/" in job:
             raise ElasticError(f"job name {job!r} must be non-empty without '/'")
         if commit_every < 0:
@@ -262,7 +184,16 @@ class Job:
                                f"(got {self.url!r}); start it with `tenplex store serve`")
         self.token = token if token is not None else os.environ.get("TENPLEX_TOKEN", "")
         self.log = log
+        self.connect_timeout = _ec.env_timeout(connect_timeout, "TENPLEX_CONNECT_TIMEOUT",
+                                               _ec.DEFAULT_CONNECT_TIMEOUT)
+        rt = _ec.env_timeout(request_timeout, "TENPLEX_REQUEST_TIMEOUT", _ec.DEFAULT_REQUEST_TIMEOUT)
+        self.request_timeout = max(1, int(rt if rt is not None else 24 * 3600))
+        self.exit_on_fatal = exit_on_fatal
+        fatal = _ec.read_fatal(job)
+        if fatal is not None:  # an earlier round of this run ended the job: do not try again
+            self._fatal(fatal, recorded=True)
         self.hosts = None
+        self.cluster = None  # the "cluster" record of the versions this job commits (hosts, ids)
         self.version = None  # the committed version this worker's state belongs to
         self._term = False
         self._stopping = False
@@ -303,7 +234,7 @@ class Job:
         return urls
 
     def _client(self, url):
-        return _tenplex.Store.connect(url, self.token)
+        return _ec.connect(url, self.token, self.request_timeout)
 
     def _local_store(self):
         """This host's daemon for the worker's own tensors: through shared memory when the
@@ -332,22 +263,6 @@ class Job:
             with open(self.log, "a") as f:
                 f.write(json.dumps(rec) + "\n")
 
-    def _find_committed(self, urls):
-        """(version, info text, info) of the newest current version on the hosts, or None."""
-        best = None
-        for u in urls:
-            try:
-                v = self._client(u).version(self.job, None)
-            except _tenplex.NotFoundError:
-                continue
-            except _tenplex.UnavailableError:
-                continue
-            if best is None or v["version"] > best["version"]:
-                best = v
-        if best is None:
-            return None
-        return best["version"], best["info"], json.loads(best["info"] or "{}")
-
     def _transform(self, urls, old_cluster):
         exe = tenplex_binary()
         with tempfile.TemporaryDirectory(prefix="tenplex-elastic-") as tmp:
@@ -368,19 +283,61 @@ class Job:
             raise ElasticError(f"tenplex transform placed the state on {stats.get('new_hosts')}, not on {urls}")
         return stats
 
+    def _views(self, urls):
+        """Every daemon's view of the job (retried until connect_timeout); ElasticError
+        naming the daemons that still do not answer, or two hosts that are one daemon."""
+        views = _ec.probe_hosts(urls, self.job, self.token, self.connect_timeout, self.request_timeout)
+        if any(v.state == "down" for v in views):
+            raise _ec.down_error(self.job, views, self.connect_timeout)
+        for i, v in enumerate(views):
+            for w in views[:i]:
+                if v.host_id and v.host_id == w.host_id:
+                    raise ElasticError(f"{w.url} and {v.url} are one store daemon (host id {v.host_id}): "
+                                       "set one TENPLEX_STORE_URL per host, each host its own daemon")
+        return views
+
     def _coordinate_restore(self, urls):
-        """Rank 0: brings the committed state onto this world; returns the record to broadcast."""
+        """Rank 0: brings the committed state onto this world; returns the record to broadcast.
+
+        Every daemon of this world must answer (retried until connect_timeout): a job
+        starts new only when all answered and none has it. Half-done commits are finished
+        or rolled back first (ResolvePending, also on the old hosts still answering); the
+        newest committed version is then used as it is only when it is in this config on
+        these hosts (by host id) and current with the same info on every one of them, else
+        the transform re-places it (a stale host's ranks come from replicas)."""
         t0 = time.perf_counter()
-        found = self._find_committed(urls)
+        views = self._views(urls)
+        found = _ec.committed_state(views)
+        extra = []  # hosts of the newest version outside this world: recovery asks them too
+        if found is not None:
+            extra = [u for u, i in _ec.old_hosts(found[2])
+                     if not any(_ec.same_host(u, i, v.url, v.host_id) for v in views)]
+        if any(v.state == "job" for v in views):
+            res = _ec.resolve(urls + extra, self.job, self.token, self.request_timeout)
+            views = self._views(urls)
+            found = _ec.committed_state(views)
+            if found is None and res["pending"]:
+                raise ElasticError(f"job {self.job}: version(s) {res['pending']} are prepared but undecided "
+                                   f"(a host that took part does not answer) and no version is committed: "
+                                   f"bring that host's daemon back; {'; '.join(res['lines'])}")
+        cluster = _ec.cluster_record(views, self.local_world_size)
         if found is None:
-            return {"version": None}
-        version, _, info = found
-        old_cluster = info.get("cluster") or {"hosts": urls, "gpus_per_host": self.local_world_size}
-        rec = {"version": version, "from": info.get("config"), "transformed": False}
-        if info.get("config") != self.config or old_cluster.get("hosts") != urls \
-                or old_cluster.get("gpus_per_host") != self.local_world_size:
+            return {"version": None, "cluster": cluster}
+        version, _, info, everywhere = found
+        old_cluster = dict(info.get("cluster") or {"hosts": urls, "gpus_per_host": self.local_world_size})
+        rec = {"version": version, "from": info.get("config"), "transformed": False, "cluster": cluster,
+               "step": info.get("step")}
+        if not (everywhere and _ec.unchanged(info, views, self.config, self.local_world_size)):
+            if not everywhere:
+                log.warning("job %s: version %d is not current on every host (%s): re-placing it", self.job,
+                            version, _ec.by_version(views))
             # The cluster file must list the old hosts; those gone stay in it (not answering = lost).
-            stats = self._transform(urls, old_cluster)
+            try:
+                stats = self._transform(urls, old_cluster)
+            except ElasticError as e:
+                if "no surviving replica" in str(e):
+                    raise FatalElasticError(_ec.fatal_message(self.job, version, urls, str(e))) from None
+                raise
             rec.update(version=stats["to_version"], transformed=True, lost_hosts=stats.get("lost_hosts", []),
                        bytes_moved=stats.get("plan", {}).get("bytes_total"), transform_stats_seconds=stats["seconds"])
         rec["transform_seconds"] = round(time.perf_counter() - t0, 4)
@@ -400,12 +357,17 @@ class Job:
         if self.rank == 0:
             try:
                 rec[0] = self._coordinate_restore(self.hosts)
+            except FatalElasticError as e:
+                rec[0] = {"error": str(e), "fatal": True}
             except (ElasticError, _tenplex.Error, OSError, ValueError) as e:
                 rec[0] = {"error": str(e)}
         dist.broadcast_object_list(rec, src=0)
         rec = rec[0]
+        if rec.get("fatal"):
+            self._fatal(rec["error"])
         if "error" in rec:
             raise ElasticError(rec["error"])
+        self.cluster = rec["cluster"]
         if rec["version"] is None:
             self._log_event({"event": "elastic_start", "world_size": self.world_size, "config": self.config,
                              "hosts": len(self.hosts), "version": None, "restart_count": self.restart_count,
@@ -413,14 +375,13 @@ class Job:
             return None
         self.version = rec["version"]
         t1 = time.perf_counter()
-        st = self._local_store()
-        info = st.status(self.job, self.version)
-        tensors = st.load_state(self.job, self.rank, self.version, device=device)
+        info, tensors, err = self._load_own(device)
         load_s = time.perf_counter() - t1
-        ok = torch.tensor([1 if info.get("config") == self.config else 0])
-        dist.all_reduce(ok, op=dist.ReduceOp.MIN)
-        if ok.item() != 1:
-            raise ElasticError(f"version {self.version} is in config {info.get('config')}, not {self.config}")
+        errors = [None] * self.world_size
+        dist.all_gather_object(errors, err)
+        errors = [e for e in errors if e]
+        if errors:
+            raise ElasticError("; ".join(errors))
         self._log_event({"event": "elastic_start", "world_size": self.world_size, "config": self.config,
                          "hosts": len(self.hosts), "version": self.version, "from": rec.get("from"),
                          "step": info.get("step"), "transformed": rec.get("transformed"),
@@ -430,26 +391,37 @@ class Job:
                          "process_seconds": round(age, 3)})
         return Restored(self.version, info, tensors, time.perf_counter() - t0)
 
+    def _load_own(self, device):
+        """(info, tensors, "") of this rank from its own daemon, which must have the
+        restored version committed and current; else (None, None, the error)."""
+        st = self._local_store()
+        try:
+            cur = st.status(self.job)
+            if cur["version"] != self.version or not cur["committed"]:
+                return None, None, (f"rank {self.rank}: version {self.version} of job {self.job} is not the "
+                                    f"committed version on {self.url} (it has version {cur['version']})")
+            info = st.status(self.job, self.version)
+            if info.get("config") != self.config:
+                return None, None, f"version {self.version} is in config {info.get('config')}, not {self.config}"
+            return info, st.load_state(self.job, self.rank, self.version, device=device), ""
+        except (_tenplex.Error, OSError, ValueError) as e:
+            return None, None, f"rank {self.rank}: loading version {self.version} from {self.url}: {e}"
+
+    def _fatal(self, message, recorded=False):
+        """An unrecoverable loss: the message once (rank 0, or a worker that found the
+        marker), the marker that makes the next restart stop at once, the torchrun agent
+        stopped (local rank 0), then exit FATAL_EXIT_STATUS (or raise FatalElasticError)."""
+        if not recorded:
+            _ec.record_fatal(self.job, message)
+        if self.rank == 0 or recorded:
+            print(message, file=sys.stderr, flush=True)
+        if self.exit_on_fatal:
+            if self.local_rank == 0 and _ec.stop_agent():
+                log.info("job %s: stopped this host's torchrun agent (fatal error)", self.job)
+            sys.exit(FATAL_EXIT_STATUS)
+        raise FatalElasticError(message)
+
     # ---- commits ---------------------------------------------------------------------
-
-    def _next_version(self):
-        nxt = 1
-        for u in self.hosts:
-            try:
-                for v in self._client(u).job(self.job)["versions"]:
-                    nxt = max(nxt, int(v["version"]) + 1)
-            except _tenplex.NotFoundError:
-                pass
-        return nxt
-
-    def _abort(self, version, urls):
-        """Drops an open version wherever it was begun (best effort: a host that does
-        not answer keeps it open; the next version number skips it)."""
-        for u in urls if version is not None else []:
-            try:
-                self._client(u).abort(self.job, version)
-            except (_tenplex.Error, OSError):
-                pass
 
     def commit(self, info, tensors):
         """Two-phase commit of every rank's tensors as a new version on all hosts.
@@ -471,19 +443,24 @@ class Job:
         if self.hosts is None:
             raise ElasticError("commit before restore(): the hosts are not known yet")
         t0 = time.perf_counter()
-        info = dict(info, cluster={"hosts": self.hosts, "gpus_per_host": self.local_world_size})
+        info = dict(info, cluster=self.cluster or {"hosts": self.hosts, "gpus_per_host": self.local_world_size})
         text = json.dumps(info, sort_keys=True)
         rec = [None]
         if self.rank == 0:
-            begun = []
+            begun, v = [], None
             try:
-                v = self._next_version()
+                views = _ec.probe_hosts(self.hosts, self.job, self.token, 0, self.request_timeout)
+                down = [x.url for x in views if x.state == "down"]
+                if down:
+                    raise ElasticError(f"the store daemons {down} do not answer")
+                v = _ec.next_version_and_fence(views, self.job, self.version)
                 for u in self.hosts:
                     self._client(u).begin_version(self.job, v, text)
                     begun.append(u)
                 rec[0] = {"version": v}
-            except (_tenplex.Error, OSError) as e:
-                self._abort(v if begun else None, begun)
+            except (ElasticError, _tenplex.Error, OSError) as e:
+                if begun:
+                    _ec.abort(begun, self.job, v, self.token, self.request_timeout)
                 rec[0] = {"error": f"beginning the commit's version: {e}"}
         dist.broadcast_object_list(rec, src=0)
         if "error" in rec[0]:
@@ -499,15 +476,14 @@ class Job:
         outcome = [None]
         if self.rank == 0:
             outcome[0] = ""
-            if not errors:
-                try:
-                    for u in self.hosts:  # phase two: a rename on each host
-                        self._client(u).commit(self.job, v, False)
-                except (_tenplex.Error, OSError) as e:
+            if errors:
+                _ec.abort(self.hosts, self.job, v, self.token, self.request_timeout)
+                outcome[0] = "; ".join(errors)
+            else:
+                try:  # phase two: prepare everywhere (durable), then commit everywhere (C++ 2PC)
+                    _ec.prepare_commit(self.hosts, self.job, v, self.token, self.request_timeout)
+                except _tenplex.Error as e:  # a failed prepare was aborted everywhere
                     outcome[0] = f"committing version {v}: {e}"
-            if errors or outcome[0]:
-                self._abort(v, self.hosts)
-                outcome[0] = outcome[0] or "; ".join(errors)
         dist.broadcast_object_list(outcome, src=0)
         if outcome[0]:
             raise ElasticError(f"commit of step {info.get('step')} failed: {outcome[0]}")

@@ -1,0 +1,300 @@
+"""The coordinator's side of tenplex.elastic: what rank 0 asks of the store daemons.
+
+No torch here: every function talks to the daemons only (the native client and the
+C++ two-phase commit through ``_tenplex.cluster_*``), so the rules can be tested
+without a process group.
+
+- ``probe_hosts``: every daemon's view of the job, retrying the ones that do not answer
+  until a deadline. Silence is never "no job": a caller gets the unreachable hosts and
+  refuses to start (``ElasticError`` naming them).
+- ``resolve``: the owner recovery of the C++ side (``ResolvePending``): a commit that a
+  dead coordinator or host left half done is finished (every participant prepared it)
+  or rolled back, before anyone reads the job's state.
+- ``committed_state``: the newest version current on any host and whether every host of
+  the world holds it (same number, same info); hosts are matched by host id.
+- ``check_fence``: a commit that would release a version newer than the one this job
+  restored from (another coordinator moved the job on) is refused.
+- ``FatalElasticError`` and the fatal marker: an unrecoverable loss ends the job once,
+  not once per torchrun restart.
+"""
+import json
+import logging
+import math
+import os
+import signal
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+from . import _tenplex
+
+log = logging.getLogger("tenplex.elastic")
+
+FATAL_EXIT_STATUS = 76  # an unrecoverable loss: the launcher must not restart the job
+DEFAULT_CONNECT_TIMEOUT = 60.0  # seconds a restore waits for daemons that do not answer
+DEFAULT_REQUEST_TIMEOUT = 120  # seconds one request to a daemon may take
+
+
+class ElasticError(RuntimeError):
+    pass
+
+
+class FatalElasticError(ElasticError):
+    """The job's state cannot be brought onto any world (every replica of some rank is
+    gone): restarting the workers cannot help."""
+    exit_status = FATAL_EXIT_STATUS
+
+
+@dataclass
+class HostView:
+    """One daemon's answer: state "down" (no answer), "none" (answered, no such job) or
+    "job" (current: its current version or None, with that version's info text)."""
+    url: str
+    state: str
+    host_id: str = ""
+    current: Optional[int] = None
+    info: str = ""
+    versions: List[dict] = field(default_factory=list)
+    error: str = ""
+
+
+def connect(url: str, token: str, timeout_s: int = DEFAULT_REQUEST_TIMEOUT):
+    return _tenplex.Store.connect(url, token, timeout_s)
+
+
+def probe(url: str, job: str, token: str, timeout_s: int = DEFAULT_REQUEST_TIMEOUT) -> HostView:
+    """The daemon's view of the job; "down" when it cannot be reached (other errors, such
+    as a wrong token, raise: they do not go away by waiting)."""
+    try:
+        c = connect(url, token, timeout_s)
+        hid = getattr(c, "host_id", "")
+        try:
+            j = c.job(job)
+        except _tenplex.NotFoundError:
+            return HostView(url, "none", hid)
+        view = HostView(url, "job", hid, j["current"], versions=list(j["versions"]))
+        for v in view.versions:
+            if v["version"] == view.current:
+                view.info = v["info"]
+        return view
+    except _tenplex.UnavailableError as e:
+        return HostView(url, "down", error=str(e))
+
+
+def probe_hosts(urls: List[str], job: str, token: str, connect_timeout: Optional[float],
+                request_timeout: int = DEFAULT_REQUEST_TIMEOUT, poll: float = 0.5) -> List[HostView]:
+    """Every daemon's view; the ones that do not answer are asked again until
+    connect_timeout seconds passed (None or inf: forever; 0: once)."""
+    limit = math.inf if connect_timeout is None else float(connect_timeout)
+    deadline = time.monotonic() + limit
+    views = [probe(u, job, token, request_timeout) for u in urls]
+    warned = False
+    while any(v.state == "down" for v in views) and time.monotonic() < deadline:
+        if not warned:
+            down = [v.url for v in views if v.state == "down"]
+            log.warning("job %s: store daemons %s do not answer; retrying for %s s", job, down,
+                        "ever" if limit == math.inf else f"{limit:g}")
+            warned = True
+        time.sleep(min(poll, max(0.0, deadline - time.monotonic())))
+        views = [v if v.state != "down" else probe(v.url, job, token, request_timeout) for v in views]
+    return views
+
+
+def same_host(url_a: str, id_a: str, url_b: str, id_b: str) -> bool:
+    """Hosts are the same daemon when their host ids agree (URLs may differ: a host can
+    be reached by another address); by URL only where a side has no id (an old daemon
+    or info)."""
+    if id_a and id_b:
+        return id_a == id_b
+    return url_a.rstrip("/") == url_b.rstrip("/")
+
+
+def cluster_record(views: List[HostView], gpus_per_host: int) -> dict:
+    """The "cluster" of a version's info: where its ranks live, with the host ids."""
+    rec = {"hosts": [v.url for v in views], "gpus_per_host": gpus_per_host}
+    if all(v.host_id for v in views):
+        rec["host_ids"] = [v.host_id for v in views]
+    return rec
+
+
+def old_hosts(info: dict) -> List[Tuple[str, str]]:
+    """(url, host id) of each host of a version's info "cluster"."""
+    cl = info.get("cluster") or {}
+    hosts = list(cl.get("hosts") or [])
+    ids = list(cl.get("host_ids") or [""] * len(hosts))
+    return list(zip(hosts, ids + [""] * (len(hosts) - len(ids))))
+
+
+def down_error(job: str, views: List[HostView], waited: Optional[float]) -> ElasticError:
+    """The refusal to start when daemons of this world do not answer, naming the hosts
+    (and those that held the newest version known)."""
+    down = [v.url for v in views if v.state == "down"]
+    newest = max((v for v in views if v.current is not None), key=lambda v: v.current, default=None)
+    held = ""
+    if newest is not None:
+        info = json.loads(newest.info or "{}")
+        holders = [u for u, i in old_hosts(info)
+                   if any(same_host(u, i, v.url, v.host_id) for v in views if v.state == "down")]
+        held = (f"; version {newest.current} (step {info.get('step')}) is the newest seen, "
+                f"held by {holders or 'hosts that answered'}")
+    else:
+        held = "; no daemon that answered has the job, so whether it has committed state is unknown"
+    wait = "forever" if waited is None else f"{waited:g} s"
+    return ElasticError(
+        f"job {job}: the store daemons {down} do not answer (waited {wait}){held}. The job does not "
+        f"start over from step 0 on silence: start those daemons again (`tenplex store serve` with the "
+        f"same --shm-dir), or wait longer (Job(connect_timeout=...) / TENPLEX_CONNECT_TIMEOUT, -1: forever)")
+
+
+def resolve(urls: List[str], job: str, token: str, request_timeout: int = DEFAULT_REQUEST_TIMEOUT) -> dict:
+    """Owner recovery (ResolvePending) over the hosts: half-done commits finished or
+    rolled back, leftover open versions removed; its lines are logged."""
+    r = _tenplex.cluster_resolve(urls, token, job, True, request_timeout)
+    for line in r["lines"]:
+        log.info("job %s: recovery: %s", job, line)
+    return r
+
+
+def committed_state(views: List[HostView]) -> Optional[Tuple[int, str, dict, bool]]:
+    """(version, info text, info, held everywhere) of the newest version current on any
+    answering host, or None when none has one. Held everywhere: every host of `views`
+    reports it current with the same info (a host that missed a commit is stale)."""
+    have = [v for v in views if v.state == "job" and v.current is not None]
+    if not have:
+        return None
+    best = max(have, key=lambda v: v.current)
+    everywhere = all(v.state == "job" and v.current == best.current and v.info == best.info for v in views)
+    return best.current, best.info, json.loads(best.info or "{}"), everywhere
+
+
+def unchanged(info: dict, views: List[HostView], config: str, gpus_per_host: int) -> bool:
+    """True when the version is already in `config` on exactly these hosts (by host id,
+    in order) with this many ranks per host: no transform needed."""
+    cl = info.get("cluster") or {}
+    olds = old_hosts(info)
+    return (info.get("config") == config and cl.get("gpus_per_host") == gpus_per_host
+            and len(olds) == len(views)
+            and all(same_host(u, i, v.url, v.host_id) for (u, i), v in zip(olds, views)))
+
+
+def next_version_and_fence(views: List[HostView], job: str, restored: Optional[int]) -> int:
+    """The version number one past any version any host has had, after refusing a
+    commit that would release a version newer than `restored` (the version this job's
+    state belongs to: None for a new job)."""
+    nxt = 1
+    for v in views:
+        for x in v.versions:
+            nxt = max(nxt, int(x["version"]) + 1)
+        if v.current is not None and (restored is None or v.current > restored):
+            mine = "a new job (no version)" if restored is None else f"version {restored}"
+            raise ElasticError(
+                f"job {job}: refusing to commit: version {v.current} is current on {v.url}, newer than "
+                f"{mine} this job restored from; another coordinator moved the job on (restart the "
+                f"workers to restore version {v.current})")
+    return nxt
+
+
+def prepare_commit(urls: List[str], job: str, version: int, token: str,
+                   request_timeout: int = DEFAULT_REQUEST_TIMEOUT) -> dict:
+    """Prepare everywhere, then commit everywhere (the C++ 2PC); raises on failure."""
+    out = _tenplex.cluster_prepare_commit(urls, token, job, version, True, request_timeout)
+    if out["unconfirmed"]:
+        log.warning("job %s: version %d committed; hosts %s did not confirm (it is prepared there and "
+                    "is committed by the next restore's recovery)", job, version,
+                    [urls[i] for i in out["unconfirmed"]])
+    return out
+
+
+def abort(urls: List[str], job: str, version: int, token: str, request_timeout: int = DEFAULT_REQUEST_TIMEOUT) -> None:
+    """Aborts an unfinished version on every host that answers (best effort: a host that
+    does not keeps it open or prepared; the next restore's recovery removes it)."""
+    try:
+        if not _tenplex.cluster_abort(urls, token, job, version, request_timeout):
+            log.warning("job %s: version %d is already committed on its first host: kept", job, version)
+    except _tenplex.Error as e:
+        log.warning("job %s: aborting version %d: %s", job, version, e)
+
+
+# ---- fatal losses ---------------------------------------------------------------------
+
+
+def fatal_message(job: str, version: Optional[int], hosts: List[str], cause: str) -> str:
+    """The one message of an unrecoverable loss, with the recovery commands."""
+    return (f"tenplex.elastic: job {job} cannot continue: the state of version {version} cannot be placed "
+            f"on this world: {cause}\nEvery replica of some rank is gone (its hosts are lost); restarting "
+            f"the workers cannot help, so the job stops here (exit status {FATAL_EXIT_STATUS}). To recover:\n"
+            f"  - bring the lost hosts' daemons back (`tenplex store serve --shm-dir` with their old shm "
+            f"dir) and start the job again;\n"
+            f"  - `tenplex store ls {job} --cluster CLUSTER.json` shows the versions left on the hosts "
+            f"({' '.join(hosts)}), and `tenplex transform --recover --cluster CLUSTER.json --job {job}` "
+            f"finishes or rolls back a half-done commit;\n"
+            f"  - or load a checkpoint: `tenplex store load --cluster CLUSTER.json --job {job} --dir CKPT` "
+            f"and start the job again.")
+
+
+def fatal_marker(job: str) -> str:
+    """The file that makes a fatal error final across torchrun's restarts:
+    TENPLEX_FATAL_FILE, else one per job and torchrun run id in the temp directory."""
+    path = os.environ.get("TENPLEX_FATAL_FILE")
+    if path:
+        return path
+    run = os.environ.get("TORCHELASTIC_RUN_ID", "none").replace("/", "_")
+    return os.path.join(tempfile.gettempdir(), f"tenplex-fatal-{job}-{run}")
+
+
+def read_fatal(job: str) -> Optional[str]:
+    try:
+        with open(fatal_marker(job)) as f:
+            return f.read() or "a fatal error (no message recorded)"
+    except OSError:
+        return None
+
+
+def record_fatal(job: str, message: str) -> None:
+    path = fatal_marker(job)
+    try:
+        tmp = f"{path}.{os.getpid()}"
+        with open(tmp, "w") as f:
+            f.write(message)
+        os.replace(tmp, path)
+    except OSError as e:
+        log.warning("cannot record the fatal error in %s: %s", path, e)
+
+
+def stop_agent() -> bool:
+    """SIGTERM to this worker's torchrun agent (its parent, when it is one), so that it
+    stops instead of restarting the workers; True when sent."""
+    ppid = os.getppid()
+    try:
+        with open(f"/proc/{ppid}/cmdline", "rb") as f:
+            cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return False
+    if "torch.distributed.run" not in cmd and "torchrun" not in cmd:
+        return False
+    os.kill(ppid, signal.SIGTERM)
+    return True
+
+
+def env_timeout(value: Optional[float], name: str, default: float) -> Optional[float]:
+    """A timeout option: the argument, else the environment variable, else default;
+    negative or inf: None (wait forever)."""
+    if value is None:
+        raw = os.environ.get(name)
+        if raw is None:
+            return default
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ElasticError(f"{name}={raw!r} is not a number of seconds") from None
+    return None if value < 0 or math.isinf(value) else float(value)
+
+
+def by_version(views: List[HostView]) -> Dict[int, List[str]]:
+    """current version -> the hosts reporting it (for messages)."""
+    out: Dict[int, List[str]] = {}
+    for v in views:
+        if v.current is not None:
+            out.setdefault(v.current, []).append(v.url)
+    return out
