@@ -1,9 +1,13 @@
 #include "tenplex/store/server.h"
 
+#include <netdb.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <thread>
 
 #include "tenplex/store/mapping.h"
@@ -12,6 +16,36 @@
 namespace tenplex::store {
 
 namespace {
+
+// SO_REUSEADDR only, so that a restarted daemon binds while its old connections sit in
+// TIME_WAIT. cpp-httplib's default sets SO_REUSEPORT, with which a second daemon binds
+// the same port and the kernel splits the connections between the two stores (issue 34
+// finding 2).
+void ExclusivePortOptions(socket_t sock) {
+  int yes = 1;
+  ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+}
+
+// Why host:port cannot be bound (cpp-httplib only says that it failed): the errno of a
+// bind with the server's own options, EADDRINUSE first.
+int BindError(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0)
+    return EADDRNOTAVAIL;
+  int err = EADDRNOTAVAIL;
+  for (addrinfo* a = found; a != nullptr && err != EADDRINUSE; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    ExclusivePortOptions(fd);
+    err = ::bind(fd, a->ai_addr, a->ai_addrlen) == 0 ? 0 : errno;
+    ::close(fd);
+  }
+  ::freeaddrinfo(found);
+  return err;
+}
 
 // Compares every byte of the expected value whatever the length of the given one, so
 // the time taken tells nothing about the token (not even its length).
@@ -339,6 +373,7 @@ void Server::Impl::Install() {
   http.set_keep_alive_max_count(1000);
   // Read and write timeouts: http_guard.h (ServerOptions, ConnectionLimits).
   http.set_tcp_nodelay(true);
+  http.set_socket_options(ExclusivePortOptions);
   http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     return PreRoute(options, req, res);
   });
@@ -513,8 +548,17 @@ Result<int> Server::Bind(const std::string& host, int port) {
     bound = impl_->http.bind_to_any_port(host);
     if (bound <= 0) return Unavailable("cannot bind " + host + " to a free port");
   } else if (!impl_->http.bind_to_port(host, port)) {
-    return Unavailable("cannot listen on " + host + ":" + std::to_string(port) +
-                       " (in use or not an address here)");
+    const std::string where = host + ":" + std::to_string(port);
+    const int err = BindError(host, port);
+    if (err == EADDRINUSE) {
+      return Unavailable("cannot listen on " + where + ": port " + std::to_string(port) +
+                         " is in use (another tenplex store or another program listens "
+                         "there; `ss -ltnp 'sport = :" +
+                         std::to_string(port) + "'` shows which)");
+    }
+    return Unavailable("cannot listen on " + where + ": " +
+                       (err == 0 ? std::string("the bind failed") : std::strerror(err)) +
+                       " (not an address of this machine?)");
   }
   impl_->bound = true;
   return bound;

@@ -198,6 +198,32 @@ TEST(ServerTest, TokenAndUnreachable) {
   EXPECT_EQ(Client::Connect("https://127.0.0.1:1").status().code(), StatusCode::kUnimplemented);
 }
 
+// Issue 34 finding 2: cpp-httplib's default socket options set SO_REUSEPORT, so a second
+// server bound a port in use and the kernel split the requests between two stores.
+// SO_REUSEADDR stays: a restart binds while the old server's closed connections sit in
+// TIME_WAIT.
+TEST(ServerTest, PortInUseIsRefusedAndRestartBinds) {
+  int port = 0;
+  std::unique_ptr<Client> client;  // outlives the server: the server closes first
+  {
+    Running r;
+    port = std::stoi(r.url.substr(r.url.rfind(':') + 1));
+    Server second(*r.store, {});
+    auto b = second.Bind("127.0.0.1", port);
+    ASSERT_FALSE(b.ok()) << "a second server bound port " << port;
+    EXPECT_EQ(b.status().code(), StatusCode::kUnavailable);
+    EXPECT_NE(b.status().message().find("port " + std::to_string(port) + " is in use"),
+              std::string::npos)
+        << b.status().message();
+    client = Connect(r.url, {.token = "", .use_shm = false});
+    ASSERT_TRUE(client->Jobs().ok());
+  }
+  auto store = std::move(Store::Open()).value();
+  Server again(*store, {});
+  auto b = again.Bind("127.0.0.1", port);
+  EXPECT_TRUE(b.ok()) << b.status().ToString();
+}
+
 TEST(ServerTest, StopBeforeServeIsNotLost) {
   auto store = std::move(Store::Open()).value();
   Server s(*store, {});
