@@ -230,10 +230,10 @@ def rank_files(d):
 
 def test_quarantine():
     tmp = tempfile.mkdtemp(prefix="tenplex-quarantine-")
-    shm = os.path.join(tmp, "shm")
+    shm = os.path.join(tmp, "shm")  # beside the checkpoints, on disk: --allow-disk
     try:
         ck = {j: make_checkpoint(tmp, s) for j, s in (("good", 1), ("bad", 2), ("other", 3))}
-        d = Daemon(TENPLEX, args=("--shm-dir", shm))
+        d = Daemon(TENPLEX, args=("--shm-dir", shm, "--allow-disk"))
         try:
             for job, dirname in ck.items():
                 p = run("store", "load", "--url", d.url, "--job", job, "--dir", dirname)
@@ -243,7 +243,7 @@ def test_quarantine():
         manifest = os.path.join(shm, "jobs", "bad", "1", "MANIFEST.json")
         with open(manifest, "r+b") as f:
             f.truncate(os.path.getsize(manifest) // 2)  # truncated mid-JSON
-        d = Daemon(TENPLEX, args=("--shm-dir", shm))
+        d = Daemon(TENPLEX, args=("--shm-dir", shm, "--allow-disk"))
         try:
             health = d.get("/v1/health")
             q = health.get("quarantined")
@@ -267,7 +267,7 @@ def test_quarantine():
         finally:
             d.stop()
         # Still quarantined after another restart; rm forgets it; the name is usable again.
-        d = Daemon(TENPLEX, args=("--shm-dir", shm))
+        d = Daemon(TENPLEX, args=("--shm-dir", shm, "--allow-disk"))
         try:
             check([e["job"] for e in d.get("/v1/health")["quarantined"]] == ["bad"], "forgotten on restart")
             p = run("store", "rm", "bad", "--url", d.url)
@@ -300,7 +300,7 @@ def test_checksum():
     shm = os.path.join(tmp, "shm")
     try:
         ck = make_checkpoint(tmp, 5)
-        d = Daemon(TENPLEX, args=("--shm-dir", shm))
+        d = Daemon(TENPLEX, args=("--shm-dir", shm, "--allow-disk"))
         try:
             p = run("store", "load", "--url", d.url, "--job", "j", "--dir", ck)
             check(p.returncode == 0, p.stderr)

@@ -2,13 +2,17 @@
 // (docs/store.md).
 #include "tenplex/store/store.h"
 
+#include <linux/magic.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/vfs.h>
 
 #include <atomic>
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -37,7 +41,63 @@ struct ServeOpts {
   std::string data_listen;  // UCX devices; empty: the interface of --listen
   TokenOptions token;
   bool no_local_reads = false;
+  bool allow_disk = false;  // --allow-disk: a store directory off memory file systems
 };
+
+// The file system holding `dir` (or its nearest existing parent, for a --shm-dir the
+// store is to create): its name, and whether its files live in memory.
+struct FileSystem {
+  std::string name;
+  bool memory = false;
+};
+
+Result<FileSystem> FileSystemOf(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::path p = std::filesystem::absolute(dir, ec);
+  if (ec) return InvalidArgument("directory '" + dir + "': " + ec.message());
+  struct statfs st {};
+  while (::statfs(p.c_str(), &st) != 0) {
+    const int err = errno;
+    if (err != ENOENT || p == p.parent_path()) return ErrnoError("statfs " + p.string(), err);
+    p = p.parent_path();
+  }
+  struct Known {
+    unsigned long magic;
+    const char* name;
+    bool memory;
+  };
+  static constexpr Known kKnown[] = {{TMPFS_MAGIC, "tmpfs", true},
+                                     {RAMFS_MAGIC, "ramfs", true},
+                                     {HUGETLBFS_MAGIC, "hugetlbfs", true},
+                                     {EXT4_SUPER_MAGIC, "ext2/3/4", false},
+                                     {XFS_SUPER_MAGIC, "xfs", false},
+                                     {BTRFS_SUPER_MAGIC, "btrfs", false},
+                                     {OVERLAYFS_SUPER_MAGIC, "overlay", false},
+                                     {NFS_SUPER_MAGIC, "nfs", false}};
+  const auto type = static_cast<unsigned long>(st.f_type);
+  for (const Known& k : kKnown) {
+    if (k.magic == type) return FileSystem{k.name, k.memory};
+  }
+  char hex[32];
+  std::snprintf(hex, sizeof(hex), "file system type 0x%lx", type);
+  return FileSystem{hex, false};
+}
+
+// The store's tensors belong in memory: a directory on a disk file system (a typo in
+// --shm-dir, say) is refused unless --allow-disk (issue 34 finding 5). Returns the file
+// system's name for the start line.
+Result<std::string> CheckStoreFileSystem(const std::string& dir, const std::string& what,
+                                         bool allow_disk) {
+  TP_ASSIGN_OR_RETURN(FileSystem fs, FileSystemOf(dir));
+  if (fs.memory) return fs.name;
+  if (!allow_disk) {
+    return InvalidArgument(what + " " + dir + " is on " + fs.name +
+                           ", not a memory file system (tmpfs, ramfs, hugetlbfs): the store's "
+                           "tensors would live on disk. Give a directory under /dev/shm (or "
+                           "another tmpfs), or --allow-disk to keep the store there");
+  }
+  return fs.name + ": on disk by --allow-disk";
+}
 
 // The network devices of the UCX data plane: --data-listen ("all": every one), else
 // UCX_NET_DEVICES from the environment, else the interface holding the --listen
@@ -59,8 +119,7 @@ Result<std::pair<std::string, std::string>> DataPlaneDevices(const ServeOpts& o,
   return std::make_pair(*dev, "interface " + *dev);
 }
 
-Status Serve(const ServeOpts& o) {
-  TP_ASSIGN_OR_RETURN(store::HostPort hp, store::ParseHostPort(o.listen));
+Result<store::StoreOptions> StoreOptionsOf(const ServeOpts& o) {
   store::StoreOptions so;
   so.shm_dir = o.shm_dir;
   if (!o.memory_limit.empty()) {
@@ -72,6 +131,26 @@ Status Serve(const ServeOpts& o) {
     so.page_pool_bytes = *pool;
   }
   so.presize_pool = o.presize;
+  return so;
+}
+
+// Opens the store after checking its directory's file system (named in *fs_name).
+Result<std::unique_ptr<store::Store>> OpenStore(const ServeOpts& o, const store::StoreOptions& so,
+                                                std::string* fs_name) {
+  if (!o.shm_dir.empty()) {
+    TP_ASSIGN_OR_RETURN(*fs_name, CheckStoreFileSystem(o.shm_dir, "--shm-dir", o.allow_disk));
+  }
+  TP_ASSIGN_OR_RETURN(std::unique_ptr<store::Store> st, store::Store::Open(so));
+  if (o.shm_dir.empty()) {  // the private directory: in /dev/shm, or the temp directory
+    TP_ASSIGN_OR_RETURN(*fs_name,
+                        CheckStoreFileSystem(st->shm_dir(), "the store directory", o.allow_disk));
+  }
+  return st;
+}
+
+Status Serve(const ServeOpts& o) {
+  TP_ASSIGN_OR_RETURN(store::HostPort hp, store::ParseHostPort(o.listen));
+  TP_ASSIGN_OR_RETURN(store::StoreOptions so, StoreOptionsOf(o));
   store::ServerOptions sv;
   TP_ASSIGN_OR_RETURN(sv.token, ResolveToken(o.token));
   sv.access_log = o.access_log;
@@ -89,7 +168,8 @@ Status Serve(const ServeOpts& o) {
   sigaddset(&sigs, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   std::signal(SIGPIPE, SIG_IGN);  // a client that goes away mid-reply is an error, not a crash
-  TP_ASSIGN_OR_RETURN(std::unique_ptr<store::Store> st, store::Store::Open(so));
+  std::string fs_name;
+  TP_ASSIGN_OR_RETURN(std::unique_ptr<store::Store> st, OpenStore(o, so, &fs_name));
   store::Server server(*st, sv);
   // The transform agent: a data-plane endpoint serving this store's tensors to peer
   // daemons, and the /v1/transform/ endpoints (docs/transform.md).
@@ -110,8 +190,8 @@ Status Serve(const ServeOpts& o) {
   }
   TP_ASSIGN_OR_RETURN(int port, server.Bind(hp.host, hp.port));
   const std::string host = hp.host.find(':') != std::string::npos ? "[" + hp.host + "]" : hp.host;
-  std::printf("tenplex store: serving http://%s:%d (shm %s, memory limit %s, data plane %s)\n",
-              host.c_str(), port, st->shm_dir().c_str(),
+  std::printf("tenplex store: serving http://%s:%d (shm %s, %s, memory limit %s, data plane %s)\n",
+              host.c_str(), port, st->shm_dir().c_str(), fs_name.c_str(),
               HumanBytes(static_cast<int64_t>(st->memory_limit())).c_str(), data_plane.c_str());
   std::fflush(stdout);
   std::atomic<bool> done{false};
@@ -231,7 +311,10 @@ void AddServe(CLI::App* cmd, Context& ctx) {
                   "After each commit, fill the job's page pool in the background with files of "
                   "the committed version's sizes, so that its next version writes into warm pages");
   serve->add_option("--shm-dir", so->shm_dir,
-                    "Shared-memory directory; kept across restarts (default: a fresh private one)");
+                    "Shared-memory directory, on tmpfs, ramfs or hugetlbfs; kept across "
+                    "restarts (default: a fresh private one in /dev/shm)");
+  serve->add_flag("--allow-disk", so->allow_disk,
+                  "Allow a store directory on a disk file system (tensors in files on disk)");
   serve->add_option("--max-body", so->max_body, "Largest request body (e.g. 1G)")
       ->capture_default_str();
   serve->add_option("--access-log", so->access_log,
