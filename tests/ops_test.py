@@ -62,7 +62,8 @@ def test_store(tmp):
         p = run("store", "rm", *url, "a", "--version", "2", expect_ok=False)
         check(p.returncode == 2 and "current version" in p.stderr, p.stderr)
         out = json.loads(run("store", "rm", *url, "a", "--version", "3", "--json").stdout)
-        check(out["version"] == 3 and out["hosts"] == 1, out)
+        # Issue 34 item 9: "hosts" is the list of URLs (it was a count), as in store ls.
+        check(out["version"] == 3 and out["hosts"] == [d.url], out)
         check([v["version"] for v in d.get("/v1/jobs/a")["versions"]] == [2], "version 1 removed")
         print(run("store", "rm", *url, "b").stdout.strip())
         check([j["job"] for j in d.get("/v1/jobs")["jobs"]] == ["a"], "job b removed")
@@ -137,7 +138,7 @@ def test_store(tmp):
         with open(cluster, "w") as f:
             json.dump({"hosts": [x.url for x in daemons[:2]], "gpus_per_host": 2}, f)
         out = json.loads(run("store", "rm", "--cluster", cluster, "c", "--json").stdout)
-        check(out["hosts"] == 2, out)
+        check(out["hosts"] == [x.url for x in daemons[:2]], out)
         check(all(x.get("/v1/jobs")["jobs"] == [] for x in daemons[:2]), "cluster rm")
     finally:
         for x in daemons:

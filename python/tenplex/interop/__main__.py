@@ -1,8 +1,14 @@
 """python -m tenplex.interop import|export ... (run by `tenplex import` / `tenplex export`).
 
-Prints one JSON line on success ({"format", "bytes", "seconds", "out"}); on bad input
+Prints one line on success: a sentence, or with --json one JSON object ({"format",
+"bytes", "seconds", "out"}; import adds "step"), nothing with --quiet; on bad input
 prints "tenplex: error: <message>" and exits 2, on other failures exits 1. Nothing is
 left at --out unless the conversion finished.
+
+An import whose source records no training step (a Hugging Face model, a Megatron
+`release` checkpoint) records step 0 and 0 samples, so that training starts from it as
+from a fresh model (examples/gpt/train.py refuses state without a step); `--step`
+overrides it.
 """
 import argparse
 import json
@@ -41,11 +47,15 @@ def run_import(a):
             w.extra["step"] = a.step
         if a.samples is not None:
             w.extra["samples_consumed"] = a.samples
+        if "step" not in w.extra:
+            _log(f"import: {a.src} records no training step: recorded step 0 (--step N sets one)")
+            w.extra["step"] = 0
+            w.extra.setdefault("samples_consumed", 0)
         w.finish(zero_ok)
     except BaseException:
         w.abort()
         raise
-    return sum(t["bytes"] if "bytes" in t else 0 for t in lay["ranks"])
+    return sum(t["bytes"] if "bytes" in t else 0 for t in lay["ranks"]), w.extra["step"]
 
 
 def run_export(a):
@@ -85,10 +95,17 @@ def main(argv):
     e.add_argument("--tenplex", required=True)
     e.add_argument("--config", default="")
     e.add_argument("--max-shard-size", type=int, default=5 * 10**9)
+    for sp in (i, e):
+        sp.add_argument("--json", action="store_true")
+        sp.add_argument("--quiet", action="store_true")
     a = p.parse_args(argv)
     t0 = time.perf_counter()
+    step = None
     try:
-        n = run_import(a) if a.cmd == "import" else run_export(a)
+        if a.cmd == "import":
+            n, step = run_import(a)
+        else:
+            n = run_export(a)
     except (InteropError, ptc.ckpt.CheckpointError, ptc.st.SafetensorsError) as err:
         print(f"tenplex: error: {err}", file=sys.stderr)
         return 2
@@ -97,9 +114,30 @@ def main(argv):
         return 1
     finally:
         ptc.cleanup()
-    print(json.dumps({"format": a.fmt, "bytes": int(n), "seconds": round(time.perf_counter() - t0, 6),
-                      "out": a.out}))
+    _report(a, int(n), time.perf_counter() - t0, step)
     return 0
+
+
+def _human_bytes(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n} B"
+
+
+def _report(a: argparse.Namespace, n: int, seconds: float, step: "int | None") -> None:
+    if a.json:
+        out = {"format": a.fmt, "bytes": n, "seconds": round(seconds, 6), "out": a.out}
+        if step is not None:
+            out["step"] = step
+        print(json.dumps(out))
+    elif a.quiet:
+        pass
+    elif a.cmd == "import":
+        print(f"imported {a.fmt} checkpoint {a.src} into {a.out} ({a.config}, step {step}): "
+              f"{_human_bytes(n)} in {seconds:.2f} s")
+    else:
+        print(f"exported {a.src} as {a.fmt} into {a.out}: {_human_bytes(n)} in {seconds:.2f} s")
 
 
 if __name__ == "__main__":

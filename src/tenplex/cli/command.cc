@@ -21,22 +21,37 @@ void AddGlobalOptions(CLI::App& app) {
 
 namespace {
 
-// The deepest subcommand the parser reached (for "see tenplex X Y --help").
-std::string CommandPath(const CLI::App& app) {
-  std::string path = app.get_name();
-  const CLI::App* cur = &app;
+// The deepest subcommand the parser reached, and its path from the app (for "see
+// tenplex X Y --help").
+CLI::App* DeepestCommand(CLI::App& app, std::string* path) {
+  *path = app.get_name();
+  CLI::App* cur = &app;
   for (bool found = true; found;) {
     found = false;
-    for (const CLI::App* sub : cur->get_subcommands()) {
+    for (CLI::App* sub : cur->get_subcommands()) {
       if (sub->parsed()) {
-        path += " " + sub->get_name();
+        *path += " " + sub->get_name();
         cur = sub;
         found = true;
         break;
       }
     }
   }
-  return path;
+  return cur;
+}
+
+// "A subcommand is required" from CLI11, also when a word that is no subcommand was
+// given (`tenplex store lss`): name the word and the subcommands there are.
+std::string MissingSubcommand(CLI::App& app, CLI::App& cmd, const std::string& where) {
+  std::string names;
+  for (const CLI::App* sub :
+       cmd.get_subcommands([](CLI::App* a) { return !a->get_name().empty(); }))
+    names += (names.empty() ? "" : ", ") + sub->get_name();
+  for (const std::string& word : app.remaining(/*recurse=*/true)) {
+    if (!word.empty() && word[0] != '-')
+      return "unknown subcommand '" + word + "' of '" + where + "' (subcommands: " + names + ")";
+  }
+  return "'" + where + "' needs a subcommand: " + names;
 }
 
 }  // namespace
@@ -58,10 +73,15 @@ int ParseFailed(CLI::App& app, const CLI::ParseError& e) {
     for (auto it = args.rbegin(); it != args.rend(); ++it) list += (list.empty() ? "" : " ") + *it;
     message = "unexpected argument(s): " + list;
   }
-  const std::string cmd = CommandPath(app);
-  std::fprintf(
-      stderr, "tenplex: error: %s\n(see '%s --help')\n", message.c_str(),
-      cmd == app.get_name() ? "tenplex" : ("tenplex" + cmd.substr(app.get_name().size())).c_str());
+  std::string cmd;
+  CLI::App* deepest = DeepestCommand(app, &cmd);
+  const std::string where =
+      cmd == app.get_name() ? "tenplex" : "tenplex" + cmd.substr(app.get_name().size());
+  if (dynamic_cast<const CLI::RequiredError*>(&e) && message.rfind("A subcommand", 0) == 0 &&
+      deepest->get_require_subcommand_min() > 0) {
+    message = MissingSubcommand(app, *deepest, where);
+  }
+  std::fprintf(stderr, "tenplex: error: %s\n(see '%s --help')\n", message.c_str(), where.c_str());
   return 2;
 }
 

@@ -1,5 +1,6 @@
 // tenplex import --from dcp|megatron|hf SRC --model M --config C --out CKPT
 // tenplex export --to dcp|megatron|hf CKPT --out DIR [--config C] [--max-shard-size B]
+// (both: [--json])
 // (docs/interop.md). The format work is done by the Python helper (interop/helper.h);
 // this file checks the arguments first and the imported checkpoint afterwards.
 #include <unistd.h>
@@ -12,7 +13,9 @@
 #include "tenplex/io/checkpoint.h"
 #include "tenplex/model/model.h"
 #include "tenplex/ptc/layout.h"
+#include "tenplex/store/parse.h"
 #include "tenplex/util/file.h"
+#include "tenplex/util/log.h"
 
 namespace tenplex::cli {
 namespace {
@@ -49,9 +52,21 @@ int Run(const std::vector<std::string>& args) {
   return *rc == 0 ? 0 : (*rc == 2 ? 2 : 1);
 }
 
+// The helper prints one line on success: JSON with --json, else a sentence (none with
+// -q).
+std::vector<std::string> OutputArgs(std::vector<std::string> args, bool json) {
+  if (json) {
+    args.push_back("--json");
+  } else if (GetLogLevel() == LogLevel::kQuiet) {
+    args.push_back("--quiet");
+  }
+  return args;
+}
+
 struct ImportOpts {
   std::string from, src, model, config, out;
   int64_t step = -1, samples = -1;
+  bool json = false;
 };
 
 int Import(const ImportOpts& o) {
@@ -77,7 +92,7 @@ int Import(const ImportOpts& o) {
                                    "--out",        o.out,      "--tenplex", SelfExe()};
   if (o.step >= 0) args.insert(args.end(), {"--step", std::to_string(o.step)});
   if (o.samples >= 0) args.insert(args.end(), {"--samples", std::to_string(o.samples)});
-  int rc = Run(args);
+  int rc = Run(OutputArgs(std::move(args), o.json));
   ::unlink(model_file.c_str());
   if (rc != 0) return rc;
   // The new checkpoint against our own layout: every file, tensor, dtype and shape,
@@ -95,8 +110,8 @@ int Import(const ImportOpts& o) {
 
 struct ExportOpts {
   std::string to, src, out, config;
-  int64_t max_shard_size = 5'000'000'000;
-  bool no_verify = false;
+  std::string max_shard_size = "5e9";  // a size as every size option takes (ParseByteSize)
+  bool no_verify = false, json = false;
 };
 
 int Export(const ExportOpts& o) {
@@ -126,10 +141,13 @@ int Export(const ExportOpts& o) {
   }
   if (o.to == "hf" && !o.config.empty())
     return Fail(InvalidArgument("--config does not apply to --to hf"));
-  if (o.max_shard_size < 1) return Fail(InvalidArgument("--max-shard-size must be >= 1 byte"));
+  auto shard = store::ParseByteSize(o.max_shard_size);
+  if (!shard.ok()) return Fail(shard.status().WithContext("--max-shard-size"));
+  if (*shard < 1) return Fail(InvalidArgument("--max-shard-size must be >= 1 byte"));
   if (Status s = CheckTarget(o.out); !s.ok()) return Fail(s);
-  return Run({"export", "--to", o.to, o.src, "--out", o.out, "--tenplex", SelfExe(), "--config",
-              config, "--max-shard-size", std::to_string(o.max_shard_size)});
+  return Run(OutputArgs({"export", "--to", o.to, o.src, "--out", o.out, "--tenplex", SelfExe(),
+                         "--config", config, "--max-shard-size", std::to_string(*shard)},
+                        o.json));
 }
 
 }  // namespace
@@ -147,9 +165,10 @@ void RegisterInterop(CLI::App& app, Context& ctx) {
       ->required();
   imp->add_option("--out", io->out, "New checkpoint directory (must not exist)")->required();
   imp->add_option("--step", io->step,
-                  "Training step to record (default: from the source when it has one)");
+                  "Training step to record (default: the source's; 0 when it has none)");
   imp->add_option("--samples", io->samples,
                   "Samples consumed to record (default: from the source)");
+  imp->add_flag("--json", io->json, "Print the result as JSON");
   imp->callback([io, &ctx] { ctx.exit_code = Import(*io); });
 
   auto* exp = app.add_subcommand(
@@ -164,7 +183,10 @@ void RegisterInterop(CLI::App& app, Context& ctx) {
       "megatron: target tp/pp (default: the checkpoint's); dcp: must be the checkpoint's own; "
       "mcore: its tp sets the vocabulary padding (default: the checkpoint's)");
   exp->add_option("--max-shard-size", eo->max_shard_size,
-                  "hf: bytes per safetensors file before sharding with an index (default 5e9)");
+                  "hf: bytes per safetensors file before sharding with an index (e.g. 5e9, "
+                  "5GB, 2GiB)")
+      ->capture_default_str();
+  exp->add_flag("--json", eo->json, "Print the result as JSON");
   exp->add_flag("--no-verify", eo->no_verify,
                 "Export even without checksums in tenplex.json (they are required and checked)");
   exp->callback([eo, &ctx] { ctx.exit_code = Export(*eo); });

@@ -34,12 +34,11 @@ Status RunPlan(const std::string& model_spec, const std::string& from_text,
 
 struct ReshardOpts {
   std::string in, out, to, model, from;
-  bool no_verify = false, quiet = false, json = false, mmap_output = false;
+  bool no_verify = false, json = false, mmap_output = false;
 };
 
 // tenplex reshard: converts the checkpoint and prints its report.
 Status RunReshard(const ReshardOpts& o) {
-  if (o.quiet) SetLogLevel(LogLevel::kQuiet);
   transform::ReshardOptions ro;
   ro.in = o.in;
   ro.out = o.out;
@@ -74,7 +73,7 @@ Status RunReshard(const ReshardOpts& o) {
                         {"seconds", r.total_seconds}};
     return WriteOutput("", j.dump() + "\n");
   }
-  if (!o.quiet) {
+  if (GetLogLevel() != LogLevel::kQuiet) {
     std::printf("resharded %s (%s) -> %s (%s): %s written in %.2f s (%.2f GB/s), plan %.3f s\n",
                 o.in.c_str(), r.from.ToString().c_str(), o.out.c_str(), ro.to.ToString().c_str(),
                 HumanBytes(r.bytes_written).c_str(), r.total_seconds,
@@ -120,7 +119,7 @@ void RegisterReshardCommand(CLI::App& app, Context& ctx) {
   cmd->add_flag(
       "--no-verify", o->no_verify,
       "Read the input even without checksums in tenplex.json (they are required and checked)");
-  cmd->add_flag("-q,--quiet", o->quiet, "Print nothing on success");
+  // -q/--quiet is the global flag (before or after the subcommand): nothing on success.
   cmd->add_flag("--json", o->json, "Print the report as JSON");
   cmd->add_flag("--mmap-output", o->mmap_output,
                 "Fill mapped output files instead of writing from warm buffers (the earlier "

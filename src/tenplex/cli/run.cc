@@ -1,6 +1,7 @@
 // tenplex run --schedule S.json --log LOG.jsonl [--model M] [--baseline LOG] -- CMD ARGS...
 #include "tenplex/cli/command.h"
 #include "tenplex/runtime/runner.h"
+#include "tenplex/util/log.h"
 
 namespace tenplex::cli {
 
@@ -65,7 +66,7 @@ void RegisterRun(CLI::App& app, Context& ctx) {
                   "the measured cost (what-if runs; tests on a loaded machine)");
   cmd->add_option("--baseline", o->baseline_log,
                   "Log of a static run to compare losses and samples with");
-  cmd->add_flag("--quiet", *quiet, "Do not print the summary table");
+  cmd->add_flag("--quiet", *quiet, "Do not print the summary table (-q/--quiet does too)");
   auto json = std::make_shared<bool>(false);
   cmd->add_flag("--json", *json, "Print the summary as one JSON object (steps, reconfigurations)");
   cmd->add_option("command", o->command, "Worker command and arguments (after --)")->required();
@@ -79,7 +80,7 @@ void RegisterRun(CLI::App& app, Context& ctx) {
     if (!s.ok()) return Finish(ctx, s.status());
     if (*json) {
       std::printf("%s\n", runtime::SummaryJson(*s).c_str());
-    } else if (!*quiet) {
+    } else if (!*quiet && GetLogLevel() != LogLevel::kQuiet) {
       std::fputs(runtime::SummaryTable(*s).c_str(), stdout);
     }
     ctx.exit_code = 0;

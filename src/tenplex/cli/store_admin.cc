@@ -257,7 +257,10 @@ Status Remove(const AdminOpts& o, bool has_version) {
     if (!s.ok()) return s.WithContext("removing " + what + " from " + h->url);
   }
   if (o.json) {
-    json out = {{"job", o.job}, {"hosts", holders.size()}, {"bytes", bytes}};
+    // "hosts": the URLs it was removed from, a list as in `store ls` and `load`/`save`.
+    json urls = json::array();
+    for (const Host* h : holders) urls.push_back(h->url);
+    json out = {{"job", o.job}, {"hosts", urls}, {"bytes", bytes}};
     out["version"] = has_version ? json(o.version) : json(nullptr);
     return WriteOutput("", out.dump() + "\n");
   }

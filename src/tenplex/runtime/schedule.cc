@@ -33,7 +33,13 @@ Status ParseEntryConfig(const json& e, const std::string& where, const Model& mo
       return InvalidArgument(where + ": 'gpus' entries need the config policy (tenplex run)");
     s.gpus = e["gpus"].get<int>();
     auto c = choose(s.gpus, JsonValueOr(e, "device_profile", ""), JsonValueOr(e, "gpu_memory", ""));
-    if (!c.ok()) return c.status().WithContext(where + " (" + std::to_string(s.gpus) + " GPUs)");
+    if (!c.ok()) {
+      Status err = c.status().WithContext(where + " (" + std::to_string(s.gpus) + " GPUs)");
+      // Nothing fits that many GPUs: the schedule asks for the impossible, bad input (exit
+      // 2) like every other schedule error (issue 34 item 9), not a failure of the run.
+      if (err.code() == StatusCode::kResourceExhausted) return InvalidArgument(err.message());
+      return err;
+    }
     s.config = c->config;
     s.worker_args = c->worker_args;
   } else if (s.stop == e.contains("config")) {

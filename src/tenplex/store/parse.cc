@@ -1,5 +1,6 @@
 #include "tenplex/store/parse.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
 #include <limits>
@@ -407,10 +408,15 @@ Result<uint64_t> ParseByteSize(std::string_view text) {
   std::size_t digits = 0;
   while (digits < text.size() && text[digits] >= '0' && text[digits] <= '9') ++digits;
   std::string_view suffix = text.substr(digits);
-  int power = 0;  // of the unit
-  bool decimal = false;
+  int power = 0;  // of the base
+  uint64_t base = 1024;
   bool ok = true;
-  if (!suffix.empty()) {
+  if (suffix.size() >= 2 && (suffix[0] == 'e' || suffix[0] == 'E') &&
+      suffix.find_first_not_of("0123456789", 1) == std::string_view::npos) {
+    // 5e9: an integer times a power of ten (how --max-shard-size's default reads)
+    base = 10;
+    for (char c : suffix.substr(1)) power = std::min(power * 10 + (c - '0'), 99);
+  } else if (!suffix.empty()) {
     static constexpr std::string_view kUnits = "KMGT";  // either case
     const std::size_t at =
         kUnits.find(static_cast<char>(std::toupper(static_cast<unsigned char>(suffix[0]))));
@@ -421,17 +427,19 @@ Result<uint64_t> ParseByteSize(std::string_view text) {
       ok = false;
     } else {
       power = static_cast<int>(at) + 1;
-      decimal = rest == "B";  // 80GB is 80·10^9 bytes, as written; 80G and 80GiB are 80·2^30
+      // 80GB is 80·10^9 bytes, as written; 80G and 80GiB are 80·2^30
+      if (rest == "B") base = 1000;
       ok = rest.empty() || rest == "i" || rest == "iB" || rest == "B";
     }
   }
   if (digits == 0 || !ok) {
     return InvalidArgument("size " + Quote(text) +
-                           " must be a byte count such as 1073741824, 512M, 8GiB or 80GB");
+                           " must be a byte count such as 1073741824, 512M, 8GiB, 80GB or 5e9");
   }
   TP_ASSIGN_OR_RETURN(int64_t v, ParseNumber(text.substr(0, digits), "size"));
+  if (power > 18) return InvalidArgument("size " + Quote(text) + " is too large");
   uint64_t unit = 1;
-  for (int i = 0; i < power; ++i) unit *= decimal ? 1000 : 1024;
+  for (int i = 0; i < power; ++i) unit *= base;
   if (static_cast<uint64_t>(v) > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) / unit)
     return InvalidArgument("size " + Quote(text) + " is too large");
   return static_cast<uint64_t>(v) * unit;

@@ -120,8 +120,8 @@ Result<HostPort> ParseHostPort(std::string_view text);
 // "http://host:port[/]" or "host:port"; https is Unimplemented.
 Result<HostPort> ParseUrl(std::string_view url);
 // A byte count for options: "1073741824", "512M", "8G", "8GiB" (K M G T, Ki..., KiB...
-// are powers of 1024), "80GB" (KB MB GB TB are powers of 1000, as written); fractions
-// are not accepted.
+// are powers of 1024), "80GB" (KB MB GB TB are powers of 1000, as written), "5e9" (an
+// integer times a power of ten); fractions are not accepted.
 Result<uint64_t> ParseByteSize(std::string_view text);
 
 // 127.0.0.0/8, ::1, ::ffff:127.x.y.z and "localhost".

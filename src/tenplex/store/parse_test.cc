@@ -237,10 +237,17 @@ TEST(ParseTest, ByteSizes) {
   EXPECT_EQ(*ParseByteSize("80GiB"), 80ull << 30);
   EXPECT_EQ(*ParseByteSize("5kB"), 5000u);
   EXPECT_EQ(*ParseByteSize("7B"), 7u);
+  // Issue 34 item 9: `export --max-shard-size` shows 5e9 as its default.
+  EXPECT_EQ(*ParseByteSize("5e9"), 5000000000ull);
+  EXPECT_EQ(*ParseByteSize("12E3"), 12000u);
+  EXPECT_EQ(*ParseByteSize("1e0"), 1u);
+  EXPECT_EQ(*ParseByteSize("9e18"), 9000000000000000000ull);
   for (const char* bad : {"", "G", "-1", "1.5G", "1X", "1GG", "1 G", "99999999999999999T", "1BB",
                           "9223372036854775808", "9223372036854775TB", "1iB", "1Bi"}) {
     EXPECT_FALSE(ParseByteSize(bad).ok()) << bad;
   }
+  for (const char* bad : {"e9", "1e", "1e-3", "1.5e9", "1e9G", "1e19", "10e18", "1e999999999999"})
+    EXPECT_FALSE(ParseByteSize(bad).ok()) << bad;
 }
 
 TEST(ParseTest, HostsAndUrls) {
