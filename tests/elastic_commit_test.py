@@ -20,6 +20,10 @@ each of 3 "hosts" is a `tenplex store serve --shm-dir` daemon behind a fault pro
   back on its shm dir 2 s later) and resumes at step 8, never step 0; with a short
   connect_timeout it fails naming the daemon instead of starting a new job.
 - a commit after another coordinator committed a newer version is refused, naming both.
+- issue 34 finding 3: daemons reached by other URLs are the same hosts (host id): the
+  version is used without a transform; one daemon under two URLs is refused.
+- issue 34 finding 4: an unrecoverable loss (pp=2, one host lost) ends the job with one
+  message naming the recovery commands, and the next restart stops at once (exit 76).
 """
 import json
 import os
@@ -264,15 +268,89 @@ def down_at_start(model):
         hosts.close()
 
 
+def fatal_loss(model, tmp):
+    """issue 34 finding 4: pp=2 on 2 hosts, host 1 lost for good: the transform onto
+    host 0 alone fails for data loss. The job ends with one message naming the recovery
+    commands and a marker that makes the next restart stop at once (FatalElasticError
+    here; exit status 76 with exit_on_fatal)."""
+    hosts = Hosts(2)
+    marker = os.path.join(tmp, "fatal")
+    os.environ["TENPLEX_FATAL_FILE"] = marker
+    try:
+        group = ThreadGroup(2)
+        elastic.dist = group
+        jobs = make_jobs(hosts.urls, "pp=2", connect_timeout=30)
+        restore(group, jobs)
+        commit_step(group, jobs, model, 1)
+        hosts.daemons[1].kill()
+        group = ThreadGroup(1)
+        elastic.dist = group
+        jobs = make_jobs(hosts.urls[:1], "tp=1", connect_timeout=30)
+        e = restore(group, jobs)[0][1]
+        msg = str(e)
+        check(isinstance(e, elastic.FatalElasticError) and "no surviving replica" in msg
+              and "tenplex transform --recover" in msg and "tenplex store ls" in msg
+              and "tenplex store load --cluster" in msg, f"data loss: a fatal error naming the recovery ({e!r})")
+        check(os.path.exists(marker), "the fatal error is recorded for the next restart")
+        t0 = time.time()
+        try:
+            make_jobs(hosts.urls[:1], "tp=1")
+            check(False, "the next restart stops at once: no error")
+        except elastic.FatalElasticError as e2:
+            check(str(e2) == msg and time.time() - t0 < 1, "the next restart stops at once with the same message")
+        os.environ["RANK"] = "0"
+        try:
+            elastic.Job(JOB, {"1": "tp=1"}, store_url=hosts.urls[0], token="")
+            check(False, "exit_on_fatal: no exit")
+        except SystemExit as e3:
+            check(e3.code == elastic.FATAL_EXIT_STATUS == 76, f"exit_on_fatal: exit status {e3.code}")
+    finally:
+        os.environ.pop("TENPLEX_FATAL_FILE", None)
+        hosts.close()
+
+
+def renamed_host(model):
+    """issue 34 finding 3: a job committed with its daemons reached through proxies
+    restarts with the daemons' own URLs: the same hosts by host id, so the version is
+    used as it is (no transform); two URLs of one daemon in a world are refused."""
+    hosts = Hosts(2)
+    try:
+        group = ThreadGroup(2)
+        elastic.dist = group
+        jobs = make_jobs(hosts.urls, "pp=2", connect_timeout=30)
+        restore(group, jobs)
+        v = commit_step(group, jobs, model, 5)[0][0]
+        if not elastic._ec.connect(hosts.urls[0], "").host_id:
+            print("skip: the daemons serve no host id (an older tenplex)")
+            return
+        for p in hosts.proxies:
+            p.close()
+        direct = [d.url for d in hosts.daemons]
+        jobs = make_jobs(direct, "pp=2", connect_timeout=30)
+        got = restore(group, jobs)
+        check(all(e is None and r.version == v and r.step == 5 for r, e in got),
+              f"renamed hosts: version {v} restored as it is ({[(getattr(r, 'version', None), e) for r, e in got]})")
+        hosts.proxies = [FaultProxy()]
+        hosts.proxies[0].point_at(hosts.daemons[0])
+        jobs = make_jobs([direct[0], hosts.proxies[0].url], "pp=2", connect_timeout=30)
+        e = restore(group, jobs)[0][1]
+        check(isinstance(e, elastic.ElasticError) and "are one store daemon" in str(e),
+              f"one daemon under two URLs is refused ({e!r})")
+    finally:
+        hosts.close()
+
+
 def main():
     with tempfile.TemporaryDirectory() as tmp:
         mpath = os.path.join(tmp, "m.json")
-        subprocess.run([TENPLEX, "model", "gpt", "--num-layers", "3", "--hidden-size", "32",
+        subprocess.run([TENPLEX, "model", "gpt", "--num-layers", "6", "--hidden-size", "32",
                         "--num-attention-heads", "4", "--vocab-size", "64", "-o", mpath], check=True)
         with open(mpath) as f:
             model = json.load(f)
-    os.environ.pop("TENPLEX_FATAL_FILE", None)
-    t0 = time.time()
+        os.environ.pop("TENPLEX_FATAL_FILE", None)
+        t0 = time.time()
+        fatal_loss(model, tmp)
+        renamed_host(model)
     down_at_start(model)
     commit = r"/versions/\d+/commit"
     prepare = r"/versions/\d+/prepare"

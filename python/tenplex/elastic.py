@@ -324,7 +324,8 @@ class Job:
         if found is None:
             return {"version": None, "cluster": cluster}
         version, _, info, everywhere = found
-        old_cluster = dict(info.get("cluster") or {"hosts": urls, "gpus_per_host": self.local_world_size})
+        old_cluster = _ec.rebase_cluster(info.get("cluster") or {"hosts": urls, "gpus_per_host": self.local_world_size},
+                                         views)
         rec = {"version": version, "from": info.get("config"), "transformed": False, "cluster": cluster,
                "step": info.get("step")}
         if not (everywhere and _ec.unchanged(info, views, self.config, self.local_world_size)):
@@ -336,7 +337,8 @@ class Job:
                 stats = self._transform(urls, old_cluster)
             except ElasticError as e:
                 if "no surviving replica" in str(e):
-                    raise FatalElasticError(_ec.fatal_message(self.job, version, urls, str(e))) from None
+                    where = list(dict.fromkeys(urls + [u for u, _ in _ec.old_hosts(info)]))
+                    raise FatalElasticError(_ec.fatal_message(self.job, version, where, str(e))) from None
                 raise
             rec.update(version=stats["to_version"], transformed=True, lost_hosts=stats.get("lost_hosts", []),
                        bytes_moved=stats.get("plan", {}).get("bytes_total"), transform_stats_seconds=stats["seconds"])

@@ -126,6 +126,19 @@ def old_hosts(info: dict) -> List[Tuple[str, str]]:
     return list(zip(hosts, ids + [""] * (len(hosts) - len(ids))))
 
 
+def rebase_cluster(cluster: dict, views: List[HostView]) -> dict:
+    """The cluster record with each host's URL replaced by the one it answers at now
+    (matched by host id): a host reached by another address is not lost."""
+    out = dict(cluster)
+    hosts = []
+    for u, i in old_hosts({"cluster": cluster}):
+        now = [v.url for v in views if i and v.host_id == i]
+        hosts.append(now[0] if now else u)
+    if hosts:
+        out["hosts"] = hosts
+    return out
+
+
 def down_error(job: str, views: List[HostView], waited: Optional[float]) -> ElasticError:
     """The refusal to start when daemons of this world do not answer, naming the hosts
     (and those that held the newest version known)."""
