@@ -56,8 +56,32 @@ std::shared_ptr<void> Store::OnRelease(std::function<void(const std::string& job
   });
 }
 
+namespace {
+
+// Fencing (store.h, BeginVersion): whether version v of job may begin next to the
+// versions the job already has on this store.
+Status CheckFence(const std::string& job, const JobState& j, uint64_t v) {
+  for (const auto& [n, other] : j.versions) {
+    if (n > v && !other.committed) {
+      return FailedPrecondition(VersionName(job, v) + " cannot begin: version " +
+                                std::to_string(n) +
+                                " was begun after it by another coordinator and supersedes it");
+    }
+    if (n < v && other.prepared) {
+      return FailedPrecondition(
+          VersionName(job, v) + " cannot begin: version " + std::to_string(n) +
+          " is prepared here and awaits its coordinator's decision (another coordinator is "
+          "committing it); retry once it is committed or aborted (tenplex transform --recover "
+          "decides it)");
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Result<uint64_t> Store::BeginVersion(const std::string& job, std::optional<uint64_t> version,
-                                     const std::string& info) {
+                                     const std::string& info, std::optional<uint64_t> made_from) {
   TP_RETURN_IF_ERROR(CheckJobName(job));
   TP_ASSIGN_OR_RETURN(std::string canon, CanonicalInfo(info));
   if (version && (*version == 0 || *version > 999999999999999999ull)) {
@@ -75,12 +99,26 @@ Result<uint64_t> Store::BeginVersion(const std::string& job, std::optional<uint6
   if (j.versions.count(v)) {
     return AlreadyExists(VersionName(job, v) + " already exists");
   }
+  TP_RETURN_IF_ERROR(CheckFence(job, j, v));
+  if (made_from && j.current && *j.current > *made_from) {
+    return FailedPrecondition(VersionName(job, v) + " cannot begin: it is made from version " +
+                              std::to_string(*made_from) + " but version " +
+                              std::to_string(*j.current) +
+                              " was committed here meanwhile (by another coordinator); start "
+                              "again from the current version");
+  }
   Status s = MakeDir(impl_->JobDir(job));
   if (s.ok()) s = MakeDir(impl_->VersionDir(job, v));
   if (!s.ok()) {
     if (j.versions.empty()) impl_->jobs.erase(job);
     return s;
   }
+  // Fencing: the open versions below v belong to coordinators that lost the race.
+  for (const auto& [n, other] : j.versions) {
+    if (n < v && !other.committed && !other.prepared) j.superseded[n] = v;
+  }
+  j.superseded.erase(v);
+  while (j.superseded.size() > 64) j.superseded.erase(j.superseded.begin());
   VersionState& vs = j.versions[v];
   vs.info = canon;
   j.last = std::max(j.last, v);
@@ -146,8 +184,13 @@ Status Store::Impl::RecordChecksums(const std::string& job, uint64_t version) {
 }
 
 Status Store::Prepare(const std::string& job, uint64_t version) {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    TP_RETURN_IF_ERROR(impl_->CheckNotSuperseded(job, version));  // before hashing it
+  }
   TP_RETURN_IF_ERROR(impl_->RecordChecksums(job, version));
   std::lock_guard<std::mutex> lock(impl_->mu);
+  TP_RETURN_IF_ERROR(impl_->CheckNotSuperseded(job, version));
   TP_ASSIGN_OR_RETURN(auto v, impl_->FindVersion(job, version));
   if (v.second->committed)
     return FailedPrecondition(VersionName(job, version) + " is already committed");
@@ -166,10 +209,15 @@ Status Store::Prepare(const std::string& job, uint64_t version) {
 }
 
 Status Store::Commit(const std::string& job, uint64_t version, bool keep_old) {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    TP_RETURN_IF_ERROR(impl_->CheckNotSuperseded(job, version));  // before hashing it
+  }
   TP_RETURN_IF_ERROR(impl_->RecordChecksums(job, version));
   std::vector<std::string> trash;
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
+    TP_RETURN_IF_ERROR(impl_->CheckNotSuperseded(job, version));
     TP_ASSIGN_OR_RETURN(auto v, impl_->FindVersion(job, version));
     JobState& j = impl_->jobs[job];
     if (v.second->committed && j.current == version) {

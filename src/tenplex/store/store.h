@@ -206,8 +206,18 @@ class Store {
   // more than any version the job has had; an explicit one must be greater than the
   // current version and not exist yet (hosts of a job agree on a number this way).
   // `info` is a JSON object kept with the version ("" = {}).
+  // Fencing (transform/two_phase.h): beginning v supersedes every open version below
+  // it (their coordinators lost the race: writing into them, Prepare and Commit fail
+  // with "superseded by version v begun by another coordinator"); v is refused while
+  // an uncommitted version above it exists (v's coordinator is the one that lost) or a
+  // prepared one below it awaits its decision (a prepared version is never superseded:
+  // its coordinator may have decided to commit it).
+  // With `made_from` (the version the new one is computed from, e.g. a transform's
+  // source), refused when a version newer than it was committed here meanwhile (its
+  // result would silently replace that one's).
   Result<uint64_t> BeginVersion(const std::string& job, std::optional<uint64_t> version = {},
-                                const std::string& info = "");
+                                const std::string& info = "",
+                                std::optional<uint64_t> made_from = std::nullopt);
   // Replaces the info of an open version.
   Status SetVersionInfo(const std::string& job, uint64_t version, const std::string& info);
   // Phase one of a two-phase commit across stores: the open version becomes immutable

@@ -87,7 +87,19 @@ struct JobState {
   std::optional<uint64_t> current;
   uint64_t last = 0;  // highest version number the job has had
   std::map<uint64_t, VersionState> versions;
+  // Fencing (store.h, BeginVersion): open version -> the newer version whose begin
+  // superseded it. In memory only (open versions do not survive a restart either);
+  // kept after the version is dropped so that its coordinator hears why.
+  std::map<uint64_t, uint64_t> superseded;
 };
+
+// The error of every step of a superseded version's coordinator.
+inline Status SupersededError(const std::string& job, uint64_t v, uint64_t by) {
+  return FailedPrecondition("version " + std::to_string(v) + " of job '" + job +
+                            "' was superseded by version " + std::to_string(by) +
+                            " begun by another coordinator; it can never be committed (the job "
+                            "goes on from the newer version; abort this one)");
+}
 
 struct PendingTensor;  // a tensor of a Create, before it is published (store_create.cc)
 
@@ -235,6 +247,15 @@ struct Store::Impl {
     return &it->second;
   }
 
+  // REQUIRES: mu held. FailedPrecondition when a newer version's begin superseded the
+  // open version v of job (BeginVersion).
+  Status CheckNotSuperseded(const std::string& job, uint64_t v) const {
+    auto j = jobs.find(job);
+    if (j == jobs.end()) return Status::Ok();
+    auto s = j->second.superseded.find(v);
+    return s == j->second.superseded.end() ? Status::Ok() : SupersededError(job, v, s->second);
+  }
+
   // REQUIRES: mu held. DataLoss naming the reason for a quarantined job.
   Status CheckNotQuarantined(const std::string& job) const {
     auto q = quarantined.find(job);
@@ -282,6 +303,7 @@ struct Store::Impl {
       return FailedPrecondition(VersionName(p.job, v.first) +
                                 " is prepared (phase one of a commit) and immutable");
     }
+    TP_RETURN_IF_ERROR(CheckNotSuperseded(p.job, v.first));
     return v;
   }
 

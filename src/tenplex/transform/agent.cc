@@ -527,7 +527,10 @@ Result<std::string> Agent::Impl::Prepare(const std::string& body) {
   phases.warm = Since(t0) - phases.plan;
 
   auto t1 = std::chrono::steady_clock::now();
-  TP_ASSIGN_OR_RETURN(uint64_t v, store.BeginVersion(r.job, r.to_version, r.new_info));
+  // Fenced (two_phase.h): refused when a newer version began or one newer than the
+  // source was committed here meanwhile (another coordinator of the job).
+  TP_ASSIGN_OR_RETURN(uint64_t v,
+                      store.BeginVersion(r.job, r.to_version, r.new_info, r.from_version));
   auto fail = [&](const Status& s) {
     (void)store.DropVersion(r.job, v);
     return s;

@@ -93,6 +93,14 @@ class HostsFixture : public ::testing::Test {
   // info records `placement` (default: the cluster itself).
   void Load(const Cluster& cluster, const std::string& config,
             const std::optional<Cluster>& placement = std::nullopt) {
+    Write(cluster, config, 1, placement);
+    for (const std::string& u : cluster.hosts) ASSERT_TRUE(StoreOf(u)->Commit("j", 1).ok());
+  }
+
+  // Begins `version` of job "j" on the hosts of `cluster` and writes their ranks of
+  // `config` into it from the oracle (not prepared, not committed).
+  void Write(const Cluster& cluster, const std::string& config, uint64_t version,
+             const std::optional<Cluster>& placement = std::nullopt) {
     ParallelConfig cfg = *ParseConfig(config);
     Layout layout = *MakeLayout(model_, cfg);
     json info = {{"model", json::parse(ModelToJson(model_))},
@@ -100,17 +108,17 @@ class HostsFixture : public ::testing::Test {
                  {"cluster", ClusterJson(placement.value_or(cluster))}};
     for (std::size_t h = 0; h < cluster.hosts.size(); ++h) {
       store::Store& st = *StoreOf(cluster.hosts[h]);
-      ASSERT_TRUE(st.BeginVersion("j", 1, info.dump()).ok());
+      Result<uint64_t> b = st.BeginVersion("j", version, info.dump());
+      ASSERT_TRUE(b.ok()) << b.status().ToString();
       for (const RankLayout& r : layout.ranks) {
         if (cluster.HostOfRank(r.rank) != static_cast<int>(h)) continue;
         for (const LocalTensor& t : *r.tensors) {
           Result<store::TensorWriter> w =
-              st.Allocate(store::TensorPathOf("j", 1, r.rank, t.name), t.dtype, t.shape);
+              st.Allocate(store::TensorPathOf("j", version, r.rank, t.name), t.dtype, t.shape);
           ASSERT_TRUE(w.ok()) << w.status().ToString();
           ASSERT_TRUE(plan::FillSynthetic(layout, t, kSeed, w->data()).ok());
         }
       }
-      ASSERT_TRUE(st.Commit("j", 1).ok());
     }
   }
 

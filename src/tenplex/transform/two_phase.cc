@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "tenplex/transform/state_info.h"
+#include "tenplex/util/log.h"
 
 namespace tenplex::transform {
 
@@ -196,7 +197,33 @@ class Resolver {
                          " stray copies with another info (a stale prepare)");
   }
 
+  // A copy of v that is open or prepared on a host whose current version is newer can
+  // never be committed there (Commit refuses versions not newer than the current one):
+  // a coordinator that lost a race (or a build without fencing) left it. Aborted there.
+  void RemoveStale(uint64_t v, std::vector<Has>& row) {
+    std::vector<int> stale;
+    for (int h = 0; h < n_; ++h) {
+      if ((row[h] == Has::kOpen || row[h] == Has::kPrepared) && current_[h] && v < *current_[h])
+        stale.push_back(h);
+    }
+    for (int h : stale) {
+      const bool prepared = row[h] == Has::kPrepared;
+      Status s = clients_[h]->Abort(job_, v);
+      if (!s.ok() && s.code() != StatusCode::kNotFound) continue;  // left as it is: undecided
+      row[h] = Has::kNone;
+      const std::string line =
+          "version " + std::to_string(v) + " of job " + job_ + " on " + urls_[h] + ": " +
+          (prepared ? "prepared" : "open") + " but older than the current version " +
+          std::to_string(*current_[h]) + " there, so it can never be committed: aborted";
+      LogInfo("recovery: %s", line.c_str());
+      out_.lines.push_back(line);
+    }
+    const bool left = std::count(row.begin(), row.end(), Has::kNone) < n_;
+    if (!stale.empty() && !left) out_.aborted.push_back(v);
+  }
+
   Status Decide(uint64_t v, std::vector<Has>& row) {
+    RemoveStale(v, row);
     RemoveStrays(v, row);
     const bool prepared_any = std::count(row.begin(), row.end(), Has::kPrepared) > 0;
     const bool open_any = std::count(row.begin(), row.end(), Has::kOpen) > 0;

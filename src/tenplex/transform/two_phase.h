@@ -22,8 +22,36 @@
 // alone first: its state is the decision record. A coordinator that finds the first
 // participant committed when it wanted to abort rolls forward instead; a resolver that
 // finds it aborted stops. So two deciders that race (a coordinator and a reader's roll
-// forward) agree. One coordinator per job at a time is assumed (as for every cluster
-// operation of a job).
+// forward) agree.
+//
+// Fencing: two coordinators of one job (a `store load --cluster` racing a `transform
+// --cluster`) are ordered by their version numbers, each host deciding locally
+// (Store::BeginVersion):
+//  - beginning w on a host supersedes every *open* version u < w there: Prepare(u),
+//    Commit(u) and writes into u fail there with "version u of job J was superseded by
+//    version w begun by another coordinator". u's coordinator cannot have decided yet
+//    (that host has not prepared u, and now never will), so it loses before its
+//    decision: it aborts u, and nothing of u was committed anywhere.
+//  - a *prepared* version is never superseded: beginning w is refused while a prepared
+//    u < w is on the host (its coordinator may have decided to commit; refusing its
+//    commit on some hosts would split the job). w's coordinator loses before its
+//    decision (nothing of w is prepared there); the recovery decides u (roll forward when
+//    every participant prepared it), after which w may begin.
+//  - beginning u is refused while an uncommitted w > u is on the host (u's coordinator
+//    came late: it lost).
+//  - a transform's begin names the version it is made from: refused on a host where a
+//    newer one was committed meanwhile (its result would replace that commit unseen).
+// So on every host the begins of the two versions are ordered: w's first means u never
+// prepares there (u's coordinator loses); u's prepare first means w never begins there
+// (w's coordinator loses). Either way at most one of the two reaches its decision (in
+// rare interleavings across hosts both lose, each with its error, and a retry goes
+// ahead), the decision rule above is unchanged, and a version decided commit is never
+// refused anywhere: nothing committed is lost. Recovery (ResolvePending) also aborts, with a
+// log line, any open or prepared version older than a host's current version (left by
+// a build without fencing, or a coordinator that died after losing): it can never be
+// committed there, and a newer version is committed, so nothing is lost by removing it.
+// A transform whose recovery leaves a version undecided (a participant does not
+// answer) cannot begin a new version on hosts that hold it prepared until it is decided.
 //
 // Commit outcomes are idempotent and queryable: committing the current version again
 // is a no-op, and a commit whose reply was lost is confirmed by asking the host for
@@ -75,7 +103,8 @@ struct Resolution {
 
 // Finds prepared and leftover open versions of job on the hosts (urls[h], clients[h];
 // null: lost) and decides each by the rule above; `owner` allows roll back and the
-// removal of open versions. Hosts that do not answer are skipped.
+// removal of open versions. Copies older than their host's current version are aborted
+// whoever calls (they can never be committed). Hosts that do not answer are skipped.
 Result<Resolution> ResolvePending(const std::vector<std::string>& urls,
                                   const std::vector<store::Client*>& clients,
                                   const std::string& job, bool owner);
