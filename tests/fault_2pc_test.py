@@ -4,7 +4,7 @@
 2 GPUs each, one of them behind a fault proxy (fault_proxy.py) that acts at exactly
 the moment a chosen request arrives.
 
-Usage: fault_2pc_test.py TENPLEX_BIN [--case hung|lost-reply|commit-window|all]
+Usage: fault_2pc_test.py TENPLEX_BIN [--case hung|lost-reply|commit-window|coordinators|all]
 
 - hung: the daemon of host 1 is SIGSTOPped when its prepare request arrives.
   The transform must not wait for it (the coordinator's HTTP timeout used to be
@@ -21,6 +21,13 @@ Usage: fault_2pc_test.py TENPLEX_BIN [--case hung|lost-reply|commit-window|all]
   daemon is at the same version, and the old version is released everywhere. (It used
   to discard the prepared version at the restart: the save failed with "no surviving
   replica" and the hosts were split across versions.)
+- coordinators (issue 34 finding 7): a second coordinator (this script, over HTTP, as
+  `store load --cluster` does it) begins version N of the job on every daemon while a
+  `transform --cluster` is between its recovery and its begin (a hook of host 1's
+  proxy); the transform begins N+1, which supersedes N, and commits. The older
+  coordinator's prepare then fails on every daemon saying it was superseded; recovery,
+  save and every daemon end on N+1. (Its prepare used to succeed, its commit then
+  failed, and recovery, transforms and saves failed on the stale prepared N.)
 Every state is checked element by element with `tenplex ckpt verify` after
 `store save --cluster`.
 """
@@ -32,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from daemons import Daemon, check  # noqa: E402
@@ -195,6 +203,37 @@ def case_commit_window(c):
         check(cur == v and list(vs) == [v], "host %d: current %r, versions %r (want only %d)" % (i, cur, vs, v))
 
 
+def case_coordinators(c):
+    begun = []
+
+    def other_coordinator():  # begins version N everywhere, as a load would
+        cur = c.daemons[0].get("/v1/jobs/j/versions/current")
+        n = 1 + max(v["version"] for d in c.daemons for v in d.get("/v1/jobs/j")["versions"])
+        for d in c.daemons:
+            d.call("POST", "/v1/jobs/j/versions?version=%d" % n, cur["info"])
+        begun.append(n)
+
+    p = c.proxy(1)
+    p.arm("GET", r"^/v1/jobs/j/versions/current$", other_coordinator)
+    s, _ = transform(c, "tp=2,dp=4")
+    check(begun, "the hook never ran")
+    n = begun[0]
+    check(s["to_version"] == n + 1, "the transform committed %d, expected %d" % (s["to_version"], n + 1))
+    for i, d in enumerate(c.daemons):
+        try:
+            d.call("POST", "/v1/jobs/j/versions/%d/prepare" % n, {})
+            check(False, "host %d prepared version %d after version %d superseded it" % (i, n, n + 1))
+        except urllib.error.HTTPError as e:
+            body = e.read().decode()
+            check(e.code == 409 and "superseded by version %d begun by another coordinator" % (n + 1) in body,
+                  "host %d: the older coordinator's prepare: HTTP %d %s" % (i, e.code, body))
+    run("transform", "--cluster", c.path, "--job", "j", "--recover")
+    verify(c, "tp=2,dp=4")
+    for i in range(4):
+        cur, vs = c.versions(i)
+        check(cur == n + 1 and list(vs) == [n + 1], "host %d: current %r, versions %r" % (i, cur, vs))
+
+
 def main():
     tmp = tempfile.mkdtemp(prefix="tenplex-2pc-test-")
     c = None
@@ -212,6 +251,10 @@ def main():
             if CASE != "all":
                 load(c, "tp=2,pp=2,dp=2")
             case_commit_window(c)
+        if CASE in ("coordinators", "all"):
+            if CASE != "all":
+                load(c, "tp=2,pp=2,dp=2")
+            case_coordinators(c)
         print("PASS")
     finally:
         if c:

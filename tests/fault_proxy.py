@@ -6,6 +6,7 @@ something to the daemon or the connection at exactly that moment:
   drop-reply    forward the request, then drop the connection (the reply is lost)
   stop-before   SIGSTOP the daemon, then forward the request and wait for the reply
                 (which does not come while the daemon is stopped)
+  a callable    call it (the request waits meanwhile), then forward the request
 
 A daemon that cannot be reached (dead) also drops the connection, as the real one
 would. The target can be changed (a restarted daemon listens on another port).
@@ -40,6 +41,8 @@ class FaultProxy:
                 n = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(n) if n else None
                 action = proxy.match(self.command, self.path)
+                if callable(action):  # a hook: runs while the request waits, then it goes on
+                    action()
                 if action == "kill-before":
                     os.kill(proxy.pid, signal.SIGKILL)
                     self.close_connection = True

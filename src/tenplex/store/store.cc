@@ -72,7 +72,8 @@ Status CheckFence(const std::string& job, const JobState& j, uint64_t v) {
           VersionName(job, v) + " cannot begin: version " + std::to_string(n) +
           " is prepared here and awaits its coordinator's decision (another coordinator is "
           "committing it); retry once it is committed or aborted (tenplex transform --recover "
-          "decides it)");
+          "decides it; if a participant of it is gone for good, tenplex store rm " +
+          job + " --version " + std::to_string(n) + " --cluster FILE aborts it)");
     }
   }
   return Status::Ok();
