@@ -18,6 +18,8 @@ namespaces they cannot see each other's files and every byte crosses over UCX.
   `tenplex ckpt verify` (the spec's slicing of the synthetic global tensors); the JSON
   stats must show cross-host bytes equal to the lower bound and to the bytes the hosts
   fetched;
+- the same daemons named by other URLs (localhost for 127.0.0.1) are the same hosts
+  (matched by their host id): the transform finds every rank (issue 34 finding 3);
 - --to-cluster moves the state to two other daemons (4 GPUs each);
 - a daemon killed (SIGKILL) before a transform, and a daemon that dies in the middle
   of its prepare (TENPLEX_FAULT=exit-in-prepare) are survived from the dp replicas,
@@ -141,6 +143,15 @@ def main():
             s = transform(cluster, to)
             check(s["attempts"] == 1 and not s["lost_hosts"], "unexpected retry: %r" % s)
             verify(tmp, cluster, to)
+        # Issue 34 finding 3: the same daemons named by other URLs (localhost): hosts are
+        # matched by their host id, so no rank is on a "lost host" (it used to fail).
+        renamed = os.path.join(tmp, "renamed.json")
+        with open(renamed, "w") as f:
+            json.dump({"hosts": [d.url.replace("127.0.0.1", "localhost") for d in daemons],
+                       "gpus_per_host": 2}, f)
+        s = transform(renamed, "tp=2,pp=2,dp=2,zero=1")
+        check(s["attempts"] == 1 and not s["lost_hosts"], "renamed hosts: %r" % s)
+        verify(tmp, renamed, "tp=2,pp=2,dp=2,zero=1")
         s = transform(cluster, "tp=1,pp=4,dp=2", "--central")
         check(len(s["round_seconds"]) == 3, "central baseline has 3 rounds")
         verify(tmp, cluster, "tp=1,pp=4,dp=2")
