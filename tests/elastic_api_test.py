@@ -4,7 +4,8 @@ usage: elastic_api_test.py REPO_ROOT
 
 - tenplex.elastic: policies (file, text, bad JSON, wrong world size, non-numeric key),
   a world size the policy lacks, a missing torchrun environment, a missing store URL,
-  ranks not numbered host by host: each an ElasticError naming the problem.
+  ranks not numbered host by host, a TENPLEX_CONNECT_TIMEOUT that is not a number: each
+  an ElasticError naming the problem; the timeouts' defaults and overrides.
 """
 import json
 import os
@@ -89,6 +90,14 @@ def main():
         expect_error(lambda: elastic.Job("gpt", pol), "same --nproc_per_node", "ranks not numbered host by host")
         os.environ["RANK"] = "3"
         expect_error(lambda: elastic.Job("a/b", pol), "without '/'", "bad job name")
+        check(job.connect_timeout == 60.0 and job.request_timeout == 120, "default timeouts (60 s, 120 s)")
+        os.environ["TENPLEX_CONNECT_TIMEOUT"] = "-1"
+        check(elastic.Job("gpt", pol).connect_timeout is None, "TENPLEX_CONNECT_TIMEOUT=-1 waits forever")
+        check(elastic.Job("gpt", pol, connect_timeout=5).connect_timeout == 5.0, "connect_timeout= wins")
+        os.environ["TENPLEX_CONNECT_TIMEOUT"] = "soon"
+        expect_error(lambda: elastic.Job("gpt", pol), "TENPLEX_CONNECT_TIMEOUT='soon' is not a number",
+                     "a bad TENPLEX_CONNECT_TIMEOUT")
+        del os.environ["TENPLEX_CONNECT_TIMEOUT"]
         os.environ["WORLD_SIZE"] = "8"
         expect_error(lambda: elastic.Job("gpt", pol), "no config for world size 8", "world without a config")
     print(f"{'FAILED' if failures else 'passed'}: {len(failures)} failures")

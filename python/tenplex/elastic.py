@@ -42,8 +42,8 @@ Start-up (``restore``), all workers together:
    plan reads their replicas). Its result is broadcast; on failure every worker raises
    ``ElasticError`` with the coordinator's message. A transform that fails for data
    loss (every replica of some rank gone) ends the job: one message naming the
-   recovery commands, a marker file (``TENPLEX_FATAL_FILE``, else one per job and
-   torchrun run id in the temp directory) that makes every later restart of this run
+   recovery commands, a marker file (``TENPLEX_FATAL_FILE``, else one per job, run id and
+   torchrun agent in the temp directory) that makes every later restart of this run
    stop at once, this host's torchrun agent stopped, exit status ``FATAL_EXIT_STATUS``
    (76), which a launcher treats as final.
 4. Each worker maps its rank's tensors of that version from its own daemon
@@ -415,6 +415,9 @@ class Job:
         stopped (local rank 0), then exit FATAL_EXIT_STATUS (or raise FatalElasticError)."""
         if not recorded:
             _ec.record_fatal(self.job, message)
+        if recorded:
+            message += (f"\n(recorded by an earlier round of this run in {_ec.fatal_marker(self.job)}; "
+                        "remove that file to try again)")
         if self.rank == 0 or recorded:
             print(message, file=sys.stderr, flush=True)
         if self.exit_on_fatal:

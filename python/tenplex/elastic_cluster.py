@@ -248,12 +248,14 @@ def fatal_message(job: str, version: Optional[int], hosts: List[str], cause: str
 
 def fatal_marker(job: str) -> str:
     """The file that makes a fatal error final across torchrun's restarts:
-    TENPLEX_FATAL_FILE, else one per job and torchrun run id in the temp directory."""
+    TENPLEX_FATAL_FILE, else one per job, torchrun run id and agent (this worker's
+    parent, the same process across restarts; a new torchrun starts clean) in the temp
+    directory."""
     path = os.environ.get("TENPLEX_FATAL_FILE")
     if path:
         return path
     run = os.environ.get("TORCHELASTIC_RUN_ID", "none").replace("/", "_")
-    return os.path.join(tempfile.gettempdir(), f"tenplex-fatal-{job}-{run}")
+    return os.path.join(tempfile.gettempdir(), f"tenplex-fatal-{job}-{run}-{os.getppid()}")
 
 
 def read_fatal(job: str) -> Optional[str]:
