@@ -6,6 +6,8 @@ usage: elastic_api_test.py REPO_ROOT
   a world size the policy lacks, a missing torchrun environment, a missing store URL,
   ranks not numbered host by host, a TENPLEX_CONNECT_TIMEOUT that is not a number: each
   an ElasticError naming the problem; the timeouts' defaults and overrides.
+- a recorded fatal error (issue 34 finding 4) stops a torchrun with --max_restarts=10 at
+  once: one worker start, a non-zero exit, the message on stderr.
 """
 import json
 import os
@@ -30,6 +32,38 @@ def expect_error(fn, needle, what):
         check(needle in str(e), f"{what}: {e}")
         return
     check(False, f"{what}: no ElasticError")
+
+
+WORKER = """
+import os, sys
+sys.path.insert(0, sys.argv[1])
+with open(sys.argv[2], "a") as f:
+    f.write("start\\n")
+from tenplex import elastic
+elastic.Job("gpt", {"1": "tp=1"}, store_url="http://127.0.0.1:1")
+print("the worker went on", flush=True)
+"""
+
+
+def fatal_is_final(repo, tmp):
+    """issue 34 finding 4: a worker that finds the fatal marker (an earlier round met an
+    unrecoverable loss) exits 76 and stops its torchrun agent: torchrun ends at once,
+    with no restart, although --max_restarts=10."""
+    script, starts, marker = (os.path.join(tmp, n) for n in ("w.py", "starts", "fatal"))
+    with open(script, "w") as f:
+        f.write(WORKER)
+    with open(marker, "w") as f:
+        f.write("tenplex.elastic: job gpt cannot continue: (a test's loss)")
+    env = dict(os.environ, TENPLEX_FATAL_FILE=marker)
+    for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK"):
+        env.pop(k, None)
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
+                        "--max_restarts=10", "--monitor_interval=1", script, os.path.join(repo, "python"), starts],
+                       capture_output=True, text=True, timeout=120, env=env)
+    with open(starts) as f:
+        n = len(f.read().splitlines())
+    check(p.returncode != 0 and n == 1 and "a test's loss" in p.stderr and "went on" not in p.stdout,
+          f"a recorded fatal error stops torchrun at once: exit {p.returncode}, {n} worker start(s)")
 
 
 def main():
@@ -100,6 +134,7 @@ def main():
         del os.environ["TENPLEX_CONNECT_TIMEOUT"]
         os.environ["WORLD_SIZE"] = "8"
         expect_error(lambda: elastic.Job("gpt", pol), "no config for world size 8", "world without a config")
+        fatal_is_final(repo, tmp)
     print(f"{'FAILED' if failures else 'passed'}: {len(failures)} failures")
     sys.exit(1 if failures else 0)
 

@@ -70,8 +70,9 @@ GPU when they are there, written by a background thread); the collectives of bot
 phases stay in the training thread, at a later ``step_done``. A planned change
 therefore loses no finished step; a failure loses the steps since the last commit.
 
-A lost host is a daemon that does not answer: its ranks are re-placed from replicas by
-the transform. A worker that stopped for a change waits for its own SIGTERM (its agent
+A lost host is one of the version's hosts that is not in this world (its node left) or
+that missed a commit: its ranks are re-placed from replicas by the transform. A daemon of
+this world that does not answer is waited for, never taken as lost. A worker that stopped for a change waits for its own SIGTERM (its agent
 restarts it) and exits 0; when none comes within ``term_wait`` seconds (a planned
 scale-down, where the other agents see no waiting host) it exits with status 3, which
 torchrun treats as a failure and answers with a new rendezvous.
@@ -83,6 +84,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -283,7 +285,7 @@ class Job:
             raise ElasticError(f"tenplex transform placed the state on {stats.get('new_hosts')}, not on {urls}")
         return stats
 
-    def _views(self, urls):
+    def _views(self, urls: List[str]) -> List[_ec.HostView]:
         """Every daemon's view of the job (retried until connect_timeout); ElasticError
         naming the daemons that still do not answer, or two hosts that are one daemon."""
         views = _ec.probe_hosts(urls, self.job, self.token, self.connect_timeout, self.request_timeout)
@@ -393,7 +395,7 @@ class Job:
                          "process_seconds": round(age, 3)})
         return Restored(self.version, info, tensors, time.perf_counter() - t0)
 
-    def _load_own(self, device):
+    def _load_own(self, device) -> Tuple[Optional[dict], Optional[dict], str]:
         """(info, tensors, "") of this rank from its own daemon, which must have the
         restored version committed and current; else (None, None, the error)."""
         st = self._local_store()
@@ -409,7 +411,7 @@ class Job:
         except (_tenplex.Error, OSError, ValueError) as e:
             return None, None, f"rank {self.rank}: loading version {self.version} from {self.url}: {e}"
 
-    def _fatal(self, message, recorded=False):
+    def _fatal(self, message: str, recorded: bool = False) -> None:
         """An unrecoverable loss: the message once (rank 0, or a worker that found the
         marker), the marker that makes the next restart stop at once, the torchrun agent
         stopped (local rank 0), then exit FATAL_EXIT_STATUS (or raise FatalElasticError)."""
