@@ -90,6 +90,8 @@ def free_port():
 
 
 class Campaign:
+    LISTEN = "127.0.0.1"  # the daemons' --listen host (fault_campaign_jobs.py: 0.0.0.0, with a token)
+
     def __init__(self, tenplex, tmp, seed, verbose, can_mount=False, run_trials=False):
         self.tenplex, self.tmp, self.rng, self.verbose = tenplex, tmp, random.Random(seed), verbose
         self.ports = [free_port() for _ in range(4)]
@@ -120,6 +122,7 @@ class Campaign:
         self.run_trials = run_trials
         self.model = self.run_model
         self.run_durations = []
+        self.host_ids = {}
 
     def used_bytes(self, i):
         """tenplex_store_used_bytes of daemon i (GET /metrics)."""
@@ -137,8 +140,10 @@ class Campaign:
     def start(self, i, attempts=50, args=()):
         for _ in range(attempts):  # the port may still be held a moment after a SIGKILL
             try:
-                return Daemon(self.tenplex, listen="127.0.0.1:%d" % self.ports[i],
-                              args=("--shm-dir", self.shm[i], *args))
+                d = Daemon(self.tenplex, listen="%s:%d" % (self.LISTEN, self.ports[i]),
+                           args=("--shm-dir", self.shm[i], *args))
+                d.url = d.url.replace("//0.0.0.0:", "//127.0.0.1:")  # every address: reached by loopback
+                return d
             except SystemExit:
                 time.sleep(0.2)
         raise SystemExit("FAIL: daemon %d does not restart" % i)
@@ -224,7 +229,7 @@ class Campaign:
             self.state = result["state"]
         if self.verbose or result["outcome"] in ("hang", "crash", "data lost", "split", "orphans"):
             print(json.dumps(result), flush=True)
-            if result["outcome"] not in ("completed", "recovered", "clean abort"):
+            if result["outcome"] not in GOOD:
                 print("   op stderr: %s" % err.strip()[-600:], flush=True)
         return result
 
@@ -259,6 +264,33 @@ class Campaign:
             except OSError:
                 out.append((i, {"current": None, "versions": []}))
         return out
+
+    def recover(self, job, cluster=None):
+        """`transform --recover` of a job until no daemon holds an open or prepared version
+        of it (a continued daemon may still finish a stale prepare: ask again, 10 times);
+        (job_versions, [(daemon, version, state) left]); self.recover_rc: its last exit status."""
+        for attempt in range(10):
+            p = self.cli("transform", "--cluster", cluster or self.cluster, "--job", job, "--recover", timeout=120)
+            self.recover_rc = p.returncode
+            jobs = self.job_versions(job)
+            left = [(i, v["version"], v["state"]) for i, j in jobs for v in j["versions"] if v["state"] != "committed"]
+            if not left:
+                break
+            time.sleep(1)
+        return jobs, left
+
+    def host_id(self, i):
+        """Daemon i's stable host id ("" from a daemon without one); kept across restarts."""
+        if i not in self.host_ids:
+            self.host_ids[i] = self.daemons[i].get("/v1/health").get("host_id", "")
+        return self.host_ids[i]
+
+    def behind(self, jobs, info, newest):
+        """URLs of the daemons that hold ranks of version `newest` (by host id where its info
+        records them, else by URL) and are not at it."""
+        urls, ids = holders_of(info)
+        return [self.daemons[i].url for i, j in jobs if j["current"] != newest and
+                (self.daemons[i].url in urls or (self.host_id(i) and self.host_id(i) in ids))]
 
     def run_trial(self, n):
         """tenplex run --cluster --commit-every 1 with a daemon killed or stopped in it."""
@@ -306,28 +338,21 @@ class Campaign:
             except OSError:
                 pass
         shutil.rmtree(work, ignore_errors=True)
-        if self.verbose or result["outcome"] not in ("completed", "recovered", "clean abort"):
+        if self.verbose or result["outcome"] not in GOOD:
             print(json.dumps(result), flush=True)
-            if result["outcome"] not in ("completed", "recovered", "clean abort"):
+            if result["outcome"] not in GOOD:
                 print("   run stderr: %s" % err.strip()[-600:], flush=True)
         return result
 
     def check_run(self, job, rc):
-        for attempt in range(10):
-            self.cli("transform", "--cluster", self.cluster, "--job", job, "--recover", timeout=120)
-            jobs = self.job_versions(job)
-            left = [(i, v["version"], v["state"]) for i, j in jobs for v in j["versions"] if v["state"] != "committed"]
-            if not left:
-                break
-            time.sleep(1)
+        jobs, left = self.recover(job)
         if left:
             return {"outcome": "orphans", "detail": repr(left)}
         newest = max([j["current"] or 0 for _, j in jobs])
         if newest == 0:  # killed before the first commit: nothing to check
             return {"outcome": "completed" if rc == 0 else "clean abort"}
         info = next(v["info"] for _, j in jobs for v in j["versions"] if v["version"] == newest)
-        holders = holders_of(info)
-        behind = [self.daemons[i].url for i, j in jobs if self.daemons[i].url in holders and j["current"] != newest]
+        behind = self.behind(jobs, info, newest)
         if behind:
             return {"outcome": "split", "detail": "hosts %r not at version %d" % (behind, newest)}
         save = os.path.join(self.tmp, "run-save")
@@ -395,30 +420,38 @@ class Campaign:
         return result
 
     def check(self, op, old, target, rc, out):
+        res = self.settle(old, [target])
+        if "outcome" in res:
+            return res
+        saved = res["saved"]
+        res = {"state": target if canon(saved) == canon(target) else old}
+        if rc == 0:
+            res["outcome"] = "completed" if res["state"] == target else "data lost"
+            if op == "transform" and res["outcome"] == "completed":
+                s = json.loads(out)
+                if s["attempts"] > 1 or s.get("unconfirmed_hosts"):
+                    res["outcome"] = "recovered"
+        else:
+            res["outcome"] = "clean abort" if res["state"] == old else "recovered"
+        return res
+
+    def settle(self, old, targets):
+        """Job j after an operation that may have moved it from `old` to one of `targets`:
+        {"saved": config} when every holder is at one version, nothing is left open or
+        prepared and the state saves to exactly one of those configs (`ckpt verify`, the
+        synthetic oracle), else {"outcome": ..., "detail": ...} (with "state" where known).
+        self.recover_rc: the exit status of the last `transform --recover`."""
         # The next operation resolves what is left (a coordinator killed after every
         # participant prepared is rolled forward here: the state is judged after it);
         # then nothing open or prepared may remain (a continued daemon may still finish
         # a stale prepare: ask again).
-        for attempt in range(10):
-            self.cli("transform", "--cluster", self.cluster, "--job", "j", "--recover", timeout=120)
-            jobs = []
-            for d in self.daemons:
-                try:
-                    jobs.append(d.get("/v1/jobs/j"))
-                except OSError:
-                    jobs.append({"current": None, "versions": []})
-            left = [(i, v["version"], v["state"]) for i, j in enumerate(jobs) for v in j["versions"]
-                    if v["state"] != "committed"]
-            if not left:
-                break
-            time.sleep(1)
-        newest = max((j["current"] or 0) for j in jobs)
-        info = next(v["info"] for j in jobs for v in j["versions"] if v["version"] == newest)
-        state = target if canon(info["config"]) == canon(target) else old
+        jobs, left = self.recover("j")
+        newest = max((j["current"] or 0) for _, j in jobs)
+        info = next(v["info"] for _, j in jobs for v in j["versions"] if v["version"] == newest)
+        state = next((t for t in targets if canon(info["config"]) == canon(t)), old)
         if left:
             return {"outcome": "orphans", "detail": repr(left), "state": state}
-        holders = holders_of(info)
-        behind = [d.url for d, j in zip(self.daemons, jobs) if d.url in holders and j["current"] != newest]
+        behind = self.behind(jobs, info, newest)
         if behind:
             return {"outcome": "split", "detail": "hosts %r not at version %d" % (behind, newest), "state": state}
         # Exactly the old or the new state, element by element.
@@ -432,18 +465,9 @@ class Campaign:
         v = self.cli("ckpt", "verify", "--in", save, timeout=120)
         if v.returncode != 0:
             return {"outcome": "data lost", "detail": "ckpt verify: " + v.stderr.strip()[-400:]}
-        if canon(saved) not in (canon(old), canon(target)):
-            return {"outcome": "data lost", "detail": "saved %s, neither %s nor %s" % (saved, old, target)}
-        res = {"state": target if canon(saved) == canon(target) else old}
-        if rc == 0:
-            res["outcome"] = "completed" if res["state"] == target else "data lost"
-            if op == "transform" and res["outcome"] == "completed":
-                s = json.loads(out)
-                if s["attempts"] > 1 or s.get("unconfirmed_hosts"):
-                    res["outcome"] = "recovered"
-        else:
-            res["outcome"] = "clean abort" if res["state"] == old else "recovered"
-        return res
+        if canon(saved) not in [canon(c) for c in [old, *targets]]:
+            return {"outcome": "data lost", "detail": "saved %s, none of %s" % (saved, [old, *targets])}
+        return {"saved": saved}
 
     def stop(self):
         for d in self.daemons:
@@ -455,13 +479,16 @@ class Campaign:
 
 
 def holders_of(info):
-    """The hosts that hold ranks of a version: rank r on hosts[r // gpus_per_host] of its
-    placement (a run records the whole cluster; hosts past its ranks hold nothing)."""
+    """(URLs, host ids) of the hosts that hold ranks of a version: rank r on
+    hosts[r // gpus_per_host] of its placement (a run records the whole cluster; hosts
+    past its ranks hold nothing); ids only where the info records them."""
     c = dict(canon(info["config"]))
     world = int(c["tp"]) * int(c["pp"]) * int(c["dp"])
     placement = info.get("cluster", {})
     hosts, k = placement.get("hosts", []), int(placement.get("gpus_per_host", 1))
-    return {hosts[r // k] for r in range(world) if r // k < len(hosts)}
+    ids = placement.get("host_ids") or []
+    used = [r // k for r in range(world) if r // k < len(hosts)]
+    return {hosts[h] for h in used}, {ids[h] for h in used if h < len(ids) and ids[h]}
 
 
 def finish(proc, deadline):
@@ -480,10 +507,12 @@ def dir_bytes(d):
     return sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d))
 
 
-def table(results):
+OUTCOMES = ["completed", "recovered", "clean abort", "data lost", "split", "orphans", "hang", "crash", "unclear"]
+GOOD = ("completed", "recovered", "clean abort")
+
+
+def table(results, outcomes=OUTCOMES):
     kinds = sorted({(r["kind"], r["op"], r["phase"]) for r in results})
-    outcomes = ["completed", "recovered", "clean abort", "data lost", "split", "orphans", "hang", "crash",
-                "unclear"]
     lines = ["| fault | operation | phase | trials | " + " | ".join(outcomes) + " |",
              "|---|---|---|---|" + "---|" * len(outcomes)]
     for k in kinds:
@@ -495,14 +524,51 @@ def table(results):
     return "\n".join(lines)
 
 
-def main():
-    ap = argparse.ArgumentParser()
+def base_args(ap):
+    """The arguments every campaign script takes."""
     ap.add_argument("tenplex")
     ap.add_argument("--trials", type=int, default=100)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--markdown", help="write the table (and the seed) to this file")
     ap.add_argument("--json", help="write every trial's record to this file")
     ap.add_argument("--verbose", action="store_true")
+
+
+def run_campaign(make, a, outcomes=OUTCOMES):
+    """Runs a.trials trials of the campaign make(tmp) returns (its .trial(n) and .stop()),
+    prints and writes the table; exits 1 when a trial's outcome is not completed,
+    recovered or clean abort."""
+    tmp = tempfile.mkdtemp(prefix="tenplex-campaign-")
+    c = None
+    results = []
+    t0 = time.time()
+    try:
+        c = make(tmp)
+        for n in range(a.trials):
+            results.append(c.trial(n))
+    finally:
+        if c:
+            c.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    t = table(results, outcomes)
+    print(t)
+    print("%d trials, seed %d, %.0f s" % (len(results), a.seed, time.time() - t0))
+    if a.markdown:
+        with open(a.markdown, "w") as f:
+            f.write("%d trials, seed %d, %.0f s\n\n%s\n" % (len(results), a.seed, time.time() - t0, t))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(results, f, indent=1)
+    bad = [r for r in results if r["outcome"] not in GOOD]
+    if bad:
+        print("FAIL: %d trial(s) with %s" % (len(bad), ", ".join(sorted({r["outcome"] for r in bad}))))
+        sys.exit(1)
+    print("PASS")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    base_args(ap)
     ap.add_argument("--no-mount", action="store_true", help="leave out the ENOSPC trials")
     ap.add_argument("--run-trials", action="store_true",
                     help="also draw `tenplex run --cluster` trials (training workers; slow)")
@@ -515,33 +581,8 @@ def main():
             os.execvp("unshare", ["unshare", "-m", sys.executable, os.path.abspath(__file__), *sys.argv[1:],
                                   "--inner"])
         print("no private mount namespace (not root?): the ENOSPC trials are left out", flush=True)
-    tmp = tempfile.mkdtemp(prefix="tenplex-campaign-")
-    c = None
-    results = []
-    t0 = time.time()
-    try:
-        c = Campaign(a.tenplex, tmp, a.seed, a.verbose, can_mount=a.inner and not a.no_mount,
-                     run_trials=a.run_trials)
-        for n in range(a.trials):
-            results.append(c.trial(n))
-    finally:
-        if c:
-            c.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
-    t = table(results)
-    print(t)
-    print("%d trials, seed %d, %.0f s" % (len(results), a.seed, time.time() - t0))
-    if a.markdown:
-        with open(a.markdown, "w") as f:
-            f.write("%d trials, seed %d, %.0f s\n\n%s\n" % (len(results), a.seed, time.time() - t0, t))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(results, f, indent=1)
-    bad = [r for r in results if r["outcome"] not in ("completed", "recovered", "clean abort")]
-    if bad:
-        print("FAIL: %d trial(s) with data loss, split versions, orphans, hangs or crashes" % len(bad))
-        sys.exit(1)
-    print("PASS")
+    run_campaign(lambda tmp: Campaign(a.tenplex, tmp, a.seed, a.verbose, can_mount=a.inner and not a.no_mount,
+                                      run_trials=a.run_trials), a)
 
 
 if __name__ == "__main__":
