@@ -276,6 +276,10 @@ Status Store::DropVersion(const std::string& job, uint64_t version) {
       return FailedPrecondition(VersionName(job, version) +
                                 " is the current version; commit a newer one or delete the job");
     }
+    if (!j.versions.at(version).committed) {
+      // An aborted version supersedes nothing any more: the versions it fenced may go on.
+      std::erase_if(j.superseded, [&](const auto& e) { return e.second == version; });
+    }
     trash = impl_->EraseVersion(job, j, version);
     // A job exists while it has versions: dropping the only (never committed) one, as a
     // failed load does, leaves no job behind listed with "current": null.

@@ -208,7 +208,8 @@ class Store {
   // `info` is a JSON object kept with the version ("" = {}).
   // Fencing (transform/two_phase.h): beginning v supersedes every open version below
   // it (their coordinators lost the race: writing into them, Prepare and Commit fail
-  // with "superseded by version v begun by another coordinator"); v is refused while
+  // with "superseded by version v begun by another coordinator", until v is aborted
+  // here: DropVersion of an uncommitted v lifts what it superseded); v is refused while
   // an uncommitted version above it exists (v's coordinator is the one that lost) or a
   // prepared one below it awaits its decision (a prepared version is never superseded:
   // its coordinator may have decided to commit it).

@@ -61,12 +61,26 @@ TEST(StoreFenceTest, ANewerBeginSupersedesOpenVersions) {
   late = store->BeginVersion("j", 2).status();
   EXPECT_EQ(late.code(), StatusCode::kFailedPrecondition);
   EXPECT_TRUE(Says(late, "version 3 was begun after it by another coordinator")) << late.ToString();
-  // B goes on: prepare, commit; the job is at 3.
+  // B goes on: prepare, commit; the job is at 3.  (See below for B aborting instead.)
   ASSERT_TRUE(store->Put("jobs/j/3/rank-00000/x", DType::kU8, {1}, &x, 1).ok());
   ASSERT_TRUE(store->Prepare("j", 3).ok());
   ASSERT_TRUE(store->Commit("j", 3).ok());
   EXPECT_EQ(store->Job("j")->current, 3u);
   EXPECT_EQ(store->Job("j")->versions.size(), 1u);
+}
+
+// The newer coordinator aborts (it lost elsewhere): the older one may go on here.
+TEST(StoreFenceTest, AnAbortedVersionSupersedesNothing) {
+  auto store = OpenStore();
+  uint8_t x = 3;
+  ASSERT_TRUE(store->BeginVersion("j", 2).ok());
+  ASSERT_TRUE(store->BeginVersion("j", 3).ok());
+  EXPECT_TRUE(Says(store->Prepare("j", 2), "superseded by version 3"));
+  ASSERT_TRUE(store->DropVersion("j", 3).ok());
+  ASSERT_TRUE(store->Put("jobs/j/2/rank-00000/x", DType::kU8, {1}, &x, 1).ok());
+  ASSERT_TRUE(store->Prepare("j", 2).ok());
+  ASSERT_TRUE(store->Commit("j", 2).ok());
+  EXPECT_EQ(store->Job("j")->current, 2u);
 }
 
 TEST(StoreFenceTest, APreparedVersionIsNeverSuperseded) {

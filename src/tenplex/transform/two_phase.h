@@ -31,7 +31,8 @@
 //    Commit(u) and writes into u fail there with "version u of job J was superseded by
 //    version w begun by another coordinator". u's coordinator cannot have decided yet
 //    (that host has not prepared u, and now never will), so it loses before its
-//    decision: it aborts u, and nothing of u was committed anywhere.
+//    decision: it aborts u, and nothing of u was committed anywhere. If w is aborted
+//    on that host instead (w's coordinator lost), u is no longer superseded there.
 //  - a *prepared* version is never superseded: beginning w is refused while a prepared
 //    u < w is on the host (its coordinator may have decided to commit; refusing its
 //    commit on some hosts would split the job). w's coordinator loses before its
