@@ -1,6 +1,7 @@
 """tenplex.elastic's commit and restore against real store daemons, without torchrun.
 
-usage: elastic_commit_test.py TENPLEX_BIN
+usage: elastic_commit_test.py TENPLEX_BIN [commit|restore|all]   (commit: the fault cases of
+finding 6; restore: the others; all: both, the default)
 
 The Job of every rank runs in a thread of this process over a fake process group
 (ThreadGroup: the collectives of torch.distributed that elastic.py uses, by barrier);
@@ -20,6 +21,8 @@ each of 3 "hosts" is a `tenplex store serve --shm-dir` daemon behind a fault pro
   back on its shm dir 2 s later) and resumes at step 8, never step 0; with a short
   connect_timeout it fails naming the daemon instead of starting a new job.
 - a commit after another coordinator committed a newer version is refused, naming both.
+- issue 34 finding 6: config and hosts unchanged but one daemon lost the job: the restore
+  re-places its ranks from the replicas instead of mapping a version it lacks.
 - issue 34 finding 3: daemons reached by other URLs are the same hosts (host id): the
   version is used without a transform; one daemon under two URLs is refused.
 - issue 34 finding 4: an unrecoverable loss (pp=2, one host lost) ends the job with one
@@ -156,6 +159,15 @@ def make_jobs(urls, config, **kw):
     return jobs
 
 
+def new_job(urls, config, **kw):
+    """(group, jobs) of a new job on the hosts, restored (nothing yet)."""
+    group = ThreadGroup(len(urls))
+    elastic.dist = group
+    jobs = make_jobs(urls, config, connect_timeout=30, **kw)
+    restore(group, jobs)
+    return group, jobs
+
+
 def state(step, rank):
     return {"w": torch.full((64,), float(step * 10 + rank)), "b": torch.arange(8, dtype=torch.float32) + step}
 
@@ -200,10 +212,7 @@ def commit_fault(model, config, host, rule, action):
     what = f"{config}, {action} of {rule} on host {host}"
     hosts = Hosts(3)
     try:
-        group = ThreadGroup(3)
-        elastic.dist = group
-        jobs = make_jobs(hosts.urls, config, connect_timeout=30, request_timeout=3)
-        restore(group, jobs)
+        group, jobs = new_job(hosts.urls, config, request_timeout=3)
         told = 0
         for step in (1, 2):
             res = commit_step(group, jobs, model, step)
@@ -238,10 +247,7 @@ def down_at_start(model):
     job fails naming the daemon."""
     hosts = Hosts(1)
     try:
-        group = ThreadGroup(1)
-        elastic.dist = group
-        jobs = make_jobs(hosts.urls, "tp=1", connect_timeout=30)
-        restore(group, jobs)
+        group, jobs = new_job(hosts.urls, "tp=1")
         for step in range(1, 9):
             commit_step(group, jobs, model, step)
         hosts.daemons[0].kill()
@@ -280,10 +286,7 @@ def fatal_loss(model, tmp):
     marker = os.path.join(tmp, "fatal")
     os.environ["TENPLEX_FATAL_FILE"] = marker
     try:
-        group = ThreadGroup(2)
-        elastic.dist = group
-        jobs = make_jobs(hosts.urls, "pp=2", connect_timeout=30)
-        restore(group, jobs)
+        group, jobs = new_job(hosts.urls, "pp=2")
         commit_step(group, jobs, model, 1)
         hosts.daemons[1].kill()
         group = ThreadGroup(1)
@@ -318,10 +321,7 @@ def renamed_host(model):
     used as it is (no transform); two URLs of one daemon in a world are refused."""
     hosts = Hosts(2)
     try:
-        group = ThreadGroup(2)
-        elastic.dist = group
-        jobs = make_jobs(hosts.urls, "pp=2", connect_timeout=30)
-        restore(group, jobs)
+        group, jobs = new_job(hosts.urls, "pp=2")
         v = commit_step(group, jobs, model, 5)[0][0]
         if not elastic._ec.connect(hosts.urls[0], "").host_id:
             print("skip: the daemons serve no host id (an older tenplex)")
@@ -343,7 +343,51 @@ def renamed_host(model):
         hosts.close()
 
 
+def layout_state(model, config, step, rank):
+    """The rank's real tensors of the model in a data-parallel config (the transform
+    reads them): replicas equal, each tensor step + its index / 1000, padding 0 (a
+    parameter's optimizer companions share its padding)."""
+    from tenplex import layout as L
+    m, cfg = L.Model(model), L.Config.parse(config)
+    pad = {p.name: p.padding_mask() for p in L.local_params(m, cfg, 0, 0)}
+    out = {}
+    for i, (n, _, s) in enumerate(L.rank_tensors(m, cfg, rank)):
+        t = torch.full(s, step + i / 1000.0)
+        base = n.split(".", 2)[2] if n.startswith("optimizer.") else n
+        if base in pad and list(pad[base].shape) == s:
+            t[pad[base]] = 0.0
+        out[n] = t
+    return out
+
+
+def stale_holder(model):
+    """issue 34 finding 6: config and hosts unchanged, but one host lost the job (its
+    daemon emptied): the restore re-places its ranks from the replicas (a transform)
+    instead of mapping a version that host does not have."""
+    hosts = Hosts(3)
+    try:
+        group, jobs = new_job(hosts.urls, "dp=3")
+        for step in (1, 2):
+            group.run(jobs, lambda j: j.commit({"model": model, "config": j.config, "step": step},
+                                               layout_state(model, j.config, step, j.rank)))
+        hosts.daemons[2].call("DELETE", "/v1/jobs/" + JOB)
+        jobs = make_jobs(hosts.urls, "dp=3", connect_timeout=30)
+        got = restore(group, jobs)
+        ok = all(e is None and r.step == 2 and all(torch.equal(t, layout_state(model, "dp=3", 2, rank)[n])
+                                                   for n, t in r.tensors.items())
+                 for rank, (r, e) in enumerate(got))
+        check(ok, f"a stale host: restored step 2 on every rank ({[e for _, e in got if e][:1]})")
+        cur = [hosts.current(i) for i in range(3)]
+        check(len(set(cur)) == 1 and cur[0] == got[0][0].version, f"every daemon on the restored version ({cur})")
+    finally:
+        hosts.close()
+
+
 def main():
+    part = sys.argv[2] if len(sys.argv) > 2 else "all"
+    if part not in ("commit", "restore", "all"):
+        raise SystemExit(f"usage: {sys.argv[0]} TENPLEX_BIN [commit|restore|all], not {part!r}")
+    t0 = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         mpath = os.path.join(tmp, "m.json")
         subprocess.run([TENPLEX, "model", "gpt", "--num-layers", "6", "--hidden-size", "32",
@@ -351,18 +395,20 @@ def main():
         with open(mpath) as f:
             model = json.load(f)
         os.environ.pop("TENPLEX_FATAL_FILE", None)
-        t0 = time.time()
-        fatal_loss(model, tmp)
-        renamed_host(model)
-    down_at_start(model)
-    commit = r"/versions/\d+/commit"
-    prepare = r"/versions/\d+/prepare"
-    for config in ("dp=3", "pp=3"):
-        commit_fault(model, config, 1, commit, "kill-before")
-    commit_fault(model, "pp=3", 0, commit, "kill-before")
-    commit_fault(model, "dp=3", 1, commit, "drop-reply")
-    commit_fault(model, "dp=3", 2, commit, "stop-before")
-    commit_fault(model, "pp=3", 2, prepare, "kill-before")
+        if part in ("restore", "all"):
+            fatal_loss(model, tmp)
+            renamed_host(model)
+            stale_holder(model)
+            down_at_start(model)
+    if part in ("commit", "all"):
+        commit = r"/versions/\d+/commit"
+        prepare = r"/versions/\d+/prepare"
+        for config in ("dp=3", "pp=3"):
+            commit_fault(model, config, 1, commit, "kill-before")
+        commit_fault(model, "pp=3", 0, commit, "kill-before")
+        commit_fault(model, "dp=3", 1, commit, "drop-reply")
+        commit_fault(model, "dp=3", 2, commit, "stop-before")
+        commit_fault(model, "pp=3", 2, prepare, "kill-before")
     print(f"{'FAILED' if failures else 'passed'}: {len(failures)} failures, {time.time() - t0:.1f} s")
     sys.exit(1 if failures else 0)
 
