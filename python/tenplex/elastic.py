@@ -298,6 +298,14 @@ class Job:
                                        "set one TENPLEX_STORE_URL per host, each host its own daemon")
         return views
 
+    def _answers(self, url: str) -> bool:
+        """True when an old host outside this world still answers as a store daemon (its
+        versions then take part in the recovery); a dead one or another service: no."""
+        try:
+            return _ec.probe(url, self.job, self.token, self.request_timeout).state != "down"
+        except _tenplex.Error:
+            return False
+
     def _coordinate_restore(self, urls):
         """Rank 0: brings the committed state onto this world; returns the record to broadcast.
 
@@ -313,7 +321,7 @@ class Job:
         extra = []  # hosts of the newest version outside this world: recovery asks them too
         if found is not None:
             extra = [u for u, i in _ec.old_hosts(found[2])
-                     if not any(_ec.same_host(u, i, v.url, v.host_id) for v in views)]
+                     if not any(_ec.same_host(u, i, v.url, v.host_id) for v in views) and self._answers(u)]
         if any(v.state == "job" for v in views):
             res = _ec.resolve(urls + extra, self.job, self.token, self.request_timeout)
             views = self._views(urls)
