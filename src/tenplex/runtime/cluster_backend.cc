@@ -15,6 +15,7 @@
 #include "tenplex/transform/distributed.h"
 #include "tenplex/transform/state_info.h"
 #include "tenplex/transform/two_phase.h"
+#include "tenplex/util/log.h"
 
 namespace tenplex::runtime {
 
@@ -61,6 +62,13 @@ class ClusterBackend : public StateBackend {
   // The newest current version any host reports; the next transform starts from
   // where it was placed (its info's "cluster").
   Result<std::optional<Committed>> Current(const std::string& job) override {
+    // Finish or roll back a commit an earlier run left half done (two_phase.h): a
+    // prepared version would otherwise refuse this run's next version (fencing).
+    std::vector<store::Client*> raw;
+    for (const auto& c : clients_) raw.push_back(c.get());
+    TP_ASSIGN_OR_RETURN(transform::Resolution res,
+                        transform::ResolvePending(cluster_.hosts, raw, job, /*owner=*/true));
+    for (const std::string& line : res.lines) LogInfo("recovery: %s", line.c_str());
     std::optional<store::VersionInfo> newest;
     for (const auto& c : clients_) {
       Result<store::VersionInfo> v = c->Version(job, std::nullopt);
