@@ -44,13 +44,16 @@
 //    newer one was committed meanwhile (its result would replace that commit unseen).
 // So on every host the begins of the two versions are ordered: w's first means u never
 // prepares there (u's coordinator loses); u's prepare first means w never begins there
-// (w's coordinator loses). Either way at most one of the two reaches its decision (in
-// rare interleavings across hosts both lose, each with its error, and a retry goes
-// ahead), the decision rule above is unchanged, and a version decided commit is never
-// refused anywhere: nothing committed is lost. Recovery (ResolvePending) also aborts, with a
-// log line, any open or prepared version older than a host's current version (left by
-// a build without fencing, or a coordinator that died after losing): it can never be
-// committed there, and a newer version is committed, so nothing is lost by removing it.
+// (w's coordinator loses). Where their participants overlap (a load and a transform of
+// one cluster both place ranks on its first live host), at most one of the two reaches
+// its decision; in rare interleavings across hosts both lose, each with its error, and
+// a retry goes ahead. (With disjoint participants, e.g. a transform onto other hosts
+// only, both may commit, and the newer number is the job's state.) The decision rule
+// above is unchanged, and a version decided commit is never refused anywhere: nothing
+// committed is lost. Recovery (ResolvePending) also aborts, with a log line, any open
+// or prepared version older than a host's current version (left by a build without
+// fencing, or a coordinator that died after losing): it can never be committed there,
+// and a newer version is committed, so nothing is lost by removing it.
 // A transform whose recovery leaves a version undecided (a participant does not
 // answer) cannot begin a new version on hosts that hold it prepared until it is decided.
 //
