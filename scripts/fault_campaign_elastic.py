@@ -1,12 +1,13 @@
 """The elastic-job kinds of scripts/fault_campaign_jobs.py (issue 34 item 8).
 
   - down at start: an elastic job (tenplex.elastic.Job: 2 workers, one per host, config
-    dp=2, a real gloo group, a commit every step) runs 2-5 steps and ends; one of its
-    daemons is SIGKILLed, the job is started again for 3 more steps (connect_timeout
-    3 s) and the daemon is restarted on its --shm-dir 0-10 s later (the workers take
-    2-4 s to start). The job must resume at its last step; a start that gave up waiting
-    must fail naming the daemon (the launcher then restarts the workers, as torchrun
-    would). Phase: back in time (the restore waited) or after a failed start.
+    dp=2, a real gloo group, a commit every step) runs 2-5 steps and ends; one or both
+    of its daemons are SIGKILLed, the job is started again for 3 more steps
+    (connect_timeout 3 s) and each daemon is restarted on its --shm-dir 0-10 s later
+    (the workers take 2-4 s to start). The job must resume at its last step; a start
+    that gave up waiting must fail naming the daemons (the launcher then restarts the
+    workers, as torchrun would). Phase: how many were down, and whether they were back
+    in time (the restore waited) or after a failed start.
   - restart mid-job: a job of 10 steps with a commit every 1 or 2 steps; one of its
     daemons is SIGKILLed or SIGTERMed at a random moment (0-1.2x the job's typical
     duration) and restarted on its --shm-dir 0-6 s later. The job must go on from its
@@ -155,9 +156,10 @@ class ElasticTrials:
         """Runs the job's workers until all exit 0 (finished), one exits 76 (fatal),
         restarts run out (failed) or JOB_DEADLINE passes (hang); actions: [(seconds after
         the start, fn)], run when due, the rest at the end. {"status", "restarts",
-        "errors": the workers' error lines, "bad_state"}."""
+        "errors": (round, line) of the workers' errors, "last_errors": the last round's,
+        "bad_state", "seconds"}."""
         actions = sorted(actions, key=lambda a: a[0])
-        t0, restarts, errors, status, bad = time.time(), 0, [], None, False
+        t0, restarts, errors, every_error, status, bad = time.time(), 0, [], [], None, False
         while status is None:
             procs, failed_at = self.start_workers(spec, job, hosts, restarts), None
             while True:
@@ -182,6 +184,7 @@ class ElasticTrials:
                 errors += [ln for ln in out.read().splitlines() if ln.startswith(("tenplex.elastic", "campaign:"))]
                 out.close()
                 bad = bad or p.returncode == EXIT_BAD_STATE
+            every_error += [(restarts, e[-300:]) for e in errors]
             rcs = [p.returncode for p, _ in procs]
             if status is None:
                 if FATAL in rcs:
@@ -194,8 +197,8 @@ class ElasticTrials:
                     restarts += 1
         for _, fn in actions:
             fn()
-        return {"status": status, "restarts": restarts, "errors": errors[-4:], "bad_state": bad,
-                "seconds": round(time.time() - t0, 2)}
+        return {"status": status, "restarts": restarts, "errors": every_error[-4:], "last_errors": errors,
+                "bad_state": bad, "seconds": round(time.time() - t0, 2)}
 
     # ---- the trials --------------------------------------------------------------------
 
@@ -211,16 +214,19 @@ class ElasticTrials:
 
     def down_at_start_trial(self, n):
         rng = self.rng
-        job, hosts = "d%d" % n, rng.sample(range(4), 2)
-        steps, victim, delay = rng.randint(2, 5), rng.choice(hosts), rng.uniform(0, 10)
-        result = {"op": "elastic job", "victim": victim, "delay": round(delay, 2), "steps": steps}
+        job, hosts, steps = "d%d" % n, rng.sample(range(4), 2), rng.randint(2, 5)
+        victims = rng.sample(hosts, rng.choice([1, 2]))
+        delays = [rng.uniform(0, 10) for _ in victims]
+        result = {"op": "elastic job", "victims": victims, "delays": [round(d, 2) for d in delays], "steps": steps}
         first = self.launch(self.job_spec(job, steps, 1), job, hosts)
         if first["status"] != "finished":
             return dict(result, phase="first run", **self.judge_job(job, hosts, first, steps))
-        self.kill_daemon(victim)
-        run = self.launch(self.job_spec(job, steps + 3, 1), job, hosts, [(delay, lambda: self.revive_daemon(victim))])
+        for v in victims:
+            self.kill_daemon(v)
+        run = self.launch(self.job_spec(job, steps + 3, 1), job, hosts,
+                          [(d, lambda v=v: self.revive_daemon(v)) for v, d in zip(victims, delays)])
         # back while the restore waited, or after it gave up (and the launcher restarted it)
-        phase = "back in time" if run["restarts"] == 0 else "back after a failed start"
+        phase = "%d of 2 down, %s" % (len(victims), "back in time" if run["restarts"] == 0 else "failed start")
         return dict(result, phase=phase, **self.judge_job(job, hosts, run, steps + 3))
 
     def restart_mid_job_trial(self, n):
@@ -231,8 +237,8 @@ class ElasticTrials:
         at, down = rng.uniform(0, 1.2 * typical), rng.uniform(0, 6)
         result = {"op": "elastic job", "victim": victim, "at": round(at, 2), "down": round(down, 2),
                   "commit_every": every}
-        run = self.launch(self.job_spec(job, 10, every), job, hosts,
-                          [(at, lambda: self.kill_daemon(victim, how)), (at + down, lambda: self.revive_daemon(victim))])
+        actions = [(at, lambda: self.kill_daemon(victim, how)), (at + down, lambda: self.revive_daemon(victim))]
+        run = self.launch(self.job_spec(job, 10, every), job, hosts, actions)
         if run["status"] == "finished" and run["restarts"] == 0:
             self.job_durations.append(run["seconds"])
         phase = "%s %s" % (how, "during" if at < run["seconds"] else "after")
@@ -274,7 +280,7 @@ class ElasticTrials:
         if newest == 0:
             if told > 0:
                 return dict(res, outcome="data lost", detail="no version left after step %d was committed" % told)
-            return dict(res, outcome="clean abort" if run["errors"] else "unclear")
+            return dict(res, outcome="clean abort" if run["last_errors"] else "unclear")
         info = next(v["info"] for _, j in jobs for v in j["versions"] if v["version"] == newest)
         behind = self.behind(jobs, info, newest)
         if behind:
@@ -292,4 +298,4 @@ class ElasticTrials:
             if info["step"] != steps:
                 return dict(res, outcome="data lost", detail="finished, but the newest step is %d" % info["step"])
             return dict(res, outcome="completed" if run["restarts"] == 0 else "recovered", step=info["step"])
-        return dict(res, outcome="clean abort" if run["errors"] else "unclear", step=info["step"])
+        return dict(res, outcome="clean abort" if run["last_errors"] else "unclear", step=info["step"])

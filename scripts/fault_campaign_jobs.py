@@ -15,7 +15,7 @@ URLs. Kinds, drawn uniformly:
   - coordinators: two coordinators of job j race, `store load --cluster` and
     `transform --cluster` or two transforms, to two other configs, the second started
     at a random offset (0-1x the first's typical duration). A success must be the
-    state left (both may succeed only one after the other: the later one's state);
+    state left (both may succeed only one after the other: that of the newer version);
     a failure must be a clear error (exit 1-127, "error", no traceback); afterwards
     `transform --recover` must exit 0 and a transform to a third config succeed (else
     wedged).
@@ -98,7 +98,22 @@ class JobsCampaign(fe.ElasticTrials, fc.Campaign):
         result.update(trial=n, kind=kind, seconds=round(time.time() - t0, 2))
         if self.verbose or result["outcome"] not in fc.GOOD:
             print(json.dumps(result), flush=True)
+        if result["outcome"] not in fc.GOOD and kind in KINDS[:3]:
+            self.reset_job()
         return result
+
+    def reset_job(self):
+        """After a failed trial on job j: j loaded afresh (its versions deleted on every
+        daemon), so that one failure is counted once, not again by every later trial."""
+        left = [(i, j["current"], [(v["version"], v["state"]) for v in j["versions"]])
+                for i, j in self.job_versions("j")]
+        print("   reset job j; (daemon, current, versions) were %s" % left, flush=True)
+        for d in self.daemons:
+            try:
+                d.call("DELETE", "/v1/jobs/j", timeout=30)
+            except OSError:
+                pass
+        self.cli("store", "load", "--cluster", self.cluster, "--job", "j", "--dir", self.ckpts[self.state], check=True)
 
     # ---- helpers -----------------------------------------------------------------------
 
@@ -134,7 +149,7 @@ class JobsCampaign(fe.ElasticTrials, fc.Campaign):
         offset = rng.uniform(0, self.typical(ops[0]))
         t0 = time.time()
         procs, files, ends = [], [], [None, None]
-        p, f = self.spawn(self.op_command(ops[0], targets[0]), "coord0")
+        p, f = self.spawn(self.race_command(ops[0], targets[0]), "coord0")
         procs.append(p)
         files.append(f)
         while time.time() - t0 < offset:
@@ -142,7 +157,7 @@ class JobsCampaign(fe.ElasticTrials, fc.Campaign):
                 ends[0] = time.time()
             time.sleep(0.01)
         overlap = p.poll() is None
-        p, f = self.spawn(self.op_command(ops[1], targets[1]), "coord1")
+        p, f = self.spawn(self.race_command(ops[1], targets[1]), "coord1")
         procs.append(p)
         files.append(f)
         hang = False
@@ -167,15 +182,21 @@ class JobsCampaign(fe.ElasticTrials, fc.Campaign):
         errors = [t[1].strip().splitlines()[-1][-300:] for t, rc in zip(texts, rcs) if rc != 0 and t[1].strip()]
         if errors:
             result["error"] = errors
+        result["stderr"] = [t[1].strip()[-1500:] for t in texts]  # printed with a failure only
         crashed = self.crashed()
         if hang:
             return dict(result, outcome="hang")
         if crashed:
             return dict(result, outcome="crash", detail="daemons %r died" % crashed)
-        result.update(self.judge_race(old, targets, rcs, ends, texts))
+        result.update(self.judge_race(old, targets, rcs, texts))
+        if result["outcome"] in fc.GOOD:
+            del result["stderr"]
         return result
 
-    def judge_race(self, old, targets, rcs, ends, texts):
+    def race_command(self, op, target):
+        return self.op_command(op, target) + (["--json"] if op == "load" else [])
+
+    def judge_race(self, old, targets, rcs, texts):
         res = self.settle(old, targets)
         if "outcome" in res:
             if res["outcome"] == "orphans" and self.recover_rc != 0:
@@ -187,11 +208,12 @@ class JobsCampaign(fe.ElasticTrials, fc.Campaign):
         self.state = got
         winners = [i for i in (0, 1) if rcs[i] == 0]
         unclear = [i for i in (0, 1) if rcs[i] != 0 and not clear_error(rcs[i], texts[i][1])]
-        if winners:
-            last = max(winners, key=lambda i: ends[i])
+        if winners:  # the newest version committed by a winner (load: "version", transform: "to_version")
+            made = {i: max(json.loads(texts[i][0]).get(k, 0) for k in ("version", "to_version")) for i in winners}
+            last = max(winners, key=lambda i: made[i])
             if got != targets[last]:
-                return {"outcome": "data lost", "detail": "operation %d succeeded last, but the state is %s" %
-                        (last, got), "state": got}
+                return {"outcome": "data lost", "detail": "operation %d committed version %d last, but the state "
+                        "is %s" % (last, made[last], got), "state": got}
         if unclear:
             return {"outcome": "unclear", "detail": texts[unclear[0]][1].strip()[-400:], "state": got}
         # Never wedged: recovery, the next transform and a save work.
