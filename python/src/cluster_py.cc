@@ -11,12 +11,14 @@
 
 #include "bindings.h"
 #include "tenplex/store/client.h"
+#include "tenplex/transform/cluster.h"
 #include "tenplex/transform/two_phase.h"
 
 namespace tenplex::py {
 namespace {
 
-// One client per URL; with allow_lost a host that cannot be reached gets a null client.
+// One client per URL (transform::ConnectCluster); with allow_lost a host that cannot be
+// reached gets a null client.
 struct Hosts {
   std::vector<std::unique_ptr<store::Client>> owned;
   std::vector<store::Client*> clients;
@@ -30,18 +32,12 @@ Result<Hosts> ConnectHosts(const std::vector<std::string>& urls, const std::stri
   store::ClientOptions o;
   o.token = token;
   o.timeout_s = timeout_s;
+  transform::Cluster cluster;
+  cluster.hosts = urls;
   Hosts h;
-  for (std::size_t i = 0; i < urls.size(); ++i) {
-    Result<std::unique_ptr<store::Client>> c = store::Client::Connect(urls[i], o);
-    if (!c.ok()) {
-      if (!allow_lost || c.status().code() != StatusCode::kUnavailable) {
-        return c.status().WithContext(urls[i]);
-      }
-      h.owned.push_back(nullptr);
-    } else {
-      h.owned.push_back(std::move(*c));
-    }
-    h.clients.push_back(h.owned.back().get());
+  TP_ASSIGN_OR_RETURN(h.owned, transform::ConnectCluster(cluster, o, allow_lost));
+  for (std::size_t i = 0; i < h.owned.size(); ++i) {
+    h.clients.push_back(h.owned[i].get());
     h.all.push_back(static_cast<int>(i));
   }
   return h;
