@@ -213,7 +213,7 @@ class JobsCampaign(fe.ElasticTrials, fc.Campaign):
             last = max(winners, key=lambda i: made[i])
             if got != targets[last]:
                 return {"outcome": "data lost", "detail": "operation %d committed version %d last, but the state "
-                        "is %s" % (last, made[last], got), "state": got}
+                        "is %s" % (last, made[last], got), "state": got, "versions": made}
         if unclear:
             return {"outcome": "unclear", "detail": texts[unclear[0]][1].strip()[-400:], "state": got}
         # Never wedged: recovery, the next transform and a save work.
@@ -231,7 +231,7 @@ class JobsCampaign(fe.ElasticTrials, fc.Campaign):
             return res
         self.state = third
         if winners:
-            return {"outcome": "completed", "state": got, "winners": len(winners)}
+            return {"outcome": "completed", "state": got, "versions": made}
         return {"outcome": "clean abort" if got == old else "recovered", "state": got}
 
     def unwedge(self):
