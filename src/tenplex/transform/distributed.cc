@@ -190,6 +190,19 @@ std::vector<int> Participants(const Round& r) {
   return participants;
 }
 
+// The participants whose prepare may have left this coordinator's version behind: those
+// that prepared, and those whose outcome is unknown (no reply, a lost reply). Not those
+// whose agent answered with an error (see RunRound).
+std::vector<int> MayHoldOurs(const std::vector<int>& participants,
+                             const std::vector<Result<std::string>>& replies) {
+  std::vector<int> out;
+  for (std::size_t i = 0; i < participants.size(); ++i) {
+    const StatusCode code = replies[i].ok() ? StatusCode::kOk : replies[i].status().code();
+    if (code == StatusCode::kOk || code == StatusCode::kUnavailable) out.push_back(participants[i]);
+  }
+  return out;
+}
+
 // The prepare request of round r (its "host" is set per participant).
 PrepareRequest RoundRequest(const std::vector<Host>& hosts, const std::string& job, const Round& r,
                             const ClusterTransformOptions& options) {
@@ -292,8 +305,12 @@ RoundResult RunRound(std::vector<Host>& hosts, const std::string& job, const Rou
   for (int h : out.silent) MarkLost(hosts[h]);  // not asked again in this transform
   const auto t1 = std::chrono::steady_clock::now();
   if (!out.status.ok()) {
-    // Not every participant prepared: the decision is abort (the first one first).
-    Status a = AbortEverywhere(Raw(hosts), participants, job, r.to_version);
+    // Not every participant prepared: the decision is abort (the first one first), on the
+    // participants that may hold this coordinator's version: not on those whose agent
+    // answered with an error, since an agent drops its own version on every failure after
+    // its begin, and a failed begin means the version there is another coordinator's
+    // (a racing one that picked the same number: aborting it would split that job).
+    Status a = AbortEverywhere(Raw(hosts), MayHoldOurs(participants, replies), job, r.to_version);
     if (a.code() != StatusCode::kFailedPrecondition) return out;
     // A reader rolled it forward meanwhile (every participant had prepared after all).
     out.status = Status::Ok();
