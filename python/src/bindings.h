@@ -17,6 +17,14 @@ T Take(Result<T> r) {
   return std::move(r).value();
 }
 
+// Runs f without the GIL and returns its result: a request to a daemon waits on the
+// network while other Python threads (a training loop, a test's in-process proxy) go on.
+template <typename F>
+auto NoGil(F&& f) {
+  pyb::gil_scoped_release release;
+  return f();
+}
+
 void register_errors(pyb::module_& m);
 void register_store(pyb::module_& m);
 void register_ptc(pyb::module_& m);

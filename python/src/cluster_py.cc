@@ -73,20 +73,16 @@ pyb::dict OutcomeDict(const transform::CommitOutcome& c) {
 // (AbortEverywhere) and raises; a host's refused commit raises (DataLoss).
 pyb::dict PrepareCommit(const std::vector<std::string>& urls, const std::string& token,
                         const std::string& job, uint64_t version, bool release, int timeout_s) {
-  Result<transform::CommitOutcome> out = Internal("not run");
-  {
-    pyb::gil_scoped_release unlocked;
-    out = [&]() -> Result<transform::CommitOutcome> {
-      TP_ASSIGN_OR_RETURN(Hosts h, ConnectHosts(urls, token, timeout_s, /*allow_lost=*/false));
-      Status p = PrepareAll(h, job, version);
-      if (!p.ok()) {
-        Status a = transform::AbortEverywhere(h.clients, h.all, job, version);
-        if (a.ok()) return p;
-        return Status(p.code(), p.message() + " (aborting it: " + a.ToString() + ")");
-      }
-      return transform::CommitEverywhere(h.clients, h.all, job, version, release);
-    }();
-  }
+  Result<transform::CommitOutcome> out = NoGil([&]() -> Result<transform::CommitOutcome> {
+    TP_ASSIGN_OR_RETURN(Hosts h, ConnectHosts(urls, token, timeout_s, /*allow_lost=*/false));
+    Status p = PrepareAll(h, job, version);
+    if (!p.ok()) {
+      Status a = transform::AbortEverywhere(h.clients, h.all, job, version);
+      if (a.ok()) return p;
+      return Status(p.code(), p.message() + " (aborting it: " + a.ToString() + ")");
+    }
+    return transform::CommitEverywhere(h.clients, h.all, job, version, release);
+  });
   return OutcomeDict(Take(std::move(out)));
 }
 
@@ -94,14 +90,10 @@ pyb::dict PrepareCommit(const std::vector<std::string>& urls, const std::string&
 // committed it (the caller must roll forward instead), True otherwise.
 bool AbortAll(const std::vector<std::string>& urls, const std::string& token,
               const std::string& job, uint64_t version, int timeout_s) {
-  Status s;
-  {
-    pyb::gil_scoped_release unlocked;
-    s = [&]() -> Status {
-      TP_ASSIGN_OR_RETURN(Hosts h, ConnectHosts(urls, token, timeout_s, /*allow_lost=*/true));
-      return transform::AbortEverywhere(h.clients, h.all, job, version);
-    }();
-  }
+  Status s = NoGil([&]() -> Status {
+    TP_ASSIGN_OR_RETURN(Hosts h, ConnectHosts(urls, token, timeout_s, /*allow_lost=*/true));
+    return transform::AbortEverywhere(h.clients, h.all, job, version);
+  });
   if (s.code() == StatusCode::kFailedPrecondition) return false;
   Check(s);
   return true;
@@ -110,15 +102,10 @@ bool AbortAll(const std::vector<std::string>& urls, const std::string& token,
 // ResolvePending over the hosts (those that do not answer are skipped).
 pyb::dict Resolve(const std::vector<std::string>& urls, const std::string& token,
                   const std::string& job, bool owner, int timeout_s) {
-  Result<transform::Resolution> r = Internal("not run");
-  {
-    pyb::gil_scoped_release unlocked;
-    r = [&]() -> Result<transform::Resolution> {
-      TP_ASSIGN_OR_RETURN(Hosts h, ConnectHosts(urls, token, timeout_s, /*allow_lost=*/true));
-      return transform::ResolvePending(urls, h.clients, job, owner);
-    }();
-  }
-  transform::Resolution res = Take(std::move(r));
+  transform::Resolution res = Take(NoGil([&]() -> Result<transform::Resolution> {
+    TP_ASSIGN_OR_RETURN(Hosts h, ConnectHosts(urls, token, timeout_s, /*allow_lost=*/true));
+    return transform::ResolvePending(urls, h.clients, job, owner);
+  }));
   pyb::dict d;
   d["committed"] = res.committed;
   d["aborted"] = res.aborted;

@@ -11,14 +11,6 @@
 namespace tenplex::py {
 namespace {
 
-// Runs f without the GIL and returns its result: a request to a daemon waits on the
-// network while other Python threads (a training loop, a test's in-process proxy) go on.
-template <typename F>
-auto NoGil(F&& f) {
-  pyb::gil_scoped_release release;
-  return f();
-}
-
 class PyStore {
  public:
   static std::shared_ptr<PyStore> Embedded(const std::string& shm_dir, uint64_t memory_limit) {
