@@ -22,6 +22,7 @@
 #include "tenplex/transform/agent.h"
 #include "tenplex/transform/checkpoint_transfer.h"
 #include "tenplex/transform/cluster.h"
+#include "tenplex/transform/job_lease.h"
 #include "tenplex/transport/netif.h"
 #include "tenplex/util/format.h"
 #include "tenplex/util/log.h"
@@ -263,7 +264,15 @@ Status ClusterTransfer(bool load, const std::string& cluster_path, const std::st
   // A daemon that stops answering (stopped, hung) fails the request after 30 s of
   // silence instead of the default 10 minutes.
   co.timeout_s = 30;
+  co.coordinator = transform::NewCoordinator(load ? "tenplex-store-load" : "tenplex-store-save");
+  TP_ASSIGN_OR_RETURN(double wait, transform::LeaseWaitFromEnv(60));
   TP_ASSIGN_OR_RETURN(auto clients, transform::ConnectCluster(cluster, co, /*allow_lost=*/!load));
+  // One coordinator of the job at a time (transform/job_lease.h): a load's recovery and
+  // commit, and a save's roll-forward, never run beside another coordinator's.
+  std::vector<store::Client*> raw;
+  for (const auto& c : clients) raw.push_back(c.get());
+  TP_ASSIGN_OR_RETURN(auto lease,
+                      transform::JobLease::Acquire(raw, job, co, {store::kDefaultLeaseMs, wait}));
   Progress progress(load ? "store load" : "store save");
   Result<transform::TransferStats> r =
       load ? transform::LoadCheckpointToCluster(cluster, clients, job, dir, verify)

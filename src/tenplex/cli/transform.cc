@@ -9,6 +9,7 @@
 #include "tenplex/cli/command.h"
 #include "tenplex/transform/cluster.h"
 #include "tenplex/transform/distributed.h"
+#include "tenplex/transform/job_lease.h"
 #include "tenplex/transform/two_phase.h"
 #include "tenplex/util/format.h"
 #include "tenplex/util/log.h"
@@ -65,9 +66,14 @@ Status PrintPresized(const TransformOpts& o, const transform::ClusterTransformSt
 Status Recover(const TransformOpts& o, const transform::Cluster& cluster) {
   TP_ASSIGN_OR_RETURN(store::ClientOptions co, ClusterClientOptions(o.token));
   co.timeout_s = o.control_timeout;
+  co.coordinator = transform::NewCoordinator("tenplex-transform-recover");
+  TP_ASSIGN_OR_RETURN(double wait, transform::LeaseWaitFromEnv(60));
   TP_ASSIGN_OR_RETURN(auto clients, transform::ConnectCluster(cluster, co, /*allow_lost=*/true));
   std::vector<store::Client*> raw;
   for (const auto& c : clients) raw.push_back(c.get());
+  // Never decide beside a live coordinator of the job (job_lease.h).
+  TP_ASSIGN_OR_RETURN(auto lease,
+                      transform::JobLease::Acquire(raw, o.job, co, {store::kDefaultLeaseMs, wait}));
   TP_ASSIGN_OR_RETURN(transform::Resolution r,
                       transform::ResolvePending(cluster.hosts, raw, o.job, /*owner=*/true));
   if (o.json) {
@@ -104,6 +110,7 @@ Status Transform(const TransformOpts& o) {
   opts.central = o.central;
   opts.local_peer_reads = !o.no_local_reads;
   opts.presize_only = o.presize;
+  TP_ASSIGN_OR_RETURN(opts.lease_wait_s, transform::LeaseWaitFromEnv(opts.lease_wait_s));
   TP_ASSIGN_OR_RETURN(store::ClientOptions co, ClusterClientOptions(o.token));
   if (!o.quiet && GetLogLevel() != LogLevel::kQuiet)
     opts.log = [](const std::string& line) {

@@ -13,6 +13,7 @@
 #include "tenplex/store/parse.h"
 #include "tenplex/transform/cluster.h"
 #include "tenplex/transform/distributed.h"
+#include "tenplex/transform/job_lease.h"
 #include "tenplex/transform/state_info.h"
 #include "tenplex/transform/two_phase.h"
 #include "tenplex/util/log.h"
@@ -38,6 +39,9 @@ class ClusterBackend : public StateBackend {
     b->co_.timeout_s = kControlTimeoutS;
     if (b->co_.token.empty() && std::getenv("TENPLEX_TOKEN") != nullptr)
       b->co_.token = std::getenv("TENPLEX_TOKEN");
+    // The run is the job's coordinator while it lasts (transform/job_lease.h).
+    b->co_.coordinator = transform::NewCoordinator("tenplex-run");
+    TP_ASSIGN_OR_RETURN(b->lease_wait_s_, transform::LeaseWaitFromEnv(60));
     TP_ASSIGN_OR_RETURN(b->clients_, transform::ConnectCluster(b->cluster_, b->co_));
     for (const auto& c : b->clients_) {
       if (!c->local()) {
@@ -66,6 +70,7 @@ class ClusterBackend : public StateBackend {
     // prepared version would otherwise refuse this run's next version (fencing).
     std::vector<store::Client*> raw;
     for (const auto& c : clients_) raw.push_back(c.get());
+    TP_RETURN_IF_ERROR(HoldLease(job));
     TP_ASSIGN_OR_RETURN(transform::Resolution res,
                         transform::ResolvePending(cluster_.hosts, raw, job, /*owner=*/true));
     for (const std::string& line : res.lines) LogInfo("recovery: %s", line.c_str());
@@ -94,6 +99,7 @@ class ClusterBackend : public StateBackend {
           " ranks but the cluster has " + std::to_string(cluster_.Capacity()) + " GPUs");
     }
     info["cluster"] = transform::ClusterJson(transform::WithHostIds(cluster_, clients_));
+    TP_RETURN_IF_ERROR(HoldLease(job));
     TP_ASSIGN_OR_RETURN(uint64_t v, transform::NextCommonVersion(clients_, job));
     std::vector<std::vector<store::Store::AllocRequest>> reqs(clients_.size());
     for (const RankLayout& r : layout.ranks) {
@@ -161,6 +167,18 @@ class ClusterBackend : public StateBackend {
 
   ~ClusterBackend() override { (void)WaitPresize(); }
 
+  // Takes the job's lease on every host once, kept (renewed) until the run ends; the
+  // Held() error once another coordinator took it from a stopped run.
+  Status HoldLease(const std::string& job) {
+    if (!lease_) {
+      std::vector<store::Client*> raw;
+      for (const auto& c : clients_) raw.push_back(c.get());
+      TP_ASSIGN_OR_RETURN(lease_, transform::JobLease::Acquire(
+                                      raw, job, co_, {store::kDefaultLeaseMs, lease_wait_s_}));
+    }
+    return lease_->Held();
+  }
+
   void PresizeAhead(const std::string& job, const ParallelConfig& to) override {
     (void)WaitPresize();  // one at a time; an older one's outcome is superseded
     presize_ = std::async(std::launch::async,
@@ -193,6 +211,8 @@ class ClusterBackend : public StateBackend {
     if (ahead && ahead->to != to) ahead.reset();  // made for another target
     transform::ClusterTransformOptions opts;
     opts.to = cluster_;  // the live hosts (all of them unless some were killed)
+    TP_RETURN_IF_ERROR(HoldLease(job));
+    opts.lease_held = true;
     TP_ASSIGN_OR_RETURN(transform::ClusterTransformStats ts,
                         transform::TransformCluster(from_cluster_, job, to, co_, opts));
     from_cluster_ = cluster_;
@@ -281,6 +301,8 @@ class ClusterBackend : public StateBackend {
   std::vector<std::string> file_hosts_;
   store::ClientOptions co_;
   std::vector<std::unique_ptr<store::Client>> clients_;
+  double lease_wait_s_ = 60;
+  std::unique_ptr<transform::JobLease> lease_;  // HoldLease's, for the whole run
   std::string work_;
   std::future<Presized> presize_;  // PresizeAhead's, until Transform or KillHosts takes it
 };

@@ -103,6 +103,7 @@ Result<std::unique_ptr<Client>> Client::Connect(const std::string& url,
   cli.set_read_timeout(options.timeout_s, 0);
   cli.set_write_timeout(options.timeout_s, 0);
   if (!options.token.empty()) cli.set_bearer_token_auth(options.token.c_str());
+  if (!options.coordinator.empty()) TP_RETURN_IF_ERROR(c->SetCoordinator(options.coordinator));
   TP_ASSIGN_OR_RETURN(std::string text, c->Call("GET", "/v1/health"));
   TP_ASSIGN_OR_RETURN(json health, ParseJson(text));
   c->store_id_ = JsonValueOr(health, "store_id", "");
@@ -131,6 +132,42 @@ Result<std::string> Client::Call(const std::string& method, const std::string& t
   if (status) *status = r->status;
   if (r->status >= 400) return ReplyError(url_, method + " " + target, r->status, r->body);
   return std::move(r->body);
+}
+
+Status Client::SetCoordinator(const std::string& holder) {
+  TP_RETURN_IF_ERROR(JobLeases::CheckHolder(holder));
+  std::lock_guard<std::mutex> lock(mu_);
+  coordinator_ = holder;
+  http_->cli.set_default_headers({{kCoordinatorHeader, holder}});
+  return Status::Ok();
+}
+
+namespace {
+Result<LeaseView> LeaseFromJson(const std::string& text) {
+  TP_ASSIGN_OR_RETURN(json j, ParseJson(text));
+  LeaseView l;
+  if (j.contains("holder") && j["holder"].is_string()) l.holder = j["holder"].get<std::string>();
+  l.remaining_ms = JsonValueOr(j, "remaining_ms", int64_t{0});
+  return l;
+}
+}  // namespace
+
+Result<LeaseView> Client::AcquireLease(const std::string& job, int64_t ttl_ms) {
+  if (coordinator_.empty()) return FailedPrecondition("AcquireLease before SetCoordinator");
+  TP_ASSIGN_OR_RETURN(
+      std::string text,
+      Call("POST", "/v1/jobs/" + Encode(job) + "/lease?ttl_ms=" + std::to_string(ttl_ms)));
+  return LeaseFromJson(text);
+}
+
+Status Client::ReleaseLease(const std::string& job) {
+  if (coordinator_.empty()) return FailedPrecondition("ReleaseLease before SetCoordinator");
+  return Call("DELETE", "/v1/jobs/" + Encode(job) + "/lease").status();
+}
+
+Result<LeaseView> Client::Lease(const std::string& job) {
+  TP_ASSIGN_OR_RETURN(std::string text, Call("GET", "/v1/jobs/" + Encode(job) + "/lease"));
+  return LeaseFromJson(text);
 }
 
 Result<uint64_t> Client::BeginVersion(const std::string& job, std::optional<uint64_t> version,

@@ -30,6 +30,8 @@ struct ClientOptions {
   std::string token;    // sent as "Authorization: Bearer <token>" when not empty
   bool use_shm = true;  // false: always HTTP bodies (tests the remote path locally)
   int timeout_s = 600;  // read/write timeout of one request
+  // The coordinator every request names (lease.h, X-Tenplex-Coordinator); "" for none.
+  std::string coordinator = {};
 };
 
 class Client {
@@ -48,6 +50,18 @@ class Client {
   // The daemon's stable host id (Store::host_id, from /v1/health); "" from a daemon of
   // an older build that does not say.
   const std::string& host_id() const { return host_id_; }
+
+  // ---- coordinator leases (lease.h)
+  // Names this client's coordinator on every later request (X-Tenplex-Coordinator), so
+  // the daemon runs its changes of a job's versions under that coordinator's lease.
+  Status SetCoordinator(const std::string& holder);
+  const std::string& coordinator() const { return coordinator_; }
+  // Takes or renews the job's lease for the coordinator (SetCoordinator first); Aborted
+  // naming the holder when another coordinator holds it.
+  Result<LeaseView> AcquireLease(const std::string& job, int64_t ttl_ms = kDefaultLeaseMs);
+  Status ReleaseLease(const std::string& job);
+  // The job's live lease on this daemon (holder "" when none).
+  Result<LeaseView> Lease(const std::string& job);
 
   // ---- versions
   Result<uint64_t> BeginVersion(const std::string& job, std::optional<uint64_t> version = {},
@@ -117,6 +131,7 @@ class Client {
   std::string url_;
   std::string store_id_;
   std::string host_id_;
+  std::string coordinator_;
   bool local_ = false;
   int64_t pid_ = 0;
   std::unique_ptr<Http> http_;

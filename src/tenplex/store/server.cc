@@ -514,7 +514,8 @@ Status Server::Impl::Route(const httplib::Request& req, Body& body, const Target
     if (m == "POST" || m == "PUT") {
       TP_ASSIGN_OR_RETURN(text, body.Text());
     }
-    TP_ASSIGN_OR_RETURN(std::string reply, handler(m, p, text));
+    TP_ASSIGN_OR_RETURN(std::string reply,
+                        handler(m, p, text, req.get_header_value(kCoordinatorHeader)));
     res.status = 200;
     res.set_content(reply, "application/json");
     return Status::Ok();

@@ -61,13 +61,14 @@ class Server {
   // is not loopback needs a token.
   Result<int> Bind(const std::string& host, int port);
   // An extra JSON endpoint of another module (the transform agent): requests whose path
-  // starts with `prefix` go to `handler` with the method, the path and the body text
-  // (at most 64 MiB); its result is sent as a 200 JSON reply, or its error as a JSON
-  // error body (HttpStatusFor). Authentication applies as to every endpoint. The handler
-  // runs on a server thread and may block (other requests are served meanwhile).
-  // REQUIRES: called before Serve().
-  using JsonHandler = std::function<Result<std::string>(
-      const std::string& method, const std::string& path, const std::string& body)>;
+  // starts with `prefix` go to `handler` with the method, the path, the body text
+  // (at most 64 MiB) and the request's coordinator (lease.h; "" when none); its result is sent as a
+  // 200 JSON reply, or its error as a JSON error body (HttpStatusFor). Authentication applies as to
+  // every endpoint. The handler runs on a server thread and may block (other requests are served
+  // meanwhile). REQUIRES: called before Serve().
+  using JsonHandler =
+      std::function<Result<std::string>(const std::string& method, const std::string& path,
+                                        const std::string& body, const std::string& coordinator)>;
   void AddJsonRoute(const std::string& prefix, JsonHandler handler);
   // Lines of Prometheus text another module adds to GET /metrics (each call of `source`
   // returns complete "# TYPE" and sample lines). REQUIRES: called before Serve().

@@ -1,3 +1,4 @@
+#include <charconv>
 #include <functional>
 #include <optional>
 
@@ -22,8 +23,13 @@ struct JobCall {
   httplib::Response& res;
   std::string job;
   std::function<Result<std::string>()> body_text;
+  std::string coordinator;  // the request's X-Tenplex-Coordinator ("" when none)
 
   Status MethodError() const { return MethodNotAllowed(m, t, res); }
+  // Runs a change of the job's version state under its lease (lease.h).
+  Status Fenced(const std::function<Status()>& change) const {
+    return store.leases().Fenced(job, coordinator, change);
+  }
 };
 
 // GET /v1/jobs: every job with its current version.
@@ -53,7 +59,7 @@ Status JobResource(const JobCall& c) {
     return Status::Ok();
   }
   if (c.m == "DELETE") {
-    TP_RETURN_IF_ERROR(c.store.DeleteJob(c.job));
+    TP_RETURN_IF_ERROR(c.Fenced([&] { return c.store.DeleteJob(c.job); }));
     c.res.status = 204;
     return Status::Ok();
   }
@@ -64,7 +70,7 @@ Status JobResource(const JobCall& c) {
 Status ReleaseJob(const JobCall& c) {
   if (c.m != "POST") return c.MethodError();
   TP_RETURN_IF_ERROR(CheckQueryKeys(c.t.query, {}));
-  TP_RETURN_IF_ERROR(c.store.ReleaseOld(c.job));
+  TP_RETURN_IF_ERROR(c.Fenced([&] { return c.store.ReleaseOld(c.job); }));
   c.res.status = 204;
   return Status::Ok();
 }
@@ -78,7 +84,11 @@ Status BeginVersion(const JobCall& c) {
     TP_ASSIGN_OR_RETURN(want, VersionNumber(it->second));
   }
   TP_ASSIGN_OR_RETURN(std::string info, c.body_text());
-  TP_ASSIGN_OR_RETURN(uint64_t v, c.store.BeginVersion(c.job, want, info));
+  uint64_t v = 0;
+  TP_RETURN_IF_ERROR(c.Fenced([&]() -> Status {
+    TP_ASSIGN_OR_RETURN(v, c.store.BeginVersion(c.job, want, info));
+    return Status::Ok();
+  }));
   SendJson(c.res, 201, {{"job", c.job}, {"version", v}});
   return Status::Ok();
 }
@@ -94,7 +104,7 @@ Status VersionResource(const JobCall& c, std::string_view version) {
   }
   if (c.m == "DELETE") {
     TP_ASSIGN_OR_RETURN(uint64_t v, VersionNumber(version));
-    TP_RETURN_IF_ERROR(c.store.DropVersion(c.job, v));
+    TP_RETURN_IF_ERROR(c.Fenced([&] { return c.store.DropVersion(c.job, v); }));
     c.res.status = 204;
     return Status::Ok();
   }
@@ -105,13 +115,15 @@ Status VersionResource(const JobCall& c, std::string_view version) {
 Status AbortVersion(const JobCall& c, uint64_t v) {
   if (c.m != "POST") return c.MethodError();
   TP_RETURN_IF_ERROR(CheckQueryKeys(c.t.query, {}));
-  TP_ASSIGN_OR_RETURN(VersionInfo vi, c.store.Version(c.job, v));
-  if (vi.committed) {
-    return FailedPrecondition("version " + std::to_string(v) + " of job '" + c.job +
-                              "' is committed; DELETE /v1/jobs/" + c.job + "/versions/" +
-                              std::to_string(v) + " releases an old committed version");
-  }
-  TP_RETURN_IF_ERROR(c.store.DropVersion(c.job, v));
+  TP_RETURN_IF_ERROR(c.Fenced([&]() -> Status {
+    TP_ASSIGN_OR_RETURN(VersionInfo vi, c.store.Version(c.job, v));
+    if (vi.committed) {
+      return FailedPrecondition("version " + std::to_string(v) + " of job '" + c.job +
+                                "' is committed; DELETE /v1/jobs/" + c.job + "/versions/" +
+                                std::to_string(v) + " releases an old committed version");
+    }
+    return c.store.DropVersion(c.job, v);
+  }));
   c.res.status = 204;
   return Status::Ok();
 }
@@ -124,14 +136,14 @@ Status VersionAction(const JobCall& c, std::string_view version, std::string_vie
     if (c.m != "POST") return c.MethodError();
     TP_RETURN_IF_ERROR(CheckQueryKeys(c.t.query, {"keep_old"}));
     TP_ASSIGN_OR_RETURN(bool keep_old, FlagParam(c.t, "keep_old"));
-    TP_RETURN_IF_ERROR(c.store.Commit(c.job, v, keep_old));
+    TP_RETURN_IF_ERROR(c.Fenced([&] { return c.store.Commit(c.job, v, keep_old); }));
     SendJson(c.res, 200, {{"job", c.job}, {"version", v}, {"current", v}});
     return Status::Ok();
   }
   if (action == "prepare") {  // phase one of a two-phase commit: durable, immutable
     if (c.m != "POST") return c.MethodError();
     TP_RETURN_IF_ERROR(CheckQueryKeys(c.t.query, {}));
-    TP_RETURN_IF_ERROR(c.store.Prepare(c.job, v));
+    TP_RETURN_IF_ERROR(c.Fenced([&] { return c.store.Prepare(c.job, v); }));
     SendJson(c.res, 200, {{"job", c.job}, {"version", v}, {"state", "prepared"}});
     return Status::Ok();
   }
@@ -140,11 +152,50 @@ Status VersionAction(const JobCall& c, std::string_view version, std::string_vie
     if (c.m != "PUT") return c.MethodError();
     TP_RETURN_IF_ERROR(CheckQueryKeys(c.t.query, {}));
     TP_ASSIGN_OR_RETURN(std::string info, c.body_text());
-    TP_RETURN_IF_ERROR(c.store.SetVersionInfo(c.job, v, info));
+    TP_RETURN_IF_ERROR(c.Fenced([&] { return c.store.SetVersionInfo(c.job, v, info); }));
     c.res.status = 204;
     return Status::Ok();
   }
   return NotFound("no endpoint " + c.m + " " + c.t.path);
+}
+
+// GET, POST (?ttl_ms=N, default kDefaultLeaseMs) and DELETE /v1/jobs/{job}/lease: the
+// coordinator lease of the job (lease.h) for the request's X-Tenplex-Coordinator.
+Status LeaseResource(const JobCall& c) {
+  auto view = [&](const std::optional<LeaseView>& l) {
+    return json{{"job", c.job},
+                {"holder", l ? json(l->holder) : json(nullptr)},
+                {"remaining_ms", l ? l->remaining_ms : 0}};
+  };
+  if (c.m == "GET") {
+    TP_RETURN_IF_ERROR(CheckQueryKeys(c.t.query, {}));
+    SendJson(c.res, 200, view(c.store.leases().Get(c.job)));
+    return Status::Ok();
+  }
+  if (c.m != "POST" && c.m != "DELETE") return c.MethodError();
+  TP_RETURN_IF_ERROR(CheckQueryKeys(c.t.query, c.m == "POST"
+                                                   ? std::vector<std::string_view>{"ttl_ms"}
+                                                   : std::vector<std::string_view>{}));
+  if (c.coordinator.empty())
+    return InvalidArgument(
+        "a lease request needs the X-Tenplex-Coordinator header naming its "
+        "coordinator");
+  TP_RETURN_IF_ERROR(JobLeases::CheckHolder(c.coordinator));
+  if (c.m == "DELETE") {
+    c.store.leases().Release(c.job, c.coordinator);
+    c.res.status = 204;
+    return Status::Ok();
+  }
+  int64_t ttl = kDefaultLeaseMs;
+  if (auto it = c.t.query.find("ttl_ms"); it != c.t.query.end()) {
+    const std::string& text = it->second;
+    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), ttl);
+    if (ec != std::errc() || end != text.data() + text.size())
+      return InvalidArgument("?ttl_ms must be a number of milliseconds, not '" + text + "'");
+  }
+  TP_ASSIGN_OR_RETURN(LeaseView l, c.store.leases().Acquire(c.job, c.coordinator, ttl));
+  SendJson(c.res, 200, view(l));
+  return Status::Ok();
 }
 
 }  // namespace
@@ -158,9 +209,16 @@ Status Server::Impl::Jobs(const httplib::Request& req, Body& body, const Target&
     if (m != "GET") return MethodNotAllowed(m, t, res);
     return ListJobs(store, t, res);
   }
-  JobCall c{store, m, t, res, std::string(seg[0]), [&body] { return body.Text(); }};
+  JobCall c{store,
+            m,
+            t,
+            res,
+            std::string(seg[0]),
+            [&body] { return body.Text(); },
+            req.get_header_value(kCoordinatorHeader)};
   TP_RETURN_IF_ERROR(CheckJobName(c.job));
   if (seg.size() == 1) return JobResource(c);
+  if (seg.size() == 2 && seg[1] == "lease") return LeaseResource(c);
   if (seg.size() == 2 && seg[1] == "release") return ReleaseJob(c);
   if (seg[1] != "versions" || seg.size() > 4) return NotFound("no endpoint " + m + " " + t.path);
   if (seg.size() == 2) return BeginVersion(c);

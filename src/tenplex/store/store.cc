@@ -10,6 +10,7 @@ namespace tenplex::store {
 const std::string& Store::shm_dir() const { return impl_->dir; }
 const std::string& Store::id() const { return impl_->id; }
 const std::string& Store::host_id() const { return impl_->host_id; }
+JobLeases& Store::leases() { return impl_->leases; }
 uint64_t Store::memory_limit() const { return impl_->limit; }
 
 uint64_t Store::used_bytes() const {

@@ -62,6 +62,7 @@
 
 #include "tenplex/geometry/box.h"
 #include "tenplex/geometry/dtype.h"
+#include "tenplex/store/lease.h"
 #include "tenplex/store/mapping.h"
 #include "tenplex/store/parse.h"
 #include "tenplex/util/status.h"
@@ -169,6 +170,9 @@ class Store {
   // recorded placement, transform/cluster_state.h). Not the machine's boot id
   // (transport::HostBootId, the control protocol's "local.host_id").
   const std::string& host_id() const;
+  // The coordinator leases of this daemon's jobs (lease.h); in memory, not kept across
+  // a restart.
+  JobLeases& leases();
   uint64_t used_bytes() const;
   uint64_t memory_limit() const;
   // Bytes of released tensor files kept in the page pool (counted against the memory

@@ -35,6 +35,7 @@
 #include "tenplex/store/manifest.h"
 #include "tenplex/store/parse.h"
 #include "tenplex/store/store.h"
+#include "tenplex/util/format.h"
 #include "tenplex/util/json_depth.h"
 
 namespace tenplex::store {
@@ -103,14 +104,6 @@ inline Status SupersededError(const std::string& job, uint64_t v, uint64_t by) {
 
 struct PendingTensor;  // a tensor of a Create, before it is published (store_create.cc)
 
-inline std::string RandomHex() {
-  std::random_device rd;
-  uint64_t v = (static_cast<uint64_t>(rd()) << 32) ^ rd();
-  char buf[17];
-  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(v));
-  return buf;
-}
-
 inline Result<std::string> CanonicalInfo(const std::string& info) {
   if (info.empty()) return std::string("{}");
   TP_RETURN_IF_ERROR(CheckJsonDepth(info, "version info"));
@@ -163,6 +156,7 @@ struct Store::Impl {
   int lock_fd = -1;
   std::string id;
   std::string host_id;  // <dir>/HOST_ID: kept across restarts (store.h)
+  JobLeases leases;
   uint64_t limit = 0;
   std::atomic<uint64_t> counter{0};
 

@@ -279,7 +279,7 @@ struct Agent::Impl {
     reap_cv.notify_one();
   }
 
-  Result<std::string> Prepare(const std::string& body);
+  Result<std::string> Prepare(const std::string& body, const std::string& coordinator);
   Result<std::string> Probe(const std::string& body);
   Result<std::string> Presize(const std::string& body);
   Result<std::string> Locate(const std::string& body);
@@ -513,7 +513,7 @@ void Agent::Impl::CountPrepare(const Result<HostExecStats>& ex, int64_t bytes_li
   prepare_seconds += seconds;
 }
 
-Result<std::string> Agent::Impl::Prepare(const std::string& body) {
+Result<std::string> Agent::Impl::Prepare(const std::string& body, const std::string& coordinator) {
   const auto t0 = std::chrono::steady_clock::now();
   TP_ASSIGN_OR_RETURN(PlannedRequest q, PlanRequest(body));
   const PrepareRequest& r = q.d.request;
@@ -528,9 +528,13 @@ Result<std::string> Agent::Impl::Prepare(const std::string& body) {
 
   auto t1 = std::chrono::steady_clock::now();
   // Fenced (two_phase.h): refused when a newer version began or one newer than the
-  // source was committed here meanwhile (another coordinator of the job).
-  TP_ASSIGN_OR_RETURN(uint64_t v,
-                      store.BeginVersion(r.job, r.to_version, r.new_info, r.from_version));
+  // source was committed here meanwhile, or another coordinator holds the job's lease
+  // (store/lease.h).
+  uint64_t v = 0;
+  TP_RETURN_IF_ERROR(store.leases().Fenced(r.job, coordinator, [&]() -> Status {
+    TP_ASSIGN_OR_RETURN(v, store.BeginVersion(r.job, r.to_version, r.new_info, r.from_version));
+    return Status::Ok();
+  }));
   auto fail = [&](const Status& s) {
     (void)store.DropVersion(r.job, v);
     return s;
@@ -570,7 +574,9 @@ Result<std::string> Agent::Impl::Prepare(const std::string& body) {
   // Phase one done: durable across a restart of this daemon (two_phase.h). Fails when
   // the coordinator aborted the version meanwhile (it gave up waiting for us).
   const auto t2 = std::chrono::steady_clock::now();
-  if (Status s = store.Prepare(r.job, v); !s.ok()) return fail(s);
+  if (Status s = store.leases().Fenced(r.job, coordinator, [&] { return store.Prepare(r.job, v); });
+      !s.ok())
+    return fail(s);
   phases.seal = Since(t2);
   phases.total = Since(t0);
   return PrepareReply(v, r.host, *ex, bytes_linked, shm_bytes, shm_peers, phases);
@@ -835,13 +841,14 @@ Result<std::string> Agent::Impl::Presize(const std::string& body) {
 
 void Agent::Install(store::Server& server) {
   server.AddMetricsSource([this] { return impl_->MetricsText(); });
-  server.AddJsonRoute("/v1/transform/",
-                      [this](const std::string& method, const std::string& path,
-                             const std::string& body) { return Handle(method, path, body); });
+  server.AddJsonRoute(
+      "/v1/transform/",
+      [this](const std::string& method, const std::string& path, const std::string& body,
+             const std::string& coordinator) { return Handle(method, path, body, coordinator); });
 }
 
 Result<std::string> Agent::Handle(const std::string& method, const std::string& path,
-                                  const std::string& body) {
+                                  const std::string& body, const std::string& coordinator) {
   if (path == "/v1/transform/address") {
     if (method != "GET") return InvalidArgument(method + " is not allowed on " + path);
     return impl_->AddressReply();
@@ -852,7 +859,7 @@ Result<std::string> Agent::Handle(const std::string& method, const std::string& 
   }
   if (path == "/v1/transform/prepare") {
     if (method != "POST") return InvalidArgument(method + " is not allowed on " + path);
-    return impl_->Prepare(body);
+    return impl_->Prepare(body, coordinator);
   }
   if (path == "/v1/transform/presize") {
     if (method != "POST") return InvalidArgument(method + " is not allowed on " + path);

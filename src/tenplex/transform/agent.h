@@ -101,9 +101,11 @@ class Agent {
   std::string metrics() const;
   // Adds the /v1/transform/ endpoints to the server.
   void Install(store::Server& server);
-  // The endpoints' handler (method, path, body) -> reply JSON.
+  // The endpoints' handler (method, path, body) -> reply JSON. `coordinator` names the
+  // request's coordinator (store/lease.h): a prepare begins and seals its version under
+  // the job's lease.
   Result<std::string> Handle(const std::string& method, const std::string& path,
-                             const std::string& body);
+                             const std::string& body, const std::string& coordinator = "");
 
  private:
   struct Impl;

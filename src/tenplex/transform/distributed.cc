@@ -14,6 +14,7 @@
 #include "tenplex/store/parse.h"
 #include "tenplex/transform/cluster_state.h"
 #include "tenplex/transform/control_protocol.h"
+#include "tenplex/transform/job_lease.h"
 #include "tenplex/transform/state_info.h"
 #include "tenplex/transform/two_phase.h"
 #include "tenplex/util/format.h"
@@ -333,26 +334,23 @@ struct HostSet {
   std::map<std::string, int> index;
 };
 
-// Connects to every host of either cluster with the control options: a host that is
-// unavailable stays unconnected (lost); any other error (e.g. a wrong token) is returned.
+// Connects to every host of either cluster with the control options (ConnectCluster: a
+// host that is unavailable stays unconnected (lost); any other error, e.g. a wrong token,
+// is returned; one daemon under two URLs is refused).
 Result<HostSet> ConnectHosts(const Cluster& from, const Cluster& target,
                              const store::ClientOptions& control) {
   HostSet s;
-  auto add = [&](const std::string& url) {
-    if (s.index.count(url)) return;
-    s.index[url] = static_cast<int>(s.hosts.size());
-    s.hosts.push_back({url, nullptr, "", {}});
-  };
-  for (const std::string& u : from.hosts) add(u);
-  for (const std::string& u : target.hosts) add(u);
-  for (Host& h : s.hosts) {
-    Result<std::unique_ptr<store::Client>> c = store::Client::Connect(h.url, control);
-    if (c.ok()) {
-      h.client = std::move(*c);
-    } else if (c.status().code() != StatusCode::kUnavailable) {
-      return c.status().WithContext(h.url);  // e.g. a wrong token: not a lost host
+  Cluster all;
+  for (const std::vector<std::string>* list : {&from.hosts, &target.hosts}) {
+    for (const std::string& url : *list) {
+      if (s.index.count(url)) continue;
+      s.index[url] = static_cast<int>(all.hosts.size());
+      all.hosts.push_back(url);
     }
   }
+  TP_ASSIGN_OR_RETURN(auto clients, ConnectCluster(all, control, /*allow_lost=*/true));
+  for (std::size_t h = 0; h < all.hosts.size(); ++h)
+    s.hosts.push_back({all.hosts[h], std::move(clients[h]), "", {}});
   return s;
 }
 
@@ -548,9 +546,12 @@ int DropUnanswering(std::vector<Host>& hosts, const std::vector<int>& silent,
 
 Result<ClusterTransformStats> TransformCluster(const Cluster& from, const std::string& job,
                                                const ParallelConfig& to,
-                                               const store::ClientOptions& client_options,
+                                               const store::ClientOptions& given_options,
                                                const ClusterTransformOptions& options) {
   const auto t_start = std::chrono::steady_clock::now();
+  store::ClientOptions client_options = given_options;
+  if (client_options.coordinator.empty() && !options.presize_only)
+    client_options.coordinator = NewCoordinator("tenplex-transform");
   TP_RETURN_IF_ERROR(store::CheckJobName(job));
   if (options.max_attempts < 1) return InvalidArgument("max_attempts must be at least 1");
   const Cluster& target = options.to ? *options.to : from;
@@ -562,6 +563,11 @@ Result<ClusterTransformStats> TransformCluster(const Cluster& from, const std::s
   control.timeout_s = options.control_timeout_s;
   TP_ASSIGN_OR_RETURN(HostSet hs, ConnectHosts(from, target, control));
   std::vector<Host>& hosts = hs.hosts;
+  std::unique_ptr<JobLease> lease;  // one coordinator of the job at a time (job_lease.h)
+  if (!options.presize_only && !options.lease_held) {
+    TP_ASSIGN_OR_RETURN(lease, JobLease::Acquire(Raw(hosts), job, control,
+                                                 {store::kDefaultLeaseMs, options.lease_wait_s}));
+  }
   ClusterTransformStats stats;
   stats.to_config = to.ToString();
   for (const Host& h : hosts) stats.all_hosts.push_back(h.url);

@@ -71,6 +71,13 @@ struct ClusterTransformOptions {
   // pools: run it while the old config still trains (a joining host holds nothing of
   // the job, so its pool is otherwise empty).
   bool presize_only = false;
+  // The job's coordinator lease (job_lease.h) is taken on every host before the
+  // recovery: while another coordinator holds it, wait up to this long, then fail
+  // naming it. The coordinator's name is client_options.coordinator (a fresh one when
+  // empty). A pre-size takes no lease (it changes no version), nor does a caller that
+  // holds the lease itself under that name (lease_held: `tenplex run --cluster`).
+  double lease_wait_s = 60;
+  bool lease_held = false;
   std::function<void(const std::string&)> log;  // progress lines (may be empty)
 };
 

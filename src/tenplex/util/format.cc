@@ -1,6 +1,7 @@
 #include "tenplex/util/format.h"
 
 #include <cstdio>
+#include <random>
 
 namespace tenplex {
 
@@ -27,6 +28,14 @@ std::vector<std::string_view> SplitString(std::string_view s, char sep) {
     if (pos == std::string_view::npos) return out;
     start = pos + 1;
   }
+}
+
+std::string RandomHex() {
+  std::random_device rd;
+  uint64_t v = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(v));
+  return buf;
 }
 
 }  // namespace tenplex

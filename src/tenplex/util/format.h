@@ -14,4 +14,7 @@ std::string HumanBytes(int64_t bytes);
 // Splits s at every sep: "a,,b" -> {"a", "", "b"}, "" -> {""}.
 std::vector<std::string_view> SplitString(std::string_view s, char sep);
 
+// 16 random hex digits (std::random_device): ids of store instances, coordinators.
+std::string RandomHex();
+
 }  // namespace tenplex
