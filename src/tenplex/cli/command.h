@@ -56,5 +56,6 @@ void RegisterData(CLI::App& app, Context& ctx);
 void RegisterTransform(CLI::App& app, Context& ctx);
 void RegisterInterop(CLI::App& app, Context& ctx);  // import, export
 void RegisterConfig(CLI::App& app, Context& ctx);
+void RegisterSimulate(CLI::App& app, Context& ctx);  // cli/simulate.cc
 
 }  // namespace tenplex::cli

@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   tenplex::cli::RegisterTransform(app, ctx);
   tenplex::cli::RegisterInterop(app, ctx);
   tenplex::cli::RegisterConfig(app, ctx);
+  tenplex::cli::RegisterSimulate(app, ctx);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

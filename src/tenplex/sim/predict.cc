@@ -1,0 +1,88 @@
+// The time model of simulate.h (its formulas, in the same order) and the output.
+#include <algorithm>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "tenplex/sim/simulate.h"
+#include "tenplex/util/format.h"
+
+namespace tenplex::sim {
+namespace {
+
+struct Rates {
+  double nic, lat, rpc, copy, mem, map, json;  // bytes/s, s, s, bytes/s (3), s/byte
+};
+
+Rates RatesOf(const ClusterModel& c, const MeasuredCosts& m) {
+  return {c.nic_gbit_s * 1e9 / 8,
+          c.latency_us * 1e-6,
+          c.rpc_us * 1e-6,
+          c.copy_gbyte_s * 1e9,
+          c.memory_gbyte_s * 1e9,
+          c.map_gbyte_s * 1e9,
+          c.json_gbyte_s > 0 ? 1 / (c.json_gbyte_s * 1e9) : m.json_s_per_byte};
+}
+
+// Seconds until the last of host h's sources has served everything it serves.
+double SlowestSource(const std::vector<HostTraffic>& t, const std::vector<int>& sources,
+                     const ClusterModel& c) {
+  double worst = 0;
+  for (int x : sources)
+    worst = std::max(worst, static_cast<double>(t[x].bytes_out) * c.Straggler(x));
+  return worst;
+}
+
+HostTimes HostPrepare(const std::vector<HostTraffic>& t, int h, const ClusterModel& c,
+                      const MeasuredCosts& m, const Rates& r) {
+  const HostTraffic& x = t[h];
+  const double s = c.Straggler(h);
+  HostTimes ht;
+  ht.decode = m.decode_s * s;
+  ht.plan = m.plan_s * s;
+  ht.warm = x.bytes_out / r.map * s;
+  ht.alloc = x.bytes_new / r.mem * s;
+  if (x.bytes_in > 0) {
+    const double wire =
+        std::max(static_cast<double>(x.bytes_in) * s, SlowestSource(t, x.sources, c)) / r.nic;
+    ht.fetch = wire + r.rpc * (x.peers_in + x.peers_out) * s + 2 * r.lat;
+  }
+  ht.local = (x.bytes_kept + x.bytes_local) / r.copy * s;
+  ht.landed = x.bytes_landed / r.copy * s;
+  ht.seal = x.bytes_new / r.mem * s;
+  ht.prepare =
+      ht.decode + ht.plan + ht.warm + ht.alloc + std::max(ht.fetch, ht.local) + ht.landed + ht.seal;
+  return ht;
+}
+
+}  // namespace
+
+Prediction Predict(const std::vector<HostTraffic>& traffic, const SimHosts& hosts,
+                   const ClusterModel& c, const MeasuredCosts& m) {
+  const Rates r = RatesOf(c, m);
+  Prediction p;
+  p.hosts.resize(traffic.size());
+  const double rtt = 2 * r.lat;
+  p.control = hosts.asked * 5 * (r.rpc + rtt) +
+              hosts.asked * 3.0 * static_cast<double>(m.info_bytes) * (1 / r.nic + r.json) +
+              hosts.lost * c.lost_detect_s;
+  p.coordinator_plan = m.plan_s + m.digest_s;
+  const double per_request = m.encode_s + static_cast<double>(m.request_bytes) / r.nic;
+  for (std::size_t i = 0; i < hosts.participants.size(); ++i) {
+    const int h = hosts.participants[i];
+    HostTimes ht = HostPrepare(traffic, h, c, m, r);
+    ht.start = static_cast<double>(i + 1) * per_request + r.lat + r.rpc;
+    const double end = ht.start + ht.prepare + r.lat;
+    if (end > p.round) {
+      p.round = end;
+      p.critical_host = h;
+    }
+    p.hosts[h] = ht;
+  }
+  const double round_trip = r.rpc + rtt;
+  p.commit = hosts.participants.empty() ? 0 : 2 * round_trip;
+  p.release = static_cast<double>(hosts.participants.size()) * round_trip;
+  p.total = p.control + p.coordinator_plan + p.round + p.commit + p.release;
+  return p;
+}
+
+}  // namespace tenplex::sim

@@ -1,0 +1,207 @@
+// Simulate: placement, the real planner and the measured costs (simulate.h).
+#include "tenplex/sim/simulate.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "tenplex/transform/control_protocol.h"
+#include "tenplex/transform/state_info.h"
+#include "tenplex/transport/protocol.h"
+
+namespace tenplex::sim {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Mean seconds of f over enough calls to take about 50 ms (at least one, at most 50).
+double TimeIt(const std::function<void()>& f) {
+  const auto t0 = Clock::now();
+  int n = 0;
+  do {
+    f();
+    ++n;
+  } while (n < 50 && Since(t0) < 0.05);
+  return Since(t0) / n;
+}
+
+int64_t ResidentBytes() {
+  std::FILE* f = std::fopen("/proc/self/statm", "r");
+  if (f == nullptr) return 0;
+  long size = 0, resident = 0;
+  const int got = std::fscanf(f, "%ld %ld", &size, &resident);
+  std::fclose(f);
+  return got == 2 ? static_cast<int64_t>(resident) * ::sysconf(_SC_PAGESIZE) : 0;
+}
+
+// Rank -> host for both layouts and who takes part (scenario.h: placement).
+Status Place(const Scenario& s, int from_world, int to_world, SimResult& r) {
+  const int kf = s.from_gpus_per_host, kt = s.to_gpus_per_host;
+  const int old_hosts = (from_world + kf - 1) / kf;
+  const int needed = (to_world + kt - 1) / kt;
+  std::set<int> lost(s.cluster.lost_hosts.begin(), s.cluster.lost_hosts.end());
+  int target = s.to_hosts;
+  if (target == 0) {  // the old hosts, and more if the new config needs them
+    target = old_hosts;
+    while (target - static_cast<int>(std::count_if(lost.begin(), lost.end(),
+                                                   [&](int h) { return h < target; })) <
+           needed) {
+      ++target;
+    }
+  }
+  const int all = std::max(old_hosts, target);
+  for (int h : lost) {
+    if (h >= all) {
+      return InvalidArgument("cluster.lost_hosts: host " + std::to_string(h) +
+                             " is not in the cluster (" + std::to_string(all) + " hosts)");
+    }
+  }
+  if (s.cluster.straggler.size() > static_cast<std::size_t>(all)) {
+    return InvalidArgument("cluster.stragglers: host " +
+                           std::to_string(s.cluster.straggler.size() - 1) +
+                           " is not in the cluster (" + std::to_string(all) + " hosts)");
+  }
+  std::vector<int> live;
+  for (int h = 0; h < target; ++h) {
+    if (!lost.count(h)) live.push_back(h);
+  }
+  if (static_cast<int>(live.size()) < needed) {
+    return InvalidArgument("config " + s.to.ToString() + " has " + std::to_string(to_world) +
+                           " ranks but the live hosts of the target cluster have " +
+                           std::to_string(live.size()) + " x " + std::to_string(kt) + " slots");
+  }
+  r.from_hosts.resize(from_world);
+  for (int rank = 0; rank < from_world; ++rank)
+    r.from_hosts[rank] = lost.count(rank / kf) ? plan::kLostHost : rank / kf;
+  r.to_hosts.resize(to_world);
+  for (int rank = 0; rank < to_world; ++rank) r.to_hosts[rank] = live[rank / kt];
+  r.hosts.asked = all;
+  r.hosts.lost = static_cast<int>(lost.size());
+  r.hosts.participants.assign(live.begin(), live.begin() + needed);
+  return Status::Ok();
+}
+
+// A cluster of `n` hosts as the coordinator records it: URLs and host ids of real lengths.
+transform::Cluster NamedCluster(int n, int k) {
+  transform::Cluster c;
+  c.gpus_per_host = k;
+  char buf[64];
+  for (int h = 0; h < n; ++h) {
+    std::snprintf(buf, sizeof buf, "http://node%05d.cluster.internal:7070", h);
+    c.hosts.push_back(buf);
+    std::snprintf(buf, sizeof buf, "%016x", 0x5a17u * static_cast<unsigned>(h + 1));
+    c.host_ids.push_back(buf);
+  }
+  return c;
+}
+
+// The prepare request the coordinator sends to a participant of this transform, at its
+// real size: both infos, every host's data-plane address (a UCX worker address of 256
+// bytes) and same-host offer, both host maps and the plan digest.
+transform::PrepareRequest MakeRequest(const Model& model, const Scenario& s, const SimResult& r,
+                                      const std::string& digest, std::string* info_text) {
+  const transform::Cluster all = NamedCluster(r.hosts.asked, s.from_gpus_per_host);
+  transform::StateInfo info = transform::StateInfo::Make(model, s.from);
+  transform::Cluster old = all;
+  old.hosts.resize((r.from_ranks + s.from_gpus_per_host - 1) / s.from_gpus_per_host);
+  old.host_ids.resize(old.hosts.size());
+  info.set_placement(old);
+  transform::PrepareRequest q;
+  q.job = "job";
+  q.from_version = 1;
+  q.to_version = 2;
+  q.host = r.hosts.participants.empty() ? 0 : r.hosts.participants[0];
+  q.info = info.ToJson();
+  *info_text = q.info;
+  info.set_config(s.to);
+  transform::Cluster neu;
+  neu.gpus_per_host = s.to_gpus_per_host;
+  for (int h : r.hosts.participants) {
+    neu.hosts.push_back(all.hosts[h]);
+    neu.host_ids.push_back(all.host_ids[h]);
+  }
+  info.set_placement(neu);
+  q.new_info = info.ToJson();
+  q.to_config = s.to;
+  const std::string payload(256, '\x5a');
+  for (int h = 0; h < r.hosts.asked; ++h) {
+    q.addresses.push_back(transport::EncodeAddress("ucx", payload));
+    q.local_peers.push_back({all.hosts[h], all.host_ids[h], "/dev/shm/tenplex", all.host_ids[h]});
+  }
+  q.from_hosts = r.from_hosts;
+  q.to_hosts = r.to_hosts;
+  q.plan_digest = digest;
+  return q;
+}
+
+// Digest, request encoding and decoding, JSON parse rate: the real code, timed.
+Status MeasureControl(const Model& model, const Scenario& s, const plan::Plan& p, SimResult& r) {
+  std::string digest;
+  r.costs.digest_s = TimeIt([&] { digest = transform::PlanDigest(p); });
+  std::string info_text;
+  const transform::PrepareRequest q = MakeRequest(model, s, r, digest, &info_text);
+  std::string body;
+  r.costs.encode_s = TimeIt([&] { body = transform::EncodePrepare(q); });
+  r.costs.request_bytes = static_cast<int64_t>(body.size());
+  r.costs.info_bytes = static_cast<int64_t>(info_text.size());
+  Status decoded = Status::Ok();
+  r.costs.decode_s = TimeIt([&] {
+    auto d = transform::DecodePrepare(body);
+    if (!d.ok()) decoded = d.status();
+  });
+  if (!decoded.ok()) return decoded.WithContext("simulate: the modelled prepare request");
+  std::size_t parsed = 0;
+  const double parse_s =
+      TimeIt([&] { parsed += nlohmann::json::parse(info_text, nullptr, false).size(); });
+  r.costs.json_s_per_byte = info_text.empty() ? 0 : parse_s / static_cast<double>(info_text.size());
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<SimResult> Simulate(const Scenario& s) {
+  TP_ASSIGN_OR_RETURN(Model model, ResolveModel(s));
+  auto from = MakeLayout(model, s.from);
+  if (!from.ok()) return from.status().WithContext("from " + s.from.ToString());
+  auto to = MakeLayout(model, s.to);
+  if (!to.ok()) return to.status().WithContext("to " + s.to.ToString());
+  SimResult r;
+  r.model = model.name;
+  r.from_config = s.from.ToString();
+  r.to_config = s.to.ToString();
+  r.from_ranks = from->world_size();
+  r.to_ranks = to->world_size();
+  r.cluster = s.cluster;
+  TP_RETURN_IF_ERROR(Place(s, r.from_ranks, r.to_ranks, r));
+  if (s.mode == SimMode::kSample ||
+      (s.mode == SimMode::kAuto && r.from_ranks + r.to_ranks > s.full_max_ranks)) {
+    return Unimplemented("simulate: sampled hosts (sim.mode \"sample\", or \"auto\" above " +
+                         std::to_string(s.full_max_ranks) +
+                         " ranks) are not implemented yet; set sim.mode to \"full\"");
+  }
+  r.mode = "full";
+  const int64_t rss0 = ResidentBytes();
+  const auto t0 = Clock::now();
+  TP_ASSIGN_OR_RETURN(plan::Plan p, plan::MakePlan(model, *from, *to, r.from_hosts, r.to_hosts));
+  r.costs.plan_s = Since(t0);
+  r.costs.plan_rss = std::max<int64_t>(0, ResidentBytes() - rss0);
+  r.plan = p.stats;
+  r.traffic = CountTraffic(p, *from, *to, r.from_hosts, r.to_hosts, r.hosts.asked);
+  TP_RETURN_IF_ERROR(MeasureControl(model, s, p, r));
+  r.prediction = Predict(r.traffic, r.hosts, s.cluster, r.costs);
+  for (const RankLayout& rank : to->ranks) r.checkpoint_bytes += rank.bytes();
+  if (s.cluster.pfs_gbyte_s > 0)
+    r.checkpoint_s = static_cast<double>(r.checkpoint_bytes) / (s.cluster.pfs_gbyte_s * 1e9);
+  return r;
+}
+
+}  // namespace tenplex::sim

@@ -1,0 +1,126 @@
+// Predicts a distributed transform (`tenplex transform --cluster`, transform/distributed.h)
+// on a cluster we do not have: `tenplex simulate` (docs/scale.md).
+//
+// What is real and what is modelled. The bytes are the planner's: the simulator runs
+// plan::MakePlan on the scenario's layouts and host maps (what the coordinator and every
+// agent run) and counts each host's ops the way the executor splits them (traffic.h).
+// The costs that are computation are measured here, by running the code the transform
+// runs: the plan (time and resident memory), its digest (transform::PlanDigest), one
+// prepare request of the scenario's real size (transform::EncodePrepare, with the state
+// info, addresses, host maps and same-host peers a cluster of that size sends) and its
+// decoding (transform::DecodePrepare, what every agent does first), and a JSON parse of
+// the state info (the replies of the control requests carry it). Only the hardware is
+// modelled, by the cluster description (scenario.h) and these formulas:
+//
+//   B = nic_gbit_s·1e9/8 bytes/s per host and direction, L = latency (one way),
+//   R = rpc_us (the fixed cost of one request), C = copy_gbyte_s, M = memory_gbyte_s,
+//   W = map_gbyte_s (mapping and pre-faulting pages that are resident: no bytes copied),
+//   J = json_gbyte_s (default: measured), s_h = host h's straggler factor (>= 1),
+//   N = hosts asked, P = participants (hosts with new ranks, index p = 0 .. P-1).
+//
+// Coordinator, before the prepare (distributed.cc runs these requests one host after
+// the other): health (connect), job (recovery), version (committed state), job (next
+// version number) and address: 5 requests per host, 3 of whose replies carry the state
+// info (I bytes: model, config and the cluster's URLs, growing with N):
+//   control = N·5·(R + 2L) + N·3·I·(1/B + 1/J) + lost_hosts·lost_detect_s
+//   coordinator plan = plan_s + digest_s                      (MakePlan, PlanDigest)
+// Prepare round: the coordinator encodes each participant's request in turn (Q bytes)
+// and sends it; participant p starts at
+//   start_p = (p + 1)·(encode_s + Q/B) + L + R
+// and then, on its own (phases sequential, every one × s_h, as agent.cc runs them):
+//   decode = decode_s;  plan = plan_s (every agent plans the whole transform);
+//   warm   = out_h / W  (pre-faulting what peers fetch);  alloc = new_h / M;
+//   fetch  = max(in_h·s_h, max over its sources x of out_x·s_x) / B
+//            + R·(peers_in_h + peers_out_h) + 2L     (0 without remote bytes)
+//   local  = (kept_h + local_h) / C                 (overlaps the fetches: host_exec.h)
+//   exec   = max(fetch, local) + landed_h / C;  seal = new_h / M  (checksums)
+//   prepare_h = decode + plan + warm + alloc + exec + seal
+//   round  = max_p (start_p + prepare_p + L)          -> the critical host
+// Commit (two_phase.h): the first participant alone, then the rest in parallel, then
+// the release of the old versions one host after the other:
+//   commit = 2·(R + 2L);   release = P·(R + 2L)
+//   total  = control + coordinator plan + round + commit + release
+// Restart from a checkpoint, for comparison: every new rank reads its tensors from the
+// parallel file system, new-layout bytes / pfs_gbyte_s (the read alone: no job restart,
+// no framework start-up; those come on top).
+//
+// Limits (docs/scale.md): no contention inside the network (a full-bisection fabric:
+// only the NICs limit), no congestion or incast effects beyond the NIC rates, one NIC
+// per host, the straggler factor slows a host's every phase alike, the control requests'
+// reply sizes are the info's (a job with many kept versions replies with more), and a
+// lost host is lost before the transform (refused at connect; lost_detect_s per lost
+// host models a silent one, e.g. the 10 s control timeout). Page-cache and first-touch
+// effects are in M; GPU copies are not modelled (the store's tensors are host memory).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tenplex/sim/scenario.h"
+#include "tenplex/sim/traffic.h"
+
+namespace tenplex::sim {
+
+// Costs of computation, measured once (identical on every host but for s_h).
+struct MeasuredCosts {
+  double plan_s = 0;           // MakePlan (or, sampled, the per-host plan)
+  int64_t plan_rss = 0;        // resident memory the plan added (bytes, /proc/self/statm)
+  double digest_s = 0;         // PlanDigest of that plan
+  double encode_s = 0;         // EncodePrepare of one request
+  double decode_s = 0;         // DecodePrepare of one request
+  int64_t request_bytes = 0;   // one encoded prepare request
+  int64_t info_bytes = 0;      // the state info (in the control replies)
+  double json_s_per_byte = 0;  // parse of the info text, per byte
+};
+
+struct HostTimes {
+  double start = 0;  // when its prepare request arrived (seconds into the round)
+  double decode = 0, plan = 0, warm = 0, alloc = 0, fetch = 0, local = 0, landed = 0, seal = 0;
+  double prepare = 0;  // decode + plan + warm + alloc + max(fetch, local) + landed + seal
+};
+
+struct Prediction {
+  std::vector<HostTimes> hosts;  // by host index (zero for non-participants)
+  double control = 0, coordinator_plan = 0, round = 0, commit = 0, release = 0, total = 0;
+  int critical_host = -1;  // the participant whose prepare ends last
+};
+
+struct SimHosts {
+  int asked = 0;                  // N: every host of both clusters, lost ones included
+  std::vector<int> participants;  // hosts with new ranks, in order
+  int lost = 0;
+};
+
+// The formulas above: a pure function of the traffic, the hardware and the measured
+// costs (tested against hand-computed values).
+Prediction Predict(const std::vector<HostTraffic>& traffic, const SimHosts& hosts,
+                   const ClusterModel& cluster, const MeasuredCosts& costs);
+
+struct SimResult {
+  std::string model, from_config, to_config;
+  int from_ranks = 0, to_ranks = 0;
+  std::vector<int> from_hosts, to_hosts;  // rank -> host (plan::kLostHost)
+  SimHosts hosts;
+  ClusterModel cluster;
+  std::string mode;  // "full"
+  plan::PlanStats plan;
+  std::vector<HostTraffic> traffic;
+  MeasuredCosts costs;
+  Prediction prediction;
+  int64_t checkpoint_bytes = 0;  // the new layout's bytes (what a restart reads)
+  double checkpoint_s = 0;       // / pfs_gbyte_s (0 without one)
+};
+
+// Loads the model, places the ranks, runs the planner and the measurements, predicts.
+// Errors: InvalidArgument for an impossible config or placement (naming it), DataLoss
+// when a lost host held the only replica of some state (the planner's message).
+Result<SimResult> Simulate(const Scenario& scenario);
+
+// {"scenario": {...}, "plan": {...}, "measured": {...}, "prediction": {...},
+//  "hosts": [per host bytes and phase times], "checkpoint_restart": {...}}
+std::string SimResultToJson(const SimResult& r);
+// A few lines a person reads: totals, phases, the critical host, the comparison.
+std::string SimSummary(const SimResult& r);
+
+}  // namespace tenplex::sim
