@@ -74,7 +74,9 @@ std::string SimResultToJson(const SimResult& r) {
                 {"decode_seconds", r.costs.decode_s},
                 {"request_bytes", r.costs.request_bytes},
                 {"info_bytes", r.costs.info_bytes},
-                {"json_seconds_per_byte", r.costs.json_s_per_byte}}},
+                {"json_seconds_per_byte", r.costs.json_s_per_byte},
+                {"critical_host_plan_seconds", r.costs.host_plan_s},
+                {"critical_host_plan_rss_bytes", r.costs.host_plan_rss}}},
               {"prediction",
                {{"control_seconds", p.control},
                 {"coordinator_plan_seconds", p.coordinator_plan},
@@ -86,7 +88,9 @@ std::string SimResultToJson(const SimResult& r) {
               {"checkpoint_restart",
                {{"bytes", r.checkpoint_bytes},
                 {"pfs_gbyte_s", r.cluster.pfs_gbyte_s},
-                {"read_seconds", r.checkpoint_s}}},
+                {"read_seconds", r.checkpoint_s},
+                {"state_bytes", r.state_bytes},
+                {"state_read_seconds", r.state_s}}},
               {"hosts", hosts}};
   return out.dump(1) + "\n";
 }
@@ -109,6 +113,13 @@ std::string SimSummary(const SimResult& r) {
                 HumanBytes(r.plan.cross_host_lower_bound).c_str(),
                 HumanBytes(r.plan.bytes_in_place).c_str());
   s += line;
+  if (r.prediction.critical_host >= 0) {
+    std::snprintf(line, sizeof line,
+                  "per-host plan of the critical host alone (plan::MakeHostPlan, not what the "
+                  "daemons run): %.3f s, %s resident\n",
+                  r.costs.host_plan_s, HumanBytes(r.costs.host_plan_rss).c_str());
+    s += line;
+  }
   std::snprintf(line, sizeof line,
                 "predicted transform: %.3f s = control %.3f + coordinator plan %.3f + prepare "
                 "round %.3f + commit %.3f + release %.3f\n",
@@ -127,8 +138,10 @@ std::string SimSummary(const SimResult& r) {
   }
   if (r.checkpoint_s > 0) {
     std::snprintf(line, sizeof line,
-                  "restart from a checkpoint: read %s at %.0f GB/s = %.3f s (read alone)\n",
-                  HumanBytes(r.checkpoint_bytes).c_str(), r.cluster.pfs_gbyte_s, r.checkpoint_s);
+                  "restart from a checkpoint at %.0f GB/s: every rank reads its shards, %s in "
+                  "%.3f s; the state read once, %s in %.3f s (the read alone)\n",
+                  r.cluster.pfs_gbyte_s, HumanBytes(r.checkpoint_bytes).c_str(), r.checkpoint_s,
+                  HumanBytes(r.state_bytes).c_str(), r.state_s);
     s += line;
   }
   return s;

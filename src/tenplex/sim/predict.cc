@@ -40,7 +40,7 @@ HostTimes HostPrepare(const std::vector<HostTraffic>& t, int h, const ClusterMod
   ht.decode = m.decode_s * s;
   ht.plan = m.plan_s * s;
   ht.warm = x.bytes_out / r.map * s;
-  ht.alloc = x.bytes_new / r.mem * s;
+  ht.alloc = c.presized ? 0 : x.bytes_new / r.mem * s;
   if (x.bytes_in > 0) {
     const double wire =
         std::max(static_cast<double>(x.bytes_in) * s, SlowestSource(t, x.sources, c)) / r.nic;

@@ -6,7 +6,7 @@
 //    "cluster": {"nic_gbit_s": 200, "latency_us": 5, "copy_gbyte_s": 20,
 //                "memory_gbyte_s": 10, "map_gbyte_s": 50, "rpc_us": 50,
 //                "stragglers": [{"host": 3, "factor": 2.0}], "lost_hosts": [5],
-//                "pfs_gbyte_s": 1000},
+//                "pfs_gbyte_s": 1000, "presized": false},
 //    "sim": {"mode": "auto" | "full" | "sample", "full_max_ranks": 40000}}
 //
 // Placement, as `tenplex transform --cluster` places ranks (transform/distributed.h):
@@ -39,6 +39,7 @@ struct ClusterModel {
   std::vector<int> lost_hosts;    // old hosts whose state is gone
   double pfs_gbyte_s = 0;         // aggregate parallel-FS read bandwidth; 0: no comparison
   double lost_detect_s = 0;       // per lost host, before it is given up (0: refused at once)
+  bool presized = false;          // new tensors pre-sized in the page pools (transform --presize)
   double Straggler(int host) const {
     return host >= 0 && static_cast<std::size_t>(host) < straggler.size() ? straggler[host] : 1.0;
   }

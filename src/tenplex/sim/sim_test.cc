@@ -109,6 +109,13 @@ TEST(Simulate, TimeFormulasByHand) {
   EXPECT_NEAR(p.hosts[1].fetch, 0.134, 1e-9);
   EXPECT_NEAR(p.hosts[1].prepare, 0.1 + 0.5 + 0.064 + 0.128 + 0.134 + 0.128, 1e-9);
   EXPECT_EQ(p.critical_host, 1);
+
+  // Pre-sized pages: no allocation phase, nothing else changes.
+  ClusterModel pooled = s->cluster;
+  pooled.presized = true;
+  p = Predict(r->traffic, r->hosts, pooled, m);
+  EXPECT_EQ(p.hosts[0].alloc, 0);
+  EXPECT_NEAR(p.hosts[0].prepare, 0.990 - 0.128, 1e-9);
 }
 
 // The simulator's per-host bytes are the planner's: received and sent bytes equal the

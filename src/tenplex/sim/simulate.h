@@ -29,7 +29,9 @@
 //   start_p = (p + 1)·(encode_s + Q/B) + L + R
 // and then, on its own (phases sequential, every one × s_h, as agent.cc runs them):
 //   decode = decode_s;  plan = plan_s (every agent plans the whole transform);
-//   warm   = out_h / W  (pre-faulting what peers fetch);  alloc = new_h / M;
+//   warm   = out_h / W  (pre-faulting what peers fetch);
+//   alloc  = new_h / M  (first touch of the new tensors; 0 when presized: the pages were
+//            pooled ahead while the old config trained, transform --presize)
 //   fetch  = max(in_h·s_h, max over its sources x of out_x·s_x) / B
 //            + R·(peers_in_h + peers_out_h) + 2L     (0 without remote bytes)
 //   local  = (kept_h + local_h) / C                 (overlaps the fetches: host_exec.h)
@@ -41,8 +43,9 @@
 //   commit = 2·(R + 2L);   release = P·(R + 2L)
 //   total  = control + coordinator plan + round + commit + release
 // Restart from a checkpoint, for comparison: every new rank reads its tensors from the
-// parallel file system, new-layout bytes / pfs_gbyte_s (the read alone: no job restart,
-// no framework start-up; those come on top).
+// parallel file system, new-layout bytes / pfs_gbyte_s, or (a lower bound) the state is
+// read once and broadcast, GlobalBytes / pfs_gbyte_s: the read alone (no job restart,
+// no framework start-up, no broadcast; those come on top).
 //
 // Limits (docs/scale.md): no contention inside the network (a full-bisection fabric:
 // only the NICs limit), no congestion or incast effects beyond the NIC rates, one NIC
@@ -72,6 +75,10 @@ struct MeasuredCosts {
   int64_t request_bytes = 0;   // one encoded prepare request
   int64_t info_bytes = 0;      // the state info (in the control replies)
   double json_s_per_byte = 0;  // parse of the info text, per byte
+  // Not in the prediction: plan::MakeHostPlan for the critical host alone, what an agent
+  // would spend planning only its own ops (the daemons run MakePlan today).
+  double host_plan_s = 0;
+  int64_t host_plan_rss = 0;
 };
 
 struct HostTimes {
@@ -108,8 +115,10 @@ struct SimResult {
   std::vector<HostTraffic> traffic;
   MeasuredCosts costs;
   Prediction prediction;
-  int64_t checkpoint_bytes = 0;  // the new layout's bytes (what a restart reads)
+  int64_t checkpoint_bytes = 0;  // the new layout's bytes (every rank reads its shards)
   double checkpoint_s = 0;       // / pfs_gbyte_s (0 without one)
+  int64_t state_bytes = 0;       // the model's state once (GlobalBytes: read once, broadcast)
+  double state_s = 0;            // / pfs_gbyte_s
 };
 
 // Loads the model, places the ranks, runs the planner and the measurements, predicts.
