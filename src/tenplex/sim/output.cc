@@ -68,7 +68,7 @@ std::string SimResultToJson(const SimResult& r) {
                 {"cross_host_ops", r.plan.cross_host_ops}}},
               {"measured",
                {{"plan_seconds", r.costs.plan_s},
-                {"plan_rss_bytes", r.costs.plan_rss},
+                {"plan_heap_bytes", r.costs.plan_heap},
                 {"digest_seconds", r.costs.digest_s},
                 {"encode_seconds", r.costs.encode_s},
                 {"decode_seconds", r.costs.decode_s},
@@ -76,7 +76,7 @@ std::string SimResultToJson(const SimResult& r) {
                 {"info_bytes", r.costs.info_bytes},
                 {"json_seconds_per_byte", r.costs.json_s_per_byte},
                 {"critical_host_plan_seconds", r.costs.host_plan_s},
-                {"critical_host_plan_rss_bytes", r.costs.host_plan_rss}}},
+                {"critical_host_plan_heap_bytes", r.costs.host_plan_heap}}},
               {"prediction",
                {{"control_seconds", p.control},
                 {"coordinator_plan_seconds", p.coordinator_plan},
@@ -106,9 +106,9 @@ std::string SimSummary(const SimResult& r) {
                 r.hosts.lost > 0 ? (", " + std::to_string(r.hosts.lost) + " lost").c_str() : "");
   s += line;
   std::snprintf(line, sizeof line,
-                "plan (measured, %s mode): %.3f s, %s resident, %lld ops; cross-host %s (lower "
+                "plan (measured, %s mode): %.3f s, %s of heap, %lld ops; cross-host %s (lower "
                 "bound %s), in place %s\n",
-                r.mode.c_str(), r.costs.plan_s, HumanBytes(r.costs.plan_rss).c_str(),
+                r.mode.c_str(), r.costs.plan_s, HumanBytes(r.costs.plan_heap).c_str(),
                 static_cast<long long>(r.plan.ops), HumanBytes(r.plan.bytes_cross_host).c_str(),
                 HumanBytes(r.plan.cross_host_lower_bound).c_str(),
                 HumanBytes(r.plan.bytes_in_place).c_str());
@@ -116,8 +116,8 @@ std::string SimSummary(const SimResult& r) {
   if (r.prediction.critical_host >= 0) {
     std::snprintf(line, sizeof line,
                   "per-host plan of the critical host alone (plan::MakeHostPlan, not what the "
-                  "daemons run): %.3f s, %s resident\n",
-                  r.costs.host_plan_s, HumanBytes(r.costs.host_plan_rss).c_str());
+                  "daemons run): %.3f s, %s of heap\n",
+                  r.costs.host_plan_s, HumanBytes(r.costs.host_plan_heap).c_str());
     s += line;
   }
   std::snprintf(line, sizeof line,

@@ -1,7 +1,7 @@
 // Simulate: placement, the real planner and the measured costs (simulate.h).
 #include "tenplex/sim/simulate.h"
 
-#include <unistd.h>
+#include <malloc.h>
 
 #include <algorithm>
 #include <chrono>
@@ -36,13 +36,11 @@ double TimeIt(const std::function<void()>& f) {
   return best;
 }
 
-int64_t ResidentBytes() {
-  std::FILE* f = std::fopen("/proc/self/statm", "r");
-  if (f == nullptr) return 0;
-  long size = 0, resident = 0;
-  const int got = std::fscanf(f, "%ld %ld", &size, &resident);
-  std::fclose(f);
-  return got == 2 ? static_cast<int64_t>(resident) * ::sysconf(_SC_PAGESIZE) : 0;
+// Heap bytes in use (glibc: small blocks plus mmapped ones): what a live plan holds,
+// whatever pages malloc reuses from earlier work (resident memory would not grow then).
+int64_t HeapBytes() {
+  const struct mallinfo2 mi = ::mallinfo2();
+  return static_cast<int64_t>(mi.uordblks + mi.hblkhd);
 }
 
 // Rank -> host for both layouts and who takes part (scenario.h: placement).
@@ -191,11 +189,11 @@ Result<SimResult> Simulate(const Scenario& s) {
                          " ranks) are not implemented yet; set sim.mode to \"full\"");
   }
   r.mode = "full";
-  const int64_t rss0 = ResidentBytes();
+  const int64_t heap0 = HeapBytes();
   const auto t0 = Clock::now();
   TP_ASSIGN_OR_RETURN(plan::Plan p, plan::MakePlan(model, *from, *to, r.from_hosts, r.to_hosts));
   r.costs.plan_s = Since(t0);
-  r.costs.plan_rss = std::max<int64_t>(0, ResidentBytes() - rss0);
+  r.costs.plan_heap = std::max<int64_t>(0, HeapBytes() - heap0);
   r.plan = p.stats;
   r.traffic = CountTraffic(p, *from, *to, r.from_hosts, r.to_hosts, r.hosts.asked);
   TP_RETURN_IF_ERROR(MeasureControl(model, s, p, r));
@@ -203,12 +201,12 @@ Result<SimResult> Simulate(const Scenario& s) {
   p = {};  // freed before the per-host plan is measured
   const int critical = r.prediction.critical_host;
   if (critical >= 0) {
-    const int64_t rss1 = ResidentBytes();
+    const int64_t heap1 = HeapBytes();
     const auto t1 = Clock::now();
     TP_ASSIGN_OR_RETURN(plan::Plan hp,
                         plan::MakeHostPlan(model, *from, *to, r.from_hosts, r.to_hosts, critical));
     r.costs.host_plan_s = Since(t1);
-    r.costs.host_plan_rss = std::max<int64_t>(0, ResidentBytes() - rss1);
+    r.costs.host_plan_heap = std::max<int64_t>(0, HeapBytes() - heap1);
     if (hp.stats.bytes_cross_host != r.traffic[critical].bytes_in) {
       return Internal("simulate: the per-host plan of host " + std::to_string(critical) +
                       " receives " + std::to_string(hp.stats.bytes_cross_host) +

@@ -5,7 +5,7 @@
 // plan::MakePlan on the scenario's layouts and host maps (what the coordinator and every
 // agent run) and counts each host's ops the way the executor splits them (traffic.h).
 // The costs that are computation are measured here, by running the code the transform
-// runs: the plan (time and resident memory), its digest (transform::PlanDigest), one
+// runs: the plan (time and heap memory), its digest (transform::PlanDigest), one
 // prepare request of the scenario's real size (transform::EncodePrepare, with the state
 // info, addresses, host maps and same-host peers a cluster of that size sends) and its
 // decoding (transform::DecodePrepare, what every agent does first), and a JSON parse of
@@ -68,7 +68,7 @@ namespace tenplex::sim {
 // Costs of computation, measured once (identical on every host but for s_h).
 struct MeasuredCosts {
   double plan_s = 0;           // MakePlan (or, sampled, the per-host plan)
-  int64_t plan_rss = 0;        // resident memory the plan added (bytes, /proc/self/statm)
+  int64_t plan_heap = 0;       // heap bytes the live plan holds (mallinfo2)
   double digest_s = 0;         // PlanDigest of that plan
   double encode_s = 0;         // EncodePrepare of one request
   double decode_s = 0;         // DecodePrepare of one request
@@ -78,7 +78,7 @@ struct MeasuredCosts {
   // Not in the prediction: plan::MakeHostPlan for the critical host alone, what an agent
   // would spend planning only its own ops (the daemons run MakePlan today).
   double host_plan_s = 0;
-  int64_t host_plan_rss = 0;
+  int64_t host_plan_heap = 0;
 };
 
 struct HostTimes {
