@@ -148,10 +148,24 @@ class Hosts:
             shutil.rmtree(s, ignore_errors=True)
 
 
+LIVE = []  # the Jobs of the newest incarnation
+
+
+def retire():
+    """The workers of the newest incarnation exit (their threads here): their rank 0
+    gives up the job's lease, as its process would at exit."""
+    for j in LIVE:
+        if j._coord is not None:
+            j._coord.release()
+    LIVE.clear()
+
+
 def make_jobs(urls, config, **kw):
-    """One Job per host (1 rank per host) as torchrun's environment would make them."""
+    """One Job per host (1 rank per host) as torchrun's environment would make them,
+    after the incarnation before exited."""
+    retire()
     n = len(urls)
-    jobs = []
+    jobs = LIVE
     for r in range(n):
         os.environ.update(WORLD_SIZE=str(n), RANK=str(r), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
                           GROUP_RANK=str(r), TORCHELASTIC_RUN_ID="ecommit-test")
@@ -265,10 +279,18 @@ def down_at_start(model):
               f"daemon back 2 s later: the job resumes at step 8 ({getattr(r, 'step', None)}, {e!r})")
         if r is not None:
             check(torch.equal(r.tensors["w"], state(8, 0)["w"]), "the restored tensors are step 8's")
-            # another coordinator moves the job on: this job's commit is refused
+            # rank 0 stopped past its lease; another coordinator moves the job on: this
+            # job's commit is refused (it no longer holds the lease; the version fence
+            # below would refuse it too)
             other = elastic._ec.connect(hosts.daemons[0].url, "")
+            jobs[0]._coord._lease.release()
             nv = other.begin_version(JOB, None, json.dumps({"model": model, "config": "tp=1,pp=1,dp=1", "step": 100}))
             other.commit(JOB, nv, False)
+            res = commit_step(group, jobs, model, 9)
+            e = res[0][1]
+            check(isinstance(e, elastic.ElasticError) and "no longer holds the job's lease" in str(e),
+                  f"a commit after the lease was lost is refused ({e})")
+            jobs[0]._coord.hold(hosts.urls)  # the lease again (none holds it): the version fence refuses
             res = commit_step(group, jobs, model, 9)
             e = res[0][1]
             check(isinstance(e, elastic.ElasticError) and f"version {nv} is current" in str(e)
@@ -370,6 +392,7 @@ def stale_holder(model):
         for step in (1, 2):
             group.run(jobs, lambda j: j.commit({"model": model, "config": j.config, "step": step},
                                                layout_state(model, j.config, step, j.rank)))
+        retire()  # the job stopped; then host 2's daemon lost it
         hosts.daemons[2].call("DELETE", "/v1/jobs/" + JOB)
         jobs = make_jobs(hosts.urls, "dp=3", connect_timeout=30)
         got = restore(group, jobs)

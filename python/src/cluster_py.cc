@@ -1,7 +1,9 @@
 // tenplex._tenplex.cluster_*: the two-phase commit of the C++ side
 // (transform/two_phase.h) for the torchrun path (tenplex.elastic): prepare on every
-// host, then CommitEverywhere; AbortEverywhere; ResolvePending. Every call connects to
-// the hosts itself and runs without the GIL (the other ranks' collectives go on).
+// host, then CommitEverywhere; AbortEverywhere; ResolvePending; the coordinator's job
+// lease (JobLease). Every call connects to the hosts itself and runs without the GIL (the
+// other ranks' collectives go on); a call that names no coordinator takes the job's
+// lease for its own duration.
 #include <pybind11/stl.h>
 
 #include <memory>
@@ -12,6 +14,7 @@
 #include "bindings.h"
 #include "tenplex/store/client.h"
 #include "tenplex/transform/cluster.h"
+#include "tenplex/transform/job_lease.h"
 #include "tenplex/transform/two_phase.h"
 
 namespace tenplex::py {
@@ -23,15 +26,20 @@ struct Hosts {
   std::vector<std::unique_ptr<store::Client>> owned;
   std::vector<store::Client*> clients;
   std::vector<int> all;
+  std::unique_ptr<transform::JobLease> lease;  // taken for the call when it named no coordinator
 };
 
+// coordinator: the caller's name, whose job lease it holds (a JobLease below); "" makes
+// a fresh name and takes the lease for this call (TENPLEX_LEASE_WAIT, job_lease.h).
 Result<Hosts> ConnectHosts(const std::vector<std::string>& urls, const std::string& token,
-                           int timeout_s, bool allow_lost) {
+                           int timeout_s, bool allow_lost, const std::string& job,
+                           const std::string& coordinator) {
   if (urls.empty()) return InvalidArgument("no hosts given");
   if (timeout_s <= 0) return InvalidArgument("timeout_s must be > 0");
   store::ClientOptions o;
   o.token = token;
   o.timeout_s = timeout_s;
+  o.coordinator = coordinator.empty() ? transform::NewCoordinator("tenplex-elastic") : coordinator;
   transform::Cluster cluster;
   cluster.hosts = urls;
   Hosts h;
@@ -39,6 +47,11 @@ Result<Hosts> ConnectHosts(const std::vector<std::string>& urls, const std::stri
   for (std::size_t i = 0; i < h.owned.size(); ++i) {
     h.clients.push_back(h.owned[i].get());
     h.all.push_back(static_cast<int>(i));
+  }
+  if (coordinator.empty()) {
+    TP_ASSIGN_OR_RETURN(double wait, transform::LeaseWaitFromEnv(60));
+    TP_ASSIGN_OR_RETURN(
+        h.lease, transform::JobLease::Acquire(h.clients, job, o, {store::kDefaultLeaseMs, wait}));
   }
   return h;
 }
@@ -72,9 +85,11 @@ pyb::dict OutcomeDict(const transform::CommitOutcome& c) {
 // forward at the next ResolvePending). A failed prepare aborts the version everywhere
 // (AbortEverywhere) and raises; a host's refused commit raises (DataLoss).
 pyb::dict PrepareCommit(const std::vector<std::string>& urls, const std::string& token,
-                        const std::string& job, uint64_t version, bool release, int timeout_s) {
+                        const std::string& job, uint64_t version, bool release, int timeout_s,
+                        const std::string& coordinator) {
   Result<transform::CommitOutcome> out = NoGil([&]() -> Result<transform::CommitOutcome> {
-    TP_ASSIGN_OR_RETURN(Hosts h, ConnectHosts(urls, token, timeout_s, /*allow_lost=*/false));
+    TP_ASSIGN_OR_RETURN(
+        Hosts h, ConnectHosts(urls, token, timeout_s, /*allow_lost=*/false, job, coordinator));
     Status p = PrepareAll(h, job, version);
     if (!p.ok()) {
       Status a = transform::AbortEverywhere(h.clients, h.all, job, version);
@@ -89,9 +104,11 @@ pyb::dict PrepareCommit(const std::vector<std::string>& urls, const std::string&
 // Aborts version on the hosts that answer; False when the first host has already
 // committed it (the caller must roll forward instead), True otherwise.
 bool AbortAll(const std::vector<std::string>& urls, const std::string& token,
-              const std::string& job, uint64_t version, int timeout_s) {
+              const std::string& job, uint64_t version, int timeout_s,
+              const std::string& coordinator) {
   Status s = NoGil([&]() -> Status {
-    TP_ASSIGN_OR_RETURN(Hosts h, ConnectHosts(urls, token, timeout_s, /*allow_lost=*/true));
+    TP_ASSIGN_OR_RETURN(
+        Hosts h, ConnectHosts(urls, token, timeout_s, /*allow_lost=*/true, job, coordinator));
     return transform::AbortEverywhere(h.clients, h.all, job, version);
   });
   if (s.code() == StatusCode::kFailedPrecondition) return false;
@@ -101,9 +118,11 @@ bool AbortAll(const std::vector<std::string>& urls, const std::string& token,
 
 // ResolvePending over the hosts (those that do not answer are skipped).
 pyb::dict Resolve(const std::vector<std::string>& urls, const std::string& token,
-                  const std::string& job, bool owner, int timeout_s) {
+                  const std::string& job, bool owner, int timeout_s,
+                  const std::string& coordinator) {
   transform::Resolution res = Take(NoGil([&]() -> Result<transform::Resolution> {
-    TP_ASSIGN_OR_RETURN(Hosts h, ConnectHosts(urls, token, timeout_s, /*allow_lost=*/true));
+    TP_ASSIGN_OR_RETURN(
+        Hosts h, ConnectHosts(urls, token, timeout_s, /*allow_lost=*/true, job, coordinator));
     return transform::ResolvePending(urls, h.clients, job, owner);
   }));
   pyb::dict d;
@@ -115,19 +134,72 @@ pyb::dict Resolve(const std::vector<std::string>& urls, const std::string& token
   return d;
 }
 
+// tenplex._tenplex.JobLease: a coordinator's lease of a job on the hosts that answer
+// (transform/job_lease.h), renewed in a C++ thread until release() (or the object goes).
+class PyJobLease {
+ public:
+  PyJobLease(const std::vector<std::string>& urls, const std::string& token, const std::string& job,
+             const std::string& coordinator, int64_t ttl_ms, double wait_s, int timeout_s) {
+    if (coordinator.empty()) Check(InvalidArgument("a JobLease needs the coordinator's name"));
+    store::ClientOptions o;
+    o.token = token;
+    o.timeout_s = timeout_s;
+    o.coordinator = coordinator;
+    transform::Cluster cluster;
+    cluster.hosts = urls;
+    lease_ = Take(NoGil([&]() -> Result<std::unique_ptr<transform::JobLease>> {
+      if (urls.empty()) return InvalidArgument("no hosts given");
+      if (timeout_s <= 0) return InvalidArgument("timeout_s must be > 0");
+      TP_ASSIGN_OR_RETURN(auto owned, transform::ConnectCluster(cluster, o, /*allow_lost=*/true));
+      std::vector<store::Client*> raw;
+      for (const auto& c : owned) raw.push_back(c.get());
+      return transform::JobLease::Acquire(raw, job, o, {ttl_ms, wait_s});
+    }));
+  }
+  std::string holder() const { return lease_ ? lease_->holder() : ""; }
+  std::vector<std::string> hosts() const {
+    return lease_ ? lease_->hosts() : std::vector<std::string>{};
+  }
+  // "" while held; the refusal of a renewal, or "released".
+  std::string error() const {
+    if (!lease_) return "released";
+    Status s = lease_->Held();
+    return s.ok() ? "" : s.ToString();
+  }
+  void Release() {
+    std::unique_ptr<transform::JobLease> l = std::move(lease_);
+    NoGil([&] { l.reset(); });
+  }
+
+ private:
+  std::unique_ptr<transform::JobLease> lease_;
+};
+
 }  // namespace
 
 void register_cluster(pyb::module_& m) {
+  m.def("new_coordinator", &transform::NewCoordinator, pyb::arg("what"),
+        "A fresh coordinator name: what@host:pid:random (store/lease.h)");
+  pyb::class_<PyJobLease>(m, "JobLease")
+      .def(pyb::init<const std::vector<std::string>&, const std::string&, const std::string&,
+                     const std::string&, int64_t, double, int>(),
+           pyb::arg("urls"), pyb::arg("token"), pyb::arg("job"), pyb::arg("coordinator"),
+           pyb::arg("ttl_ms") = store::kDefaultLeaseMs, pyb::arg("wait_s") = 60.0,
+           pyb::arg("timeout_s") = 30)
+      .def_property_readonly("holder", &PyJobLease::holder)
+      .def_property_readonly("hosts", &PyJobLease::hosts)
+      .def("error", &PyJobLease::error, "'' while held; why not otherwise")
+      .def("release", &PyJobLease::Release, "Stops renewing and releases the lease everywhere");
   m.def("cluster_prepare_commit", &PrepareCommit, pyb::arg("urls"), pyb::arg("token"),
         pyb::arg("job"), pyb::arg("version"), pyb::arg("release") = true,
-        pyb::arg("timeout_s") = 600,
+        pyb::arg("timeout_s") = 600, pyb::arg("coordinator") = "",
         "Prepares version of job on every host, then commits it everywhere (two_phase.h); "
         "{'confirmed', 'unconfirmed', 'released'} (host indexes)");
   m.def("cluster_abort", &AbortAll, pyb::arg("urls"), pyb::arg("token"), pyb::arg("job"),
-        pyb::arg("version"), pyb::arg("timeout_s") = 600,
+        pyb::arg("version"), pyb::arg("timeout_s") = 600, pyb::arg("coordinator") = "",
         "Aborts version everywhere; False when it is already committed (roll forward)");
   m.def("cluster_resolve", &Resolve, pyb::arg("urls"), pyb::arg("token"), pyb::arg("job"),
-        pyb::arg("owner") = true, pyb::arg("timeout_s") = 600,
+        pyb::arg("owner") = true, pyb::arg("timeout_s") = 600, pyb::arg("coordinator") = "",
         "Finishes or rolls back what a coordinator left half done (ResolvePending)");
 }
 

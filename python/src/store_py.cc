@@ -21,12 +21,14 @@ class PyStore {
     s->store_ = Take(store::Store::Open(o));
     return s;
   }
+  // coordinator: the name every request carries (store/lease.h); "" for none.
   static std::shared_ptr<PyStore> Connect(const std::string& url, const std::string& token,
-                                          int timeout_s) {
+                                          int timeout_s, const std::string& coordinator) {
     if (timeout_s <= 0) Check(InvalidArgument("timeout_s must be > 0"));
     store::ClientOptions o;
     o.token = token;
     o.timeout_s = timeout_s;
+    o.coordinator = coordinator;
     auto s = std::make_shared<PyStore>();
     s->client_ = Take(NoGil([&] { return store::Client::Connect(url, o); }));
     return s;
@@ -168,7 +170,8 @@ void register_store(pyb::module_& m) {
       .def_static("embedded", &PyStore::Embedded, pyb::arg("shm_dir") = "",
                   pyb::arg("memory_limit") = 0)
       .def_static("connect", &PyStore::Connect, pyb::arg("url"), pyb::arg("token") = "",
-                  pyb::arg("timeout_s") = store::ClientOptions{}.timeout_s)
+                  pyb::arg("timeout_s") = store::ClientOptions{}.timeout_s,
+                  pyb::arg("coordinator") = "")
       .def_property_readonly("local", &PyStore::local)
       .def_property_readonly("where", &PyStore::where)
       .def_property_readonly("host_id", &PyStore::host_id)

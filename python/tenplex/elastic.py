@@ -80,9 +80,7 @@ torchrun treats as a failure and answers with a new rendezvous.
 import json
 import os
 import signal
-import subprocess
 import sys
-import tempfile
 import time
 from typing import List, Optional, Tuple
 
@@ -191,6 +189,7 @@ class Job:
         rt = _ec.env_timeout(request_timeout, "TENPLEX_REQUEST_TIMEOUT", _ec.DEFAULT_REQUEST_TIMEOUT)
         self.request_timeout = max(1, int(rt if rt is not None else 24 * 3600))
         self.exit_on_fatal = exit_on_fatal
+        self._coord = None  # rank 0: the job's coordinator (name and lease), from restore() on
         fatal = _ec.read_fatal(job)
         if fatal is not None:  # an earlier round of this run ended the job: do not try again
             self._fatal(fatal, recorded=True)
@@ -266,24 +265,9 @@ class Job:
                 f.write(json.dumps(rec) + "\n")
 
     def _transform(self, urls, old_cluster):
-        exe = tenplex_binary()
-        with tempfile.TemporaryDirectory(prefix="tenplex-elastic-") as tmp:
-            old_path, new_path = os.path.join(tmp, "old.json"), os.path.join(tmp, "new.json")
-            with open(old_path, "w") as f:
-                json.dump(old_cluster, f)
-            with open(new_path, "w") as f:
-                json.dump({"hosts": urls, "gpus_per_host": self.local_world_size}, f)
-            env = dict(os.environ)
-            if self.token:
-                env["TENPLEX_TOKEN"] = self.token
-            p = subprocess.run([exe, "transform", "--cluster", old_path, "--to-cluster", new_path, "--job", self.job,
-                                "--to", self.config, "--json", "--quiet"], capture_output=True, text=True, env=env)
-        if p.returncode != 0:
-            raise ElasticError(f"tenplex transform to {self.config} failed: {p.stderr.strip() or p.stdout.strip()}")
-        stats = json.loads(p.stdout)
-        if stats.get("new_hosts") not in (None, urls):
-            raise ElasticError(f"tenplex transform placed the state on {stats.get('new_hosts')}, not on {urls}")
-        return stats
+        cmd = ["transform", "--job", self.job, "--to", self.config, "--json", "--quiet"]
+        return _ec.run_transform(tenplex_binary(), cmd, old_cluster, {"hosts": urls, "gpus_per_host": self.local_world_size},
+                                 self.token, self._coord.env())
 
     def _views(self, urls: List[str]) -> List[_ec.HostView]:
         """Every daemon's view of the job (retried until connect_timeout); ElasticError
@@ -322,8 +306,12 @@ class Job:
         if found is not None:
             extra = [u for u, i in _ec.old_hosts(found[2])
                      if not any(_ec.same_host(u, i, v.url, v.host_id) for v in views) and self._answers(u)]
+        self._coord = self._coord or _ec.Coordinator(self.job, self.token, self.request_timeout)
+        self._coord.hold(urls + extra)  # then read again: nobody else changes the job from here on
+        views = self._views(urls)
+        found = _ec.committed_state(views)
         if any(v.state == "job" for v in views):
-            res = _ec.resolve(urls + extra, self.job, self.token, self.request_timeout)
+            res = _ec.resolve(urls + extra, self.job, self.token, self.request_timeout, self._coord.name)
             views = self._views(urls)
             found = _ec.committed_state(views)
             if found is None and res["pending"]:
@@ -430,6 +418,8 @@ class Job:
                         "remove that file to try again)")
         if self.rank == 0 or recorded:
             print(message, file=sys.stderr, flush=True)
+        if self._coord is not None:
+            self._coord.release()
         if self.exit_on_fatal:
             if self.local_rank == 0 and _ec.stop_agent():
                 log.info("job %s: stopped this host's torchrun agent (fatal error)", self.job)
@@ -468,14 +458,15 @@ class Job:
                 down = [x.url for x in views if x.state == "down"]
                 if down:
                     raise ElasticError(f"the store daemons {down} do not answer")
+                self._coord.check()
                 v = _ec.next_version_and_fence(views, self.job, self.version)
                 for u in self.hosts:
-                    self._client(u).begin_version(self.job, v, text)
+                    _ec.connect(u, self.token, self.request_timeout, self._coord.name).begin_version(self.job, v, text)
                     begun.append(u)
                 rec[0] = {"version": v}
             except (ElasticError, _tenplex.Error, OSError) as e:
                 if begun:
-                    _ec.abort(begun, self.job, v, self.token, self.request_timeout)
+                    _ec.abort(begun, self.job, v, self.token, self.request_timeout, self._coord.name)
                 rec[0] = {"error": f"beginning the commit's version: {e}"}
         dist.broadcast_object_list(rec, src=0)
         if "error" in rec[0]:
@@ -492,11 +483,11 @@ class Job:
         if self.rank == 0:
             outcome[0] = ""
             if errors:
-                _ec.abort(self.hosts, self.job, v, self.token, self.request_timeout)
+                _ec.abort(self.hosts, self.job, v, self.token, self.request_timeout, self._coord.name)
                 outcome[0] = "; ".join(errors)
             else:
                 try:  # phase two: prepare everywhere (durable), then commit everywhere (C++ 2PC)
-                    _ec.prepare_commit(self.hosts, self.job, v, self.token, self.request_timeout)
+                    _ec.prepare_commit(self.hosts, self.job, v, self.token, self.request_timeout, self._coord.name)
                 except _tenplex.Error as e:  # a failed prepare was aborted everywhere
                     outcome[0] = f"committing version {v}: {e}"
         dist.broadcast_object_list(outcome, src=0)
@@ -571,6 +562,8 @@ class Job:
         failure and restarts its group, whose rendezvous then waits for agents that have
         already finished (their exit barrier). The job's state is committed by then, so
         a failing peer is reported, not raised."""
+        if self._coord is not None:
+            self._coord.release()
         err = _barrier_and_teardown()
         if err:
             print(f"tenplex.elastic: rank {self.rank}: the closing barrier failed after the last commit "
@@ -580,6 +573,8 @@ class Job:
         """After step_done returned True: wait for this worker's SIGTERM and exit (0), or
         exit with STOP_EXIT_STATUS after term_wait seconds without one."""
         self._stopping = True
+        if self._coord is not None:
+            self._coord.release()
         _barrier_and_teardown()  # a peer that died meanwhile changes nothing here
         deadline = time.monotonic() + self.term_wait
         while not self._term and time.monotonic() < deadline:

@@ -22,6 +22,7 @@ import logging
 import math
 import os
 import signal
+import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -59,8 +60,53 @@ class HostView:
     error: str = ""
 
 
-def connect(url: str, token: str, timeout_s: int = DEFAULT_REQUEST_TIMEOUT):
-    return _tenplex.Store.connect(url, token, timeout_s)
+LEASE_TTL_MS = 10000  # rank 0's job lease: a dead rank 0 holds it up to this long
+
+
+def connect(url: str, token: str, timeout_s: int = DEFAULT_REQUEST_TIMEOUT, coordinator: str = ""):
+    return _tenplex.Store.connect(url, token, timeout_s, coordinator)
+
+
+class Coordinator:
+    """Rank 0 as the job's one coordinator (store/lease.h): a name carried by every
+    request that changes the job's versions, and the job's lease on every host, taken at
+    the restore and renewed (a C++ thread) until release(). Another coordinator of the
+    job (an operator's `tenplex transform`, a stale rank 0) waits or is refused; a rank 0
+    that dies leaves the lease to expire after LEASE_TTL_MS."""
+
+    def __init__(self, job: str, token: str, request_timeout: int):
+        self.job, self.token, self.request_timeout = job, token, request_timeout
+        self.name = _tenplex.new_coordinator("tenplex-elastic")
+        self._lease = None
+
+    def hold(self, urls: List[str]) -> None:
+        """Takes the lease on the hosts that answer (waits TENPLEX_LEASE_WAIT, 60 s, for
+        another coordinator); the one held already when it covers them."""
+        if self._lease is not None and not self._lease.error() and set(urls) <= set(self._lease.hosts):
+            return
+        self.release()
+        wait = float(os.environ.get("TENPLEX_LEASE_WAIT") or 60)
+        try:
+            self._lease = _tenplex.JobLease(urls, self.token, self.job, self.name, LEASE_TTL_MS, wait,
+                                            min(self.request_timeout, 30))
+        except _tenplex.Error as e:
+            raise ElasticError(f"job {self.job}: cannot become its coordinator: {e}") from None
+
+    def check(self) -> None:
+        """Raises when the lease was lost (another coordinator took it while this rank 0
+        was stopped): this job must not decide anything more."""
+        err = "not taken (restore first)" if self._lease is None else self._lease.error()
+        if err:
+            raise ElasticError(f"job {self.job}: rank 0 no longer holds the job's lease: {err}")
+
+    def release(self) -> None:
+        if self._lease is not None:
+            self._lease.release()
+            self._lease = None
+
+    def env(self) -> Dict[str, str]:
+        """For a `tenplex transform` run on behalf of this coordinator (under its lease)."""
+        return {"TENPLEX_COORDINATOR": self.name}
 
 
 def probe(url: str, job: str, token: str, timeout_s: int = DEFAULT_REQUEST_TIMEOUT) -> HostView:
@@ -160,10 +206,36 @@ def down_error(job: str, views: List[HostView], waited: Optional[float]) -> Elas
         f"same --shm-dir), or wait longer (Job(connect_timeout=...) / TENPLEX_CONNECT_TIMEOUT, -1: forever)")
 
 
-def resolve(urls: List[str], job: str, token: str, request_timeout: int = DEFAULT_REQUEST_TIMEOUT) -> dict:
+def run_transform(exe: str, args: List[str], old_cluster: dict, new_cluster: dict, token: str,
+                  env_extra: Dict[str, str]) -> dict:
+    """`tenplex transform` from the old cluster to the new one (on behalf of the job's
+    coordinator: env_extra); its --json stats, or ElasticError with its message."""
+    with tempfile.TemporaryDirectory(prefix="tenplex-elastic-") as tmp:
+        old_path, new_path = os.path.join(tmp, "old.json"), os.path.join(tmp, "new.json")
+        with open(old_path, "w") as f:
+            json.dump(old_cluster, f)
+        with open(new_path, "w") as f:
+            json.dump(new_cluster, f)
+        env = dict(os.environ, **env_extra)
+        if token:
+            env["TENPLEX_TOKEN"] = token
+        p = subprocess.run([exe, args[0], "--cluster", old_path, "--to-cluster", new_path] + args[1:],
+                           capture_output=True, text=True, env=env)
+    if p.returncode != 0:
+        raise ElasticError(f"tenplex transform to {args[args.index('--to') + 1]} failed: "
+                           f"{p.stderr.strip() or p.stdout.strip()}")
+    stats = json.loads(p.stdout)
+    if stats.get("new_hosts") not in (None, new_cluster["hosts"]):
+        raise ElasticError(f"tenplex transform placed the state on {stats.get('new_hosts')}, not on "
+                           f"{new_cluster['hosts']}")
+    return stats
+
+
+def resolve(urls: List[str], job: str, token: str, request_timeout: int = DEFAULT_REQUEST_TIMEOUT,
+            coordinator: str = "") -> dict:
     """Owner recovery (ResolvePending) over the hosts: half-done commits finished or
     rolled back, leftover open versions removed; its lines are logged."""
-    r = _tenplex.cluster_resolve(urls, token, job, True, request_timeout)
+    r = _tenplex.cluster_resolve(urls, token, job, True, request_timeout, coordinator)
     for line in r["lines"]:
         log.info("job %s: recovery: %s", job, line)
     return r
@@ -209,9 +281,9 @@ def next_version_and_fence(views: List[HostView], job: str, restored: Optional[i
 
 
 def prepare_commit(urls: List[str], job: str, version: int, token: str,
-                   request_timeout: int = DEFAULT_REQUEST_TIMEOUT) -> dict:
+                   request_timeout: int = DEFAULT_REQUEST_TIMEOUT, coordinator: str = "") -> dict:
     """Prepare everywhere, then commit everywhere (the C++ 2PC); raises on failure."""
-    out = _tenplex.cluster_prepare_commit(urls, token, job, version, True, request_timeout)
+    out = _tenplex.cluster_prepare_commit(urls, token, job, version, True, request_timeout, coordinator)
     if out["unconfirmed"]:
         log.warning("job %s: version %d committed; hosts %s did not confirm (it is prepared there and "
                     "is committed by the next restore's recovery)", job, version,
@@ -219,11 +291,12 @@ def prepare_commit(urls: List[str], job: str, version: int, token: str,
     return out
 
 
-def abort(urls: List[str], job: str, version: int, token: str, request_timeout: int = DEFAULT_REQUEST_TIMEOUT) -> None:
+def abort(urls: List[str], job: str, version: int, token: str, request_timeout: int = DEFAULT_REQUEST_TIMEOUT,
+          coordinator: str = "") -> None:
     """Aborts an unfinished version on every host that answers (best effort: a host that
     does not keeps it open or prepared; the next restore's recovery removes it)."""
     try:
-        if not _tenplex.cluster_abort(urls, token, job, version, request_timeout):
+        if not _tenplex.cluster_abort(urls, token, job, version, request_timeout, coordinator):
             log.warning("job %s: version %d is already committed on its first host: kept", job, version)
     except _tenplex.Error as e:
         log.warning("job %s: aborting version %d: %s", job, version, e)

@@ -112,6 +112,13 @@ Status Transform(const TransformOpts& o) {
   opts.presize_only = o.presize;
   TP_ASSIGN_OR_RETURN(opts.lease_wait_s, transform::LeaseWaitFromEnv(opts.lease_wait_s));
   TP_ASSIGN_OR_RETURN(store::ClientOptions co, ClusterClientOptions(o.token));
+  // Run on behalf of a coordinator that holds the job's lease (the rank 0 of a torchrun
+  // job, tenplex.elastic): its name, and no lease of our own (job_lease.h).
+  if (const char* c = std::getenv("TENPLEX_COORDINATOR"); c != nullptr && *c != '\0') {
+    TP_RETURN_IF_ERROR(store::JobLeases::CheckHolder(c));
+    co.coordinator = c;
+    opts.lease_held = true;
+  }
   if (!o.quiet && GetLogLevel() != LogLevel::kQuiet)
     opts.log = [](const std::string& line) {
       std::fprintf(stderr, "tenplex transform: %s\n", line.c_str());

@@ -574,6 +574,7 @@ Result<ClusterTransformStats> TransformCluster(const Cluster& from, const std::s
   uint64_t next_version = 0;  // above every number an earlier attempt used
   for (int attempt = 1; attempt <= options.max_attempts; ++attempt) {
     stats.attempts = attempt;
+    if (lease) TP_RETURN_IF_ERROR(lease->Held());  // another coordinator took the job over
     TP_ASSIGN_OR_RETURN(CommittedState cs, RecoverAndFindState(hosts, job, from, options, stats));
     const uint64_t version = cs.version;
     const Model& model = cs.info.model();
