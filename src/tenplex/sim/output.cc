@@ -58,6 +58,7 @@ std::string SimResultToJson(const SimResult& r) {
               {"participants", r.hosts.participants.size()},
               {"lost_hosts", r.cluster.lost_hosts},
               {"mode", r.mode},
+              {"sampled_kinds", r.sampled_kinds},
               {"plan",
                {{"bytes_total", r.plan.bytes_total},
                 {"bytes_in_place", r.plan.bytes_in_place},

@@ -128,6 +128,7 @@ Status ParseSim(const json& j, Scenario& s) {
                              it->dump() + ")");
     }
   }
+  TP_ASSIGN_OR_RETURN(s.max_kinds, Int(sim, "sim", "max_kinds", s.max_kinds, 1, kMaxSimRanks));
   TP_ASSIGN_OR_RETURN(s.full_max_ranks,
                       Int(sim, "sim", "full_max_ranks", s.full_max_ranks, 1, 2 * kMaxSimRanks));
   return Status::Ok();

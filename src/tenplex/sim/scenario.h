@@ -7,7 +7,8 @@
 //                "memory_gbyte_s": 10, "map_gbyte_s": 50, "rpc_us": 50,
 //                "stragglers": [{"host": 3, "factor": 2.0}], "lost_hosts": [5],
 //                "pfs_gbyte_s": 1000, "presized": false},
-//    "sim": {"mode": "auto" | "full" | "sample", "full_max_ranks": 40000}}
+//    "sim": {"mode": "auto" | "full" | "sample", "full_max_ranks": 40000,
+//            "max_kinds": 256}}
 //
 // Placement, as `tenplex transform --cluster` places ranks (transform/distributed.h):
 // old rank r lives on host r / from.gpus_per_host. The target cluster is hosts
@@ -57,6 +58,7 @@ struct Scenario {
   ClusterModel cluster;
   SimMode mode = SimMode::kAuto;
   int full_max_ranks = 40000;  // auto: the full plan up to this many old + new ranks
+  int max_kinds = 256;         // sample: at most this many kinds of hosts (sample.h)
 };
 
 // Largest numbers a scenario may hold (a bound against absurd input, not a promise

@@ -213,6 +213,49 @@ TEST(Simulate, LostHostReplansFromReplicas) {
   EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status().ToString();
 }
 
+// Sampled hosts (sample.h): one per-host plan per kind of host gives every host exactly
+// the bytes the full plan gives it (received, kept, local, landed, linked, new); only
+// the sending side is estimated.
+TEST(Simulate, SampledHostsHaveTheFullPlansBytes) {
+  for (const char* lost : {"[]", "[2]"}) {
+    const std::string base = GptScenario("tp=2,pp=2,dp=8", "tp=2,pp=2,dp=6", 4,
+                                         std::string(R"({"lost_hosts": )") + lost + "}");
+    auto full = ParseScenario(base);
+    ASSERT_TRUE(full.ok()) << full.status().ToString();
+    full->mode = SimMode::kFull;
+    Scenario sampled = *full;
+    sampled.mode = SimMode::kSample;
+    auto a = Simulate(*full);
+    auto b = Simulate(sampled);
+    ASSERT_TRUE(a.ok() && b.ok()) << a.status().ToString() << b.status().ToString();
+    EXPECT_EQ(a->mode, "full");
+    EXPECT_EQ(b->mode, "sample");
+    EXPECT_GT(b->sampled_kinds, 1);
+    EXPECT_LT(b->sampled_kinds, static_cast<int>(b->hosts.participants.size()));
+    EXPECT_EQ(b->plan.bytes_cross_host, a->plan.bytes_cross_host);
+    EXPECT_EQ(b->plan.ops, a->plan.ops);
+    for (int h : a->hosts.participants) {
+      SCOPED_TRACE(std::string("lost ") + lost + ", host " + std::to_string(h));
+      const HostTraffic &x = a->traffic[h], &y = b->traffic[h];
+      EXPECT_EQ(y.bytes_in, x.bytes_in);
+      EXPECT_EQ(y.bytes_kept, x.bytes_kept);
+      EXPECT_EQ(y.bytes_local, x.bytes_local);
+      EXPECT_EQ(y.bytes_landed, x.bytes_landed);
+      EXPECT_EQ(y.bytes_linked, x.bytes_linked);
+      EXPECT_EQ(y.bytes_new, x.bytes_new);
+    }
+  }
+  // More kinds than allowed: refused, naming the limit.
+  auto s = ParseScenario(GptScenario("tp=2,dp=8,zero=1", "tp=2,dp=4,zero=1", 2, "{}"));
+  ASSERT_TRUE(s.ok());
+  s->mode = SimMode::kSample;
+  s->max_kinds = 2;
+  auto r = Simulate(*s);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("sim.max_kinds = 2"), std::string::npos)
+      << r.status().ToString();
+}
+
 TEST(Scenario, BadInputIsNamed) {
   struct Case {
     std::string text, needle;

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "tenplex/sim/sample.h"
 #include "tenplex/transform/control_protocol.h"
 #include "tenplex/transform/state_info.h"
 #include "tenplex/transport/protocol.h"
@@ -144,9 +145,10 @@ transform::PrepareRequest MakeRequest(const Model& model, const Scenario& s, con
 }
 
 // Digest, request encoding and decoding, JSON parse rate: the real code, timed.
-Status MeasureControl(const Model& model, const Scenario& s, const plan::Plan& p, SimResult& r) {
-  std::string digest;
-  r.costs.digest_s = TimeIt([&] { digest = transform::PlanDigest(p); });
+// p null (sampled hosts): no digest is measured (a placeholder of its length is sent).
+Status MeasureControl(const Model& model, const Scenario& s, const plan::Plan* p, SimResult& r) {
+  std::string digest(16, '0');
+  if (p != nullptr) r.costs.digest_s = TimeIt([&] { digest = transform::PlanDigest(*p); });
   std::string info_text;
   const transform::PrepareRequest q = MakeRequest(model, s, r, digest, &info_text);
   std::string body;
@@ -163,6 +165,38 @@ Status MeasureControl(const Model& model, const Scenario& s, const plan::Plan& p
   const double parse_s =
       TimeIt([&] { parsed += nlohmann::json::parse(info_text, nullptr, false).size(); });
   r.costs.json_s_per_byte = info_text.empty() ? 0 : parse_s / static_cast<double>(info_text.size());
+  return Status::Ok();
+}
+
+// The full plan (what the coordinator and every agent compute), its bytes per host and
+// costs, the prediction, and the critical host's per-host plan for comparison.
+Status SimulateFull(const Model& model, const Scenario& s, const Layout& from, const Layout& to,
+                    SimResult& r) {
+  r.mode = "full";
+  const int64_t heap0 = HeapBytes();
+  const auto t0 = Clock::now();
+  TP_ASSIGN_OR_RETURN(plan::Plan p, plan::MakePlan(model, from, to, r.from_hosts, r.to_hosts));
+  r.costs.plan_s = Since(t0);
+  r.costs.plan_heap = std::max<int64_t>(0, HeapBytes() - heap0);
+  r.plan = p.stats;
+  r.traffic = CountTraffic(p, from, to, r.from_hosts, r.to_hosts, r.hosts.asked);
+  TP_RETURN_IF_ERROR(MeasureControl(model, s, &p, r));
+  r.prediction = Predict(r.traffic, r.hosts, s.cluster, r.costs);
+  p = {};  // freed before the per-host plan is measured
+  const int critical = r.prediction.critical_host;
+  if (critical < 0) return Status::Ok();
+  const int64_t heap1 = HeapBytes();
+  const auto t1 = Clock::now();
+  TP_ASSIGN_OR_RETURN(plan::Plan hp,
+                      plan::MakeHostPlan(model, from, to, r.from_hosts, r.to_hosts, critical));
+  r.costs.host_plan_s = Since(t1);
+  r.costs.host_plan_heap = std::max<int64_t>(0, HeapBytes() - heap1);
+  if (hp.stats.bytes_cross_host != r.traffic[critical].bytes_in) {
+    return Internal("simulate: the per-host plan of host " + std::to_string(critical) +
+                    " receives " + std::to_string(hp.stats.bytes_cross_host) +
+                    " bytes but the full plan sends it " +
+                    std::to_string(r.traffic[critical].bytes_in));
+  }
   return Status::Ok();
 }
 
@@ -184,35 +218,14 @@ Result<SimResult> Simulate(const Scenario& s) {
   TP_RETURN_IF_ERROR(Place(s, r.from_ranks, r.to_ranks, r));
   if (s.mode == SimMode::kSample ||
       (s.mode == SimMode::kAuto && r.from_ranks + r.to_ranks > s.full_max_ranks)) {
-    return Unimplemented("simulate: sampled hosts (sim.mode \"sample\", or \"auto\" above " +
-                         std::to_string(s.full_max_ranks) +
-                         " ranks) are not implemented yet; set sim.mode to \"full\"");
-  }
-  r.mode = "full";
-  const int64_t heap0 = HeapBytes();
-  const auto t0 = Clock::now();
-  TP_ASSIGN_OR_RETURN(plan::Plan p, plan::MakePlan(model, *from, *to, r.from_hosts, r.to_hosts));
-  r.costs.plan_s = Since(t0);
-  r.costs.plan_heap = std::max<int64_t>(0, HeapBytes() - heap0);
-  r.plan = p.stats;
-  r.traffic = CountTraffic(p, *from, *to, r.from_hosts, r.to_hosts, r.hosts.asked);
-  TP_RETURN_IF_ERROR(MeasureControl(model, s, p, r));
-  r.prediction = Predict(r.traffic, r.hosts, s.cluster, r.costs);
-  p = {};  // freed before the per-host plan is measured
-  const int critical = r.prediction.critical_host;
-  if (critical >= 0) {
-    const int64_t heap1 = HeapBytes();
-    const auto t1 = Clock::now();
-    TP_ASSIGN_OR_RETURN(plan::Plan hp,
-                        plan::MakeHostPlan(model, *from, *to, r.from_hosts, r.to_hosts, critical));
-    r.costs.host_plan_s = Since(t1);
-    r.costs.host_plan_heap = std::max<int64_t>(0, HeapBytes() - heap1);
-    if (hp.stats.bytes_cross_host != r.traffic[critical].bytes_in) {
-      return Internal("simulate: the per-host plan of host " + std::to_string(critical) +
-                      " receives " + std::to_string(hp.stats.bytes_cross_host) +
-                      " bytes but the full plan sends it " +
-                      std::to_string(r.traffic[critical].bytes_in));
-    }
+    // Per-host plans of one host per kind; the full plan and its digest are not computed.
+    TP_RETURN_IF_ERROR(SampleHosts(model, *from, *to, s.max_kinds, r));
+    TP_RETURN_IF_ERROR(MeasureControl(model, s, nullptr, r));
+    r.prediction = Predict(r.traffic, r.hosts, s.cluster, r.costs);
+    r.costs.host_plan_s = r.costs.plan_s;
+    r.costs.host_plan_heap = r.costs.plan_heap;
+  } else {
+    TP_RETURN_IF_ERROR(SimulateFull(model, s, *from, *to, r));
   }
   for (const RankLayout& rank : to->ranks) r.checkpoint_bytes += rank.bytes();
   r.state_bytes = GlobalBytes(model);

@@ -110,7 +110,8 @@ struct SimResult {
   std::vector<int> from_hosts, to_hosts;  // rank -> host (plan::kLostHost)
   SimHosts hosts;
   ClusterModel cluster;
-  std::string mode;  // "full"
+  std::string mode;       // "full", or "sample" (sample.h)
+  int sampled_kinds = 0;  // sample: kinds of hosts, one per-host plan each
   plan::PlanStats plan;
   std::vector<HostTraffic> traffic;
   MeasuredCosts costs;

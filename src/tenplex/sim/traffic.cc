@@ -18,7 +18,9 @@ int64_t OpBytes(const plan::CopyOp& op, const Layout& to) {
 // each host's own call (the same plan, its ranks) returns.
 std::set<std::pair<int, int>> Linked(const plan::Plan& plan, const Layout& from, const Layout& to,
                                      const std::vector<int>& from_hosts,
-                                     const std::vector<int>& to_hosts) {
+                                     const std::vector<int>& to_hosts, int only_host) {
+  if (only_host >= 0)
+    return transform::UnchangedTensors(from, to, plan, &from_hosts, &to_hosts, only_host);
   std::set<std::pair<int, int>> out;
   for (const auto& [rank, i] :
        transform::UnchangedTensors(from, to, plan, nullptr, nullptr, /*host=*/0)) {
@@ -32,7 +34,8 @@ std::set<std::pair<int, int>> Linked(const plan::Plan& plan, const Layout& from,
 
 std::vector<HostTraffic> CountTraffic(const plan::Plan& plan, const Layout& from, const Layout& to,
                                       const std::vector<int>& from_hosts,
-                                      const std::vector<int>& to_hosts, int num_hosts) {
+                                      const std::vector<int>& to_hosts, int num_hosts,
+                                      int only_host) {
   std::vector<HostTraffic> t(num_hosts);
   std::vector<std::set<int>> sources(num_hosts), sinks(num_hosts);
   for (int r = 0; r < from.world_size(); ++r) {
@@ -57,7 +60,8 @@ std::vector<HostTraffic> CountTraffic(const plan::Plan& plan, const Layout& from
     sources[dst].insert(src);
     sinks[src].insert(dst);
   }
-  const std::set<std::pair<int, int>> linked = Linked(plan, from, to, from_hosts, to_hosts);
+  const std::set<std::pair<int, int>> linked =
+      Linked(plan, from, to, from_hosts, to_hosts, only_host);
   for (const plan::CopyOp& k : plan.kept) {
     if (!linked.count({k.dst_rank, k.dst_tensor}))
       t[to_hosts[k.dst_rank]].bytes_kept += OpBytes(k, to);

@@ -26,10 +26,11 @@ struct HostTraffic {
 };
 
 // Per host (index = host, num_hosts of them) for `plan` between the layouts. The plan
-// may be a per-host plan (plan::MakeHostPlan): then only that host's row is complete
-// (and the other hosts' bytes_out count what they send to it).
+// may be a per-host plan (plan::MakeHostPlan) of host only_host: then only that host's
+// row is complete (and the other hosts' bytes_out count what they send to it).
 std::vector<HostTraffic> CountTraffic(const plan::Plan& plan, const Layout& from, const Layout& to,
                                       const std::vector<int>& from_hosts,
-                                      const std::vector<int>& to_hosts, int num_hosts);
+                                      const std::vector<int>& to_hosts, int num_hosts,
+                                      int only_host = -1);
 
 }  // namespace tenplex::sim
