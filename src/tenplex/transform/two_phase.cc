@@ -42,16 +42,40 @@ std::vector<int> Sorted(std::vector<int> v) {
   return v;
 }
 
+// A host's place in the commit order: its stable id, or its URL for a daemon without
+// one; a lost host (null client) last.
+std::string OrderKey(const store::Client* c) {
+  if (c == nullptr) return "\x7f";
+  return c->host_id().empty() ? c->url() : c->host_id();
+}
+
+// The hosts in commit order (two_phase.h): the same for every coordinator and resolver
+// whatever order their host lists are in.
+std::vector<int> InCommitOrder(const std::vector<store::Client*>& clients, std::vector<int> hosts) {
+  hosts = Sorted(std::move(hosts));
+  std::stable_sort(hosts.begin(), hosts.end(),
+                   [&](int a, int b) { return OrderKey(clients[a]) < OrderKey(clients[b]); });
+  return hosts;
+}
+
 }  // namespace
 
 Result<CommitOutcome> CommitEverywhere(const std::vector<store::Client*>& clients,
                                        std::vector<int> participants, const std::string& job,
                                        uint64_t version, bool release) {
-  participants = Sorted(std::move(participants));
+  participants = InCommitOrder(clients, std::move(participants));
   CommitOutcome out;
   std::vector<Status> st(participants.size());
-  // The first participant alone first: its state is the decision record.
+  // The first participant alone first: its state is the decision record. Refused there
+  // (v is gone: a resolver decided abort) means the decision is abort: no other host
+  // may commit it. Unreachable there, the decision (commit) stands.
   if (!participants.empty()) st[0] = CommitOne(clients[participants[0]], job, version);
+  if (!participants.empty() && !st[0].ok() && st[0].code() != StatusCode::kUnavailable) {
+    return DataLoss("version " + std::to_string(version) + " of job " + job +
+                    " was prepared on every host but its first host (" +
+                    clients[participants[0]]->url() +
+                    ") refused the commit, so no host commits it: " + st[0].ToString());
+  }
   {
     std::vector<std::thread> threads;
     for (std::size_t i = 1; i < participants.size(); ++i) {
@@ -81,7 +105,7 @@ Result<CommitOutcome> CommitEverywhere(const std::vector<store::Client*>& client
 
 Status AbortEverywhere(const std::vector<store::Client*>& clients, std::vector<int> hosts,
                        const std::string& job, uint64_t version) {
-  hosts = Sorted(std::move(hosts));
+  hosts = InCommitOrder(clients, std::move(hosts));
   bool first = true;
   for (int h : hosts) {
     store::Client* c = clients[h];
@@ -181,6 +205,35 @@ class Resolver {
     return out;
   }
 
+  // The first participant of v in commit order (the decision record): the host of its
+  // placement with the lowest id (URL where none is recorded), matched to ours; -1 when
+  // it is not one of ours or the placement is unknown.
+  int FirstParticipant(uint64_t v) {
+    Result<StateInfo> si = StateInfo::Parse(info_[v]);
+    if (!si.ok() || !si->placement()) return -1;
+    const Cluster& placement = *si->placement();
+    const int k = std::max(1, placement.gpus_per_host);
+    const std::size_t used = std::min(
+        placement.hosts.size(), static_cast<std::size_t>((si->config().world_size() + k - 1) / k));
+    // A slot's place in commit order (OrderKey): its recorded id, else its daemon's;
+    // unknown for a silent daemon without a recorded id (then so is the first).
+    std::optional<std::size_t> first;
+    std::string first_key;
+    for (std::size_t i = 0; i < used; ++i) {
+      std::string key = placement.HostId(i);
+      if (key.empty()) {
+        const int h = MatchHost(placement, i, urls_, clients_);
+        if (h < 0 || clients_[h] == nullptr || !answered_[h]) return -1;
+        key = OrderKey(clients_[h]);
+      }
+      if (!first || key < first_key) {
+        first = i;
+        first_key = key;
+      }
+    }
+    return first ? MatchHost(placement, *first, urls_, clients_) : -1;
+  }
+
   // A copy whose info differs from the reference one is another version that got the
   // same number (a stale prepare of a host given up on): it can never be committed.
   void RemoveStrays(uint64_t v, std::vector<Has>& row) {
@@ -251,7 +304,12 @@ class Resolver {
       }
     }
     bool forward = committed_any || all_prepared;
-    if (!forward && owner_ && (any_missing || parts.empty())) {
+    // A participant is silent, but the decision record answers with v only prepared: no
+    // host committed v (the first commits alone first), and no coordinator of the job can
+    // any more (owners hold the job's lease: job_lease.h), so roll back.
+    const int first = FirstParticipant(v);
+    const bool undecided_first = first >= 0 && answered_[first] && row[first] == Has::kPrepared;
+    if (!forward && owner_ && (any_missing || parts.empty() || undecided_first)) {
       Status a = AbortEverywhere(clients_, Holders(v, true), job_, v);
       if (a.ok()) {
         out_.aborted.push_back(v);

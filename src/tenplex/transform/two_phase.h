@@ -18,15 +18,28 @@
 //    job (a coordinator: transform, load, recover) rolls back, since a coordinator that
 //    is still collecting prepares would see the same picture; readers (save) only roll
 //    forward.
-// Commits and aborts go to the participants in ascending host order and the first one
-// alone first: its state is the decision record. A coordinator that finds the first
-// participant committed when it wanted to abort rolls forward instead; a resolver that
-// finds it aborted stops. So two deciders that race (a coordinator and a reader's roll
-// forward) agree.
+//  - a participant does not answer, but the first participant (below) answers with v
+//    prepared, not committed: abort. No host committed v (the first commits alone
+//    first), and no coordinator can any more: an owner decides only under the job's
+//    lease (job_lease.h), which fences every other coordinator's commit. Without this a
+//    host lost for good in the commit window left v prepared on the others, refusing
+//    every newer version until someone removed it by hand.
+// Commits and aborts go to the participants in commit order, ascending stable host id
+// (URL for a daemon without one), the same for every coordinator and resolver whatever
+// the order of their host lists, and the first one alone first: its state is the
+// decision record. A coordinator that finds the first participant committed when it
+// wanted to abort rolls forward instead; a resolver that finds it aborted stops. So two
+// deciders that race (a coordinator and a reader's roll forward) agree.
 //
-// Fencing: two coordinators of one job (a `store load --cluster` racing a `transform
-// --cluster`) are ordered by their version numbers, each host deciding locally
-// (Store::BeginVersion):
+// Leases (store/lease.h, job_lease.h): every coordinator takes the job's lease on its
+// hosts before its recovery and holds it until its decision is carried out, so the rule
+// "a version some live participant lacks is rolled back", which would roll back a
+// version another coordinator is still preparing, is applied by one coordinator at a
+// time. Before leases two overlapping transforms split a job (docs/reliability.md).
+//
+// Fencing by version numbers (a second line behind the lease: a coordinator of an older
+// build, or one stopped past its lease, whose requests race the next one), each host
+// deciding locally (Store::BeginVersion):
 //  - beginning w on a host supersedes every *open* version u < w there: Prepare(u),
 //    Commit(u) and writes into u fail there with "version u of job J was superseded by
 //    version w begun by another coordinator". u's coordinator cannot have decided yet
