@@ -4,6 +4,8 @@
 // What is real and what is modelled. The bytes are the planner's: the simulator runs
 // plan::MakePlan on the scenario's layouts and host maps (what the coordinator and every
 // agent run) and counts each host's ops the way the executor splits them (traffic.h).
+// (With sampled hosts, sample.h: plan::MakeHostPlan of one host per kind instead, the
+// same bytes for every host of the kind; what each host sends is estimated.)
 // The costs that are computation are measured here, by running the code the transform
 // runs: the plan (time and heap memory), its digest (transform::PlanDigest), one
 // prepare request of the scenario's real size (transform::EncodePrepare, with the state
