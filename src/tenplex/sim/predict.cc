@@ -62,7 +62,7 @@ Prediction Predict(const std::vector<HostTraffic>& traffic, const SimHosts& host
   Prediction p;
   p.hosts.resize(traffic.size());
   const double rtt = 2 * r.lat;
-  p.control = hosts.asked * 5 * (r.rpc + rtt) +
+  p.control = hosts.asked * 6 * (r.rpc + rtt) +
               hosts.asked * 3.0 * static_cast<double>(m.info_bytes) * (1 / r.nic + r.json) +
               hosts.lost * c.lost_detect_s;
   p.coordinator_plan = m.plan_s + m.digest_s;
@@ -80,7 +80,7 @@ Prediction Predict(const std::vector<HostTraffic>& traffic, const SimHosts& host
   }
   const double round_trip = r.rpc + rtt;
   p.commit = hosts.participants.empty() ? 0 : 2 * round_trip;
-  p.release = static_cast<double>(hosts.participants.size()) * round_trip;
+  p.release = static_cast<double>(hosts.participants.size() + hosts.asked) * round_trip;
   p.total = p.control + p.coordinator_plan + p.round + p.commit + p.release;
   return p;
 }

@@ -93,12 +93,13 @@ TEST(Simulate, TimeFormulasByHand) {
   EXPECT_NEAR(p.hosts[1].start, 2.023, 1e-9);
   EXPECT_NEAR(p.round, 2.023 + 0.990 + 0.001, 1e-9);
   EXPECT_EQ(p.critical_host, 1);
-  // control: 2 hosts x 5 x (2 + 2) ms + 2 x 3 x 100 bytes x (1 ms + 1 ms).
-  EXPECT_NEAR(p.control, 0.04 + 1.2, 1e-9);
+  // control: 2 hosts x 6 x (2 + 2) ms + 2 x 3 x 100 bytes x (1 ms + 1 ms).
+  EXPECT_NEAR(p.control, 0.048 + 1.2, 1e-9);
   EXPECT_NEAR(p.coordinator_plan, 0.55, 1e-9);
   EXPECT_NEAR(p.commit, 0.008, 1e-9);
-  EXPECT_NEAR(p.release, 0.008, 1e-9);
-  EXPECT_NEAR(p.total, 1.24 + 0.55 + 3.014 + 0.016, 1e-9);
+  // Release: the old versions on 2 participants, the lease on 2 hosts, 4 ms each.
+  EXPECT_NEAR(p.release, 0.016, 1e-9);
+  EXPECT_NEAR(p.total, 1.248 + 0.55 + 3.014 + 0.008 + 0.016, 1e-9);
 
   // Host 0 twice as slow: its phases double, and host 1 waits for host 0's sending
   // (max(64, 64 x 2) / 1000 + 4 ms + 2 ms), so host 1 stays the critical one.

@@ -20,11 +20,12 @@
 //   J = json_gbyte_s (default: measured), s_h = host h's straggler factor (>= 1),
 //   N = hosts asked, P = participants (hosts with new ranks, index p = 0 .. P-1).
 //
-// Coordinator, before the prepare (distributed.cc runs these requests one host after
-// the other): health (connect), job (recovery), version (committed state), job (next
-// version number) and address: 5 requests per host, 3 of whose replies carry the state
-// info (I bytes: model, config and the cluster's URLs, growing with N):
-//   control = N·5·(R + 2L) + N·3·I·(1/B + 1/J) + lost_hosts·lost_detect_s
+// Coordinator, before the prepare (distributed.cc and job_lease.h run these requests one
+// host after the other): health (connect), the job's lease, job (recovery), version
+// (committed state), job (next version number) and address: 6 requests per host, 3 of
+// whose replies carry the state info (I bytes: model, config and the cluster's URLs,
+// growing with N):
+//   control = N·6·(R + 2L) + N·3·I·(1/B + 1/J) + lost_hosts·lost_detect_s
 //   coordinator plan = plan_s + digest_s                      (MakePlan, PlanDigest)
 // Prepare round: the coordinator encodes each participant's request in turn (Q bytes)
 // and sends it; participant p starts at
@@ -41,8 +42,8 @@
 //   prepare_h = decode + plan + warm + alloc + exec + seal
 //   round  = max_p (start_p + prepare_p + L)          -> the critical host
 // Commit (two_phase.h): the first participant alone, then the rest in parallel, then
-// the release of the old versions one host after the other:
-//   commit = 2·(R + 2L);   release = P·(R + 2L)
+// the release of the old versions and of the lease, one host after the other:
+//   commit = 2·(R + 2L);   release = (P + N)·(R + 2L)
 //   total  = control + coordinator plan + round + commit + release
 // Restart from a checkpoint, for comparison: every new rank reads its tensors from the
 // parallel file system, new-layout bytes / pfs_gbyte_s, or (a lower bound) the state is
