@@ -33,11 +33,6 @@ std::map<std::string, std::vector<int>> Kinds(const Layout& from, const Layout& 
   return kinds;
 }
 
-int64_t HeapBytes() {
-  const struct mallinfo2 mi = ::mallinfo2();
-  return static_cast<int64_t>(mi.uordblks + mi.hblkhd);
-}
-
 // Every host of the kind gets the representative's row; sources shifted by the distance.
 void Spread(const HostTraffic& rep, int rep_host, const std::vector<int>& members, int n,
             std::vector<HostTraffic>& t) {
@@ -54,6 +49,11 @@ void Spread(const HostTraffic& rep, int rep_host, const std::vector<int>& member
 }
 
 }  // namespace
+
+int64_t HeapBytes() {
+  const struct mallinfo2 mi = ::mallinfo2();
+  return static_cast<int64_t>(mi.uordblks + mi.hblkhd);
+}
 
 Status SampleHosts(const Model& model, const Layout& from, const Layout& to, int max_kinds,
                    SimResult& r) {

@@ -11,11 +11,17 @@
 // sources as its representative's, shifted by the distance between the two hosts.
 #pragma once
 
+#include <cstdint>
+
 #include "tenplex/model/model.h"
 #include "tenplex/ptc/layout.h"
 #include "tenplex/sim/simulate.h"
 
 namespace tenplex::sim {
+
+// Heap bytes in use (glibc: small blocks plus mmapped ones): what a live plan holds,
+// whatever pages malloc reuses from earlier work (resident memory would not grow then).
+int64_t HeapBytes();
 
 // Fills r.traffic, r.plan (sums over the kinds), r.costs.plan_s and plan_heap (the
 // slowest representative's per-host plan) and r.sampled_kinds; the placement in r must

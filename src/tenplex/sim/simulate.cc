@@ -1,8 +1,6 @@
 // Simulate: placement, the real planner and the measured costs (simulate.h).
 #include "tenplex/sim/simulate.h"
 
-#include <malloc.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -35,13 +33,6 @@ double TimeIt(const std::function<void()>& f) {
     best = std::min(best, Since(t));
   }
   return best;
-}
-
-// Heap bytes in use (glibc: small blocks plus mmapped ones): what a live plan holds,
-// whatever pages malloc reuses from earlier work (resident memory would not grow then).
-int64_t HeapBytes() {
-  const struct mallinfo2 mi = ::mallinfo2();
-  return static_cast<int64_t>(mi.uordblks + mi.hblkhd);
 }
 
 // Rank -> host for both layouts and who takes part (scenario.h: placement).
