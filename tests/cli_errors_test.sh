@@ -86,6 +86,9 @@ issue34_serve() {
   expect_error "--shm-dir $dir/store is on" "$T" store serve --listen 127.0.0.1:0 --transport none --shm-dir "$dir/store"
   grep -qF "not a memory file system (tmpfs, ramfs, hugetlbfs)" "$tmp/err" || fail "refusal: $(cat "$tmp/err")"
   [ ! -e "$dir" ] || fail "the refused --shm-dir was created"
+  # tenplex run's embedded store too (--allow-disk as for serve).
+  expect_error "--shm-dir $dir/run is on" "$T" run --schedule /dev/null --log "$tmp/run.jsonl" --shm-dir "$dir/run" -- true
+  [ ! -e "$dir" ] || fail "tenplex run created the refused --shm-dir"
   "$T" store serve --listen 127.0.0.1:0 --transport none --shm-dir "$dir" --allow-disk >"$tmp/d2" 2>/dev/null &
   pid=$!
   for _ in $(seq 100); do grep -q serving "$tmp/d2" && break; sleep 0.1; done

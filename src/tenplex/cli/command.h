@@ -44,6 +44,12 @@ void AddTokenOptions(CLI::App* cmd, TokenOptions* o);
 // The token, or "" when neither the file nor the environment gives one.
 Result<std::string> ResolveToken(const TokenOptions& o);
 
+// A store directory belongs on a memory file system (tmpfs, ramfs, hugetlbfs): one on a
+// disk (a typo in --shm-dir) is InvalidArgument naming `what` unless allow_disk. Returns
+// the file system's name for a start line (cli/store.cc).
+Result<std::string> CheckStoreFileSystem(const std::string& dir, const std::string& what,
+                                         bool allow_disk);
+
 void RegisterModel(CLI::App& app, Context& ctx);
 void RegisterLayout(CLI::App& app, Context& ctx);
 void RegisterStore(CLI::App& app, Context& ctx);

@@ -29,6 +29,10 @@ void RegisterRun(CLI::App& app, Context& ctx) {
       "--cluster", o->cluster_path,
       "Keep the state in the store daemons of this cluster file (docs/transform.md) instead of an "
       "embedded store; needs --work-dir");
+  auto allow_disk = std::make_shared<bool>(false);
+  cmd->add_flag("--allow-disk", *allow_disk,
+                "Allow a --shm-dir that is not on a memory file system (the state then lives on "
+                "disk)");
   auto token = std::make_shared<TokenOptions>();
   AddTokenOptions(cmd, token.get());
   cmd->add_option("--work-dir", o->work_dir,
@@ -70,8 +74,12 @@ void RegisterRun(CLI::App& app, Context& ctx) {
   auto json = std::make_shared<bool>(false);
   cmd->add_flag("--json", *json, "Print the summary as one JSON object (steps, reconfigurations)");
   cmd->add_option("command", o->command, "Worker command and arguments (after --)")->required();
-  cmd->callback([o, quiet, json, token, no_presize, &ctx] {
+  cmd->callback([o, quiet, json, token, no_presize, allow_disk, &ctx] {
     o->presize = !*no_presize;
+    if (!o->shm_dir.empty()) {  // as store serve (issue 34 finding 5)
+      Result<std::string> fs = CheckStoreFileSystem(o->shm_dir, "--shm-dir", *allow_disk);
+      if (!fs.ok()) return Finish(ctx, fs.status());
+    }
     Result<std::string> t = ResolveToken(*token);
     if (!t.ok()) return Finish(ctx, t.status());
     o->token = *t;

@@ -45,6 +45,8 @@ struct ServeOpts {
   bool allow_disk = false;  // --allow-disk: a store directory off memory file systems
 };
 
+}  // namespace
+
 // The file system holding `dir` (or its nearest existing parent, for a --shm-dir the
 // store is to create): its name, and whether its files live in memory.
 struct FileSystem {
@@ -99,6 +101,8 @@ Result<std::string> CheckStoreFileSystem(const std::string& dir, const std::stri
   }
   return fs.name + ": on disk by --allow-disk";
 }
+
+namespace {
 
 // The network devices of the UCX data plane: --data-listen ("all": every one), else
 // UCX_NET_DEVICES from the environment, else the interface holding the --listen
