@@ -1,0 +1,274 @@
+#!/usr/bin/env python3
+"""Validation of `tenplex simulate` against real transforms on loopback (issue 36, item 2).
+
+    .venv/bin/python scripts/sim_validate.py [--tenplex build/bin/tenplex] [--runs 3]
+        [--hosts 2,4,8] [--markdown FILE] [--json FILE]
+
+For 2, 4 and 8 store daemons on this machine (2 GPUs each, `--no-local-peer-reads`, so
+every cross-host byte goes over UCX-over-TCP as between separate hosts), each row loads a
+synthetic GPT state and runs a real `tenplex transform --cluster --json` (a TP change, a
+DP scale-down by one host, a PP change) `--runs` times from a fresh load; the median run
+(by total seconds) is the measurement. The cluster parameters are measured on the same
+daemons just before, then written into a scenario for `tenplex simulate`, whose
+prediction is compared with the measurement, total and phase by phase (the max over
+hosts of each phase, both sides):
+
+  nic_gbit_s      the daemons' UCX fetch probe (POST /v1/transform/probe), every daemon
+                  fetching from the next at once, summed and divided by the daemons
+                  (they share this machine's cores, as a transform's hosts do here)
+  copy_gbyte_s    the same probe's memcpy rate, all at once, divided by the daemons
+  memory_gbyte_s  first touch: posix_fallocate + mmap MAP_POPULATE of 256 MiB of fresh
+                  shared memory (as the store allocates), one process per daemon
+                  directory, all at once: the slowest one's rate
+  map_gbyte_s     mapping the same (now resident) pages again with MAP_POPULATE
+  rpc_us          median round trip of GET /v1/health on a kept-alive connection
+  latency_us      5 (loopback; inside the request's round trip)
+
+Each row's old state is 0.4-1.4 GB (a GPT with hidden size 1024; ZeRO-1 for the DP rows).
+"""
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import logging
+import mmap
+import multiprocessing as mp
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+from dataclasses import dataclass, field
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+sys.path.insert(0, os.path.join(HERE, "..", "bench"))
+import cluster_transform_bench as bench  # noqa: E402
+from daemons import Daemon, write_cluster  # noqa: E402
+
+log = logging.getLogger("sim_validate")
+PHASES = ["plan", "warm", "alloc", "fetch", "local", "seal"]
+GPUS_PER_HOST = 2
+
+
+@dataclass
+class Row:
+    hosts: int
+    layers: int  # GPT layers (hidden 1024, vocab 8192, fp32 + Adam: ~150 MB each)
+    change: str
+    frm: str
+    to: str
+
+
+ROWS = [
+    Row(2, 4, "TP change", "tp=2,pp=2", "tp=4"),
+    Row(2, 2, "DP -1 host", "tp=2,dp=2,zero=1", "tp=2,zero=1"),
+    Row(2, 4, "PP change", "tp=2,pp=2", "tp=2,dp=2"),
+    Row(4, 4, "TP change", "tp=2,pp=4", "tp=4,pp=2"),
+    Row(4, 2, "DP -1 host", "tp=2,dp=4,zero=1", "tp=2,dp=3,zero=1"),
+    Row(4, 4, "PP change", "tp=2,pp=4", "tp=2,pp=2,dp=2"),
+    Row(8, 8, "TP change", "tp=2,pp=8", "tp=4,pp=4"),
+    Row(8, 2, "DP -1 host", "tp=2,dp=8,zero=1", "tp=2,dp=7,zero=1"),
+    Row(8, 8, "PP change", "tp=2,pp=8", "tp=2,pp=4,dp=2"),
+]
+
+
+@dataclass
+class Result:
+    row: Row
+    cluster: dict[str, float]
+    measured: dict[str, float] = field(default_factory=dict)
+    predicted: dict[str, float] = field(default_factory=dict)
+    cross_measured: int = 0
+    cross_predicted: int = 0
+    runs: list[float] = field(default_factory=list)
+    fetch_gbps: float = 0.0  # the slowest fetch's host: its bytes fetched / its fetch seconds
+    remote_ops: int = 0  # the most remote ops of a host (the simulator's count)
+
+
+def _touch(shm_dir: str, nbytes: int, barrier: Any, out: Any) -> None:
+    """First touch of fresh shared memory, then a second mapping of the resident pages."""
+    path = os.path.join(shm_dir, "tmp", "simval-%d" % os.getpid())
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        barrier.wait()
+        t0 = time.perf_counter()
+        os.posix_fallocate(fd, 0, nbytes)
+        m = mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
+        t1 = time.perf_counter()
+        m.close()
+        t2 = time.perf_counter()
+        m = mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
+        t3 = time.perf_counter()
+        m.close()
+        out.put((t1 - t0, t3 - t2))
+    finally:
+        os.close(fd)
+        os.unlink(path)
+
+
+def touch_rates(shm_dirs: list[str], nbytes: int = 256 << 20) -> tuple[float, float]:
+    """Per-daemon GB/s of first touch and of mapping resident pages, all daemons at once."""
+    ctx = mp.get_context("fork")
+    barrier, out = ctx.Barrier(len(shm_dirs)), ctx.Queue()
+    procs = [ctx.Process(target=_touch, args=(d, nbytes, barrier, out)) for d in shm_dirs]
+    for p in procs:
+        p.start()
+    secs = [out.get(timeout=300) for _ in procs]
+    for p in procs:
+        p.join()
+    first = nbytes / max(s[0] for s in secs) / 1e9
+    mapped = nbytes / max(s[1] for s in secs) / 1e9
+    return first, mapped
+
+
+def rpc_us(url: str, n: int = 200) -> float:
+    """Median round trip of GET /v1/health on one kept-alive connection, in µs."""
+    u = urllib.parse.urlparse(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=20)
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        conn.request("GET", "/v1/health")
+        conn.getresponse().read()
+        times.append(time.perf_counter() - t0)
+    conn.close()
+    return statistics.median(times) * 1e6
+
+
+def measure_cluster(daemons: list[Daemon]) -> dict[str, float]:
+    n = len(daemons)
+    p = bench.probe(daemons)
+    first, mapped = touch_rates([d.get("/v1/health")["shm_dir"] for d in daemons])
+    return {"nic_gbit_s": 8 * p["all_fetch_gbps"] / n, "copy_gbyte_s": p["all_memcpy_gbps"] / n,
+            "memory_gbyte_s": first, "map_gbyte_s": mapped, "rpc_us": rpc_us(daemons[0].url),
+            "latency_us": 5.0}
+
+
+def phases_of(hosts: list[dict[str, Any]], key: str) -> dict[str, float]:
+    """Max over hosts of each phase: measured reports (`fetch_seconds`) or predicted."""
+    if key == "measured":
+        return {ph: max(h.get(ph + "_seconds", 0.0) for h in hosts) for ph in PHASES}
+    return {ph: max(h["seconds"][ph] for h in hosts) for ph in PHASES}
+
+
+def run_row(args: argparse.Namespace, row: Row, tmp: str, model: str, cluster_file: str,
+            daemons: list[Daemon], cparams: dict[str, float]) -> Result:
+    ckpt = checkpoint(args, tmp, model, row)
+    res = Result(row, cparams)
+    cl = argparse.Namespace(file=cluster_file, daemons=daemons)
+    reports = []
+    for i in range(args.runs):
+        s = bench.transform_once(cl, ckpt, "v%d" % i, row.to, central=False, local=False)
+        reports.append(s)
+        log.info("  %s -> %s run %d: %.3f s", row.frm, row.to, i, s["seconds"])
+    reports.sort(key=lambda s: s["seconds"])
+    med = reports[len(reports) // 2]
+    res.runs = [s["seconds"] for s in reports]
+    res.measured = {"total": med["seconds"], "prepare": med["prepare_seconds"], **phases_of(med["hosts"], "measured")}
+    res.cross_measured = med["plan"]["bytes_cross_host"]
+    slow = max(med["hosts"], key=lambda h: h.get("fetch_seconds", 0.0))
+    if slow.get("fetch_seconds", 0.0) > 0:
+        res.fetch_gbps = slow["bytes_fetched"] / slow["fetch_seconds"] / 1e9
+    scen = {"model": model, "from": {"config": row.frm, "gpus_per_host": GPUS_PER_HOST},
+            "to": {"config": row.to, "gpus_per_host": GPUS_PER_HOST, "hosts": row.hosts},
+            "cluster": cparams, "sim": {"mode": "full"}}
+    sfile = os.path.join(tmp, "scenario-%d-%s.json" % (row.hosts, row.to))
+    with open(sfile, "w") as f:
+        json.dump(scen, f)
+    out = subprocess.run([args.tenplex, "simulate", sfile, "--json"], capture_output=True, text=True, check=True)
+    sim = json.loads(out.stdout)
+    pred = sim["prediction"]
+    res.predicted = {"total": pred["total_seconds"], "prepare": pred["prepare_round_seconds"],
+                     **phases_of(sim["hosts"], "predicted")}
+    res.cross_predicted = sim["plan"]["bytes_cross_host"]
+    res.remote_ops = max(h["remote_ops"] for h in sim["hosts"])
+    return res
+
+
+def checkpoint(args: argparse.Namespace, tmp: str, model: str, row: Row) -> str:
+    path = os.path.join(tmp, "ckpt-L%d-%s" % (row.layers, row.frm.replace(",", "_").replace("=", "")))
+    if not os.path.exists(path):
+        subprocess.run([args.tenplex, "ckpt", "init", "--model", model, "--config", row.frm, "--out", path],
+                       check=True, capture_output=True)
+        os.sync()
+    return path
+
+
+def make_model(args: argparse.Namespace, tmp: str, layers: int) -> str:
+    path = os.path.join(tmp, "gpt-L%d.json" % layers)
+    if not os.path.exists(path):
+        subprocess.run([args.tenplex, "model", "gpt", "--num-layers", str(layers), "--hidden-size", "1024",
+                        "--num-attention-heads", "16", "--vocab-size", "8192", "--max-position-embeddings", "256",
+                        "-o", path], check=True, capture_output=True)
+    return path
+
+
+def err(m: float, p: float) -> float:
+    return 100.0 * (p - m) / m if m > 0 else 0.0
+
+
+def table(results: list[Result]) -> str:
+    head = ("| hosts | change | cross-host MB (real = sim) | measured total s (runs) | predicted s | error % | "
+            + " | ".join("%s s meas / pred" % ph for ph in PHASES) + " | real fetch GB/s (remote ops) |")
+    lines = [head, "|" + "---|" * (8 + len(PHASES))]
+    for r in results:
+        same = "yes" if r.cross_measured == r.cross_predicted else "NO: sim %d" % r.cross_predicted
+        lines.append("| %d | %s: %s -> %s | %.0f (%s) | %.2f (%s) | %.2f | %+.0f | %s | %.2f (%d) | %+.0f |" % (
+            r.row.hosts, r.row.change, r.row.frm, r.row.to, r.cross_measured / 1e6, same, r.measured["total"],
+            ", ".join("%.2f" % x for x in r.runs), r.predicted["total"],
+            err(r.measured["total"], r.predicted["total"]),
+            " | ".join("%.2f / %.2f" % (r.measured[ph], r.predicted[ph]) for ph in PHASES), r.fetch_gbps,
+            r.remote_ops, err(r.measured["total"] - r.measured["seal"], r.predicted["total"] - r.predicted["seal"])))
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tenplex", default=os.path.join(HERE, "..", "build", "bin", "tenplex"))
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--hosts", default="2,4,8")
+    ap.add_argument("--markdown")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    bench.ARGS = argparse.Namespace(tenplex=args.tenplex, presize=False)  # what transform_once reads
+    sizes = [int(x) for x in args.hosts.split(",")]
+    results: list[Result] = []
+    with tempfile.TemporaryDirectory(prefix="simval-") as tmp:
+        for n in sizes:
+            rows = [r for r in ROWS if r.hosts == n]
+            if not rows:
+                sys.exit("no rows for %d hosts (rows: 2, 4, 8)" % n)
+            daemons = [Daemon(args.tenplex, args=["--no-local-peer-reads"]) for _ in range(n)]
+            try:
+                cluster_file = os.path.join(tmp, "cluster-%d.json" % n)
+                write_cluster(cluster_file, daemons, GPUS_PER_HOST)
+                cparams = measure_cluster(daemons)
+                log.info("%d hosts: %s", n, json.dumps({k: round(v, 3) for k, v in cparams.items()}))
+                for row in rows:
+                    model = make_model(args, tmp, row.layers)
+                    results.append(run_row(args, row, tmp, model, cluster_file, daemons, cparams))
+            finally:
+                for d in daemons:
+                    d.stop()
+    text = table(results)
+    print(text)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(text + "\n")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([{"hosts": r.row.hosts, "change": r.row.change, "from": r.row.frm, "to": r.row.to,
+                        "cluster": r.cluster, "measured": r.measured, "predicted": r.predicted, "runs": r.runs,
+                        "fetch_gbps": r.fetch_gbps, "remote_ops": r.remote_ops}
+                       for r in results], f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
