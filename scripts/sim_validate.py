@@ -20,6 +20,7 @@ hosts of each phase, both sides):
   memory_gbyte_s  first touch: posix_fallocate + mmap MAP_POPULATE of 256 MiB of fresh
                   shared memory (as the store allocates), one process per daemon
                   directory, all at once: the slowest one's rate
+  hash_gbyte_s    xxh64 (libxxhash, as the seal's checksums) of those pages, the same way
   map_gbyte_s     mapping the same (now resident) pages again with MAP_POPULATE
   rpc_us          median round trip of GET /v1/health on a kept-alive connection
   latency_us      5 (loopback; inside the request's round trip)
@@ -29,6 +30,8 @@ Each row's old state is 0.4-1.4 GB (a GPT with hidden size 1024; ZeRO-1 for the 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
 import http.client
 import json
 import logging
@@ -90,8 +93,18 @@ class Result:
     remote_ops: int = 0  # the most remote ops of a host (the simulator's count)
 
 
+def _xxh64() -> Any:
+    """XXH64 of libxxhash (what the store's seal computes), through ctypes."""
+    lib = ctypes.CDLL(ctypes.util.find_library("xxhash") or "libxxhash.so.0")
+    lib.XXH64.restype = ctypes.c_uint64
+    lib.XXH64.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint64]
+    return lib.XXH64
+
+
 def _touch(shm_dir: str, nbytes: int, barrier: Any, out: Any) -> None:
-    """First touch of fresh shared memory, then a second mapping of the resident pages."""
+    """First touch of fresh shared memory, its xxh64, then a second mapping of the
+    resident pages: seconds of each."""
+    xxh64 = _xxh64()
     path = os.path.join(shm_dir, "tmp", "simval-%d" % os.getpid())
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:
@@ -100,19 +113,24 @@ def _touch(shm_dir: str, nbytes: int, barrier: Any, out: Any) -> None:
         os.posix_fallocate(fd, 0, nbytes)
         m = mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
         t1 = time.perf_counter()
-        m.close()
+        buf = ctypes.c_char.from_buffer(m)
+        xxh64(ctypes.addressof(buf), nbytes, 0)
         t2 = time.perf_counter()
-        m = mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
-        t3 = time.perf_counter()
+        del buf
         m.close()
-        out.put((t1 - t0, t3 - t2))
+        t3 = time.perf_counter()
+        m = mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
+        t4 = time.perf_counter()
+        m.close()
+        out.put((t1 - t0, t2 - t1, t4 - t3))
     finally:
         os.close(fd)
         os.unlink(path)
 
 
-def touch_rates(shm_dirs: list[str], nbytes: int = 256 << 20) -> tuple[float, float]:
-    """Per-daemon GB/s of first touch and of mapping resident pages, all daemons at once."""
+def touch_rates(shm_dirs: list[str], nbytes: int = 256 << 20) -> tuple[float, float, float]:
+    """Per-daemon GB/s of first touch, of xxh64 and of mapping resident pages, all daemons
+    at once (the slowest one's)."""
     ctx = mp.get_context("fork")
     barrier, out = ctx.Barrier(len(shm_dirs)), ctx.Queue()
     procs = [ctx.Process(target=_touch, args=(d, nbytes, barrier, out)) for d in shm_dirs]
@@ -121,9 +139,7 @@ def touch_rates(shm_dirs: list[str], nbytes: int = 256 << 20) -> tuple[float, fl
     secs = [out.get(timeout=300) for _ in procs]
     for p in procs:
         p.join()
-    first = nbytes / max(s[0] for s in secs) / 1e9
-    mapped = nbytes / max(s[1] for s in secs) / 1e9
-    return first, mapped
+    return tuple(nbytes / max(s[i] for s in secs) / 1e9 for i in range(3))  # type: ignore[return-value]
 
 
 def rpc_us(url: str, n: int = 200) -> float:
@@ -143,9 +159,9 @@ def rpc_us(url: str, n: int = 200) -> float:
 def measure_cluster(daemons: list[Daemon]) -> dict[str, float]:
     n = len(daemons)
     p = bench.probe(daemons)
-    first, mapped = touch_rates([d.get("/v1/health")["shm_dir"] for d in daemons])
+    first, hashed, mapped = touch_rates([d.get("/v1/health")["shm_dir"] for d in daemons])
     return {"nic_gbit_s": 8 * p["all_fetch_gbps"] / n, "copy_gbyte_s": p["all_memcpy_gbps"] / n,
-            "memory_gbyte_s": first, "map_gbyte_s": mapped, "rpc_us": rpc_us(daemons[0].url),
+            "memory_gbyte_s": first, "hash_gbyte_s": hashed, "map_gbyte_s": mapped, "rpc_us": rpc_us(daemons[0].url),
             "latency_us": 5.0}
 
 

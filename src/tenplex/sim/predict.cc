@@ -10,7 +10,7 @@ namespace tenplex::sim {
 namespace {
 
 struct Rates {
-  double nic, lat, rpc, copy, mem, map, json;  // bytes/s, s, s, bytes/s (3), s/byte
+  double nic, lat, rpc, copy, mem, map, hash, json;  // bytes/s, s, s, bytes/s (4), s/byte
 };
 
 Rates RatesOf(const ClusterModel& c, const MeasuredCosts& m) {
@@ -20,6 +20,7 @@ Rates RatesOf(const ClusterModel& c, const MeasuredCosts& m) {
           c.copy_gbyte_s * 1e9,
           c.memory_gbyte_s * 1e9,
           c.map_gbyte_s * 1e9,
+          (c.hash_gbyte_s > 0 ? c.hash_gbyte_s : c.memory_gbyte_s) * 1e9,
           c.json_gbyte_s > 0 ? 1 / (c.json_gbyte_s * 1e9) : m.json_s_per_byte};
 }
 
@@ -48,7 +49,7 @@ HostTimes HostPrepare(const std::vector<HostTraffic>& t, int h, const ClusterMod
   }
   ht.local = (x.bytes_kept + x.bytes_local) / r.copy * s;
   ht.landed = x.bytes_landed / r.copy * s;
-  ht.seal = x.bytes_new / r.mem * s;
+  ht.seal = x.bytes_new / r.hash * s;
   ht.prepare =
       ht.decode + ht.plan + ht.warm + ht.alloc + std::max(ht.fetch, ht.local) + ht.landed + ht.seal;
   return ht;

@@ -93,6 +93,7 @@ Result<ClusterModel> ParseCluster(const json& c) {
   TP_ASSIGN_OR_RETURN(m.copy_gbyte_s, Number(c, w, "copy_gbyte_s", m.copy_gbyte_s));
   TP_ASSIGN_OR_RETURN(m.memory_gbyte_s, Number(c, w, "memory_gbyte_s", m.memory_gbyte_s));
   TP_ASSIGN_OR_RETURN(m.map_gbyte_s, Number(c, w, "map_gbyte_s", m.map_gbyte_s));
+  TP_ASSIGN_OR_RETURN(m.hash_gbyte_s, Number(c, w, "hash_gbyte_s", 0, false));
   TP_ASSIGN_OR_RETURN(m.rpc_us, Number(c, w, "rpc_us", m.rpc_us, false));
   TP_ASSIGN_OR_RETURN(m.json_gbyte_s, Number(c, w, "json_gbyte_s", 0, false));
   TP_ASSIGN_OR_RETURN(m.pfs_gbyte_s, Number(c, w, "pfs_gbyte_s", 0, false));

@@ -4,7 +4,7 @@
 //    "from": {"config": "tp=8,pp=16,dp=8", "gpus_per_host": 8},
 //    "to":   {"config": "tp=8,pp=16,dp=7", "gpus_per_host": 8, "hosts": 128},
 //    "cluster": {"nic_gbit_s": 200, "latency_us": 5, "copy_gbyte_s": 20,
-//                "memory_gbyte_s": 10, "map_gbyte_s": 50, "rpc_us": 50,
+//                "memory_gbyte_s": 10, "map_gbyte_s": 50, "hash_gbyte_s": 0, "rpc_us": 50,
 //                "stragglers": [{"host": 3, "factor": 2.0}], "lost_hosts": [5],
 //                "pfs_gbyte_s": 1000, "presized": false},
 //    "sim": {"mode": "auto" | "full" | "sample", "full_max_ranks": 40000,
@@ -34,6 +34,7 @@ struct ClusterModel {
   double copy_gbyte_s = 10;       // intra-host copy (memcpy between tensors)
   double memory_gbyte_s = 10;     // first touch of new tensors; checksums when sealing
   double map_gbyte_s = 50;        // mapping and pre-faulting resident pages (no copy)
+  double hash_gbyte_s = 0;        // checksums of the new tensors when sealing; 0: memory_gbyte_s
   double rpc_us = 100;            // fixed cost of one request (both ends), besides latency
   double json_gbyte_s = 0;        // 0: measured here (parse of the real info text)
   std::vector<double> straggler;  // per host: every phase of the host x factor (1: none)

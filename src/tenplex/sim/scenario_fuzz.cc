@@ -22,7 +22,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FuzzRequire(s->from_gpus_per_host >= 1 && s->to_gpus_per_host >= 1 && s->to_hosts >= 0);
   const tenplex::sim::ClusterModel& c = s->cluster;
   FuzzRequire(c.nic_gbit_s > 0 && c.copy_gbyte_s > 0 && c.memory_gbyte_s > 0 && c.map_gbyte_s > 0 &&
-              c.latency_us >= 0 && c.rpc_us >= 0 && c.json_gbyte_s >= 0);
+              c.latency_us >= 0 && c.rpc_us >= 0 && c.json_gbyte_s >= 0 && c.hash_gbyte_s >= 0);
   for (double f : c.straggler) FuzzRequire(f >= 1 && f <= tenplex::sim::kMaxStraggler);
   for (int h : c.lost_hosts) FuzzRequire(h >= 0);
   return 0;

@@ -117,6 +117,19 @@ TEST(Simulate, TimeFormulasByHand) {
   p = Predict(r->traffic, r->hosts, pooled, m);
   EXPECT_EQ(p.hosts[0].alloc, 0);
   EXPECT_NEAR(p.hosts[0].prepare, 0.990 - 0.128, 1e-9);
+
+  // A checksum rate of its own (issue 36 validation: xxh64 runs several times faster
+  // than first touch): the seal is new / H, 128 / 4000; alloc stays new / M.
+  ClusterModel hashed = s->cluster;
+  hashed.hash_gbyte_s = 4e-6;
+  p = Predict(r->traffic, r->hosts, hashed, m);
+  EXPECT_NEAR(p.hosts[0].seal, 0.032, 1e-9);
+  EXPECT_NEAR(p.hosts[0].alloc, 0.128, 1e-9);
+  EXPECT_NEAR(p.hosts[0].prepare, 0.990 - 0.128 + 0.032, 1e-9);
+  auto parsed = ParseScenario(TinyScenario(R"({"hash_gbyte_s": 4})"));
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  EXPECT_EQ(parsed->cluster.hash_gbyte_s, 4);
+  EXPECT_FALSE(ParseScenario(TinyScenario(R"({"hash_gbyte_s": -1})")).ok());
 }
 
 // The simulator's per-host bytes are the planner's: received and sent bytes equal the

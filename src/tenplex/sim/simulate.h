@@ -17,6 +17,7 @@
 //   B = nic_gbit_s·1e9/8 bytes/s per host and direction, L = latency (one way),
 //   R = rpc_us (the fixed cost of one request), C = copy_gbyte_s, M = memory_gbyte_s,
 //   W = map_gbyte_s (mapping and pre-faulting pages that are resident: no bytes copied),
+//   H = hash_gbyte_s (xxh64 checksums of the new tensors; default M),
 //   J = json_gbyte_s (default: measured), s_h = host h's straggler factor (>= 1),
 //   N = hosts asked, P = participants (hosts with new ranks, index p = 0 .. P-1).
 //
@@ -38,7 +39,7 @@
 //   fetch  = max(in_h·s_h, max over its sources x of out_x·s_x) / B
 //            + R·(peers_in_h + peers_out_h) + 2L     (0 without remote bytes)
 //   local  = (kept_h + local_h) / C                 (overlaps the fetches: host_exec.h)
-//   exec   = max(fetch, local) + landed_h / C;  seal = new_h / M  (checksums)
+//   exec   = max(fetch, local) + landed_h / C;  seal = new_h / H  (checksums)
 //   prepare_h = decode + plan + warm + alloc + exec + seal
 //   round  = max_p (start_p + prepare_p + L)          -> the critical host
 // Commit (two_phase.h): the first participant alone, then the rest in parallel, then
