@@ -17,6 +17,9 @@
 namespace tenplex::transform {
 namespace {
 
+// Every request of a lease (take, renew, release) gives up after this long.
+constexpr int kLeaseRequestTimeoutS = 5;
+
 std::string HolderSafe(std::string s) {
   for (char& c : s) {
     if (!store::JobLeases::CheckHolder(std::string(1, c)).ok()) c = '-';
@@ -102,38 +105,43 @@ Result<std::unique_ptr<JobLease>> JobLease::Acquire(const std::vector<store::Cli
     if (c && c->coordinator() != options.coordinator)
       return InvalidArgument("the client of " + c->url() + " names another coordinator");
   }
-  const std::vector<std::size_t> order = LeaseOrder(clients);
+  // The lease's own connections, with a short timeout: a stopped daemon costs seconds
+  // here (it is skipped: lost to this operation), not the caller's request timeout.
+  auto impl = std::make_unique<Impl>();
+  impl->job = job;
+  impl->options = options;
+  impl->options.timeout_s = std::min(options.timeout_s, kLeaseRequestTimeoutS);
+  impl->lease = lease;
+  for (std::size_t i : LeaseOrder(clients)) {
+    Result<std::unique_ptr<store::Client>> c =
+        store::Client::Connect(clients[i]->url(), impl->options);
+    if (c.ok()) {
+      impl->renewers.push_back(std::move(*c));
+    } else if (c.status().code() != StatusCode::kUnavailable) {
+      return c.status().WithContext(clients[i]->url());
+    }
+  }
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::milliseconds(static_cast<int64_t>(lease.wait_s * 1000));
   std::mt19937 rng(std::random_device{}());
   bool logged = false;
   for (;;) {
-    std::vector<std::size_t> taken;
+    std::vector<store::Client*> taken;
     Status refused;
-    for (std::size_t i : order) {
-      Result<store::LeaseView> r = clients[i]->AcquireLease(job, lease.ttl_ms);
+    for (auto& c : impl->renewers) {
+      Result<store::LeaseView> r = c->AcquireLease(job, lease.ttl_ms);
       if (r.ok()) {
-        taken.push_back(i);
+        taken.push_back(c.get());
       } else if (r.status().code() != StatusCode::kUnavailable) {
         refused = r.status();
         break;
       }
     }
     if (refused.ok()) {
-      auto impl = std::make_unique<Impl>();
-      impl->job = job;
-      impl->options = options;
-      impl->options.timeout_s = std::min(options.timeout_s, 10);
-      impl->lease = lease;
-      for (std::size_t i : taken) {
-        Result<std::unique_ptr<store::Client>> c =
-            store::Client::Connect(clients[i]->url(), impl->options);
-        if (c.ok()) impl->renewers.push_back(std::move(*c));
-      }
       impl->thread = std::thread([p = impl.get()] { p->Renew(); });
       return std::unique_ptr<JobLease>(new JobLease(std::move(impl)));
     }
-    for (std::size_t i : taken) (void)clients[i]->ReleaseLease(job);
+    for (store::Client* c : taken) (void)c->ReleaseLease(job);
     if (refused.code() != StatusCode::kAborted || std::chrono::steady_clock::now() >= deadline) {
       if (refused.code() == StatusCode::kAborted && lease.wait_s > 0)
         return refused.WithContext("waited " + std::to_string(static_cast<int>(lease.wait_s)) +

@@ -8,13 +8,14 @@
 // the daemons in ascending host-id order, so two coordinators contend at the same first
 // daemon rather than each holding half; when a daemon refuses (another coordinator holds
 // the lease there) it releases what it took, waits a little and starts over, until
-// `wait_s`; then it fails with the other coordinator's name (Aborted). A daemon that does
-// not answer is skipped (it is lost to this operation; the coordinator's requests to it
-// take the lease if it comes back). While the JobLease lives, a thread renews the lease
-// every ttl/4 over its own connections; a renewal that another coordinator's lease
-// refuses is kept (Held) so that the coordinator can stop before its decision. The
-// destructor stops renewing and releases the lease everywhere; a coordinator that dies
-// leaves it to expire after its ttl.
+// `wait_s`; then it fails with the other coordinator's name (Aborted). The lease's
+// requests go over its own connections, each bounded at 5 s: a daemon that does not
+// answer is skipped (it is lost to this operation; the coordinator's requests to it
+// take the lease if it comes back), costing seconds, not the caller's request timeout. While the
+// JobLease lives, a thread renews the lease every ttl/4 over its own connections; a renewal that
+// another coordinator's lease refuses is kept (Held) so that the coordinator can stop before its
+// decision. The destructor stops renewing and releases the lease everywhere; a coordinator that
+// dies leaves it to expire after its ttl.
 #pragma once
 
 #include <cstdint>
