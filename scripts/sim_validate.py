@@ -188,7 +188,8 @@ def run_row(args: argparse.Namespace, row: Row, tmp: str, model: str, cluster_fi
     for i in range(args.runs):
         s = bench.transform_once(cl, ckpt, "v%d" % i, row.to, central=False, local=False)
         reports.append(s)
-        log.info("  %s -> %s run %d: %.3f s", row.frm, row.to, i, s["seconds"])
+        log.info("  %s -> %s run %d: %.3f s (pages pooled before it: %.0f MB)", row.frm, row.to, i, s["seconds"],
+                 s["pool_bytes_before"] / 1e6)
     reports.sort(key=lambda s: s["seconds"])
     med = reports[len(reports) // 2]
     res.runs = [s["seconds"] for s in reports]
