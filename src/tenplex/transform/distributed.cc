@@ -328,17 +328,30 @@ RoundResult RunRound(std::vector<Host>& hosts, const std::string& job, const Rou
   return out;
 }
 
-// Every host of either cluster, old ones first; index: URL -> position in hosts.
+// Every host of either cluster, old ones first; index: URL -> position in hosts; the
+// job's lease on them (job_lease.h: one coordinator of the job at a time; none for a
+// pre-size or a caller that holds it).
 struct HostSet {
   std::vector<Host> hosts;
   std::map<std::string, int> index;
+  std::unique_ptr<JobLease> lease;
 };
+
+// The arguments TransformCluster refuses before it connects to anything.
+Status CheckTransformArgs(const std::string& job, const ClusterTransformOptions& options) {
+  TP_RETURN_IF_ERROR(store::CheckJobName(job));
+  if (options.max_attempts < 1) return InvalidArgument("max_attempts must be at least 1");
+  if (options.control_timeout_s < 1 || options.silent_s < 1 || options.prepare_timeout_s < 1)
+    return InvalidArgument("transform timeouts must be at least 1 s");
+  return Status::Ok();
+}
 
 // Connects to every host of either cluster with the control options (ConnectCluster: a
 // host that is unavailable stays unconnected (lost); any other error, e.g. a wrong token,
-// is returned; one daemon under two URLs is refused).
+// is returned; one daemon under two URLs is refused), then takes the job's lease.
 Result<HostSet> ConnectHosts(const Cluster& from, const Cluster& target,
-                             const store::ClientOptions& control) {
+                             const store::ClientOptions& control, const std::string& job,
+                             const ClusterTransformOptions& options) {
   HostSet s;
   Cluster all;
   for (const std::vector<std::string>* list : {&from.hosts, &target.hosts}) {
@@ -351,6 +364,10 @@ Result<HostSet> ConnectHosts(const Cluster& from, const Cluster& target,
   TP_ASSIGN_OR_RETURN(auto clients, ConnectCluster(all, control, /*allow_lost=*/true));
   for (std::size_t h = 0; h < all.hosts.size(); ++h)
     s.hosts.push_back({all.hosts[h], std::move(clients[h]), "", {}});
+  if (!options.presize_only && !options.lease_held) {
+    TP_ASSIGN_OR_RETURN(s.lease, JobLease::Acquire(Raw(s.hosts), job, control,
+                                                   {store::kDefaultLeaseMs, options.lease_wait_s}));
+  }
   return s;
 }
 
@@ -527,6 +544,18 @@ Result<RoundResult> RunCentral(std::vector<Host>& hosts, const std::string& job,
 
 // After a failed round: the silent participants (already marked lost by the round) and
 // every host that does not answer /v1/health now are lost. Returns how many that are.
+// A round committed: its version and the hosts that did not confirm (logged) in stats.
+void Committed(const RoundResult& rr, uint64_t version, const ClusterTransformOptions& options,
+               ClusterTransformStats& stats) {
+  stats.unconfirmed_hosts = rr.unconfirmed;
+  for (const std::string& u : rr.unconfirmed) {
+    Log(options, "host " + u +
+                     " did not confirm its commit (the decision is commit: its prepared "
+                     "version is committed when it answers again)");
+  }
+  stats.to_version = version;
+}
+
 int DropUnanswering(std::vector<Host>& hosts, const std::vector<int>& silent,
                     const ClusterTransformOptions& options) {
   int newly_lost = static_cast<int>(silent.size());
@@ -549,32 +578,24 @@ Result<ClusterTransformStats> TransformCluster(const Cluster& from, const std::s
                                                const store::ClientOptions& given_options,
                                                const ClusterTransformOptions& options) {
   const auto t_start = std::chrono::steady_clock::now();
-  store::ClientOptions client_options = given_options;
+  TP_RETURN_IF_ERROR(CheckTransformArgs(job, options));
+  store::ClientOptions client_options = given_options;  // named: every request is fenced
   if (client_options.coordinator.empty() && !options.presize_only)
     client_options.coordinator = NewCoordinator("tenplex-transform");
-  TP_RETURN_IF_ERROR(store::CheckJobName(job));
-  if (options.max_attempts < 1) return InvalidArgument("max_attempts must be at least 1");
   const Cluster& target = options.to ? *options.to : from;
-  if (options.control_timeout_s < 1 || options.silent_s < 1 || options.prepare_timeout_s < 1)
-    return InvalidArgument("transform timeouts must be at least 1 s");
   // Every control request (state, addresses, commit, abort, health) is bounded by the
   // control timeout; only the prepare itself waits longer (PreparePhase).
   store::ClientOptions control = client_options;
   control.timeout_s = options.control_timeout_s;
-  TP_ASSIGN_OR_RETURN(HostSet hs, ConnectHosts(from, target, control));
+  TP_ASSIGN_OR_RETURN(HostSet hs, ConnectHosts(from, target, control, job, options));
   std::vector<Host>& hosts = hs.hosts;
-  std::unique_ptr<JobLease> lease;  // one coordinator of the job at a time (job_lease.h)
-  if (!options.presize_only && !options.lease_held) {
-    TP_ASSIGN_OR_RETURN(lease, JobLease::Acquire(Raw(hosts), job, control,
-                                                 {store::kDefaultLeaseMs, options.lease_wait_s}));
-  }
   ClusterTransformStats stats;
   stats.to_config = to.ToString();
   for (const Host& h : hosts) stats.all_hosts.push_back(h.url);
   uint64_t next_version = 0;  // above every number an earlier attempt used
   for (int attempt = 1; attempt <= options.max_attempts; ++attempt) {
     stats.attempts = attempt;
-    if (lease) TP_RETURN_IF_ERROR(lease->Held());  // another coordinator took the job over
+    if (hs.lease) TP_RETURN_IF_ERROR(hs.lease->Held());  // another coordinator took over
     TP_ASSIGN_OR_RETURN(CommittedState cs, RecoverAndFindState(hosts, job, from, options, stats));
     const uint64_t version = cs.version;
     const Model& model = cs.info.model();
@@ -616,13 +637,7 @@ Result<ClusterTransformStats> TransformCluster(const Cluster& from, const std::s
     stats.commit_seconds = rr.commit_seconds;
     stats.hosts = std::move(rr.hosts);
     if (rr.status.ok()) {
-      stats.unconfirmed_hosts = rr.unconfirmed;
-      for (const std::string& u : rr.unconfirmed) {
-        Log(options, "host " + u +
-                         " did not confirm its commit (the decision is commit: its prepared "
-                         "version is committed when it answers again)");
-      }
-      stats.to_version = round.to_version;
+      Committed(rr, round.to_version, options, stats);
       stats.seconds = Since(t_start);
       return stats;
     }
