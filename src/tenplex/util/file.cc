@@ -120,28 +120,47 @@ Status WriteFileAtomic(const std::string& path, std::string_view data) {
   return WriteFileAtomicParts(path, {data});
 }
 
-Status WriteFileAtomicParts(const std::string& path, const std::vector<std::string_view>& parts) {
-  std::string tmp = TempNameFor(path);
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoError("create " + tmp, errno);
-  auto fail = [&](const char* what) {
-    int err = errno;
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    return ErrnoError(std::string(what) + " " + tmp, err);
-  };
+namespace {
+
+// Writes every part to fd; the errno of a failed write (0: all written).
+int WriteParts(int fd, const std::vector<std::string_view>& parts) {
   for (std::string_view data : parts) {
     std::size_t off = 0;
     while (off < data.size()) {
       ssize_t n = ::write(fd, data.data() + off, data.size() - off);
       if (n < 0) {
         if (errno == EINTR) continue;
-        return fail("write");
+        return errno;
       }
       off += static_cast<std::size_t>(n);
     }
   }
-  if (::fsync(fd) != 0) return fail("fsync");
+  return 0;
+}
+
+}  // namespace
+
+Status WriteFileAtomicParts(const std::string& path, const std::vector<std::string_view>& parts) {
+  // A device or a FIFO (`-o /dev/null`) is written to, never replaced: the rename would
+  // put a regular file in place of /dev/null (as root).
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd < 0) return ErrnoError("open " + path, errno);
+    const int err = WriteParts(fd, parts);
+    ::close(fd);
+    return err == 0 ? Status::Ok() : ErrnoError("write " + path, err);
+  }
+  std::string tmp = TempNameFor(path);
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoError("create " + tmp, errno);
+  auto fail = [&](const char* what, int err) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    return ErrnoError(std::string(what) + " " + tmp, err);
+  };
+  if (int err = WriteParts(fd, parts); err != 0) return fail("write", err);
+  if (::fsync(fd) != 0) return fail("fsync", errno);
   ::close(fd);
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     int err = errno;

@@ -29,7 +29,8 @@ Result<std::string> ReadRegularFile(const std::string& path);
 // fallocate are left to ftruncate (the caller sizes the file).
 Status ReserveFileSpace(int fd, uint64_t bytes, const std::string& path);
 // Writes data to path + ".tmp.<pid>.<n>", fsyncs, renames onto path, fsyncs the
-// directory. A crash leaves either the old file or the new one, never a mix.
+// directory. A crash leaves either the old file or the new one, never a mix. A path
+// that is a device or a FIFO (`-o /dev/null`) is written to in place, never replaced.
 Status WriteFileAtomic(const std::string& path, std::string_view data);
 // The same for the concatenation of parts (no copy into one buffer).
 Status WriteFileAtomicParts(const std::string& path, const std::vector<std::string_view>& parts);

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <csignal>
@@ -66,6 +67,32 @@ TEST_F(FileTest, OnlyRegularFilesAreOpened) {
   ASSERT_FALSE(dev.ok());
   EXPECT_NE(dev.status().message().find("character device"), std::string::npos);
   EXPECT_TRUE(MappedFile::Open(Path("link")).ok());
+}
+
+// An atomic write to a FIFO or a device writes into it and leaves it in place: `-o
+// /dev/null` as root used to rename a regular file over /dev/null.
+TEST_F(FileTest, AtomicWritesToADeviceOrFifoWriteInPlace) {
+  ASSERT_EQ(::mkfifo(Path("fifo").c_str(), 0600), 0);
+  const int rfd = ::open(Path("fifo").c_str(), O_RDONLY | O_NONBLOCK);  // a reader, at once
+  ASSERT_GE(rfd, 0);
+  EXPECT_TRUE(WriteFileAtomicParts(Path("fifo"), {"ab", "cd"}).ok());
+  char buf[16] = {};
+  const ssize_t n = ::read(rfd, buf, sizeof(buf));
+  ::close(rfd);
+  EXPECT_EQ(std::string(buf, n > 0 ? static_cast<std::size_t>(n) : 0), "abcd");
+  struct stat st {};
+  ASSERT_EQ(::stat(Path("fifo").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode));
+  // A null device of our own (root only; the test never touches /dev/null itself).
+  if (::mknod(Path("null").c_str(), S_IFCHR | 0666, ::makedev(1, 3)) == 0) {
+    EXPECT_TRUE(WriteFileAtomic(Path("null"), "x").ok());
+    ASSERT_EQ(::stat(Path("null").c_str(), &st), 0);
+    EXPECT_TRUE(S_ISCHR(st.st_mode));
+  }
+  // A regular file is still replaced atomically.
+  ASSERT_TRUE(WriteFileAtomic(Path("real"), "old").ok());
+  ASSERT_TRUE(WriteFileAtomic(Path("real"), "new").ok());
+  EXPECT_EQ(*ReadFile(Path("real")), "new");
 }
 
 // A reservation past what the file system allows is a clean ResourceExhausted naming
