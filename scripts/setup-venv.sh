@@ -8,6 +8,7 @@
 #                            while the packages install (scripts/demo.sh)
 # Top-level packages (pip freeze of these gives requirements.lock):
 #   torch numpy matplotlib safetensors transformers megatron-core deepspeed pytest pyyaml
+#   python-etcd (the etcd client of torchrun's etcd-v2 rendezvous, docs/deploy.md)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=.venv
