@@ -1,0 +1,89 @@
+#!/usr/bin/env python3
+"""Plot of predicted reconfiguration time against GPU count (issue 36): docs/scale-time.svg.
+
+    .venv/bin/python scripts/sim_plot.py [--results bench/sim/scale.json] [-o docs/scale-time.svg]
+
+Reads the results that `scripts/sim_scale.py scale --json F` wrote (one `tenplex simulate`
+per model, size and change) and draws, for each model and change, the predicted total and
+the critical host's own part (its start excluded: what is left once the coordinator's
+sequential work is parallel), against the restart's checkpoint read at the PFS bandwidth
+(every new rank reading its shards). Log-log axes.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections import defaultdict
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.join(HERE, "..")
+MARKERS = {"lose": "o", "scale": "s", "TP": "^"}
+
+
+def kind(change: str) -> str:
+    return change.split()[0].rstrip(":")
+
+
+def plot(rows: list[dict[str, Any]], out: str) -> None:
+    series: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        series[(r["model"], kind(r["change"]))].append(r)
+    models = sorted({r["model"] for r in rows})
+    fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4.8), sharey=True, squeeze=False)
+    for ax, model in zip(axes[0], models):
+        for (m, k), pts in sorted(series.items()):
+            if m != model:
+                continue
+            pts.sort(key=lambda r: r["gpus"])
+            x = [r["gpus"] for r in pts]
+            label = {"lose": "lose a host", "scale": "scale down 10 %", "TP": "TP 8 -> 4"}.get(k, k)
+            line = ax.plot(x, [r["prediction"]["total_seconds"] for r in pts], marker=MARKERS.get(k, "x"),
+                           label="%s: total" % label)[0]
+            ax.plot(x, [r["critical"]["prepare"] for r in pts], marker=MARKERS.get(k, "x"), linestyle=":",
+                    color=line.get_color(), label="%s: critical host's prepare" % label)
+        ck = sorted((r["gpus"], r["checkpoint"]["read_seconds"]) for r in rows
+                    if r["model"] == model and kind(r["change"]) == "scale")
+        if ck:
+            ax.plot([g for g, _ in ck], [s for _, s in ck], color="black", linestyle="--", marker="+",
+                    label="restart: checkpoint read at 2 TB/s")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_title(model)
+        ax.set_xlabel("GPUs (8 per host)")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].set_ylabel("predicted seconds")
+    axes[0][-1].legend(fontsize=7, loc="upper left")
+    fig.suptitle("tenplex simulate: reconfiguration time against GPU count (400 Gbit/s NICs, 20 GB/s memory)",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--results", default=os.path.join(ROOT, "bench", "sim", "scale.json"))
+    ap.add_argument("-o", "--output", default=os.path.join(ROOT, "docs", "scale-time.svg"))
+    args = ap.parse_args()
+    try:
+        with open(args.results) as f:
+            rows = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        sys.exit("cannot read %s (run scripts/sim_scale.py scale --json %s first): %s" % (args.results,
+                                                                                           args.results, e))
+    if not rows or any("gpus" not in r for r in rows):
+        sys.exit("%s: not the output of `sim_scale.py scale`" % args.results)
+    plot(rows, args.output)
+    print("wrote", args.output)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
