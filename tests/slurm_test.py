@@ -1,0 +1,182 @@
+"""deploy/slurm/ on a real Slurm cluster: a job grows by a second allocation, loses a
+node, finishes, and every step matches a static run.
+
+usage: slurm_test.py TENPLEX_BIN REPO_ROOT
+
+A Slurm cluster of 3 nodes on this machine (tests/slurm_cluster.py: munged, slurmctld,
+one slurmd per node, each node in its own network, UTS and mount namespace on a bridge;
+as root, exit 77 where that is unavailable). In a fresh HOME and job folder, as
+docs/deploy.md tells users: the token file, gpt.json and policy.json, then
+
+    MIN_NODES=2 MAX_NODES=3 NPROC=2 TRAIN_ARGS="--job gpt --model gpt.json ..." \
+        sbatch --nodes=2 $REPO/deploy/slurm/tenplex-torchrun.sbatch
+
+(node0 and node1: tp=2,pp=2 on 4 ranks). Once it has trained a few steps, a node joins
+as a second job, as the sbatch script's header says:
+
+    RDZV_ENDPOINT=node0:29400 RDZV_ID=<first job> MIN_NODES=2 MAX_NODES=3 ... sbatch --nodes=1 ...
+
+(node2: the agents restart their workers, which transform the state to tp=2,dp=3 on 6
+ranks). After a commit there, node1 is killed: its slurmd and every process in its
+namespace (daemon, agent, workers, slurmstepd). The survivors go on as tp=2,pp=2 from the
+last commit and finish. Checked: both jobs end (Slurm's states and exit codes, their
+stdout files), the worlds of the step log are 4, 6, 4, every step's loss is within 1e-3 of
+a static tp=1 run with the same samples, and no process is left in any namespace.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from elastic_run_test import Checks, check_steps, steps_of  # noqa: E402
+from slurm_cluster import SlurmCluster  # noqa: E402
+from torchrun_elastic_test import POLICY, TRAIN_ARGS, free_port, read_log  # noqa: E402
+
+PY = sys.executable
+STEPS = 30
+COMMIT_EVERY = 2
+ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING")
+
+
+def wait_for(what, pred, timeout, cluster, jobs):
+    """Polls pred() until true; False (with the reason printed) on a timeout or a job that ended early."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if pred():
+            return True
+        for j in jobs:
+            state = cluster.job(j)["JobState"]
+            if state not in ACTIVE:
+                print(f"FAIL: job {j} ended ({state}) while waiting for {what}")
+                return False
+        time.sleep(0.5)
+    print(f"FAIL: timed out ({timeout} s) waiting for {what}")
+    return False
+
+
+def prepare(tenplex, tmp):
+    """A fresh HOME with the token file and a job folder with gpt.json and policy.json (docs/deploy.md)."""
+    home, jobdir = os.path.join(tmp, "home"), os.path.join(tmp, "job")
+    os.makedirs(jobdir)
+    subprocess.run(["bash", "-c", "mkdir -p ~/.tenplex && chmod 700 ~/.tenplex && "
+                    "(umask 077 && head -c 32 /dev/urandom | base64 > ~/.tenplex/token)"],
+                   env=dict(os.environ, HOME=home), check=True)
+    subprocess.run([tenplex, "model", "gpt", "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads",
+                    "4", "--vocab-size", "128", "--max-position-embeddings", "32", "-o",
+                    os.path.join(jobdir, "gpt.json")], check=True)
+    with open(os.path.join(jobdir, "policy.json"), "w") as f:
+        json.dump(POLICY, f)
+    return home, jobdir
+
+
+def static_run(repo, jobdir):
+    log = os.path.join(jobdir, "static.jsonl")
+    t0 = time.time()
+    subprocess.run([PY, os.path.join(repo, "examples/gpt/train.py"), "--config", "tp=1", "--model",
+                    os.path.join(jobdir, "gpt.json"), "--steps", str(STEPS), "--log", log,
+                    "--master-port", str(free_port()), *TRAIN_ARGS], check=True, capture_output=True, timeout=300)
+    print(f"static run: {time.time() - t0:.1f} s")
+    return log
+
+
+def committed_on(log, world):
+    _, events = read_log(log)
+    starts = [i for i, e in enumerate(events) if e["event"] == "elastic_start" and e["world_size"] == world]
+    return bool(starts) and any(e["event"] == "commit" for e in events[starts[0]:])
+
+
+def scenario(cluster, check, tenplex, repo, home, jobdir):
+    """The two jobs, the join and the kill; the job ids (empty if none started) and whether all happened."""
+    sbatch = os.path.join(repo, "deploy/slurm/tenplex-torchrun.sbatch")
+    args = (f"--job gpt --model gpt.json --steps {STEPS} --commit-every {COMMIT_EVERY} --step-log steps.jsonl "
+            f"--min-step-seconds 0.4 --timeout 60 " + " ".join(TRAIN_ARGS))
+    env = cluster.env(HOME=home, TENPLEX_REPO=repo, TENPLEX=tenplex, PYTHON=PY, MIN_NODES="2", MAX_NODES="3",
+                      NPROC="2", LAST_CALL="2", OMP_NUM_THREADS="1", TRAIN_ARGS=args)
+    log = os.path.join(jobdir, "steps.jsonl")
+    t0 = time.time()
+    first = cluster.sbatch(["--nodes=2", sbatch], env, jobdir)
+    jobs = [first]
+    print(f"job {first} submitted")
+    if not wait_for("step 2 on 2 nodes", lambda: any(s["step"] >= 2 for s in read_log(log)[0]), 180, cluster, jobs):
+        return jobs, False
+    print(f"2 nodes at step 2 after {time.time() - t0:.1f} s; a third joins")
+    join_env = dict(env, RDZV_ENDPOINT="node0:29400", RDZV_ID=str(first))
+    jobs.append(cluster.sbatch(["--nodes=1", sbatch], join_env, jobdir))
+    print(f"job {jobs[1]} submitted")
+    if not wait_for("a commit on 3 nodes", lambda: committed_on(log, 6), 180, cluster, jobs):
+        return jobs, False
+    print(f"committed on 3 nodes after {time.time() - t0:.1f} s; killing node1")
+    check(cluster.job(first)["NodeList"] == "node[0-1]" and cluster.job(jobs[1])["NodeList"] == "node2",
+          "the first job runs on node0 and node1, the joining one on node2")
+    cluster.kill_node(1)
+    t_kill = time.time()
+    ok = wait_for("both jobs to end", lambda: all(cluster.job(j)["JobState"] not in ACTIVE for j in jobs), 300,
+                  cluster, [])
+    print(f"jobs ended {time.time() - t_kill:.1f} s after the kill; elastic run: {time.time() - t0:.1f} s")
+    state = cluster.nodes().get("node1", "")
+    check(state.startswith("down"), f"Slurm marked node1 down: {state}")
+    return jobs, ok
+
+
+def check_jobs(cluster, check, jobs, jobdir, ok):
+    for j in jobs:
+        info = cluster.job(j)
+        out_file = info.get("StdOut", os.path.join(jobdir, f"slurm-{j}.out"))
+        with open(out_file, errors="replace") as f:
+            out = f.read()
+        print(f"---- job {j}: {info['JobState']} exit {info['ExitCode']} on {info['NodeList']}; "
+              f"{out_file}{':' if not ok else ', last lines:'}\n" + "".join(out.splitlines(True)[-25 if ok else 0:]))
+        check(info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0",
+              f"job {j} completed with exit code 0:0: {info['JobState']} {info['ExitCode']}")
+        check(not any(m in out for m in ("node.sh: error", "node.sh: the job stopped", "node.sh: torchrun exited")),
+              f"job {j}'s stdout names no node.sh failure")
+        if j == jobs[0]:
+            check("srun: error: Node failure on node1" in out and "Force Terminated" not in out,
+                  "the first job's srun saw node1 fail and kept the step on node0")
+
+
+def main():
+    tenplex, repo = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+    check = Checks()
+    with tempfile.TemporaryDirectory(prefix="tenplex-slurm-") as tmp:
+        home, jobdir = prepare(tenplex, tmp)
+        static_log = static_run(repo, jobdir)
+        t0 = time.time()
+        cluster = SlurmCluster(tmp, count=3, slurmd_timeout=10)
+        print(f"Slurm cluster up in {time.time() - t0:.1f} s: {cluster.nodes()}")
+        ok, jobs = False, []
+        try:
+            jobs, ok = scenario(cluster, check, tenplex, repo, home, jobdir)
+            check(ok, "the scripted scale-up and failure happened and both jobs ended")
+            check_jobs(cluster, check, jobs, jobdir, ok)
+        finally:
+            if not ok:
+                for n in ("slurmctld", *cluster.names):
+                    print(cluster.tail(n))
+            cluster.close()
+        node1_url = f"http://{cluster.net.addr(1)}:7480"
+        left = cluster.left
+        check(not left, f"no process left in the namespaces or of the daemons: {left}")
+        base, _ = steps_of(static_log)
+        log = os.path.join(jobdir, "steps.jsonl")
+        got, events = steps_of(log) if os.path.exists(log) else ({}, [])
+        for e in events:
+            print(json.dumps(e))
+        check(sorted(got) == list(range(STEPS)), f"every step logged: {sorted(got)}")
+        check_steps(check, got, base, STEPS)
+        starts = [e for e in events if e["event"] == "elastic_start"]
+        worlds = [e["world_size"] for e in starts]
+        check(worlds == [4, 6, 4], f"worlds of the starts: 4, then 6 (node2 joined), then 4 (node1 lost): {worlds}")
+        if worlds == [4, 6, 4]:
+            up, down = starts[1], starts[2]
+            check(up["transformed"] and up["config"] == "tp=2,pp=1,dp=3", f"scale-up to tp=2,dp=3: {up}")
+            check(down["transformed"] and down["config"] == "tp=2,pp=2,dp=1" and len(down["lost_hosts"]) == 1
+                  and down["lost_hosts"][0] == node1_url, f"after the kill: node1's daemon lost, re-planned: {down}")
+    check.finish()
+
+
+if __name__ == "__main__":
+    main()
