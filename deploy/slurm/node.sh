@@ -9,13 +9,18 @@
 # Required:
 #   TENPLEX_TOKEN   the daemons' bearer token (the same on every node; e.g.
 #                   TENPLEX_TOKEN=$(cat ~/.tenplex/token))
-#   RDZV_ENDPOINT   host:port of the c10d rendezvous (the same on every node)
+#   RDZV_ENDPOINT   host:port of the c10d rendezvous, or of the etcd server (its client
+#                   URL's) with RDZV_BACKEND=etcd-v2 (the same on every node)
 #   RDZV_ID         the rendezvous id (the same on every node of one job)
 #   POLICY          the policy: a JSON file or text mapping world sizes to configs
 #   TRAIN_ARGS      train.py's arguments after --elastic POLICY, e.g.
 #                   "--job gpt --model gpt.json --steps 1000 --commit-every 100"
 # Optional [default]:
-#   RDZV_HOST_NODE  the short host name of the node hosting the rendezvous: that node
+#   RDZV_BACKEND [c10d]  c10d: the rendezvous is served by one node's agent, the job ends
+#                   with that node; etcd-v2: by an etcd server (`etcd --enable-v2`) on a
+#                   machine the job does not lose (or a 3-member etcd cluster): any node
+#                   may die (docs/deploy.md; needs python-etcd in PYTHON's environment)
+#   RDZV_HOST_NODE  (c10d only) the short host name of the node hosting the rendezvous: that node
 #                   gets is_host=true, every other one is_host=false; set but empty: no
 #                   node of this job hosts it (a joining job) [unset: torchrun decides
 #                   from RDZV_ENDPOINT's host, which must then name this machine]
@@ -61,8 +66,14 @@ export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
 # Other nodes use addr:port; this node's workers reach the same daemon on 127.0.0.1
 # (loopback: tensors through shared memory).
 export TENPLEX_STORE_URL="http://$addr:$port"
+backend=${RDZV_BACKEND:-c10d}
+case "$backend" in
+  c10d | etcd-v2) ;;
+  *) echo "node.sh: error: RDZV_BACKEND=$backend is not a rendezvous this script runs: c10d or etcd-v2 $need" >&2
+     exit 2 ;;
+esac
 conf="last_call_timeout=${LAST_CALL:-5}"
-if [ -n "${RDZV_HOST_NODE+set}" ]; then
+if [ "$backend" = c10d ] && [ -n "${RDZV_HOST_NODE+set}" ]; then
   is_host=false
   if [ -n "$RDZV_HOST_NODE" ] && [ "$(hostname -s)" = "${RDZV_HOST_NODE%%.*}" ]; then is_host=true; fi
   conf="is_host=$is_host,$conf"
@@ -87,7 +98,7 @@ export TENPLEX_FATAL_FILE=$fatal_file
 rc=0
 # shellcheck disable=SC2086
 "$python" -m torch.distributed.run --nnodes="${MIN_NODES:-1}:${MAX_NODES:-1}" --nproc_per_node="${NPROC:-1}" \
-  --rdzv_backend=c10d --rdzv_endpoint="$RDZV_ENDPOINT" --rdzv_id="$RDZV_ID" --rdzv_conf="$conf" \
+  --rdzv_backend="$backend" --rdzv_endpoint="$RDZV_ENDPOINT" --rdzv_id="$RDZV_ID" --rdzv_conf="$conf" \
   --monitor_interval="${MONITOR_INTERVAL:-1}" --max_restarts="${MAX_RESTARTS:-10}" \
   "$repo/examples/gpt/train.py" --elastic "$POLICY" $TRAIN_ARGS || rc=$?
 if [ -s "$fatal_file" ]; then
