@@ -7,7 +7,7 @@ Reads the results that `scripts/sim_scale.py scale --json F` wrote (one `tenplex
 per model, size and change) and draws, for each model and change, the predicted total and
 the critical host's own part (its start excluded: what is left once the coordinator's
 sequential work is parallel), against the restart's checkpoint read at the PFS bandwidth
-(every new rank reading its shards). Log-log axes.
+(every new rank reading its shards, and the state read once). Log-log axes.
 """
 from __future__ import annotations
 
@@ -22,6 +22,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+plt.rcParams["svg.fonttype"] = "none"  # text as text: a smaller file
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.join(HERE, "..")
@@ -53,7 +55,12 @@ def plot(rows: list[dict[str, Any]], out: str) -> None:
                     if r["model"] == model and kind(r["change"]) == "scale")
         if ck:
             ax.plot([g for g, _ in ck], [s for _, s in ck], color="black", linestyle="--", marker="+",
-                    label="restart: checkpoint read at 2 TB/s")
+                    label="restart: every rank reads its shards at 2 TB/s")
+        once = sorted((r["gpus"], r["checkpoint"]["state_read_seconds"]) for r in rows
+                      if r["model"] == model and kind(r["change"]) == "scale")
+        if once:
+            ax.plot([g for g, _ in once], [s for _, s in once], color="gray", linestyle="-.", marker="+",
+                    label="restart: the state read once (no broadcast)")
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_title(model)
