@@ -39,6 +39,7 @@ STEPS = 24
 COMMIT_EVERY = 2
 POLICY = {"4": "tp=2,pp=2", "6": "tp=2,dp=3", "2": "tp=2"}
 TRAIN_ARGS = ["--global-batch-size", "12", "--micro-batch-size", "2", "--seq-length", "32"]
+RDZV_TIMEOUTS = "last_call_timeout=1,join_timeout=120,close_timeout=10"  # --rdzv_conf of every backend
 
 
 def free_port():
@@ -75,30 +76,36 @@ def wait_for(what, pred, timeout, procs):
 
 
 class Host:
-    def __init__(self, index, tenplex, repo, tmp, rdzv_port, model, policy, log, go_file=None, extra=(), net=None):
+    def __init__(self, index, tenplex, repo, tmp, rdzv_port, model, policy, log, go_file=None, extra=(), net=None,
+                 rdzv=None, daemon_args=(), store_url=None):
         """go_file: start the agent now (imports done) but let it join only once the file exists;
         extra: more train.py arguments (later ones win); net: a NetnsBridge, the host runs in
-        its namespace i (its own address, a UTS namespace whose host name is that address)."""
+        its namespace i (its own address, a UTS namespace whose host name is that address);
+        rdzv: the --rdzv_backend/--rdzv_endpoint/--rdzv_conf arguments (default: c10d hosted by
+        host 0's agent on rdzv_port); daemon_args: more `store serve` arguments; store_url: the
+        URL the workers reach their daemon at (default: the daemon's own, e.g. not a proxy's)."""
         self.index = index
         prefix, rdzv_host, ifname = (), "127.0.0.1", "lo"
         if net is not None:
             prefix, rdzv_host, ifname = net.prefix(index), net.addr(0), net.ifname(index)
-            self.daemon = Daemon(tenplex, listen="0.0.0.0:7480", prefix=prefix)
+            self.daemon = Daemon(tenplex, listen="0.0.0.0:7480", prefix=prefix, args=daemon_args)
             self.daemon.url = f"http://{net.addr(index)}:7480"
             prefix = (*prefix, "unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', net.addr(index))
         else:
-            self.daemon = Daemon(tenplex)
+            self.daemon = Daemon(tenplex, args=daemon_args)
+        self.store_url = store_url or self.daemon.url
         self.out = open(os.path.join(tmp, f"host{index}.log"), "w")
         # TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: torch 2.x's shared rendezvous store deadlocks a
         # node joining a later round (docs/deploy.md, "torchrun on torch 2.x").
-        env = dict(os.environ, TENPLEX_STORE_URL=self.daemon.url, TENPLEX_BIN=tenplex,
+        env = dict(os.environ, TENPLEX_STORE_URL=self.store_url, TENPLEX_BIN=tenplex,
                    TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
                    PYTHONPATH=os.path.join(repo, "python"), GLOO_SOCKET_IFNAME=ifname, OMP_NUM_THREADS="1",
                    LOGLEVEL="INFO")  # the agents log their workers' exits and restarts (printed on failure)
-        conf = f"is_host={'true' if index == 0 else 'false'},last_call_timeout=1,join_timeout=120,close_timeout=10"
+        if rdzv is None:
+            conf = f"is_host={'true' if index == 0 else 'false'},{RDZV_TIMEOUTS}"
+            rdzv = ["--rdzv_backend=c10d", f"--rdzv_endpoint={rdzv_host}:{rdzv_port}", f"--rdzv_conf={conf}"]
         launcher = [PY, os.path.abspath(__file__), "--agent-after", go_file] if go_file else [PY, "-m", "torch.distributed.run"]
-        cmd = [*prefix, *launcher, "--nnodes=2:3", "--nproc_per_node=2", "--rdzv_backend=c10d",
-               f"--rdzv_endpoint={rdzv_host}:{rdzv_port}", "--rdzv_id=torchrun-test", f"--rdzv_conf={conf}",
+        cmd = [*prefix, *launcher, "--nnodes=2:3", "--nproc_per_node=2", *rdzv, "--rdzv_id=torchrun-test",
                "--monitor_interval=0.5", "--max_restarts=3",
                os.path.join(repo, "examples/gpt/train.py"), "--elastic", policy, "--job", "gpt", "--model", model,
                "--steps", str(STEPS), "--commit-every", str(COMMIT_EVERY), "--step-log", log,
@@ -106,7 +113,18 @@ class Host:
         self.agent = subprocess.Popen(cmd, stdout=self.out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
     def kill_all(self):
-        """SIGKILLs every process of the host: the agent's process group (agent and workers) and the daemon."""
+        """SIGKILLs every process of the host: the agent's process group, every process below
+        it (torchrun starts its workers in sessions of their own), and the daemon. The agent's
+        group is stopped first, so that nothing starts a process meanwhile."""
+        try:
+            os.killpg(self.agent.pid, signal.SIGSTOP)
+        except ProcessLookupError:
+            pass
+        for pid in [self.agent.pid, *descendants(self.agent.pid)]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         try:
             os.killpg(self.agent.pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -119,6 +137,26 @@ class Host:
             self.kill_all()
         self.daemon.stop()
         self.out.close()
+
+
+def descendants(pid):
+    """The ids of every process below pid (children, their children, ...), from /proc."""
+    children = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+        children.setdefault(ppid, []).append(int(d))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
 
 
 def delayed_agent(go_file, args):
@@ -145,22 +183,59 @@ def main():
             net.close()
 
 
+def setup_job(tenplex, repo, tmp):
+    """(model, policy, static run's log) in tmp: the model, the policy file and the static tp=1 run."""
+    model = os.path.join(tmp, "model.json")
+    subprocess.run([tenplex, "model", "gpt", "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads",
+                    "4", "--vocab-size", "128", "--max-position-embeddings", "32", "-o", model], check=True)
+    policy = os.path.join(tmp, "policy.json")
+    with open(policy, "w") as f:
+        json.dump(POLICY, f)
+    static_log = os.path.join(tmp, "static.jsonl")
+    t0 = time.time()
+    subprocess.run([PY, os.path.join(repo, "examples/gpt/train.py"), "--config", "tp=1", "--model", model,
+                    "--steps", str(STEPS), "--log", static_log, "--master-port", str(free_port()), *TRAIN_ARGS],
+                   check=True, capture_output=True, timeout=300)
+    print(f"static run: {time.time() - t0:.1f} s")
+    return model, policy, static_log
+
+
+def committed_on_6(log):
+    """True once the 6-rank world (3 hosts) committed a version."""
+    steps, events = read_log(log)
+    starts = [i for i, e in enumerate(events) if e["event"] == "elastic_start" and e["world_size"] == 6]
+    return bool(starts) and any(e["event"] == "commit" for e in events[starts[0]:])
+
+
+def scale_up(hosts, go, log, net, t0):
+    """(ok, [(name, agent)]): hosts 0 and 1 train to step 3, host 2 joins (go), the 6-rank world commits.
+    Exit 77 where the namespaces' daemons cannot be reached."""
+    if net is not None:
+        try:  # the bridge may be filtered on some machines: that is the environment, not us
+            for h in hosts:
+                h.daemon.get("/v1/health")
+        except OSError as e:
+            print(f"SKIP: the namespaces' daemons cannot be reached over the bridge ({e})")
+            sys.exit(77)
+    procs = [(f"agent {h.index}", h.agent) for h in hosts]
+    ok = wait_for("step 3 on 2 hosts", lambda: any(s["step"] >= 3 for s in read_log(log)[0]), 180, procs)
+    if ok:
+        print(f"2 hosts at step 3 after {time.time() - t0:.1f} s; host 2 joins")
+        open(go, "w").close()
+        ok = wait_for("a commit on 3 hosts", lambda: committed_on_6(log), 180, procs)
+    return ok, procs
+
+
+def print_host_logs(tmp, hosts):
+    for h in hosts:
+        with open(os.path.join(tmp, f"host{h.index}.log")) as f:
+            print(f"---- host {h.index}\n" + "".join(f.readlines()[-150:]))
+
+
 def run_test(tenplex, repo, net):
     check = Checks()
     with tempfile.TemporaryDirectory() as tmp:
-        model = os.path.join(tmp, "model.json")
-        subprocess.run([tenplex, "model", "gpt", "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads",
-                        "4", "--vocab-size", "128", "--max-position-embeddings", "32", "-o", model], check=True)
-        policy = os.path.join(tmp, "policy.json")
-        with open(policy, "w") as f:
-            json.dump(POLICY, f)
-        static_log = os.path.join(tmp, "static.jsonl")
-        t0 = time.time()
-        subprocess.run([PY, os.path.join(repo, "examples/gpt/train.py"), "--config", "tp=1", "--model", model,
-                        "--steps", str(STEPS), "--log", static_log, "--master-port", str(free_port()), *TRAIN_ARGS],
-                       check=True, capture_output=True, timeout=300)
-        print(f"static run: {time.time() - t0:.1f} s")
-
+        model, policy, static_log = setup_job(tenplex, repo, tmp)
         log = os.path.join(tmp, "elastic.jsonl")
         rdzv = free_port()
         hosts = []
@@ -172,25 +247,7 @@ def run_test(tenplex, repo, net):
                 rdzv = 29400
             hosts = [Host(i, tenplex, repo, tmp, rdzv, model, policy, log, net=net) for i in range(2)]
             hosts.append(Host(2, tenplex, repo, tmp, rdzv, model, policy, log, go_file=go, net=net))
-            if net is not None:
-                try:  # the bridge may be filtered on some machines: that is the environment, not us
-                    for h in hosts:
-                        h.daemon.get("/v1/health")
-                except OSError as e:
-                    print(f"SKIP: the namespaces' daemons cannot be reached over the bridge ({e})")
-                    sys.exit(77)
-            procs = [(f"agent {h.index}", h.agent) for h in hosts]
-            ok = wait_for("step 3 on 2 hosts", lambda: any(s["step"] >= 3 for s in read_log(log)[0]), 180, procs)
-            if ok:
-                print(f"2 hosts at step 3 after {time.time() - t0:.1f} s; host 2 joins")
-                open(go, "w").close()
-
-                def committed_on_6():
-                    steps, events = read_log(log)
-                    starts = [i for i, e in enumerate(events) if e["event"] == "elastic_start" and e["world_size"] == 6]
-                    return starts and any(e["event"] == "commit" for e in events[starts[0]:])
-
-                ok = wait_for("a commit on 3 hosts", committed_on_6, 180, procs)
+            ok, procs = scale_up(hosts, go, log, net, t0)
             if ok:
                 print(f"committed on 3 hosts after {time.time() - t0:.1f} s; killing host 1")
                 hosts[1].kill_all()
@@ -205,37 +262,40 @@ def run_test(tenplex, repo, net):
                 h.stop()
         check(ok, "the scripted scale-up and failure happened and the job finished")
         if not ok:
-            for h in hosts:
-                with open(os.path.join(tmp, f"host{h.index}.log")) as f:
-                    print(f"---- host {h.index}\n" + "".join(f.readlines()[-150:]))
-
-        base, _ = steps_of(static_log)
-        got, events = steps_of(log) if os.path.exists(log) else ({}, [])
-        for e in events:
-            print(json.dumps(e))
-        check(sorted(got) == list(range(STEPS)), f"every step logged: {sorted(got)}")
-        check_steps(check, got, base, STEPS)
-        starts = [e for e in events if e["event"] == "elastic_start"]
-        worlds = [e["world_size"] for e in starts]
-        check(worlds == [4, 6, 4], f"worlds of the starts: 4, then 6 (scale-up), then 4 (failure): {worlds}")
-        if worlds == [4, 6, 4]:
-            up, down = starts[1], starts[2]
-            stops = [e for e in events if e["event"] == "elastic_stop"]
-            check(len(stops) == 1 and stops[0]["step"] == up["step"],
-                  f"the scale-up stopped at a step boundary with a commit and lost no step: {stops} / {up}")
-            check(up["transformed"] and up["from"] == "tp=2,pp=2,dp=1" and up["config"] == "tp=2,pp=1,dp=3",
-                  f"scale-up transformed tp=2,pp=2 -> tp=2,dp=3: {up}")
-            check(down["transformed"] and down["config"] == "tp=2,pp=2,dp=1" and len(down["lost_hosts"]) == 1
-                  and down["lost_hosts"][0] == hosts[1].daemon.url,
-                  f"after the failure: host 1's daemon lost, re-planned from replicas: {down}")
-            commits = [e["step"] for e in events if e["event"] == "commit"]
-            before = [c for c in commits if c <= down["step"]]
-            check(down["step"] == max(before), f"restarted from the last commit (step {down['step']}): {commits}")
-            killed_at = max(s["step"] for s in read_log(log)[0] if s["world_size"] == 6)
-            check(killed_at + 1 - down["step"] <= COMMIT_EVERY,
-                  f"the failure lost at most {COMMIT_EVERY} steps (last step on 6 ranks {killed_at}, "
-                  f"restart at {down['step']})")
+            print_host_logs(tmp, hosts)
+        check_run(check, static_log, log, hosts[1].daemon.url)
     check.finish()
+
+
+def check_run(check, static_log, log, lost_url):
+    """The elastic run's log against the static run's: every step, same samples and losses; worlds 4, 6
+    (scale-up at a step boundary), 4 (the host at lost_url lost, re-placed from the last commit)."""
+    base, _ = steps_of(static_log)
+    got, events = steps_of(log) if os.path.exists(log) else ({}, [])
+    for e in events:
+        print(json.dumps(e))
+    check(sorted(got) == list(range(STEPS)), f"every step logged: {sorted(got)}")
+    check_steps(check, got, base, STEPS)
+    starts = [e for e in events if e["event"] == "elastic_start"]
+    worlds = [e["world_size"] for e in starts]
+    check(worlds == [4, 6, 4], f"worlds of the starts: 4, then 6 (scale-up), then 4 (failure): {worlds}")
+    if worlds == [4, 6, 4]:
+        up, down = starts[1], starts[2]
+        stops = [e for e in events if e["event"] == "elastic_stop"]
+        check(len(stops) == 1 and stops[0]["step"] == up["step"],
+              f"the scale-up stopped at a step boundary with a commit and lost no step: {stops} / {up}")
+        check(up["transformed"] and up["from"] == "tp=2,pp=2,dp=1" and up["config"] == "tp=2,pp=1,dp=3",
+              f"scale-up transformed tp=2,pp=2 -> tp=2,dp=3: {up}")
+        check(down["transformed"] and down["config"] == "tp=2,pp=2,dp=1" and len(down["lost_hosts"]) == 1
+              and down["lost_hosts"][0] == lost_url,
+              f"after the failure: the killed host's daemon lost, re-planned from replicas: {down}")
+        commits = [e["step"] for e in events if e["event"] == "commit"]
+        before = [c for c in commits if c <= down["step"]]
+        check(down["step"] == max(before), f"restarted from the last commit (step {down['step']}): {commits}")
+        killed_at = max(s["step"] for s in read_log(log)[0] if s["world_size"] == 6)
+        check(killed_at + 1 - down["step"] <= COMMIT_EVERY,
+              f"the failure lost at most {COMMIT_EVERY} steps (last step on 6 ranks {killed_at}, "
+              f"restart at {down['step']})")
 
 
 if __name__ == "__main__":

@@ -33,7 +33,10 @@ Start-up (``restore``), all workers together:
    them: a job is new only when every daemon answered and none has it, never on
    silence. It then runs the owner recovery of the C++ side (ResolvePending, through
    ``_tenplex.cluster_resolve``): a commit a dead coordinator or host left half done is
-   finished (every participant prepared it) or rolled back. The newest version current
+   finished (every participant prepared it) or rolled back; one it leaves undecided
+   because its decision record (the first host in commit order) is lost, outside this
+   world (a rank 0 that died in the commit window with its host), is rolled back on the
+   live hosts, which committed none of it, with a warning naming it. The newest version current
    on any host is the state (its info's ``cluster`` says where its ranks were, with the
    hosts' ids); it is used as it is only when it is in this config on these hosts
    (matched by host id, not URL text) and current with the same info on every one of
@@ -318,6 +321,10 @@ class Job:
                 raise ElasticError(f"job {self.job}: version(s) {res['pending']} are prepared but undecided "
                                    f"(a host that took part does not answer) and no version is committed: "
                                    f"bring that host's daemon back; {'; '.join(res['lines'])}")
+            if res["pending"] and _ec.roll_back_lost(urls + extra, self.job, res["pending"], found[0], self.token,
+                                                     self.request_timeout, self._coord.name):
+                views = self._views(urls)
+                found = _ec.committed_state(views)
         cluster = _ec.cluster_record(views, self.local_world_size)
         if found is None:
             return {"version": None, "cluster": cluster}

@@ -9,7 +9,8 @@ without a process group.
   refuses to start (``ElasticError`` naming them).
 - ``resolve``: the owner recovery of the C++ side (``ResolvePending``): a commit that a
   dead coordinator or host left half done is finished (every participant prepared it)
-  or rolled back, before anyone reads the job's state.
+  or rolled back, before anyone reads the job's state; ``roll_back_lost``: what it
+  leaves undecided because the decision record's host is lost (outside the world).
 - ``committed_state``: the newest version current on any host and whether every host of
   the world holds it (same number, same info); hosts are matched by host id.
 - ``check_fence``: a commit that would release a version newer than the one this job
@@ -86,11 +87,15 @@ class Coordinator:
             return
         self.release()
         wait = float(os.environ.get("TENPLEX_LEASE_WAIT") or 60)
+        t0 = time.monotonic()
         try:
             self._lease = _tenplex.JobLease(urls, self.token, self.job, self.name, LEASE_TTL_MS, wait,
                                             min(self.request_timeout, 30))
         except _tenplex.Error as e:
             raise ElasticError(f"job {self.job}: cannot become its coordinator: {e}") from None
+        waited = time.monotonic() - t0
+        if waited >= 1.0:  # another coordinator's lease (a dead rank 0's expires after LEASE_TTL_MS)
+            log.warning("job %s: waited %.1f s for the job's lease before coordinating", self.job, waited)
 
     def check(self) -> None:
         """Raises when the lease was lost (another coordinator took it while this rank 0
@@ -239,6 +244,34 @@ def resolve(urls: List[str], job: str, token: str, request_timeout: int = DEFAUL
     for line in r["lines"]:
         log.info("job %s: recovery: %s", job, line)
     return r
+
+
+def roll_back_lost(urls: List[str], job: str, pending: List[int], fallback: int, token: str,
+                   request_timeout: int = DEFAULT_REQUEST_TIMEOUT, coordinator: str = "") -> List[int]:
+    """Rolls back the versions the recovery left undecided, on hosts that are this world's
+    and the old ones that answer (`urls`); the versions rolled back.
+
+    The recovery leaves a version undecided only when its decision record (the first
+    participant in commit order, two_phase.h) does not answer and no host that answers
+    committed it. Under torchrun a host that does not answer is outside the world (every
+    host of it answered), i.e. lost: a coordinator that died in the commit window
+    together with the decision record's host (rank 0 on the first host) left it so.
+    Whatever it decided was carried out on that host alone, so no live host may commit
+    the version (its decision is unknown) and none needs it: it is aborted here and the
+    job goes on from `fallback`, the newest version committed on the live hosts. A
+    version that some host committed meanwhile is left to the next recovery (roll
+    forward)."""
+    done = []
+    for v in pending:
+        if not _tenplex.cluster_abort(urls, token, job, v, request_timeout, coordinator):
+            log.warning("job %s: recovery: version %d was committed meanwhile: kept (rolled forward next)", job, v)
+            continue
+        done.append(v)
+        log.warning("job %s: recovery: version %d was prepared on the hosts that answer, but its decision record "
+                    "(the first host in commit order) is lost with its coordinator, outside this world, and no "
+                    "live host committed it: rolled back on %s; the job goes on from version %d", job, v, urls,
+                    fallback)
+    return done
 
 
 def committed_state(views: List[HostView]) -> Optional[Tuple[int, str, dict, bool]]:
