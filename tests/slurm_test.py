@@ -25,6 +25,7 @@ a static tp=1 run with the same samples, and no process is left in any namespace
 """
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -100,20 +101,20 @@ def scenario(cluster, check, tenplex, repo, home, jobdir):
     first = cluster.sbatch(["--nodes=2", sbatch], env, jobdir)
     jobs = [first]
     print(f"job {first} submitted")
-    if not wait_for("step 2 on 2 nodes", lambda: any(s["step"] >= 2 for s in read_log(log)[0]), 180, cluster, jobs):
+    if not wait_for("step 2 on 2 nodes", lambda: any(s["step"] >= 2 for s in read_log(log)[0]), 120, cluster, jobs):
         return jobs, False
     print(f"2 nodes at step 2 after {time.time() - t0:.1f} s; a third joins")
     join_env = dict(env, RDZV_ENDPOINT="node0:29400", RDZV_ID=str(first))
     jobs.append(cluster.sbatch(["--nodes=1", sbatch], join_env, jobdir))
     print(f"job {jobs[1]} submitted")
-    if not wait_for("a commit on 3 nodes", lambda: committed_on(log, 6), 180, cluster, jobs):
+    if not wait_for("a commit on 3 nodes", lambda: committed_on(log, 6), 120, cluster, jobs):
         return jobs, False
     print(f"committed on 3 nodes after {time.time() - t0:.1f} s; killing node1")
     check(cluster.job(first)["NodeList"] == "node[0-1]" and cluster.job(jobs[1])["NodeList"] == "node2",
           "the first job runs on node0 and node1, the joining one on node2")
     cluster.kill_node(1)
     t_kill = time.time()
-    ok = wait_for("both jobs to end", lambda: all(cluster.job(j)["JobState"] not in ACTIVE for j in jobs), 300,
+    ok = wait_for("both jobs to end", lambda: all(cluster.job(j)["JobState"] not in ACTIVE for j in jobs), 120,
                   cluster, [])
     print(f"jobs ended {time.time() - t_kill:.1f} s after the kill; elastic run: {time.time() - t0:.1f} s")
     state = cluster.nodes().get("node1", "")
@@ -139,6 +140,8 @@ def check_jobs(cluster, check, jobs, jobdir, ok):
 
 
 def main():
+    # ctest's timeout: stop the cluster (finally) rather than leave its daemons behind.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     tenplex, repo = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
     check = Checks()
     with tempfile.TemporaryDirectory(prefix="tenplex-slurm-") as tmp:
