@@ -189,9 +189,12 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=2, help="runs per scenario up to 40k GPUs: the fastest counts")
     ap.add_argument("--json")
     args = ap.parse_args()
+    scale_models = [m for m in MODELS if not m.endswith("fp16")]  # the fp16 ones are the paper's
     for m in args.models.split(","):
-        if m not in MODELS or m.endswith("fp16"):
-            sys.exit("--models: unknown %r (known: %s)" % (m, ", ".join(MODELS)))
+        if m not in scale_models:
+            sys.exit("--models: unknown %r (known: %s)" % (m, ", ".join(scale_models)))
+    if not all(x.isdigit() and int(x) > 0 for x in args.sizes.split(",")):
+        sys.exit("--sizes: a comma-separated list of GPU counts, got %r" % args.sizes)
     with tempfile.TemporaryDirectory(prefix="sim-scale-") as args.tmp:
         rows = run_paper(args) if args.what == "paper" else run_scale(args)
     if args.json:

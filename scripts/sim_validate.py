@@ -405,9 +405,12 @@ def main() -> int:
     for n in sizes:
         if not any(r.hosts == n for r in ROWS):
             sys.exit("no rows for %d hosts (rows: 2, 4, 8)" % n)
-    args.rates = [float(x) for x in args.netns.split(",")] if args.netns else []
-    if any(r <= 0 for r in args.rates):
-        sys.exit("--netns: rates must be > 0 Gbit/s, got %s" % args.netns)
+    try:
+        args.rates = [float(x) for x in args.netns.split(",")] if args.netns else []
+    except ValueError:
+        sys.exit("--netns: a comma-separated list of rates in Gbit/s, e.g. 1,2.5; got %r" % args.netns)
+    if any(not 0 < r <= 100 for r in args.rates):
+        sys.exit("--netns: rates must be in (0, 100] Gbit/s, got %s" % args.netns)
     results: list[Result] = []
     with tempfile.TemporaryDirectory(prefix="simval-") as tmp:
         # A copy of the binary: a rebuild in the shared tree must not swap it mid-run.
