@@ -16,13 +16,14 @@ prints "SKIP: ..." and exits 77.
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
+from typing import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from daemons import NetnsBridge  # noqa: E402
+from torchrun_elastic_test import free_port  # noqa: E402
 
 PROGRAMS = ["munged", "mungekey", "slurmctld", "slurmd", "sbatch", "scontrol", "squeue", "unshare", "nsenter"]
 SBIN = ["/usr/sbin", "/sbin"]
@@ -36,20 +37,14 @@ NODE_SETUP = ('hostname "$0" && mount --rbind /sys/fs/cgroup "$2" && mount -t sy
               ' && mount -t tmpfs -o size=4g tmpfs /dev/shm')
 
 
-def which(name):
+def which(name: str) -> str | None:
     return shutil.which(name) or shutil.which(name, path=os.pathsep.join(SBIN))
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class SlurmCluster:
     """Nodes node0..node{count-1}; `slurmd_timeout`: seconds after which a silent node is DOWN."""
 
-    def __init__(self, tmp, count=3, slurmd_timeout=10):
+    def __init__(self, tmp: str, count: int = 3, slurmd_timeout: int = 10) -> None:
         missing = [p for p in PROGRAMS if which(p) is None]
         if missing:
             print(f"SKIP: Slurm/munge programs missing: {' '.join(missing)} (scripts/install-deps.sh installs them)")
@@ -67,14 +62,14 @@ class SlurmCluster:
             self.close()
             raise
 
-    def path(self, *parts):
+    def path(self, *parts: str) -> str:
         return os.path.join(self.dir, *parts)
 
-    def env(self, **extra):
+    def env(self, **extra: str) -> dict[str, str]:
         """The environment of a Slurm client (sbatch, scontrol, squeue) of this cluster."""
         return dict(os.environ, SLURM_CONF=self.path("slurm.conf"), **extra)
 
-    def _node_cmd(self, i, setup, *args):
+    def _node_cmd(self, i: int, setup: str, *args: str) -> list[str]:
         """sh -c setup in node i's network namespace and in UTS and mount namespaces of its own:
         $0 the node name, $1 the hosts file, $2 the cgroup mount point, then args."""
         cgroup = self.path("spool", self.names[i], "cgroup")
@@ -83,7 +78,7 @@ class SlurmCluster:
                 "--propagation", "private", "sh", "-c", NODE_SETUP + setup, self.names[i], self.path("hosts"),
                 cgroup, *args]
 
-    def _check_namespaces(self):
+    def _check_namespaces(self) -> None:
         """SystemExit(77) where a node's namespaces cannot be set up (no mount or UTS namespace here)."""
         self._write_hosts()
         p = subprocess.run(self._node_cmd(0, " && true"), capture_output=True, text=True, timeout=30)
@@ -94,13 +89,13 @@ class SlurmCluster:
         if p.returncode != 0:
             raise RuntimeError(f"setting up a node's namespaces failed: {p.stderr.strip()}")
 
-    def _write_hosts(self):
+    def _write_hosts(self) -> None:
         with open(self.path("hosts"), "w") as f:
             f.write("127.0.0.1 localhost\n")
             f.write(f"{self.net.subnet}.1 slurmctld\n")
             f.writelines(f"{self.net.addr(i)} {n}\n" for i, n in enumerate(self.names))
 
-    def _start(self, slurmd_timeout):
+    def _start(self, slurmd_timeout: int) -> None:
         for d in ("munge", "ctld"):
             os.makedirs(self.path(d), mode=0o700)
         key = self.path("munge", "munge.key")
@@ -120,7 +115,7 @@ class SlurmCluster:
                                           self.path("slurm.conf")))
         self._wait("every node idle", lambda: self.idle_nodes() == set(self.names), 60)
 
-    def _write_conf(self, slurmd_timeout):
+    def _write_conf(self, slurmd_timeout: int) -> None:
         self.ctld_port = free_port()
         nodes = "\n".join(f"NodeName={n} NodeAddr={self.net.addr(i)} CPUs=2 Sockets=1 CoresPerSocket=2 "
                           "ThreadsPerCore=1 RealMemory=1000 State=UNKNOWN" for i, n in enumerate(self.names))
@@ -165,13 +160,13 @@ PartitionName=test Nodes={",".join(self.names)} Default=YES MaxTime=INFINITE Sta
         with open(self.path("slurm.conf"), "w") as f:
             f.write(conf)
 
-    def _spawn(self, name, cmd):
+    def _spawn(self, name: str, cmd: list[str]) -> None:
         log = open(self.path(f"{name}.out"), "w")
         self.procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                             start_new_session=True)
         log.close()
 
-    def _wait(self, what, pred, timeout):
+    def _wait(self, what: str, pred: Callable[[], bool], timeout: float) -> None:
         deadline = time.time() + timeout
         while time.time() < deadline:
             if pred():
@@ -183,7 +178,7 @@ PartitionName=test Nodes={",".join(self.names)} Default=YES MaxTime=INFINITE Sta
             time.sleep(0.2)
         raise RuntimeError(f"timed out ({timeout} s) waiting for {what}")
 
-    def tail(self, name, lines=30):
+    def tail(self, name: str, lines: int = 30) -> str:
         """The last lines of a daemon's output and log (name: munged, slurmctld or a node name)."""
         out = []
         for f in (f"{name}.out", f"{name}.log", f"slurmd-{name}.log", os.path.join("munge", "munged.log")):
@@ -194,7 +189,7 @@ PartitionName=test Nodes={",".join(self.names)} Default=YES MaxTime=INFINITE Sta
                     out.append(f"== {f}\n" + "".join(fh.readlines()[-lines:]))
         return "\n".join(out)
 
-    def run(self, *args, check=True, **kw):
+    def run(self, *args: str, check: bool = True, **kw) -> str:
         """A Slurm client command (sbatch, scontrol, ...) against this cluster; its stdout."""
         p = subprocess.run([which(args[0]), *args[1:]], capture_output=True, text=True, env=kw.pop("env", self.env()),
                            timeout=kw.pop("timeout", 30), **kw)
@@ -202,7 +197,7 @@ PartitionName=test Nodes={",".join(self.names)} Default=YES MaxTime=INFINITE Sta
             raise RuntimeError(f"{' '.join(args)} failed ({p.returncode}): {p.stderr.strip()}")
         return p.stdout
 
-    def nodes(self):
+    def nodes(self) -> dict[str, str]:
         """node name -> state (`sinfo`'s long state, e.g. idle, allocated, down*)."""
         out = self.run("scontrol", "show", "node", "-o", check=False)
         states = {}
@@ -212,25 +207,25 @@ PartitionName=test Nodes={",".join(self.names)} Default=YES MaxTime=INFINITE Sta
                 states[fields["NodeName"]] = fields.get("State", "").lower()
         return states
 
-    def idle_nodes(self):
+    def idle_nodes(self) -> set[str]:
         return {n for n, s in self.nodes().items() if s == "idle"}
 
-    def job(self, job_id):
+    def job(self, job_id: int) -> dict[str, str]:
         """`scontrol show job` as a dict (JobState, ExitCode, NodeList, StdOut, ...)."""
         out = self.run("scontrol", "show", "job", "-o", str(job_id))
         return dict(f.split("=", 1) for f in out.split() if "=" in f)
 
-    def sbatch(self, args, env, cwd):
+    def sbatch(self, args: list[str], env: dict[str, str], cwd: str) -> int:
         """Submits like a user (`sbatch ARGS` in cwd with env); the job id."""
         out = self.run("sbatch", "--parsable", *args, env=env, cwd=cwd)
         return int(out.strip().split(";")[0])
 
-    def pids(self, i):
+    def pids(self, i: int) -> list[int]:
         """Every process in node i's network namespace."""
         p = subprocess.run(["ip", "netns", "pids", self.net.spaces[i]], capture_output=True, text=True)
         return [int(x) for x in p.stdout.split()]
 
-    def kill_node(self, i):
+    def kill_node(self, i: int) -> None:
         """SIGKILLs node i: its slurmd and every process in its namespace (repeated until none is left)."""
         for _ in range(50):
             pids = self.pids(i)
@@ -244,12 +239,12 @@ PartitionName=test Nodes={",".join(self.names)} Default=YES MaxTime=INFINITE Sta
             time.sleep(0.1)
         raise RuntimeError(f"node {i} still has processes: {self.pids(i)}")
 
-    def leftovers(self):
+    def leftovers(self) -> list[int]:
         """Processes still running: in the namespaces and of the daemons started here."""
         left = [pid for i in range(len(self.names)) for pid in self.pids(i)]
         return left + [p.pid for p in self.procs.values() if p.poll() is None]
 
-    def close(self):
+    def close(self) -> None:
         """Stops everything; self.left: the processes that survived it (checked before the namespaces
         are removed, and by any process whose command line names this cluster's folder)."""
         for i in range(len(self.names)):

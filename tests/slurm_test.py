@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from elastic_run_test import Checks, check_steps, steps_of  # noqa: E402
@@ -42,7 +43,7 @@ COMMIT_EVERY = 2
 ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING")
 
 
-def wait_for(what, pred, timeout, cluster, jobs):
+def wait_for(what: str, pred: Callable[[], bool], timeout: float, cluster: SlurmCluster, jobs: list[int]) -> bool:
     """Polls pred() until true; False (with the reason printed) on a timeout or a job that ended early."""
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -58,7 +59,7 @@ def wait_for(what, pred, timeout, cluster, jobs):
     return False
 
 
-def prepare(tenplex, tmp):
+def prepare(tenplex: str, tmp: str) -> tuple[str, str]:
     """A fresh HOME with the token file and a job folder with gpt.json and policy.json (docs/deploy.md)."""
     home, jobdir = os.path.join(tmp, "home"), os.path.join(tmp, "job")
     os.makedirs(jobdir)
@@ -73,7 +74,7 @@ def prepare(tenplex, tmp):
     return home, jobdir
 
 
-def static_run(repo, jobdir):
+def static_run(repo: str, jobdir: str) -> str:
     log = os.path.join(jobdir, "static.jsonl")
     t0 = time.time()
     subprocess.run([PY, os.path.join(repo, "examples/gpt/train.py"), "--config", "tp=1", "--model",
@@ -83,13 +84,14 @@ def static_run(repo, jobdir):
     return log
 
 
-def committed_on(log, world):
+def committed_on(log: str, world: int) -> bool:
     _, events = read_log(log)
     starts = [i for i, e in enumerate(events) if e["event"] == "elastic_start" and e["world_size"] == world]
     return bool(starts) and any(e["event"] == "commit" for e in events[starts[0]:])
 
 
-def scenario(cluster, check, tenplex, repo, home, jobdir):
+def scenario(cluster: SlurmCluster, check: Checks, tenplex: str, repo: str, home: str,
+             jobdir: str) -> tuple[list[int], bool]:
     """The two jobs, the join and the kill; the job ids (empty if none started) and whether all happened."""
     sbatch = os.path.join(repo, "deploy/slurm/tenplex-torchrun.sbatch")
     args = (f"--job gpt --model gpt.json --steps {STEPS} --commit-every {COMMIT_EVERY} --step-log steps.jsonl "
@@ -122,7 +124,7 @@ def scenario(cluster, check, tenplex, repo, home, jobdir):
     return jobs, ok
 
 
-def check_jobs(cluster, check, jobs, jobdir, ok):
+def check_jobs(cluster: SlurmCluster, check: Checks, jobs: list[int], jobdir: str, ok: bool) -> None:
     for j in jobs:
         info = cluster.job(j)
         out_file = info.get("StdOut", os.path.join(jobdir, f"slurm-{j}.out"))
@@ -139,7 +141,7 @@ def check_jobs(cluster, check, jobs, jobdir, ok):
                   "the first job's srun saw node1 fail and kept the step on node0")
 
 
-def main():
+def main() -> None:
     # ctest's timeout: stop the cluster (finally) rather than leave its daemons behind.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     tenplex, repo = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
