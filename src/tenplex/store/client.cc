@@ -213,6 +213,10 @@ VersionInfo VersionFromJson(const json& j) {
   v.bytes = JsonValueOr(j, "bytes", uint64_t{0});
   v.tensors = JsonValueOr(j, "tensors", std::size_t{0});
   v.info = j.contains("info") ? j["info"].dump() : "{}";
+  if (j.contains("info_xxh64") && j["info_xxh64"].is_string()) {
+    v.info = "";
+    v.info_xxh64 = j["info_xxh64"].get<std::string>();
+  }
   return v;
 }
 }  // namespace
@@ -238,8 +242,13 @@ Result<std::vector<std::string>> Client::Jobs() {
   return out;
 }
 
-Result<JobInfo> Client::Job(const std::string& job) {
-  TP_ASSIGN_OR_RETURN(std::string text, Call("GET", "/v1/jobs/" + Encode(job)));
+Result<JobInfo> Client::Job(const std::string& job) { return GetJob(job, false); }
+
+Result<JobInfo> Client::JobDigests(const std::string& job) { return GetJob(job, true); }
+
+Result<JobInfo> Client::GetJob(const std::string& job, bool digests) {
+  TP_ASSIGN_OR_RETURN(std::string text,
+                      Call("GET", "/v1/jobs/" + Encode(job) + (digests ? "?info=digest" : "")));
   TP_ASSIGN_OR_RETURN(json j, ParseJson(text));
   JobInfo info;
   info.job = JsonValueOr(j, "job", job);

@@ -75,6 +75,9 @@ class Client {
   // ---- jobs (GET /v1/jobs, GET and DELETE /v1/jobs/{job}, DELETE .../versions/{v})
   Result<std::vector<std::string>> Jobs();
   Result<JobInfo> Job(const std::string& job);
+  // The same with each version's info_xxh64 instead of its info (GET ?info=digest): a
+  // small reply however large the infos are.
+  Result<JobInfo> JobDigests(const std::string& job);
   Status DeleteJob(const std::string& job);
   // Removes an open version or releases an old committed one (not the current one).
   Status DropVersion(const std::string& job, uint64_t version);
@@ -123,6 +126,7 @@ class Client {
 
  private:
   Client() = default;
+  Result<JobInfo> GetJob(const std::string& job, bool digests);
   struct Http;
   Result<std::string> Call(const std::string& method, const std::string& target,
                            const std::string& body = "",

@@ -203,14 +203,15 @@ json TensorJson(const TensorInfo& t, bool with_file) {
   return j;
 }
 
-json VersionJson(const VersionInfo& v) {
-  return {{"job", v.job},
-          {"version", v.version},
-          {"state", v.committed ? "committed" : (v.prepared ? "prepared" : "open")},
-          {"current", v.current},
-          {"bytes", v.bytes},
-          {"tensors", v.tensors},
-          {"info", json::parse(v.info, nullptr, false)}};
+json VersionJson(const VersionInfo& v, bool with_info) {
+  json j = {{"job", v.job},
+            {"version", v.version},
+            {"state", v.committed ? "committed" : (v.prepared ? "prepared" : "open")},
+            {"current", v.current},
+            {"bytes", v.bytes},
+            {"tensors", v.tensors}};
+  if (with_info) j["info"] = json::parse(v.info, nullptr, false);
+  return j;
 }
 
 // The value of a query parameter or a header (X-Tensor-Dtype); they must agree when

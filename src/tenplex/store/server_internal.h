@@ -36,7 +36,8 @@ void SendError(httplib::Response& res, const Status& s);
 void SendError(httplib::Response& res, int status, const std::string& message,
                std::string_view code);
 json TensorJson(const TensorInfo& t, bool with_file);
-json VersionJson(const VersionInfo& v);
+// A version as the API shows it; without its info (with_info false) for ?info=digest.
+json VersionJson(const VersionInfo& v, bool with_info = true);
 // The value of a query parameter or a header (X-Tensor-Dtype); they must agree when
 // both are given. NotFound when neither is.
 Result<std::string> ParamOrHeader(const Target& t, const httplib::Request& req,

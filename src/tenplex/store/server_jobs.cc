@@ -4,6 +4,7 @@
 
 #include "tenplex/store/server_internal.h"
 #include "tenplex/util/format.h"
+#include "tenplex/util/hash.h"
 
 namespace tenplex::store {
 namespace {
@@ -45,13 +46,27 @@ Status ListJobs(Store& store, const Target& t, httplib::Response& res) {
   return Status::Ok();
 }
 
-// GET and DELETE /v1/jobs/{job}.
+// GET and DELETE /v1/jobs/{job}. GET ?info=digest: each version's info as its xxh64
+// ("info_xxh64") instead of the info itself, which holds the placement and grows with
+// the cluster (a coordinator reads every host's listing: transform/job_listing.h): the
+// xxh64 of the info as GET serves it.
 Status JobResource(const JobCall& c) {
-  TP_RETURN_IF_ERROR(CheckQueryKeys(c.t.query, {}));
+  TP_RETURN_IF_ERROR(CheckQueryKeys(c.t.query, {"info"}));
+  auto info_q = c.t.query.find("info");
+  const bool digests = info_q != c.t.query.end() && info_q->second == "digest";
+  if (info_q != c.t.query.end() && !digests && info_q->second != "full")
+    return InvalidArgument("query 'info' must be 'full' or 'digest', not '" + info_q->second + "'");
   if (c.m == "GET") {
     TP_ASSIGN_OR_RETURN(JobInfo info, c.store.Job(c.job));
     json versions = json::array();
-    for (const VersionInfo& v : info.versions) versions.push_back(VersionJson(v));
+    for (const VersionInfo& v : info.versions) {
+      json vj = VersionJson(v, /*with_info=*/!digests);
+      if (digests) {  // of the info as GET serves it (canonical JSON): what clients hash
+        const std::string served = json::parse(v.info, nullptr, false).dump();
+        vj["info_xxh64"] = Xxh64Hex(served.data(), served.size());
+      }
+      versions.push_back(std::move(vj));
+    }
     SendJson(c.res, 200,
              {{"job", c.job},
               {"current", info.current ? json(*info.current) : json(nullptr)},

@@ -145,6 +145,7 @@ struct VersionInfo {
   uint64_t bytes = 0;
   std::size_t tensors = 0;
   std::string info = "{}";  // JSON object attached by the writer (model, config, ...)
+  std::string info_xxh64;   // Client::JobDigests only: the info's xxh64 (info left empty)
 };
 
 struct JobInfo {

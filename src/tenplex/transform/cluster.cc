@@ -1,11 +1,15 @@
 #include "tenplex/transform/cluster.h"
 
 #include <algorithm>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 
 #include "tenplex/store/parse.h"
+#include "tenplex/transform/job_listing.h"
 #include "tenplex/util/file.h"
+#include "tenplex/util/thread_pool.h"
 
 namespace tenplex::transform {
 
@@ -93,20 +97,37 @@ Cluster WithHostIds(Cluster cluster, const std::vector<std::unique_ptr<store::Cl
 
 int MatchHost(const Cluster& placement, std::size_t slot, const std::vector<std::string>& urls,
               const std::vector<store::Client*>& clients) {
+  return HostMatcher(urls, clients).Match(placement, slot);
+}
+
+namespace {
+std::string IdOf(const std::vector<store::Client*>& clients, std::size_t h) {
+  return h < clients.size() && clients[h] != nullptr ? clients[h]->host_id() : std::string();
+}
+}  // namespace
+
+HostMatcher::HostMatcher(const std::vector<std::string>& urls,
+                         const std::vector<store::Client*>& clients)
+    : clients_(clients) {
+  for (std::size_t h = 0; h < urls.size(); ++h) {
+    const std::string id = IdOf(clients, h);
+    if (!id.empty()) by_id_.emplace(id, static_cast<int>(h));
+    by_url_[urls[h]].push_back(static_cast<int>(h));
+  }
+}
+
+int HostMatcher::Match(const Cluster& placement, std::size_t slot) const {
   if (slot >= placement.hosts.size()) return -1;
   const std::string want = placement.HostId(slot);
-  auto id_of = [&](std::size_t h) {
-    return h < clients.size() && clients[h] != nullptr ? clients[h]->host_id() : std::string();
-  };
   if (!want.empty()) {
-    for (std::size_t h = 0; h < urls.size(); ++h) {
-      if (id_of(h) == want) return static_cast<int>(h);
-    }
+    auto it = by_id_.find(want);
+    if (it != by_id_.end()) return it->second;
   }
-  for (std::size_t h = 0; h < urls.size(); ++h) {
+  auto it = by_url_.find(placement.hosts[slot]);
+  if (it == by_url_.end()) return -1;
+  for (int h : it->second) {
     // Both ids known and different: another daemon now answers at the recorded URL.
-    if (urls[h] == placement.hosts[slot] && (want.empty() || id_of(h).empty()))
-      return static_cast<int>(h);
+    if (want.empty() || IdOf(clients_, static_cast<std::size_t>(h)).empty()) return h;
   }
   return -1;
 }
@@ -120,9 +141,14 @@ Result<Cluster> ReadClusterFile(const std::string& path) {
 
 Result<std::vector<std::unique_ptr<store::Client>>> ConnectCluster(
     const Cluster& cluster, const store::ClientOptions& options, bool allow_lost) {
+  const std::size_t n = cluster.hosts.size();
+  std::vector<std::optional<Result<std::unique_ptr<store::Client>>>> conns(n);
+  ForEachConcurrently(n, kControlConcurrency, [&](std::size_t h) {
+    conns[h] = store::Client::Connect(cluster.hosts[h], options);
+  });
   std::vector<std::unique_ptr<store::Client>> out;
-  for (std::size_t h = 0; h < cluster.hosts.size(); ++h) {
-    Result<std::unique_ptr<store::Client>> c = store::Client::Connect(cluster.hosts[h], options);
+  for (std::size_t h = 0; h < n; ++h) {
+    Result<std::unique_ptr<store::Client>>& c = *conns[h];
     if (!c.ok() && allow_lost && c.status().code() == StatusCode::kUnavailable) {
       out.push_back(nullptr);
       continue;
@@ -132,14 +158,14 @@ Result<std::vector<std::unique_ptr<store::Client>>> ConnectCluster(
     out.push_back(std::move(*c));
   }
   // One daemon named twice (two URLs of one host): its ranks would collide.
-  for (std::size_t a = 0; a < out.size(); ++a) {
-    for (std::size_t b = a + 1; b < out.size(); ++b) {
-      if (out[a] && out[b] && !out[a]->host_id().empty() &&
-          out[a]->host_id() == out[b]->host_id()) {
-        return InvalidArgument("cluster: hosts " + cluster.hosts[a] + " and " + cluster.hosts[b] +
-                               " are the same store daemon (host id " + out[a]->host_id() +
-                               "); list each host once");
-      }
+  std::map<std::string, std::size_t> seen;  // host id -> first host with it
+  for (std::size_t b = 0; b < out.size(); ++b) {
+    if (!out[b] || out[b]->host_id().empty()) continue;
+    auto [it, fresh] = seen.emplace(out[b]->host_id(), b);
+    if (!fresh) {
+      return InvalidArgument("cluster: hosts " + cluster.hosts[it->second] + " and " +
+                             cluster.hosts[b] + " are the same store daemon (host id " +
+                             out[b]->host_id() + "); list each host once");
     }
   }
   return out;
@@ -156,26 +182,13 @@ Result<uint64_t> NextCommonVersion(const std::vector<store::Client*>& clients,
                                    const std::string& job) {
   // One past every version any host has had: committed, current, or left open by a
   // coordinator that died (an explicit BeginVersion must not collide with it).
-  uint64_t next = 1;
-  for (store::Client* c : clients) {
-    if (c == nullptr) continue;
-    Result<std::string> text = c->CallJson("GET", "/v1/jobs/" + job);
-    if (!text.ok()) {
-      if (text.status().code() == StatusCode::kNotFound) continue;
-      return text.status().WithContext(c->url());
-    }
-    json j = json::parse(*text, nullptr, false);
-    if (j.is_discarded() || !j.is_object() || !j.contains("versions") ||
-        !j["versions"].is_array()) {
-      return Internal(c->url() + ": malformed reply to GET /v1/jobs/" + job);
-    }
-    for (const json& v : j["versions"]) {
-      if (v.contains("version") && v["version"].is_number_unsigned()) {
-        next = std::max(next, v["version"].get<uint64_t>() + 1);
-      }
-    }
+  const JobListing listing = ReadJobListing(clients, job);
+  for (std::size_t h = 0; h < clients.size(); ++h) {
+    const Status& st = listing.hosts[h].status;
+    if (clients[h] == nullptr || st.ok() || st.code() == StatusCode::kNotFound) continue;
+    return st.code() == StatusCode::kUnavailable ? st.WithContext(clients[h]->url()) : st;
   }
-  return next;
+  return listing.NextVersion();
 }
 
 }  // namespace tenplex::transform

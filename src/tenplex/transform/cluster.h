@@ -18,6 +18,7 @@
 // URLs (another interface, a renamed host).
 #pragma once
 
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -64,6 +65,20 @@ Cluster WithHostIds(Cluster cluster, const std::vector<std::unique_ptr<store::Cl
 // one (the URL may differ), else by URL; an id match wins; -1 when none.
 int MatchHost(const Cluster& placement, std::size_t slot, const std::vector<std::string>& urls,
               const std::vector<store::Client*>& clients);
+
+// MatchHost for many slots: indexes the hosts once (by id and by URL), so that matching
+// every slot of a placement of N hosts costs O(N log N), not O(N^2). Keeps references
+// to urls and clients.
+class HostMatcher {
+ public:
+  HostMatcher(const std::vector<std::string>& urls, const std::vector<store::Client*>& clients);
+  int Match(const Cluster& placement, std::size_t slot) const;
+
+ private:
+  const std::vector<store::Client*>& clients_;
+  std::map<std::string, int> by_id_;                // first host with each id
+  std::map<std::string, std::vector<int>> by_url_;  // hosts with each URL, in order
+};
 
 // The version number one past every version the hosts report for `job` (committed,
 // current or open); 1 for a new job. Null clients (lost hosts) are skipped.

@@ -22,6 +22,7 @@
 
 #include "tenplex/store/client.h"
 #include "tenplex/transform/cluster.h"
+#include "tenplex/transform/job_listing.h"
 #include "tenplex/transform/state_info.h"
 #include "tenplex/util/status.h"
 
@@ -43,5 +44,10 @@ struct CommittedState {
 Result<CommittedState> FindCommittedState(const std::vector<std::string>& urls,
                                           const std::vector<store::Client*>& clients,
                                           const std::string& job, const Cluster& fallback);
+// The same from a listing of the job read from these clients (job_listing.h): no request.
+Result<CommittedState> FindCommittedState(const std::vector<std::string>& urls,
+                                          const std::vector<store::Client*>& clients,
+                                          const std::string& job, const Cluster& fallback,
+                                          const JobListing& listing);
 
 }  // namespace tenplex::transform

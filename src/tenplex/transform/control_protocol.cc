@@ -92,13 +92,23 @@ Result<std::vector<LocalPeer>> LocalPeers(const json& j, std::size_t hosts) {
 }  // namespace
 
 std::string EncodePrepare(const PrepareRequest& r) {
+  return PrepareForHost(EncodeSharedPrepare(r), r.host);
+}
+
+std::string PrepareForHost(const std::string& shared, int host) {
+  // shared is a JSON object with at least "protocol": "{" + "host" + "," + the rest.
+  std::string out = "{\"host\":" + std::to_string(host) + ",";
+  out.append(shared, 1, std::string::npos);
+  return out;
+}
+
+std::string EncodeSharedPrepare(const PrepareRequest& r) {
   json info = json::parse(r.info, nullptr, false);
   json new_info = json::parse(r.new_info, nullptr, false);
   json j = json{{"protocol", kControlProtocolVersion},
                 {"job", r.job},
                 {"from_version", r.from_version},
                 {"to_version", r.to_version},
-                {"host", r.host},
                 {"info", info},
                 {"to_config", r.to_config.ToString()},
                 {"new_info", new_info},

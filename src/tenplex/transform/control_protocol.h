@@ -63,6 +63,13 @@ struct PrepareRequest {
 
 std::string EncodePrepare(const PrepareRequest& request);
 
+// The same in two steps, for a round with thousands of participants whose requests
+// differ only in "host": the request without "host", encoded once, then each
+// participant's body from it (a copy with "host" put first; no re-encoding). Equal, as
+// JSON, to EncodePrepare with that host.
+std::string EncodeSharedPrepare(const PrepareRequest& request);
+std::string PrepareForHost(const std::string& shared, int host);
+
 // The decoded request and the old version's info, parsed. Checks the version, every
 // field's type and range (host indexes inside addresses, to_version > from_version,
 // a job name, one host per rank of both layouts) and that every new rank's host has

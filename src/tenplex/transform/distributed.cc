@@ -4,6 +4,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -20,6 +21,7 @@
 #include "tenplex/util/format.h"
 #include "tenplex/util/json_value.h"
 #include "tenplex/util/log.h"
+#include "tenplex/util/thread_pool.h"
 
 namespace tenplex::transform {
 
@@ -119,13 +121,15 @@ void PreparePhase(std::vector<Host>& hosts, const std::vector<int>& participants
   long_opts.timeout_s = options.prepare_timeout_s;
   store::ClientOptions short_opts = client_options;
   short_opts.timeout_s = options.silent_s;
+  // Encoded once; each participant's body is made on its own thread (only "host" differs).
+  auto shared = std::make_shared<const std::string>(EncodeSharedPrepare(req));
   for (std::size_t i = 0; i < n; ++i) {
-    PrepareRequest mine = req;
-    mine.host = participants[i];
-    std::thread([w, i, url = hosts[participants[i]].url, text = EncodePrepare(mine), long_opts] {
+    std::thread([w, i, shared, host = participants[i], url = hosts[participants[i]].url,
+                 long_opts] {
       Result<std::unique_ptr<store::Client>> c = store::Client::Connect(url, long_opts);
       Result<std::string> r =
-          c.ok() ? (*c)->CallJson("POST", "/v1/transform/prepare", text) : c.status();
+          c.ok() ? (*c)->CallJson("POST", "/v1/transform/prepare", PrepareForHost(*shared, host))
+                 : c.status();
       std::lock_guard<std::mutex> lock(w->mu);
       w->replies[i] = std::move(r);
       --w->pending;
@@ -234,17 +238,14 @@ Status PresizeRound(const std::vector<Host>& hosts, const std::string& job, cons
   store::ClientOptions long_opts = client_options;
   long_opts.timeout_s = options.prepare_timeout_s;
   std::vector<Result<std::string>> replies(participants.size(), Unavailable("no reply"));
-  std::vector<std::thread> threads;
-  for (std::size_t i = 0; i < participants.size(); ++i) {
-    PrepareRequest mine = req;
-    mine.host = participants[i];
-    threads.emplace_back(
-        [&replies, i, url = hosts[participants[i]].url, text = EncodePrepare(mine), long_opts] {
-          Result<std::unique_ptr<store::Client>> c = store::Client::Connect(url, long_opts);
-          replies[i] = c.ok() ? (*c)->CallJson("POST", "/v1/transform/presize", text) : c.status();
-        });
-  }
-  for (std::thread& t : threads) t.join();
+  const std::string shared = EncodeSharedPrepare(req);
+  ForEachConcurrently(participants.size(), participants.size(), [&](std::size_t i) {
+    Result<std::unique_ptr<store::Client>> c =
+        store::Client::Connect(hosts[participants[i]].url, long_opts);
+    replies[i] = c.ok() ? (*c)->CallJson("POST", "/v1/transform/presize",
+                                         PrepareForHost(shared, participants[i]))
+                        : c.status();
+  });
   for (std::size_t i = 0; i < participants.size(); ++i) {
     const std::string& url = hosts[participants[i]].url;
     if (!replies[i].ok()) return replies[i].status().WithContext("pre-sizing on " + url);
@@ -373,23 +374,31 @@ Result<HostSet> ConnectHosts(const Cluster& from, const Cluster& target,
 
 // Steps 0 and 1 of an attempt: finishes or rolls back what an earlier transform left half
 // done (two_phase.h), then finds the newest current version any host reports and who
-// holds it. Hosts that do not answer are marked lost and listed in stats.lost_hosts.
+// holds it, and (next_version) one past every version number any host reports. One
+// listing of the job from every host serves all three (read again only when the
+// recovery changed something: job_listing.h). Hosts that do not answer are marked lost
+// and listed in stats.lost_hosts.
 Result<CommittedState> RecoverAndFindState(std::vector<Host>& hosts, const std::string& job,
                                            const Cluster& from,
                                            const ClusterTransformOptions& options,
-                                           ClusterTransformStats& stats) {
+                                           ClusterTransformStats& stats, uint64_t& next_version) {
   std::vector<std::string> urls;
   for (const Host& h : hosts) urls.push_back(h.url);
   const std::vector<store::Client*> live_clients = Raw(hosts);
+  JobListing listing = ReadJobListing(live_clients, job);
   // A pre-size runs while the job trains and commits: its versions in flight are not ours.
   if (!options.presize_only) {
-    TP_ASSIGN_OR_RETURN(Resolution res, ResolvePending(urls, live_clients, job, /*owner=*/true));
+    TP_ASSIGN_OR_RETURN(Resolution res,
+                        ResolvePending(urls, live_clients, job, /*owner=*/true, listing));
     for (const std::string& line : res.lines) {
       Log(options, "recovery: " + line);
       stats.recovered.push_back(line);
     }
+    if (res.changed) listing = ReadJobListing(live_clients, job);
   }
-  TP_ASSIGN_OR_RETURN(CommittedState cs, FindCommittedState(urls, live_clients, job, from));
+  TP_ASSIGN_OR_RETURN(CommittedState cs,
+                      FindCommittedState(urls, live_clients, job, from, listing));
+  next_version = listing.NextVersion();
   stats.lost_hosts.clear();
   for (int h : cs.unavailable) {
     MarkLost(hosts[h]);
@@ -455,20 +464,23 @@ Result<Round> PlanRound(const HostSet& hs, const Cluster& target, const Parallel
   return round;
 }
 
-// Asks every live host for its data-plane address. A failed call goes to call_status (the
-// attempt fails and may be retried without that host); a malformed reply is returned (an
-// error of the whole transform).
+// Asks every live host for its data-plane address, all at once. A failed call goes to
+// call_status (the attempt fails and may be retried without that host); a malformed reply
+// is returned (an error of the whole transform). The first of each in host order counts.
 Status FetchAddresses(std::vector<Host>& hosts, Status& call_status) {
-  for (Host& h : hosts) {
-    if (!h.client) continue;
+  std::vector<Status> failed(hosts.size()), malformed(hosts.size());
+  ForEachConcurrently(hosts.size(), kControlConcurrency, [&](std::size_t i) {
+    Host& h = hosts[i];
+    if (!h.client) return;
     Result<std::string> a = h.client->CallJson("GET", "/v1/transform/address");
     if (!a.ok()) {
-      call_status = a.status().WithContext(h.url);
-      return Status::Ok();
+      failed[i] = a.status().WithContext(h.url);
+      return;
     }
     json aj = json::parse(*a, nullptr, false);
     if (aj.is_discarded() || !aj.contains("address") || !aj["address"].is_string()) {
-      return Internal(h.url + ": malformed reply to GET /v1/transform/address");
+      malformed[i] = Internal(h.url + ": malformed reply to GET /v1/transform/address");
+      return;
     }
     h.address = aj["address"].get<std::string>();
     // Its offer of same-host reads: the agents decide whether they can take it.
@@ -480,6 +492,13 @@ Status FetchAddresses(std::vector<Host>& hosts, Status& call_status) {
                  JsonValueOr(local, "store_id", std::string())};
       if (h.local.host_id.empty() || h.local.shm_dir.empty() || h.local.store_id.empty())
         h.local = {};
+    }
+  });
+  for (const Status& m : malformed) TP_RETURN_IF_ERROR(m);
+  for (const Status& f : failed) {
+    if (!f.ok()) {
+      call_status = f;
+      break;
     }
   }
   return Status::Ok();
@@ -596,7 +615,9 @@ Result<ClusterTransformStats> TransformCluster(const Cluster& from, const std::s
   for (int attempt = 1; attempt <= options.max_attempts; ++attempt) {
     stats.attempts = attempt;
     if (hs.lease) TP_RETURN_IF_ERROR(hs.lease->Held());  // another coordinator took over
-    TP_ASSIGN_OR_RETURN(CommittedState cs, RecoverAndFindState(hosts, job, from, options, stats));
+    uint64_t listed_next = 0;
+    TP_ASSIGN_OR_RETURN(CommittedState cs,
+                        RecoverAndFindState(hosts, job, from, options, stats, listed_next));
     const uint64_t version = cs.version;
     const Model& model = cs.info.model();
     const ParallelConfig& from_config = cs.info.config();
@@ -607,7 +628,7 @@ Result<ClusterTransformStats> TransformCluster(const Cluster& from, const std::s
     std::vector<int> live;
     TP_ASSIGN_OR_RETURN(Round round,
                         PlanRound(hs, target, to, cs, from_layout, to_layout, live, stats));
-    TP_ASSIGN_OR_RETURN(round.to_version, NextCommonVersion(Raw(hosts), job));
+    round.to_version = listed_next;
     // Never reuse the number of an earlier attempt: a host given up on as silent may
     // still prepare that one when it continues.
     round.to_version = std::max(round.to_version, next_version);

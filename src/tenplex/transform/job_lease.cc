@@ -8,11 +8,13 @@
 #include <cstdlib>
 #include <mutex>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <thread>
 
 #include "tenplex/util/format.h"
 #include "tenplex/util/log.h"
+#include "tenplex/util/thread_pool.h"
 
 namespace tenplex::transform {
 namespace {
@@ -75,22 +77,59 @@ struct JobLease::Impl {
   Status held;            // guarded by mu
 
   void Renew();
+  Status TakeAll(std::vector<store::Client*>& taken);
+  void Release(const std::vector<store::Client*>& which);
 };
+
+// Takes the lease on the renewers in lease order: one after the other until the first
+// daemon that answers grants it (two coordinators contend there, so only one passes),
+// then on the rest all at once. taken: where it was granted. Refused: the first refusal.
+Status JobLease::Impl::TakeAll(std::vector<store::Client*>& taken) {
+  std::size_t i = 0;
+  for (; i < renewers.size(); ++i) {
+    Result<store::LeaseView> r = renewers[i]->AcquireLease(job, lease.ttl_ms);
+    if (r.ok()) {
+      taken.push_back(renewers[i].get());
+      break;
+    }
+    if (r.status().code() != StatusCode::kUnavailable) return r.status();
+  }
+  if (i + 1 >= renewers.size()) return Status::Ok();
+  const std::size_t rest = renewers.size() - i - 1;
+  std::vector<Status> st(rest);
+  ForEachConcurrently(rest, kControlConcurrency, [&](std::size_t k) {
+    st[k] = renewers[i + 1 + k]->AcquireLease(job, lease.ttl_ms).status();
+  });
+  Status refused;
+  for (std::size_t k = 0; k < rest; ++k) {
+    if (st[k].ok()) {
+      taken.push_back(renewers[i + 1 + k].get());
+    } else if (st[k].code() != StatusCode::kUnavailable && refused.ok()) {
+      refused = st[k];
+    }
+  }
+  return refused;
+}
+
+void JobLease::Impl::Release(const std::vector<store::Client*>& which) {
+  ForEachConcurrently(which.size(), kControlConcurrency,
+                      [&](std::size_t i) { (void)which[i]->ReleaseLease(job); });
+}
 
 void JobLease::Impl::Renew() {
   const auto every = std::chrono::milliseconds(std::max<int64_t>(lease.ttl_ms / 4, 1));
   std::unique_lock<std::mutex> lock(mu);
   while (!cv.wait_for(lock, every, [&] { return stopping; })) {
     lock.unlock();
-    for (auto& c : renewers) {
-      Result<store::LeaseView> r = c->AcquireLease(job, lease.ttl_ms);
+    ForEachConcurrently(renewers.size(), kControlConcurrency, [&](std::size_t i) {
+      Result<store::LeaseView> r = renewers[i]->AcquireLease(job, lease.ttl_ms);
       // Unavailable: the daemon is gone for now (its lease comes back with our next
       // request to it). Refused: another coordinator took it: we must not decide.
       if (!r.ok() && r.status().code() != StatusCode::kUnavailable) {
         std::lock_guard<std::mutex> g(mu);
         if (held.ok()) held = r.status().WithContext("renewing the lease of job " + job);
       }
-    }
+    });
     lock.lock();
   }
 }
@@ -112,13 +151,17 @@ Result<std::unique_ptr<JobLease>> JobLease::Acquire(const std::vector<store::Cli
   impl->options = options;
   impl->options.timeout_s = std::min(options.timeout_s, kLeaseRequestTimeoutS);
   impl->lease = lease;
-  for (std::size_t i : LeaseOrder(clients)) {
-    Result<std::unique_ptr<store::Client>> c =
-        store::Client::Connect(clients[i]->url(), impl->options);
+  const std::vector<std::size_t> order = LeaseOrder(clients);
+  std::vector<std::optional<Result<std::unique_ptr<store::Client>>>> conns(order.size());
+  ForEachConcurrently(order.size(), kControlConcurrency, [&](std::size_t k) {
+    conns[k] = store::Client::Connect(clients[order[k]]->url(), impl->options);
+  });
+  for (std::size_t k = 0; k < order.size(); ++k) {
+    Result<std::unique_ptr<store::Client>>& c = *conns[k];
     if (c.ok()) {
       impl->renewers.push_back(std::move(*c));
     } else if (c.status().code() != StatusCode::kUnavailable) {
-      return c.status().WithContext(clients[i]->url());
+      return c.status().WithContext(clients[order[k]]->url());
     }
   }
   const auto deadline = std::chrono::steady_clock::now() +
@@ -127,21 +170,12 @@ Result<std::unique_ptr<JobLease>> JobLease::Acquire(const std::vector<store::Cli
   bool logged = false;
   for (;;) {
     std::vector<store::Client*> taken;
-    Status refused;
-    for (auto& c : impl->renewers) {
-      Result<store::LeaseView> r = c->AcquireLease(job, lease.ttl_ms);
-      if (r.ok()) {
-        taken.push_back(c.get());
-      } else if (r.status().code() != StatusCode::kUnavailable) {
-        refused = r.status();
-        break;
-      }
-    }
+    Status refused = impl->TakeAll(taken);
     if (refused.ok()) {
       impl->thread = std::thread([p = impl.get()] { p->Renew(); });
       return std::unique_ptr<JobLease>(new JobLease(std::move(impl)));
     }
-    for (store::Client* c : taken) (void)c->ReleaseLease(job);
+    impl->Release(taken);
     if (refused.code() != StatusCode::kAborted || std::chrono::steady_clock::now() >= deadline) {
       if (refused.code() == StatusCode::kAborted && lease.wait_s > 0)
         return refused.WithContext("waited " + std::to_string(static_cast<int>(lease.wait_s)) +
@@ -165,7 +199,9 @@ JobLease::~JobLease() {
   }
   impl_->cv.notify_all();
   if (impl_->thread.joinable()) impl_->thread.join();
-  for (auto& c : impl_->renewers) (void)c->ReleaseLease(impl_->job);
+  std::vector<store::Client*> all;
+  for (auto& c : impl_->renewers) all.push_back(c.get());
+  impl_->Release(all);
 }
 
 const std::string& JobLease::holder() const { return impl_->options.coordinator; }

@@ -3,16 +3,24 @@
 #include <algorithm>
 #include <map>
 #include <optional>
-#include <thread>
 
 #include "tenplex/transform/state_info.h"
 #include "tenplex/util/log.h"
+#include "tenplex/util/thread_pool.h"
 
 namespace tenplex::transform {
 
 namespace {
 
 enum class Has { kNone, kOpen, kPrepared, kCommitted };
+
+// Round two on these hosts, all at once: their old versions released (best effort).
+void ReleaseOn(const std::vector<store::Client*>& clients, const std::vector<int>& hosts,
+               const std::string& job) {
+  ForEachConcurrently(hosts.size(), kControlConcurrency, [&](std::size_t i) {
+    (void)clients[hosts[i]]->CallJson("POST", "/v1/jobs/" + job + "/release");
+  });
+}
 
 // Commits v on one host; a lost reply is confirmed by asking for the version's state.
 // Ok: committed there. Unavailable: unreachable. Other errors: refused.
@@ -76,12 +84,10 @@ Result<CommitOutcome> CommitEverywhere(const std::vector<store::Client*>& client
                     clients[participants[0]]->url() +
                     ") refused the commit, so no host commits it: " + st[0].ToString());
   }
-  {
-    std::vector<std::thread> threads;
-    for (std::size_t i = 1; i < participants.size(); ++i) {
-      threads.emplace_back([&, i] { st[i] = CommitOne(clients[participants[i]], job, version); });
-    }
-    for (std::thread& t : threads) t.join();
+  if (participants.size() > 1) {
+    ForEachConcurrently(participants.size() - 1, kControlConcurrency, [&](std::size_t k) {
+      st[k + 1] = CommitOne(clients[participants[k + 1]], job, version);
+    });
   }
   for (std::size_t i = 0; i < participants.size(); ++i) {
     if (st[i].ok()) {
@@ -95,9 +101,7 @@ Result<CommitOutcome> CommitEverywhere(const std::vector<store::Client*>& client
     }
   }
   if (release && out.unconfirmed.empty()) {  // round two: every participant committed
-    for (int p : participants) {
-      (void)clients[p]->CallJson("POST", "/v1/jobs/" + job + "/release");  // best effort
-    }
+    ReleaseOn(clients, participants, job);
     out.released = true;
   }
   return out;
@@ -106,19 +110,27 @@ Result<CommitOutcome> CommitEverywhere(const std::vector<store::Client*>& client
 Status AbortEverywhere(const std::vector<store::Client*>& clients, std::vector<int> hosts,
                        const std::string& job, uint64_t version) {
   hosts = InCommitOrder(clients, std::move(hosts));
-  bool first = true;
-  for (int h : hosts) {
-    store::Client* c = clients[h];
+  // One after the other until a host has aborted it (or never had it): that first one's
+  // state is the decision record; the rest then all at once.
+  std::size_t i = 0;
+  for (; i < hosts.size(); ++i) {
+    store::Client* c = clients[hosts[i]];
     if (c == nullptr) continue;
     Status s = c->Abort(job, version);
-    if (first && !s.ok() && s.code() == StatusCode::kFailedPrecondition) {
+    if (!s.ok() && s.code() == StatusCode::kFailedPrecondition) {
       Result<store::VersionInfo> vi = c->Version(job, version);
       if (vi.ok() && vi->committed) {
         return FailedPrecondition("version " + std::to_string(version) + " of job " + job +
                                   " is already committed on " + c->url() + ": roll forward");
       }
     }
-    if (s.ok() || s.code() == StatusCode::kNotFound) first = false;
+    if (s.ok() || s.code() == StatusCode::kNotFound) break;
+  }
+  if (i + 1 < hosts.size()) {
+    ForEachConcurrently(hosts.size() - i - 1, kControlConcurrency, [&](std::size_t k) {
+      store::Client* c = clients[hosts[i + 1 + k]];
+      if (c != nullptr) (void)c->Abort(job, version);
+    });
   }
   return Status::Ok();
 }
@@ -131,16 +143,20 @@ namespace {
 class Resolver {
  public:
   Resolver(const std::vector<std::string>& urls, const std::vector<store::Client*>& clients,
-           const std::string& job, bool owner)
+           const std::string& job, bool owner, const JobListing& listing)
       : urls_(urls),
         clients_(clients),
         job_(job),
+        listing_(listing),
+        matcher_(urls, clients),
         owner_(owner),
         n_(static_cast<int>(clients.size())),
         answered_(n_, false),
         current_(n_) {}
 
   Result<Resolution> Run() {
+    if (listing_.hosts.size() != clients_.size() || urls_.size() != clients_.size())
+      return InvalidArgument("ResolvePending: urls, clients and the listing differ in size");
     TP_RETURN_IF_ERROR(Gather());
     for (auto& [v, row] : has_) TP_RETURN_IF_ERROR(Decide(v, row));
     ReleaseOlder();
@@ -148,37 +164,41 @@ class Resolver {
   }
 
  private:
-  // Asks every live host for the job's versions; a host without the job answered.
+  // What every live host reported of the job's versions (the listing); a host without
+  // the job answered.
   Status Gather() {
     for (int h = 0; h < n_; ++h) {
       if (clients_[h] == nullptr) continue;
-      Result<store::JobInfo> j = clients_[h]->Job(job_);
-      if (!j.ok()) {
-        if (j.status().code() == StatusCode::kNotFound) answered_[h] = true;
-        if (j.status().code() != StatusCode::kNotFound &&
-            j.status().code() != StatusCode::kUnavailable) {
-          return j.status().WithContext(urls_[h]);
+      const HostListing& j = listing_.hosts[h];
+      if (!j.status.ok()) {
+        if (j.status.code() == StatusCode::kNotFound) answered_[h] = true;
+        if (j.status.code() != StatusCode::kNotFound &&
+            j.status.code() != StatusCode::kUnavailable) {
+          return j.status;
         }
         continue;
       }
       answered_[h] = true;
-      current_[h] = j->current;
-      for (const store::VersionInfo& v : j->versions) Record(h, *j, v);
+      current_[h] = j.current;
+      for (const ListedVersion& v : j.versions) Record(h, j.current, v);
     }
     return Status::Ok();
   }
 
-  void Record(int h, const store::JobInfo& j, const store::VersionInfo& v) {
+  void Record(int h, std::optional<uint64_t> current, const ListedVersion& v) {
     auto& row = has_[v.version];
     row.resize(n_, Has::kNone);
     row[h] = v.committed ? Has::kCommitted : (v.prepared ? Has::kPrepared : Has::kOpen);
     auto& irow = infos_[v.version];
-    irow.resize(n_);
+    irow.resize(n_, -1);
     irow[h] = v.info;
     // The reference copy: a committed one if any, else the first prepared one.
     if (v.committed || (v.prepared && !info_.count(v.version))) info_[v.version] = v.info;
-    if (v.committed && j.current && v.version < *j.current) older_[*j.current].push_back(h);
+    if (v.committed && current && v.version < *current) older_[*current].push_back(h);
   }
+
+  // The reference info text of v.
+  const std::string& InfoOf(uint64_t v) { return listing_.infos[info_[v]]; }
 
   // The hosts holding v prepared or committed (and open, with open_too).
   std::vector<int> Holders(uint64_t v, bool open_too) {
@@ -194,14 +214,14 @@ class Resolver {
   // The participants of v: the hosts of its info's "cluster" that get ranks (-1: not
   // one of ours).
   std::vector<int> ParticipantsOf(uint64_t v) {
-    Result<StateInfo> si = StateInfo::Parse(info_[v]);
+    Result<StateInfo> si = StateInfo::Parse(InfoOf(v));
     if (!si.ok() || !si->placement()) return Holders(v, false);
     const Cluster& placement = *si->placement();
     const int k = std::max(1, placement.gpus_per_host);
     const std::size_t used = std::min(
         placement.hosts.size(), static_cast<std::size_t>((si->config().world_size() + k - 1) / k));
     std::vector<int> out;
-    for (std::size_t i = 0; i < used; ++i) out.push_back(MatchHost(placement, i, urls_, clients_));
+    for (std::size_t i = 0; i < used; ++i) out.push_back(matcher_.Match(placement, i));
     return out;
   }
 
@@ -209,7 +229,7 @@ class Resolver {
   // placement with the lowest id (URL where none is recorded), matched to ours; -1 when
   // it is not one of ours or the placement is unknown.
   int FirstParticipant(uint64_t v) {
-    Result<StateInfo> si = StateInfo::Parse(info_[v]);
+    Result<StateInfo> si = StateInfo::Parse(InfoOf(v));
     if (!si.ok() || !si->placement()) return -1;
     const Cluster& placement = *si->placement();
     const int k = std::max(1, placement.gpus_per_host);
@@ -222,7 +242,7 @@ class Resolver {
     for (std::size_t i = 0; i < used; ++i) {
       std::string key = placement.HostId(i);
       if (key.empty()) {
-        const int h = MatchHost(placement, i, urls_, clients_);
+        const int h = matcher_.Match(placement, i);
         if (h < 0 || clients_[h] == nullptr || !answered_[h]) return -1;
         key = OrderKey(clients_[h]);
       }
@@ -231,7 +251,7 @@ class Resolver {
         first_key = key;
       }
     }
-    return first ? MatchHost(placement, *first, urls_, clients_) : -1;
+    return first ? matcher_.Match(placement, *first) : -1;
   }
 
   // A copy whose info differs from the reference one is another version that got the
@@ -244,6 +264,7 @@ class Resolver {
       row[h] = Has::kNone;
     }
     if (strays.empty()) return;
+    out_.changed = true;
     for (int h : strays) (void)clients_[h]->Abort(job_, v);
     out_.lines.push_back("version " + std::to_string(v) + " of job " + job_ + ": removed " +
                          std::to_string(strays.size()) +
@@ -262,6 +283,7 @@ class Resolver {
     for (int h : stale) {
       const bool prepared = row[h] == Has::kPrepared;
       Status s = clients_[h]->Abort(job_, v);
+      out_.changed = true;
       if (!s.ok() && s.code() != StatusCode::kNotFound) continue;  // left as it is: undecided
       row[h] = Has::kNone;
       const std::string line =
@@ -284,6 +306,7 @@ class Resolver {
     const std::string name = "version " + std::to_string(v) + " of job " + job_;
     if (!prepared_any) {
       if (open_any && !committed_any && owner_) {
+        out_.changed = true;
         TP_RETURN_IF_ERROR(AbortEverywhere(clients_, Holders(v, true), job_, v));
         out_.aborted.push_back(v);
         out_.lines.push_back(name + ": open leftover of a coordinator that is gone: removed");
@@ -310,6 +333,7 @@ class Resolver {
     const int first = FirstParticipant(v);
     const bool undecided_first = first >= 0 && answered_[first] && row[first] == Has::kPrepared;
     if (!forward && owner_ && (any_missing || parts.empty() || undecided_first)) {
+      out_.changed = true;
       Status a = AbortEverywhere(clients_, Holders(v, true), job_, v);
       if (a.ok()) {
         out_.aborted.push_back(v);
@@ -337,6 +361,7 @@ class Resolver {
       everyone = everyone && p >= 0 && answered_[p] &&
                  std::find(live.begin(), live.end(), p) != live.end();
     }
+    out_.changed = true;
     TP_ASSIGN_OR_RETURN(CommitOutcome c, CommitEverywhere(clients_, live, job_, v, everyone));
     out_.committed.push_back(v);
     out_.lines.push_back(name + ": " +
@@ -358,7 +383,8 @@ class Resolver {
       bool all = !parts.empty();
       for (int p : parts) all = all && p >= 0 && answered_[p] && current_[p] == v;
       if (!all) continue;
-      for (int h : Sorted(hs)) (void)clients_[h]->CallJson("POST", "/v1/jobs/" + job_ + "/release");
+      out_.changed = true;
+      ReleaseOn(clients_, Sorted(hs), job_);
       out_.released.push_back(v);
     }
   }
@@ -366,14 +392,16 @@ class Resolver {
   const std::vector<std::string>& urls_;
   const std::vector<store::Client*>& clients_;
   const std::string& job_;
+  const JobListing& listing_;
+  const HostMatcher matcher_;
   const bool owner_;
   const int n_;
   std::vector<bool> answered_;
   std::vector<std::optional<uint64_t>> current_;
-  std::map<uint64_t, std::vector<Has>> has_;            // version -> state on every host
-  std::map<uint64_t, std::string> info_;                // version -> its info (a prepared copy)
-  std::map<uint64_t, std::vector<std::string>> infos_;  // version -> its info on every host
-  std::map<uint64_t, std::vector<int>> older_;          // current version -> hosts with older ones
+  std::map<uint64_t, std::vector<Has>> has_;    // version -> state on every host
+  std::map<uint64_t, int> info_;                // version -> its info (a prepared copy)
+  std::map<uint64_t, std::vector<int>> infos_;  // version -> its info on every host (-1: none)
+  std::map<uint64_t, std::vector<int>> older_;  // current version -> hosts with older ones
   Resolution out_;
 };
 
@@ -382,7 +410,13 @@ class Resolver {
 Result<Resolution> ResolvePending(const std::vector<std::string>& urls,
                                   const std::vector<store::Client*>& clients,
                                   const std::string& job, bool owner) {
-  return Resolver(urls, clients, job, owner).Run();
+  return ResolvePending(urls, clients, job, owner, ReadJobListing(clients, job));
+}
+
+Result<Resolution> ResolvePending(const std::vector<std::string>& urls,
+                                  const std::vector<store::Client*>& clients,
+                                  const std::string& job, bool owner, const JobListing& listing) {
+  return Resolver(urls, clients, job, owner, listing).Run();
 }
 
 }  // namespace tenplex::transform

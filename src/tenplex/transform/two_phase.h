@@ -85,6 +85,7 @@
 #include <vector>
 
 #include "tenplex/store/client.h"
+#include "tenplex/transform/job_listing.h"
 #include "tenplex/util/status.h"
 
 namespace tenplex::transform {
@@ -116,6 +117,7 @@ struct Resolution {
   std::vector<uint64_t> pending;    // undecidable now (a participant does not answer)
   std::vector<uint64_t> released;   // old versions released after everyone committed
   std::vector<std::string> lines;   // what was done, one line each
+  bool changed = false;             // some host was asked to commit, abort or release
 };
 
 // Finds prepared and leftover open versions of job on the hosts (urls[h], clients[h];
@@ -125,5 +127,10 @@ struct Resolution {
 Result<Resolution> ResolvePending(const std::vector<std::string>& urls,
                                   const std::vector<store::Client*>& clients,
                                   const std::string& job, bool owner);
+// The same from a listing of the job read from these clients (job_listing.h); it is
+// stale once the result says changed.
+Result<Resolution> ResolvePending(const std::vector<std::string>& urls,
+                                  const std::vector<store::Client*>& clients,
+                                  const std::string& job, bool owner, const JobListing& listing);
 
 }  // namespace tenplex::transform

@@ -1,5 +1,6 @@
 #include "tenplex/util/thread_pool.h"
 
+#include <algorithm>
 #include <atomic>
 #include <memory>
 
@@ -68,6 +69,19 @@ void ThreadPool::ParallelFor(std::size_t n, const std::function<void(std::size_t
   run();
   std::unique_lock<std::mutex> lock(state->mu);
   state->cv.wait(lock, [&] { return state->done.load() == n; });
+}
+
+void ForEachConcurrently(std::size_t n, std::size_t max_threads,
+                         const std::function<void(std::size_t)>& fn) {
+  std::atomic<std::size_t> next{0};
+  auto run = [&] {
+    for (std::size_t i = next++; i < n; i = next++) fn(i);
+  };
+  const std::size_t threads = std::min(n, std::max<std::size_t>(1, max_threads));
+  std::vector<std::thread> helpers;
+  for (std::size_t t = 1; t < threads; ++t) helpers.emplace_back(run);
+  run();
+  for (std::thread& t : helpers) t.join();
 }
 
 ThreadPool& ThreadPool::Default() {

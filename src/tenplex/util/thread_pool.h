@@ -42,4 +42,14 @@ class ThreadPool {
   std::vector<std::thread> workers_;
 };
 
+// Runs fn(i) for i in [0, n) on up to max_threads threads of its own at once (started
+// for this call, the calling thread among them) and returns when every call returned.
+// For blocking calls (one request to one host each), not for computation: a control
+// phase asks thousands of hosts at once this way instead of one after the other.
+void ForEachConcurrently(std::size_t n, std::size_t max_threads,
+                         const std::function<void(std::size_t)>& fn);
+
+// How many control requests a coordinator has in flight at once (ForEachConcurrently).
+inline constexpr std::size_t kControlConcurrency = 64;
+
 }  // namespace tenplex
