@@ -10,12 +10,12 @@ int64_t MsBetween(JobLeases::Clock::time_point from, JobLeases::Clock::time_poin
   return std::chrono::duration_cast<std::chrono::milliseconds>(to - from).count();
 }
 
-bool HolderChar(char c) {
+}  // namespace
+
+bool JobLeases::HolderChar(char c) {
   return std::isalnum(static_cast<unsigned char>(c)) ||
          std::string_view("._:@/+=-").find(c) != std::string_view::npos;
 }
-
-}  // namespace
 
 JobLeases::JobLeases(std::function<Clock::time_point()> now) : now_(std::move(now)) {}
 

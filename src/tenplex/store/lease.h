@@ -69,8 +69,9 @@ class JobLeases {
   Status Fenced(const std::string& job, const std::string& holder,
                 const std::function<Status()>& fn);
 
-  // A holder is 1-200 characters of [A-Za-z0-9._:@/+=-].
+  // A holder is 1-200 characters of [A-Za-z0-9._:@/+=-] (HolderChar).
   static Status CheckHolder(const std::string& holder);
+  static bool HolderChar(char c);
 
  private:
   struct Entry {

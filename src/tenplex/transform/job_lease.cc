@@ -24,7 +24,7 @@ constexpr int kLeaseRequestTimeoutS = 5;
 
 std::string HolderSafe(std::string s) {
   for (char& c : s) {
-    if (!store::JobLeases::CheckHolder(std::string(1, c)).ok()) c = '-';
+    if (!store::JobLeases::HolderChar(c)) c = '-';
   }
   return s;
 }
