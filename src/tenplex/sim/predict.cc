@@ -5,6 +5,7 @@
 
 #include "tenplex/sim/simulate.h"
 #include "tenplex/util/format.h"
+#include "tenplex/util/thread_pool.h"
 
 namespace tenplex::sim {
 namespace {
@@ -62,16 +63,22 @@ Prediction Predict(const std::vector<HostTraffic>& traffic, const SimHosts& host
   const Rates r = RatesOf(c, m);
   Prediction p;
   p.hosts.resize(traffic.size());
-  const double rtt = 2 * r.lat;
-  p.control = hosts.asked * 6 * (r.rpc + rtt) +
-              hosts.asked * 3.0 * static_cast<double>(m.info_bytes) * (1 / r.nic + r.json) +
-              hosts.lost * c.lost_detect_s;
+  const double rt = r.rpc + 2 * r.lat;  // one request's round trip
+  // Rounds of kControlConcurrency requests in flight (ForEachConcurrently).
+  auto rounds = [](int64_t n) {
+    const auto k = static_cast<int64_t>(kControlConcurrency);
+    return static_cast<double>((std::max<int64_t>(n, 0) + k - 1) / k);
+  };
+  const double info = static_cast<double>(m.info_bytes);
+  const int64_t n = hosts.asked;
+  p.control = rt * (3 * rounds(n) + 1 + rounds(n - 1)) + rounds(n) * info * r.json +
+              (rt + info / r.nic + info * r.json) + hosts.lost * c.lost_detect_s;
   p.coordinator_plan = m.plan_s + m.digest_s;
-  const double per_request = m.encode_s + static_cast<double>(m.request_bytes) / r.nic;
+  const double per_request = static_cast<double>(m.request_bytes) / r.nic;
   for (std::size_t i = 0; i < hosts.participants.size(); ++i) {
     const int h = hosts.participants[i];
     HostTimes ht = HostPrepare(traffic, h, c, m, r);
-    ht.start = static_cast<double>(i + 1) * per_request + r.lat + r.rpc;
+    ht.start = m.encode_s + static_cast<double>(i + 1) * per_request + r.lat + r.rpc;
     const double end = ht.start + ht.prepare + r.lat;
     if (end > p.round) {
       p.round = end;
@@ -79,9 +86,9 @@ Prediction Predict(const std::vector<HostTraffic>& traffic, const SimHosts& host
     }
     p.hosts[h] = ht;
   }
-  const double round_trip = r.rpc + rtt;
-  p.commit = hosts.participants.empty() ? 0 : 2 * round_trip;
-  p.release = static_cast<double>(hosts.participants.size() + hosts.asked) * round_trip;
+  const auto parts = static_cast<int64_t>(hosts.participants.size());
+  p.commit = parts == 0 ? 0 : rt * (1 + rounds(parts - 1));
+  p.release = rt * (rounds(parts) + rounds(n));
   p.total = p.control + p.coordinator_plan + p.round + p.commit + p.release;
   return p;
 }

@@ -88,18 +88,31 @@ TEST(Simulate, TimeFormulasByHand) {
   EXPECT_NEAR(p.hosts[0].local, 0.064, 1e-9);
   EXPECT_NEAR(p.hosts[0].prepare, 0.990, 1e-9);
   EXPECT_NEAR(p.hosts[1].prepare, 0.990, 1e-9);
-  // Requests go out one after the other: 0.01 + 1000/1000 each, then L + R.
+  // Encoded once (0.01), then the copies leave the NIC one after the other (1000/1000
+  // each), then L + R.
   EXPECT_NEAR(p.hosts[0].start, 1.013, 1e-9);
-  EXPECT_NEAR(p.hosts[1].start, 2.023, 1e-9);
-  EXPECT_NEAR(p.round, 2.023 + 0.990 + 0.001, 1e-9);
+  EXPECT_NEAR(p.hosts[1].start, 2.013, 1e-9);
+  EXPECT_NEAR(p.round, 2.013 + 0.990 + 0.001, 1e-9);
   EXPECT_EQ(p.critical_host, 1);
-  // control: 2 hosts x 6 x (2 + 2) ms + 2 x 3 x 100 bytes x (1 ms + 1 ms).
-  EXPECT_NEAR(p.control, 0.048 + 1.2, 1e-9);
+  // control, rt = 2 + 2 ms, 2 hosts (one round each): connect, lease (first, rest),
+  // listing, address = 5 rt; the daemons digest their info (100 bytes x 1 ms); the
+  // coordinator fetches it once: rt + 100/1000 + 100 x 1 ms.
+  EXPECT_NEAR(p.control, 0.020 + 0.1 + 0.204, 1e-9);
   EXPECT_NEAR(p.coordinator_plan, 0.55, 1e-9);
+  // Commit: the first participant, then the other: 2 rt.
   EXPECT_NEAR(p.commit, 0.008, 1e-9);
-  // Release: the old versions on 2 participants, the lease on 2 hosts, 4 ms each.
-  EXPECT_NEAR(p.release, 0.016, 1e-9);
-  EXPECT_NEAR(p.total, 1.248 + 0.55 + 3.014 + 0.008 + 0.016, 1e-9);
+  // Release: the old versions on 2 participants (one round), the lease on 2 hosts (one).
+  EXPECT_NEAR(p.release, 0.008, 1e-9);
+  EXPECT_NEAR(p.total, 0.324 + 0.55 + 3.004 + 0.008 + 0.008, 1e-9);
+
+  // 130 hosts asked, none with new ranks: 3 rounds of 64 per step; the lease's first
+  // host alone, then 129 more in 3 rounds: rt x (3 x 3 + 1 + 3) + 3 x 0.1 + 0.204.
+  SimHosts many;
+  many.asked = 130;
+  const Prediction q = Predict(std::vector<HostTraffic>(130), many, s->cluster, m);
+  EXPECT_NEAR(q.control, 0.004 * 13 + 0.3 + 0.204, 1e-9);
+  EXPECT_EQ(q.commit, 0);
+  EXPECT_NEAR(q.release, 0.004 * 3, 1e-9);
 
   // Host 0 twice as slow: its phases double, and host 1 waits for host 0's sending
   // (max(64, 64 x 2) / 1000 + 4 ms + 2 ms), so host 1 stays the critical one.

@@ -21,16 +21,22 @@
 //   J = json_gbyte_s (default: measured), s_h = host h's straggler factor (>= 1),
 //   N = hosts asked, P = participants (hosts with new ranks, index p = 0 .. P-1).
 //
-// Coordinator, before the prepare (distributed.cc and job_lease.h run these requests one
-// host after the other): health (connect), the job's lease, job (recovery), version
-// (committed state), job (next version number) and address: 6 requests per host, 3 of
-// whose replies carry the state info (I bytes: model, config and the cluster's URLs,
-// growing with N):
-//   control = N·6·(R + 2L) + N·3·I·(1/B + 1/J) + lost_hosts·lost_detect_s
+// Coordinator, before the prepare (distributed.cc, job_listing.h, job_lease.h): each
+// step asks every host with k = kControlConcurrency (64) requests in flight, so a step
+// over n hosts takes ⌈n/k⌉ round trips rt = R + 2L: connect (health), the job's lease
+// (the first host alone, then the rest), the job's listing and the data-plane address.
+// The listing's replies carry the info's digest, not the info (I bytes: model, config
+// and the cluster's URLs, growing with N); each daemon parses its info to digest it
+// (I/J, in parallel across hosts), and the coordinator fetches the info once:
+//   control = rt·(3⌈N/k⌉ + 1 + ⌈(N-1)/k⌉) + ⌈N/k⌉·I/J + (rt + I/B + I/J)
+//             + lost_hosts·lost_detect_s
+// (Before issue 36's fix: 6 requests per host one after the other, 3 of them carrying
+// the info: N·6·rt + N·3·I·(1/B + 1/J), O(N²); `docs/scale.md` shows both.)
 //   coordinator plan = plan_s + digest_s                      (MakePlan, PlanDigest)
-// Prepare round: the coordinator encodes each participant's request in turn (Q bytes)
-// and sends it; participant p starts at
-//   start_p = (p + 1)·(encode_s + Q/B) + L + R
+// Prepare round: the coordinator encodes the request once (Q bytes; only "host" differs
+// per participant) and sends every participant its copy, through its one NIC;
+// participant p starts at
+//   start_p = encode_s + (p + 1)·Q/B + L + R
 // and then, on its own (phases sequential, every one × s_h, as agent.cc runs them):
 //   decode = decode_s;  plan = plan_s (every agent plans the whole transform);
 //   warm   = out_h / W  (pre-faulting what peers fetch);
@@ -42,9 +48,9 @@
 //   exec   = max(fetch, local) + landed_h / C;  seal = new_h / H  (checksums)
 //   prepare_h = decode + plan + warm + alloc + exec + seal
 //   round  = max_p (start_p + prepare_p + L)          -> the critical host
-// Commit (two_phase.h): the first participant alone, then the rest in parallel, then
-// the release of the old versions and of the lease, one host after the other:
-//   commit = 2·(R + 2L);   release = (P + N)·(R + 2L)
+// Commit (two_phase.h): the first participant alone, then the rest k at a time, then
+// the release of the old versions (participants) and of the lease (every host):
+//   commit = rt·(1 + ⌈(P-1)/k⌉);   release = rt·(⌈P/k⌉ + ⌈N/k⌉)
 //   total  = control + coordinator plan + round + commit + release
 // Restart from a checkpoint, for comparison: every new rank reads its tensors from the
 // parallel file system, new-layout bytes / pfs_gbyte_s, or (a lower bound) the state is

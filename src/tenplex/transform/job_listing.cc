@@ -40,8 +40,8 @@ Result<store::JobInfo> ListOne(store::Client* c, const std::string& job) {
 JobListing ReadJobListing(const std::vector<store::Client*>& clients, const std::string& job) {
   JobListing out;
   out.hosts.resize(clients.size());
-  std::mutex mu;                      // guards out.infos, index and fetch
-  std::map<std::string, int> index;   // the info's xxh64 -> infos index
+  std::mutex mu;                                        // guards out.infos, index and fetch
+  std::map<std::string, int> index;                     // the info's xxh64 -> infos index
   std::vector<std::pair<std::size_t, uint64_t>> fetch;  // per infos index: a holder, version
   ForEachConcurrently(clients.size(), kControlConcurrency, [&](std::size_t h) {
     HostListing& mine = out.hosts[h];
