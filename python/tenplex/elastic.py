@@ -321,10 +321,8 @@ class Job:
                 raise ElasticError(f"job {self.job}: version(s) {res['pending']} are prepared but undecided "
                                    f"(a host that took part does not answer) and no version is committed: "
                                    f"bring that host's daemon back; {'; '.join(res['lines'])}")
-            if res["pending"] and _ec.roll_back_lost(urls + extra, self.job, res["pending"], found[0], self.token,
-                                                     self.request_timeout, self._coord.name):
-                views = self._views(urls)
-                found = _ec.committed_state(views)
+            if res["pending"]:
+                views, found = self._resolve_lost(urls, extra)
         cluster = _ec.cluster_record(views, self.local_world_size)
         if found is None:
             return {"version": None, "cluster": cluster}
@@ -349,6 +347,19 @@ class Job:
                        bytes_moved=stats.get("plan", {}).get("bytes_total"), transform_stats_seconds=stats["seconds"])
         rec["transform_seconds"] = round(time.perf_counter() - t0, 4)
         return rec
+
+    def _resolve_lost(self, urls, extra):
+        """(views, committed state) after versions that the recovery left undecided are decided
+        again, now that every daemon of this world answers (_views), and those still undecided,
+        which wait on hosts outside this world only (lost), are rolled back (roll_back_lost)."""
+        res = _ec.resolve(urls + extra, self.job, self.token, self.request_timeout, self._coord.name)
+        views = self._views(urls)
+        found = _ec.committed_state(views)
+        if res["pending"] and found is not None and _ec.roll_back_lost(
+                urls + extra, self.job, res["pending"], found[0], self.token, self.request_timeout, self._coord.name):
+            views = self._views(urls)
+            found = _ec.committed_state(views)
+        return views, found
 
     def restore(self, device=None):
         """Brings the job's committed state onto this world; None for a new job. With a
