@@ -98,6 +98,19 @@ def alive(pid: int) -> bool:
         return f.read().rsplit(")", 1)[1].split()[0] != "Z"
 
 
+def procs_naming(folder):
+    """The ids of processes whose command line names folder (the workers' --step-log, the agents' policy)."""
+    out = []
+    for d in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                if folder.encode() in f.read():
+                    out.append(int(d))
+        except OSError:
+            continue  # gone meanwhile
+    return out
+
+
 def group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
@@ -159,7 +172,7 @@ def main():
 
 def run_test(tenplex, repo, net, case):
     check, t_start = Checks(), time.time()
-    shm_dirs = seed_shm_dirs(3)
+    shm_dirs = []
     with tempfile.TemporaryDirectory() as tmp:
         model, policy, static_log = setup_job(tenplex, repo, tmp)
         log = os.path.join(tmp, "elastic.jsonl")
@@ -173,6 +186,7 @@ def run_test(tenplex, repo, net, case):
         hosts, pids, ok, t0 = [], [], True, time.time()
         try:
             go = os.path.join(tmp, "go-host2")
+            shm_dirs = seed_shm_dirs(3)
             for i in range(3):
                 url = None
                 if proxy is not None and i == VICTIM:
@@ -228,8 +242,10 @@ def run_test(tenplex, repo, net, case):
                   f"{starts[2]['time'] - t_kill:.1f} s")
         if proxy is not None:
             check_recovery_logged(check, tmp, hosts)
-        check(not any(alive(p) for p in pids + [etcd.proc.pid]) and not any(group_alive(h.agent.pid) for h in hosts),
-              "every daemon, agent, worker and etcd is gone")
+        left = [p for p in procs_naming(tmp) if alive(p)]
+        check(not left and not any(alive(p) for p in pids + [etcd.proc.pid])
+              and not any(group_alive(h.agent.pid) for h in hosts),
+              f"every daemon, agent, worker and etcd is gone (processes naming the test's folder: {left})")
         check(not any(os.path.exists(d) for d in shm_dirs) and not os.path.exists(etcd.dir),
               "the daemons' shm dirs and etcd's data dir are removed")
         if check.failures:
