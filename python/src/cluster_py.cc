@@ -26,6 +26,7 @@ struct Hosts {
   std::vector<std::unique_ptr<store::Client>> owned;
   std::vector<store::Client*> clients;
   std::vector<int> all;
+  store::ClientOptions options;                // every client's (token, timeout, coordinator)
   std::unique_ptr<transform::JobLease> lease;  // taken for the call when it named no coordinator
 };
 
@@ -43,6 +44,7 @@ Result<Hosts> ConnectHosts(const std::vector<std::string>& urls, const std::stri
   transform::Cluster cluster;
   cluster.hosts = urls;
   Hosts h;
+  h.options = o;
   TP_ASSIGN_OR_RETURN(h.owned, transform::ConnectCluster(cluster, o, allow_lost));
   for (std::size_t i = 0; i < h.owned.size(); ++i) {
     h.clients.push_back(h.owned[i].get());
@@ -141,19 +143,11 @@ class PyJobLease {
   PyJobLease(const std::vector<std::string>& urls, const std::string& token, const std::string& job,
              const std::string& coordinator, int64_t ttl_ms, double wait_s, int timeout_s) {
     if (coordinator.empty()) Check(InvalidArgument("a JobLease needs the coordinator's name"));
-    store::ClientOptions o;
-    o.token = token;
-    o.timeout_s = timeout_s;
-    o.coordinator = coordinator;
-    transform::Cluster cluster;
-    cluster.hosts = urls;
     lease_ = Take(NoGil([&]() -> Result<std::unique_ptr<transform::JobLease>> {
-      if (urls.empty()) return InvalidArgument("no hosts given");
-      if (timeout_s <= 0) return InvalidArgument("timeout_s must be > 0");
-      TP_ASSIGN_OR_RETURN(auto owned, transform::ConnectCluster(cluster, o, /*allow_lost=*/true));
-      std::vector<store::Client*> raw;
-      for (const auto& c : owned) raw.push_back(c.get());
-      return transform::JobLease::Acquire(raw, job, o, {ttl_ms, wait_s});
+      // Named coordinator: ConnectHosts takes no lease of its own.
+      TP_ASSIGN_OR_RETURN(
+          Hosts h, ConnectHosts(urls, token, timeout_s, /*allow_lost=*/true, job, coordinator));
+      return transform::JobLease::Acquire(h.clients, job, h.options, {ttl_ms, wait_s});
     }));
   }
   std::string holder() const { return lease_ ? lease_->holder() : ""; }
