@@ -135,6 +135,14 @@ def main():
         os.environ["WORLD_SIZE"] = "8"
         expect_error(lambda: elastic.Job("gpt", pol), "no config for world size 8", "world without a config")
         fatal_is_final(repo, tmp)
+        # Only torchrun's own command line is an agent to stop (not a test script or a
+        # ctest -R naming it: elastic_restore's fatal case once SIGTERMed ctest itself).
+        from tenplex.elastic_cluster import is_torchrun
+        for argv, want in [(["/v/bin/python", "-m", "torch.distributed.run", "a.py"], True),
+                           (["/v/bin/torchrun", "a.py"], True), (["/v/bin/python", "/v/bin/torchrun", "a.py"], True),
+                           (["/v/bin/python", "tests/torchrun_elastic_test.py"], False),
+                           (["ctest", "-R", "torchrun|elastic_restore"], False), ([], False)]:
+            check(is_torchrun(argv) == want, f"is_torchrun({argv}) should be {want}")
     print(f"{'FAILED' if failures else 'passed'}: {len(failures)} failures")
     sys.exit(1 if failures else 0)
 

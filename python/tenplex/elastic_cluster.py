@@ -389,13 +389,26 @@ def stop_agent() -> bool:
     ppid = os.getppid()
     try:
         with open(f"/proc/{ppid}/cmdline", "rb") as f:
-            cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
     except OSError:
         return False
-    if "torch.distributed.run" not in cmd and "torchrun" not in cmd:
+    if not is_torchrun(argv):
         return False
     os.kill(ppid, signal.SIGTERM)
     return True
+
+
+def is_torchrun(argv: list[str]) -> bool:
+    """Whether argv launches torchrun: `torchrun ...`, `python .../torchrun ...` or
+    `python -m torch.distributed.run ...`; not any command line that merely mentions it
+    (a test script named torchrun_*.py, a ctest -R torchrun whose child is the worker)."""
+    if not argv:
+        return False
+    if os.path.basename(argv[0]) == "torchrun":
+        return True
+    if len(argv) > 1 and os.path.basename(argv[1]) == "torchrun":
+        return True
+    return any(argv[i] == "-m" and argv[i + 1] == "torch.distributed.run" for i in range(len(argv) - 1))
 
 
 def env_timeout(value: Optional[float], name: str, default: float) -> Optional[float]:
