@@ -82,6 +82,7 @@ class PyStore {
     pyb::list versions;
     for (const store::VersionInfo& v : info.versions) versions.append(VersionDict(v));
     d["versions"] = versions;
+    d["last_version"] = info.last;  // the highest number the job has had there
     return d;
   }
   void DeleteJob(const std::string& job) {

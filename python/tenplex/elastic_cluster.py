@@ -59,6 +59,7 @@ class HostView:
     info: str = ""
     versions: List[dict] = field(default_factory=list)
     error: str = ""
+    last: int = 0  # the highest version number the job has had there (rolled back ones too)
 
 
 LEASE_TTL_MS = 10000  # rank 0's job lease: a dead rank 0 holds it up to this long
@@ -124,7 +125,8 @@ def probe(url: str, job: str, token: str, timeout_s: int = DEFAULT_REQUEST_TIMEO
             j = c.job(job)
         except _tenplex.NotFoundError:
             return HostView(url, "none", hid)
-        view = HostView(url, "job", hid, j["current"], versions=list(j["versions"]))
+        view = HostView(url, "job", hid, j["current"], versions=list(j["versions"]),
+                        last=int(j.get("last_version", 0)))
         for v in view.versions:
             if v["version"] == view.current:
                 view.info = v["info"]
@@ -297,11 +299,13 @@ def unchanged(info: dict, views: List[HostView], config: str, gpus_per_host: int
 
 
 def next_version_and_fence(views: List[HostView], job: str, restored: Optional[int]) -> int:
-    """The version number one past any version any host has had, after refusing a
-    commit that would release a version newer than `restored` (the version this job's
-    state belongs to: None for a new job)."""
+    """The version number one past any version any host has had (listed, or rolled back
+    and gone: a number is not used again for other content), after refusing a commit
+    that would release a version newer than `restored` (the version this job's state
+    belongs to: None for a new job)."""
     nxt = 1
     for v in views:
+        nxt = max(nxt, v.last + 1)
         for x in v.versions:
             nxt = max(nxt, int(x["version"]) + 1)
         if v.current is not None and (restored is None or v.current > restored):

@@ -254,6 +254,7 @@ Result<JobInfo> Client::GetJob(const std::string& job, bool digests) {
   info.job = JsonValueOr(j, "job", job);
   if (j.contains("current") && j["current"].is_number_unsigned())
     info.current = j["current"].get<uint64_t>();
+  info.last = JsonValueOr(j, "last_version", uint64_t{0});
   if (j.contains("versions") && j["versions"].is_array()) {
     for (const json& v : j["versions"]) {
       if (v.is_object()) info.versions.push_back(VersionFromJson(v));

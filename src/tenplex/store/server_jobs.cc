@@ -70,6 +70,7 @@ Status JobResource(const JobCall& c) {
     SendJson(c.res, 200,
              {{"job", c.job},
               {"current", info.current ? json(*info.current) : json(nullptr)},
+              {"last_version", info.last},
               {"versions", versions}});
     return Status::Ok();
   }

@@ -373,6 +373,7 @@ Result<JobInfo> Store::Job(const std::string& job) const {
   JobInfo info;
   info.job = job;
   info.current = j->current;
+  info.last = j->last;
   for (const auto& [v, s] : j->versions) info.versions.push_back(MakeVersionInfo(job, *j, v, s));
   return info;
 }

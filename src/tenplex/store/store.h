@@ -151,6 +151,10 @@ struct VersionInfo {
 struct JobInfo {
   std::string job;
   std::optional<uint64_t> current;
+  // The highest version number the job has had on this daemon since it started (aborted
+  // and dropped ones included; after a restart: the highest one on disk). A coordinator
+  // picks its next number above it, so that a number is never reused for other content.
+  uint64_t last = 0;
   std::vector<VersionInfo> versions;  // increasing
 };
 

@@ -20,6 +20,7 @@ const ListedVersion* JobListing::Find(std::size_t h, uint64_t v) const {
 uint64_t JobListing::NextVersion() const {
   uint64_t next = 1;
   for (const HostListing& h : hosts) {
+    next = std::max(next, h.last + 1);
     for (const ListedVersion& v : h.versions) next = std::max(next, v.version + 1);
   }
   return next;
@@ -58,6 +59,7 @@ JobListing ReadJobListing(const std::vector<store::Client*>& clients, const std:
       return;
     }
     mine.current = j->current;
+    mine.last = j->last;
     std::lock_guard<std::mutex> lock(mu);
     for (store::VersionInfo& v : j->versions) {
       // The daemon's digest is of the info as it serves it (canonical JSON), which is
@@ -89,10 +91,9 @@ JobListing ReadJobListing(const std::vector<store::Client*>& clients, const std:
         out.infos[i] = std::move(v->info);
         break;
       }
-      out.hosts[h] = {Unavailable(clients[h]->url() + " failed while its listing of job '" + job +
-                                  "' was read: " + v.status().ToString()),
-                      std::nullopt,
-                      {}};
+      out.hosts[h] = HostListing{};
+      out.hosts[h].status = Unavailable(clients[h]->url() + " failed while its listing of job '" +
+                                        job + "' was read: " + v.status().ToString());
     }
   }
   return out;

@@ -40,6 +40,7 @@ struct HostListing {
   Status status;
   std::optional<uint64_t> current;
   std::vector<ListedVersion> versions;  // increasing
+  uint64_t last = 0;                    // the highest number it has had (store::JobInfo)
 };
 
 struct JobListing {
@@ -48,7 +49,8 @@ struct JobListing {
 
   // Host h's entry for version v, or null.
   const ListedVersion* Find(std::size_t h, uint64_t v) const;
-  // One past every version any host reports (at least 1).
+  // One past every version any host reports or has had (at least 1): a number rolled
+  // back is not used again for other content.
   uint64_t NextVersion() const;
 };
 

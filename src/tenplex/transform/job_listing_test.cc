@@ -50,6 +50,9 @@ TEST(JobListingTest, MatchesTheFullListingsWithEachInfoOnce) {
     ASSERT_TRUE(s.BeginVersion("j", 1, Info("A")).ok());
     ASSERT_TRUE(s.Commit("j", 1).ok());
   }
+  // Host 1 had version 5, dropped (aborted): its number is not used again.
+  ASSERT_TRUE(d[1]->store->BeginVersion("j", 5, Info("D")).ok());
+  ASSERT_TRUE(d[1]->store->DropVersion("j", 5).ok());
   for (int h = 0; h < 2; ++h) {
     ASSERT_TRUE(d[h]->store->BeginVersion("j", 2, Info("B")).ok());
     ASSERT_TRUE(d[h]->store->Prepare("j", 2).ok());
@@ -63,8 +66,10 @@ TEST(JobListingTest, MatchesTheFullListingsWithEachInfoOnce) {
   ASSERT_EQ(l.hosts.size(), 5u);
   EXPECT_EQ(l.hosts[3].status.code(), StatusCode::kNotFound);
   EXPECT_EQ(l.hosts[4].status.code(), StatusCode::kUnavailable);
-  EXPECT_EQ(l.infos.size(), 3u);  // A, B, C once each
-  EXPECT_EQ(l.NextVersion(), 4u);
+  EXPECT_EQ(l.infos.size(), 3u);   // A, B, C once each
+  EXPECT_EQ(l.NextVersion(), 6u);  // above the aborted 5, not only the listed 1-3
+  EXPECT_EQ(l.hosts[1].last, 5u);
+  EXPECT_EQ(l.hosts[0].last, 2u);
   for (int h = 0; h < 3; ++h) {
     ASSERT_TRUE(l.hosts[h].status.ok()) << l.hosts[h].status.ToString();
     Result<store::JobInfo> full = clients[h]->Job("j");  // the reference: infos in full
