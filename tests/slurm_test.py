@@ -33,9 +33,9 @@ import time
 from typing import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from elastic_run_test import Checks, check_steps, steps_of  # noqa: E402
+from elastic_run_test import Checks  # noqa: E402
 from slurm_cluster import SlurmCluster  # noqa: E402
-from torchrun_elastic_test import POLICY, TRAIN_ARGS, free_port, read_log  # noqa: E402
+from torchrun_elastic_test import POLICY, TRAIN_ARGS, check_steps_and_worlds, free_port, read_log  # noqa: E402
 
 PY = sys.executable
 STEPS = 30
@@ -165,17 +165,9 @@ def main() -> None:
         node1_url = f"http://{cluster.net.addr(1)}:7480"
         left = cluster.left
         check(not left, f"no process left in the namespaces or of the daemons: {left}")
-        base, _ = steps_of(static_log)
         log = os.path.join(jobdir, "steps.jsonl")
-        got, events = steps_of(log) if os.path.exists(log) else ({}, [])
-        for e in events:
-            print(json.dumps(e))
-        check(sorted(got) == list(range(STEPS)), f"every step logged: {sorted(got)}")
-        check_steps(check, got, base, STEPS)
-        starts = [e for e in events if e["event"] == "elastic_start"]
-        worlds = [e["world_size"] for e in starts]
-        check(worlds == [4, 6, 4], f"worlds of the starts: 4, then 6 (node2 joined), then 4 (node1 lost): {worlds}")
-        if worlds == [4, 6, 4]:
+        _, starts = check_steps_and_worlds(check, static_log, log, STEPS)
+        if [e["world_size"] for e in starts] == [4, 6, 4]:
             up, down = starts[1], starts[2]
             check(up["transformed"] and up["config"] == "tp=2,pp=1,dp=3", f"scale-up to tp=2,dp=3: {up}")
             check(down["transformed"] and down["config"] == "tp=2,pp=2,dp=1" and len(down["lost_hosts"]) == 1

@@ -267,19 +267,26 @@ def run_test(tenplex, repo, net):
     check.finish()
 
 
-def check_run(check, static_log, log, lost_url):
-    """The elastic run's log against the static run's: every step, same samples and losses; worlds 4, 6
-    (scale-up at a step boundary), 4 (the host at lost_url lost, re-placed from the last commit)."""
+def check_steps_and_worlds(check, static_log, log, steps=STEPS):
+    """Every one of `steps` steps logged with the static run's samples and losses, and the
+    starts' worlds 4, 6 (scale-up), 4 (a host lost); (events, starts) of the log."""
     base, _ = steps_of(static_log)
     got, events = steps_of(log) if os.path.exists(log) else ({}, [])
     for e in events:
         print(json.dumps(e))
-    check(sorted(got) == list(range(STEPS)), f"every step logged: {sorted(got)}")
-    check_steps(check, got, base, STEPS)
+    check(sorted(got) == list(range(steps)), f"every step logged: {sorted(got)}")
+    check_steps(check, got, base, steps)
     starts = [e for e in events if e["event"] == "elastic_start"]
     worlds = [e["world_size"] for e in starts]
     check(worlds == [4, 6, 4], f"worlds of the starts: 4, then 6 (scale-up), then 4 (failure): {worlds}")
-    if worlds == [4, 6, 4]:
+    return events, starts
+
+
+def check_run(check, static_log, log, lost_url):
+    """The elastic run's log against the static run's: every step, same samples and losses; worlds 4, 6
+    (scale-up at a step boundary), 4 (the host at lost_url lost, re-placed from the last commit)."""
+    events, starts = check_steps_and_worlds(check, static_log, log)
+    if [e["world_size"] for e in starts] == [4, 6, 4]:
         up, down = starts[1], starts[2]
         stops = [e for e in events if e["event"] == "elastic_stop"]
         check(len(stops) == 1 and stops[0]["step"] == up["step"],
