@@ -9,6 +9,8 @@
 # Top-level packages (pip freeze of these gives requirements.lock):
 #   torch numpy matplotlib safetensors transformers megatron-core deepspeed pytest pyyaml
 #   python-etcd (the etcd client of torchrun's etcd-v2 rendezvous, docs/deploy.md)
+#   kubernetes-validate (the Kubernetes API schemas, bundled, that tests/k8s_schema_test.py
+#   checks deploy/k8s/ against)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=.venv

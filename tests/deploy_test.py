@@ -2,7 +2,8 @@
 
 usage: deploy_test.py TENPLEX_BIN REPO_ROOT
 
-Kubernetes (deploy/k8s/*.yaml, parsed with PyYAML): every document has apiVersion, kind
+Kubernetes (deploy/k8s/*.yaml, parsed with PyYAML; their schemas: k8s_schema_test.py),
+how the objects fit together: every document has apiVersion, kind
 and metadata.name; the Secret holds the key the others read; the store DaemonSet's
 selector matches its pod labels, it runs `tenplex store serve` on the port it exposes,
 with hostIPC, the host's /dev/shm and TENPLEX_TOKEN from the Secret; the PyTorchJob is
