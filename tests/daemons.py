@@ -1,5 +1,6 @@
 """Store daemons for integration tests and benchmarks: start `tenplex store serve` on a
 free loopback port, read the URL it announces, stop it; and the tests' CLI runner."""
+import fcntl
 import json
 import os
 import re
@@ -8,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 
@@ -92,37 +94,75 @@ def write_cluster(path, daemons, gpus_per_host):
 class NetnsBridge:
     """`count` network namespaces joined by veth pairs on a bridge (as root): namespace
     i has address `addr(i)` on its veth `ifname(i)` and its loopback up. SystemExit(77)
-    (ctest: skipped) where they cannot be made; `close()` removes everything."""
+    (ctest: skipped) where they cannot be made; `close()` removes everything.
 
-    def __init__(self, count):
-        tag = "%04d" % (os.getpid() % 10000)
-        self.tag, self.bridge = tag, "tpbr" + tag
-        self.spaces = ["tpns%s-%d" % (tag, i) for i in range(count)]
-        self.subnet = "10.213.%d" % (os.getpid() % 200 + 20)
+    Tests that run at once get different subnets and names: under a lock file
+    (LOCK_FILE), the first free subnet 10.213.N.0/24 (N in SUBNETS) is taken, one that
+    no interface has an address in and none of whose names (`name_prefix` + "br" / "ns" /
+    "v" + N as three digits) is an existing link or namespace; its bridge with its
+    address is made before the lock is released, so that the next test sees it in use.
+    `name_prefix` (default "tp", at most 4 characters: link names have at most 15) tells
+    a test's links apart from another's in `ip link`."""
+
+    LOCK_FILE = os.path.join("/run" if os.path.isdir("/run") else tempfile.gettempdir(), "tenplex-netns.lock")
+    SUBNETS = range(20, 220)
+
+    def __init__(self, count, name_prefix="tp"):
         if os.geteuid() != 0 or shutil.which("ip") is None:
             print("SKIP: needs root and iproute2 for network namespaces")
             sys.exit(77)
+        if not re.fullmatch(r"[a-z][a-z0-9]{0,3}", name_prefix) or not 1 <= count <= 99:
+            raise ValueError("NetnsBridge: name_prefix %r (1-4 of a-z0-9, a letter first) or count %d (1-99)"
+                             % (name_prefix, count))
+        self.name_prefix, self.count = name_prefix, count
+        self.tag, self.bridge, self.spaces, self.subnet, self.made = "", "", [], "", []
         try:
-            self.ip("link", "add", self.bridge, "type", "bridge")
-            self.ip("link", "set", self.bridge, "up")
-            self.ip("addr", "add", self.subnet + ".1/24", "dev", self.bridge)
+            with open(self.LOCK_FILE, "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                self._claim()
             for i, ns in enumerate(self.spaces):
                 self.ip("netns", "add", ns)
-                veth = "tpv%s%d" % (tag, i)
-                self.ip("link", "add", veth, "type", "veth", "peer", "name", self.ifname(i))
+                self.made.append(ns)
+                self.ip("link", "add", self.bridge_end(i), "type", "veth", "peer", "name", self.ifname(i))
                 self.ip("link", "set", self.ifname(i), "netns", ns)
-                self.ip("link", "set", veth, "master", self.bridge)
-                self.ip("link", "set", veth, "up")
+                self.ip("link", "set", self.bridge_end(i), "master", self.bridge)
+                self.ip("link", "set", self.bridge_end(i), "up")
                 self.ip("netns", "exec", ns, "ip", "addr", "add", self.addr(i) + "/24", "dev", self.ifname(i))
                 self.ip("netns", "exec", ns, "ip", "link", "set", self.ifname(i), "up")
                 self.ip("netns", "exec", ns, "ip", "link", "set", "lo", "up")
-        except RuntimeError as e:
+        except (RuntimeError, OSError) as e:
             self.close()
             print("SKIP: network namespaces are not available here (%s)" % e)
             sys.exit(77)
 
+    def _claim(self):
+        """Picks the first free subnet and names and makes the bridge (under the lock)."""
+        links = set(re.findall(r"^\d+: ([^:@]+)", self.ip("-o", "link", "show"), re.M))
+        spaces = {line.split()[0] for line in self.ip("netns", "list").splitlines() if line.strip()}
+        used = set(int(n) for n in re.findall(r"\binet 10\.213\.(\d+)\.", self.ip("-o", "addr", "show")))
+        for n in self.SUBNETS:
+            tag = "%03d" % n
+            names = {self.name_prefix + "br" + tag} | {self.name_prefix + "v" + tag + "%d" % i + end
+                                                        for i in range(self.count) for end in ("", "p")}
+            nss = [self.name_prefix + "ns%s-%d" % (tag, i) for i in range(self.count)]
+            if n in used or names & links or set(nss) & spaces:
+                continue
+            self.tag, self.subnet, self.spaces = tag, "10.213.%d" % n, nss
+            self.ip("link", "add", self.name_prefix + "br" + tag, "type", "bridge")
+            self.bridge = self.name_prefix + "br" + tag  # made: close() removes it
+            self.ip("addr", "add", self.subnet + ".1/24", "dev", self.bridge)
+            self.ip("link", "set", self.bridge, "up")
+            return
+        raise RuntimeError("no free subnet 10.213.N.0/24 for N in %d..%d (ip -o addr: all in use)"
+                           % (self.SUBNETS[0], self.SUBNETS[-1]))
+
     def ifname(self, i):
-        return "tpv%s%dp" % (self.tag, i)
+        """Namespace i's end of its veth pair (inside the namespace)."""
+        return "%sv%s%dp" % (self.name_prefix, self.tag, i)
+
+    def bridge_end(self, i):
+        """The other end of namespace i's veth pair, on the bridge (outside)."""
+        return "%sv%s%d" % (self.name_prefix, self.tag, i)
 
     def addr(self, i):
         return "%s.%d" % (self.subnet, 10 + i)
@@ -135,8 +175,13 @@ class NetnsBridge:
         p = subprocess.run(["ip", *args], capture_output=True, text=True)
         if check_rc and p.returncode != 0:
             raise RuntimeError("ip %s: %s" % (" ".join(args), p.stderr.strip()))
+        return p.stdout
 
     def close(self):
-        for ns in self.spaces:
+        """Removes the namespaces (their veth pairs with them) and the bridge it made."""
+        for ns in self.made:
             self.ip("netns", "del", ns, check_rc=False)
-        self.ip("link", "del", self.bridge, check_rc=False)
+        self.made = []
+        if self.bridge:
+            self.ip("link", "del", self.bridge, check_rc=False)
+            self.bridge = ""
