@@ -1,0 +1,538 @@
+"""In-process membership on many hosts (issue 37): workers stay alive across joins and losses.
+
+Under torchrun every join or loss restarts every worker. Here one host agent per host
+(``python -m tenplex.hostagent``, hostagent.py) starts its workers once; a quorum kept
+by etcd decides each new world and the workers re-form their process groups in-process.
+No consensus of ours: etcd's atomic operations only (the v2 API, through python-etcd,
+as torchrun's etcd-v2 rendezvous uses it). Under ``/tenplex/<job>/``:
+
+  hosts/<host id>   one TTL key per live host (value: {"store_url", "addr", "nproc",
+                    "leaving"}), refreshed every TTL/3 by its agent; a host that dies
+                    loses it after at most TTL seconds.
+  leader            the host id of the agent that decides worlds: taken by an atomic
+                    create (prevExist=False) with a TTL, refreshed by compare-and-swap on
+                    its own value; a dead leader's key expires and another agent takes it.
+  world             the current world (World.to_json): written by the leader with
+                    compare-and-swap on the previous world's modifiedIndex (a stale
+                    leader's write fails), once the live hosts were stable for `settle`
+                    seconds and there are at least min_hosts: survivors keep their order,
+                    new hosts come at the end (in registration order) up to max_hosts,
+                    a host marked leaving is left out (planned), a host whose key is gone
+                    is `lost` (its workers died with it: the others abort their step).
+  epochs/<e>/store  host:port of the TCPStore the first host's agent serves for epoch e
+                    (the workers' rendezvous; a fresh one per world).
+  done              written when the job finished: no world after it.
+
+The agent tells its workers through a control directory (Control): ``world-<e>.json``
+(the world, written as soon as the agent sees it: a stop at the next step boundary, or
+an abort when it lost a host) and ``master-<e>`` (the epoch's store address). A worker
+(Member, used by tenplex.elastic.Job when TENPLEX_MEMBERSHIP names that directory)
+watches for them in a thread: a new epoch raises Job.step_done's stop flag; an abort
+shuts down the process's connected sockets (warm.shutdown_sockets) so that a pending
+gloo collective fails at once; Job.rejoin() then joins the next world.
+"""
+import gc
+import json
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+from .elastic_cluster import ElasticError
+from .elastic_policy import pick_choice
+
+log = logging.getLogger("tenplex.membership")
+
+ENV_DIR = "TENPLEX_MEMBERSHIP"  # the control directory (set by the agent for its workers)
+ENV_LOCAL_RANK = "TENPLEX_LOCAL_RANK"
+ENV_HOST_ID = "TENPLEX_HOST_ID"
+
+
+class MembershipError(RuntimeError):
+    """A membership operation failed (etcd unreachable, bad arguments, no world in time)."""
+
+
+@dataclass
+class World:
+    epoch: int
+    hosts: List[str]  # host ids in rank order: host i holds ranks i*nproc .. i*nproc+nproc-1
+    info: Dict[str, dict]  # host id -> its registration value (store_url, addr, nproc)
+    lost: List[str] = field(default_factory=list)  # hosts of the previous world that died
+    left: List[str] = field(default_factory=list)  # hosts of the previous world that left (planned)
+    time: float = 0.0  # the leader's wall clock when it wrote the world
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @staticmethod
+    def from_json(text: str) -> "World":
+        d = json.loads(text)
+        return World(int(d["epoch"]), list(d["hosts"]), dict(d["info"]), list(d.get("lost", [])),
+                     list(d.get("left", [])), float(d.get("time", 0.0)))
+
+
+def next_world(prev: Optional[World], live: Dict[str, dict], order: List[str], min_hosts: int,
+               max_hosts: int) -> Optional[World]:
+    """The world that follows `prev` for the live hosts ({host id: value}, registered in
+    `order`), or None when it is the same or too small. Survivors keep their places,
+    new hosts come at the end, at most max_hosts; hosts marked leaving are left out."""
+    staying = {h for h, v in live.items() if not v.get("leaving")}
+    old = prev.hosts if prev else []
+    hosts = [h for h in old if h in staying]
+    hosts += [h for h in order if h in staying and h not in hosts]
+    hosts = hosts[:max_hosts]
+    if len(hosts) < min_hosts or (prev is not None and hosts == prev.hosts):
+        return None
+    nproc = {live[h].get("nproc") for h in hosts}
+    if len(nproc) != 1:
+        raise MembershipError(f"the hosts run different numbers of workers ({sorted(map(str, nproc))}): "
+                              "give every host agent the same --nproc")
+    gone = [h for h in old if h not in hosts]
+    return World((prev.epoch if prev else 0) + 1, hosts, {h: live[h] for h in hosts},
+                 lost=[h for h in gone if h not in live], left=[h for h in gone if h in live], time=time.time())
+
+
+def _client(endpoint: str):
+    import etcd  # python-etcd (in the project's .venv)
+    host, _, port = endpoint.rpartition(":")
+    if not host or not port.isdigit():
+        raise MembershipError(f"--etcd {endpoint!r} must be HOST:PORT")
+    return etcd.Client(host=host, port=int(port), read_timeout=10, allow_reconnect=False)
+
+
+class Quorum:
+    """An agent's membership in the job's quorum: its TTL key, the leader's duty when it
+    holds the leader key, and the worlds. Thread-safety: start() runs a background thread
+    (keys refreshed, leader steps); the other methods are called from one thread."""
+
+    def __init__(self, endpoint: str, job: str, host_id: str, value: dict, ttl: float = 10.0, min_hosts: int = 1,
+                 max_hosts: int = 1 << 30, settle: float = 0.3, poll: float = 0.05):
+        if not job or "/" in job or not host_id or "/" in host_id:
+            raise MembershipError(f"job {job!r} and host id {host_id!r} must be non-empty without '/'")
+        if ttl < 1 or min_hosts < 1 or max_hosts < min_hosts:
+            raise MembershipError(f"need ttl >= 1 (got {ttl}) and 1 <= min_hosts <= max_hosts "
+                                  f"(got {min_hosts}, {max_hosts})")
+        self.endpoint, self.job, self.host_id, self.value = endpoint, job, host_id, dict(value)
+        self.ttl, self.min_hosts, self.max_hosts, self.settle, self.poll = ttl, min_hosts, max_hosts, settle, poll
+        self.root = f"/tenplex/{job}"
+        self._key = f"{self.root}/hosts/{host_id}"
+        self._etcd = _client(endpoint)  # the caller's thread
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self.leader = False
+        self.error = ""  # the background thread's last failure ("" while fine)
+
+    # ---- this host ---------------------------------------------------------------
+
+    def join(self, timeout: float = 0.0) -> None:
+        """Registers this host (atomic create: a live host of the same id makes it wait up
+        to `timeout` seconds for that key to expire, then fail)."""
+        import etcd
+        deadline = time.monotonic() + max(timeout, 0.0)
+        while True:
+            try:
+                self._etcd.write(self._key, json.dumps(self.value), ttl=int(self.ttl), prevExist=False)
+                return
+            except etcd.EtcdAlreadyExist:
+                if time.monotonic() > deadline:
+                    raise MembershipError(f"host id {self.host_id} is already registered in job {self.job} "
+                                          f"({self.endpoint}): another live agent uses it") from None
+                time.sleep(0.2)
+            except etcd.EtcdException as e:
+                raise MembershipError(f"etcd at {self.endpoint}: registering {self._key}: {e}") from None
+
+    def leave(self) -> None:
+        """A planned leave: the host stays registered but marked leaving, so that the next
+        world leaves it out without counting it lost."""
+        self.value["leaving"] = True
+        self._etcd.write(self._key, json.dumps(self.value), ttl=int(self.ttl), prevExist=True)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="tenplex-quorum", daemon=True)
+        self._thread.start()
+
+    def close(self, remove_keys: bool = True) -> None:
+        """Stops the thread and removes this host's key (and the leader key when held);
+        remove_keys=False leaves them to expire (what a host that dies does)."""
+        import etcd
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if not remove_keys:
+            return
+        for key, prev in ((self._key, None), (f"{self.root}/leader", self.host_id)):
+            try:
+                self._etcd.delete(key, **({"prevValue": prev} if prev else {}))
+            except etcd.EtcdException:
+                pass  # gone already (expired, or another leader)
+
+    # ---- the job's records ----------------------------------------------------------
+
+    def world(self) -> Optional[World]:
+        import etcd
+        try:
+            return World.from_json(self._etcd.read(f"{self.root}/world").value)
+        except etcd.EtcdKeyNotFound:
+            return None
+
+    def publish_store(self, epoch: int, address: str) -> None:
+        self._etcd.write(f"{self.root}/epochs/{epoch}/store", address, ttl=24 * 3600)
+
+    def wait_store(self, epoch: int, timeout: float) -> Optional[str]:
+        """host:port of epoch's store, or None when it did not appear within timeout."""
+        import etcd
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                return self._etcd.read(f"{self.root}/epochs/{epoch}/store").value
+            except etcd.EtcdKeyNotFound:
+                time.sleep(0.01)
+        return None
+
+    def mark_done(self) -> None:
+        self._etcd.write(f"{self.root}/done", "1")
+
+    def done(self) -> bool:
+        import etcd
+        try:
+            self._etcd.read(f"{self.root}/done")
+            return True
+        except etcd.EtcdKeyNotFound:
+            return False
+
+    # ---- the background thread: keys refreshed, the leader's steps -------------------
+
+    def _run(self) -> None:
+        import etcd
+        c = _client(self.endpoint)
+        next_refresh = 0.0
+        candidate: Tuple[Optional[List[str]], float] = (None, 0.0)  # (hosts, since when they are so)
+        while not self._stop.is_set():
+            now = time.monotonic()
+            try:
+                if now >= next_refresh:
+                    c.refresh(self._key, ttl=int(self.ttl), prevExist=True)
+                    next_refresh = now + self.ttl / 3
+                    if self.leader:
+                        self.leader = self._refresh_leader(c)
+                if not self.leader:
+                    self.leader = self._take_leader(c)
+                    if self.leader:
+                        next_refresh = now  # refresh the leader key on the next round
+                        log.info("host %s leads job %s", self.host_id, self.job)
+                if self.leader:
+                    candidate = self._lead(c, candidate)
+                self.error = ""
+            except etcd.EtcdKeyNotFound:
+                # our key expired (a stall longer than the TTL): register again; the world that
+                # counted this host lost already decided, the agent sees it left out
+                self.error = f"host key {self._key} expired"
+                try:
+                    c.write(self._key, json.dumps(self.value), ttl=int(self.ttl), prevExist=False)
+                except etcd.EtcdException:
+                    pass
+            except (etcd.EtcdException, MembershipError, OSError) as e:
+                self.error = str(e)
+                log.warning("job %s: quorum: %s", self.job, e)
+            self._stop.wait(self.poll)
+
+    def _take_leader(self, c) -> bool:
+        import etcd
+        try:
+            c.write(f"{self.root}/leader", self.host_id, ttl=int(self.ttl), prevExist=False)
+            return True
+        except etcd.EtcdAlreadyExist:
+            return False
+
+    def _refresh_leader(self, c) -> bool:
+        import etcd
+        try:
+            c.write(f"{self.root}/leader", self.host_id, ttl=int(self.ttl), prevValue=self.host_id)
+            return True
+        except (etcd.EtcdCompareFailed, etcd.EtcdKeyNotFound):
+            return False
+
+    def _lead(self, c, candidate):
+        """One leader step: reads the live hosts; writes the next world once the set was
+        stable for `settle` seconds (compare-and-swap on the previous world)."""
+        import etcd
+        try:
+            c.read(f"{self.root}/done")
+            return candidate
+        except etcd.EtcdKeyNotFound:
+            pass
+        try:
+            res = c.read(f"{self.root}/hosts", recursive=True)
+            nodes = [n for n in res.leaves if n.key != f"{self.root}/hosts" and n.value is not None]
+        except etcd.EtcdKeyNotFound:
+            nodes = []
+        nodes.sort(key=lambda n: n.createdIndex)
+        live = {n.key.rsplit("/", 1)[1]: json.loads(n.value) for n in nodes}
+        order = list(live)
+        try:
+            node = c.read(f"{self.root}/world")
+            prev, index = World.from_json(node.value), node.modifiedIndex
+        except etcd.EtcdKeyNotFound:
+            prev, index = None, None
+        w = next_world(prev, live, order, self.min_hosts, self.max_hosts)
+        if w is None:
+            return (None, 0.0)
+        now = time.monotonic()
+        if candidate[0] != w.hosts:
+            return (w.hosts, now)
+        if now - candidate[1] < self.settle:
+            return candidate
+        try:
+            if index is None:
+                c.write(f"{self.root}/world", w.to_json(), prevExist=False)
+            else:
+                c.write(f"{self.root}/world", w.to_json(), prevIndex=index)
+            log.info("job %s: world %d: %s (lost %s, left %s)", self.job, w.epoch, w.hosts, w.lost, w.left)
+        except (etcd.EtcdCompareFailed, etcd.EtcdAlreadyExist):
+            pass  # another leader wrote one meanwhile: the next step starts from it
+        return (None, 0.0)
+
+
+# ---- the control directory between an agent and its workers ---------------------------
+
+def _write_atomic(path: str, text: str) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+class Control:
+    """The files of one host's control directory: world-<e>.json, master-<e>, ready-<local rank>."""
+
+    def __init__(self, directory: str):
+        self.dir = directory
+
+    def write_world(self, w: World, abort: bool) -> None:
+        d = json.loads(w.to_json())
+        d["abort"] = abort
+        _write_atomic(os.path.join(self.dir, f"world-{w.epoch}.json"), json.dumps(d))
+
+    def write_master(self, epoch: int, address: str) -> None:
+        _write_atomic(os.path.join(self.dir, f"master-{epoch}"), address)
+
+    def write_ready(self, local_rank: int) -> None:
+        _write_atomic(os.path.join(self.dir, f"ready-{local_rank}"), str(os.getpid()))
+
+    def ready(self, nproc: int) -> bool:
+        return all(os.path.exists(os.path.join(self.dir, f"ready-{i}")) for i in range(nproc))
+
+    def newest(self) -> Tuple[int, Optional[dict]]:
+        """(epoch, world record) of the newest world file, (0, None) when none."""
+        epochs = [int(n[6:-5]) for n in os.listdir(self.dir) if n.startswith("world-") and n.endswith(".json")]
+        if not epochs:
+            return 0, None
+        e = max(epochs)
+        with open(os.path.join(self.dir, f"world-{e}.json")) as f:
+            return e, json.load(f)
+
+    def master(self, epoch: int) -> Optional[str]:
+        try:
+            with open(os.path.join(self.dir, f"master-{epoch}")) as f:
+                return f.read().strip()
+        except FileNotFoundError:
+            return None
+
+
+def serve_store(addr: str):
+    """A fresh TCPStore on addr (port 0) for one epoch's rendezvous: (store, "addr:port")."""
+    import datetime
+
+    import torch.distributed as dist
+    store = dist.TCPStore(addr, 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=300))
+    return store, f"{addr}:{store.port}"
+
+
+# ---- the worker's side ----------------------------------------------------------------
+
+class Member:
+    """A worker's view of its agent's worlds (tenplex.elastic.Job in membership mode)."""
+
+    def __init__(self, directory: str, local_rank: int, host_id: str, timeout: float = 600.0):
+        self.control, self.local_rank, self.host_id, self.timeout = Control(directory), local_rank, host_id, timeout
+        self.epoch = 0  # the world this worker is in (0: none yet)
+        self.world: Optional[dict] = None
+        self.announced = threading.Event()  # a newer world than self.epoch exists
+        self.aborted = threading.Event()  # ... and it lost a host: the segment is aborted
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    @staticmethod
+    def from_env() -> Optional["Member"]:
+        d = os.environ.get(ENV_DIR)
+        if not d:
+            return None
+        if not os.path.isdir(d) or ENV_LOCAL_RANK not in os.environ or ENV_HOST_ID not in os.environ:
+            raise MembershipError(f"{ENV_DIR}={d!r} needs an existing control directory and {ENV_LOCAL_RANK}, "
+                                  f"{ENV_HOST_ID} (set by python -m tenplex.hostagent)")
+        return Member(d, int(os.environ[ENV_LOCAL_RANK]), os.environ[ENV_HOST_ID])
+
+    def next_world(self) -> Optional[Dict[str, int]]:
+        """Waits for the newest world after self.epoch; torchrun-style numbers of this worker
+        in it ({"WORLD_SIZE", "RANK", ...}), or None when it has no place for this host."""
+        if self.epoch == 0:
+            self.control.write_ready(self.local_rank)
+        deadline = time.monotonic() + self.timeout
+        while True:  # (the agent writes the worlds that have this host, and the first one without it)
+            e, w = self.control.newest()
+            if e > self.epoch:
+                if self.host_id not in w["hosts"]:
+                    return None
+                break
+            if time.monotonic() > deadline:
+                raise MembershipError(f"no world with host {self.host_id} within {self.timeout:g} s")
+            time.sleep(0.005)
+        self.epoch, self.world = e, w
+        self.announced.clear()
+        self.aborted.clear()
+        nproc = int(w["info"][self.host_id]["nproc"])
+        g = w["hosts"].index(self.host_id)
+        return {"WORLD_SIZE": nproc * len(w["hosts"]), "RANK": g * nproc + self.local_rank,
+                "LOCAL_RANK": self.local_rank, "LOCAL_WORLD_SIZE": nproc, "GROUP_RANK": g}
+
+    def init_process_group(self, backend: str, rank: int, world_size: int, timeout: float) -> None:
+        """Joins this epoch's process group through the first host's TCPStore (a
+        PrefixStore per epoch); then watches for the next world."""
+        import datetime
+
+        import torch.distributed as dist
+
+        from . import warm
+        deadline = time.monotonic() + self.timeout
+        while (address := self.control.master(self.epoch)) is None:
+            if time.monotonic() > deadline:
+                raise MembershipError(f"no store address for world {self.epoch} within {self.timeout:g} s")
+            time.sleep(0.002)
+        host, port = address.rsplit(":", 1)
+        warm.wait_port(host, int(port), timeout)
+        td = datetime.timedelta(seconds=timeout)
+        store = dist.PrefixStore(f"epoch{self.epoch}/", dist.TCPStore(host, int(port), is_master=False, timeout=td))
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=td)
+        self._watch()
+
+    def _watch(self) -> None:
+        from . import warm
+        self._stop.clear()
+
+        def loop():
+            while not self._stop.is_set():
+                e, w = self.control.newest()
+                if e > self.epoch:
+                    if w.get("abort"):
+                        self.aborted.set()
+                        warm.ABORT.set()
+                        warm.shutdown_sockets()  # a pending collective fails at once, here and at the peers
+                    self.announced.set()
+                    return
+                self._stop.wait(0.005)
+
+        self._thread = threading.Thread(target=loop, name="tenplex-member", daemon=True)
+        self._thread.start()
+
+    def failed(self, error: BaseException, wait: float) -> bool:
+        """A step or collective raised `error`: True when the agent aborted the world (a
+        host was lost; waits up to `wait` seconds for that news), else False."""
+        from . import warm
+        warm.shutdown_sockets()  # the peers fail too, instead of waiting for a timeout
+        deadline = time.monotonic() + wait
+        while not self.aborted.is_set() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return self.aborted.is_set()
+
+    def teardown(self) -> None:
+        import torch.distributed as dist
+
+        from . import warm
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:  # noqa: BLE001 - a broken world is dropped all the same
+                pass
+        gc.collect()
+        warm.ABORT.clear()
+
+
+def env_int(name, default=None):
+    v = os.environ.get(name)
+    if v is None:
+        if default is None:
+            raise ElasticError(f"{name} is not set: run under torchrun")
+        return default
+    try:
+        return int(v)
+    except ValueError:
+        raise ElasticError(f"{name}={v!r} is not an integer") from None
+
+
+def default_host_id(store_url: str) -> str:
+    """<hostname>-<store port>: one agent per store daemon."""
+    return f"{socket.gethostname()}-{store_url.rstrip('/').rsplit(':', 1)[-1]}"
+
+
+class MemberJob:
+    """The membership mode of tenplex.elastic.Job (its base class): joining each world
+    in-process. Uses Job's _member, _pg, rank, world_size, _coord, _log_event, _set_world."""
+
+    def _set_world(self, world) -> None:
+        """Rank and sizes from torchrun's environment, or the agent's world (a dict of the same
+        names); the config (and knobs: the Megatron-LM arguments of a suggest: policy's choice)."""
+        get = world.__getitem__ if world else env_int
+        self.world_size, self.rank, self.local_rank, self.local_world_size, self.group_rank = (
+            get(k) for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK"))
+        if self.rank != self.group_rank * self.local_world_size + self.local_rank:
+            raise ElasticError(f"rank {self.rank} is not group_rank {self.group_rank} x {self.local_world_size} + "
+                               f"local_rank {self.local_rank}: every host must run the same --nproc_per_node")
+        self.config, self.knobs = pick_choice(self.policy, self.world_size, self.local_world_size)
+
+    @property
+    def membership(self) -> bool:
+        """True in membership mode (workers stay alive: rejoin()), False under torchrun."""
+        return self._member is not None
+
+    def _join_world(self) -> None:
+        import torch.distributed as dist
+        backend, timeout = self._pg
+        self._member.init_process_group(backend, self.rank, self.world_size, timeout)
+        pids = [None] * self.world_size
+        dist.all_gather_object(pids, (self._member.host_id, self.local_rank, os.getpid()))
+        self._first_step = True  # step_done logs the world's first step (its reconfiguration ends there)
+        self._log_event({"event": "world", "epoch": self._member.epoch, "world_size": self.world_size, "pids": pids})
+
+    def rejoin(self) -> None:
+        """Membership mode, after step_done returned True or after a failure that aborted()
+        took: the process group down, the next world joined; call restore() next. Exits 0
+        when that world has no place for this worker (its host left)."""
+        if self._member is None:
+            raise RuntimeError("rejoin() needs membership mode (run under python -m tenplex.hostagent)")
+        if self._coord is not None:
+            self._coord.release()
+            self._coord = None
+        self._pending = None
+        self._member.teardown()
+        world = self._member.next_world()
+        if world is None:
+            self._log_event({"event": "elastic_exit", "left": True})
+            sys.stdout.flush()
+            sys.exit(0)
+        self._set_world(world)
+        self.hosts, self._term = None, False
+        self._join_world()
+
+    def aborted(self, error: BaseException) -> bool:
+        """True when `error` (raised by a step or a collective) came from the agent's abort
+        (a host of the world was lost: rejoin() next), False for a real error (and always
+        under torchrun)."""
+        return self._member is not None and self._member.failed(error, wait=120.0)

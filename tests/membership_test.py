@@ -1,0 +1,283 @@
+"""In-process membership on many hosts (issue 37, python/tenplex/membership.py, hostagent.py).
+
+usage: membership_test.py TENPLEX_BIN REPO_ROOT [--quorum | --leave]
+
+--quorum: the quorum alone, against a real etcd server (tests/torchrun_etcd_test.py's Etcd):
+agents (membership.Quorum, TTL 2 s) join, die (their thread stopped, their keys left to
+expire), leave and join again; every world is checked: survivors keep their order, new
+hosts come at the end, the dead are `lost`, the leaving `left`, min/max hosts respected,
+epochs without gaps, a dead leader replaced. No torch.
+
+Default: the training scenario. Each loopback "host" is its own store daemon
+(tests/daemons.py) and one `python -m tenplex.hostagent --nproc 2` running `train.py
+--elastic` with the policy {"4": "tp=2,pp=2", "6": "tp=2,dp=3"} and a commit every 2
+steps. Hosts 0 and 1 start (tp=2,pp=2); at step 3 host 2 joins (tp=2,dp=3 on 6 ranks:
+its agent registers once its workers are up, the others stop at a step boundary with a
+commit and re-form their process groups in-process); after a commit on 6 ranks every
+process of host 1 (agent, workers, daemon) is SIGKILLed: its key expires (TTL 2 s), the
+leader writes a world without it, the survivors abort the running step and restore from
+the last commit (host 1's ranks re-placed from the data-parallel replicas). With --leave
+host 1 leaves instead (SIGTERM to its agent: a planned leave, no step lost).
+
+Checks: both surviving agents exit 0; every step's samples and loss (the last line of a
+re-run step counts) within 1e-3 of a static tp=1 run (torchrun_elastic_test's helpers);
+the worlds 4, 6, 4; the survivors' worker pids the same in every world (no restart); no
+process of the test left behind. Prints the reconfiguration time of each event, from the
+event (the join's registration; the kill or SIGTERM) to the new world's first step, split
+into detection + quorum (until the leader wrote the world), stop (+ commit) or abort,
+re-join (process group), restore (transform + load) and the first step.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"))
+from daemons import Daemon  # noqa: E402
+from elastic_run_test import Checks  # noqa: E402
+from torchrun_elastic_test import COMMIT_EVERY, PY, STEPS, TRAIN_ARGS  # noqa: E402
+from torchrun_elastic_test import Host as TorchrunHost  # noqa: E402
+from torchrun_elastic_test import check_steps_and_worlds, read_log, setup_job, wait_for  # noqa: E402
+from torchrun_etcd_test import Etcd, alive, procs_naming  # noqa: E402
+
+TTL = 2.0
+
+
+# ---- --quorum: the etcd quorum alone ---------------------------------------------------
+
+def quorum_case(endpoint: str) -> None:
+    from tenplex import membership as mb
+    check = Checks()
+    live = {}
+
+    def join(name):
+        q = mb.Quorum(endpoint, "qtest", name, {"store_url": f"http://{name}:1", "addr": name, "nproc": 2},
+                      ttl=TTL, min_hosts=2, max_hosts=3, settle=0.2)
+        q.join()
+        q.start()
+        live[name] = q
+        return q
+
+    def die(name):
+        live.pop(name).close(remove_keys=False)
+
+    def world_after(epoch, timeout=4 * TTL + 5):
+        any_q = next(iter(live.values()))
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            w = any_q.world()
+            if w is not None and w.epoch > epoch:
+                return w
+            time.sleep(0.02)
+        return None
+
+    def expect(epoch, hosts, lost=(), left=(), since=None):
+        w = world_after(epoch - 1)
+        ok = w is not None and w.epoch == epoch and w.hosts == hosts and w.lost == list(lost) and w.left == list(left)
+        took = f" after {time.time() - since:.2f} s" if since else ""
+        check(ok, f"world {epoch}: hosts {hosts}, lost {list(lost)}, left {list(left)}{took}: "
+              f"{w and (w.epoch, w.hosts, w.lost, w.left)}")
+        return w
+
+    try:
+        join("h0")
+        time.sleep(1.0)
+        check(live["h0"].world() is None, "no world below min_hosts (2)")
+        join("h1")
+        expect(1, ["h0", "h1"])
+        join("h2")
+        expect(2, ["h0", "h1", "h2"])
+        t = time.time()
+        die("h1")
+        expect(3, ["h0", "h2"], lost=["h1"], since=t)
+        join("h3")
+        expect(4, ["h0", "h2", "h3"])
+        leader = [n for n, q in live.items() if q.leader]
+        check(leader == ["h0"], f"the first host leads: {leader}")
+        t = time.time()
+        die("h0")  # the leader dies: another agent takes the leader key after the TTL
+        expect(5, ["h2", "h3"], lost=["h0"], since=t)
+        check(sum(q.leader for q in live.values()) == 1, "one new leader")
+        t = time.time()
+        live["h3"].leave()
+        time.sleep(1.0)
+        check(live["h2"].world().epoch == 5, "a leave that would go below min_hosts waits")
+        join("h4")
+        expect(6, ["h2", "h4"], left=["h3"], since=t)
+        join("h5")
+        expect(7, ["h2", "h4", "h5"])
+        join("h6")
+        time.sleep(1.0)
+        check(live["h2"].world().epoch == 7, "max_hosts (3): no world with a 4th host")
+        live.pop("h5").close()  # an orderly exit removes its key: h6 takes the place
+        expect(8, ["h2", "h4", "h6"], lost=["h5"])
+        try:
+            mb.Quorum(endpoint, "qtest", "a/b", {})
+            check(False, "a host id with '/' is refused")
+        except mb.MembershipError as e:
+            check("'/'" in str(e), f"clear error: {e}")
+    finally:
+        for q in live.values():
+            q.close()
+    check.finish()
+
+
+# ---- the training scenario -------------------------------------------------------------
+
+class Host(TorchrunHost):
+    """One loopback host: a store daemon and a host agent (kill_all, stop: torchrun_elastic_test's Host's,
+    which SIGKILL the agent's process group, every process below it and the daemon)."""
+
+    def __init__(self, index, tenplex, repo, tmp, etcd, model, policy, log):
+        self.index = index
+        self.daemon = Daemon(tenplex)
+        self.out = open(os.path.join(tmp, f"host{index}.log"), "w")
+        self.events = os.path.join(tmp, f"agent{index}.jsonl")
+        env = dict(os.environ, TENPLEX_BIN=tenplex, PYTHONPATH=os.path.join(repo, "python"),
+                   GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+        cmd = [PY, "-m", "tenplex.hostagent", "--etcd", etcd, "--job", "gpt", "--nproc", "2",
+               "--store-url", self.daemon.url, "--host-id", f"host{index}", "--min-hosts", "2", "--max-hosts", "3",
+               "--ttl", str(TTL), "--settle", "0.2", "--events", self.events, "--",
+               os.path.join(repo, "examples/gpt/train.py"), "--elastic", policy, "--job", "gpt", "--model", model,
+               "--steps", str(STEPS), "--commit-every", str(COMMIT_EVERY), "--log", log,
+               "--min-step-seconds", "0.4", "--timeout", "60", *TRAIN_ARGS]
+        self.agent = subprocess.Popen(cmd, stdout=self.out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+    def agent_events(self):
+        return read_log(self.events)[1] if os.path.exists(self.events) else []
+
+
+def worlds_of(log):
+    return [e for e in read_log(log)[1] if e["event"] == "world"]
+
+
+def event_times(log, epoch):
+    """{name: time} of rank 0's events of the world `epoch` (world, elastic_start, first_step) and the stop before."""
+    events = read_log(log)[1]
+    idx = [i for i, e in enumerate(events) if e["event"] == "world" and e["epoch"] == epoch]
+    if not idx:
+        return {}
+    i = idx[0]
+    out = {"world": events[i]["time"]}
+    before = [e for e in events[:i] if e["event"] in ("elastic_stop", "commit")]
+    if before and before[-1]["event"] == "elastic_stop":
+        out["stop"] = before[-1]["time"]
+    for e in events[i:]:
+        if e["event"] in ("elastic_start", "first_step") and e["event"] not in out:
+            out[e["event"]] = e["time"]
+    return out
+
+
+def report_event(name, t_event, hosts, log, epoch):
+    """Prints the reconfiguration time of one event and its parts; returns the total (None if unknown)."""
+    agents = [e for h in hosts for e in h.agent_events() if e["event"] == "world" and e["epoch"] == epoch]
+    if not agents:
+        print(f"{name}: world {epoch} never came")
+        return None
+    written = agents[0]["world_time"]
+    seen = min(e["time"] for e in agents)
+    t = event_times(log, epoch)
+    if "first_step" not in t:
+        print(f"{name}: world {epoch} has no first step: {t}")
+        return None
+    parts = [("detection+quorum", t_event, written), ("told", written, seen),
+             ("stop+commit" if "stop" in t else "abort", seen, t.get("stop", seen)),
+             ("re-join", t.get("stop", seen), t["world"]), ("restore (transform+load)", t["world"], t["elastic_start"]),
+             ("first step", t["elastic_start"], t["first_step"])]
+    total = t["first_step"] - t_event
+    print(f"{name}: reconfiguration {total:.2f} s end to end: " +
+          ", ".join(f"{k} {b - a:.2f} s" for k, a, b in parts))
+    return total
+
+
+def check_pids(check, log, survivors):
+    """The survivors' workers are the same processes in every world they are in."""
+    by_host = {}
+    for w in worlds_of(log):
+        for host, lr, pid in w["pids"]:
+            by_host.setdefault(host, {}).setdefault(lr, set()).add(pid)
+    for h in survivors:
+        pids = by_host.get(f"host{h}", {})
+        check(len(pids) == 2 and all(len(p) == 1 for p in pids.values()),
+              f"host {h}'s workers kept their pids across every world (no restart): {pids}")
+
+
+def scenario(tenplex, repo, endpoint, tmp, leave):
+    check = Checks()
+    model, policy, static_log = setup_job(tenplex, repo, tmp)
+    log = os.path.join(tmp, "elastic.jsonl")
+    hosts = []
+    ok = False
+    t_join = t_loss = None
+    try:
+        t0 = time.time()
+        hosts = [Host(i, tenplex, repo, tmp, endpoint, model, policy, log) for i in range(2)]
+        procs = [(f"agent {h.index}", h.agent) for h in hosts]
+        ok = wait_for("step 3 on 2 hosts", lambda: any(s["step"] >= 3 for s in read_log(log)[0]), 180, procs)
+        if ok:
+            print(f"2 hosts at step 3 after {time.time() - t0:.1f} s; host 2 joins")
+            hosts.append(Host(2, tenplex, repo, tmp, endpoint, model, policy, log))
+            procs.append(("agent 2", hosts[2].agent))
+            ok = wait_for("a commit on 6 ranks", lambda: any(
+                e["event"] == "commit" and e["time"] > (event_times(log, 2).get("first_step") or 1e18)
+                for e in read_log(log)[1]), 180, procs)
+        if ok:
+            reg = [e for e in hosts[2].agent_events() if e["event"] == "registered"]
+            t_join = reg[0]["time"] if reg else None
+            t_loss = time.time()
+            if leave:
+                print(f"committed on 6 ranks after {time.time() - t0:.1f} s; host 1 leaves (SIGTERM)")
+                hosts[1].agent.send_signal(signal.SIGTERM)
+            else:
+                print(f"committed on 6 ranks after {time.time() - t0:.1f} s; killing host 1")
+                hosts[1].kill_all()
+                procs = [(n, p) for n, p in procs if n != "agent 1"]
+            ok = wait_for("the agents to finish", lambda: all(p.poll() is not None for _, p in procs), 240, [])
+            for name, p in procs:
+                check(p.returncode == 0, f"{name} finished with status {p.returncode}")
+            print(f"elastic run: {time.time() - t0:.1f} s")
+    finally:
+        for h in hosts:
+            h.stop()
+        time.sleep(0.5)
+        left = [p for p in procs_naming(tmp) if alive(p) and p != os.getpid()]
+        for p in left:
+            os.kill(p, signal.SIGKILL)
+    check(ok, "the scripted join and loss happened and the job finished")
+    if not ok:
+        for h in hosts:
+            with open(os.path.join(tmp, f"host{h.index}.log")) as f:
+                print(f"---- host {h.index}\n" + "".join(f.readlines()[-80:]))
+    check(not left, f"no process of the test left behind: {left}")
+    check_steps_and_worlds(check, static_log, log)
+    check_pids(check, log, [0, 2])
+    worlds = [(w["epoch"], w["world_size"]) for w in worlds_of(log)]
+    check([s for _, s in worlds] == [4, 6, 4], f"the worlds' sizes 4, 6, 4: {worlds}")
+    if t_join is not None:
+        report_event("join (host 2 registered)", t_join, hosts, log, 2)
+        report_event("leave (SIGTERM)" if leave else f"loss (SIGKILL; TTL {TTL:g} s)", t_loss, hosts, log, 3)
+    starts = [e for e in read_log(log)[1] if e["event"] == "elastic_start"]
+    if leave and len(starts) == 3:
+        check(not starts[2].get("lost_hosts"), f"a planned leave loses no host: {starts[2]}")
+    check.finish()
+
+
+def main():
+    tenplex, repo = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+    with tempfile.TemporaryDirectory() as tmp:
+        etcd = Etcd("127.0.0.1", tmp)
+        try:
+            if "--quorum" in sys.argv[3:]:
+                quorum_case(etcd.endpoint)
+            else:
+                scenario(tenplex, repo, etcd.endpoint, tmp, "--leave" in sys.argv[3:])
+        finally:
+            etcd.stop()
+
+
+if __name__ == "__main__":
+    main()
