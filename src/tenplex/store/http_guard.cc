@@ -3,12 +3,20 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstring>
+#include <list>
+#include <string_view>
+#include <thread>
+#include <unordered_map>
+#include <vector>
 
 namespace tenplex::store {
 
@@ -147,6 +155,9 @@ class Connection final : public httplib::Stream {
   }
   socket_t socket() const override { return sock_; }
 
+  std::string ip;              // the client's address
+  bool authenticated = false;  // a request of it passed the token check
+
   uint64_t bytes_in() const { return bytes_in_; }
   uint64_t bytes_out() const { return bytes_out_; }
   double Seconds() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
@@ -182,14 +193,216 @@ class Connection final : public httplib::Stream {
 };
 
 thread_local Connection* current = nullptr;
+thread_local GuardedServer* current_server = nullptr;
+
+enum class Head { kWhole, kPartial, kClosed };
+
+// What has arrived of a connection's first request, read without consuming it: whole
+// (the blank line that ends the headers, or more than `max` bytes: the server then
+// refuses it), partial, or closed (the peer left, or an error).
+Head PeekHead(int sock, std::size_t max) {
+  thread_local std::vector<char> buf;
+  buf.resize(max);
+  ssize_t n;
+  do {
+    n = ::recv(sock, buf.data(), max, MSG_PEEK | MSG_DONTWAIT);
+  } while (n < 0 && errno == EINTR);
+  if (n == 0) return Head::kClosed;
+  if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK ? Head::kPartial : Head::kClosed;
+  const std::string_view v(buf.data(), static_cast<std::size_t>(n));
+  if (static_cast<std::size_t>(n) >= max || v.find("\n\r\n") != std::string_view::npos ||
+      v.find("\n\n") != std::string_view::npos) {
+    return Head::kWhole;
+  }
+  return Head::kPartial;
+}
+
+void CloseSocket(int sock) {
+  ::shutdown(sock, SHUT_RDWR);
+  ::close(sock);
+}
 
 }  // namespace
+
+// The poller of connections whose first request has not arrived whole, and the task
+// queue of the workers (cpp-httplib takes it through new_task_queue for one listen()).
+class GuardedServer::Pending final : public httplib::TaskQueue {
+ public:
+  Pending(GuardedServer& server, std::size_t threads)
+      : server_(server),
+        pool_(threads),
+        epfd_(::epoll_create1(EPOLL_CLOEXEC)),
+        wakefd_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = wakefd_;
+    ::epoll_ctl(epfd_, EPOLL_CTL_ADD, wakefd_, &ev);
+    thread_ = std::thread([this] { Loop(); });
+  }
+  ~Pending() override {
+    StopPoller();
+    ::close(epfd_);
+    ::close(wakefd_);
+  }
+
+  void enqueue(std::function<void()> fn) override { pool_.enqueue(std::move(fn)); }
+  void shutdown() override {
+    StopPoller();
+    pool_.shutdown();
+    std::lock_guard<std::mutex> l(server_.mu_);
+    if (server_.pending_ == this) server_.pending_ = nullptr;
+  }
+
+  // Takes a new connection. True: its first request is here whole, the caller serves
+  // it now. False: the poller holds it (or it was closed).
+  bool Admit(int sock, const std::string& ip) {
+    const Head head = PeekHead(sock, server_.limits_.pending_peek_bytes);
+    if (head == Head::kWhole) return true;
+    std::vector<std::string> evicted;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (head == Head::kClosed || stop_) {
+        CloseSocket(sock);
+        return false;
+      }
+      if (per_ip_[ip] >= server_.limits_.pending_per_client) EvictOldestLocked(ip, evicted);
+      if (order_.size() >= server_.limits_.pending_total) EvictOldestLocked("", evicted);
+      order_.push_back({sock, ip, Clock::now()});
+      by_sock_[sock] = std::prev(order_.end());
+      ++per_ip_[ip];
+      epoll_event ev{};
+      ev.events = EPOLLIN | EPOLLRDHUP | EPOLLET;
+      ev.data.fd = sock;
+      ::epoll_ctl(epfd_, EPOLL_CTL_ADD, sock, &ev);
+    }
+    Refused(evicted);
+    return false;
+  }
+
+  std::size_t size() const {
+    std::lock_guard<std::mutex> l(mu_);
+    return order_.size();
+  }
+
+ private:
+  struct Entry {
+    int sock;
+    std::string ip;
+    Clock::time_point since;
+  };
+  using Iter = std::list<Entry>::iterator;
+
+  void Loop() {
+    std::array<epoll_event, 64> events{};
+    std::vector<std::string> closed;
+    while (!stop_) {
+      const int n = ::epoll_wait(epfd_, events.data(), static_cast<int>(events.size()), WaitMs());
+      for (int i = 0; i < n; ++i) {
+        if (events[i].data.fd == wakefd_) continue;
+        OnReadable(events[i].data.fd, (events[i].events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)) != 0);
+      }
+      ExpireAndCollect(closed);
+      Refused(closed);
+      closed.clear();
+    }
+  }
+
+  // Milliseconds until the oldest pending connection's deadline (at most 100).
+  int WaitMs() const {
+    std::lock_guard<std::mutex> l(mu_);
+    if (order_.empty()) return 100;
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        order_.front().since + server_.limits_.pending_timeout - Clock::now());
+    return static_cast<int>(std::clamp<int64_t>(left.count() + 1, 0, 100));
+  }
+
+  void OnReadable(int sock, bool hung_up) {
+    std::unique_lock<std::mutex> l(mu_);
+    auto it = by_sock_.find(sock);
+    if (it == by_sock_.end()) return;  // evicted meanwhile
+    const Head head = PeekHead(sock, server_.limits_.pending_peek_bytes);
+    if (head == Head::kPartial && !hung_up) return;
+    const std::string ip = it->second->ip;
+    RemoveLocked(it->second);
+    if (head != Head::kWhole) {  // left with a partial request: nothing to answer
+      CloseSocket(sock);
+      return;
+    }
+    l.unlock();
+    pool_.enqueue([this, sock, ip] { server_.Serve(sock, ip); });
+  }
+
+  void ExpireAndCollect(std::vector<std::string>& closed) {
+    std::lock_guard<std::mutex> l(mu_);
+    const Clock::time_point now = Clock::now();
+    while (!order_.empty() && now - order_.front().since >= server_.limits_.pending_timeout) {
+      closed.push_back(order_.front().ip);
+      const int sock = order_.front().sock;
+      RemoveLocked(order_.begin());
+      CloseSocket(sock);
+    }
+  }
+
+  // Closes the oldest pending connection of `ip` ("": of any address).
+  void EvictOldestLocked(const std::string& ip, std::vector<std::string>& evicted) {
+    for (Iter it = order_.begin(); it != order_.end(); ++it) {
+      if (!ip.empty() && it->ip != ip) continue;
+      const int sock = it->sock;
+      evicted.push_back(it->ip);
+      RemoveLocked(it);
+      CloseSocket(sock);
+      return;
+    }
+  }
+
+  void RemoveLocked(Iter it) {
+    ::epoll_ctl(epfd_, EPOLL_CTL_DEL, it->sock, nullptr);
+    if (--per_ip_[it->ip] == 0) per_ip_.erase(it->ip);
+    by_sock_.erase(it->sock);
+    order_.erase(it);
+  }
+
+  void Refused(const std::vector<std::string>& ips) {
+    if (!server_.refused_) return;
+    for (const std::string& ip : ips) server_.refused_(ip);
+  }
+
+  void StopPoller() {
+    if (!thread_.joinable()) return;
+    stop_ = true;
+    const uint64_t one = 1;
+    (void)!::write(wakefd_, &one, sizeof(one));
+    thread_.join();
+    std::lock_guard<std::mutex> l(mu_);
+    while (!order_.empty()) {
+      const int sock = order_.front().sock;
+      RemoveLocked(order_.begin());
+      CloseSocket(sock);
+    }
+  }
+
+  GuardedServer& server_;
+  httplib::ThreadPool pool_;
+  const int epfd_;
+  const int wakefd_;
+  std::atomic<bool> stop_{false};
+  mutable std::mutex mu_;
+  std::list<Entry> order_;                     // oldest first; guarded by mu_
+  std::unordered_map<int, Iter> by_sock_;      // guarded by mu_
+  std::map<std::string, std::size_t> per_ip_;  // guarded by mu_
+  std::thread thread_;
+};
 
 GuardedServer::GuardedServer(ConnectionLimits limits, RequestCallback on_request,
                              std::function<void(const std::string&)> refused)
     : limits_(limits), on_request_(std::move(on_request)), refused_(std::move(refused)) {
   const std::size_t threads = std::max<std::size_t>(limits_.threads, limits_.per_client + 1);
-  new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  new_task_queue = [this, threads] {
+    auto* queue = new Pending(*this, threads);
+    std::lock_guard<std::mutex> l(mu_);
+    pending_ = queue;
+    return queue;
+  };
   set_logger([this](const httplib::Request& req, const httplib::Response& res) {
     if (!current || !on_request_) return;
     RequestRecord r;
@@ -204,44 +417,55 @@ GuardedServer::GuardedServer(ConnectionLimits limits, RequestCallback on_request
   });
 }
 
+GuardedServer::~GuardedServer() = default;
+
 void GuardedServer::CloseAfterReply() {
   if (current) current->close_after = true;
 }
 
+void GuardedServer::MarkAuthenticated() {
+  if (!current || !current_server || current->authenticated) return;
+  current->authenticated = true;
+  current_server->Authenticated(current->ip);
+}
+
+void GuardedServer::Authenticated(const std::string& ip) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (++authenticated_[ip] > limits_.per_client) CloseAfterReply();
+}
+
+void GuardedServer::WidenBacklog() {
+  const socket_t sock = svr_sock_;
+  if (sock != INVALID_SOCKET) ::listen(sock, limits_.backlog);  // Linux: re-sets the backlog
+}
+
 std::size_t GuardedServer::open_connections() const {
   std::lock_guard<std::mutex> l(mu_);
-  return open_;
+  return open_ + (pending_ ? pending_->size() : 0);
 }
 
 bool GuardedServer::process_and_close_socket(socket_t sock) {
   const std::string ip = PeerIp(sock);
-  bool admitted = false;
+  Pending* pending;
   {
     std::lock_guard<std::mutex> l(mu_);
-    if (per_client_[ip] < limits_.per_client) {
-      ++per_client_[ip];
-      ++open_;
-      admitted = true;
-    } else if (per_client_[ip] == 0) {
-      per_client_.erase(ip);
-    }
+    pending = pending_;
   }
-  if (!admitted) {
-    static const std::string body =
-        "{\"error\":\"too many connections from this client; close idle "
-        "ones\",\"code\":\"UNAVAILABLE\"}\n";
-    const std::string reply =
-        "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: " +
-        std::to_string(body.size()) + "\r\nRetry-After: 1\r\nConnection: close\r\n\r\n" + body;
-    (void)!::send(sock, reply.data(), reply.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-    ::shutdown(sock, SHUT_RDWR);
-    ::close(sock);
-    if (refused_) refused_(ip);
-    return true;
+  if (pending == nullptr || pending->Admit(sock, ip)) Serve(sock, ip);
+  return true;
+}
+
+void GuardedServer::Serve(int sock, const std::string& ip) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    ++open_;
   }
+  bool authenticated = false;
   {
     Connection conn(sock, limits_);
+    conn.ip = ip;
     current = &conn;
+    current_server = this;
     const uint64_t max_body = payload_max_length_;
     for (std::size_t count = keep_alive_max_count_; count > 0; --count) {
       if (!conn.WaitForRequest(svr_sock_)) break;
@@ -251,14 +475,14 @@ bool GuardedServer::process_and_close_socket(socket_t sock) {
           conn, count == 1, closed, [&](httplib::Request& req) { conn.BeginBody(req, max_body); });
       if (!ok || closed || conn.close_after) break;
     }
+    authenticated = conn.authenticated;
     current = nullptr;
+    current_server = nullptr;
   }
-  ::shutdown(sock, SHUT_RDWR);
-  ::close(sock);
+  CloseSocket(sock);
   std::lock_guard<std::mutex> l(mu_);
-  if (--per_client_[ip] == 0) per_client_.erase(ip);
+  if (authenticated && --authenticated_[ip] == 0) authenticated_.erase(ip);
   --open_;
-  return true;
 }
 
 }  // namespace tenplex::store

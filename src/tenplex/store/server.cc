@@ -111,6 +111,7 @@ httplib::Server::HandlerResponse PreRoute(const ServerOptions& options, const ht
           "UNAUTHENTICATED");
     }
   }
+  GuardedServer::MarkAuthenticated();  // its connection counts as a known client's now
   // Framing a proxy could read differently (request smuggling): refused.
   if (req.get_header_value_count("Content-Length") > 1) {
     return Refuse(res, 400, "the request has more than one Content-Length header",
@@ -562,6 +563,7 @@ Result<int> Server::Bind(const std::string& host, int port) {
                        (err == 0 ? std::string("the bind failed") : std::strerror(err)) +
                        " (not an address of this machine?)");
   }
+  impl_->http.WidenBacklog();
   impl_->bound = true;
   return bound;
 }

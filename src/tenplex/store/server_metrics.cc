@@ -44,7 +44,9 @@ Server::Impl::Impl(Store& s, ServerOptions o)
             ++refused_connections;
             ++requests_by_status[503];
             if (access_log) {
-              std::fprintf(access_log, "connection refused: %s has too many open connections\n",
+              std::fprintf(access_log,
+                           "connection closed unserved: %s sent no whole request in time, or it "
+                           "was the oldest waiting one\n",
                            remote.c_str());
               std::fflush(access_log);
             }
@@ -130,7 +132,8 @@ std::string Server::Impl::Metrics() {
            "Seconds spent serving HTTP requests.");
     out += "tenplex_http_request_seconds_total " + Num(request_seconds) + "\n";
     Metric(out, "tenplex_http_connections_refused_total", "counter",
-           "Connections refused for too many open connections of one client.");
+           "Connections closed before a whole first request arrived (past the deadline, or evicted "
+           "for newer ones).");
     out += "tenplex_http_connections_refused_total " + std::to_string(refused_connections) + "\n";
   }
   Metric(out, "tenplex_http_connections_open", "gauge", "Open HTTP connections.");
