@@ -15,6 +15,7 @@
 #include "tenplex/store/parse.h"
 #include "tenplex/transform/cluster_state.h"
 #include "tenplex/transform/host_exec.h"
+#include "tenplex/transform/job_listing.h"
 #include "tenplex/transform/state_info.h"
 #include "tenplex/transform/two_phase.h"
 #include "tenplex/util/log.h"
@@ -148,6 +149,30 @@ Status WriteRanks(const Cluster& cluster, const std::vector<store::Client*>& cli
   return Status::Ok();
 }
 
+// Finishes or rolls back what a crashed transform, load or save left half done
+// (two_phase.h; `owner`: a loader may roll back, a reader only rolls forward what every
+// participant prepared), from `listing`, read from every host once; re-read only when that
+// changed something (job_listing.h), so that the caller goes on from the same one listing.
+Status ResolveFromListing(const Cluster& cluster, const std::vector<store::Client*>& clients,
+                          const std::string& job, bool owner, JobListing& listing) {
+  TP_ASSIGN_OR_RETURN(Resolution res, ResolvePending(cluster.hosts, clients, job, owner, listing));
+  if (res.changed) listing = ReadJobListing(clients, job);
+  return Status::Ok();
+}
+
+// NextCommonVersion's number from the listing: one past every version any host has had
+// (committed, current, or left open by a coordinator that died); a connected host whose
+// listing failed is an error naming it.
+Result<uint64_t> NextVersionOf(const std::vector<store::Client*>& clients,
+                               const JobListing& listing) {
+  for (std::size_t h = 0; h < clients.size(); ++h) {
+    const Status& st = listing.hosts[h].status;
+    if (clients[h] == nullptr || st.ok() || st.code() == StatusCode::kNotFound) continue;
+    return st.code() == StatusCode::kUnavailable ? st.WithContext(clients[h]->url()) : st;
+  }
+  return listing.NextVersion();
+}
+
 // Opens the new version on the first `used` hosts (at `want` when given), recording
 // which were begun.
 Status BeginEverywhere(const std::vector<store::Client*>& clients, const std::string& job,
@@ -205,10 +230,11 @@ Result<TransferStats> Load(const Cluster& cluster, const std::vector<store::Clie
   std::optional<uint64_t> want;
   if (!single) {
     info.set_placement(WithHostIds(Cluster{stats.hosts, k}, clients));
-    // Finish or roll back what a crashed transform or load left half done
-    // (two_phase.h), so that the new version lands on one state everywhere.
-    TP_RETURN_IF_ERROR(ResolvePending(cluster.hosts, clients, job, /*owner=*/true).status());
-    TP_ASSIGN_OR_RETURN(want, NextCommonVersion(clients, job));
+    // Finish or roll back what a crashed transform or load left half done, so that the
+    // new version lands on one state everywhere, numbered above every one in use.
+    JobListing listing = ReadJobListing(clients, job);
+    TP_RETURN_IF_ERROR(ResolveFromListing(cluster, clients, job, /*owner=*/true, listing));
+    TP_ASSIGN_OR_RETURN(want, NextVersionOf(clients, listing));
   }
   stats.shm = true;
   for (std::size_t h = 0; h < used; ++h) stats.shm = stats.shm && clients[h]->local();
@@ -413,10 +439,11 @@ Result<TransferStats> Save(const Cluster& cluster, const std::vector<store::Clie
                            const std::string& job, const std::string& out, bool single) {
   const auto t0 = std::chrono::steady_clock::now();
   TP_RETURN_IF_ERROR(store::CheckJobName(job));
-  if (!single) {  // a reader only rolls forward what every participant prepared
-    TP_RETURN_IF_ERROR(ResolvePending(cluster.hosts, clients, job, /*owner=*/false).status());
-  }
-  TP_ASSIGN_OR_RETURN(CommittedState cs, FindCommittedState(cluster.hosts, clients, job, cluster));
+  JobListing listing = ReadJobListing(clients, job);
+  if (!single)  // a reader only rolls forward what every participant prepared
+    TP_RETURN_IF_ERROR(ResolveFromListing(cluster, clients, job, /*owner=*/false, listing));
+  TP_ASSIGN_OR_RETURN(CommittedState cs,
+                      FindCommittedState(cluster.hosts, clients, job, cluster, listing));
   const std::string what = Versioned(job, cs.version);
   if (single) {  // everything is in the one store, wherever the info says it was placed
     cs.placement = cluster;
