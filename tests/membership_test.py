@@ -132,7 +132,7 @@ class Host(TorchrunHost):
     """One loopback host: a store daemon and a host agent (kill_all, stop: torchrun_elastic_test's Host's,
     which SIGKILL the agent's process group, every process below it and the daemon)."""
 
-    def __init__(self, index, tenplex, repo, tmp, etcd, model, policy, log):
+    def __init__(self, index, tenplex, repo, tmp, etcd, model, policy, log, go_file=None):
         self.index = index
         self.daemon = Daemon(tenplex)
         self.out = open(os.path.join(tmp, f"host{index}.log"), "w")
@@ -141,7 +141,8 @@ class Host(TorchrunHost):
                    GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
         cmd = [PY, "-m", "tenplex.hostagent", "--etcd", etcd, "--job", "gpt", "--nproc", "2",
                "--store-url", self.daemon.url, "--host-id", f"host{index}", "--min-hosts", "2", "--max-hosts", "3",
-               "--ttl", str(TTL), "--settle", "0.2", "--events", self.events, "--",
+               "--ttl", str(TTL), "--settle", "0.2", "--events", self.events,
+               *(["--register-after", go_file] if go_file else []), "--",
                os.path.join(repo, "examples/gpt/train.py"), "--elastic", policy, "--job", "gpt", "--model", model,
                "--steps", str(STEPS), "--commit-every", str(COMMIT_EVERY), "--log", log,
                "--min-step-seconds", "0.4", "--timeout", "60", *TRAIN_ARGS]
@@ -169,6 +170,8 @@ def event_times(log, epoch):
     for e in events[i:]:
         if e["event"] in ("elastic_start", "first_step") and e["event"] not in out:
             out[e["event"]] = e["time"]
+            if e["event"] == "first_step":
+                out["first_step_number"] = e["step"]
     return out
 
 
@@ -189,8 +192,12 @@ def report_event(name, t_event, hosts, log, epoch):
              ("re-join", t.get("stop", seen), t["world"]), ("restore (transform+load)", t["world"], t["elastic_start"]),
              ("first step", t["elastic_start"], t["first_step"])]
     total = t["first_step"] - t_event
-    print(f"{name}: reconfiguration {total:.2f} s end to end: " +
-          ", ".join(f"{k} {b - a:.2f} s" for k, a, b in parts))
+    # the first step's own time (its compute, padded to --min-step-seconds 0.4): ready = when it began
+    size = [w["world_size"] for w in worlds_of(log) if w["epoch"] == epoch][0]
+    lines = [s for s in read_log(log)[0] if s["step"] == t["first_step_number"] - 1 and s["world_size"] == size]
+    step_s = max(lines[-1]["seconds"], 0.4) if lines else 0.0
+    print(f"{name}: reconfiguration {total:.2f} s end to end (to the end of the new world's first step; "
+          f"{total - step_s:.2f} s to its start): " + ", ".join(f"{k} {b - a:.2f} s" for k, a, b in parts))
     return total
 
 
@@ -207,6 +214,7 @@ def check_pids(check, log, survivors):
 
 
 def scenario(tenplex, repo, endpoint, tmp, leave):
+    """The training scenario's checks (Checks); the caller checks what is left behind."""
     check = Checks()
     model, policy, static_log = setup_job(tenplex, repo, tmp)
     log = os.path.join(tmp, "elastic.jsonl")
@@ -215,13 +223,13 @@ def scenario(tenplex, repo, endpoint, tmp, leave):
     t_join = t_loss = None
     try:
         t0 = time.time()
-        hosts = [Host(i, tenplex, repo, tmp, endpoint, model, policy, log) for i in range(2)]
+        go = os.path.join(tmp, "go-host2")
+        hosts = [Host(i, tenplex, repo, tmp, endpoint, model, policy, log, go if i == 2 else None) for i in range(3)]
         procs = [(f"agent {h.index}", h.agent) for h in hosts]
         ok = wait_for("step 3 on 2 hosts", lambda: any(s["step"] >= 3 for s in read_log(log)[0]), 180, procs)
         if ok:
             print(f"2 hosts at step 3 after {time.time() - t0:.1f} s; host 2 joins")
-            hosts.append(Host(2, tenplex, repo, tmp, endpoint, model, policy, log))
-            procs.append(("agent 2", hosts[2].agent))
+            open(go, "w").close()
             ok = wait_for("a commit on 6 ranks", lambda: any(
                 e["event"] == "commit" and e["time"] > (event_times(log, 2).get("first_step") or 1e18)
                 for e in read_log(log)[1]), 180, procs)
@@ -243,16 +251,11 @@ def scenario(tenplex, repo, endpoint, tmp, leave):
     finally:
         for h in hosts:
             h.stop()
-        time.sleep(0.5)
-        left = [p for p in procs_naming(tmp) if alive(p) and p != os.getpid()]
-        for p in left:
-            os.kill(p, signal.SIGKILL)
     check(ok, "the scripted join and loss happened and the job finished")
     if not ok:
         for h in hosts:
             with open(os.path.join(tmp, f"host{h.index}.log")) as f:
                 print(f"---- host {h.index}\n" + "".join(f.readlines()[-80:]))
-    check(not left, f"no process of the test left behind: {left}")
     check_steps_and_worlds(check, static_log, log)
     check_pids(check, log, [0, 2])
     worlds = [(w["epoch"], w["world_size"]) for w in worlds_of(log)]
@@ -263,7 +266,7 @@ def scenario(tenplex, repo, endpoint, tmp, leave):
     starts = [e for e in read_log(log)[1] if e["event"] == "elastic_start"]
     if leave and len(starts) == 3:
         check(not starts[2].get("lost_hosts"), f"a planned leave loses no host: {starts[2]}")
-    check.finish()
+    return check
 
 
 def main():
@@ -272,11 +275,16 @@ def main():
         etcd = Etcd("127.0.0.1", tmp)
         try:
             if "--quorum" in sys.argv[3:]:
-                quorum_case(etcd.endpoint)
-            else:
-                scenario(tenplex, repo, etcd.endpoint, tmp, "--leave" in sys.argv[3:])
+                return quorum_case(etcd.endpoint)
+            check = scenario(tenplex, repo, etcd.endpoint, tmp, "--leave" in sys.argv[3:])
         finally:
             etcd.stop()
+            time.sleep(0.2)
+            left = [p for p in procs_naming(tmp) if alive(p) and p != os.getpid()]
+            for p in left:
+                os.kill(p, signal.SIGKILL)
+        check(not left, f"no process of the test left behind: {left}")
+        check.finish()
 
 
 if __name__ == "__main__":

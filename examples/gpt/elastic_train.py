@@ -113,8 +113,20 @@ def apply_knobs(args, knobs):
             setattr(args, attr, kind(knobs[knobs.index(flag) + 1]))
 
 
+def check_config(args, model, config):
+    """The policy's config for this world, checked against the model and batch."""
+    cfg = L.Config.parse(config)
+    L.validate(model, cfg)
+    if args.global_batch_size < cfg.dp:
+        raise ValueError(f"--global-batch-size {args.global_batch_size} is smaller than dp={cfg.dp}")
+    return cfg
+
+
 def main(args, trainer_cls, fail):
-    """Runs the elastic loop; `trainer_cls` is train.py's Trainer, `fail` its error exit."""
+    """Runs the elastic loop; `trainer_cls` is train.py's Trainer, `fail` its error exit.
+    Under torchrun a membership change ends the process (job.finish(); torchrun restarts
+    it); under `python -m tenplex.hostagent` (membership mode) the worker stays: it
+    rejoins the next world and restores the state transformed onto it."""
     try:
         kw = dict(commit_every=args.commit_every, store_url=args.store_url or "http://unused:1",
                   term_wait=args.term_wait, log=args.log)
@@ -123,18 +135,15 @@ def main(args, trainer_cls, fail):
         else:
             kw["store_url"] = args.store_url
             job = elastic.Job(args.job, example_policy(args), async_commit=args.async_commit, **kw)
-        apply_knobs(args, job.knobs)
-        cfg = L.Config.parse(job.config)
         if not args.model or not os.path.isfile(args.model):
             raise ValueError("--elastic needs --model (a JSON file from `tenplex model gpt`)")
         model = L.Model.load(args.model)
-        L.validate(model, cfg)
         if model.optimizer_states != ["exp_avg", "exp_avg_sq"]:
             raise ValueError("the model must have --optimizer adam (its state is exp_avg and exp_avg_sq)")
-        if args.global_batch_size < cfg.dp:
-            raise ValueError(f"--global-batch-size {args.global_batch_size} is smaller than dp={cfg.dp}")
         if args.load_dir or args.state_in or args.state_out or args.save_dir:
             raise ValueError("--elastic keeps the state in the store daemons: no --load-dir, --state-in/out, --save-dir")
+        apply_knobs(args, job.knobs)
+        cfg = check_config(args, model, job.config)
     except (ValueError, KeyError, OSError, elastic.ElasticError) as e:
         fail(e)
     args.world_rank, args.world_size, args.start_step = job.rank, job.world_size, None
@@ -143,6 +152,32 @@ def main(args, trainer_cls, fail):
         device = trainer_cls.device_of(args)
     except ValueError as e:
         fail(e)
+    while True:
+        args.world_rank, args.world_size = job.rank, job.world_size
+        try:
+            stopped = segment(args, job, model, cfg, trainer_cls, device, fail)
+        except Exception as e:  # noqa: BLE001 - a lost peer shows as any error of a collective
+            if not job.aborted(e):
+                raise
+            print(f"rank {job.rank}: world aborted (a host was lost): {type(e).__name__}: {str(e)[:200]}",
+                  flush=True)
+            stopped = True
+        if not stopped:
+            break
+        if not job.membership:
+            job.finish()  # exits: torchrun restarts the worker
+        job.rejoin()  # exits when the next world has no place for this worker
+        try:
+            apply_knobs(args, job.knobs)
+            cfg = check_config(args, model, job.config)
+        except (ValueError, KeyError, elastic.ElasticError) as e:
+            fail(e)
+    job.close()
+
+
+def segment(args, job, model, cfg, trainer_cls, device, fail):
+    """Restores the state onto this world and trains until the last step (False) or a
+    membership change (True)."""
     restored = job.restore(device=device if device.type == "cuda" else None)
     trainer = trainer_cls(args, model, cfg, job.rank)
     if restored is not None:
@@ -161,5 +196,5 @@ def main(args, trainer_cls, fail):
         if args.min_step_seconds > seconds:
             time.sleep(args.min_step_seconds - seconds)
         if job.step_done(trainer.step, trainer.info, trainer.state_tensors, last=trainer.step == args.steps):
-            job.finish()  # exits
-    job.close()
+            return True
+    return False

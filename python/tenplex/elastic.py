@@ -28,27 +28,22 @@ Start-up (``restore``), all workers together:
    ranks host by host: rank = group_rank * LOCAL_WORLD_SIZE + local_rank), so rank r
    lives on the daemon of its own host.
 3. Rank 0 (the coordinator) asks every daemon of this world for the job, retrying the
-   ones that do not answer until ``connect_timeout`` (TENPLEX_CONNECT_TIMEOUT, 60 s;
-   -1: forever); still silent daemons fail the start with an ``ElasticError`` naming
-   them: a job is new only when every daemon answered and none has it, never on
-   silence. It then runs the owner recovery of the C++ side (ResolvePending, through
-   ``_tenplex.cluster_resolve``): a commit a dead coordinator or host left half done is
-   finished (every participant prepared it) or rolled back; one it leaves undecided
-   because its decision record (the first host in commit order) is lost, outside this
-   world (a rank 0 that died in the commit window with its host), is rolled back on the
-   live hosts, which committed none of it, with a warning naming it. The newest version current
-   on any host is the state (its info's ``cluster`` says where its ranks were, with the
-   hosts' ids); it is used as it is only when it is in this config on these hosts
-   (matched by host id, not URL text) and current with the same info on every one of
-   them, else rank 0 runs ``tenplex transform --cluster OLD --to-cluster NEW`` (the C++
-   distributed transform: hosts that do not answer or missed a commit are lost and the
-   plan reads their replicas). Its result is broadcast; on failure every worker raises
-   ``ElasticError`` with the coordinator's message. A transform that fails for data
-   loss (every replica of some rank gone) ends the job: one message naming the
-   recovery commands, a marker file (``TENPLEX_FATAL_FILE``, else one per job, run id and
-   torchrun agent in the temp directory) that makes every later restart of this run
-   stop at once, this host's torchrun agent stopped, exit status ``FATAL_EXIT_STATUS``
-   (76), which a launcher treats as final.
+   silent ones until ``connect_timeout`` (TENPLEX_CONNECT_TIMEOUT, 60 s; -1: forever),
+   then fails naming them: a job is new only when every daemon answered and none has
+   it. The owner recovery of the C++ side (ResolvePending, ``_tenplex.cluster_resolve``)
+   finishes or rolls back a commit a dead coordinator or host left half done; one left
+   undecided because its decision record (the first host in commit order) is lost
+   outside this world is rolled back on the live hosts, with a warning. The newest
+   version current on any host is the state (its info's ``cluster``: where its ranks
+   were, with the hosts' ids); it is used as it is only when it is in this config on
+   these hosts (by host id) and current with the same info on all, else rank 0 runs
+   ``tenplex transform --cluster OLD --to-cluster NEW`` (the C++ distributed transform:
+   hosts that do not answer or missed a commit are lost and the plan reads replicas).
+   The result is broadcast; a failure raises ``ElasticError`` on every worker. A
+   transform that fails for data loss (every replica of some rank gone) ends the job:
+   one message naming the recovery commands, a marker file (``TENPLEX_FATAL_FILE``, else
+   one per job, run id and torchrun agent in the temp directory) that stops every later
+   restart at once, this host's torchrun agent stopped, exit ``FATAL_EXIT_STATUS`` (76).
 4. Each worker maps its rank's tensors of that version from its own daemon
    (copy-on-write shared memory: no bytes copied until written), after checking that
    it is the committed, current version there.
@@ -56,29 +51,32 @@ Start-up (``restore``), all workers together:
 Commits (``step_done``): every ``commit_every`` steps, and at the first step boundary
 after any worker got SIGTERM (torchrun's agent stops its workers so for a membership
 change), the workers write their tensors into a new version on their own daemon (one
-copy into shared memory), rank 0 begins that version (same number and info on every
-host, one past any version any host has had) before, and after all workers reported
-success commits it with the C++ two-phase commit (``_tenplex.cluster_prepare_commit``:
-prepare on every host, durable across a daemon restart; then CommitEverywhere, the
-first host alone first; the old versions are released only once every host
-confirmed), or aborts it everywhere (AbortEverywhere). From the last prepare on the
-decision is durable: a commit whose reply is lost is confirmed by asking the host, a
-host that dies or stops between the other hosts' commits keeps the version prepared
-and the next restore's recovery commits it there. Rank 0 refuses a commit when some
+copy into shared memory); rank 0 begins that version before (same number and info on
+every host, one past any version any host has had) and, once all workers reported
+success, commits it with the C++ two-phase commit (``_tenplex.cluster_prepare_commit``:
+prepare everywhere, durable; then CommitEverywhere, the first host first; old versions
+released once every host confirmed) or aborts it everywhere. From the last prepare on
+the decision is durable (a host that dies between the others' commits keeps the version
+prepared; the next restore's recovery commits it). Rank 0 refuses a commit when some
 host's current version is newer than the one this job restored from (another
-coordinator moved the job on), naming both. One request to a daemon may take
-``request_timeout`` seconds (TENPLEX_REQUEST_TIMEOUT, 120). With ``async_commit=True``
-the periodic writes overlap the following steps (a snapshot of the tensors, on their
-GPU when they are there, written by a background thread); the collectives of both
-phases stay in the training thread, at a later ``step_done``. A planned change
-therefore loses no finished step; a failure loses the steps since the last commit.
+coordinator moved the job on). One request may take ``request_timeout`` seconds
+(TENPLEX_REQUEST_TIMEOUT, 120). With ``async_commit=True`` the periodic writes overlap
+the next steps (a snapshot written by a background thread; the collectives of both
+phases stay in the training thread, at a later ``step_done``). A planned change loses
+no finished step; a failure loses the steps since the last commit.
 
 A lost host is one of the version's hosts that is not in this world (its node left) or
 that missed a commit: its ranks are re-placed from replicas by the transform. A daemon of
-this world that does not answer is waited for, never taken as lost. A worker that stopped for a change waits for its own SIGTERM (its agent
-restarts it) and exits 0; when none comes within ``term_wait`` seconds (a planned
-scale-down, where the other agents see no waiting host) it exits with status 3, which
-torchrun treats as a failure and answers with a new rendezvous.
+this world that does not answer is waited for, never taken as lost. A worker that stopped
+for a change waits for its own SIGTERM (its agent restarts it) and exits 0; when none
+comes within ``term_wait`` seconds (a planned scale-down, where the other agents see no
+waiting host) it exits with status 3: torchrun answers with a new rendezvous.
+
+Membership mode (TENPLEX_MEMBERSHIP, set by ``python -m tenplex.hostagent``; tenplex.membership):
+workers stay alive. Rank and world come from the agent's worlds; a new world raises
+step_done's stop flag; ``rejoin()`` (instead of finish()) joins the next world, then
+restore() again; after a lost host, ``aborted(error)`` says the step's failure was the
+agent's abort, and rejoin() restores from the last commit.
 """
 import json
 import os
@@ -92,6 +90,7 @@ import torch.distributed as dist
 
 from . import _tenplex
 from . import elastic_cluster as _ec
+from . import membership as _mb
 from . import store as _store
 from .elastic_cluster import FATAL_EXIT_STATUS, ElasticError, FatalElasticError  # noqa: F401 (the API)
 from .elastic_policy import (SuggestPolicy, pick_choice, pick_config, read_policy,  # noqa: F401 (the API)
@@ -101,18 +100,6 @@ from .layout import Config  # noqa: F401 (elastic.Config)
 log = _ec.log
 
 STOP_EXIT_STATUS = 3  # stopped for a change but no SIGTERM came: ask torchrun for a new round
-
-
-def _env_int(name, default=None):
-    v = os.environ.get(name)
-    if v is None:
-        if default is None:
-            raise ElasticError(f"{name} is not set: run under torchrun")
-        return default
-    try:
-        return int(v)
-    except ValueError:
-        raise ElasticError(f"{name}={v!r} is not an integer") from None
 
 
 def process_age():
@@ -152,7 +139,7 @@ def _barrier_and_teardown():
     return ""
 
 
-class Job:
+class Job(_mb.MemberJob):
     def __init__(self, job, policy, commit_every=0, store_url=None, token=None, term_wait=15.0, log=None,
                  async_commit=False, connect_timeout=None, request_timeout=None, exit_on_fatal=True):
         """connect_timeout: seconds restore() waits for daemons that do not answer before it
@@ -169,18 +156,9 @@ class Job:
         self.async_commit = async_commit  # periodic commits overlap the next steps (step_done)
         self._pending = None  # (version, info, start time, AsyncCommit) of an asynchronous commit
         self.policy = read_policy(policy)
-        self.world_size = _env_int("WORLD_SIZE")
-        self.rank = _env_int("RANK")
-        self.local_rank = _env_int("LOCAL_RANK")
-        self.local_world_size = _env_int("LOCAL_WORLD_SIZE")
-        self.group_rank = _env_int("GROUP_RANK")
-        self.restart_count = _env_int("TORCHELASTIC_RESTART_COUNT", 0)
-        if self.rank != self.group_rank * self.local_world_size + self.local_rank:
-            raise ElasticError(f"rank {self.rank} is not group_rank {self.group_rank} x {self.local_world_size} + "
-                               f"local_rank {self.local_rank}: every host must run the same --nproc_per_node")
-        # knobs: the Megatron-LM arguments the policy chose with the config (suggest:
-        # policies; none for a table), for the training script to apply
-        self.config, self.knobs = pick_choice(self.policy, self.world_size, self.local_world_size)
+        self.restart_count = _mb.env_int("TORCHELASTIC_RESTART_COUNT", 0)
+        self._member = _mb.Member.from_env()  # in-process membership (tenplex.hostagent); None: torchrun
+        self._set_world(self._member.next_world() if self._member else None)
         self.url = (store_url or os.environ.get("TENPLEX_STORE_URL") or "").rstrip("/")
         if not self.url.startswith("http://"):
             raise ElasticError("give this host's store daemon as TENPLEX_STORE_URL=http://host:port "
@@ -202,6 +180,7 @@ class Job:
         self._term = False
         self._stopping = False
         self._store = None
+        self._first_step = False
         signal.signal(signal.SIGTERM, self._on_term)
 
     # ---- signals ---------------------------------------------------------------------
@@ -217,6 +196,9 @@ class Job:
 
     def init_process_group(self, backend="gloo", timeout=120.0):
         import datetime
+        self._pg = (backend, timeout)
+        if self._member is not None:
+            return self._join_world()
         dist.init_process_group(backend, init_method="env://", rank=self.rank, world_size=self.world_size,
                                 timeout=datetime.timedelta(seconds=timeout))
 
@@ -555,7 +537,11 @@ class Job:
         step_done where every rank's write is done (the same all-reduce carries that),
         and at once before a stop, the last step or the next commit."""
         busy = self._pending is not None and not self._pending[3].done()
-        flag = torch.tensor([1 if self._term else 0, 1 if busy else 0])
+        if self._first_step:  # the first step of a world (membership): its reconfiguration ends here
+            self._first_step = False
+            self._log_event({"event": "first_step", "step": step})
+        announced = self._member is not None and self._member.announced.is_set()
+        flag = torch.tensor([1 if self._term or announced else 0, 1 if busy else 0])
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         stop = flag[0].item() > 0
         if self._pending is not None and flag[1].item() == 0:
