@@ -1,6 +1,8 @@
 #include "tenplex/plan/plan_index.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <iterator>
 #include <map>
 #include <unordered_map>
 
@@ -76,16 +78,10 @@ class IndexBuilder {
   }
 
  private:
-  // Old pieces: once per distinct tensor list (dp replicas share one), holders per rank;
-  // then each group's holders sorted by (host, rank) and its distinct hosts.
+  // Old pieces: once per distinct tensor list (dp replicas share one), each group with
+  // the lists that hold its box; then the per-host table of lists and the host sets.
   Status IndexOld() {
-    std::vector<const std::vector<LocalTensor>*> lists;
-    std::unordered_map<const std::vector<LocalTensor>*, std::vector<int32_t>> ranks_of;
-    for (const RankLayout& r : from_.ranks) {
-      auto [it, fresh] = ranks_of.try_emplace(r.tensors.get());
-      if (fresh) lists.push_back(r.tensors.get());
-      it->second.push_back(r.rank);
-    }
+    TP_RETURN_IF_ERROR(IndexOldLists());
     // (global tensor id, global box by value) -> index into ix_.groups[id].
     struct Key {
       int32_t id;
@@ -103,47 +99,126 @@ class IndexBuilder {
       }
     };
     std::unordered_map<Key, std::size_t, Hash> group_of;
-    for (const auto* list : lists) {
-      const std::vector<int32_t>& ranks = ranks_of[list];
-      TP_ASSIGN_OR_RETURN(const std::vector<int32_t>* ids, IdsOf(list));
+    for (std::size_t l = 0; l < lists_.size(); ++l) {
+      TP_ASSIGN_OR_RETURN(const std::vector<int32_t>* ids, IdsOf(lists_[l]));
       std::size_t pi = 0;
-      for (std::size_t lt = 0; lt < list->size(); ++lt) {
-        for (const Piece& p : (*list)[lt].pieces) {
+      for (std::size_t lt = 0; lt < lists_[l]->size(); ++lt) {
+        for (const Piece& p : (*lists_[l])[lt].pieces) {
           const int32_t id = (*ids)[pi++];
           if (id < 0) continue;
           auto& gs = ix_.groups[id];
           auto [it, fresh] = group_of.try_emplace({id, &p.global}, gs.size());
-          if (fresh) gs.push_back({&p.global, {}, {}, -1});
+          if (fresh) gs.push_back({&p.global, {}, -1, -1});
           Group& g = gs[it->second];
-          for (int32_t r : ranks) {
-            if (from_hosts_[r] == kLostHost) continue;  // its state is gone
-            g.holders.push_back({r, from_hosts_[r], static_cast<int32_t>(lt), &p});
+          if (!g.sources.empty() && g.sources.back().list == static_cast<int32_t>(l)) {
+            return Internal("the old layout's rank " + std::to_string(ranks_of_list_[l]) +
+                            " holds " + p.tensor + " box " + ToString(p.global) + " twice");
           }
+          g.sources.push_back({static_cast<int32_t>(l), static_cast<int32_t>(lt), &p});
         }
       }
     }
+    std::map<std::vector<int32_t>, int32_t> set_of_lists;  // groups held by several lists
     for (auto& gs : ix_.groups) {
       for (Group& g : gs) {
-        auto by_host_rank = [](const Holder& a, const Holder& b) {
-          return a.host != b.host ? a.host < b.host : a.rank < b.rank;
-        };
-        // Usually in order already (one tensor list, ranks ascending on ascending hosts).
-        if (!std::is_sorted(g.holders.begin(), g.holders.end(), by_host_rank))
-          std::sort(g.holders.begin(), g.holders.end(), by_host_rank);
-        for (std::size_t x = 0; x < g.holders.size(); ++x) {
-          if (x == 0 || g.holders[x].host != g.holders[x - 1].host)
-            g.hosts.push_back({g.holders[x].host, static_cast<int32_t>(x)});
+        if (g.sources.size() == 1) {
+          g.hosts = set_of_list_[g.sources[0].list];
+          continue;
         }
+        std::vector<int32_t> key;
+        for (const Source& s : g.sources) key.push_back(s.list);
+        auto [it, fresh] = set_of_lists.try_emplace(std::move(key), 0);
+        if (fresh) {
+          std::vector<int32_t> hosts;
+          for (const Source& s : g.sources) {
+            const std::vector<int32_t>& more = ix_.host_sets[set_of_list_[s.list]];
+            std::vector<int32_t> merged;
+            std::set_union(hosts.begin(), hosts.end(), more.begin(), more.end(),
+                           std::back_inserter(merged));
+            hosts.swap(merged);
+          }
+          it->second = Intern(std::move(hosts));
+        }
+        g.hosts = it->second;
       }
     }
     return Status::Ok();
   }
 
-  // New pieces, per tensor, in (host, rank, local tensor, piece) order; counted first,
-  // so that each list is allocated once at its size.
+  // The distinct old tensor lists (in order of their first rank), each rank's list, the
+  // lists on each host with their lowest live rank, and each list's set of live hosts.
+  Status IndexOldLists() {
+    std::unordered_map<const std::vector<LocalTensor>*, int32_t> list_id;
+    ix_.list_of_rank.assign(from_.world_size(), -1);
+    ix_.lists_on_host.assign(ix_.num_hosts, {});
+    for (const RankLayout& r : from_.ranks) {
+      auto [it, fresh] = list_id.try_emplace(r.tensors.get(), static_cast<int32_t>(lists_.size()));
+      if (fresh) {
+        lists_.push_back(r.tensors.get());
+        ranks_of_list_.push_back(r.rank);
+      }
+      const int h = from_hosts_[r.rank];
+      if (h == kLostHost) continue;  // its state is gone
+      ix_.list_of_rank[r.rank] = it->second;
+      auto& on = ix_.lists_on_host[h];
+      auto at = std::lower_bound(on.begin(), on.end(), std::make_pair(it->second, INT32_MIN));
+      if (at != on.end() && at->first == it->second) {
+        at->second = std::min(at->second, static_cast<int32_t>(r.rank));
+      } else {
+        on.insert(at, {it->second, r.rank});
+      }
+    }
+    std::vector<std::vector<int32_t>> hosts_of(lists_.size());
+    for (int h = 0; h < ix_.num_hosts; ++h) {
+      for (const auto& [l, rank] : ix_.lists_on_host[h]) hosts_of[l].push_back(h);
+    }
+    for (std::vector<int32_t>& hosts : hosts_of) set_of_list_.push_back(Intern(std::move(hosts)));
+    return Status::Ok();
+  }
+
+  // The index of a host set in ix_.host_sets, added when new.
+  int32_t Intern(std::vector<int32_t> hosts) {
+    auto [it, fresh] =
+        set_ids_.try_emplace(std::move(hosts), static_cast<int32_t>(ix_.host_sets.size()));
+    if (fresh) ix_.host_sets.push_back(it->first);
+    return it->second;
+  }
+
+  // Per-host planning: the kind of each host with new ranks (plan_index.h) and one
+  // representative per kind, the lowest host.
+  void IndexKinds() {
+    std::vector<std::string> key(ix_.num_hosts);
+    for (const RankLayout& r : to_.ranks) {
+      const auto* list = r.tensors.get();
+      key[to_hosts_[r.rank]].append(reinterpret_cast<const char*>(&list), sizeof(list));
+    }
+    std::unordered_map<std::string, int32_t> kinds;
+    ix_.kind_of_host.assign(ix_.num_hosts, -1);
+    for (int h = 0; h < ix_.num_hosts; ++h) {
+      if (key[h].empty()) continue;
+      key[h].push_back('|');
+      for (const auto& [l, rank] : ix_.lists_on_host[h])
+        key[h].append(reinterpret_cast<const char*>(&l), sizeof(l));
+      auto [it, fresh] = kinds.try_emplace(std::move(key[h]), static_cast<int32_t>(kinds.size()));
+      if (fresh) ix_.kind_hosts.emplace_back();
+      ix_.kind_hosts[it->second].push_back(h);
+      ix_.kind_of_host[h] = it->second;
+    }
+  }
+
+  // New pieces, per tensor, in (host, rank, local tensor, piece) order, of every host or
+  // (per-host planning) of the planned host and the kinds' representatives; counted
+  // first, so that each list is allocated once at its size.
   Status IndexNew() {
+    std::vector<char> wanted(ix_.num_hosts, only_host_ < 0 ? 1 : 0);
+    if (only_host_ >= 0) {
+      IndexKinds();
+      wanted[only_host_] = 1;
+      for (const std::vector<int32_t>& hosts : ix_.kind_hosts) wanted[hosts[0]] = 1;
+    }
     std::vector<std::size_t> count(globals_.size(), 0);
     for (const RankLayout& r : to_.ranks) {
+      if (!wanted[to_hosts_[r.rank]]) continue;
       TP_ASSIGN_OR_RETURN(const std::vector<int32_t>* ids, IdsOf(r.tensors.get()));
       for (int32_t id : *ids) {
         if (id >= 0) ++count[id];
@@ -153,6 +228,7 @@ class IndexBuilder {
     for (const RankLayout& r : to_.ranks) {
       const auto& list = *r.tensors;
       const int32_t host = to_hosts_[r.rank];
+      if (!wanted[host]) continue;
       const bool planned = only_host_ < 0 || host == only_host_;
       TP_ASSIGN_OR_RETURN(const std::vector<int32_t>* ids, IdsOf(&list));
       std::size_t pi = 0;
@@ -212,10 +288,50 @@ class IndexBuilder {
   const int only_host_;
   std::vector<GlobalTensor> globals_;
   std::unordered_map<std::string, int32_t> ids_;
+  std::vector<const std::vector<LocalTensor>*> lists_;  // distinct old tensor lists
+  std::vector<int32_t> ranks_of_list_;                  // the first rank of each
+  std::vector<int32_t> set_of_list_;                    // ix_.host_sets index of each
+  std::map<std::vector<int32_t>, int32_t> set_ids_;     // ix_.host_sets by value
   PlanIndex ix_;
 };
 
 }  // namespace
+
+Holder PlanIndex::FirstOn(const Group& g, int32_t h) const {
+  Holder best{-1, h, -1, nullptr};
+  if (h < 0 || h >= static_cast<int32_t>(lists_on_host.size())) return best;
+  for (const auto& [l, rank] : lists_on_host[h]) {
+    if (best.rank >= 0 && rank > best.rank) continue;
+    auto s = std::lower_bound(g.sources.begin(), g.sources.end(), l,
+                              [](const Source& x, int32_t v) { return x.list < v; });
+    if (s != g.sources.end() && s->list == l) best = {rank, h, s->tensor, s->piece};
+  }
+  return best;
+}
+
+Holder PlanIndex::RankOn(const Group& g, int32_t h, int32_t rank,
+                         const std::vector<int>& from_hosts) const {
+  if (rank < 0 || rank >= static_cast<int32_t>(list_of_rank.size()) || from_hosts[rank] != h ||
+      list_of_rank[rank] < 0)
+    return {-1, h, -1, nullptr};
+  const int32_t l = list_of_rank[rank];
+  auto s = std::lower_bound(g.sources.begin(), g.sources.end(), l,
+                            [](const Source& x, int32_t v) { return x.list < v; });
+  if (s == g.sources.end() || s->list != l) return {-1, h, -1, nullptr};
+  return {rank, h, s->tensor, s->piece};
+}
+
+std::vector<int32_t> NeedRanksOf(const PlanIndex& ix, const Layout& to,
+                                 const std::vector<int>& to_hosts, int32_t host, int32_t id) {
+  std::vector<int32_t> ranks;
+  for (const RankLayout& r : to.ranks) {
+    if (to_hosts[r.rank] != host) continue;
+    for (int32_t x : ix.piece_ids.at(r.tensors.get())) {
+      if (x == id) ranks.push_back(r.rank);
+    }
+  }
+  return ranks;
+}
 
 Result<PlanIndex> BuildPlanIndex(const Model& model, const Layout& from, const Layout& to,
                                  const std::vector<int>& from_hosts,

@@ -30,6 +30,14 @@ struct Charge {
   int64_t bytes;
 };
 
+// What one kind of simulated host sends for one tensor, in order; failed_need >= 0: the
+// index of its first need that no replica covers (failed_box: what is missing).
+struct SimResult {
+  std::vector<Charge> charges;
+  int64_t failed_need = -1;
+  Box failed_box;
+};
+
 // A hint for a large array written once (the op lists of a large plan): back it with
 // transparent huge pages, so that it faults in 2 MiB steps rather than 4 KiB ones
 // (page faults dominate on virtual machines). The whole 2 MiB pages inside it only.
@@ -64,12 +72,11 @@ class Planner {
         recv_(ix_.num_hosts, 0),
         to_me_(ix_.num_hosts, 0),
         in_place_of_(to.world_size(), nullptr) {
-    std::vector<int32_t> hosts;
+    std::vector<int32_t> set_of(ix_.host_sets.size(), -1);
     for (auto& gs : ix_.groups) {
       for (Group& g : gs) {
-        hosts.clear();
-        for (const auto& [h, first] : g.hosts) hosts.push_back(h);
-        g.host_set = balance_.SetOf(hosts);
+        if (set_of[g.hosts] < 0) set_of[g.hosts] = balance_.SetOf(ix_.host_sets[g.hosts]);
+        g.host_set = set_of[g.hosts];
       }
     }
   }
@@ -79,8 +86,11 @@ class Planner {
     plan_.stats.bytes_total = ix_.bytes_total;
     plan_.ops.reserve(ix_.planned_needs);  // usually one op or fewer per need
     HugePages(plan_.ops.data(), plan_.ops.capacity() * sizeof(CopyOp));
+    sims_.resize(ix_.kind_hosts.size());
+    if (only_host_ >= 0) MarkRelevant();
     for (std::size_t t = 0; t < ix_.needs.size(); ++t) {
-      TP_RETURN_IF_ERROR(PlanTensor(static_cast<int32_t>(t)));
+      const auto tid = static_cast<int32_t>(t);
+      TP_RETURN_IF_ERROR(only_host_ < 0 ? PlanTensor(tid) : PlanTensorFor(tid));
     }
     Finalize();
     return std::move(plan_);
@@ -89,11 +99,10 @@ class Planner {
  private:
   // The remote holder of group g (not on host h) on the host that has sent the fewest
   // bytes so far; ties: the lowest host, then its lowest rank. nullptr if none.
-  const Holder* PickRemote(const Group& g, int32_t h) const {
+  Holder PickRemote(const Group& g, int32_t h) const {
     const int32_t host = balance_.Pick(g.host_set, h);
-    if (host < 0) return nullptr;
-    auto at = std::lower_bound(g.hosts.begin(), g.hosts.end(), std::make_pair(host, 0));
-    return &g.holders[at->second];
+    if (host < 0) return {-1, -1, -1, nullptr};
+    return ix_.FirstOn(g, host);
   }
 
   // Where an element of a new local tensor can stay in place: old rank r's local tensor
@@ -213,39 +222,91 @@ class Planner {
     return crossed;
   }
 
-  // Holders of each group of tensor tid on host h: index ranges into Group::holders.
-  void LocalRanges(int32_t tid, int32_t h,
-                   std::vector<std::pair<std::size_t, std::size_t>>& local) {
+  // Per group of tensor tid, its holder on host h with the lowest rank (rank -1: none).
+  void LocalHolders(int32_t tid, int32_t h, std::vector<Holder>& local) const {
     const std::vector<Group>& gs = ix_.groups[tid];
     local.resize(gs.size());
-    for (std::size_t g = 0; g < gs.size(); ++g) {
-      const auto& hs = gs[g].holders;
-      auto lo = std::lower_bound(hs.begin(), hs.end(), h,
-                                 [](const Holder& x, int32_t v) { return x.host < v; });
-      auto hi =
-          std::upper_bound(lo, hs.end(), h, [](int32_t v, const Holder& x) { return v < x.host; });
-      local[g] = {static_cast<std::size_t>(lo - hs.begin()),
-                  static_cast<std::size_t>(hi - hs.begin())};
-    }
+    for (std::size_t g = 0; g < gs.size(); ++g) local[g] = ix_.FirstOn(gs[g], h);
   }
 
+  // Every host plans its needs, in host order.
   Status PlanTensor(int32_t tid) {
     const std::vector<Need>& ns = ix_.needs[tid];
-    std::vector<std::pair<std::size_t, std::size_t>> local;
     for (std::size_t i = 0; i < ns.size();) {
       const int32_t h = ns[i].host;
       std::size_t j = i;
       while (j < ns.size() && ns[j].host == h) ++j;
-      LocalRanges(tid, h, local);
-      if (only_host_ < 0 || h == only_host_) {
-        TP_RETURN_IF_ERROR(PlanHost(tid, i, j, local));
-        plan_.stats.cross_host_lower_bound += LowerBound(tid, ns, i, j, local) * ix_.elem[tid];
-      } else {
-        TP_RETURN_IF_ERROR(SimulateHost(tid, i, j, local));
-      }
+      TP_RETURN_IF_ERROR(PlanOwn(tid, i, j));
       i = j;
     }
     return Status::Ok();
+  }
+
+  // The ops of needs [i, j) of tensor tid, all on one planned host, and its lower bound.
+  Status PlanOwn(int32_t tid, std::size_t i, std::size_t j) {
+    LocalHolders(tid, ix_.needs[tid][i].host, local_);
+    TP_RETURN_IF_ERROR(PlanHost(tid, i, j, local_));
+    plan_.stats.cross_host_lower_bound +=
+        LowerBound(tid, ix_.needs[tid], i, j, local_) * ix_.elem[tid];
+    return Status::Ok();
+  }
+
+  // Per-host planning: the planned host's ops, and in host order before and after it
+  // what the other hosts' step 4 sends (SimulateKind, once per kind of host on its
+  // representative's needs), so that the greedy choice sees the same history as in the
+  // full plan. Only sends into the planned host's components (MarkRelevant) count, and
+  // only the hosts of kinds that send some are visited, their lists merged in host order.
+  Status PlanTensorFor(int32_t tid) {
+    const std::vector<Need>& ns = ix_.needs[tid];
+    std::size_t own_i = 0, own_j = 0;
+    cursors_.clear();
+    for (std::size_t i = 0; i < ns.size();) {
+      const int32_t h = ns[i].host;
+      std::size_t j = i;
+      while (j < ns.size() && ns[j].host == h) ++j;
+      if (h == only_host_) own_i = i, own_j = j;
+      const int32_t kind = ix_.kind_of_host[h];
+      if (ix_.kind_hosts[kind][0] == h) {
+        const SimResult& sim = SimulateKind(tid, i, j);
+        if (!sim.charges.empty() || sim.failed_need >= 0) cursors_.push_back({kind, 0});
+      }
+      i = j;
+    }
+    bool own = own_i < own_j;
+    for (;;) {
+      int32_t next = INT32_MAX;
+      std::pair<int32_t, std::size_t>* at = nullptr;
+      for (auto& c : cursors_) {
+        const std::vector<int32_t>& hosts = ix_.kind_hosts[c.first];
+        if (c.second < hosts.size() && hosts[c.second] == only_host_) ++c.second;
+        if (c.second < hosts.size() && hosts[c.second] < next) next = hosts[c.second], at = &c;
+      }
+      if (own && only_host_ < next) {
+        TP_RETURN_IF_ERROR(PlanOwn(tid, own_i, own_j));
+        own = false;
+        continue;
+      }
+      if (at == nullptr) return Status::Ok();
+      ++at->second;
+      TP_RETURN_IF_ERROR(ApplySim(tid, next, sims_[at->first]));
+    }
+  }
+
+  // The SendBalance sets whose choices the planned host's step 4 can meet: every set of
+  // a tensor it needs, with its component (a send into another component changes no
+  // choice of these). Sends elsewhere are not simulated.
+  void MarkRelevant() {
+    const std::vector<int32_t> comp = balance_.Components();
+    std::vector<char> on(comp.size(), 0);
+    auto by_host = [](const Need& n, int32_t h) { return n.host < h; };
+    for (std::size_t t = 0; t < ix_.needs.size(); ++t) {
+      const auto& ns = ix_.needs[t];
+      auto it = std::lower_bound(ns.begin(), ns.end(), only_host_, by_host);
+      if (it == ns.end() || it->host != only_host_) continue;
+      for (const Group& g : ix_.groups[t]) on[comp[g.host_set]] = 1;
+    }
+    relevant_.resize(comp.size());
+    for (std::size_t x = 0; x < comp.size(); ++x) relevant_[x] = on[comp[x]];
   }
 
   Status NotCovered(int32_t tid, int32_t rank, const Box& box) const {
@@ -259,8 +320,7 @@ class Planner {
   }
 
   // Steps 1-4 for the needs [i, j) of tensor tid, all on one host: the ops.
-  Status PlanHost(int32_t tid, std::size_t i, std::size_t j,
-                  const std::vector<std::pair<std::size_t, std::size_t>>& local) {
+  Status PlanHost(int32_t tid, std::size_t i, std::size_t j, const std::vector<Holder>& local) {
     const std::vector<Need>& ns = ix_.needs[tid];
     const std::vector<Group>& gs = ix_.groups[tid];
     const int32_t h = ns[i].host;
@@ -273,14 +333,11 @@ class Planner {
       TakeInPlace(tid, need, dst);
       // Step 2: a replica on this host, the same device first.
       for (std::size_t g = 0; g < gs.size() && !remaining_.empty(); ++g) {
-        if (local[g].first == local[g].second || !Intersects(*gs[g].global, need.piece->global))
-          continue;
-        const Holder* pick = &gs[g].holders[local[g].first];
-        for (std::size_t x = local[g].first; x < local[g].second; ++x) {
-          if (gs[g].holders[x].rank == need.rank) pick = &gs[g].holders[x];
-        }
-        const Site src = MakeSite(pick->piece->global, pick->piece->local, pick->rank, pick->tensor,
-                                  h, false, -1);
+        if (local[g].rank < 0 || !Intersects(*gs[g].global, need.piece->global)) continue;
+        Holder pick = ix_.RankOn(gs[g], h, need.rank, from_hosts_);
+        if (pick.rank < 0) pick = local[g];
+        const Site src =
+            MakeSite(pick.piece->global, pick.piece->local, pick.rank, pick.tensor, h, false, -1);
         CoverFrom(tid, *gs[g].global, src, dst, nullptr);
       }
       // Step 3: boxes already delivered to this host.
@@ -298,11 +355,11 @@ class Planner {
         bool hit = false;
         for (const Box& rem : remaining_) hit = hit || Intersects(rem, *gs[g].global);
         if (!hit) continue;
-        const Holder* pick = PickRemote(gs[g], h);
-        if (!pick) continue;
-        const Site src = MakeSite(pick->piece->global, pick->piece->local, pick->rank, pick->tensor,
-                                  pick->host, false, -1);
-        balance_.Charge(pick->host, CoverFrom(tid, *gs[g].global, src, dst, &fresh_));
+        const Holder pick = PickRemote(gs[g], h);
+        if (pick.rank < 0) continue;
+        const Site src = MakeSite(pick.piece->global, pick.piece->local, pick.rank, pick.tensor,
+                                  pick.host, false, -1);
+        balance_.Charge(pick.host, CoverFrom(tid, *gs[g].global, src, dst, &fresh_));
       }
       landed_.insert(landed_.end(), fresh_.begin(), fresh_.end());
       if (!remaining_.empty()) return NotCovered(tid, need.rank, remaining_[0]);
@@ -313,55 +370,58 @@ class Planner {
   // Per-host planning, another host h: only what step 4 of PlanHost would send to h
   // (the greedy choice of every later transfer depends on it), as boxes, no ops. What
   // step 4 sends for a need is, as a set, N \ Held(h) \ (what earlier needs of h
-  // received), group by group in group order; steps 1-3 only shape the ops. Hosts with
-  // the same needs (the same piece objects: dp replicas share them) and the same held
-  // groups send the same amounts, so those are computed once per such host kind.
-  Status SimulateHost(int32_t tid, std::size_t i, std::size_t j,
-                      const std::vector<std::pair<std::size_t, std::size_t>>& local) {
+  // received), group by group in group order; steps 1-3 only shape the ops. Hosts of
+  // one kind (plan_index.h) have the same needs and held groups, so they send the same
+  // amounts: computed once per kind, on the needs [i, j) of its representative.
+  const SimResult& SimulateKind(int32_t tid, std::size_t i, std::size_t j) {
     const std::vector<Need>& ns = ix_.needs[tid];
     const std::vector<Group>& gs = ix_.groups[tid];
-    const int32_t h = ns[i].host;
-    key_.assign(reinterpret_cast<const char*>(&tid), sizeof(tid));
-    for (std::size_t k = i; k < j; ++k)
-      key_.append(reinterpret_cast<const char*>(&ns[k].piece), sizeof(ns[k].piece));
-    for (const auto& [lo, hi] : local) key_.push_back(lo == hi ? '0' : '1');
-    auto [it, fresh] = charges_.try_emplace(key_);
-    SimResult& sim = it->second;
-    if (fresh) {
-      std::vector<Box> got;  // step 4 deliveries of earlier needs
-      for (std::size_t k = i; k < j && sim.failed_need < 0; ++k) {
-        remaining_.assign(1, ns[k].piece->global);
-        for (std::size_t g = 0; g < gs.size() && !remaining_.empty(); ++g) {
-          if (local[g].first != local[g].second) SubtractFrom(remaining_, *gs[g].global);
+    LocalHolders(tid, ns[i].host, local_);
+    SimResult& sim = sims_[ix_.kind_of_host[ns[i].host]];
+    sim.charges.clear();
+    sim.failed_need = -1;
+    std::vector<Box> got;  // step 4 deliveries of earlier needs
+    for (std::size_t k = i; k < j && sim.failed_need < 0; ++k) {
+      remaining_.assign(1, ns[k].piece->global);
+      for (std::size_t g = 0; g < gs.size() && !remaining_.empty(); ++g) {
+        if (local_[g].rank >= 0) SubtractFrom(remaining_, *gs[g].global);
+      }
+      for (std::size_t x = 0; x < got.size() && !remaining_.empty(); ++x)
+        SubtractFrom(remaining_, got[x]);
+      for (std::size_t g = 0; g < gs.size() && !remaining_.empty(); ++g) {
+        if (ix_.host_sets[gs[g].hosts].empty()) continue;  // every holder lost
+        int64_t vol = 0;
+        for (const Box& rem : remaining_) {
+          if (!Intersects(rem, *gs[g].global)) continue;
+          got.push_back(Intersect(rem, *gs[g].global));
+          vol += Volume(got.back());
         }
-        for (std::size_t x = 0; x < got.size() && !remaining_.empty(); ++x)
-          SubtractFrom(remaining_, got[x]);
-        for (std::size_t g = 0; g < gs.size() && !remaining_.empty(); ++g) {
-          if (gs[g].holders.empty()) continue;  // every holder lost
-          int64_t vol = 0;
-          for (const Box& rem : remaining_) {
-            if (!Intersects(rem, *gs[g].global)) continue;
-            got.push_back(Intersect(rem, *gs[g].global));
-            vol += Volume(got.back());
-          }
-          if (vol == 0) continue;
+        if (vol > 0 && relevant_[gs[g].host_set])
           sim.charges.push_back({static_cast<int32_t>(g), vol * ix_.elem[tid]});
-          SubtractFrom(remaining_, *gs[g].global);
-        }
-        if (!remaining_.empty()) {
-          sim.failed_need = static_cast<int64_t>(k - i);
-          sim.failed_box = remaining_[0];
-        }
+        if (vol == 0) continue;
+        SubtractFrom(remaining_, *gs[g].global);
+      }
+      if (!remaining_.empty()) {
+        sim.failed_need = static_cast<int64_t>(k - i);
+        sim.failed_box = remaining_[0];
       }
     }
-    for (const Charge& c : sim.charges) balance_.Charge(PickRemote(gs[c.group], h)->host, c.bytes);
-    if (sim.failed_need >= 0) return NotCovered(tid, ns[i + sim.failed_need].rank, sim.failed_box);
-    return Status::Ok();
+    return sim;
+  }
+
+  // Host h (of the kind sim was computed for) sends its step-4 bytes of tensor tid.
+  Status ApplySim(int32_t tid, int32_t h, const SimResult& sim) {
+    const std::vector<Group>& gs = ix_.groups[tid];
+    for (const Charge& c : sim.charges)
+      balance_.Charge(balance_.Pick(gs[c.group].host_set, h), c.bytes);
+    if (sim.failed_need < 0) return Status::Ok();
+    const std::vector<int32_t> ranks = NeedRanksOf(ix_, to_, to_hosts_, h, tid);
+    return NotCovered(tid, ranks.at(sim.failed_need), sim.failed_box);
   }
 
   // |Need(h) \ Held(h)| for one tensor, from union volumes (independent of the cover).
   int64_t LowerBound(int32_t tid, const std::vector<Need>& ns, std::size_t i, std::size_t j,
-                     const std::vector<std::pair<std::size_t, std::size_t>>& local) {
+                     const std::vector<Holder>& local) {
     lb_need_.clear();
     for (std::size_t k = i; k < j; ++k) {
       // Replicas on one host share their piece: count it once.
@@ -370,7 +430,7 @@ class Planner {
     std::size_t both = 0;  // lb_both_[0, both): the needs' parts that h holds
     const std::vector<Group>& gs = ix_.groups[tid];
     for (std::size_t g = 0; g < gs.size(); ++g) {
-      if (local[g].first == local[g].second) continue;
+      if (local[g].rank < 0) continue;
       for (const Box* n : lb_need_) {
         if (!Intersects(*n, *gs[g].global)) continue;
         if (both == lb_both_.size()) lb_both_.emplace_back();
@@ -388,7 +448,7 @@ class Planner {
     s.num_hosts = ix_.num_hosts;
     s.host_send_bytes = only_host_ < 0 ? balance_.sent() : to_me_;
     s.host_recv_bytes = recv_;
-    for (int64_t b : balance_.sent()) s.max_host_send_bytes = std::max(s.max_host_send_bytes, b);
+    for (int64_t b : s.host_send_bytes) s.max_host_send_bytes = std::max(s.max_host_send_bytes, b);
     for (int64_t b : recv_) s.max_host_recv_bytes = std::max(s.max_host_recv_bytes, b);
   }
 
@@ -405,13 +465,10 @@ class Planner {
   // InPlaceOf: per new rank, and per distinct (old list, new list) pair.
   std::vector<const std::vector<InPlace>*> in_place_of_;
   std::map<std::pair<const void*, const void*>, std::vector<InPlace>> in_place_lists_;
-  struct SimResult {
-    std::vector<Charge> charges;
-    int64_t failed_need = -1;
-    Box failed_box;
-  };
-  std::string key_;
-  std::unordered_map<std::string, SimResult> charges_;  // SimulateHost per host kind
+  std::vector<SimResult> sims_;                           // SimulateKind's, per kind of host
+  std::vector<std::pair<int32_t, std::size_t>> cursors_;  // kinds that send, next host
+  std::vector<char> relevant_;                            // per SendBalance set (MarkRelevant)
+  std::vector<Holder> local_;                             // LocalHolders' of the host at hand
   std::vector<Landed> landed_, fresh_;
   std::vector<Box> remaining_, next_;
   std::vector<const Box*> lb_need_, lb_ptrs_;  // LowerBound's scratch

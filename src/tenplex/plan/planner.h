@@ -131,9 +131,19 @@ Result<Plan> MakePlan(const Model& model, const Layout& from, const Layout& to,
 // op of the same host); kept likewise. The stats describe those ops: bytes_total,
 // bytes_in_place, bytes_host_local, bytes_cross_host, cross_host_lower_bound, ops and
 // cross_host_ops of `host` alone, host_send_bytes[x] = what host x sends to `host`,
-// host_recv_bytes only `host`'s entry. The other hosts are simulated only as far as
-// the greedy replica choice needs (what each sends), once per kind of host. Errors as
+// host_recv_bytes only `host`'s entry, the maxima over those entries. Errors as
 // MakePlan (a box no replica holds is named for whichever host meets it first).
+//
+// Cost. The other hosts are simulated only as far as the greedy replica choice needs:
+// what each sends into the host sets that `host` reads from (with every set that shares
+// a sender with them), as amounts, computed once per kind of host (plan_index.h) and
+// charged host by host. The index holds the old layout per distinct tensor list and the
+// new one for `host` and one host per kind. So the plan costs O(ranks) once (placing
+// the ranks, finding kinds) plus O(tensors · kinds · groups) box operations plus one
+// greedy step per transfer into those sets: a TP change, or a host loss, costs about
+// the same at 100k GPUs as at 1k; a DP scale-down, where every host receives from the
+// same stages' replicas, still simulates the sends of the receivers that compete for
+// `host`'s senders (O(world / pp)), because the greedy choice depends on them.
 Result<Plan> MakeHostPlan(const Model& model, const Layout& from, const Layout& to,
                           const std::vector<int>& from_hosts, const std::vector<int>& to_hosts,
                           int host);

@@ -2,6 +2,7 @@
 // and a larger GPT: the same ops and kept regions, filtered by destination host.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 
 #include "tenplex/model/gpt.h"
@@ -84,9 +85,24 @@ void ExpectHostPlansFilterFullPlan(const Model& m, const Layout& from, const Lay
     EXPECT_EQ(s.bytes_in_place + s.bytes_host_local + s.bytes_cross_host, s.bytes_total);
     EXPECT_EQ(s.host_recv_bytes[h], cross);
     EXPECT_EQ(s.host_send_bytes, send);
+    EXPECT_EQ(s.max_host_send_bytes, *std::max_element(send.begin(), send.end()));
+    EXPECT_EQ(s.max_host_recv_bytes, cross);
     lower_bound += s.cross_host_lower_bound;
   }
   EXPECT_EQ(lower_bound, full->stats.cross_host_lower_bound);
+}
+
+// gpt3-175b's shape with `layers` layers of width `hidden` and `heads` heads.
+Model SmallGpt(int layers, int64_t hidden, int64_t heads, bool tied) {
+  auto args = *GptPreset("gpt3-175b");
+  args.num_layers = layers;
+  args.hidden_size = hidden;
+  args.num_attention_heads = heads;
+  args.num_query_groups = heads;
+  args.ffn_hidden_size = 2 * hidden;
+  args.vocab_size = 4 * hidden;
+  args.untie_embeddings_and_output_weights = !tied;
+  return *MakeGpt(args);
 }
 
 TEST(PlannerTest, HostPlansAreTheFullPlanFilteredByHost) {
@@ -110,14 +126,7 @@ TEST(PlannerTest, HostPlansAreTheFullPlanFilteredByHost) {
     if (HasFatalFailure()) return;
   }
   // A larger case where many hosts are alike (dp replicas): the per-kind shortcut.
-  auto args = *GptPreset("gpt3-175b");
-  args.num_layers = 4;
-  args.hidden_size = 64;
-  args.num_attention_heads = 8;
-  args.num_query_groups = 8;
-  args.ffn_hidden_size = 128;
-  args.vocab_size = 256;
-  Model m = *MakeGpt(args);
+  Model m = SmallGpt(4, 64, 8, true);
   auto from = MakeLayout(m, *ParseConfig("tp=2,pp=4,dp=6,zero=1"));
   auto to = MakeLayout(m, *ParseConfig("tp=2,pp=2,dp=8"));
   ASSERT_TRUE(from.ok() && to.ok());
@@ -127,6 +136,55 @@ TEST(PlannerTest, HostPlansAreTheFullPlanFilteredByHost) {
                           DefaultHosts(to->world_size(), 4), 99);
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+}
+
+// Per-host planning simulates other hosts once per kind and only where they compete for
+// the planned host's senders (planner.h, "Cost"). Cases with many hosts of each kind,
+// where that matters: DP scale-downs (every host receives from the same stages'
+// replicas), a lost host re-planned from replicas, TP and PP changes, uneven stages,
+// ZeRO-1, tied embeddings (their group spans the first and last stage, joining those
+// stages' senders), hosts holding part of a stage, and shuffled placements; every host's
+// plan against the full plan filtered to it.
+TEST(PlannerTest, HostPlansOfManyHostsAreTheFullPlanFilteredByHost) {
+  struct Case {
+    bool tied;
+    const char* from;
+    const char* to;
+    int gpus;
+    int lost;  // a host of the old layout, or -1
+    bool shuffled;
+  };
+  const Case cases[] = {
+      {false, "tp=2,pp=4,dp=8", "tp=2,pp=4,dp=7", 2, -1, false},
+      {true, "tp=2,pp=4,dp=8", "tp=2,pp=4,dp=6", 4, -1, false},
+      {true, "tp=2,pp=4,dp=8", "tp=2,pp=4,dp=7", 2, 3, false},
+      {false, "tp=2,pp=4,dp=6", "tp=1,pp=8,dp=6", 2, -1, false},
+      {true, "tp=2,pp=3,layers=3+3+2,dp=6", "tp=2,pp=4,layers=1+3+3+1,dp=5", 2, -1, false},
+      {false, "tp=2,pp=2,dp=6,zero=1", "tp=2,pp=4,dp=3", 4, 1, false},
+      {true, "tp=2,pp=4,dp=4", "tp=4,pp=2,dp=5,zero=1", 3, -1, false},
+      {true, "tp=2,pp=4,dp=6", "tp=2,pp=4,dp=5", 2, -1, true},
+  };
+  std::mt19937 rng(36);
+  for (const Case& c : cases) {
+    Model m = SmallGpt(8, 32, 4, c.tied);
+    auto from = MakeLayout(m, *ParseConfig(c.from));
+    auto to = MakeLayout(m, *ParseConfig(c.to));
+    ASSERT_TRUE(from.ok() && to.ok()) << c.from << " -> " << c.to;
+    SCOPED_TRACE(std::string(c.from) + " -> " + c.to + ", " + std::to_string(c.gpus) +
+                 " GPUs per host, lost host " + std::to_string(c.lost));
+    std::vector<int> fh = RandomHosts(rng, from->world_size(), c.gpus, c.shuffled);
+    std::vector<int> th = RandomHosts(rng, to->world_size(), c.gpus, c.shuffled);
+    if (c.lost >= 0) {
+      // As the coordinator places: new rank r on the (r / gpus)-th live host.
+      for (int& h : fh) h = h == c.lost ? kLostHost : h;
+      for (int r = 0; r < to->world_size(); ++r) {
+        const int slot = r / c.gpus;
+        th[r] = slot < c.lost ? slot : slot + 1;
+      }
+    }
+    ExpectHostPlansFilterFullPlan(m, *from, *to, fh, th);
+    if (HasFatalFailure()) return;
+  }
 }
 
 }  // namespace
