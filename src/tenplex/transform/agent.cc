@@ -196,9 +196,10 @@ struct Agent::Impl {
   }
 
   // Peers read committed tensors only, by store path, with a capability; the probe
-  // regions (fixed patterns) are open to all.
+  // regions (fixed patterns) with a probe capability (issue 35: they were open to all).
   Result<transport::Region> Lookup(std::string_view name, std::string_view capability) {
     if (name == kScratchRegion) {
+      TP_RETURN_IF_ERROR(transport::CheckProbeCapability(options.capability_key, capability));
       std::lock_guard<std::mutex> lock(cache_mu);
       if (!scratch)
         return NotFound("this daemon has no probe scratch region yet (it makes one when probed)");
@@ -635,7 +636,8 @@ Result<double> Agent::Impl::FetchScratchInto(transport::PeerId peer, uint64_t la
                                              double* first) {
   double best = 0;
   for (int rep = 0; rep < 4; ++rep) {
-    transport::ReadRequest req{std::string(kScratchRegion), {}};
+    transport::ReadRequest req{
+        std::string(kScratchRegion), {}, transport::MintProbeCapability(options.capability_key)};
     for (uint64_t at = 0; at < large; at += 16ull << 20) {
       req.runs.push_back({at, std::min<uint64_t>(16ull << 20, large - at), dest + at});
     }
@@ -710,6 +712,7 @@ Result<std::string> Agent::Impl::Probe(const std::string& body) {
   TP_ASSIGN_OR_RETURN(transport::PeerId peer, transport->Connect(address));
   transport::FetchBandwidthOptions fo;
   fo.bytes = bytes;
+  fo.capability = transport::MintProbeCapability(options.capability_key);
   TP_ASSIGN_OR_RETURN(double fetch_gbps, transport::MeasureFetchBandwidth(*transport, peer, fo));
   // The same from the peer's large scratch region into a large local buffer.
   std::vector<uint8_t> dest(large, 0);
@@ -753,13 +756,15 @@ Result<std::unique_ptr<Agent>> Agent::Create(store::Store& store, const AgentOpt
     impl->fault_in_locate = kind == "exit-in-locate";
   }
   Impl* raw = impl.get();
+  transport::TransportOptions to = options.transport_options;
+  to.probe_key = options.capability_key;  // the probe region too needs a capability
   TP_ASSIGN_OR_RETURN(impl->transport,
                       transport::NewTransport(
                           options.transport,
                           [raw](std::string_view name, std::string_view capability) {
                             return raw->Lookup(name, capability);
                           },
-                          options.transport_options));
+                          to));
   return std::unique_ptr<Agent>(new Agent(std::move(impl)));
 }
 
@@ -804,6 +809,13 @@ std::string Agent::Impl::MetricsText() {
   o += "# HELP tenplex_fetch_served_bytes_total Bytes this daemon's data plane sent to peers.\n";
   o += "# TYPE tenplex_fetch_served_bytes_total counter\n";
   o += "tenplex_fetch_served_bytes_total " + std::to_string(transport->BytesServed()) + "\n";
+  o += "# HELP tenplex_fetch_bounded_total Data-plane requests refused for their size or their "
+       "connection's answers in flight.\n# TYPE tenplex_fetch_bounded_total counter\n"
+       "tenplex_fetch_bounded_total " +
+       std::to_string(transport->RequestsRefused()) +
+       "\n# HELP tenplex_fetch_staged_bytes_peak The most staging memory answers held at once.\n"
+       "# TYPE tenplex_fetch_staged_bytes_peak gauge\ntenplex_fetch_staged_bytes_peak " +
+       std::to_string(transport->PeakStagedBytes()) + "\n";
   o += "# HELP tenplex_fetch_refused_total Data-plane fetches refused for their capability, by "
        "reason.\n";
   o += "# TYPE tenplex_fetch_refused_total counter\n";

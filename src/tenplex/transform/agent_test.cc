@@ -67,14 +67,21 @@ TEST_P(AgentCapabilityTest, FetchesNeedAValidCapability) {
     EXPECT_EQ(got[0], 0xee) << c.what;
     EXPECT_EQ(Counter(agent->metrics(), c.reason), Counter(before, c.reason) + 1) << c.what;
   }
-  // A valid one reads the bytes; the probe region needs none.
+  // A valid one reads the bytes; the probe region needs a probe capability (issue 35:
+  // it was open to anyone reaching the endpoint), and a job's capability is not one.
   Status ok = fetch(path, good);
   ASSERT_TRUE(ok.ok()) << ok.ToString();
   EXPECT_EQ(got, bytes);
   std::vector<uint8_t> probe(64);
-  ASSERT_TRUE((*client)
-                  ->Fetch(*peer, {{std::string(transport::kProbeRegion), {{0, 64, probe.data()}}}})
-                  .ok());
+  auto read_probe = [&](const std::string& capability) {
+    return (*client)->Fetch(
+        *peer, {{std::string(transport::kProbeRegion), {{0, 64, probe.data()}}, capability}});
+  };
+  EXPECT_EQ(read_probe("").code(), StatusCode::kPermissionDenied);
+  EXPECT_EQ(read_probe(good).code(), StatusCode::kPermissionDenied);
+  EXPECT_EQ(read_probe(transport::MintProbeCapability("a-guess")).code(),
+            StatusCode::kPermissionDenied);
+  ASSERT_TRUE(read_probe(transport::MintProbeCapability("the-token")).ok());
   EXPECT_EQ(probe[5], transport::ProbeByte(5));
   // Once this daemon committed the transform's new version, its capability is dead.
   ASSERT_TRUE(st->BeginVersion("j", 2).ok());

@@ -103,7 +103,7 @@ Result<double> MeasureTcpLoopbackBandwidth(uint64_t bytes, int repeats) {
 Result<double> MeasureFetchBandwidth(Transport& transport, PeerId peer,
                                      const FetchBandwidthOptions& options) {
   std::vector<uint8_t> buf(options.bytes);
-  ReadRequest r{std::string(kProbeRegion), {}};
+  ReadRequest r{std::string(kProbeRegion), {}, options.capability};
   const uint64_t run = options.run_bytes == 0 ? kProbeRegionBytes : options.run_bytes;
   const uint64_t stride = options.run_bytes == 0 ? kProbeRegionBytes : 2 * options.run_bytes;
   if (run > kProbeRegionBytes / 2 && options.run_bytes != 0) {

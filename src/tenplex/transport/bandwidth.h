@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "tenplex/transport/transport.h"
 #include "tenplex/util/status.h"
@@ -25,6 +26,7 @@ struct FetchBandwidthOptions {
   // [rows, 2 * run_bytes] byte tensor), packed densely into the buffer.
   uint64_t run_bytes = 0;
   int repeats = 3;
+  std::string capability = {};  // a probe capability, for peers that need one
 };
 
 // Fetch from peer's probe region (kProbeRegion) through `transport`. The bytes

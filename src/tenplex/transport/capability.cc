@@ -8,6 +8,8 @@
 #include <chrono>
 #include <vector>
 
+#include "tenplex/transport/transport.h"
+
 namespace tenplex::transport {
 namespace {
 
@@ -116,6 +118,21 @@ CapabilityCheck CheckCapability(std::string_view key, std::string_view capabilit
   c.refusal = CapabilityRefusal::kNone;
   c.why.clear();
   return c;
+}
+
+std::string MintProbeCapability(std::string_view key, int64_t lifetime_seconds) {
+  return MintCapability(key, {std::string(kProbeRegion), 0, 0, UnixSeconds() + lifetime_seconds});
+}
+
+Status CheckProbeCapability(std::string_view key, std::string_view capability) {
+  CapabilityCheck c = CheckCapability(key, capability, UnixSeconds());
+  if (c.refusal == CapabilityRefusal::kNone &&
+      (c.grant.job != kProbeRegion || c.grant.from_version != 0 || c.grant.to_version != 0)) {
+    c.refusal = CapabilityRefusal::kScope;
+    c.why = "the fetch's capability is not a probe capability";
+  }
+  if (c.refusal == CapabilityRefusal::kNone) return Status::Ok();
+  return PermissionDenied("probe region: " + c.why);
 }
 
 }  // namespace tenplex::transport

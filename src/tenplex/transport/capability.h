@@ -48,6 +48,13 @@ enum class CapabilityRefusal { kNone, kMissing, kWrong, kExpired, kScope };
 std::string_view CapabilityRefusalName(CapabilityRefusal r);
 
 std::string MintCapability(std::string_view key, const CapabilityGrant& grant);
+
+// Probe capabilities: a grant for the pseudo-job kProbeRegion at version 0 (store
+// versions start at 1, so it covers no tensor), which lets the holder read the probe
+// regions (the built-in one and an agent's scratch region) only.
+std::string MintProbeCapability(std::string_view key, int64_t lifetime_seconds = 900);
+// Ok, or PermissionDenied saying why `capability` is not a valid probe capability now.
+Status CheckProbeCapability(std::string_view key, std::string_view capability);
 // The system clock in unix seconds (capabilities' time).
 int64_t UnixSeconds();
 // HMAC-SHA256(key, message) as 64 lowercase hex digits (OpenSSL's).

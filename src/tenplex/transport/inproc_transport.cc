@@ -23,6 +23,7 @@ struct Server {
   std::shared_mutex mu;
   bool retired = false;
   RegionLookup lookup;
+  std::optional<std::string> probe_key;
 };
 
 struct Registry {
@@ -43,8 +44,10 @@ struct Payload {
 
 class InProcessTransport final : public Transport {
  public:
-  explicit InProcessTransport(RegionLookup lookup) : server_(std::make_shared<Server>()) {
+  InProcessTransport(RegionLookup lookup, std::optional<std::string> probe_key)
+      : server_(std::make_shared<Server>()) {
     server_->lookup = std::move(lookup);
+    server_->probe_key = std::move(probe_key);
     Registry& reg = TheRegistry();
     std::lock_guard<std::mutex> l(reg.mu);
     id_ = reg.next_id++;
@@ -107,7 +110,8 @@ class InProcessTransport final : public Transport {
 
  private:
   static Status Read(const Server& server, const ReadRequest& q) {
-    TP_ASSIGN_OR_RETURN(Region region, FindRegion(server.lookup, q.region, q.capability));
+    TP_ASSIGN_OR_RETURN(Region region,
+                        FindRegion(server.lookup, q.region, q.capability, server.probe_key));
     std::vector<WireRun> wire(q.runs.size());
     for (std::size_t i = 0; i < q.runs.size(); ++i) wire[i] = {q.runs[i].offset, q.runs[i].length};
     TP_RETURN_IF_ERROR(CheckRuns(q.region, region.size, wire.data(), wire.size()));
@@ -125,8 +129,8 @@ class InProcessTransport final : public Transport {
 }  // namespace
 
 Result<std::unique_ptr<Transport>> NewInProcessTransport(RegionLookup lookup,
-                                                         const TransportOptions&) {
-  return std::unique_ptr<Transport>(new InProcessTransport(std::move(lookup)));
+                                                         const TransportOptions& options) {
+  return std::unique_ptr<Transport>(new InProcessTransport(std::move(lookup), options.probe_key));
 }
 
 }  // namespace tenplex::transport

@@ -6,6 +6,8 @@
 #include <cstring>
 #include <mutex>
 
+#include "tenplex/transport/capability.h"
+
 namespace tenplex::transport {
 
 std::string EncodeRequestPayload(std::string_view region, const ReadRun* runs, uint32_t count,
@@ -171,8 +173,12 @@ const Region& ProbeRegion() {
 }
 
 Result<Region> FindRegion(const RegionLookup& lookup, std::string_view name,
-                          std::string_view capability) {
-  if (name == kProbeRegion) return ProbeRegion();
+                          std::string_view capability,
+                          const std::optional<std::string>& probe_key) {
+  if (name == kProbeRegion) {
+    if (probe_key) TP_RETURN_IF_ERROR(CheckProbeCapability(*probe_key, capability));
+    return ProbeRegion();
+  }
   if (!lookup) return NotFound("no region '" + std::string(name) + "' (this peer exposes none)");
   return lookup(name, capability);
 }

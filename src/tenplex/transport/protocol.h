@@ -120,7 +120,8 @@ const Region& ProbeRegion();
 // lookup(name, capability), or the probe region for kProbeRegion (served to anyone),
 // or NotFound when lookup is empty.
 Result<Region> FindRegion(const RegionLookup& lookup, std::string_view name,
-                          std::string_view capability);
+                          std::string_view capability,
+                          const std::optional<std::string>& probe_key = std::nullopt);
 
 // Stream positions of runs: starts[i] = sum of lengths before run i; starts.back() is
 // the stream's length.

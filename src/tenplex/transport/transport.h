@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -60,6 +61,8 @@ using RegionLookup =
 
 // Every transport also serves this built-in region (kProbeRegionBytes of a fixed
 // pattern, ProbeByte(i) at offset i) for bandwidth measurements and health checks.
+// With TransportOptions::probe_key set, a read of it needs a probe capability
+// (MintProbeCapability, capability.h) minted under that key.
 inline constexpr std::string_view kProbeRegion = "tenplex.probe";
 inline constexpr uint64_t kProbeRegionBytes = 64ull << 20;
 inline uint8_t ProbeByte(uint64_t i) { return static_cast<uint8_t>((i * 131 + (i >> 12)) ^ 0x5a); }
@@ -105,7 +108,20 @@ struct TransportOptions {
   // peer (this also bounds the server's staging memory for packed short runs).
   uint64_t max_request_bytes = 16ull << 20;
   uint64_t max_inflight_bytes = 64ull << 20;
+  // UCX only, the serving side, against peers that ignore the flow control above (issue
+  // 35): a request for more than max_request_bytes is refused (INVALID_ARGUMENT); one
+  // connection may have at most kServedWindowFactor x max_inflight_bytes of answers in
+  // flight, a request beyond is refused (RESOURCE_EXHAUSTED); short runs are packed into
+  // staging buffers only while all of those together hold at most max_staged_bytes,
+  // beyond that they are sent in place (slower, no memory). So a daemon's transport
+  // holds at most max_staged_bytes + its pool of free buffers (64 MiB) of staging,
+  // whatever its peers ask.
+  uint64_t max_staged_bytes = 256ull << 20;
+  // The key of probe capabilities; unset: the probe region is open (tests, benchmarks).
+  std::optional<std::string> probe_key;
 };
+
+inline constexpr uint64_t kServedWindowFactor = 4;
 
 class Transport {
  public:
@@ -139,6 +155,10 @@ class Transport {
 
   // Bytes this endpoint has sent to peers, answering their fetches (metrics).
   virtual uint64_t BytesServed() const { return 0; }
+  // Requests refused for their size or their connection's answers in flight, and the
+  // most staging memory answers held at once (UCX; metrics and tests).
+  virtual uint64_t RequestsRefused() const { return 0; }
+  virtual uint64_t PeakStagedBytes() const { return 0; }
 
  protected:
   Transport() = default;

@@ -136,7 +136,9 @@ struct Op {
   Pending* pending = nullptr;  // kSendRequest, kRecvData
   uint64_t length = 0;         // kRecvData
   std::vector<ucp_dt_iov_t> iov;
-  Buffer staging;  // kRecvData, kServeData of several pieces: the bytes, packed
+  Buffer staging;                // kRecvData, kServeData of several pieces: the bytes, packed
+  bool staged = false;           // kServeData: staging counts in staged_bytes_
+  ucp_ep_h served_ep = nullptr;  // kServeData: counts in served_inflight_
   std::shared_ptr<const Region> region;  // kServeData: keeps the region alive
   DataHeader data_header{};
   StatusHeader status_header{};
@@ -155,6 +157,8 @@ class UcxTransport final : public Transport {
   std::string_view kind() const override { return kKind; }
   std::string LocalAddress() const override { return address_; }
   uint64_t BytesServed() const override { return bytes_served_.load(); }
+  uint64_t RequestsRefused() const override { return requests_refused_.load(); }
+  uint64_t PeakStagedBytes() const override { return peak_staged_bytes_.load(); }
 
   Result<PeerId> Connect(std::string_view address) override;
 
@@ -260,6 +264,10 @@ class UcxTransport final : public Transport {
 
   void SendStatus(ucp_ep_h ep, uint64_t request_id, const Status& s);
 
+  // The serving side's bounds (TransportOptions::max_request_bytes, the connection's
+  // answers in flight): a request outside them is refused before any other work.
+  Status CheckServeBounds(ucp_ep_h ep, uint64_t total);
+
   ucs_status_t OnRequest(const void* header, size_t header_length, void* data, size_t length,
                          const ucp_am_recv_param_t* param);
 
@@ -288,7 +296,11 @@ class UcxTransport final : public Transport {
   PeerId next_peer_ = 1;
   uint64_t next_request_ = 1;
   std::atomic<uint64_t> bytes_served_{0};  // written by the progress thread
-  int disconnected_ = 0;                   // peers waiting to be erased
+  std::atomic<uint64_t> requests_refused_{0};
+  std::atomic<uint64_t> peak_staged_bytes_{0};
+  std::unordered_map<ucp_ep_h, uint64_t> served_inflight_;  // answers posted, not complete
+  uint64_t staged_bytes_ = 0;                               // staging held by answers in flight
+  int disconnected_ = 0;                                    // peers waiting to be erased
 };
 
 }  // namespace tenplex::transport::ucx

@@ -3,6 +3,23 @@
 
 namespace tenplex::transport::ucx {
 
+Status UcxTransport::CheckServeBounds(ucp_ep_h ep, uint64_t total) {
+  if (total > options_.max_request_bytes) {
+    return InvalidArgument("a fetch request for " + std::to_string(total) +
+                           " bytes; this peer serves at most " +
+                           std::to_string(options_.max_request_bytes) + " per request");
+  }
+  auto it = served_inflight_.find(ep);
+  const uint64_t inflight = it == served_inflight_.end() ? 0 : it->second;
+  const uint64_t window = kServedWindowFactor * options_.max_inflight_bytes;
+  if (inflight + total > window) {
+    return ResourceExhausted("this connection has " + std::to_string(inflight) +
+                             " bytes of answers in flight; a request for " + std::to_string(total) +
+                             " more exceeds the limit of " + std::to_string(window));
+  }
+  return Status::Ok();
+}
+
 void UcxTransport::SendStatus(ucp_ep_h ep, uint64_t request_id, const Status& s) {
   Op* op = new Op(Op::kServeStatus, this);
   op->status_header = EncodeStatusHeader(request_id, s);
@@ -33,15 +50,20 @@ ucs_status_t UcxTransport::OnRequest(const void* header, size_t header_length, v
     SendStatus(ep, request_id, req.status());
     return UCS_OK;
   }
-  Result<Region> region = FindRegion(lookup_, req->region, req->capability);
+  const std::vector<uint64_t> starts = StreamStarts(req->runs.data(), req->runs.size());
+  const uint64_t total = starts.back();
+  if (Status bound = CheckServeBounds(ep, total); !bound.ok()) {  // before any other work
+    ++requests_refused_;
+    SendStatus(ep, request_id, bound);
+    return UCS_OK;
+  }
+  Result<Region> region = FindRegion(lookup_, req->region, req->capability, options_.probe_key);
   Status s = region.ok() ? CheckRuns(req->region, region->size, req->runs.data(), req->runs.size())
                          : region.status();
   if (!s.ok()) {
     SendStatus(ep, request_id, s);
     return UCS_OK;
   }
-  const std::vector<uint64_t> starts = StreamStarts(req->runs.data(), req->runs.size());
-  const uint64_t total = starts.back();
   if (total == 0) {
     SendStatus(ep, request_id, Status::Ok());
     return UCS_OK;
@@ -57,22 +79,33 @@ ucs_status_t UcxTransport::OnRequest(const void* header, size_t header_length, v
     ForEachPiece(starts, begin, end, [&](std::size_t i, uint64_t off, uint64_t len) {
       op->iov.push_back({const_cast<char*>(base + req->runs[i].offset + off), len});
     });
+    op->served_ep = ep;
+    served_inflight_[ep] += op->length;
     const void* buffer = op->iov[0].buffer;
-    if (op->iov.size() > 1) {
+    std::size_t count = op->length;
+    ucp_request_param_t params = SendParams(op);
+    params.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+    params.memory_type = UCS_MEMORY_TYPE_HOST;
+    if (op->iov.size() > 1 && staged_bytes_ + kPackedBytes <= options_.max_staged_bytes) {
       op->staging = TakeBuffer(op->length);
+      op->staged = true;
+      staged_bytes_ += op->staging.size;
+      peak_staged_bytes_ = std::max<uint64_t>(peak_staged_bytes_, staged_bytes_);
       char* at = op->staging.data.get();
       for (const ucp_dt_iov_t& piece : op->iov) {
         std::memcpy(at, piece.buffer, piece.length);
         at += piece.length;
       }
       buffer = op->staging.data.get();
+    } else if (op->iov.size() > 1) {  // staging is full: the pieces in place, no memory
+      buffer = op->iov.data();
+      count = op->iov.size();
+      params.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
+      params.datatype = ucp_dt_make_iov();
     }
     Track(op);
-    ucp_request_param_t params = SendParams(op);
-    params.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMORY_TYPE;
-    params.memory_type = UCS_MEMORY_TYPE_HOST;
     if (!Posted(op, ucp_am_send_nbx(ep, kFetchData, &op->data_header, sizeof(op->data_header),
-                                    buffer, op->length, &params))) {
+                                    buffer, count, &params))) {
       break;  // the connection failed; the client sees it too
     }
   }

@@ -264,9 +264,15 @@ void UcxTransport::Complete(Op* op, ucs_status_t status) {
       QueueFinish(p);
       break;
     }
-    case Op::kServeData:
+    case Op::kServeData: {
       if (status == UCS_OK) bytes_served_ += op->length;
+      if (op->staged) staged_bytes_ -= op->staging.size;
+      auto it = served_inflight_.find(op->served_ep);
+      if (it != served_inflight_.end() && (it->second -= op->length) == 0) {
+        served_inflight_.erase(it);
+      }
       break;
+    }
     case Op::kServeStatus:
     case Op::kClose:
       break;
