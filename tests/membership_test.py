@@ -41,7 +41,7 @@ from daemons import Daemon  # noqa: E402
 from elastic_run_test import Checks  # noqa: E402
 from torchrun_elastic_test import COMMIT_EVERY, PY, STEPS, TRAIN_ARGS  # noqa: E402
 from torchrun_elastic_test import Host as TorchrunHost  # noqa: E402
-from torchrun_elastic_test import check_steps_and_worlds, read_log, setup_job, wait_for  # noqa: E402
+from torchrun_elastic_test import check_run, check_steps_and_worlds, read_log, setup_job, wait_for  # noqa: E402
 from torchrun_etcd_test import Etcd, alive, procs_naming  # noqa: E402
 
 TTL = 2.0
@@ -256,16 +256,19 @@ def scenario(tenplex, repo, endpoint, tmp, leave):
         for h in hosts:
             with open(os.path.join(tmp, f"host{h.index}.log")) as f:
                 print(f"---- host {h.index}\n" + "".join(f.readlines()[-80:]))
-    check_steps_and_worlds(check, static_log, log)
+    if leave:  # every step, the worlds; both changes stopped at a step boundary with a commit, no step re-run
+        events, starts = check_steps_and_worlds(check, static_log, log)
+        stops = [e["step"] for e in events if e["event"] == "elastic_stop"]
+        check(stops == [s["step"] for s in starts[1:]], f"join and leave stopped at step boundaries: {stops}")
+        check(len(starts) == 3 and not starts[2].get("lost_hosts"), f"a planned leave loses no host: {starts[-1:]}")
+    else:  # and the loss: restored from the last commit, host 1's daemon lost, at most COMMIT_EVERY steps re-run
+        check_run(check, static_log, log, hosts[1].daemon.url if len(hosts) > 1 else None)
     check_pids(check, log, [0, 2])
     worlds = [(w["epoch"], w["world_size"]) for w in worlds_of(log)]
     check([s for _, s in worlds] == [4, 6, 4], f"the worlds' sizes 4, 6, 4: {worlds}")
     if t_join is not None:
         report_event("join (host 2 registered)", t_join, hosts, log, 2)
         report_event("leave (SIGTERM)" if leave else f"loss (SIGKILL; TTL {TTL:g} s)", t_loss, hosts, log, 3)
-    starts = [e for e in read_log(log)[1] if e["event"] == "elastic_start"]
-    if leave and len(starts) == 3:
-        check(not starts[2].get("lost_hosts"), f"a planned leave loses no host: {starts[2]}")
     return check
 
 

@@ -380,6 +380,10 @@ class Member:
         """Waits for the newest world after self.epoch; torchrun-style numbers of this worker
         in it ({"WORLD_SIZE", "RANK", ...}), or None when it has no place for this host."""
         if self.epoch == 0:
+            # What is loaded by now (torch, the client's modules) lives as long as the process: out
+            # of the collector's sight, the collection at each teardown takes milliseconds, not 0.5 s.
+            gc.collect()
+            gc.freeze()
             self.control.write_ready(self.local_rank)
         deadline = time.monotonic() + self.timeout
         while True:  # (the agent writes the worlds that have this host, and the first one without it)
@@ -461,7 +465,8 @@ class Member:
                 dist.destroy_process_group()
             except Exception:  # noqa: BLE001 - a broken world is dropped all the same
                 pass
-        gc.collect()
+        gc.collect()  # the old world's groups and tensors (cycles); what lives on is frozen
+        gc.freeze()
         warm.ABORT.clear()
 
 
@@ -502,14 +507,20 @@ class MemberJob:
         """True in membership mode (workers stay alive: rejoin()), False under torchrun."""
         return self._member is not None
 
-    def _join_world(self) -> None:
+    def _join_world(self, times: Optional[Dict[str, float]] = None) -> None:
+        """Joins the process group of the world just read; rank 0 logs it ("world": the
+        epoch, every rank's (host, local rank, pid), the seconds of rejoin's phases)."""
         import torch.distributed as dist
         backend, timeout = self._pg
+        t0 = time.perf_counter()
         self._member.init_process_group(backend, self.rank, self.world_size, timeout)
         pids = [None] * self.world_size
         dist.all_gather_object(pids, (self._member.host_id, self.local_rank, os.getpid()))
         self._first_step = True  # step_done logs the world's first step (its reconfiguration ends there)
-        self._log_event({"event": "world", "epoch": self._member.epoch, "world_size": self.world_size, "pids": pids})
+        rec = {"event": "world", "epoch": self._member.epoch, "world_size": self.world_size, "pids": pids}
+        if times:
+            rec.update({k: round(v, 4) for k, v in times.items()}, init_pg_s=round(time.perf_counter() - t0, 4))
+        self._log_event(rec)
 
     def rejoin(self) -> None:
         """Membership mode, after step_done returned True or after a failure that aborted()
@@ -517,11 +528,14 @@ class MemberJob:
         when that world has no place for this worker (its host left)."""
         if self._member is None:
             raise RuntimeError("rejoin() needs membership mode (run under python -m tenplex.hostagent)")
+        t0 = time.perf_counter()
         if self._coord is not None:
             self._coord.release()
             self._coord = None
         self._pending = None
+        t1 = time.perf_counter()
         self._member.teardown()
+        t2 = time.perf_counter()
         world = self._member.next_world()
         if world is None:
             self._log_event({"event": "elastic_exit", "left": True})
@@ -529,7 +543,7 @@ class MemberJob:
             sys.exit(0)
         self._set_world(world)
         self.hosts, self._term = None, False
-        self._join_world()
+        self._join_world({"release_s": t1 - t0, "teardown_s": t2 - t1, "wait_world_s": time.perf_counter() - t2})
 
     def aborted(self, error: BaseException) -> bool:
         """True when `error` (raised by a step or a collective) came from the agent's abort
