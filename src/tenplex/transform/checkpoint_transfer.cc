@@ -160,19 +160,6 @@ Status ResolveFromListing(const Cluster& cluster, const std::vector<store::Clien
   return Status::Ok();
 }
 
-// NextCommonVersion's number from the listing: one past every version any host has had
-// (committed, current, or left open by a coordinator that died); a connected host whose
-// listing failed is an error naming it.
-Result<uint64_t> NextVersionOf(const std::vector<store::Client*>& clients,
-                               const JobListing& listing) {
-  for (std::size_t h = 0; h < clients.size(); ++h) {
-    const Status& st = listing.hosts[h].status;
-    if (clients[h] == nullptr || st.ok() || st.code() == StatusCode::kNotFound) continue;
-    return st.code() == StatusCode::kUnavailable ? st.WithContext(clients[h]->url()) : st;
-  }
-  return listing.NextVersion();
-}
-
 // Opens the new version on the first `used` hosts (at `want` when given), recording
 // which were begun.
 Status BeginEverywhere(const std::vector<store::Client*>& clients, const std::string& job,
@@ -234,7 +221,7 @@ Result<TransferStats> Load(const Cluster& cluster, const std::vector<store::Clie
     // new version lands on one state everywhere, numbered above every one in use.
     JobListing listing = ReadJobListing(clients, job);
     TP_RETURN_IF_ERROR(ResolveFromListing(cluster, clients, job, /*owner=*/true, listing));
-    TP_ASSIGN_OR_RETURN(want, NextVersionOf(clients, listing));
+    TP_ASSIGN_OR_RETURN(want, NextCommonVersion(clients, listing));
   }
   stats.shm = true;
   for (std::size_t h = 0; h < used; ++h) stats.shm = stats.shm && clients[h]->local();

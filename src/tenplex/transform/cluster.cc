@@ -180,9 +180,13 @@ Result<uint64_t> NextCommonVersion(const std::vector<std::unique_ptr<store::Clie
 
 Result<uint64_t> NextCommonVersion(const std::vector<store::Client*>& clients,
                                    const std::string& job) {
+  return NextCommonVersion(clients, ReadJobListing(clients, job));
+}
+
+Result<uint64_t> NextCommonVersion(const std::vector<store::Client*>& clients,
+                                   const JobListing& listing) {
   // One past every version any host has had: committed, current, or left open by a
   // coordinator that died (an explicit BeginVersion must not collide with it).
-  const JobListing listing = ReadJobListing(clients, job);
   for (std::size_t h = 0; h < clients.size(); ++h) {
     const Status& st = listing.hosts[h].status;
     if (clients[h] == nullptr || st.ok() || st.code() == StatusCode::kNotFound) continue;

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "tenplex/store/client.h"
+#include "tenplex/transform/job_listing.h"
 #include "tenplex/util/status.h"
 
 namespace tenplex::transform {
@@ -86,5 +87,8 @@ Result<uint64_t> NextCommonVersion(const std::vector<store::Client*>& clients,
                                    const std::string& job);
 Result<uint64_t> NextCommonVersion(const std::vector<std::unique_ptr<store::Client>>& clients,
                                    const std::string& job);
+// The same from a listing of the job read from `clients` (ReadJobListing).
+Result<uint64_t> NextCommonVersion(const std::vector<store::Client*>& clients,
+                                   const JobListing& listing);
 
 }  // namespace tenplex::transform
