@@ -97,7 +97,7 @@ def scenario(cluster: SlurmCluster, check: Checks, tenplex: str, repo: str, home
     args = (f"--job gpt --model gpt.json --steps {STEPS} --commit-every {COMMIT_EVERY} --step-log steps.jsonl "
             f"--min-step-seconds 0.4 --timeout 60 " + " ".join(TRAIN_ARGS))
     env = cluster.env(HOME=home, TENPLEX_REPO=repo, TENPLEX=tenplex, PYTHON=PY, MIN_NODES="2", MAX_NODES="3",
-                      NPROC="2", LAST_CALL="2", OMP_NUM_THREADS="1", TRAIN_ARGS=args)
+                      NPROC="2", LAST_CALL="2", KEEP_ALIVE_INTERVAL="2", OMP_NUM_THREADS="1", TRAIN_ARGS=args)
     log = os.path.join(jobdir, "steps.jsonl")
     t0 = time.time()
     first = cluster.sbatch(["--nodes=2", sbatch], env, jobdir)
@@ -119,6 +119,9 @@ def scenario(cluster: SlurmCluster, check: Checks, tenplex: str, repo: str, home
     ok = wait_for("both jobs to end", lambda: all(cluster.job(j)["JobState"] not in ACTIVE for j in jobs), 120,
                   cluster, [])
     print(f"jobs ended {time.time() - t_kill:.1f} s after the kill; elastic run: {time.time() - t0:.1f} s")
+    after = [e for e in read_log(log)[1] if e["event"] == "elastic_start" and e.get("time", 0) > t_kill]
+    if after:  # keep-alive (KEEP_ALIVE_INTERVAL x 3) + restart + transform
+        print(f"restored on {after[0]['world_size']} ranks {after[0]['time'] - t_kill:.1f} s after the kill")
     state = cluster.nodes().get("node1", "")
     check(state.startswith("down"), f"Slurm marked node1 down: {state}")
     return jobs, ok

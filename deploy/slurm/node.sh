@@ -34,6 +34,9 @@
 #   PYTHON [TENPLEX_REPO/.venv/bin/python, else python3]  the environment with torch
 #   MONITOR_INTERVAL [1], LAST_CALL [5]  torchrun's monitor tick and the rendezvous'
 #                   last call (seconds; torchrun's own 30 s last call doubles recovery)
+#   KEEP_ALIVE_INTERVAL [5], KEEP_ALIVE_MAX_ATTEMPT [3]  (c10d only) a node silent for
+#                   their product in seconds leaves the rendezvous: what a lost node costs
+#                   before the survivors restart (torchrun's defaults; lower on a quiet network)
 #   MAX_RESTARTS [10]
 #   TENPLEX_FATAL_FILE [a temp file, removed at the end]  where a worker records an
 #                   unrecoverable loss (tenplex.elastic)
@@ -77,6 +80,9 @@ if [ "$backend" = c10d ] && [ -n "${RDZV_HOST_NODE+set}" ]; then
   is_host=false
   if [ -n "$RDZV_HOST_NODE" ] && [ "$(hostname -s)" = "${RDZV_HOST_NODE%%.*}" ]; then is_host=true; fi
   conf="is_host=$is_host,$conf"
+fi
+if [ "$backend" = c10d ]; then
+  conf="$conf,keep_alive_interval=${KEEP_ALIVE_INTERVAL:-5},keep_alive_max_attempt=${KEEP_ALIVE_MAX_ATTEMPT:-3}"
 fi
 
 mkdir -p "$shm_dir"
