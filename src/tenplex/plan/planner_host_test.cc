@@ -142,9 +142,9 @@ TEST(PlannerTest, HostPlansAreTheFullPlanFilteredByHost) {
 // the planned host's senders (planner.h, "Cost"). Cases with many hosts of each kind,
 // where that matters: DP scale-downs (every host receives from the same stages'
 // replicas), a lost host re-planned from replicas, TP and PP changes, uneven stages,
-// ZeRO-1, tied embeddings (their group spans the first and last stage, joining those
-// stages' senders), hosts holding part of a stage, and shuffled placements; every host's
-// plan against the full plan filtered to it.
+// uneven TP and DP splits (spec §9), ZeRO-1, tied embeddings (their group spans the first and last
+// stage, joining those stages' senders), hosts holding part of a stage, and shuffled placements;
+// every host's plan against the full plan filtered to it.
 TEST(PlannerTest, HostPlansOfManyHostsAreTheFullPlanFilteredByHost) {
   struct Case {
     bool tied;
@@ -163,13 +163,17 @@ TEST(PlannerTest, HostPlansOfManyHostsAreTheFullPlanFilteredByHost) {
       {false, "tp=2,pp=2,dp=6,zero=1", "tp=2,pp=4,dp=3", 4, 1, false},
       {true, "tp=2,pp=4,dp=4", "tp=4,pp=2,dp=5,zero=1", 3, -1, false},
       {true, "tp=2,pp=4,dp=6", "tp=2,pp=4,dp=5", 2, -1, true},
+      {true, "tp=2,pp=4,dp=6", "tp=2,tp_weights=2+1,pp=4,dp=5", 2, -1, false},
+      {false, "tp=2,tp_weights=1+3,pp=2,dp=6,dp_weights=2+1+1+1+1+1,zero=1",
+       "tp=4,tp_weights=1+1+1+2,pp=2,dp=3", 4, 2, false},
   };
   std::mt19937 rng(36);
   for (const Case& c : cases) {
     Model m = SmallGpt(8, 32, 4, c.tied);
     auto from = MakeLayout(m, *ParseConfig(c.from));
     auto to = MakeLayout(m, *ParseConfig(c.to));
-    ASSERT_TRUE(from.ok() && to.ok()) << c.from << " -> " << c.to;
+    ASSERT_TRUE(from.ok() && to.ok())
+        << c.from << " -> " << c.to << ": " << (from.ok() ? to.status() : from.status()).ToString();
     SCOPED_TRACE(std::string(c.from) + " -> " + c.to + ", " + std::to_string(c.gpus) +
                  " GPUs per host, lost host " + std::to_string(c.lost));
     std::vector<int> fh = RandomHosts(rng, from->world_size(), c.gpus, c.shuffled);
