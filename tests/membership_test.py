@@ -1,6 +1,6 @@
 """In-process membership on many hosts (issue 37, python/tenplex/membership.py, hostagent.py).
 
-usage: membership_test.py TENPLEX_BIN REPO_ROOT [--quorum | --leave]
+usage: membership_test.py TENPLEX_BIN REPO_ROOT [--quorum | --leave | --netns]
 
 --quorum: the quorum alone, against a real etcd server (tests/torchrun_etcd_test.py's Etcd):
 agents (membership.Quorum, TTL 2 s) join, die (their thread stopped, their keys left to
@@ -17,7 +17,10 @@ commit and re-form their process groups in-process); after a commit on 6 ranks e
 process of host 1 (agent, workers, daemon) is SIGKILLed: its key expires (TTL 2 s), the
 leader writes a world without it, the survivors abort the running step and restore from
 the last commit (host 1's ranks re-placed from the data-parallel replicas). With --leave
-host 1 leaves instead (SIGTERM to its agent: a planned leave, no step lost).
+host 1 leaves instead (SIGTERM to its agent: a planned leave, no step lost). With --netns
+every host runs in its own network namespace on a bridge (tests/daemons.py's NetnsBridge;
+exit 77 = skipped where unavailable): daemons on the namespace's address with a token,
+etcd on the bridge's address, the TCPStores, gloo and the transform's traffic cross it.
 
 Checks: both surviving agents exit 0; every step's samples and loss (the last line of a
 re-run step counts) within 1e-3 of a static tp=1 run (torchrun_elastic_test's helpers);
@@ -37,11 +40,12 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"))
-from daemons import Daemon  # noqa: E402
+from daemons import Daemon, NetnsBridge  # noqa: E402
 from elastic_run_test import Checks  # noqa: E402
 from torchrun_elastic_test import COMMIT_EVERY, PY, STEPS, TRAIN_ARGS  # noqa: E402
 from torchrun_elastic_test import Host as TorchrunHost  # noqa: E402
-from torchrun_elastic_test import check_run, check_steps_and_worlds, read_log, setup_job, wait_for  # noqa: E402
+from torchrun_elastic_test import (check_run, check_steps_and_worlds, read_log, scale_up, setup_job,  # noqa: E402
+                                   wait_for)
 from torchrun_etcd_test import Etcd, alive, procs_naming  # noqa: E402
 
 TTL = 2.0
@@ -123,7 +127,25 @@ def quorum_case(endpoint: str) -> None:
     finally:
         for q in live.values():
             q.close()
+    bad_agent_args(check, endpoint)
     check.finish()
+
+
+def bad_agent_args(check, endpoint):
+    """The host agent refuses bad input with a clear error (no traceback, no worker started)."""
+    env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                                   "python"))
+    base = ["--job", "j", "--nproc", "1", "--store-url", "http://127.0.0.1:1"]
+    for args, want in (([*base, "--etcd", endpoint, "train.py"], "'--' is missing"),
+                       ([*base, "--etcd", "127.0.0.1:1", "--", "train.py"], "does not answer"),
+                       ([*base, "--etcd", endpoint, "--nproc", "0", "--", "train.py"], "--nproc must be >= 1"),
+                       ([*base, "--etcd", endpoint, "--min-hosts", "3", "--max-hosts", "2", "--", "train.py"],
+                        "min_hosts <= max_hosts")):
+        p = subprocess.run([PY, "-m", "tenplex.hostagent", *args], capture_output=True, text=True, env=env,
+                           timeout=60)
+        out = p.stdout + p.stderr
+        check(p.returncode != 0 and want in out and "Traceback" not in out,
+              f"hostagent {' '.join(args[6:])}: refused with {want!r} (status {p.returncode}): {out.strip()[-200:]}")
 
 
 # ---- the training scenario -------------------------------------------------------------
@@ -132,14 +154,21 @@ class Host(TorchrunHost):
     """One loopback host: a store daemon and a host agent (kill_all, stop: torchrun_elastic_test's Host's,
     which SIGKILL the agent's process group, every process below it and the daemon)."""
 
-    def __init__(self, index, tenplex, repo, tmp, etcd, model, policy, log, go_file=None):
+    def __init__(self, index, tenplex, repo, tmp, etcd, model, policy, log, go_file=None, net=None):
+        """net: a NetnsBridge; the host (daemon, agent, workers) runs in its namespace `index`."""
         self.index = index
-        self.daemon = Daemon(tenplex)
+        prefix, ifname = (), "lo"
+        if net is not None:
+            prefix, ifname = net.prefix(index), net.ifname(index)
+            self.daemon = Daemon(tenplex, listen="0.0.0.0:7480", prefix=prefix)
+            self.daemon.url = f"http://{net.addr(index)}:7480"
+        else:
+            self.daemon = Daemon(tenplex)
         self.out = open(os.path.join(tmp, f"host{index}.log"), "w")
         self.events = os.path.join(tmp, f"agent{index}.jsonl")
         env = dict(os.environ, TENPLEX_BIN=tenplex, PYTHONPATH=os.path.join(repo, "python"),
-                   GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
-        cmd = [PY, "-m", "tenplex.hostagent", "--etcd", etcd, "--job", "gpt", "--nproc", "2",
+                   GLOO_SOCKET_IFNAME=ifname, OMP_NUM_THREADS="1")
+        cmd = [*prefix, PY, "-m", "tenplex.hostagent", "--etcd", etcd, "--job", "gpt", "--nproc", "2",
                "--store-url", self.daemon.url, "--host-id", f"host{index}", "--min-hosts", "2", "--max-hosts", "3",
                "--ttl", str(TTL), "--settle", "0.2", "--events", self.events,
                *(["--register-after", go_file] if go_file else []), "--",
@@ -213,7 +242,7 @@ def check_pids(check, log, survivors):
               f"host {h}'s workers kept their pids across every world (no restart): {pids}")
 
 
-def scenario(tenplex, repo, endpoint, tmp, leave):
+def scenario(tenplex, repo, endpoint, tmp, leave, net=None):
     """The training scenario's checks (Checks); the caller checks what is left behind."""
     check = Checks()
     model, policy, static_log = setup_job(tenplex, repo, tmp)
@@ -224,15 +253,9 @@ def scenario(tenplex, repo, endpoint, tmp, leave):
     try:
         t0 = time.time()
         go = os.path.join(tmp, "go-host2")
-        hosts = [Host(i, tenplex, repo, tmp, endpoint, model, policy, log, go if i == 2 else None) for i in range(3)]
-        procs = [(f"agent {h.index}", h.agent) for h in hosts]
-        ok = wait_for("step 3 on 2 hosts", lambda: any(s["step"] >= 3 for s in read_log(log)[0]), 180, procs)
-        if ok:
-            print(f"2 hosts at step 3 after {time.time() - t0:.1f} s; host 2 joins")
-            open(go, "w").close()
-            ok = wait_for("a commit on 6 ranks", lambda: any(
-                e["event"] == "commit" and e["time"] > (event_times(log, 2).get("first_step") or 1e18)
-                for e in read_log(log)[1]), 180, procs)
+        hosts = [Host(i, tenplex, repo, tmp, endpoint, model, policy, log, go if i == 2 else None, net)
+                 for i in range(3)]
+        ok, procs = scale_up(hosts, go, log, net, t0)  # step 3 on 2 hosts, host 2 joins (go), a commit on 6 ranks
         if ok:
             reg = [e for e in hosts[2].agent_events() if e["event"] == "registered"]
             t_join = reg[0]["time"] if reg else None
@@ -274,14 +297,22 @@ def scenario(tenplex, repo, endpoint, tmp, leave):
 
 def main():
     tenplex, repo = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+    net = None
+    if "--netns" in sys.argv[3:]:
+        net = NetnsBridge(3, name_prefix="tm")
+        os.environ["TENPLEX_TOKEN"] = "membership-netns-token"  # daemons off loopback require one
     with tempfile.TemporaryDirectory() as tmp:
-        etcd = Etcd("127.0.0.1", tmp)
+        etcd = None
         try:
+            etcd = Etcd("127.0.0.1" if net is None else net.subnet + ".1", tmp)
             if "--quorum" in sys.argv[3:]:
                 return quorum_case(etcd.endpoint)
-            check = scenario(tenplex, repo, etcd.endpoint, tmp, "--leave" in sys.argv[3:])
+            check = scenario(tenplex, repo, etcd.endpoint, tmp, "--leave" in sys.argv[3:], net)
         finally:
-            etcd.stop()
+            if etcd is not None:
+                etcd.stop()
+            if net is not None:
+                net.close()
             time.sleep(0.2)
             left = [p for p in procs_naming(tmp) if alive(p) and p != os.getpid()]
             for p in left:

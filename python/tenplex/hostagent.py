@@ -86,7 +86,9 @@ class Agent:
             env = dict(os.environ, **{mb.ENV_DIR: self.dir, mb.ENV_LOCAL_RANK: str(lr), mb.ENV_HOST_ID: self.host_id,
                                       "LOCAL_RANK": str(lr), "LOCAL_WORLD_SIZE": str(self.args.nproc),
                                       "TENPLEX_STORE_URL": self.args.store_url})
-            self.workers.append(subprocess.Popen([sys.executable, *self.args.command], env=env))
+            env[mb.ENV_ABORT_WAIT] = str(3 * self.args.ttl + self.args.settle + 10)
+            self.workers.append(subprocess.Popen([sys.executable, *self.args.command], env=env,
+                                                 preexec_fn=_die_with_parent))
 
     def tell(self, w: mb.World) -> None:
         """Tells the workers world w: the world file at once (stop or abort), then the store's address."""
@@ -112,24 +114,27 @@ class Agent:
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_term)
-        self.start_workers()
-        while not self.control.ready(self.args.nproc):
-            rc = self._workers_exit()
-            if rc is not None:
-                return rc or 1  # a worker gone before the job started
-            time.sleep(0.01)
-        while self.args.register_after and not os.path.exists(self.args.register_after):
-            if self.leaving:
-                return 0
-            time.sleep(0.01)
-        self.quorum.join(timeout=2 * self.args.ttl)
-        self.quorum.start()
-        self.event({"event": "registered"})
+        self.quorum.check()
         try:
+            self.start_workers()
+            while not self.control.ready(self.args.nproc):
+                rc = self._workers_exit()
+                if rc is not None:
+                    return rc or 1  # a worker gone before the job started
+                if self.leaving:
+                    return 0
+                time.sleep(0.01)
+            while self.args.register_after and not os.path.exists(self.args.register_after):
+                if self.leaving:
+                    return 0
+                time.sleep(0.01)
+            self.quorum.join(timeout=2 * self.args.ttl)
+            self.quorum.start()
+            self.event({"event": "registered"})
             return self._loop()
         finally:
             self._stop_workers()
-            self.quorum.close()
+            self.quorum.close(remove_keys=self.quorum.registered)
             shutil.rmtree(self.dir, ignore_errors=True)
 
     def _loop(self) -> int:
@@ -177,6 +182,16 @@ class Agent:
     def _on_term(self, signum, frame) -> None:
         if not self.leaving:
             self.leaving = True
+
+
+def _die_with_parent() -> None:
+    """In the worker before exec: SIGKILL when the agent dies (PR_SET_PDEATHSIG), so that a
+    killed agent leaves no worker behind (its host is lost for the others then)."""
+    import ctypes
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+    except OSError:
+        pass  # not Linux glibc: the agent's own exit path still stops its workers
 
 
 def main(argv: Optional[List[str]] = None) -> int:

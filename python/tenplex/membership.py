@@ -50,6 +50,7 @@ log = logging.getLogger("tenplex.membership")
 ENV_DIR = "TENPLEX_MEMBERSHIP"  # the control directory (set by the agent for its workers)
 ENV_LOCAL_RANK = "TENPLEX_LOCAL_RANK"
 ENV_HOST_ID = "TENPLEX_HOST_ID"
+ENV_ABORT_WAIT = "TENPLEX_ABORT_WAIT"  # seconds a worker whose step failed waits for the agent's abort
 
 
 class MembershipError(RuntimeError):
@@ -124,6 +125,7 @@ class Quorum:
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self.leader = False
+        self.registered = False  # join() succeeded (close() then removes the key)
         self.error = ""  # the background thread's last failure ("" while fine)
 
     # ---- this host ---------------------------------------------------------------
@@ -136,6 +138,7 @@ class Quorum:
         while True:
             try:
                 self._etcd.write(self._key, json.dumps(self.value), ttl=int(self.ttl), prevExist=False)
+                self.registered = True
                 return
             except etcd.EtcdAlreadyExist:
                 if time.monotonic() > deadline:
@@ -144,6 +147,17 @@ class Quorum:
                 time.sleep(0.2)
             except etcd.EtcdException as e:
                 raise MembershipError(f"etcd at {self.endpoint}: registering {self._key}: {e}") from None
+
+    def check(self) -> None:
+        """MembershipError unless etcd answers (with its v2 API)."""
+        import etcd
+        try:
+            self._etcd.read(self.root)
+        except etcd.EtcdKeyNotFound:
+            pass
+        except etcd.EtcdException as e:
+            raise MembershipError(f"etcd at {self.endpoint} does not answer (v2 API; start it with --enable-v2): "
+                                  f"{e}") from None
 
     def leave(self) -> None:
         """A planned leave: the host stays registered but marked leaving, so that the next
@@ -236,8 +250,9 @@ class Quorum:
                 except etcd.EtcdException:
                     pass
             except (etcd.EtcdException, MembershipError, OSError) as e:
+                if str(e) != self.error:  # once per distinct failure, not every poll
+                    log.warning("job %s: quorum: %s", self.job, e)
                 self.error = str(e)
-                log.warning("job %s: quorum: %s", self.job, e)
             self._stop.wait(self.poll)
 
     def _take_leader(self, c) -> bool:
@@ -549,4 +564,4 @@ class MemberJob:
         """True when `error` (raised by a step or a collective) came from the agent's abort
         (a host of the world was lost: rejoin() next), False for a real error (and always
         under torchrun)."""
-        return self._member is not None and self._member.failed(error, wait=120.0)
+        return self._member is not None and self._member.failed(error, wait=float(os.environ.get(ENV_ABORT_WAIT, 120)))
