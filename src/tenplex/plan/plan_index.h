@@ -89,7 +89,6 @@ struct PlanIndex {
   Holder FirstOn(const Group& g, int32_t h) const;
   // Old rank `rank` as a holder of g on host h; rank -1 unless it is one.
   Holder RankOn(const Group& g, int32_t h, int32_t rank, const std::vector<int>& from_hosts) const;
-  bool HeldOn(const Group& g, int32_t h) const { return FirstOn(g, h).rank >= 0; }
 };
 
 // Checks the inputs as MakePlan documents (host maps, layouts against the model, `only
