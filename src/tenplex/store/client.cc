@@ -255,6 +255,8 @@ Result<JobInfo> Client::GetJob(const std::string& job, bool digests) {
   if (j.contains("current") && j["current"].is_number_unsigned())
     info.current = j["current"].get<uint64_t>();
   info.last = JsonValueOr(j, "last_version", uint64_t{0});
+  info.incarnation = JsonValueOr(j, "incarnation", std::string());
+  info.closed = JsonValueOr(j, "closed_transforms", uint64_t{0});
   if (j.contains("versions") && j["versions"].is_array()) {
     for (const json& v : j["versions"]) {
       if (v.is_object()) info.versions.push_back(VersionFromJson(v));

@@ -71,6 +71,8 @@ Status JobResource(const JobCall& c) {
              {{"job", c.job},
               {"current", info.current ? json(*info.current) : json(nullptr)},
               {"last_version", info.last},
+              {"incarnation", info.incarnation},
+              {"closed_transforms", info.closed},
               {"versions", versions}});
     return Status::Ok();
   }
@@ -144,7 +146,7 @@ Status AbortVersion(const JobCall& c, uint64_t v) {
   return Status::Ok();
 }
 
-// /v1/jobs/{job}/versions/{v}/{action}: commit, prepare, abort, info.
+// /v1/jobs/{job}/versions/{v}/{action}: commit, prepare, abort, close, info.
 Status VersionAction(const JobCall& c, std::string_view version, std::string_view action) {
   TP_RETURN_IF_ERROR(ParseVersion(version).status());  // its error first, as for GET
   TP_ASSIGN_OR_RETURN(uint64_t v, VersionNumber(version));
@@ -164,6 +166,14 @@ Status VersionAction(const JobCall& c, std::string_view version, std::string_vie
     return Status::Ok();
   }
   if (action == "abort") return AbortVersion(c, v);
+  if (action == "close") {  // the transform to v is over (committed or aborted elsewhere)
+    if (c.m != "POST") return c.MethodError();
+    TP_RETURN_IF_ERROR(CheckQueryKeys(c.t.query, {}));
+    TP_RETURN_IF_ERROR(c.Fenced([&] { return c.store.CloseTransforms(c.job, v); }));
+    TP_ASSIGN_OR_RETURN(JobInfo info, c.store.Job(c.job));
+    SendJson(c.res, 200, {{"job", c.job}, {"closed_transforms", info.closed}});
+    return Status::Ok();
+  }
   if (action == "info") {
     if (c.m != "PUT") return c.MethodError();
     TP_RETURN_IF_ERROR(CheckQueryKeys(c.t.query, {}));

@@ -110,6 +110,7 @@ Result<uint64_t> Store::BeginVersion(const std::string& job, std::optional<uint6
                               "again from the current version");
   }
   Status s = MakeDir(impl_->JobDir(job));
+  if (s.ok()) s = impl_->EnsureIncarnation(job, j);
   if (s.ok()) s = MakeDir(impl_->VersionDir(job, v));
   if (!s.ok()) {
     if (j.versions.empty()) impl_->jobs.erase(job);
@@ -277,11 +278,14 @@ Status Store::DropVersion(const std::string& job, uint64_t version) {
       return FailedPrecondition(VersionName(job, version) +
                                 " is the current version; commit a newer one or delete the job");
     }
-    if (!j.versions.at(version).committed) {
+    const bool aborted = !j.versions.at(version).committed;
+    if (aborted) {
       // An aborted version supersedes nothing any more: the versions it fenced may go on.
       std::erase_if(j.superseded, [&](const auto& e) { return e.second == version; });
     }
     trash = impl_->EraseVersion(job, j, version);
+    // Its transform is over here (best effort: the capabilities expire anyway).
+    if (aborted && (!j.versions.empty() || j.current)) (void)impl_->RaiseClosed(job, j, version);
     // A job exists while it has versions: dropping the only (never committed) one, as a
     // failed load does, leaves no job behind listed with "current": null.
     if (j.versions.empty() && !j.current) {
@@ -294,6 +298,12 @@ Status Store::DropVersion(const std::string& job, uint64_t version) {
   if (!job_trash.empty()) fs::remove_all(job_trash, ec);
   impl_->Released(job);
   return Status::Ok();
+}
+
+Status Store::CloseTransforms(const std::string& job, uint64_t version) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  TP_ASSIGN_OR_RETURN(JobState * j, impl_->FindJob(job));
+  return impl_->RaiseClosed(job, *j, version);
 }
 
 Status Store::ReleaseOld(const std::string& job) {
@@ -374,6 +384,8 @@ Result<JobInfo> Store::Job(const std::string& job) const {
   info.job = job;
   info.current = j->current;
   info.last = j->last;
+  info.incarnation = j->incarnation;
+  info.closed = j->closed;
   for (const auto& [v, s] : j->versions) info.versions.push_back(MakeVersionInfo(job, *j, v, s));
   return info;
 }

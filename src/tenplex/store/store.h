@@ -16,6 +16,8 @@
 //   <dir>/HOST_ID                the stable host id: made once, kept across restarts
 //   <dir>/tmp/                   tensors being created, renamed into place when ready
 //   <dir>/jobs/<job>/CURRENT     the committed version number, replaced by rename
+//   <dir>/jobs/<job>/INCARNATION the job's incarnation on this store (JobInfo)
+//   <dir>/jobs/<job>/CLOSED      the highest version whose transform is over (JobInfo)
 //   <dir>/jobs/<job>/<v>/MANIFEST.json          written at commit, before CURRENT
 //   <dir>/jobs/<job>/<v>/rank-NNNNN/<name>      the tensor bytes
 //   <dir>/jobs/<job>/<v>/PREPARED               written at Prepare, after the manifest
@@ -156,6 +158,16 @@ struct JobInfo {
   // picks its next number above it, so that a number is never reused for other content.
   uint64_t last = 0;
   std::vector<VersionInfo> versions;  // increasing
+  // The job's incarnation on this store: 16 random hex digits made when the job is
+  // created here (kept in <job dir>/INCARNATION across restarts; a directory of an older
+  // build gets one at open). Deleting the job and creating it again gives a new one, and
+  // another store's copy of the job has its own. Data-plane capabilities name it
+  // (transport/capability.h), so one minted for a job does not read its re-creation.
+  std::string incarnation;
+  // The highest version whose transform is over on this store (CloseTransforms, or an
+  // uncommitted version dropped here), kept in <job dir>/CLOSED; 0: none. The transform
+  // agent refuses capabilities of transforms to it or an older version.
+  uint64_t closed = 0;
 };
 
 class Store {
@@ -241,7 +253,13 @@ class Store {
   // of the job (open, prepared or committed) is released.
   Status Commit(const std::string& job, uint64_t version, bool keep_old = false);
   // Removes an open version, or releases a committed version that is not current.
+  // Dropping an uncommitted version (an abort) also closes its transform here (below).
   Status DropVersion(const std::string& job, uint64_t version);
+  // Marks the transforms of job to `version` and older as over on this store (a
+  // coordinator tells every host of a transform once it committed or aborted it,
+  // transform/revocation.h): JobInfo::closed rises to `version` (never falls), durably.
+  // NotFound when the job does not exist here.
+  Status CloseTransforms(const std::string& job, uint64_t version);
   // Releases the committed versions older than the current one.
   Status ReleaseOld(const std::string& job);
   // Removes a job with all its versions (a quarantined job: its moved-aside files).

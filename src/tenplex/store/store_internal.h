@@ -48,6 +48,11 @@ inline constexpr char kCurrent[] = "CURRENT";
 // Marks a prepared version's directory (its MANIFEST.json is already written): kept
 // across a restart, above the current version, until committed or aborted.
 inline constexpr char kPrepared[] = "PREPARED";
+// The job's incarnation on this store (store.h, JobInfo::incarnation): 16 hex digits,
+// made when the job directory is created (or at open, for a directory without one).
+inline constexpr char kIncarnation[] = "INCARNATION";
+// The highest version whose transform is over here (JobInfo::closed): a number.
+inline constexpr char kClosed[] = "CLOSED";
 
 struct Entry {
   DType dtype = DType::kF32;
@@ -92,6 +97,8 @@ struct JobState {
   // superseded it. In memory only (open versions do not survive a restart either);
   // kept after the version is dropped so that its coordinator hears why.
   std::map<uint64_t, uint64_t> superseded;
+  std::string incarnation;  // <job dir>/INCARNATION ("" until the directory is made)
+  uint64_t closed = 0;      // <job dir>/CLOSED (0 when the file is absent)
 };
 
 // The error of every step of a superseded version's coordinator.
@@ -354,8 +361,15 @@ struct Store::Impl {
     return m.dump(1) + "\n";
   }
 
+  // REQUIRES: mu held; the job directory exists. Gives the job an incarnation (written
+  // to its INCARNATION file) unless it has one.
+  Status EnsureIncarnation(const std::string& job, JobState& j);
+  // REQUIRES: mu held. Raises the job's closed mark to `version` (written to CLOSED).
+  Status RaiseClosed(const std::string& job, JobState& j, uint64_t version);
   Status Restore();
   Status RestoreJob(const std::string& job);
+  // The incarnation and closed mark in an existing job directory (RestoreJob).
+  Status RestoreJobIdentity(const std::string& job, JobState& js);
   Status Quarantine(const std::string& job, const Status& why);
   // Computes the xxh64 of every tensor of an open version that has none yet (in
   // parallel, without mu held), before Prepare/Commit write the manifest.

@@ -80,6 +80,54 @@ Status Store::Impl::Restore() {
   return Status::Ok();
 }
 
+Status Store::Impl::EnsureIncarnation(const std::string& job, JobState& j) {
+  if (!j.incarnation.empty()) return Status::Ok();
+  std::string inc = RandomHex();
+  while (inc.find_first_not_of('0') == std::string::npos) inc = RandomHex();  // 0: the probe's
+  TP_RETURN_IF_ERROR(WriteFileAtomic(JobDir(job) + "/" + kIncarnation, inc + "\n"));
+  j.incarnation = std::move(inc);
+  return Status::Ok();
+}
+
+Status Store::Impl::RaiseClosed(const std::string& job, JobState& j, uint64_t version) {
+  if (version <= j.closed) return Status::Ok();
+  TP_RETURN_IF_ERROR(WriteFileAtomic(JobDir(job) + "/" + kClosed, std::to_string(version) + "\n"));
+  j.closed = version;
+  return Status::Ok();
+}
+
+namespace {
+
+// A small regular file's first line ("" when absent or unreadable: made anew).
+std::string ReadSmallFile(const std::string& path) {
+  std::error_code ec;
+  if (fs::symlink_status(path, ec).type() == fs::file_type::not_found) return "";
+  Result<std::string> t = ReadRegularFile(path);
+  if (!t.ok()) return "";
+  std::string s = *t;
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+}  // namespace
+
+// A job directory of an older build has no INCARNATION: it gets one now. A malformed
+// one is replaced (outstanding capabilities of the job on this store then die); a
+// malformed CLOSED counts as none.
+Status Store::Impl::RestoreJobIdentity(const std::string& job, JobState& js) {
+  const std::string jdir = JobDir(job);
+  std::string inc = ReadSmallFile(jdir + "/" + kIncarnation);
+  if (inc.size() == 16 && inc.find_first_not_of("0123456789abcdef") == std::string::npos &&
+      inc != std::string(16, '0')) {
+    js.incarnation = std::move(inc);
+  } else {
+    TP_RETURN_IF_ERROR(EnsureIncarnation(job, js));
+  }
+  Result<VersionRef> closed = ParseVersion(ReadSmallFile(jdir + "/" + kClosed));
+  if (closed.ok() && *closed) js.closed = **closed;
+  return Status::Ok();
+}
+
 Status Store::Impl::RestoreJob(const std::string& job) {
   const std::string jdir = JobDir(job);
   std::error_code ec;
@@ -98,7 +146,7 @@ Status Store::Impl::RestoreJob(const std::string& job) {
   uint64_t job_bytes = 0;  // added to `used` only once the whole job is restored
   for (const auto& e : fs::directory_iterator(jdir, ec)) {
     const std::string name = e.path().filename().string();
-    if (name == kCurrent) continue;
+    if (name == kCurrent || name == kIncarnation || name == kClosed) continue;
     auto v = ParseVersion(name);
     if (v.ok() && *v && e.symlink_status(ec).type() == fs::file_type::symlink) {
       return DataLoss(e.path().string() + " is a symbolic link, not a version directory");
@@ -151,6 +199,7 @@ Status Store::Impl::RestoreJob(const std::string& job) {
     return Status::Ok();
   }
   js.current = current;
+  TP_RETURN_IF_ERROR(RestoreJobIdentity(job, js));
   used += job_bytes;
   jobs.emplace(job, std::move(js));
   return Status::Ok();

@@ -165,12 +165,13 @@ struct Agent::Impl {
     scratch_reservation.reset();
   }
 
-  // The capability of this host's fetches in a transform from_version -> to_version.
-  std::string Capability(const std::string& job, uint64_t from_version, uint64_t to_version) {
+  // The capability of this host's fetches from host `peer` in the transform r: for the
+  // peer's incarnation of the job, as the coordinator learned it.
+  std::string Capability(const PrepareRequest& r, int peer) {
     const int64_t now = transport::UnixSeconds();
     return transport::MintCapability(
-        options.capability_key,
-        {job, from_version, to_version, now + options.capability_lifetime_seconds});
+        options.capability_key, {r.job, r.from_version, r.to_version,
+                                 now + options.capability_lifetime_seconds, r.incarnations[peer]});
   }
 
   // PermissionDenied (and counted) unless `capability` lets a peer read `name` now.
@@ -183,8 +184,14 @@ struct Agent::Impl {
       if (!p.ok() || p->job != c.grant.job || p->version != c.grant.from_version) {
         c.refusal = transport::CapabilityRefusal::kScope;
         c.why = "the fetch's capability does not cover " + std::string(name);
-      } else if (Result<store::JobInfo> j = store.Job(c.grant.job);
-                 j.ok() && j->current && *j->current >= c.grant.to_version) {
+      } else if (Result<store::JobInfo> j = store.Job(c.grant.job); !j.ok()) {
+        // No such job here: the lookup says so.
+      } else if (j->incarnation != c.grant.incarnation) {
+        c.refusal = transport::CapabilityRefusal::kScope;
+        c.why = "the fetch's capability is for another incarnation of job " + c.grant.job +
+                " (deleted and created again since, or another host's)";
+      } else if ((j->current && *j->current >= c.grant.to_version) ||
+                 j->closed >= c.grant.to_version) {
         c.refusal = transport::CapabilityRefusal::kExpired;
         c.why = "the fetch's capability expired: its transform to version " +
                 std::to_string(c.grant.to_version) + " is over";
@@ -284,7 +291,7 @@ struct Agent::Impl {
   Result<std::string> Probe(const std::string& body);
   Result<std::string> Presize(const std::string& body);
   Result<std::string> Locate(const std::string& body);
-  std::string AddressReply();
+  std::string AddressReply(const std::string& job = "");
 
  private:
   // Decodes and plans a prepare or presize request (or takes the plan of the last one).
@@ -298,8 +305,7 @@ struct Agent::Impl {
   HostExecInput ExecInput(const PrepareRequest& r, const plan::Plan& p, const Layout& from,
                           const Layout& to, const MappedSources& src, const MappedDests& dst,
                           const std::set<std::pair<int, int>>& linked,
-                          const std::string& capability, std::atomic<int64_t>& shm_bytes,
-                          std::atomic<int>& shm_peers);
+                          std::atomic<int64_t>& shm_bytes, std::atomic<int>& shm_peers);
   void CountPrepare(const Result<HostExecStats>& ex, int64_t bytes_linked, int64_t shm_bytes,
                     double seconds);
   // Probe's parts.
@@ -389,9 +395,11 @@ struct PreparePhases {
 
 // The reply to a prepare that wrote version v.
 std::string PrepareReply(uint64_t v, int host, const HostExecStats& ex, int64_t bytes_linked,
-                         int64_t shm_bytes, int shm_peers, const PreparePhases& t) {
+                         int64_t shm_bytes, int shm_peers, const PreparePhases& t,
+                         const std::string& incarnation) {
   json reply = {{"version", v},
                 {"host", host},
+                {"incarnation", incarnation},
                 {"bytes_kept", ex.bytes_kept},
                 {"bytes_linked", bytes_linked},
                 {"bytes_local", ex.bytes_local},
@@ -442,15 +450,14 @@ void Agent::Impl::WarmServed(const PrepareRequest& r, const Layout& from, const 
 }
 
 // What ExecuteHostPart needs for this host's part of r; it points into the arguments,
-// which must outlive it. Fetches go to the peers with `capability`: through the files of
+// which must outlive it. Fetches go to the peers with a capability each: through the files of
 // a same-host peer (local_peer.h; counted in shm_bytes and shm_peers), else over the
 // transport (Connect replaces a failed connection).
 HostExecInput Agent::Impl::ExecInput(const PrepareRequest& r, const plan::Plan& p,
                                      const Layout& from, const Layout& to, const MappedSources& src,
                                      const MappedDests& dst,
                                      const std::set<std::pair<int, int>>& linked,
-                                     const std::string& capability, std::atomic<int64_t>& shm_bytes,
-                                     std::atomic<int>& shm_peers) {
+                                     std::atomic<int64_t>& shm_bytes, std::atomic<int>& shm_peers) {
   HostExecInput in;
   in.plan = &p;
   in.from = &from;
@@ -466,9 +473,10 @@ HostExecInput Agent::Impl::ExecInput(const PrepareRequest& r, const plan::Plan& 
     return store::TensorPathOf(r.job, r.from_version, rank,
                                (*from.ranks[rank].tensors)[tensor].name);
   };
-  in.fetch = [this, &r, &capability, &shm_bytes, &shm_peers](
+  in.fetch = [this, &r, &shm_bytes, &shm_peers](
                  int peer, const std::vector<transport::ReadRequest>& reqs) -> Status {
     const std::string who = "host " + std::to_string(peer);
+    const std::string capability = Capability(r, peer);
     if (ReadsPeerFiles(options, r, peer)) {
       LocalReadOptions lo;
       lo.token = options.peer_token;
@@ -563,11 +571,10 @@ Result<std::string> Agent::Impl::Prepare(const std::string& body, const std::str
     std::_Exit(137);  // as if SIGKILLed: peers may be reading from us right now
   }
 
-  const std::string capability = Capability(r.job, r.from_version, r.to_version);
   std::atomic<int64_t> shm_bytes{0};
   std::atomic<int> shm_peers{0};
-  Result<HostExecStats> ex = ExecuteHostPart(
-      ExecInput(r, p, from, to, *src, *dst, *linked, capability, shm_bytes, shm_peers));
+  Result<HostExecStats> ex =
+      ExecuteHostPart(ExecInput(r, p, from, to, *src, *dst, *linked, shm_bytes, shm_peers));
   CountPrepare(ex, bytes_linked, shm_bytes, Since(t0));
   if (!ex.ok())
     return fail(ex.status().WithContext("host " + std::to_string(r.host) + " preparing version " +
@@ -580,7 +587,9 @@ Result<std::string> Agent::Impl::Prepare(const std::string& body, const std::str
     return fail(s);
   phases.seal = Since(t2);
   phases.total = Since(t0);
-  return PrepareReply(v, r.host, *ex, bytes_linked, shm_bytes, shm_peers, phases);
+  Result<store::JobInfo> job = store.Job(r.job);  // its incarnation here, for later rounds
+  return PrepareReply(v, r.host, *ex, bytes_linked, shm_bytes, shm_peers, phases,
+                      job.ok() ? job->incarnation : "");
 }
 
 // A same-host peer's question where the tensors it may read are: for each (in order), the
@@ -619,8 +628,12 @@ Result<std::string> Agent::Impl::Locate(const std::string& body) {
   return json{{"files", std::move(files)}}.dump();
 }
 
-std::string Agent::Impl::AddressReply() {
+// POST names a job ({"job": J}): the reply adds this store's incarnation of it, if any
+// (the coordinator's capabilities name it: transport/capability.h).
+std::string Agent::Impl::AddressReply(const std::string& job) {
   json reply = {{"address", transport->LocalAddress()}, {"kind", std::string(transport->kind())}};
+  if (Result<store::JobInfo> j = store.Job(job); !job.empty() && j.ok())
+    reply["incarnation"] = j->incarnation;
   if (options.local_peer_reads && !transport::HostBootId().empty()) {
     reply["local"] = {{"host_id", transport::HostBootId()},
                       {"shm_dir", store.shm_dir()},
@@ -862,8 +875,13 @@ void Agent::Install(store::Server& server) {
 Result<std::string> Agent::Handle(const std::string& method, const std::string& path,
                                   const std::string& body, const std::string& coordinator) {
   if (path == "/v1/transform/address") {
-    if (method != "GET") return InvalidArgument(method + " is not allowed on " + path);
-    return impl_->AddressReply();
+    if (method == "GET") return impl_->AddressReply();
+    if (method != "POST") return InvalidArgument(method + " is not allowed on " + path);
+    TP_ASSIGN_OR_RETURN(json j, ParseBody(body));
+    if (!j.contains("job") || !j["job"].is_string())
+      return InvalidArgument("'job' must be a string");
+    TP_RETURN_IF_ERROR(store::CheckJobName(j["job"].get<std::string>()));
+    return impl_->AddressReply(j["job"].get<std::string>());
   }
   if (path == "/v1/transform/locate") {
     if (method != "POST") return InvalidArgument(method + " is not allowed on " + path);

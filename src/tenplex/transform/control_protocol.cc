@@ -89,6 +89,22 @@ Result<std::vector<LocalPeer>> LocalPeers(const json& j, std::size_t hosts) {
   return out;
 }
 
+// "incarnations": an array with one entry ("" or 16 lower-case hex digits) per host.
+Result<std::vector<std::string>> Incarnations(const json& j, std::size_t hosts) {
+  if (!j.contains("incarnations") || !j["incarnations"].is_array() ||
+      j["incarnations"].size() != hosts)
+    return InvalidArgument("'incarnations' must be an array with one entry per address");
+  std::vector<std::string> out;
+  for (const json& e : j["incarnations"]) {
+    const std::string s = e.is_string() ? e.get<std::string>() : "?";
+    if (!s.empty() &&
+        (s.size() != 16 || s.find_first_not_of("0123456789abcdef") != std::string::npos))
+      return InvalidArgument("'incarnations' entries must be \"\" or 16 lower-case hex digits");
+    out.push_back(s);
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string EncodePrepare(const PrepareRequest& r) {
@@ -116,6 +132,10 @@ std::string EncodeSharedPrepare(const PrepareRequest& r) {
                 {"from_hosts", r.from_hosts},
                 {"to_hosts", r.to_hosts},
                 {"plan_digest", r.plan_digest}};
+  json incarnations = json::array();
+  for (std::size_t h = 0; h < r.addresses.size(); ++h)
+    incarnations.push_back(h < r.incarnations.size() ? r.incarnations[h] : std::string());
+  j["incarnations"] = std::move(incarnations);
   if (!r.local_peers.empty()) {
     json peers = json::array();
     for (const LocalPeer& p : r.local_peers) {
@@ -144,10 +164,10 @@ Result<DecodedPrepare> DecodePrepare(std::string_view body) {
         "prepare: control protocol version " + std::to_string(j["protocol"].get<uint64_t>()) +
         " but this daemon speaks version " + std::to_string(kControlProtocolVersion));
   }
-  static const char* kKeys[] = {"protocol",   "job",        "from_version", "to_version",
-                                "host",       "info",       "to_config",    "new_info",
-                                "addresses",  "from_hosts", "to_hosts",     "plan_digest",
-                                "local_peers"};
+  static const char* kKeys[] = {"protocol",    "job",         "from_version", "to_version",
+                                "host",        "info",        "to_config",    "new_info",
+                                "addresses",   "from_hosts",  "to_hosts",     "plan_digest",
+                                "local_peers", "incarnations"};
   for (const auto& [k, v] : j.items()) {
     bool known = false;
     for (const char* key : kKeys) known = known || k == key;
@@ -202,6 +222,7 @@ Result<DecodedPrepare> DecodePrepare(std::string_view body) {
     }
   }
   TP_ASSIGN_OR_RETURN(r.local_peers, LocalPeers(j, r.addresses.size()));
+  TP_ASSIGN_OR_RETURN(r.incarnations, Incarnations(j, r.addresses.size()));
   TP_ASSIGN_OR_RETURN(r.plan_digest, StringField(j, "plan_digest"));
   if (r.plan_digest.size() != 16 ||
       r.plan_digest.find_first_not_of("0123456789abcdef") != std::string::npos) {

@@ -1,8 +1,8 @@
 // The control-plane protocol between a transform's coordinator (distributed.h) and
 // the transform agent of every daemon (agent.h): the prepare request of phase one.
 //
-// Protocol version 1. `POST /v1/transform/prepare` carries one JSON object:
-//   {"protocol": 1,                      this header's kControlProtocolVersion
+// Protocol version 2. `POST /v1/transform/prepare` carries one JSON object:
+//   {"protocol": 2,                      this header's kControlProtocolVersion
 //    "job": "j", "from_version": 3, "to_version": 4,
 //    "host": 2,                          the receiver's index into addresses
 //    "info": {...},                      the old version's info (state_info.h)
@@ -12,6 +12,10 @@
 //    "from_hosts": [0, -1, ...],         old rank -> host (-1: lost)
 //    "to_hosts": [0, 0, 1, ...],         new rank -> host
 //    "plan_digest": "0123456789abcdef",  PlanDigest of the coordinator's plan
+//    "incarnations": ["<16 hex>", "", ...] per host: its store's incarnation of the
+//                                        job ("": none known), which the capabilities
+//                                        of fetches from it name (transport/
+//                                        capability.h); new in version 2
 //    "local_peers": [{"url", "host_id", "shm_dir", "store_id"} | null, ...]}
 //                                        optional, one per host: where a host on the
 //                                        same machine keeps its shared memory (its
@@ -38,7 +42,7 @@
 
 namespace tenplex::transform {
 
-inline constexpr uint32_t kControlProtocolVersion = 1;
+inline constexpr uint32_t kControlProtocolVersion = 2;
 
 // A host that offers same-host reads of its committed tensors (agent.h): its store
 // URL (for the control calls and its health), the boot id of its machine, its
@@ -58,7 +62,8 @@ struct PrepareRequest {
   std::vector<std::string> addresses;
   std::vector<int> from_hosts, to_hosts;
   std::string plan_digest;
-  std::vector<LocalPeer> local_peers;  // empty, or one per address (empty() for none)
+  std::vector<LocalPeer> local_peers;     // empty, or one per address (empty() for none)
+  std::vector<std::string> incarnations;  // one per address ("": none known)
 };
 
 std::string EncodePrepare(const PrepareRequest& request);

@@ -58,13 +58,34 @@ TEST(ControlProtocol, RoundTrip) {
   EXPECT_EQ(d->request.from_hosts, r.from_hosts);
   EXPECT_EQ(d->request.to_hosts, r.to_hosts);
   EXPECT_EQ(d->request.plan_digest, r.plan_digest);
+  // One incarnation per address ("" where none was given).
+  EXPECT_EQ(d->request.incarnations, std::vector<std::string>(r.addresses.size(), ""));
   EXPECT_EQ(d->from.config().ToString(), "tp=2,pp=1,dp=1");
   EXPECT_EQ(d->from.model().tensors.size(), Tiny().tensors.size());
 }
 
+TEST(ControlProtocol, IncarnationsAreOnePerHostOfHexDigits) {
+  PrepareRequest r = Valid();
+  r.incarnations.assign(r.addresses.size(), "");
+  r.incarnations[0] = "0123456789abcdef";
+  Result<DecodedPrepare> d = DecodePrepare(EncodePrepare(r));
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->request.incarnations, r.incarnations);
+  json j = json::parse(EncodePrepare(r));
+  ASSERT_EQ(r.addresses.size(), 3u);
+  for (const json& bad : {json(nullptr), json::array(), json("x"), json::array({"", ""}),
+                          json::array({"0123", "", ""}), json::array({1, "", ""}),
+                          json::array({"0123456789ABCDEF", "", ""})}) {
+    j["incarnations"] = bad;
+    EXPECT_EQ(DecodePrepare(j.dump()).status().code(), StatusCode::kInvalidArgument) << bad;
+  }
+  j.erase("incarnations");  // required since version 2
+  EXPECT_EQ(DecodePrepare(j.dump()).status().code(), StatusCode::kInvalidArgument);
+}
+
 TEST(ControlProtocol, RefusesOtherVersions) {
   json j = json::parse(EncodePrepare(Valid()));
-  for (json v : {json(0), json(2), json(1000), json(nullptr), json("1")}) {
+  for (json v : {json(0), json(1), json(3), json(1000), json(nullptr), json("2")}) {
     j["protocol"] = v;
     Result<DecodedPrepare> d = DecodePrepare(j.dump());
     EXPECT_EQ(d.status().code(), StatusCode::kFailedPrecondition)

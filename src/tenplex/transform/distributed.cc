@@ -16,6 +16,7 @@
 #include "tenplex/transform/cluster_state.h"
 #include "tenplex/transform/control_protocol.h"
 #include "tenplex/transform/job_lease.h"
+#include "tenplex/transform/revocation.h"
 #include "tenplex/transform/state_info.h"
 #include "tenplex/transform/two_phase.h"
 #include "tenplex/util/format.h"
@@ -38,6 +39,7 @@ struct Host {
   std::unique_ptr<store::Client> client;  // null: lost
   std::string address;                    // data-plane address ("" until asked, or lost)
   LocalPeer local;                        // its same-host reads offer (empty: none)
+  std::string incarnation;                // its store's incarnation of the job ("": none)
 };
 
 struct Round {
@@ -79,6 +81,7 @@ void MarkLost(Host& h) {
   h.client.reset();
   h.address.clear();
   h.local = {};
+  h.incarnation.clear();
 }
 
 // The bytes of the new version a host's prepare reply says it wrote (for the CLI's
@@ -225,6 +228,7 @@ PrepareRequest RoundRequest(const std::vector<Host>& hosts, const std::string& j
   req.from_hosts = r.from_hosts;
   req.to_hosts = r.to_hosts;
   req.plan_digest = r.plan_digest;
+  for (const Host& h : hosts) req.incarnations.push_back(h.client ? h.incarnation : "");
   return req;
 }
 
@@ -303,6 +307,9 @@ RoundResult RunRound(std::vector<Host>& hosts, const std::string& job, const Rou
     rep.warm_seconds = JsonValueOr(j, "warm_seconds", 0.0);
     rep.seal_seconds = JsonValueOr(j, "seal_seconds", 0.0);
     out.hosts.push_back(rep);
+    // Its incarnation of the job, which it may have just created: the next round (the
+    // central strategy's) fetches from it.
+    h.incarnation = JsonValueOr(j, "incarnation", h.incarnation);
   }
   for (int h : out.silent) MarkLost(hosts[h]);  // not asked again in this transform
   const auto t1 = std::chrono::steady_clock::now();
@@ -313,7 +320,11 @@ RoundResult RunRound(std::vector<Host>& hosts, const std::string& job, const Rou
     // its begin, and a failed begin means the version there is another coordinator's
     // (a racing one that picked the same number: aborting it would split that job).
     Status a = AbortEverywhere(Raw(hosts), MayHoldOurs(participants, replies), job, r.to_version);
-    if (a.code() != StatusCode::kFailedPrecondition) return out;
+    if (a.code() != StatusCode::kFailedPrecondition) {
+      // Over: every host of the transform refuses its capabilities (revocation.h).
+      CloseTransform(Raw(hosts), HostsExcept(hosts.size(), {}), job, r.to_version);
+      return out;
+    }
     // A reader rolled it forward meanwhile (every participant had prepared after all).
     out.status = Status::Ok();
   }
@@ -321,6 +332,9 @@ RoundResult RunRound(std::vector<Host>& hosts, const std::string& job, const Rou
   // participant confirmed (round two releases them).
   Result<CommitOutcome> c = CommitEverywhere(Raw(hosts), participants, job, r.to_version);
   out.commit_seconds = Since(t1);
+  // Over: the hosts that did not confirm W (those without ranks of W above all) close it.
+  CloseTransform(Raw(hosts), HostsExcept(hosts.size(), c.ok() ? c->confirmed : std::vector<int>{}),
+                 job, r.to_version);
   if (!c.ok()) {
     out.status = c.status();
     return out;
@@ -364,7 +378,7 @@ Result<HostSet> ConnectHosts(const Cluster& from, const Cluster& target,
   }
   TP_ASSIGN_OR_RETURN(auto clients, ConnectCluster(all, control, /*allow_lost=*/true));
   for (std::size_t h = 0; h < all.hosts.size(); ++h)
-    s.hosts.push_back({all.hosts[h], std::move(clients[h]), "", {}});
+    s.hosts.push_back({all.hosts[h], std::move(clients[h]), "", {}, ""});
   if (!options.presize_only && !options.lease_held) {
     TP_ASSIGN_OR_RETURN(s.lease, JobLease::Acquire(Raw(s.hosts), job, control,
                                                    {store::kDefaultLeaseMs, options.lease_wait_s}));
@@ -464,15 +478,17 @@ Result<Round> PlanRound(const HostSet& hs, const Cluster& target, const Parallel
   return round;
 }
 
-// Asks every live host for its data-plane address, all at once. A failed call goes to
+// Asks every live host for its data-plane address and its store's incarnation of job
+// (the capabilities of fetches from it name it), all at once. A failed call goes to
 // call_status (the attempt fails and may be retried without that host); a malformed reply
 // is returned (an error of the whole transform). The first of each in host order counts.
-Status FetchAddresses(std::vector<Host>& hosts, Status& call_status) {
+Status FetchAddresses(std::vector<Host>& hosts, const std::string& job, Status& call_status) {
   std::vector<Status> failed(hosts.size()), malformed(hosts.size());
   ForEachConcurrently(hosts.size(), kControlConcurrency, [&](std::size_t i) {
     Host& h = hosts[i];
     if (!h.client) return;
-    Result<std::string> a = h.client->CallJson("GET", "/v1/transform/address");
+    Result<std::string> a =
+        h.client->CallJson("POST", "/v1/transform/address", json{{"job", job}}.dump());
     if (!a.ok()) {
       failed[i] = a.status().WithContext(h.url);
       return;
@@ -483,6 +499,7 @@ Status FetchAddresses(std::vector<Host>& hosts, Status& call_status) {
       return;
     }
     h.address = aj["address"].get<std::string>();
+    h.incarnation = JsonValueOr(aj, "incarnation", std::string());
     // Its offer of same-host reads: the agents decide whether they can take it.
     const json& local = aj.contains("local") ? aj["local"] : json();
     h.local = {};
@@ -634,7 +651,7 @@ Result<ClusterTransformStats> TransformCluster(const Cluster& from, const std::s
     round.to_version = std::max(round.to_version, next_version);
     next_version = round.to_version + (options.central ? 3 : 1);
     Status addr_status;
-    TP_RETURN_IF_ERROR(FetchAddresses(hosts, addr_status));
+    TP_RETURN_IF_ERROR(FetchAddresses(hosts, job, addr_status));
     if (options.presize_only) {
       TP_RETURN_IF_ERROR(addr_status);
       TP_RETURN_IF_ERROR(PresizeRound(hosts, job, round, client_options, options, stats));

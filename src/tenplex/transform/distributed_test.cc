@@ -501,13 +501,13 @@ TEST_F(DistributedTest, RecoveryFinishesOrRollsBackHalfCommittedVersions) {
 TEST_F(DistributedTest, AgentRejectsMalformedRequests) {
   Agent& a = *hosts_[0]->agent;
   for (const char* bad :
-       {"", "[]", R"({"protocol": 1})", R"({"protocol": 1, "job": "j"})",
-        R"({"protocol": 1, "job": "j", "from_version": 2, "to_version": 1, "host": 0,
+       {"", "[]", R"({"protocol": 2})", R"({"protocol": 2, "job": "j"})",
+        R"({"protocol": 2, "job": "j", "from_version": 2, "to_version": 1, "host": 0,
                               "addresses": ["x"]})",
-        R"({"protocol": 1, "job": "../x", "from_version": 1, "to_version": 2})",
-        R"({"protocol": 1, "job": "j", "from_version": 1, "to_version": 2, "host": 5,
+        R"({"protocol": 2, "job": "../x", "from_version": 1, "to_version": 2})",
+        R"({"protocol": 2, "job": "j", "from_version": 1, "to_version": 2, "host": 5,
                               "addresses": ["x"]})",
-        R"({"protocol": 1, "job": "j", "unknown": 1})"}) {
+        R"({"protocol": 2, "job": "j", "unknown": 1})"}) {
     for (const char* endpoint : {"/v1/transform/prepare", "/v1/transform/presize"}) {
       Result<std::string> r = a.Handle("POST", endpoint, bad);
       ASSERT_FALSE(r.ok()) << endpoint << " " << bad;

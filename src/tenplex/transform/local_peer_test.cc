@@ -61,7 +61,9 @@ class LocalPeerTest : public ::testing::Test {
 
   LocalReadOptions Options(uint64_t from = 1, uint64_t to = 2) {
     LocalReadOptions o;
-    o.capability = transport::MintCapability(kKey, {"j", from, to, transport::UnixSeconds() + 600});
+    Result<store::JobInfo> j = store_->Job("j");  // the capability names its incarnation
+    o.capability = transport::MintCapability(
+        kKey, {"j", from, to, transport::UnixSeconds() + 600, j.ok() ? j->incarnation : ""});
     return o;
   }
 

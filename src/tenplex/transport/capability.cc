@@ -13,12 +13,12 @@
 namespace tenplex::transport {
 namespace {
 
-constexpr std::string_view kPrefix = "tpc1";
+constexpr std::string_view kPrefix = "tpc2";
 
 std::string Mac(std::string_view key, const CapabilityGrant& g) {
-  return HmacSha256Hex(key, "tenplex-fetch-v1\n" + g.job + "\n" + std::to_string(g.from_version) +
-                                "\n" + std::to_string(g.to_version) + "\n" +
-                                std::to_string(g.expires));
+  return HmacSha256Hex(key, "tenplex-fetch-v2\n" + g.job + "\n" + g.incarnation + "\n" +
+                                std::to_string(g.from_version) + "\n" +
+                                std::to_string(g.to_version) + "\n" + std::to_string(g.expires));
 }
 
 template <typename T>
@@ -69,8 +69,8 @@ std::string_view CapabilityRefusalName(CapabilityRefusal r) {
 
 std::string MintCapability(std::string_view key, const CapabilityGrant& g) {
   return std::string(kPrefix) + ":" + std::to_string(g.from_version) + ":" +
-         std::to_string(g.to_version) + ":" + std::to_string(g.expires) + ":" + Mac(key, g) + ":" +
-         g.job;
+         std::to_string(g.to_version) + ":" + std::to_string(g.expires) + ":" + g.incarnation +
+         ":" + Mac(key, g) + ":" + g.job;
 }
 
 CapabilityCheck CheckCapability(std::string_view key, std::string_view capability, int64_t now) {
@@ -80,10 +80,10 @@ CapabilityCheck CheckCapability(std::string_view key, std::string_view capabilit
     c.why = "this fetch carries no capability (the data plane serves transforms only)";
     return c;
   }
-  // Five fields, then the job (which may not contain ':' anyway).
+  // Six fields, then the job (which may not contain ':' anyway).
   std::vector<std::string_view> f;
   std::string_view rest = capability;
-  for (int i = 0; i < 5; ++i) {
+  for (int i = 0; i < 6; ++i) {
     const std::size_t colon = rest.find(':');
     if (colon == std::string_view::npos) break;
     f.push_back(rest.substr(0, colon));
@@ -91,15 +91,23 @@ CapabilityCheck CheckCapability(std::string_view key, std::string_view capabilit
   }
   c.refusal = CapabilityRefusal::kWrong;
   c.why = "the fetch's capability is not valid for this daemon";
-  if (f.size() != 5 || f[0] != kPrefix || rest.empty() || f[4].size() != 64) return c;
+  if (!f.empty() && f[0] == "tpc1") {
+    c.why = "the fetch's capability is of format tpc1 (no job incarnation), refused since tpc2";
+    return c;
+  }
+  if (f.size() != 6 || f[0] != kPrefix || rest.empty() || f[5].size() != 64 || f[4].size() != 16 ||
+      f[4].find_first_not_of("0123456789abcdef") != std::string::npos) {
+    return c;
+  }
   CapabilityGrant g;
   g.job = std::string(rest);
+  g.incarnation = std::string(f[4]);
   if (!ParseNumber(f[1], &g.from_version) || !ParseNumber(f[2], &g.to_version) ||
       !ParseNumber(f[3], &g.expires)) {
     return c;
   }
   const std::string want = Mac(key, g);
-  if (want.size() != f[4].size() || CRYPTO_memcmp(want.data(), f[4].data(), want.size()) != 0) {
+  if (want.size() != f[5].size() || CRYPTO_memcmp(want.data(), f[5].data(), want.size()) != 0) {
     return c;
   }
   c.grant = g;
@@ -127,7 +135,8 @@ std::string MintProbeCapability(std::string_view key, int64_t lifetime_seconds) 
 Status CheckProbeCapability(std::string_view key, std::string_view capability) {
   CapabilityCheck c = CheckCapability(key, capability, UnixSeconds());
   if (c.refusal == CapabilityRefusal::kNone &&
-      (c.grant.job != kProbeRegion || c.grant.from_version != 0 || c.grant.to_version != 0)) {
+      (c.grant.job != kProbeRegion || c.grant.from_version != 0 || c.grant.to_version != 0 ||
+       c.grant.incarnation != kNoIncarnation)) {
     c.refusal = CapabilityRefusal::kScope;
     c.why = "the fetch's capability is not a probe capability";
   }

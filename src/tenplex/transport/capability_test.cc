@@ -12,14 +12,16 @@ TEST(CapabilityTest, HmacMatchesRfc4231) {
 }
 
 TEST(CapabilityTest, MintAndCheck) {
-  const CapabilityGrant g{"job-1", 3, 4, 1000};
+  const CapabilityGrant g{"job-1", 3, 4, 1000, "00112233aabbccdd"};
   const std::string cap = MintCapability("key", g);
   // The MAC is HMAC-SHA256 over the documented message.
-  EXPECT_EQ(cap, "tpc1:3:4:1000:" + HmacSha256Hex("key", "tenplex-fetch-v1\njob-1\n3\n4\n1000") +
+  EXPECT_EQ(cap, "tpc2:3:4:1000:00112233aabbccdd:" +
+                     HmacSha256Hex("key", "tenplex-fetch-v2\njob-1\n00112233aabbccdd\n3\n4\n1000") +
                      ":job-1");
   CapabilityCheck c = CheckCapability("key", cap, 999);
   EXPECT_EQ(c.refusal, CapabilityRefusal::kNone) << c.why;
   EXPECT_EQ(c.grant.job, "job-1");
+  EXPECT_EQ(c.grant.incarnation, "00112233aabbccdd");
   EXPECT_EQ(c.grant.from_version, 3u);
   EXPECT_EQ(c.grant.to_version, 4u);
   EXPECT_EQ(CheckCapability("key", cap, 1000).refusal, CapabilityRefusal::kExpired);
@@ -42,8 +44,24 @@ TEST(CapabilityTest, LifetimeIsBounded) {
   EXPECT_EQ(CheckCapability("key", minted, now).refusal, CapabilityRefusal::kNone);
 }
 
+// The format of issue 35's first fixes (no incarnation) is refused even when its MAC is
+// right: it could read any incarnation of its job.
+TEST(CapabilityTest, FormatOneIsRefused) {
+  const std::string v1 =
+      "tpc1:1:2:5000:" + HmacSha256Hex("key", "tenplex-fetch-v1\nj\n1\n2\n5000") + ":j";
+  CapabilityCheck c = CheckCapability("key", v1, 10);
+  EXPECT_EQ(c.refusal, CapabilityRefusal::kWrong);
+  EXPECT_NE(c.why.find("tpc1"), std::string::npos) << c.why;
+  // An incarnation that is not 16 lower-case hex digits is never valid.
+  for (const char* inc : {"", "0011", "00112233AABBCCDD", "00112233aabbccdd0"}) {
+    EXPECT_EQ(CheckCapability("key", MintCapability("key", {"j", 1, 2, 5000, inc}), 10).refusal,
+              CapabilityRefusal::kWrong)
+        << inc;
+  }
+}
+
 TEST(CapabilityTest, AnyChangedByteIsWrong) {
-  const std::string cap = MintCapability("key", {"j", 1, 2, 5000});
+  const std::string cap = MintCapability("key", {"j", 1, 2, 5000, "0123456789abcdef"});
   for (std::size_t i = 0; i < cap.size(); ++i) {
     for (char c : {'0', '1', '9', 'a', 'f', 'x', ':'}) {
       if (cap[i] == c) continue;
@@ -59,7 +77,8 @@ TEST(CapabilityTest, AnyChangedByteIsWrong) {
   std::string later = cap;
   later.replace(later.find(":5000:"), 6, ":9000:");
   EXPECT_EQ(CheckCapability("key", later, 6000).refusal, CapabilityRefusal::kWrong);
-  for (const char* junk : {"x", "tpc1", "tpc1:::::", "tpc1:1:2:3:4:j", "tpc1:01:2:3:"}) {
+  for (const char* junk :
+       {"x", "tpc2", "tpc2::::::", "tpc2:1:2:3:4:5:j", "tpc2:01:2:3:", "tpc1:1:2:3:4:j"}) {
     EXPECT_EQ(CheckCapability("key", junk, 0).refusal, CapabilityRefusal::kWrong) << junk;
   }
 }
