@@ -259,14 +259,15 @@ class GuardedServer::Pending final : public httplib::TaskQueue {
     const Head head = PeekHead(sock, server_.limits_.pending_peek_bytes);
     if (head == Head::kWhole) return true;
     std::vector<std::string> evicted;
+    std::vector<Entry> ready;  // pending ones whose request arrived meanwhile
     {
       std::lock_guard<std::mutex> l(mu_);
       if (head == Head::kClosed || stop_) {
         CloseSocket(sock);
         return false;
       }
-      if (per_ip_[ip] >= server_.limits_.pending_per_client) EvictOldestLocked(ip, evicted);
-      if (order_.size() >= server_.limits_.pending_total) EvictOldestLocked("", evicted);
+      if (per_ip_[ip] >= server_.limits_.pending_per_client) EvictOldestLocked(ip, evicted, ready);
+      if (order_.size() >= server_.limits_.pending_total) EvictOldestLocked("", evicted, ready);
       order_.push_back({sock, ip, Clock::now()});
       by_sock_[sock] = std::prev(order_.end());
       ++per_ip_[ip];
@@ -276,6 +277,9 @@ class GuardedServer::Pending final : public httplib::TaskQueue {
       ::epoll_ctl(epfd_, EPOLL_CTL_ADD, sock, &ev);
     }
     Refused(evicted);
+    for (const Entry& e : ready) {
+      pool_.enqueue([this, sock = e.sock, ip = e.ip] { server_.Serve(sock, ip); });
+    }
     return false;
   }
 
@@ -343,14 +347,22 @@ class GuardedServer::Pending final : public httplib::TaskQueue {
     }
   }
 
-  // Closes the oldest pending connection of `ip` ("": of any address).
-  void EvictOldestLocked(const std::string& ip, std::vector<std::string>& evicted) {
+  // Makes room: the oldest pending connection of `ip` ("": of any address) leaves the
+  // pending set, closed, or (its request is whole, the poller has not seen it yet: a
+  // client of `ip` amid a flood of reconnecting connections on a loaded machine) to
+  // `ready`, to be served.
+  void EvictOldestLocked(const std::string& ip, std::vector<std::string>& evicted,
+                         std::vector<Entry>& ready) {
     for (Iter it = order_.begin(); it != order_.end(); ++it) {
       if (!ip.empty() && it->ip != ip) continue;
-      const int sock = it->sock;
-      evicted.push_back(it->ip);
+      const Entry e = *it;
       RemoveLocked(it);
-      CloseSocket(sock);
+      if (PeekHead(e.sock, server_.limits_.pending_peek_bytes) == Head::kWhole) {
+        ready.push_back(e);
+      } else {
+        evicted.push_back(e.ip);
+        CloseSocket(e.sock);
+      }
       return;
     }
   }
