@@ -9,6 +9,9 @@
 //   GET  /v1/transform/address   {"address": "<transport token>", "kind": "ucx",
 //                                 "local": {"host_id", "shm_dir", "store_id"}} (the
 //                                 last when it offers same-host reads, local_peer.h)
+//   POST /v1/transform/address   {"job": J}: the same and "incarnation", this store's
+//                                incarnation of J (absent when it has none), which
+//                                capabilities name (transport/capability.h)
 //   POST /v1/transform/locate    {"capability": C, "tensors": [store paths]}: the
 //                                shared-memory files of committed tensors that the
 //                                capability covers, for a same-host peer:
@@ -27,7 +30,8 @@
 //                                "wanted_bytes", "poolable_bytes" (those not too small
 //                                to pool), "pooled_bytes" (the job's pool now),
 //                                "pool_limit", "seconds"}
-// Phase two uses the store's own endpoints: .../versions/<v>/commit or /abort.
+// Phase two uses the store's own endpoints: .../versions/<v>/commit or /abort, and
+// .../versions/<v>/close on the hosts that did not commit v (transform/revocation.h).
 //
 // Prepare request:
 //   {"job": J, "from_version": v0, "to_version": v1, "host": h,
@@ -45,7 +49,7 @@
 // the data plane (local_peer.h), with the same capability and failure semantics.
 // Tensors that stay exactly where they are (same device, same slice) are linked, not
 // copied (Store::Link, local.h LinkUnchanged).
-// The reply: {"version", "host", "bytes_kept", "bytes_linked", "bytes_local", "bytes_fetched",
+// The reply: {"version", "host", "incarnation" (this store's, of the job), "bytes_kept", "bytes_linked", "bytes_local", "bytes_fetched",
 // "bytes_fetched_shm" (the part of bytes_fetched read from same-host peers' files),
 // "peers", "peers_shm", "plan_seconds", "warm_seconds", "alloc_seconds", "local_seconds",
 // "fetch_seconds", "landed_seconds", "seal_seconds", "seconds"}.
