@@ -20,7 +20,8 @@ daemon's stderr kept. Each trial picks a victim daemon and one kind:
     PERMISSION_DENIED allowed) and clients asking N x 64 MiB per request (only
     INVALID_ARGUMENT); tenplex_fetch_bounded_total must count the oversize refusals.
   - connection flood: idle and partial HTTP connections that reconnect when dropped,
-    30-60 from 127.0.0.1 and 100-200 from as many 127.0.x.y addresses
+    60-90 from 127.0.0.1 (--own-address: at most 90; 30 partial) and 100-200 from as
+    many 127.0.x.y addresses
     (tests/store_hardening_test.py's Hostile); tenplex_http_connections_refused_total
     must grow.
   - special files: the victim is stopped (SIGTERM), a job whose CURRENT or whose
@@ -107,11 +108,12 @@ class Monitor(threading.Thread):
 
 
 class HostileCampaign(fc.Campaign):
-    def __init__(self, tenplex, tmp, seed, verbose, kinds, client):
+    def __init__(self, tenplex, tmp, seed, verbose, kinds, client, own_address=90):
         os.environ.setdefault("TENPLEX_TOKEN", secrets.token_hex(16))
         self.errs = [os.path.join(tmp, "daemon-%d.err" % i) for i in range(4)]
         super().__init__(tenplex, tmp, seed, verbose)
         self.kinds, self.client, self.planted = kinds, client, 0
+        self.own_address = own_address  # most hostile connections from the monitor's own address
         self.results = []
 
     def start(self, i, attempts=50, args=()):
@@ -352,7 +354,7 @@ class HostileCampaign(fc.Campaign):
         m0 = self.metrics(victim)
         base = rng.randrange(2, 200)
         many = rng.randint(100, 200)
-        floods = [Hostile(port, rng.randint(30, 60), ["127.0.0.1"], False),
+        floods = [Hostile(port, rng.randint(30, self.own_address - 30), ["127.0.0.1"], False),
                   Hostile(port, 30, ["127.0.0.1"], True),
                   Hostile(port, many, ["127.0.%d.%d" % (base, i) for i in range(1, many + 1)], rng.random() < 0.5)]
         for f in floods:
@@ -429,6 +431,8 @@ def main():
     fc.base_args(ap)
     ap.add_argument("--kinds", default=",".join(KINDS), help="comma-separated fault kinds to draw from")
     ap.add_argument("--client", help="the hostile client (default: tenplex_hostile_client next to tenplex)")
+    ap.add_argument("--own-address", type=int, default=90,
+                    help="at most this many hostile connections from 127.0.0.1 (30 partial, the rest idle; >= 60)")
     a = ap.parse_args()
     kinds = a.kinds.split(",")
     unknown = [k for k in kinds if k not in KINDS]
@@ -438,7 +442,10 @@ def main():
     if not os.access(client, os.X_OK):
         ap.error("no hostile client at %s (build tenplex_hostile_client)" % client)
     socket.setdefaulttimeout(60)
-    fc.run_campaign(lambda tmp: HostileCampaign(a.tenplex, tmp, a.seed, a.verbose, kinds, client), a, OUTCOMES)
+    if a.own_address < 60:
+        ap.error("--own-address must be at least 60")
+    fc.run_campaign(lambda tmp: HostileCampaign(a.tenplex, tmp, a.seed, a.verbose, kinds, client, a.own_address),
+                    a, OUTCOMES)
 
 
 if __name__ == "__main__":
