@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "tenplex/transform/test_hosts.h"
+#include "tenplex/transform/two_phase.h"
 #include "tenplex/transport/capability.h"
 
 namespace tenplex::transform {
@@ -19,7 +20,8 @@ class RevocationTest : public test_hosts::HostsFixture {
     store::Store& st = *hosts_[h]->store;
     Result<std::vector<store::TensorInfo>> list = st.List("jobs/j/1/");
     if (!list.ok() || list->empty()) return NotFound("host has no version 1");
-    Result<std::unique_ptr<transport::Transport>> client = transport::NewTransport("inproc", nullptr);
+    Result<std::unique_ptr<transport::Transport>> client =
+        transport::NewTransport("inproc", nullptr);
     if (!client.ok()) return client.status();
     TP_ASSIGN_OR_RETURN(transport::PeerId peer, (*client)->Connect(hosts_[h]->agent->address()));
     std::vector<uint8_t> got(std::min<uint64_t>(64, (*list)[0].bytes));
@@ -64,6 +66,28 @@ TEST_F(RevocationTest, HostsWithoutNewRanksRefuseAfterAbortAndCommit) {
   EXPECT_EQ(hosts_[0]->store->Job("j")->closed, 3u);
   s = ReadFrom(0, CapabilityFor(0, 3));
   EXPECT_EQ(s.code(), StatusCode::kPermissionDenied) << s.ToString();
+}
+
+// A coordinator died after every participant prepared version 2 (only host 1 gets
+// ranks); the next owner's recovery rolls it forward and closes it on host 0 too.
+TEST_F(RevocationTest, RecoveryClosesOnHostsWithoutRanks) {
+  Load(ClusterOf({0, 1}, 1), "tp=2");
+  Write(ClusterOf({1}, 1), "tp=1", 2);
+  ASSERT_TRUE(hosts_[1]->store->Prepare("j", 2).ok());
+  ASSERT_TRUE(ReadFrom(0, CapabilityFor(0, 2)).ok());
+  std::vector<std::unique_ptr<store::Client>> owned;
+  std::vector<store::Client*> clients;
+  std::vector<std::string> urls;
+  for (int h : {0, 1}) {
+    owned.push_back(std::move(*store::Client::Connect(hosts_[h]->url)));
+    clients.push_back(owned.back().get());
+    urls.push_back(hosts_[h]->url);
+  }
+  Result<Resolution> r = ResolvePending(urls, clients, "j", /*owner=*/true);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->committed, (std::vector<uint64_t>{2}));
+  EXPECT_EQ(hosts_[0]->store->Job("j")->closed, 2u);
+  EXPECT_EQ(ReadFrom(0, CapabilityFor(0, 2)).code(), StatusCode::kPermissionDenied);
 }
 
 TEST(RevocationHostsTest, HostsExceptAndSkippedClients) {

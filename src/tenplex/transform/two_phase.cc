@@ -4,6 +4,7 @@
 #include <map>
 #include <optional>
 
+#include "tenplex/transform/revocation.h"
 #include "tenplex/transform/state_info.h"
 #include "tenplex/util/log.h"
 #include "tenplex/util/thread_pool.h"
@@ -336,6 +337,7 @@ class Resolver {
       out_.changed = true;
       Status a = AbortEverywhere(clients_, Holders(v, true), job_, v);
       if (a.ok()) {
+        CloseOnAnswered(v, {});  // its capabilities die everywhere (revocation.h)
         out_.aborted.push_back(v);
         out_.lines.push_back(name + ": not every participant prepared it: rolled back");
         return Status::Ok();
@@ -363,6 +365,7 @@ class Resolver {
     }
     out_.changed = true;
     TP_ASSIGN_OR_RETURN(CommitOutcome c, CommitEverywhere(clients_, live, job_, v, everyone));
+    CloseOnAnswered(v, c.confirmed);  // the hosts without v too (revocation.h)
     out_.committed.push_back(v);
     out_.lines.push_back(name + ": " +
                          (committed_any ? "committed on some hosts" : "prepared on every host") +
@@ -372,6 +375,15 @@ class Resolver {
     // v's placement are checked by ReleaseOlder on the next call.
     if (c.released) out_.released.push_back(v);
     return Status::Ok();
+  }
+
+  // The transform to v is over: every host that answered and is not in `done` closes it.
+  void CloseOnAnswered(uint64_t v, const std::vector<int>& done) {
+    std::vector<int> hosts;
+    for (int h : HostsExcept(clients_.size(), done)) {
+      if (answered_[h]) hosts.push_back(h);
+    }
+    CloseTransform(clients_, hosts, job_, v);
   }
 
   // Round two for a version committed everywhere whose old versions are still kept.
