@@ -49,10 +49,10 @@
 // the data plane (local_peer.h), with the same capability and failure semantics.
 // Tensors that stay exactly where they are (same device, same slice) are linked, not
 // copied (Store::Link, local.h LinkUnchanged).
-// The reply: {"version", "host", "incarnation" (this store's, of the job), "bytes_kept", "bytes_linked", "bytes_local", "bytes_fetched",
-// "bytes_fetched_shm" (the part of bytes_fetched read from same-host peers' files),
-// "peers", "peers_shm", "plan_seconds", "warm_seconds", "alloc_seconds", "local_seconds",
-// "fetch_seconds", "landed_seconds", "seal_seconds", "seconds"}.
+// The reply: {"version", "host", "incarnation" (this store's, of the job), "bytes_kept",
+// "bytes_linked", "bytes_local", "bytes_fetched", "bytes_fetched_shm" (the part of bytes_fetched
+// read from same-host peers' files), "peers", "peers_shm", "plan_seconds", "warm_seconds",
+// "alloc_seconds", "local_seconds", "fetch_seconds", "landed_seconds", "seal_seconds", "seconds"}.
 #pragma once
 
 #include <memory>

@@ -15,8 +15,7 @@ int CloseTransform(const std::vector<store::Client*>& clients, std::vector<int> 
     return h < 0 || static_cast<std::size_t>(h) >= clients.size() || clients[h] == nullptr;
   });
   std::atomic<int> confirmed{0};
-  const std::string path =
-      "/v1/jobs/" + job + "/versions/" + std::to_string(version) + "/close";
+  const std::string path = "/v1/jobs/" + job + "/versions/" + std::to_string(version) + "/close";
   ForEachConcurrently(hosts.size(), kControlConcurrency, [&](std::size_t i) {
     if (clients[hosts[i]]->CallJson("POST", path).ok()) ++confirmed;
   });
