@@ -128,6 +128,13 @@ Result<std::string> Client::Call(const std::string& method, const std::string& t
                       : method == "POST" ? cli.Post(target.c_str(), body, content_type.c_str())
                       : method == "PUT"  ? cli.Put(target.c_str(), body, content_type.c_str())
                                          : cli.Delete(target.c_str());
+  // A GET whose connection closed before any reply is sent again on a new connection
+  // (GETs change nothing): a daemon under a connection flood may evict a connection
+  // whose request had not arrived whole yet (http_guard.h).
+  for (int again = 0; !r && method == "GET" && r.error() == httplib::Error::Read && again < 2;
+       ++again) {
+    r = cli.Get(target.c_str());
+  }
   if (!r) return Unreachable(url_, r.error());
   if (status) *status = r->status;
   if (r->status >= 400) return ReplyError(url_, method + " " + target, r->status, r->body);

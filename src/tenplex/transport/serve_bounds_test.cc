@@ -74,10 +74,10 @@ TEST_P(ProbeCapabilityTest, NeededWhereTheServerHasAKey) {
   EXPECT_EQ(job.code(), StatusCode::kPermissionDenied) << job.ToString();
   EXPECT_NE(job.message().find("not a probe capability"), std::string::npos) << job.ToString();
   // The right one reads the pattern.
-  ASSERT_TRUE(p.client
-                  ->Fetch(p.peer, {Probe(1000, buf.size(), buf.data(),
-                                         MintProbeCapability("cluster-key"))})
-                  .ok());
+  ASSERT_TRUE(
+      p.client
+          ->Fetch(p.peer, {Probe(1000, buf.size(), buf.data(), MintProbeCapability("cluster-key"))})
+          .ok());
   for (uint64_t i = 0; i < buf.size(); ++i) ASSERT_EQ(buf[i], ProbeByte(1000 + i)) << i;
   FetchBandwidthOptions fo;
   fo.bytes = 4 << 20;
