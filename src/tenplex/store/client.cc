@@ -124,16 +124,25 @@ Result<std::string> Client::Call(const std::string& method, const std::string& t
                                  int* status) {
   std::lock_guard<std::mutex> lock(mu_);
   auto& cli = http_->cli;
-  httplib::Result r = method == "GET"    ? cli.Get(target.c_str())
-                      : method == "POST" ? cli.Post(target.c_str(), body, content_type.c_str())
-                      : method == "PUT"  ? cli.Put(target.c_str(), body, content_type.c_str())
-                                         : cli.Delete(target.c_str());
-  // A GET whose connection closed before any reply is sent again on a new connection
-  // (GETs change nothing): a daemon under a connection flood may evict a connection
-  // whose request had not arrived whole yet (http_guard.h).
-  for (int again = 0; !r && method == "GET" && r.error() == httplib::Error::Read && again < 2;
+  auto send = [&] {
+    return method == "GET"    ? cli.Get(target.c_str())
+           : method == "POST" ? cli.Post(target.c_str(), body, content_type.c_str())
+           : method == "PUT"  ? cli.Put(target.c_str(), body, content_type.c_str())
+                              : cli.Delete(target.c_str());
+  };
+  // A GET whose connection was closed quickly without any reply is sent again on a new
+  // connection (GETs change nothing): a daemon under a connection flood may evict a
+  // connection whose request had not arrived whole yet, within its 2 s pending deadline
+  // (http_guard.h). A read that timed out is not retried: a stopped daemon must cost one
+  // timeout, not three.
+  constexpr auto kQuickClose = std::chrono::seconds(3);
+  auto t0 = std::chrono::steady_clock::now();
+  httplib::Result r = send();
+  for (int again = 0; !r && method == "GET" && r.error() == httplib::Error::Read && again < 2 &&
+                      std::chrono::steady_clock::now() - t0 < kQuickClose;
        ++again) {
-    r = cli.Get(target.c_str());
+    t0 = std::chrono::steady_clock::now();
+    r = send();
   }
   if (!r) return Unreachable(url_, r.error());
   if (status) *status = r->status;
