@@ -7,6 +7,7 @@ The `tenplex` CLI goes into the environment's bin/ (beside its python3, which it
 uses for `tenplex import|export`): the one of the CMake build in TENPLEX_BUILD_DIR
 (default build/, scripts/build.sh's), else built in build-python/ (target tenplex).
 """
+
 import glob
 import os
 import subprocess
@@ -34,9 +35,22 @@ def cli_binary():
 def configure(build):
     if not os.path.exists(os.path.join(build, "CMakeCache.txt")):
         print("tenplex: configuring CMake in", build, flush=True)
-        subprocess.run(["cmake", "-S", ROOT, "-B", build, "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
-                        "-DTENPLEX_BENCH=OFF", f"-DPython3_EXECUTABLE={sys.executable}",
-                        f"-DTENPLEX_PY={sys.executable}"], check=True)
+        subprocess.run(
+            [
+                "cmake",
+                "-S",
+                ROOT,
+                "-B",
+                build,
+                "-G",
+                "Ninja",
+                "-DCMAKE_BUILD_TYPE=Release",
+                "-DTENPLEX_BENCH=OFF",
+                f"-DPython3_EXECUTABLE={sys.executable}",
+                f"-DTENPLEX_PY={sys.executable}",
+            ],
+            check=True,
+        )
 
 
 def native_modules():
@@ -63,5 +77,9 @@ class BinaryDistribution(Distribution):
 # build/ is CMake's: setuptools works in build-setuptools/.
 # setup.py runs in its own folder under pip (the relative data_files path needs it).
 os.chdir(ROOT)
-setup(cmdclass={"build_py": BuildPy}, distclass=BinaryDistribution, data_files=[("bin", [cli_binary()])],
-      options={"build": {"build_base": "build-setuptools"}, "egg_info": {"egg_base": "build-setuptools"}})
+setup(
+    cmdclass={"build_py": BuildPy},
+    distclass=BinaryDistribution,
+    data_files=[("bin", [cli_binary()])],
+    options={"build": {"build_base": "build-setuptools"}, "egg_info": {"egg_base": "build-setuptools"}},
+)

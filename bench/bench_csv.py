@@ -1,4 +1,5 @@
 """Shared by the bench/*.py scripts: write a list of dict rows as docs/benchmarks/NAME."""
+
 import csv
 import os
 

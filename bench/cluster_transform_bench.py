@@ -42,6 +42,7 @@ Figures:
 Usage: cluster_transform_bench.py [--tenplex build/bin/tenplex] [--model gpt3-350m]
        [--out docs/benchmarks] [--quick] [--figures dims,size]
 """
+
 import argparse
 import csv
 import json
@@ -78,8 +79,10 @@ def probe(daemons):
     results = [None] * len(daemons)
 
     def one(i):
-        results[i] = daemons[i].call("POST", "/v1/transform/probe",
-                                     {"address": addrs[(i + 1) % len(daemons)], "bytes": 128 << 20})
+        results[i] = daemons[i].call(
+            "POST", "/v1/transform/probe", {"address": addrs[(i + 1) % len(daemons)], "bytes": 128 << 20}
+        )
+
     # All at once first (every daemon also makes its scratch region then), then a pair.
     threads = [threading.Thread(target=one, args=(i,)) for i in range(len(daemons))]
     for t in threads:
@@ -103,6 +106,7 @@ def _fresh_writer(shm_dir, nbytes, barrier, out):
     """One daemon's share of fresh_all_at_once: what a transform does for a new tensor
     (posix_fallocate, mmap MAP_SHARED|MAP_POPULATE, copy from a warm buffer)."""
     import mmap
+
     warm = bytearray(b"\x5a") * nbytes
     path = os.path.join(shm_dir, "tmp", "bench-fresh-%d" % os.getpid())
     barrier.wait()
@@ -123,6 +127,7 @@ def fresh_all_at_once(shm_dirs, nbytes=256 << 20, rounds=2):
     """GB/s of new shared memory written by one process per daemon directory, all
     started together (best of `rounds`): the machine's fresh-page limit."""
     import multiprocessing as mp
+
     ctx = mp.get_context("fork")
     best = 0.0
     for _ in range(rounds):
@@ -163,8 +168,11 @@ def mount_huge(tmp):
     path = os.path.join(tmp, "huge-shm")
     os.makedirs(path)
     size = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 4 // 5
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "huge=within_size,size=%d,mode=0700" % size, "tmpfs", path],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "huge=within_size,size=%d,mode=0700" % size, "tmpfs", path],
+        capture_output=True,
+        text=True,
+    )
     if r.returncode != 0:
         sys.exit("--huge-shm: mounting a tmpfs with huge=within_size failed (root needed): " + r.stderr.strip())
     HUGE_MOUNT = path
@@ -206,14 +214,18 @@ def transform_once(cluster, ckpt, job, to, central, local=True, plan_presize=Fal
     presize_s = wait_presized(cluster) if ARGS.presize else 0.0
     if plan_presize:
         t0 = time.time()
-        p = json.loads(tenplex("transform", "--cluster", cluster.file, "--job", job, "--to", to, "--presize",
-                               "--json", "--quiet"))
+        p = json.loads(
+            tenplex("transform", "--cluster", cluster.file, "--job", job, "--to", to, "--presize", "--json", "--quiet")
+        )
         presize_s = time.time() - t0
         short = [h for h in p["presized"] if h["pooled_bytes"] < h["poolable_bytes"]]
         if short:
-            log("       note: pools short of the plan (pool bound or memory): %s" %
-                ", ".join("%s %.2f of %.2f GB" % (h["url"], h["pooled_bytes"] / 1e9, h["poolable_bytes"] / 1e9)
-                          for h in short))
+            log(
+                "       note: pools short of the plan (pool bound or memory): %s"
+                % ", ".join(
+                    "%s %.2f of %.2f GB" % (h["url"], h["pooled_bytes"] / 1e9, h["poolable_bytes"] / 1e9) for h in short
+                )
+            )
     pool_before = sum(d.get("/v1/health")["pool_bytes"] for d in cluster.daemons)
     args = ["transform", "--cluster", cluster.file, "--job", job, "--to", to, "--json", "--quiet"]
     if central:
@@ -238,16 +250,24 @@ def measure(figure, case, cluster, tmp, frm, to):
     ours_ucx = transform_once(cluster, ckpt, "bench", to, central=False, local=False)
     central = transform_once(cluster, ckpt, "bench", to, central=True)
     central_ucx = transform_once(cluster, ckpt, "bench", to, central=True, local=False)
-    planned = transform_once(cluster, ckpt, "bench", to, central=False, plan_presize=True) if ARGS.presize_plan \
-        else None
+    planned = (
+        transform_once(cluster, ckpt, "bench", to, central=False, plan_presize=True) if ARGS.presize_plan else None
+    )
     shm = sum(h["bytes_fetched_shm"] for h in ours["hosts"])
     if shm != sum(h["bytes_fetched"] for h in ours["hosts"]) or any(h["bytes_fetched_shm"] for h in ours_ucx["hosts"]):
         sys.exit("same-host reads did not (or did with --no-local-peer-reads) carry the fetched bytes")
     # The limits again, right after the runs: the best of the two probes counts (a
     # limit must not be lowered by a probe that ran while the machine was busy).
     again = probe(cluster.daemons)
-    for k in ("fetch_gbps", "fetch_large_gbps", "fresh_write_gbps", "all_fetch_gbps", "all_write_gbps",
-              "all_write_sum_gbps", "all_memcpy_gbps"):
+    for k in (
+        "fetch_gbps",
+        "fetch_large_gbps",
+        "fresh_write_gbps",
+        "all_fetch_gbps",
+        "all_write_gbps",
+        "all_write_sum_gbps",
+        "all_memcpy_gbps",
+    ):
         cluster.limits[k] = max(cluster.limits[k], again[k])
     fetch_gbps = cluster.limits["fetch_large_gbps"]
     write_gbps = cluster.limits["fresh_write_gbps"]
@@ -256,14 +276,21 @@ def measure(figure, case, cluster, tmp, frm, to):
     sent = dict(zip(plan["hosts"], plan["host_send_bytes"]))
     recv = dict(zip(plan["hosts"], plan["host_recv_bytes"]))
     copied = {h["url"]: h["bytes_kept"] + h["bytes_local"] for h in ours["hosts"]}
-    per_host = [max(sent.get(u, 0), recv.get(u, 0)) / fetch_gbps / 1e9 + copied.get(u, 0) / write_gbps / 1e9
-                for u in plan["hosts"]]
+    per_host = [
+        max(sent.get(u, 0), recv.get(u, 0)) / fetch_gbps / 1e9 + copied.get(u, 0) / write_gbps / 1e9
+        for u in plan["hosts"]
+    ]
     limit = max(per_host)
     # Every byte of the new version that is not linked lands in new memory, fetched or
     # copied: at best the larger of that and the link time, per host.
     new_bytes = {h["url"]: h["bytes_kept"] + h["bytes_local"] + h["bytes_fetched"] for h in ours["hosts"]}
-    alloc_limit = max(max(new_bytes.get(u, 0) / write_gbps, max(sent.get(u, 0), recv.get(u, 0)) / fetch_gbps)
-                      for u in plan["hosts"]) / 1e9
+    alloc_limit = (
+        max(
+            max(new_bytes.get(u, 0) / write_gbps, max(sent.get(u, 0), recv.get(u, 0)) / fetch_gbps)
+            for u in plan["hosts"]
+        )
+        / 1e9
+    )
     fetched = sum(h["bytes_fetched"] for h in ours["hosts"])
     written = sum(h["bytes_kept"] + h["bytes_local"] for h in ours["hosts"])
     write_term = (written + fetched) / cluster.limits["all_write_gbps"] / 1e9
@@ -272,19 +299,29 @@ def measure(figure, case, cluster, tmp, frm, to):
     busiest = max(max(plan["host_send_bytes"]), max(plan["host_recv_bytes"]))
     local = sum(h["bytes_kept"] + h["bytes_local"] for h in ours["hosts"])
     row = {
-        "figure": figure, "model": os.path.basename(ARGS.model), "case": case, "hosts": len(cluster.daemons),
-        "from": frm, "to": to,
-        "state_bytes": ours["plan"]["bytes_total"], "cross_bytes": ours["plan"]["bytes_cross_host"],
-        "busiest_host_cross_bytes": busiest, "local_bytes": local,
-        "ours_s": round(ours["seconds"], 3), "ours_prepare_s": round(ours["prepare_seconds"], 3),
+        "figure": figure,
+        "model": os.path.basename(ARGS.model),
+        "case": case,
+        "hosts": len(cluster.daemons),
+        "from": frm,
+        "to": to,
+        "state_bytes": ours["plan"]["bytes_total"],
+        "cross_bytes": ours["plan"]["bytes_cross_host"],
+        "busiest_host_cross_bytes": busiest,
+        "local_bytes": local,
+        "ours_s": round(ours["seconds"], 3),
+        "ours_prepare_s": round(ours["prepare_seconds"], 3),
         "central_s": round(central["seconds"], 3),
         "central_rounds_s": "/".join("%.2f" % x for x in central["round_seconds"]),
-        "limit_s": round(limit, 3), "ratio_to_limit": round(ours["seconds"] / limit, 2),
-        "alloc_limit_s": round(alloc_limit, 3), "ratio_to_alloc_limit": round(ours["seconds"] / alloc_limit, 2),
+        "limit_s": round(limit, 3),
+        "ratio_to_limit": round(ours["seconds"] / limit, 2),
+        "alloc_limit_s": round(alloc_limit, 3),
+        "ratio_to_alloc_limit": round(ours["seconds"] / alloc_limit, 2),
         "machine_limit_s": round(machine_limit, 3),
         "ratio_to_machine_limit": round(ours["seconds"] / machine_limit, 2),
         "speedup_vs_central": round(central["seconds"] / ours["seconds"], 2),
-        "ours_ucx_s": round(ours_ucx["seconds"], 3), "central_ucx_s": round(central_ucx["seconds"], 3),
+        "ours_ucx_s": round(ours_ucx["seconds"], 3),
+        "central_ucx_s": round(central_ucx["seconds"], 3),
         "machine_limit_ucx_s": round(machine_limit_ucx, 3),
         "ratio_ucx_to_machine_limit": round(ours_ucx["seconds"] / machine_limit_ucx, 2),
         "speedup_vs_central_ucx": round(central_ucx["seconds"] / ours_ucx["seconds"], 2),
@@ -292,12 +329,15 @@ def measure(figure, case, cluster, tmp, frm, to):
         "shm_bytes": shm,
         # Where ours spends its prepare, the slowest host's seconds per phase: plan,
         # allocate (link + new memory), local copies, fetches (then the commit round).
-        "ours_phases_s": "/".join("%.2f" % max(h.get(k, 0) for h in ours["hosts"])
-                                  for k in ("plan_seconds", "alloc_seconds", "local_seconds", "fetch_seconds")),
+        "ours_phases_s": "/".join(
+            "%.2f" % max(h.get(k, 0) for h in ours["hosts"])
+            for k in ("plan_seconds", "alloc_seconds", "local_seconds", "fetch_seconds")
+        ),
         "ours_commit_s": round(ours["seconds"] - ours["prepare_seconds"], 3),
         "pool_bytes_before": ours["pool_bytes_before"],
         "presize_s": round(ours["presize_s"], 2),
-        "fetch_gbps": round(fetch_gbps, 2), "write_gbps": round(write_gbps, 2),
+        "fetch_gbps": round(fetch_gbps, 2),
+        "write_gbps": round(write_gbps, 2),
         "all_fetch_gbps": round(cluster.limits["all_fetch_gbps"], 2),
         "all_write_gbps": round(cluster.limits["all_write_gbps"], 2),
         "all_write_sum_gbps": round(cluster.limits["all_write_sum_gbps"], 2),
@@ -305,34 +345,68 @@ def measure(figure, case, cluster, tmp, frm, to):
     }
     if planned is not None:
         # The same transform with every host's pool pre-sized from the plan first.
-        row.update({
-            "ours_presized_s": round(planned["seconds"], 3),
-            "plan_presize_s": round(planned["presize_s"], 2),
-            "ratio_presized_to_machine_limit": round(planned["seconds"] / machine_limit, 2),
-            "speedup_presized_vs_central": round(central["seconds"] / planned["seconds"], 2),
-            "presized_pool_bytes": planned["pool_bytes_before"],
-            "ours_presized_phases_s": "/".join(
-                "%.2f" % max(h.get(k, 0) for h in planned["hosts"])
-                for k in ("plan_seconds", "alloc_seconds", "local_seconds", "fetch_seconds")),
-        })
-    log("  %-4s %-12s -> %-22s ours %6.2f s  central %6.2f s (%s)  central/ours %.2f\n"
+        row.update(
+            {
+                "ours_presized_s": round(planned["seconds"], 3),
+                "plan_presize_s": round(planned["presize_s"], 2),
+                "ratio_presized_to_machine_limit": round(planned["seconds"] / machine_limit, 2),
+                "speedup_presized_vs_central": round(central["seconds"] / planned["seconds"], 2),
+                "presized_pool_bytes": planned["pool_bytes_before"],
+                "ours_presized_phases_s": "/".join(
+                    "%.2f" % max(h.get(k, 0) for h in planned["hosts"])
+                    for k in ("plan_seconds", "alloc_seconds", "local_seconds", "fetch_seconds")
+                ),
+            }
+        )
+    log(
+        "  %-4s %-12s -> %-22s ours %6.2f s  central %6.2f s (%s)  central/ours %.2f\n"
         "       limits: link+memcpy %5.2f s (ours/limit %.2f), with new memory %5.2f s (%.2f), "
-        "this machine all at once %5.2f s (%.2f)" %
-        (case, frm, to, row["ours_s"], row["central_s"], row["central_rounds_s"], row["speedup_vs_central"],
-         row["limit_s"], row["ratio_to_limit"], row["alloc_limit_s"], row["ratio_to_alloc_limit"],
-         row["machine_limit_s"], row["ratio_to_machine_limit"]))
-    log("       ours: slowest host's plan/alloc/copy/fetch %s s, commit round %.2f s" %
-        (row["ours_phases_s"], row["ours_commit_s"]))
-    log("       UCX: ours %6.2f s  central %6.2f s  central/ours %.2f  machine limit %5.2f s (%.2f); "
-        "same-host reads %.2fx faster than UCX" %
-        (row["ours_ucx_s"], row["central_ucx_s"], row["speedup_vs_central_ucx"], row["machine_limit_ucx_s"],
-         row["ratio_ucx_to_machine_limit"], row["speedup_local_vs_ucx"]))
+        "this machine all at once %5.2f s (%.2f)"
+        % (
+            case,
+            frm,
+            to,
+            row["ours_s"],
+            row["central_s"],
+            row["central_rounds_s"],
+            row["speedup_vs_central"],
+            row["limit_s"],
+            row["ratio_to_limit"],
+            row["alloc_limit_s"],
+            row["ratio_to_alloc_limit"],
+            row["machine_limit_s"],
+            row["ratio_to_machine_limit"],
+        )
+    )
+    log(
+        "       ours: slowest host's plan/alloc/copy/fetch %s s, commit round %.2f s"
+        % (row["ours_phases_s"], row["ours_commit_s"])
+    )
+    log(
+        "       UCX: ours %6.2f s  central %6.2f s  central/ours %.2f  machine limit %5.2f s (%.2f); "
+        "same-host reads %.2fx faster than UCX"
+        % (
+            row["ours_ucx_s"],
+            row["central_ucx_s"],
+            row["speedup_vs_central_ucx"],
+            row["machine_limit_ucx_s"],
+            row["ratio_ucx_to_machine_limit"],
+            row["speedup_local_vs_ucx"],
+        )
+    )
     if planned is not None:
-        log("       pre-sized from the plan (%.2f s ahead, %.2f GB pooled): ours %6.2f s (ours/limit %.2f), "
-            "plan/alloc/copy/fetch %s s, central/ours %.2f" %
-            (row["plan_presize_s"], row["presized_pool_bytes"] / 1e9, row["ours_presized_s"],
-             row["ratio_presized_to_machine_limit"], row["ours_presized_phases_s"],
-             row["speedup_presized_vs_central"]))
+        log(
+            "       pre-sized from the plan (%.2f s ahead, %.2f GB pooled): ours %6.2f s (ours/limit %.2f), "
+            "plan/alloc/copy/fetch %s s, central/ours %.2f"
+            % (
+                row["plan_presize_s"],
+                row["presized_pool_bytes"] / 1e9,
+                row["ours_presized_s"],
+                row["ratio_presized_to_machine_limit"],
+                row["ours_presized_phases_s"],
+                row["speedup_presized_vs_central"],
+            )
+        )
     return row
 
 
@@ -344,19 +418,28 @@ def main():
     ap.add_argument("--out", default="docs/benchmarks")
     ap.add_argument("--quick", action="store_true", help="a small model, for a smoke run")
     ap.add_argument("--figures", default="dims,size")
-    ap.add_argument("--presize", action="store_true",
-                    help="daemons with --page-pool-presize: after each load the store fills its page pool "
-                         "(waited for, as while a job trains), so a transform's new tensors take warm "
-                         "pages; writes cluster_transform_presized.csv")
-    ap.add_argument("--presize-plan", action="store_true",
-                    help="also run ours once more after `tenplex transform --presize` (every host makes its "
-                         "new tensors of the transform ahead in its page pool, as it would while the old "
-                         "config trains; the joining hosts hold nothing otherwise): columns ours_presized_s, "
-                         "plan_presize_s; writes cluster_transform_planned.csv")
-    ap.add_argument("--huge-shm", action="store_true",
-                    help="the daemons' shared memory on a private tmpfs mounted with huge=within_size "
-                         "(needs root; docs/store.md): fresh memory in 2 MiB pages; writes "
-                         "cluster_transform_huge.csv")
+    ap.add_argument(
+        "--presize",
+        action="store_true",
+        help="daemons with --page-pool-presize: after each load the store fills its page pool "
+        "(waited for, as while a job trains), so a transform's new tensors take warm "
+        "pages; writes cluster_transform_presized.csv",
+    )
+    ap.add_argument(
+        "--presize-plan",
+        action="store_true",
+        help="also run ours once more after `tenplex transform --presize` (every host makes its "
+        "new tensors of the transform ahead in its page pool, as it would while the old "
+        "config trains; the joining hosts hold nothing otherwise): columns ours_presized_s, "
+        "plan_presize_s; writes cluster_transform_planned.csv",
+    )
+    ap.add_argument(
+        "--huge-shm",
+        action="store_true",
+        help="the daemons' shared memory on a private tmpfs mounted with huge=within_size "
+        "(needs root; docs/store.md): fresh memory in 2 MiB pages; writes "
+        "cluster_transform_huge.csv",
+    )
     ARGS = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="tenplex-bench-", dir="/tmp")
     if ARGS.huge_shm:
@@ -364,8 +447,20 @@ def main():
     if ARGS.model is None:
         if ARGS.quick:
             ARGS.model = os.path.join(tmp, "small.json")
-            tenplex("model", "gpt", "--num-layers", "4", "--hidden-size", "256", "--num-attention-heads", "16",
-                    "--vocab-size", "5000", "-o", ARGS.model)
+            tenplex(
+                "model",
+                "gpt",
+                "--num-layers",
+                "4",
+                "--hidden-size",
+                "256",
+                "--num-attention-heads",
+                "16",
+                "--vocab-size",
+                "5000",
+                "-o",
+                ARGS.model,
+            )
         else:
             ARGS.model = "gpt3-350m"
     os.makedirs(ARGS.out, exist_ok=True)
@@ -375,13 +470,21 @@ def main():
         if "dims" in figures:
             log("reconfiguration per dimension (4 hosts x 2 GPUs, %s with Adam):" % ARGS.model)
             c = Cluster(4, tmp)
-            log("  limits: UCX fetch %.2f GB/s between two daemons (%.2f GB/s from a 64 MiB region), fresh "
+            log(
+                "  limits: UCX fetch %.2f GB/s between two daemons (%.2f GB/s from a 64 MiB region), fresh "
                 "shared-memory write %.2f GB/s, memcpy %.2f GB/s; all daemons at once: fetch %.2f GB/s, "
-                "fresh write %.2f GB/s (probes summed %.2f), memcpy %.2f GB/s" %
-                (c.limits["fetch_large_gbps"], c.limits["fetch_gbps"], c.limits["fresh_write_gbps"],
-                 c.limits["memcpy_gbps"],
-                 c.limits["all_fetch_gbps"], c.limits["all_write_gbps"], c.limits["all_write_sum_gbps"],
-                 c.limits["all_memcpy_gbps"]))
+                "fresh write %.2f GB/s (probes summed %.2f), memcpy %.2f GB/s"
+                % (
+                    c.limits["fetch_large_gbps"],
+                    c.limits["fetch_gbps"],
+                    c.limits["fresh_write_gbps"],
+                    c.limits["memcpy_gbps"],
+                    c.limits["all_fetch_gbps"],
+                    c.limits["all_write_gbps"],
+                    c.limits["all_write_sum_gbps"],
+                    c.limits["all_memcpy_gbps"],
+                )
+            )
             try:
                 for case, to in [("DP", "tp=2,pp=2,dp=2,zero=1"), ("TP", "tp=4,pp=2"), ("PP", "tp=2,pp=4")]:
                     rows.append(measure("dims", case, c, tmp, "tp=2,pp=2", to))
@@ -389,7 +492,7 @@ def main():
                 c.stop()
         if "size" in figures:
             log("reconfiguration against cluster size (TP change over all GPUs):")
-            for hosts in ([2, 4] if ARGS.quick else [2, 4, 8]):
+            for hosts in [2, 4] if ARGS.quick else [2, 4, 8]:
                 c = Cluster(hosts, tmp)
                 try:
                     gpus = 2 * hosts
@@ -403,9 +506,11 @@ def main():
         # The rows measured so far are written also when a later row fails (a
         # daemon killed for memory on a small machine, say).
         if rows:
-            name = "cluster_transform%s%s%s.csv" % ("_huge" if ARGS.huge_shm else "",
-                                                    "_presized" if ARGS.presize else "",
-                                                    "_planned" if ARGS.presize_plan else "")
+            name = "cluster_transform%s%s%s.csv" % (
+                "_huge" if ARGS.huge_shm else "",
+                "_presized" if ARGS.presize else "",
+                "_planned" if ARGS.presize_plan else "",
+            )
             path = os.path.join(ARGS.out, name)
             with open(path, "w", newline="") as f:
                 w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))

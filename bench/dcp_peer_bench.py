@@ -29,6 +29,7 @@ gpt3-125m --optimizer adam --num-layers L` (parameters plus exp_avg and exp_avg_
 Runs in /dev/shm and on disk (a directory in the repository's parent file system). Writes
 docs/benchmarks/dcp_peer.csv (bench/plot_benchmarks.py draws dcp_peer.png from it).
 """
+
 import argparse
 import json
 import math
@@ -75,6 +76,7 @@ def stage_of(name, layers, pp):
 
 def placement(name, shape):
     from torch.distributed.tensor import Replicate, Shard
+
     mod = name.rsplit(".", 2)[-2] if name.count(".") >= 1 else name
     leaf = name.rsplit(".", 1)[-1]
     if mod in COLWISE and leaf in ("weight", "bias"):
@@ -97,6 +99,7 @@ def _peer_state(model, cfg):
     import torch
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import empty as dt_empty
+
     tp, pp = parse_config(cfg)
     mesh = init_device_mesh("cpu", (pp, tp), mesh_dim_names=("pp", "tp"))
     stage = mesh.get_coordinate()[0]
@@ -104,17 +107,18 @@ def _peer_state(model, cfg):
     sd = {}
     for name, shape in state_tensors(model):
         if stage_of(name, layers, pp) == stage:
-            sd[name] = dt_empty(shape, dtype=torch.float32, device_mesh=mesh["tp"],
-                                placements=[placement(name, shape)])
+            sd[name] = dt_empty(shape, dtype=torch.float32, device_mesh=mesh["tp"], placements=[placement(name, shape)])
     return sd
 
 
 def _peer_worker(rank, world, rdzv_file, model_path, cfg, load_dir, save_dir, result_dir):
     import warnings
+
     warnings.filterwarnings("ignore")
     import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
+
     # a rendezvous file: no TCP port to collide with another program's
     dist.init_process_group("gloo", init_method="file://" + rdzv_file, rank=rank, world_size=world)
     torch.set_num_threads(1)
@@ -141,30 +145,42 @@ def _peer_worker(rank, world, rdzv_file, model_path, cfg, load_dir, save_dir, re
 def run_peer(cfg, model_path, load_dir, save_dir, tmp):
     """Starts the ranks of cfg (torch.multiprocessing, spawn); rank 0's times, summed memory."""
     import torch.multiprocessing as mp
+
     tp, pp = parse_config(cfg)
     world = tp * pp
     res = tempfile.mkdtemp(dir=tmp)
     rdzv_file = os.path.join(res, "rendezvous")
-    mp.start_processes(_peer_worker, args=(world, rdzv_file, model_path, cfg, load_dir, save_dir, res),
-                       nprocs=world, join=True, start_method="spawn")
+    mp.start_processes(
+        _peer_worker,
+        args=(world, rdzv_file, model_path, cfg, load_dir, save_dir, res),
+        nprocs=world,
+        join=True,
+        start_method="spawn",
+    )
     rs = [json.load(open(os.path.join(res, f"rank{r}.json"))) for r in range(world)]
     shutil.rmtree(res)
-    return {"s": rs[0]["load_s"] + rs[0]["save_s"], "load_s": rs[0]["load_s"],
-            "hwm_mb": sum(r["hwm_kb"] for r in rs) / 1024,
-            "hwm_max_mb": max(r["hwm_kb"] for r in rs) / 1024, "floor_mb": sum(r["floor_kb"] for r in rs) / 1024}
+    return {
+        "s": rs[0]["load_s"] + rs[0]["save_s"],
+        "load_s": rs[0]["load_s"],
+        "hwm_mb": sum(r["hwm_kb"] for r in rs) / 1024,
+        "hwm_max_mb": max(r["hwm_kb"] for r in rs) / 1024,
+        "floor_mb": sum(r["floor_kb"] for r in rs) / 1024,
+    }
 
 
 # Runs argv[1:] in a forked child of a bare Python (no torch, about 10 MB) and prints the
 # child's ru_maxrss. Measuring from this process instead would count the bench's own RSS:
 # Linux carries the RSS high-water of the process that forks into the child's ru_maxrss
 # across exec.
-_LAUNCHER = ("import os, sys\n"
-             "pid = os.fork()\n"
-             "if pid == 0:\n"
-             "    os.execv(sys.argv[1], sys.argv[1:])\n"
-             "_, st, ru = os.wait4(pid, 0)\n"
-             "print(ru.ru_maxrss, flush=True)\n"
-             "sys.exit(os.waitstatus_to_exitcode(st))\n")
+_LAUNCHER = (
+    "import os, sys\n"
+    "pid = os.fork()\n"
+    "if pid == 0:\n"
+    "    os.execv(sys.argv[1], sys.argv[1:])\n"
+    "_, st, ru = os.wait4(pid, 0)\n"
+    "print(ru.ru_maxrss, flush=True)\n"
+    "sys.exit(os.waitstatus_to_exitcode(st))\n"
+)
 
 
 def run_ours(cmd):
@@ -202,6 +218,7 @@ def fresh_mmap_gbps(root):
     """memcpy into a freshly mapped file in root (every page touched for the first time):
     what writing a new checkpoint through mmap costs at best on this machine."""
     import mmap
+
     n = 256 << 20
     a = np.ones(n, dtype=np.uint8)
     path = os.path.join(root, "fresh_mmap.bin")
@@ -229,7 +246,7 @@ def write_limit_s(root, nbytes):
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     left = nbytes
     while left > 0:
-        left -= os.write(fd, memoryview(buf)[:min(left, buf.nbytes)])
+        left -= os.write(fd, memoryview(buf)[: min(left, buf.nbytes)])
     os.fsync(fd)
     os.close(fd)
     s = time.perf_counter() - t
@@ -248,8 +265,9 @@ def measure_place(a, place, root, tp):
         model = json.load(f)
     nbytes = sum(4 * math.prod(s) for _, s in state_tensors(model))
     old = os.path.join(root, "old")
-    subprocess.run([tp, "ckpt", "init", "--model", mpath, "--config", a.old, "--out", old], check=True,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [tp, "ckpt", "init", "--model", mpath, "--config", a.old, "--out", old], check=True, stdout=subprocess.DEVNULL
+    )
     sync = (lambda: subprocess.run(["sync"])) if place == "disk" else (lambda: None)
     wl = [write_limit_s(root, nbytes)]
     fresh = fresh_mmap_gbps(root)
@@ -265,14 +283,27 @@ def measure_place(a, place, root, tp):
             shutil.rmtree(out)
     wl.append(write_limit_s(root, nbytes))
     shutil.rmtree(old)
-    row = {"place": place, "state_MB": round(nbytes / 1e6, 1), "old_world": math.prod(parse_config(a.old)),
-           "new_world": math.prod(parse_config(a.new)), "old_layout": a.old, "new_layout": a.new}
+    row = {
+        "place": place,
+        "state_MB": round(nbytes / 1e6, 1),
+        "old_world": math.prod(parse_config(a.old)),
+        "new_world": math.prod(parse_config(a.new)),
+        "old_layout": a.old,
+        "new_layout": a.new,
+    }
     o, o_rss = min(ours)
     om = min(x[0] for x in ours_mmap)
     w = min(wl)
-    row.update({"ours_s": round(o, 3), "ours_peak_rss_MB": round(max(x[1] for x in ours), 1),
-                "ours_mmap_output_s": round(om, 3), "write_limit_s": round(w, 3),
-                "ours_over_write_limit": round(o / w, 2), "mmap_output_over_write_limit": round(om / w, 2)})
+    row.update(
+        {
+            "ours_s": round(o, 3),
+            "ours_peak_rss_MB": round(max(x[1] for x in ours), 1),
+            "ours_mmap_output_s": round(om, 3),
+            "write_limit_s": round(w, 3),
+            "ours_over_write_limit": round(o / w, 2),
+            "mmap_output_over_write_limit": round(om / w, 2),
+        }
+    )
     if a.no_peer:
         return row
     dold = os.path.join(root, "dcp_old")
@@ -291,18 +322,28 @@ def measure_place(a, place, root, tp):
     limit_s = nbytes / (lim * 1e9)
     best = min(peer, key=lambda x: x["s"])
     p = best["s"]
-    row.update({"peer_s": round(p, 3), "peer_load_s": round(best["load_s"], 3),
-                "peer_with_spawn_s": round(min(x["wall"] for x in peer), 3),
-                "peer_peak_rss_MB": round(max(x["hwm_mb"] for x in peer), 1),
-                "peer_peak_rss_max_rank_MB": round(max(x["hwm_max_mb"] for x in peer), 1),
-                "peer_rss_floor_MB": round(best["floor_mb"], 1),
-                "limit_s": round(limit_s, 3), "fresh_mmap_memcpy_s": round(nbytes / fresh / 1e9, 3),
-                "speedup_vs_peer": round(p / o, 2), "peer_over_write_limit": round(p / w, 2),
-                "ours_over_limit": round(o / limit_s, 2), "peer_over_limit": round(p / limit_s, 2),
-                "peer_rss_over_ours": round(max(x["hwm_mb"] for x in peer) / max(x[1] for x in ours), 2),
-                "ours_GBps": round(nbytes / o / 1e9, 2), "peer_GBps": round(nbytes / p / 1e9, 2),
-                "limit_GBps": round(lim, 2), "ours_out_MB": round(ours_bytes / 1e6, 1),
-                "peer_out_MB": round(peer_bytes / 1e6, 1)})
+    row.update(
+        {
+            "peer_s": round(p, 3),
+            "peer_load_s": round(best["load_s"], 3),
+            "peer_with_spawn_s": round(min(x["wall"] for x in peer), 3),
+            "peer_peak_rss_MB": round(max(x["hwm_mb"] for x in peer), 1),
+            "peer_peak_rss_max_rank_MB": round(max(x["hwm_max_mb"] for x in peer), 1),
+            "peer_rss_floor_MB": round(best["floor_mb"], 1),
+            "limit_s": round(limit_s, 3),
+            "fresh_mmap_memcpy_s": round(nbytes / fresh / 1e9, 3),
+            "speedup_vs_peer": round(p / o, 2),
+            "peer_over_write_limit": round(p / w, 2),
+            "ours_over_limit": round(o / limit_s, 2),
+            "peer_over_limit": round(p / limit_s, 2),
+            "peer_rss_over_ours": round(max(x["hwm_mb"] for x in peer) / max(x[1] for x in ours), 2),
+            "ours_GBps": round(nbytes / o / 1e9, 2),
+            "peer_GBps": round(nbytes / p / 1e9, 2),
+            "limit_GBps": round(lim, 2),
+            "ours_out_MB": round(ours_bytes / 1e6, 1),
+            "peer_out_MB": round(peer_bytes / 1e6, 1),
+        }
+    )
     return row
 
 
@@ -316,8 +357,9 @@ def main():
     ap.add_argument("--quick", action="store_true", help="2 layers, hidden 256, 1 rep")
     ap.add_argument("--disk-dir", default=None, help="directory on disk (default ../.tenplex-bench-dcp)")
     ap.add_argument("--out", default="docs/benchmarks")
-    ap.add_argument("--no-peer", action="store_true",
-                    help="only ours (both output paths) and the write limit; print, write no CSV")
+    ap.add_argument(
+        "--no-peer", action="store_true", help="only ours (both output paths) and the write limit; print, write no CSV"
+    )
     a = ap.parse_args()
     if a.quick:
         a.layers, a.reps = 2, 1
@@ -335,14 +377,17 @@ def main():
         if a.no_peer:
             print(f"[dcp_peer] {place}: {row}", flush=True)
             continue
-        print(f"[dcp_peer] {place}: {row['state_MB']} MB {a.old} -> {a.new}: ours {row['ours_s']:.3f} s "
-              f"(peak RSS {row['ours_peak_rss_MB']:.0f} MB), torch {torch_version()} DCP {row['peer_s']:.3f} s "
-              f"(with process start {row['peer_with_spawn_s']:.3f} s; peak RSS of all ranks "
-              f"{row['peer_peak_rss_MB']:.0f} MB, floor {row['peer_rss_floor_MB']:.0f} MB); write+fsync limit "
-              f"{row['write_limit_s']:.3f} s, memcpy limit {row['limit_s']:.3f} s; speed-up "
-              f"{row['speedup_vs_peer']:.2f}x, ours/write {row['ours_over_write_limit']:.2f}, peer/write "
-              f"{row['peer_over_write_limit']:.2f}, ours/memcpy {row['ours_over_limit']:.1f}, peer/memcpy "
-              f"{row['peer_over_limit']:.1f}, peer RSS / ours {row['peer_rss_over_ours']:.1f}", flush=True)
+        print(
+            f"[dcp_peer] {place}: {row['state_MB']} MB {a.old} -> {a.new}: ours {row['ours_s']:.3f} s "
+            f"(peak RSS {row['ours_peak_rss_MB']:.0f} MB), torch {torch_version()} DCP {row['peer_s']:.3f} s "
+            f"(with process start {row['peer_with_spawn_s']:.3f} s; peak RSS of all ranks "
+            f"{row['peer_peak_rss_MB']:.0f} MB, floor {row['peer_rss_floor_MB']:.0f} MB); write+fsync limit "
+            f"{row['write_limit_s']:.3f} s, memcpy limit {row['limit_s']:.3f} s; speed-up "
+            f"{row['speedup_vs_peer']:.2f}x, ours/write {row['ours_over_write_limit']:.2f}, peer/write "
+            f"{row['peer_over_write_limit']:.2f}, ours/memcpy {row['ours_over_limit']:.1f}, peer/memcpy "
+            f"{row['peer_over_limit']:.1f}, peer RSS / ours {row['peer_rss_over_ours']:.1f}",
+            flush=True,
+        )
     if a.no_peer:
         return 0
     write_rows(a.out, "dcp_peer.csv", rows, "dcp_peer")
@@ -351,6 +396,7 @@ def main():
 
 def torch_version():
     import torch
+
     return torch.__version__.split("+")[0]
 
 

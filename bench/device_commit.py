@@ -34,6 +34,7 @@ and the background write's time. The pinned device-to-host limit is measured in 
 Writes device_commit_<device>[_every<N>].csv into --out (default docs/benchmarks) and prints a table.
 Usage: device_commit.py [--device cuda|cpu] [--steps 30] [--hidden 6144 --layers 4] [--out DIR]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,7 +43,7 @@ import os
 import statistics
 import sys
 import time
-from typing import Any, Optional
+from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -69,8 +70,10 @@ class Trainer:
         g = torch.Generator(device=device)
         g.manual_seed(seed)
         self.device = device
-        self.w = [(torch.randn(hidden, hidden, device=device, generator=g) / hidden ** 0.5).requires_grad_()
-                  for _ in range(layers)]
+        self.w = [
+            (torch.randn(hidden, hidden, device=device, generator=g) / hidden**0.5).requires_grad_()
+            for _ in range(layers)
+        ]
         self.m = [torch.zeros_like(w) for w in self.w]
         self.v = [torch.zeros_like(w) for w in self.w]
         self.x = torch.randn(batch, hidden, device=device, generator=g)
@@ -103,7 +106,7 @@ class Trainer:
             torch._foreach_addcmul_(self.v, grads, grads, value=1 - b2)
             denom = torch._foreach_sqrt(self.v)
             torch._foreach_add_(denom, eps)
-            torch._foreach_addcdiv_(params, self.m, denom, value=-lr * (1 - b2 ** self.t) ** 0.5 / (1 - b1 ** self.t))
+            torch._foreach_addcdiv_(params, self.m, denom, value=-lr * (1 - b2**self.t) ** 0.5 / (1 - b1**self.t))
         for w in self.w:
             w.grad = None
         return loss.item()
@@ -137,8 +140,9 @@ def write_version(st: Any, step: int, snap: State) -> int:
     t0 = time.perf_counter()
     v = st.begin(JOB, info={"step": step})
     prefix = f"jobs/{JOB}/{v}/rank-00000/"
-    infos = st._s.allocate([(prefix + k, tenplex.store._NAME_OF[t.dtype], list(t.shape)) for k, t in snap.items()],
-                            zero_fill=False)
+    infos = st._s.allocate(
+        [(prefix + k, tenplex.store._NAME_OF[t.dtype], list(t.shape)) for k, t in snap.items()], zero_fill=False
+    )
     t1 = time.perf_counter()
     tdev.commit_files([(k, t, info["file"]) for (k, t), info in zip(snap.items(), infos)])
     t2 = time.perf_counter()
@@ -156,7 +160,7 @@ class Committer:
         self.variant, self.st = variant, st
         self.ac = tdev.AsyncCommit()
         self.started = False  # async: a write was started and not waited for
-        self.pending: Optional[int] = None  # async-api: the version written in the background
+        self.pending: int | None = None  # async-api: the version written in the background
         self.snapshot_s: list[float] = []
         self.write_s: list[float] = []
 
@@ -191,13 +195,17 @@ class Committer:
 def check_version(st: Any, step: int, want: State, device: str) -> list[str]:
     """Problems of the current version against the state `want` of `step`."""
     info = st.status(JOB)
-    problems = [] if info.get("step") == step else [f"current version {info['version']} is of step "
-                                                    f"{info.get('step')}, not {step}"]
+    problems = (
+        []
+        if info.get("step") == step
+        else [f"current version {info['version']} is of step {info.get('step')}, not {step}"]
+    )
     got = st.load_state(JOB, 0, device=device)
     bad = mismatches(want, got)
     if bad:
-        problems.append(f"step {step}: {len(bad)} of {len(want)} tensors differ from the state at that step "
-                        f"(first {bad[0]})")
+        problems.append(
+            f"step {step}: {len(bad)} of {len(want)} tensors differ from the state at that step (first {bad[0]})"
+        )
     return problems
 
 
@@ -257,49 +265,72 @@ def run_variant(variant: str, a: argparse.Namespace, batch: int, failures: list[
         log.error("%s: %s", variant, p)
     nbytes = sum(t.numel() * t.element_size() for t in state.values())
     med = statistics.median(step_s)
-    log.info("%s: median step %.1f ms, boundary %.1f ms%s", variant, med * 1e3, statistics.mean(boundary_s) * 1e3,
-             "" if st is None else (" (verified)" if not problems else " (WRONG BYTES)"))
-    row = {"variant": variant, "steps": len(step_s), "batch": batch, "hidden": a.hidden, "layers": a.layers,
-           "state_bytes": nbytes, "step_ms": round(med * 1e3, 2),
-           "step_ms_mean": round(statistics.mean(step_s) * 1e3, 2),
-           "boundary_ms": round(statistics.mean(boundary_s) * 1e3, 2),
-           "verified": "" if st is None else ("yes" if not problems else "NO"),
-           "snapshot_ms": round(statistics.mean(c.snapshot_s) * 1e3, 2) if c.snapshot_s else "",
-           "write_ms": round(statistics.mean(c.write_s) * 1e3, 2) if c.write_s else "", "every": a.every}
+    log.info(
+        "%s: median step %.1f ms, boundary %.1f ms%s",
+        variant,
+        med * 1e3,
+        statistics.mean(boundary_s) * 1e3,
+        "" if st is None else (" (verified)" if not problems else " (WRONG BYTES)"),
+    )
+    row = {
+        "variant": variant,
+        "steps": len(step_s),
+        "batch": batch,
+        "hidden": a.hidden,
+        "layers": a.layers,
+        "state_bytes": nbytes,
+        "step_ms": round(med * 1e3, 2),
+        "step_ms_mean": round(statistics.mean(step_s) * 1e3, 2),
+        "boundary_ms": round(statistics.mean(boundary_s) * 1e3, 2),
+        "verified": "" if st is None else ("yes" if not problems else "NO"),
+        "snapshot_ms": round(statistics.mean(c.snapshot_s) * 1e3, 2) if c.snapshot_s else "",
+        "write_ms": round(statistics.mean(c.write_s) * 1e3, 2) if c.write_s else "",
+        "every": a.every,
+    }
     for name, ds in PHASES.items():  # where a write's time goes (blocking and async)
         row[f"{name}_ms"] = round(statistics.median(ds) * 1e3, 2) if ds else ""
     if any(PHASES.values()):
-        log.info("%s: write phases (median ms): %s", variant,
-                 ", ".join(f"{k} {row[k + '_ms']}" for k in PHASES if PHASES[k]))
+        log.info(
+            "%s: write phases (median ms): %s", variant, ", ".join(f"{k} {row[k + '_ms']}" for k in PHASES if PHASES[k])
+        )
     del tr, state, c
     if dev == "cuda":
         torch.cuda.empty_cache()
     return row
 
 
-def print_table(rows: list[dict[str, Any]], info: dict[str, str], a: argparse.Namespace, batch: int,
-                limit: float) -> None:
+def print_table(
+    rows: list[dict[str, Any]], info: dict[str, str], a: argparse.Namespace, batch: int, limit: float
+) -> None:
     sys.stdout.flush()
     if not rows:
         return
-    print(f"\ncommit every {a.every} step(s) from {a.device} ({info['device_name']}; memlock {info['memlock']}, NUMA node "
-          f"{info['numa_node']}, torch {info['torch']}); state {rows[0]['state_bytes'] / GB:.2f} GB, "
-          f"batch {batch}, D2H limit {limit:.1f} GB/s")
-    print(f"{'variant':<10} {'steps':>5} {'step ms':>8} {'mean':>8} {'overhead':>9} {'boundary ms':>11} "
-          f"{'snapshot ms':>11} {'write ms':>9}  ok")
+    print(
+        f"\ncommit every {a.every} step(s) from {a.device} ({info['device_name']}; memlock {info['memlock']}, "
+        f"NUMA node {info['numa_node']}, torch {info['torch']}); state {rows[0]['state_bytes'] / GB:.2f} GB, "
+        f"batch {batch}, D2H limit {limit:.1f} GB/s"
+    )
+    print(
+        f"{'variant':<10} {'steps':>5} {'step ms':>8} {'mean':>8} {'overhead':>9} {'boundary ms':>11} "
+        f"{'snapshot ms':>11} {'write ms':>9}  ok"
+    )
     for r in rows:
-        print(f"{r['variant']:<10} {r['steps']:>5} {r['step_ms']:>8} {r['step_ms_mean']:>8} "
-              f"{r['overhead_pct']!s:>8}% {r['boundary_ms']:>11} {r['snapshot_ms']!s:>11} {r['write_ms']!s:>9}  "
-              f"{r['verified']}")
+        print(
+            f"{r['variant']:<10} {r['steps']:>5} {r['step_ms']:>8} {r['step_ms_mean']:>8} "
+            f"{r['overhead_pct']!s:>8}% {r['boundary_ms']:>11} {r['snapshot_ms']!s:>11} {r['write_ms']!s:>9}  "
+            f"{r['verified']}"
+        )
     for r in rows:
         if r["variant"].startswith("async") and r["overhead_pct"] != "":
             met = r["overhead_pct"] < GOAL_OVERHEAD * 100
-            print(f"{r['variant']}: overhead {r['overhead_pct']} % (goal < {GOAL_OVERHEAD * 100:g} %: "
-                  f"{'met' if met else 'missed'})")
+            print(
+                f"{r['variant']}: overhead {r['overhead_pct']} % (goal < {GOAL_OVERHEAD * 100:g} %: "
+                f"{'met' if met else 'missed'})"
+            )
     sys.stdout.flush()
 
 
-def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--steps", type=int, default=30, help="timed steps per variant")
@@ -310,7 +341,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     ap.add_argument("--batch", type=int, help="a fixed batch instead of calibrating one")
     ap.add_argument("--max-batch", type=int, default=65536)
     ap.add_argument("--variants", default=",".join(VARIANTS))
-    ap.add_argument("--every", type=int, default=1, help="commit every N steps (the checked and the last step always commit)")
+    ap.add_argument(
+        "--every", type=int, default=1, help="commit every N steps (the checked and the last step always commit)"
+    )
     ap.add_argument("--out", default=os.path.join(os.path.dirname(HERE), "docs", "benchmarks"))
     a = ap.parse_args(argv)
     if a.device == "cuda" and not torch.cuda.is_available():
@@ -325,14 +358,21 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     return a
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="[device_commit] %(message)s")
     a = parse_args(argv)
     if a.device == "cpu":  # the copy engine's threads need cores too: spinning OpenMP threads stall them
         torch.set_num_threads(1)
     info = machine_info(a.device)
-    log.info("device %s (%s), memlock %s, NUMA node %s, torch %s; engine %s", a.device, info["device_name"],
-             info["memlock"], info["numa_node"], info["torch"], tdev.engine(a.device).description)
+    log.info(
+        "device %s (%s), memlock %s, NUMA node %s, torch %s; engine %s",
+        a.device,
+        info["device_name"],
+        info["memlock"],
+        info["numa_node"],
+        info["torch"],
+        tdev.engine(a.device).description,
+    )
     limit = pinned_copy_gbps(a.device, to_device=False, nbytes=1 << 30 if a.device == "cuda" else 64 << 20)
     log.info("limit: %.2f GB/s (%s)", limit, "pinned device-to-host" if a.device == "cuda" else "memcpy")
     batch = a.batch or calibrate(a)

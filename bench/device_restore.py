@@ -28,6 +28,7 @@ the GPU's NUMA node and torch's version.
 Writes device_restore_<device>.csv into --out (default docs/benchmarks) and prints a table.
 Usage: device_restore.py [--device cuda|cpu] [--sizes 1,4,16] [--reps 5] [--out DIR]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,7 +43,7 @@ import sys
 import tempfile
 import time
 import warnings
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, ".."))
@@ -60,14 +61,18 @@ GOAL_LIMIT_RATIO = 0.8
 GOAL_SPEEDUP = 5.0
 JOB = "restore"
 # One 200 MiB cycle of the state: (MiB, dtype).
-CYCLE = ([(64, torch.bfloat16), (64, torch.float32)] + [(16, torch.bfloat16), (16, torch.float32)] * 2 +
-         [(1, torch.bfloat16), (1, torch.float32)] * 4)
+CYCLE = (
+    [(64, torch.bfloat16), (64, torch.float32)]
+    + [(16, torch.bfloat16), (16, torch.float32)] * 2
+    + [(1, torch.bfloat16), (1, torch.float32)] * 4
+)
 # Same-width integer views: bit-for-bit comparison (random bits hold NaNs).
 _BITS = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}
 State = dict[str, torch.Tensor]
 
 
 # ---- the machine -------------------------------------------------------------------------
+
 
 def memlock_text() -> str:
     soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
@@ -80,8 +85,12 @@ def gpu_bus_id(index: int) -> str:
     if hasattr(p, "pci_bus_id"):
         return f"{p.pci_domain_id:04x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0"
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=pci.bus_id", "--format=csv,noheader", "-i", str(index)],
-                             capture_output=True, text=True, timeout=30).stdout.strip()
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=pci.bus_id", "--format=csv,noheader", "-i", str(index)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return ""
     return out[-12:].lower() if out else ""  # 00000000:18:00.0 -> 0000:18:00.0
@@ -102,8 +111,7 @@ def machine_info(device: str) -> dict[str, str]:
     else:
         try:
             with open("/proc/cpuinfo") as f:
-                info["device_name"] = next((x.split(":", 1)[1].strip() for x in f if x.startswith("model name")),
-                                           "cpu")
+                info["device_name"] = next((x.split(":", 1)[1].strip() for x in f if x.startswith("model name")), "cpu")
         except OSError:
             info["device_name"] = "cpu"
         info["numa_node"] = "-"
@@ -138,10 +146,12 @@ def pinned_copy_gbps(device: str, to_device: bool = True, nbytes: int = 1 << 30,
 
 # ---- the engine and the store ------------------------------------------------------------
 
+
 def native() -> Any:
     """tenplex._tenplex, or None when it cannot be imported."""
     try:
         from tenplex import _tenplex
+
         return _tenplex
     except ImportError as e:
         log.error("tenplex._tenplex does not import: %s", e)
@@ -163,8 +173,12 @@ def open_engine(device: str, mode: str, args: argparse.Namespace, **override: in
 
 def engine_options(args: argparse.Namespace) -> dict[str, int]:
     """The CopyEngine options given on the command line (the engine's defaults otherwise)."""
-    opts = {"chunk_bytes": args.chunk_mb * MIB if args.chunk_mb else None, "slots": args.slots,
-            "streams": args.streams, "threads": args.threads}
+    opts = {
+        "chunk_bytes": args.chunk_mb * MIB if args.chunk_mb else None,
+        "slots": args.slots,
+        "streams": args.streams,
+        "threads": args.threads,
+    }
     return {k: v for k, v in opts.items() if v}
 
 
@@ -178,6 +192,7 @@ class Source:
         self.dir = tempfile.mkdtemp(prefix="tenplex-restore-", dir=shm_root)
         try:
             import tenplex
+
             self.store = tenplex.attach(shm_dir=os.path.join(self.dir, "store"))
         except (ImportError, AttributeError) as e:
             log.warning("the store's Python API is unavailable (%s): the state goes into plain files", e)
@@ -204,7 +219,7 @@ class Source:
             del dst
             self.files[name] = (path, t.numel() * t.element_size())
 
-    def load_state_fn(self, device: str) -> Optional[Callable[[], State]]:
+    def load_state_fn(self, device: str) -> Callable[[], State] | None:
         """Store.load_state(..., device=) when the store has it."""
         if self.store is None or "device" not in inspect.signature(self.store.load_state).parameters:
             return None
@@ -223,6 +238,7 @@ class Source:
 
 
 # ---- the state ---------------------------------------------------------------------------
+
 
 def make_state(nbytes: int, device: str, seed: int) -> State:
     """Tensors of CYCLE's sizes (the last one cut) summing to nbytes, random bits."""
@@ -263,8 +279,10 @@ def mismatches(want: State, got: State) -> list[str]:
 
 # ---- measuring ---------------------------------------------------------------------------
 
-def timed(fn: Callable[[], Any], device: str, reps: int, budget_s: float,
-          before: Optional[Callable[[], None]] = None) -> tuple[list[float], Any]:
+
+def timed(
+    fn: Callable[[], Any], device: str, reps: int, budget_s: float, before: Callable[[], None] | None = None
+) -> tuple[list[float], Any]:
     """Seconds of up to reps calls of fn (at least one; no new one once budget_s has
     passed), and the last call's result. before() runs untimed ahead of each call."""
     times: list[float] = []
@@ -294,18 +312,27 @@ class SizeRun:
         self.dst = empty_like_state(self.state)  # preallocated destination (engine, DCP)
         self.rows: list[dict[str, Any]] = []
 
-    def row(self, method: str, times: list[float], ok: Optional[bool], note: str = "",
-            stats: Optional[dict] = None) -> None:
+    def row(self, method: str, times: list[float], ok: bool | None, note: str = "", stats: dict | None = None) -> None:
         med = statistics.median(times) if times else float("nan")
         stats = stats or {}
-        self.rows.append({
-            "size_gb": self.size_gb, "method": method, "bytes": self.nbytes, "tensors": self.n, "reps": len(times),
-            "seconds": round(med, 4), "seconds_min": round(min(times), 4) if times else float("nan"),
-            "gbps": round(self.nbytes / med / GB, 2) if times else float("nan"),
-            "verified": "" if ok is None else ("yes" if ok else "NO"),
-            "engine_mode": stats.get("mode", ""), "engine_chunks": stats.get("chunks", ""),
-            "engine_fallback": stats.get("fallback", ""),
-            "engine_gbps": round(float(stats["gbps"]), 2) if "gbps" in stats else "", "note": note})
+        self.rows.append(
+            {
+                "size_gb": self.size_gb,
+                "method": method,
+                "bytes": self.nbytes,
+                "tensors": self.n,
+                "reps": len(times),
+                "seconds": round(med, 4),
+                "seconds_min": round(min(times), 4) if times else float("nan"),
+                "gbps": round(self.nbytes / med / GB, 2) if times else float("nan"),
+                "verified": "" if ok is None else ("yes" if ok else "NO"),
+                "engine_mode": stats.get("mode", ""),
+                "engine_chunks": stats.get("chunks", ""),
+                "engine_fallback": stats.get("fallback", ""),
+                "engine_gbps": round(float(stats["gbps"]), 2) if "gbps" in stats else "",
+                "note": note,
+            }
+        )
 
     def fail(self, method: str, e: BaseException) -> None:
         why = f"{type(e).__name__}: {e}"
@@ -316,8 +343,9 @@ class SizeRun:
     def verified(self, method: str, got: State) -> bool:
         bad = mismatches(self.state, got)
         if bad:
-            self.failures.append(f"{self.size_gb:g} GB {method}: {len(bad)} of {self.n} tensors differ "
-                                 f"(first {bad[0]})")
+            self.failures.append(
+                f"{self.size_gb:g} GB {method}: {len(bad)} of {self.n} tensors differ (first {bad[0]})"
+            )
             log.error("%s", self.failures[-1])
         return not bad
 
@@ -335,8 +363,13 @@ class SizeRun:
         try:
             t = time.perf_counter()
             src.write(self.state)
-            log.info("state: %d tensors, %.2f GB written to the %s in %.1f s", self.n, self.nbytes / GB, src.kind,
-                     time.perf_counter() - t)
+            log.info(
+                "state: %d tensors, %.2f GB written to the %s in %.1f s",
+                self.n,
+                self.nbytes / GB,
+                src.kind,
+                time.perf_counter() - t,
+            )
             note = "" if src.kind == "store" else "plain files (store API unavailable)"
             items = [(src.files[k][0], 0, src.files[k][1], self.dst[k].data_ptr()) for k in self.state]
             runs = [(f"engine-{m}", m, {}) for m in ("staged", "registered")]
@@ -345,7 +378,7 @@ class SizeRun:
             for method, mode, opts in runs:
                 try:
                     eng = open_engine(self.a.device, mode, self.a, **opts)
-                    times, stats = self.timed(lambda: eng.restore(items), self.a.reps, zero=True)
+                    times, stats = self.timed(lambda: eng.restore(items), self.a.reps, zero=True)  # noqa: F821 - called before the del
                     self.row(method, times, self.verified(method, self.dst), note=note, stats=dict(stats))
                     del eng
                 except Exception as e:  # noqa: BLE001 - one method failing must not hide the others
@@ -378,6 +411,7 @@ class SizeRun:
                     times, got = self.timed(lambda: torch.load(path, map_location=dev, weights_only=True), reps)
                 else:
                     import torch.distributed.checkpoint as dcp
+
                     with warnings.catch_warnings():  # "assuming the intent is to save in a single process"
                         warnings.simplefilter("ignore")
                         dcp.save(self.state, checkpoint_id=pdir)
@@ -420,15 +454,21 @@ def add_ratios(rows: list[dict[str, Any]], limit_gbps: float) -> None:
 
 def print_table(rows: list[dict[str, Any]], info: dict[str, str], device: str) -> None:
     sys.stdout.flush()
-    print(f"\nrestore onto {device} ({info['device_name']}; memlock {info['memlock']}, NUMA node "
-          f"{info['numa_node']}, torch {info['torch']}); limit {rows[0]['limit_gbps']} GB/s "
-          f"({'pinned H2D' if device == 'cuda' else 'memcpy'})")
-    print(f"{'GB':>6}  {'method':<26} {'reps':>4} {'s':>8} {'GB/s':>8} {'/limit':>7} {'x torch':>8} "
-          f"{'x dcp':>6}  ok   note")
+    print(
+        f"\nrestore onto {device} ({info['device_name']}; memlock {info['memlock']}, NUMA node "
+        f"{info['numa_node']}, torch {info['torch']}); limit {rows[0]['limit_gbps']} GB/s "
+        f"({'pinned H2D' if device == 'cuda' else 'memcpy'})"
+    )
+    print(
+        f"{'GB':>6}  {'method':<26} {'reps':>4} {'s':>8} {'GB/s':>8} {'/limit':>7} {'x torch':>8} "
+        f"{'x dcp':>6}  ok   note"
+    )
     for r in rows:
-        print(f"{r['size_gb']:>6g}  {r['method']:<26} {r['reps']:>4} {r['seconds']:>8} {r['gbps']:>8} "
-              f"{r['ratio_to_limit']!s:>7} {r['x_torch_load']!s:>8} {r['x_dcp']!s:>6}  {r['verified']:<4} "
-              f"{r['note']}")
+        print(
+            f"{r['size_gb']:>6g}  {r['method']:<26} {r['reps']:>4} {r['seconds']:>8} {r['gbps']:>8} "
+            f"{r['ratio_to_limit']!s:>7} {r['x_torch_load']!s:>8} {r['x_dcp']!s:>6}  {r['verified']:<4} "
+            f"{r['note']}"
+        )
     best: dict[float, float] = {}
     for r in rows:
         if (r["method"].startswith("engine") or r["method"] == "load_state") and r["verified"] == "yes":
@@ -436,9 +476,11 @@ def print_table(rows: list[dict[str, Any]], info: dict[str, str], device: str) -
     for size, ratio in best.items():
         xs = [r for r in rows if r["size_gb"] == size and float(r["ratio_to_limit"] or 0) == ratio]
         x = xs[0] if xs else {}
-        print(f"{size:g} GB: best of ours {ratio:.2f} of the limit (goal >= {GOAL_LIMIT_RATIO}: "
-              f"{'met' if ratio >= GOAL_LIMIT_RATIO else 'missed'}); x torch.load {x.get('x_torch_load')}, "
-              f"x dcp {x.get('x_dcp')} (goal >= {GOAL_SPEEDUP:g}x)")
+        print(
+            f"{size:g} GB: best of ours {ratio:.2f} of the limit (goal >= {GOAL_LIMIT_RATIO}: "
+            f"{'met' if ratio >= GOAL_LIMIT_RATIO else 'missed'}); x torch.load {x.get('x_torch_load')}, "
+            f"x dcp {x.get('x_dcp')} (goal >= {GOAL_SPEEDUP:g}x)"
+        )
 
 
 def parse_variant(ap: argparse.ArgumentParser, text: str) -> tuple[str, dict[str, int]]:
@@ -462,25 +504,30 @@ def parse_variant(ap: argparse.ArgumentParser, text: str) -> tuple[str, dict[str
     return key, opts
 
 
-def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", choices=("cuda", "cpu"),
-                    default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--sizes", help="GB (1e9 bytes), comma-separated (default 1,4,16 on cuda, 0.25,1 on cpu)")
     ap.add_argument("--reps", type=int, default=5, help="restores per method of ours (median)")
-    ap.add_argument("--peer-reps", type=int, default=0,
-                    help="restores per peer (default: 3 up to 2 GB, 2 up to 4 GB, else 1)")
+    ap.add_argument(
+        "--peer-reps", type=int, default=0, help="restores per peer (default: 3 up to 2 GB, 2 up to 4 GB, else 1)"
+    )
     ap.add_argument("--budget-s", type=float, default=15.0, help="no further repetition of a method after this")
     ap.add_argument("--no-peers", action="store_true", help="skip torch.load and DCP")
     ap.add_argument("--chunk-mb", type=int, help="CopyEngine chunk_bytes in MiB (default: the engine's)")
     ap.add_argument("--slots", type=int, help="CopyEngine slots (default: the engine's)")
     ap.add_argument("--streams", type=int, help="CopyEngine streams (default: the engine's)")
     ap.add_argument("--threads", type=int, help="CopyEngine threads (default: the engine's)")
-    ap.add_argument("--staged-variants", default="",
-                    help="more staged runs with other engine options, THREADSxCHUNK_MB[xSLOTS] comma-separated "
-                    "(e.g. 8x16,12x32x4)")
-    ap.add_argument("--registered-variants", default="",
-                    help="more registered runs (chunks locked in place), the same THREADSxCHUNK_MB[xSLOTS] form")
+    ap.add_argument(
+        "--staged-variants",
+        default="",
+        help="more staged runs with other engine options, THREADSxCHUNK_MB[xSLOTS] comma-separated (e.g. 8x16,12x32x4)",
+    )
+    ap.add_argument(
+        "--registered-variants",
+        default="",
+        help="more registered runs (chunks locked in place), the same THREADSxCHUNK_MB[xSLOTS] form",
+    )
     ap.add_argument("--shm-root", default="/dev/shm")
     ap.add_argument("--out", default=os.path.join(REPO, "docs", "benchmarks"))
     a = ap.parse_args(argv)
@@ -492,12 +539,18 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     return a
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="[device_restore] %(message)s")
     a = parse_args(argv)
     info = machine_info(a.device)
-    log.info("device %s (%s), memlock %s, NUMA node %s, torch %s", a.device, info["device_name"], info["memlock"],
-             info["numa_node"], info["torch"])
+    log.info(
+        "device %s (%s), memlock %s, NUMA node %s, torch %s",
+        a.device,
+        info["device_name"],
+        info["memlock"],
+        info["numa_node"],
+        info["torch"],
+    )
     limit = pinned_copy_gbps(a.device, nbytes=min(1 << 30, int(max(a.sizes) * GB)) if a.device == "cpu" else 1 << 30)
     log.info("limit: %.2f GB/s (%s)", limit, "pinned host-to-device" if a.device == "cuda" else "memcpy")
     failures: list[str] = []
@@ -511,9 +564,15 @@ def main(argv: Optional[list[str]] = None) -> int:
         rows += measure_size(size, a, failures)
     add_ratios(rows, limit)
     for r in rows:
-        r.update({"device": a.device, "limit_kind": "pinned_h2d" if a.device == "cuda" else "memcpy",
-                  "engine_options": " ".join(f"{k}={v}" for k, v in engine_options(a).items()) or "defaults",
-                  "engine": engine_desc, **info})
+        r.update(
+            {
+                "device": a.device,
+                "limit_kind": "pinned_h2d" if a.device == "cuda" else "memcpy",
+                "engine_options": " ".join(f"{k}={v}" for k, v in engine_options(a).items()) or "defaults",
+                "engine": engine_desc,
+                **info,
+            }
+        )
     print_table(rows, info, a.device)
     write_rows(a.out, f"device_restore_{a.device}.csv", rows, "device_restore")
     for f in failures:

@@ -29,6 +29,7 @@ names are the tenplex global names) takes one step and saves its ZeRO checkpoint
 Runs on disk (a directory in the repository's parent file system). Writes
 docs/benchmarks/ds_peer.csv.
 """
+
 import argparse
 import json
 import math
@@ -79,7 +80,7 @@ def write_limit_s(root, nbytes):
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     left = nbytes
     while left > 0:
-        left -= os.write(fd, memoryview(buf)[:min(left, len(buf))])
+        left -= os.write(fd, memoryview(buf)[: min(left, len(buf))])
     os.fsync(fd)
     os.close(fd)
     s = time.perf_counter() - t
@@ -103,9 +104,16 @@ def ds_env():
 def deepspeed_checkpoint(mpath, root):
     """DeepSpeed saves a ZeRO-2 checkpoint after one step (2 processes); its folder."""
     port = 29500 + os.getpid() % 1000
-    procs = [subprocess.Popen([sys.executable, TEST, "--train", str(r), mpath, "2", "bf16", root, str(port),
-                               "1", "noref"], env=ds_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True) for r in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, TEST, "--train", str(r), mpath, "2", "bf16", root, str(port), "1", "noref"],
+            env=ds_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(2)
+    ]
     for r, p in enumerate(procs):
         out = p.communicate()[0]
         if p.returncode != 0:
@@ -117,8 +125,18 @@ def run_peer(src, dst):
     sampler = DiskSampler(dst)
     sampler.start()
     try:
-        s = timed([sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder", src,
-                   "--output_folder", dst], env=ds_env())
+        s = timed(
+            [
+                sys.executable,
+                "-m",
+                "deepspeed.checkpoint.ds_to_universal",
+                "--input_folder",
+                src,
+                "--output_folder",
+                dst,
+            ],
+            env=ds_env(),
+        )
     finally:
         sampler.stop.set()
         sampler.join()
@@ -128,26 +146,48 @@ def run_peer(src, dst):
 
 def measure(a, root, tp):
     mpath = os.path.join(root, "model.json")
-    subprocess.run([tp, "model", "gpt", "--preset", "gpt3-125m", "--optimizer", "adam", "--params-dtype",
-                    "bf16", "--num-layers", str(a.layers), "-o", mpath], check=True)
+    subprocess.run(
+        [
+            tp,
+            "model",
+            "gpt",
+            "--preset",
+            "gpt3-125m",
+            "--optimizer",
+            "adam",
+            "--params-dtype",
+            "bf16",
+            "--num-layers",
+            str(a.layers),
+            "-o",
+            mpath,
+        ],
+        check=True,
+    )
     with open(mpath) as f:
         model = json.load(f)
     nbytes = sum((2 + 4 + 4 + 4) * math.prod(t["shape"]) for t in model["tensors"])
     wl = [write_limit_s(root, nbytes)]
     src = deepspeed_checkpoint(mpath, os.path.join(root, "ds"))
-    row = {"state_MB": round(nbytes / 1e6, 1), "params_M": round(nbytes / 14 / 1e6, 1),
-           "ds_ckpt_MB": round(walk_size(src)[0] / 1e6, 1), "new_world": a.new}
+    row = {
+        "state_MB": round(nbytes / 1e6, 1),
+        "params_M": round(nbytes / 14 / 1e6, 1),
+        "ds_ckpt_MB": round(walk_size(src)[0] / 1e6, 1),
+        "new_world": a.new,
+    }
     peer, imp, ours = [], [], []
     old = os.path.join(root, "old")
-    subprocess.run([tp, "ckpt", "init", "--model", mpath, "--config", a.old, "--out", old], check=True,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [tp, "ckpt", "init", "--model", mpath, "--config", a.old, "--out", old], check=True, stdout=subprocess.DEVNULL
+    )
     for r in range(a.reps):
         uni = os.path.join(root, "ds", f"uni{r}")
         peer.append(run_peer(src, uni))
         peer_out = walk_size(uni)
         out = os.path.join(root, f"imp{r}")
-        imp.append(timed([tp, "import", "--from", "ds-universal", uni, "--model", mpath, "--config", a.new,
-                          "--out", out]))
+        imp.append(
+            timed([tp, "import", "--from", "ds-universal", uni, "--model", mpath, "--config", a.new, "--out", out])
+        )
         subprocess.run(["sync"])
         imp_out = walk_size(out)[0]
         shutil.rmtree(out)
@@ -158,21 +198,32 @@ def measure(a, root, tp):
         ours_out = walk_size(out)[0]
         shutil.rmtree(out)
     wl.append(write_limit_s(root, nbytes))
-    start = min(timed([sys.executable, "-c", "import deepspeed.checkpoint.ds_to_universal"], env=ds_env())
-                for _ in range(2))
+    start = min(
+        timed([sys.executable, "-c", "import deepspeed.checkpoint.ds_to_universal"], env=ds_env()) for _ in range(2)
+    )
     p = min(peer)
     w = min(wl)
-    row.update({"old_world": a.old, "peer_s": round(p[0], 3),
-                "peer_peak_disk_MB": round(max(x[1] for x in peer) / 1e6, 1),
-                "peer_start_s": round(start, 3),
-                "peer_files_peak": max(x[2] for x in peer), "peer_out_MB": round(peer_out[0] / 1e6, 1),
-                "peer_out_files": peer_out[1], "import_s": round(min(imp), 3),
-                "import_out_MB": round(imp_out / 1e6, 1),
-                "reshard_s": round(min(ours), 3), "reshard_out_MB": round(ours_out / 1e6, 1),
-                "write_limit_s": round(w, 3), "peer_over_write_limit": round(p[0] / w, 2),
-                "import_over_write_limit": round(min(imp) / w, 2),
-                "reshard_over_write_limit": round(min(ours) / w, 2),
-                "peer_over_reshard": round(p[0] / min(ours), 2), "reps": a.reps})
+    row.update(
+        {
+            "old_world": a.old,
+            "peer_s": round(p[0], 3),
+            "peer_peak_disk_MB": round(max(x[1] for x in peer) / 1e6, 1),
+            "peer_start_s": round(start, 3),
+            "peer_files_peak": max(x[2] for x in peer),
+            "peer_out_MB": round(peer_out[0] / 1e6, 1),
+            "peer_out_files": peer_out[1],
+            "import_s": round(min(imp), 3),
+            "import_out_MB": round(imp_out / 1e6, 1),
+            "reshard_s": round(min(ours), 3),
+            "reshard_out_MB": round(ours_out / 1e6, 1),
+            "write_limit_s": round(w, 3),
+            "peer_over_write_limit": round(p[0] / w, 2),
+            "import_over_write_limit": round(min(imp) / w, 2),
+            "reshard_over_write_limit": round(min(ours) / w, 2),
+            "peer_over_reshard": round(p[0] / min(ours), 2),
+            "reps": a.reps,
+        }
+    )
     return row
 
 
@@ -180,8 +231,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tenplex", default="build/bin/tenplex")
     ap.add_argument("--layers", type=int, default=6, help="gpt3-125m with this many layers (6: 1.16 GB)")
-    ap.add_argument("--old", default="dp=2,zero=1",
-                    help="tenplex layout of the reshard source (the DeepSpeed run's)")
+    ap.add_argument("--old", default="dp=2,zero=1", help="tenplex layout of the reshard source (the DeepSpeed run's)")
     ap.add_argument("--new", default="tp=2,pp=2")
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--disk-dir", default=None, help="directory on disk (default ../.tenplex-bench-ds)")

@@ -40,6 +40,7 @@ checkpoint save, and the step time, from the same runs.
 Usage: failure_recovery_bench.py [--tenplex build/bin/tenplex] [--out docs/benchmarks]
        [--quick] [--fail-step F] [--lost 0,5,10] [--commit-every 1] [--no-warm]
 """
+
 import argparse
 import json
 import os
@@ -56,6 +57,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 sys.path.insert(0, os.path.join(HERE, "..", "python"))
 from bench_csv import write_rows  # noqa: E402
 from daemons import Daemon, write_cluster  # noqa: E402
+
 from tenplex.runlog import read_run_log  # noqa: E402
 
 REPO = os.path.abspath(os.path.join(HERE, ".."))
@@ -66,8 +68,11 @@ FROM = "tp=2,dp=2"
 # (name, killed ranks, new config, lost host): "lose host 1 of 2" keeps the state in 2
 # store daemons (2 GPUs each) and kills host 1's daemon with its workers: the state
 # comes back from the data-parallel replica on host 0.
-SCENARIOS = [("kill 1 of 4", [3], "dp=3", False), ("kill 2 of 4", [2, 3], "tp=2", False),
-             ("lose host 1 of 2", [2, 3], "tp=2", True)]
+SCENARIOS = [
+    ("kill 1 of 4", [3], "dp=3", False),
+    ("kill 2 of 4", [2, 3], "tp=2", False),
+    ("lose host 1 of 2", [2, 3], "tp=2", True),
+]
 ARGS = None
 
 
@@ -97,8 +102,14 @@ def ours(tmp, model, killed, to, fail_step, lose_host, warm=False):
     sched = os.path.join(tmp, name + ".json")
     kill = {"kill_hosts": [1]} if lose_host else {"kill_ranks": killed}
     with open(sched, "w") as f:
-        json.dump([{"step": 0, "config": FROM}, {"step": fail_step + 1, "config": to, **kill},
-                   {"step": fail_step + 3, "stop": True}], f)
+        json.dump(
+            [
+                {"step": 0, "config": FROM},
+                {"step": fail_step + 1, "config": to, **kill},
+                {"step": fail_step + 3, "stop": True},
+            ],
+            f,
+        )
     logf = os.path.join(tmp, name + ".jsonl")
     if os.path.exists(logf):
         os.remove(logf)  # (tenplex run appends: each rep reads its own run)
@@ -109,10 +120,28 @@ def ours(tmp, model, killed, to, fail_step, lose_host, warm=False):
         write_cluster(cluster, daemons, 2)
         where = ["--cluster", cluster]
     try:
-        run([ARGS.tenplex, "run", "--quiet", "--schedule", sched, "--log", logf, "--work-dir",
-             os.path.join(tmp, name), *where, "--commit-every", str(ARGS.commit_every), *(["--warm"] if warm else []),
-             "--", PY, TRAIN,
-             *train_args(model)], "tenplex run " + name)
+        run(
+            [
+                ARGS.tenplex,
+                "run",
+                "--quiet",
+                "--schedule",
+                sched,
+                "--log",
+                logf,
+                "--work-dir",
+                os.path.join(tmp, name),
+                *where,
+                "--commit-every",
+                str(ARGS.commit_every),
+                *(["--warm"] if warm else []),
+                "--",
+                PY,
+                TRAIN,
+                *train_args(model),
+            ],
+            "tenplex run " + name,
+        )
     finally:
         for d in daemons:
             d.stop()
@@ -125,13 +154,18 @@ def ours(tmp, model, killed, to, fail_step, lose_host, warm=False):
     r, b = rec[0], back[0]
     commits = [e["seconds"] for e in events if e["event"] == "commit" and e["step"] < fail_step]
     step_s = [s["seconds"] for k, s in steps.items() if 0 < k < fail_step]
-    return {"lost_steps": b["lost_steps"], "stop_s": r["stop_seconds"], "convert_s": r["transform_seconds"],
-            "restart_s": r["restart_seconds"],
-            "rerun_s": max(0.0, b["seconds"] - r["seconds"]),  # (with --warm the transform overlaps the restart)
-            "total_s": b["seconds"],
-            "save_s": statistics.median(commits) if commits else 0.0,
-            "step_s": statistics.median(step_s) if step_s else 0.0,
-            "bytes_moved": r["bytes_moved"], "bytes_total": r["bytes_total"]}
+    return {
+        "lost_steps": b["lost_steps"],
+        "stop_s": r["stop_seconds"],
+        "convert_s": r["transform_seconds"],
+        "restart_s": r["restart_seconds"],
+        "rerun_s": max(0.0, b["seconds"] - r["seconds"]),  # (with --warm the transform overlaps the restart)
+        "total_s": b["seconds"],
+        "save_s": statistics.median(commits) if commits else 0.0,
+        "step_s": statistics.median(step_s) if step_s else 0.0,
+        "bytes_moved": r["bytes_moved"],
+        "bytes_total": r["bytes_total"],
+    }
 
 
 def checkpoint_restart(tmp, model, to, fail_step, lost, stop_s):
@@ -143,8 +177,10 @@ def checkpoint_restart(tmp, model, to, fail_step, lost, stop_s):
     os.makedirs(base)
     old, new = os.path.join(base, "old"), os.path.join(base, "new")
     setup_log = os.path.join(base, "setup.jsonl")
-    run([PY, LAUNCH, "--config", FROM, *train_args(model), "--steps", str(ck), "--save-dir", old, "--log", setup_log],
-        f"training {FROM} to the checkpoint at step {ck}")
+    run(
+        [PY, LAUNCH, "--config", FROM, *train_args(model), "--steps", str(ck), "--save-dir", old, "--log", setup_log],
+        f"training {FROM} to the checkpoint at step {ck}",
+    )
     _, events = read_log(setup_log)
     saves = [e["seconds"] for e in events if e["event"] == "checkpoint"]
     run(["sync"], "sync")
@@ -153,8 +189,12 @@ def checkpoint_restart(tmp, model, to, fail_step, lost, stop_s):
     run([ARGS.tenplex, "reshard", "--quiet", "--in", old, "--to", to, "--out", new], f"reshard to {to}")
     run(["sync"], "sync")
     t1 = time.perf_counter()
-    p = subprocess.Popen([PY, LAUNCH, "--config", to, *train_args(model), "--load-dir", new, "--steps",
-                          str(lost + 1), "--log", logf], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [PY, LAUNCH, "--config", to, *train_args(model), "--load-dir", new, "--steps", str(lost + 1), "--log", logf],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     first = done = None
     while done is None:
         steps, _ = read_log(logf)
@@ -171,9 +211,15 @@ def checkpoint_restart(tmp, model, to, fail_step, lost, stop_s):
     if done is None or p.returncode != 0:
         sys.exit(f"restart from the checkpoint at step {ck} failed ({p.returncode}):\n{err[-3000:]}")
     shutil.rmtree(base, ignore_errors=True)
-    return {"lost_steps": lost, "stop_s": stop_s, "convert_s": t1 - t0, "restart_s": first - t1,
-            "rerun_s": done - first, "total_s": stop_s + (done - t0),
-            "save_s": statistics.median(saves) if saves else 0.0}
+    return {
+        "lost_steps": lost,
+        "stop_s": stop_s,
+        "convert_s": t1 - t0,
+        "restart_s": first - t1,
+        "rerun_s": done - first,
+        "total_s": stop_s + (done - t0),
+        "save_s": statistics.median(saves) if saves else 0.0,
+    }
 
 
 def best(measure):
@@ -205,44 +251,82 @@ def main():
     with tempfile.TemporaryDirectory(prefix="tenplex-failure-") as tmp:
         model = os.path.join(tmp, "model.json")
         hidden, layers, vocab = (64, 2, 256) if ARGS.quick else (128, 4, 1024)
-        run([ARGS.tenplex, "model", "gpt", "--num-layers", str(layers), "--hidden-size", str(hidden),
-             "--num-attention-heads", "8", "--vocab-size", str(vocab), "--max-position-embeddings", "64",
-             "-o", model], "tenplex model gpt")
-        log(f"[failure] GPT {layers} layers, hidden {hidden}, vocab {vocab}, Adam; {FROM} on 4 workers, "
-            f"kill in step {ARGS.fail_step}; ours commits every {ARGS.commit_every} step(s)")
+        run(
+            [
+                ARGS.tenplex,
+                "model",
+                "gpt",
+                "--num-layers",
+                str(layers),
+                "--hidden-size",
+                str(hidden),
+                "--num-attention-heads",
+                "8",
+                "--vocab-size",
+                str(vocab),
+                "--max-position-embeddings",
+                "64",
+                "-o",
+                model,
+            ],
+            "tenplex model gpt",
+        )
+        log(
+            f"[failure] GPT {layers} layers, hidden {hidden}, vocab {vocab}, Adam; {FROM} on 4 workers, "
+            f"kill in step {ARGS.fail_step}; ours commits every {ARGS.commit_every} step(s)"
+        )
         for scen, killed, to, lose_host in SCENARIOS:
             o = best(lambda: ours(tmp, model, killed, to, ARGS.fail_step, lose_host))
             entries = [("ours", o)]
             for L in lost:
-                entries.append((f"checkpoint L={L}", best(lambda: checkpoint_restart(tmp, model, to, ARGS.fail_step, L,
-                                                                                     o["stop_s"]))))
+                entries.append(
+                    (
+                        f"checkpoint L={L}",
+                        best(lambda: checkpoint_restart(tmp, model, to, ARGS.fail_step, L, o["stop_s"])),
+                    )
+                )
             # The limit of a design that restarts its workers: the fastest restart of the
             # cold methods. `ours --warm` keeps the survivors alive and is measured against it.
             limit = min(m["restart_s"] for _, m in entries)
             if not ARGS.no_warm:
-                entries.insert(1, ("ours --warm", best(lambda: ours(tmp, model, killed, to, ARGS.fail_step, lose_host,
-                                                                    warm=True))))
+                entries.insert(
+                    1, ("ours --warm", best(lambda: ours(tmp, model, killed, to, ARGS.fail_step, lose_host, warm=True)))
+                )
             ours_beyond = o["total_s"] - o["restart_s"]
             for method, m in entries:
                 beyond = m["total_s"] - m["restart_s"]
-                row = {"scenario": scen, "from": FROM, "to": to, "killed_ranks": "+".join(map(str, killed)) + (" and host 1's daemon" if lose_host else ""),
-                       "method": method, "lost_steps": m["lost_steps"],
-                       "stop_s": round(m["stop_s"], 3), "convert_s": round(m["convert_s"], 3),
-                       "restart_s": round(m["restart_s"], 3), "rerun_s": round(m["rerun_s"], 3),
-                       "total_s": round(m["total_s"], 3), "limit_s": round(limit, 3),
-                       "ratio_to_limit": round(m["total_s"] / limit, 2),
-                       "vs_ours": round(m["total_s"] / o["total_s"], 2),
-                       "beyond_restart_s": round(beyond, 3),
-                       "beyond_vs_ours": round(beyond / max(ours_beyond, 1e-3), 1),
-                       "save_s": round(m["save_s"], 4), "step_s": round(o["step_s"], 3),
-                       "state_bytes": o["bytes_total"], "ours_bytes_copied": o["bytes_moved"]}
+                row = {
+                    "scenario": scen,
+                    "from": FROM,
+                    "to": to,
+                    "killed_ranks": "+".join(map(str, killed)) + (" and host 1's daemon" if lose_host else ""),
+                    "method": method,
+                    "lost_steps": m["lost_steps"],
+                    "stop_s": round(m["stop_s"], 3),
+                    "convert_s": round(m["convert_s"], 3),
+                    "restart_s": round(m["restart_s"], 3),
+                    "rerun_s": round(m["rerun_s"], 3),
+                    "total_s": round(m["total_s"], 3),
+                    "limit_s": round(limit, 3),
+                    "ratio_to_limit": round(m["total_s"] / limit, 2),
+                    "vs_ours": round(m["total_s"] / o["total_s"], 2),
+                    "beyond_restart_s": round(beyond, 3),
+                    "beyond_vs_ours": round(beyond / max(ours_beyond, 1e-3), 1),
+                    "save_s": round(m["save_s"], 4),
+                    "step_s": round(o["step_s"], 3),
+                    "state_bytes": o["bytes_total"],
+                    "ours_bytes_copied": o["bytes_moved"],
+                }
                 rows.append(row)
-                log(f"[failure] {scen} {FROM} -> {to}  {method:<17} lost {m['lost_steps']:>2}  "
+                log(
+                    f"[failure] {scen} {FROM} -> {to}  {method:<17} lost {m['lost_steps']:>2}  "
                     f"stop {m['stop_s']:.2f} + convert {m['convert_s']:.2f} + restart {m['restart_s']:.2f} + "
                     f"re-run {m['rerun_s']:.2f} = {m['total_s']:.2f} s   limit {limit:.2f} s  "
                     f"x{row['ratio_to_limit']:.2f} of limit  x{row['vs_ours']:.2f} of ours  "
                     f"beyond restart {beyond:.2f} s (x{row['beyond_vs_ours']:.1f} of ours)   "
-                    f"{'commit' if method.startswith('ours') else 'save'} {m['save_s']:.3f} s (step {o['step_s']:.2f} s)")
+                    f"{'commit' if method.startswith('ours') else 'save'} {m['save_s']:.3f} s "
+                    f"(step {o['step_s']:.2f} s)"
+                )
     write_rows(ARGS.out, "failure_recovery.csv", rows, "failure")
     return 0
 

@@ -58,6 +58,7 @@ speeds move with the machine's load (and a rank's core may be busier than anothe
 the measured imbalance of the even phase can exceed F). Hence the per-phase bounds, and
 --repeat N (the median of N runs per row).
 """
+
 import argparse
 import json
 import os
@@ -79,13 +80,36 @@ from tenplex.runlog import read_run_log  # noqa: E402
 
 PY = sys.executable  # the project interpreter (.venv/bin/python) that runs this file
 GPT = os.path.join(ROOT, "examples", "gpt")
-MODEL = ["--num-layers", "2", "--hidden-size", "128", "--num-attention-heads", "32", "--num-query-groups", "32",
-         "--ffn-hidden-size", "1024", "--vocab-size", "512", "--max-position-embeddings", "64"]
+MODEL = [
+    "--num-layers",
+    "2",
+    "--hidden-size",
+    "128",
+    "--num-attention-heads",
+    "32",
+    "--num-query-groups",
+    "32",
+    "--ffn-hidden-size",
+    "1024",
+    "--vocab-size",
+    "512",
+    "--max-position-embeddings",
+    "64",
+]
 # One micro-batch per rank (dp_weights change a dp rank's sample count, not its batches).
 GLOBAL_BATCH = 16
 REUSE = False  # --reuse: read the logs a --keep directory holds instead of running
 COLD = False  # --cold: rebalance without --warm
-TRAIN = ["--global-batch-size", str(GLOBAL_BATCH), "--micro-batch-size", str(GLOBAL_BATCH), "--seq-length", "32", "--threads", "1"]
+TRAIN = [
+    "--global-batch-size",
+    str(GLOBAL_BATCH),
+    "--micro-batch-size",
+    str(GLOBAL_BATCH),
+    "--seq-length",
+    "32",
+    "--threads",
+    "1",
+]
 # The pp case: 8 layers (so that layers= can follow the speeds: 4+4 even), 4 micro-batches
 # of 4 samples (GPipe: the stages overlap on micro-batches; with one there is no pipeline).
 PP_MODEL = ["--num-layers", "8"] + MODEL[2:]
@@ -101,13 +125,19 @@ def log(*a):
     print("[hetero]", *a, flush=True)
 
 
-def fractions(tenplex, model, config, cache={}):
+def fractions(tenplex, model, config, cache={}):  # noqa: B006 - the default is the memo, shared by design
     """Each rank's share of the step's work under `config`: its tp share (the bytes of
     its layout, numel-weighted like the policy's shares; replicated norms count alike)
     times its dp rank's share of the global batch (spec §9 apportionment)."""
     if config not in cache:
-        j = json.loads(subprocess.run([tenplex, "layout", "--model", model, "--config", config, "--json"],
-                                      check=True, capture_output=True, text=True).stdout)
+        j = json.loads(
+            subprocess.run(
+                [tenplex, "layout", "--model", model, "--config", config, "--json"],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
+        )
         c = L.Config.parse(config)
         n = L.apportion(GLOBAL_BATCH, c.dp_weights or [1] * c.dp)
         w = [r["bytes"] * n[r["dp"]] for r in j["ranks"]]
@@ -121,8 +151,24 @@ def med(xs):
 
 def launch(tmp, config, model, steps, tag, extra):
     path = os.path.join(tmp, tag + ".jsonl")
-    cmd = [PY, os.path.join(GPT, "launch.py"), "--config", config, "--model", model, "--steps", str(steps),
-           "--log", path, "--timeout", "900"] + case_args(config)[1] + list(extra)
+    cmd = (
+        [
+            PY,
+            os.path.join(GPT, "launch.py"),
+            "--config",
+            config,
+            "--model",
+            model,
+            "--steps",
+            str(steps),
+            "--log",
+            path,
+            "--timeout",
+            "900",
+        ]
+        + case_args(config)[1]
+        + list(extra)
+    )
     if not (REUSE and os.path.exists(path)):
         fresh(path)
         subprocess.run(cmd, check=True, capture_output=True)
@@ -140,9 +186,29 @@ def rebalanced(tenplex, tmp, config, model, steps, window, factor, tag):
     with open(sched, "w") as f:
         json.dump([{"step": 0, "config": config, "slowdown": {"1": factor}}, {"step": steps, "stop": True}], f)
     path = os.path.join(tmp, tag + ".jsonl")
-    cmd = [tenplex, "run", "--schedule", sched, "--log", path, "--work-dir", os.path.join(tmp, tag), "--quiet",
-           "--rebalance", "--rebalance-window", str(window), "--rebalance-cost", "0", "--hang-seconds", "900"]
-    cmd += ([] if COLD else ["--warm"]) + ["--", PY, os.path.join(GPT, "train.py"), "--model", model] + case_args(config)[1]
+    cmd = [
+        tenplex,
+        "run",
+        "--schedule",
+        sched,
+        "--log",
+        path,
+        "--work-dir",
+        os.path.join(tmp, tag),
+        "--quiet",
+        "--rebalance",
+        "--rebalance-window",
+        str(window),
+        "--rebalance-cost",
+        "0",
+        "--hang-seconds",
+        "900",
+    ]
+    cmd += (
+        ([] if COLD else ["--warm"])
+        + ["--", PY, os.path.join(GPT, "train.py"), "--model", model]
+        + case_args(config)[1]
+    )
     if not (REUSE and os.path.exists(path)):
         fresh(path)
         shutil.rmtree(os.path.join(tmp, tag), ignore_errors=True)
@@ -158,8 +224,9 @@ def phase(a, model, steps):
     compute) plus 1 / sum_r (1 / pace_r): every device busy for the same time on a
     perfectly divisible job. Speeds and step times come from the same steps."""
     world = len(steps[0]["rank_seconds"])
-    pace = [med([x["rank_seconds"][r] / fractions(a.tenplex, model, x["config"])[r] for x in steps])
-            for r in range(world)]
+    pace = [
+        med([x["rank_seconds"][r] / fractions(a.tenplex, model, x["config"])[r] for x in steps]) for r in range(world)
+    ]
     other = med([x["seconds"] - max(x["rank_seconds"]) for x in steps])
     return med([x["seconds"] for x in steps]), other + 1.0 / sum(1.0 / p for p in pace)
 
@@ -174,8 +241,10 @@ def speed_model(a, model, steps):
     for x in steps:
         by.setdefault(x["config"], []).append(x)
     world = len(steps[0]["rank_seconds"])
-    pts = [(fractions(a.tenplex, model, c), [med([x["rank_seconds"][r] for x in xs]) for r in range(world)])
-           for c, xs in by.items()]
+    pts = [
+        (fractions(a.tenplex, model, c), [med([x["rank_seconds"][r] for x in xs]) for r in range(world)])
+        for c, xs in by.items()
+    ]
     fit = []
     for r in range(world):
         fs, ts = [p[0][r] for p in pts], [p[1][r] for p in pts]
@@ -202,8 +271,9 @@ def measure(a, tmp, config, f, rep=0):
     row = {"case": config, "slowdown": f}
     flex_s = None
     if config.startswith("tp="):
-        fs, _ = launch(tmp, config, model, a.flextp_steps, tag + "-flextp", ["--slowdown", f"1={f}",
-                                                                             "--flextp-straggler", "1"])
+        fs, _ = launch(
+            tmp, config, model, a.flextp_steps, tag + "-flextp", ["--slowdown", f"1={f}", "--flextp-straggler", "1"]
+        )
         flex_s = med([fs[s]["seconds"] for s in sorted(fs) if s >= 1])
     steps, events = rebalanced(a.tenplex, tmp, config, model, a.steps, a.window, f, tag + "-reb")
     reb = [e for e in events if e["event"] == "rebalance"]
@@ -212,13 +282,30 @@ def measure(a, tmp, config, f, rep=0):
     world = len(even[0]["rank_seconds"])
     even_s, ideal_s = phase(a, model, even)
     even_x = even_s / ideal_s
-    row.update({"world": world, "even_steps": len(even), "even_s": round(even_s, 4), "ideal_s": round(ideal_s, 4),
-                "even_over_ideal": round(even_x, 3),
-                "even_rank_seconds": "/".join(f"{med([x['rank_seconds'][r] for x in even]):.3f}"
-                                              for r in range(world))})
-    keys = ("rebalances", "rebalanced_to", "rebalanced_steps", "rebalanced_s", "rebalanced_ideal_s",
-            "rebalanced_over_ideal", "rebalanced_over_even_ideal", "even_over_rebalanced",
-            "even_over_rebalanced_normalized", "rebalance_cost_s", "rebalance_transform_s", "rebalance_bytes")
+    row.update(
+        {
+            "world": world,
+            "even_steps": len(even),
+            "even_s": round(even_s, 4),
+            "ideal_s": round(ideal_s, 4),
+            "even_over_ideal": round(even_x, 3),
+            "even_rank_seconds": "/".join(f"{med([x['rank_seconds'][r] for x in even]):.3f}" for r in range(world)),
+        }
+    )
+    keys = (
+        "rebalances",
+        "rebalanced_to",
+        "rebalanced_steps",
+        "rebalanced_s",
+        "rebalanced_ideal_s",
+        "rebalanced_over_ideal",
+        "rebalanced_over_even_ideal",
+        "even_over_rebalanced",
+        "even_over_rebalanced_normalized",
+        "rebalance_cost_s",
+        "rebalance_transform_s",
+        "rebalance_bytes",
+    )
     row.update({k: "" for k in keys + ("fixed_fraction", "affine_ideal_s", "rebalanced_over_affine_ideal")})
     if reb:
         # After the first rebalance, each segment's first step (new workers) excluded; a
@@ -230,33 +317,44 @@ def measure(a, tmp, config, f, rep=0):
         reb_s, reb_ideal = phase(a, model, final if len(final) >= 3 else after)
         reb_x = reb_s / reb_ideal
         rec = [e for e in events if e["event"] == "reconfigure" and e["step"] == first]
-        row.update({"rebalances": len(reb),
-                    "rebalanced_to": " > ".join(e["to"].split(",")[-1] for e in reb),
-                    "rebalanced_steps": len(final if len(final) >= 3 else after), "rebalanced_s": round(reb_s, 4),
-                    "rebalanced_ideal_s": round(reb_ideal, 4), "rebalanced_over_ideal": round(reb_x, 3),
-                    "rebalanced_over_even_ideal": round(reb_s / ideal_s, 3),
-                    "even_over_rebalanced": round(even_s / reb_s, 3),
-                    "even_over_rebalanced_normalized": round(even_x / reb_x, 3),
-                    "rebalance_cost_s": round(rec[0]["seconds"] - reb_s, 3) if rec else "",
-                    "rebalance_transform_s": round(reb[0]["transform_seconds"], 4),
-                    "rebalance_bytes": reb[0]["bytes_moved"]})
+        row.update(
+            {
+                "rebalances": len(reb),
+                "rebalanced_to": " > ".join(e["to"].split(",")[-1] for e in reb),
+                "rebalanced_steps": len(final if len(final) >= 3 else after),
+                "rebalanced_s": round(reb_s, 4),
+                "rebalanced_ideal_s": round(reb_ideal, 4),
+                "rebalanced_over_ideal": round(reb_x, 3),
+                "rebalanced_over_even_ideal": round(reb_s / ideal_s, 3),
+                "even_over_rebalanced": round(even_s / reb_s, 3),
+                "even_over_rebalanced_normalized": round(even_x / reb_x, 3),
+                "rebalance_cost_s": round(rec[0]["seconds"] - reb_s, 3) if rec else "",
+                "rebalance_transform_s": round(reb[0]["transform_seconds"], 4),
+                "rebalance_bytes": reb[0]["bytes_moved"],
+            }
+        )
         # The fixed part: fitted over the even and the rebalanced splits of this run.
         fit, affine = speed_model(a, model, even + after)
         if fit:
-            row["fixed_fraction"] = "/".join(f"{f0 / (f0 + b * fr):.2f}" for (f0, b), fr in
-                                             zip(fit, fractions(a.tenplex, model, config)))
+            row["fixed_fraction"] = "/".join(
+                f"{f0 / (f0 + b * fr):.2f}" for (f0, b), fr in zip(fit, fractions(a.tenplex, model, config))
+            )
         if affine:
             row["affine_ideal_s"] = round(affine, 4)
             row["rebalanced_over_affine_ideal"] = round(reb_s / affine, 3)
-    row.update({"flextp_s": round(flex_s, 4) if flex_s else "",
-                "even_over_flextp": round(even_s / flex_s, 3) if flex_s else ""})
+    row.update(
+        {
+            "flextp_s": round(flex_s, 4) if flex_s else "",
+            "even_over_flextp": round(even_s / flex_s, 3) if flex_s else "",
+        }
+    )
     return row
 
 
 def combine(reps):
     """The median of each number over repeated runs of one row (strings: the last run's)."""
     row = dict(reps[-1])
-    for k, v in row.items():
+    for k, _v in row.items():
         xs = [r[k] for r in reps if isinstance(r[k], (int, float)) and not isinstance(r[k], bool)]
         if k not in ("slowdown", "world") and xs and len(reps) > 1:
             row[k] = round(med(xs), 4)
@@ -270,15 +368,25 @@ def main():
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "benchmarks"))
     ap.add_argument("--quick", action="store_true", help="tp=2 at 1.5x/2x/3x, tp=4 and dp=2 at 2x, fewer steps")
     ap.add_argument("--steps", type=int, default=0, help="steps of each rebalance run (default 16; quick 12)")
-    ap.add_argument("--window", type=int, default=0, help="--rebalance-window: the even phase is steps 1 .. W-1 (default 5)")
+    ap.add_argument(
+        "--window", type=int, default=0, help="--rebalance-window: the even phase is steps 1 .. W-1 (default 5)"
+    )
     ap.add_argument("--only", help="one case and factor, e.g. tp=2:2")
-    ap.add_argument("--vocab-divisible-by", type=int, default=128, help="the models' vocabulary padding m "
-                    "(Megatron's --make-vocab-size-divisible-by): the vocabulary's unit of a tp split is m rows, "
-                    "so 512 rows at m=128 give 4 units, one per rank of tp=4, whatever the weights")
+    ap.add_argument(
+        "--vocab-divisible-by",
+        type=int,
+        default=128,
+        help="the models' vocabulary padding m "
+        "(Megatron's --make-vocab-size-divisible-by): the vocabulary's unit of a tp split is m rows, "
+        "so 512 rows at m=128 give 4 units, one per rank of tp=4, whatever the weights",
+    )
     ap.add_argument("--repeat", type=int, default=1, help="runs per row; numbers are their medians")
     ap.add_argument("--keep", help="keep the runs' logs and state in this directory")
-    ap.add_argument("--reuse", action="store_true", help="with --keep: read the logs kept there, run only "
-                    "what is missing (re-analysis of a run)")
+    ap.add_argument(
+        "--reuse",
+        action="store_true",
+        help="with --keep: read the logs kept there, run only what is missing (re-analysis of a run)",
+    )
     ap.add_argument("--cold", action="store_true", help="rebalance without --warm (the workers restart)")
     a = ap.parse_args()
     global REUSE, COLD
@@ -317,28 +425,38 @@ def main():
         if r["rebalanced_s"] == "":
             log(f"{r['case']} x{r['slowdown']}: no rebalance")
             continue
-        log(f"{r['case']} x{r['slowdown']}: rebalanced/ideal {r['rebalanced_over_ideal']} "
+        log(
+            f"{r['case']} x{r['slowdown']}: rebalanced/ideal {r['rebalanced_over_ideal']} "
             f"({r['rebalanced_over_even_ideal']} against the even phase's bound) (goal <= 1.15), "
             f"even/rebalanced {r['even_over_rebalanced_normalized']} at equal load "
-            f"({r['even_over_rebalanced']} raw)")
+            f"({r['even_over_rebalanced']} raw)"
+        )
     tp2 = [r for r in rows if r["case"] == "tp=2" and r["slowdown"] == 2.0 and r["rebalanced_s"] != ""]
     if tp2:
-        log(f"tp=2 at 2x: even/rebalanced {tp2[0]['even_over_rebalanced_normalized']} at equal load, "
-            f"{tp2[0]['even_over_rebalanced']} raw (goal >= 1.4)")
+        log(
+            f"tp=2 at 2x: even/rebalanced {tp2[0]['even_over_rebalanced_normalized']} at equal load, "
+            f"{tp2[0]['even_over_rebalanced']} raw (goal >= 1.4)"
+        )
     log(f"done in {time.time() - t_all:.0f} s")
 
 
 def plot(rows, path):
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     labels = [f"{r['case']}\nx{r['slowdown']}" for r in rows]
     xs = list(range(len(rows)))
     num = lambda r, k: r[k] if r[k] != "" else 0  # noqa: E731
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(max(10, 2.2 * len(rows)), 4))
     width = 0.2
-    series = [("even", "even_s"), ("rebalanced", "rebalanced_s"), ("FlexTP-style", "flextp_s"),
-              ("ideal (even phase)", "ideal_s")]
+    series = [
+        ("even", "even_s"),
+        ("rebalanced", "rebalanced_s"),
+        ("FlexTP-style", "flextp_s"),
+        ("ideal (even phase)", "ideal_s"),
+    ]
     for i, (name, key) in enumerate(series):
         ax.bar([x + (i - 1.5) * width for x in xs], [num(r, key) for r in rows], width, label=name)
     ax.set_ylabel("seconds per step")

@@ -21,6 +21,7 @@ helper's interpreter start), and `gb_per_s_after_startup` the rate without it.
   interop_bench.py --tenplex build/bin/tenplex [--out docs/benchmarks] [--quick] [--dir D]
 Writes OUT/interop.csv.
 """
+
 import argparse
 import os
 import shutil
@@ -51,28 +52,56 @@ def main():
     ap.add_argument("--quick", action="store_true")
     a = ap.parse_args()
     h, layers = (512, 4) if a.quick else (1024, 8)
-    root = tempfile.mkdtemp(prefix="tenplex-interop-bench-",
-                            dir=a.dir or os.path.dirname(os.path.abspath(os.path.join(__file__, "..", ".."))))
+    root = tempfile.mkdtemp(
+        prefix="tenplex-interop-bench-",
+        dir=a.dir or os.path.dirname(os.path.abspath(os.path.join(__file__, "..", ".."))),
+    )
     rows = []
     try:
         model = os.path.join(root, "model.json")
-        subprocess.run([a.tenplex, "model", "gpt", "--num-layers", str(layers), "--hidden-size", str(h),
-                        "--num-attention-heads", "16", "--vocab-size", "32000", "--max-position-embeddings", "1024",
-                        "--optimizer", "none", "-o", model], check=True)
+        subprocess.run(
+            [
+                a.tenplex,
+                "model",
+                "gpt",
+                "--num-layers",
+                str(layers),
+                "--hidden-size",
+                str(h),
+                "--num-attention-heads",
+                "16",
+                "--vocab-size",
+                "32000",
+                "--max-position-embeddings",
+                "1024",
+                "--optimizer",
+                "none",
+                "-o",
+                model,
+            ],
+            check=True,
+        )
         ck = os.path.join(root, "ck")
-        subprocess.run([a.tenplex, "ckpt", "init", "--model", model, "--config", "tp=2,pp=2", "--out", ck],
-                       check=True, capture_output=True)
+        subprocess.run(
+            [a.tenplex, "ckpt", "init", "--model", model, "--config", "tp=2,pp=2", "--out", ck],
+            check=True,
+            capture_output=True,
+        )
         nbytes = du_bytes(ck)
         startup = min(timed([sys.executable, "-c", "import torch, numpy"]) for _ in range(3))
         for fmt in ("hf", "dcp", "megatron"):
             out = os.path.join(root, fmt)
             back = os.path.join(root, fmt + "-back")
-            steps = [("export", [a.tenplex, "export", "--to", fmt, ck, "--out", out]),
-                     ("import", [a.tenplex, "import", "--from", fmt, out, "--model", model, "--config", "tp=2,pp=2",
-                                 "--out", back])]
+            steps = [
+                ("export", [a.tenplex, "export", "--to", fmt, ck, "--out", out]),
+                (
+                    "import",
+                    [a.tenplex, "import", "--from", fmt, out, "--model", model, "--config", "tp=2,pp=2", "--out", back],
+                ),
+            ]
             for what, cmd in steps:
                 best = None
-                for rep in range(1 if a.quick else 2):
+                for _rep in range(1 if a.quick else 2):
                     for d in (out, back) if what == "export" else (back,):
                         shutil.rmtree(d, ignore_errors=True)
                     if what == "import" and not os.path.exists(out):
@@ -80,15 +109,24 @@ def main():
                     s = timed(cmd)
                     best = s if best is None else min(best, s)
                 limit = write_limit_s(root, nbytes)
-                rows.append({"step": f"{what} {fmt}", "bytes": nbytes, "seconds": round(best, 4),
-                             "gb_per_s": round(nbytes / best / 1e9, 3),
-                             "startup_s": round(startup, 3),
-                             "gb_per_s_after_startup": round(nbytes / max(best - startup, 1e-9) / 1e9, 3),
-                             "write_limit_gb_per_s": round(nbytes / limit / 1e9, 3),
-                             "ratio_to_limit": round(limit / best, 3)})
-                print(f"{what:6s} {fmt:8s} {nbytes / 1e9:6.3f} GB  {best:7.3f} s  {nbytes / best / 1e9:6.3f} GB/s  "
-                      f"(startup {startup:.2f} s: {nbytes / max(best - startup, 1e-9) / 1e9:6.3f} GB/s)  "
-                      f"write limit {nbytes / limit / 1e9:6.3f} GB/s  ratio {limit / best:5.2f}", flush=True)
+                rows.append(
+                    {
+                        "step": f"{what} {fmt}",
+                        "bytes": nbytes,
+                        "seconds": round(best, 4),
+                        "gb_per_s": round(nbytes / best / 1e9, 3),
+                        "startup_s": round(startup, 3),
+                        "gb_per_s_after_startup": round(nbytes / max(best - startup, 1e-9) / 1e9, 3),
+                        "write_limit_gb_per_s": round(nbytes / limit / 1e9, 3),
+                        "ratio_to_limit": round(limit / best, 3),
+                    }
+                )
+                print(
+                    f"{what:6s} {fmt:8s} {nbytes / 1e9:6.3f} GB  {best:7.3f} s  {nbytes / best / 1e9:6.3f} GB/s  "
+                    f"(startup {startup:.2f} s: {nbytes / max(best - startup, 1e-9) / 1e9:6.3f} GB/s)  "
+                    f"write limit {nbytes / limit / 1e9:6.3f} GB/s  ratio {limit / best:5.2f}",
+                    flush=True,
+                )
             shutil.rmtree(out, ignore_errors=True)
             shutil.rmtree(back, ignore_errors=True)
     finally:

@@ -42,6 +42,7 @@ usage: jct_sim.py [--bin build/bin/tenplex] [--out docs/benchmarks] [--quick]
 Writes jct.csv (one row per scenario and policy), jct_timeline.csv (the tenplex-xl
 timeline of ours) and jct.png.
 """
+
 import argparse
 import csv
 import json
@@ -55,19 +56,49 @@ import tempfile
 # store daemons, and writing fresh shared memory per process.
 FETCH_BPS = 4.41e9
 FRESH_WRITE_BPS = 0.26e9
-STOP_S = 5.0        # workers stop at a step boundary and commit (docs/runtime.md: 0.1 s on the demo)
-RESTART_S = 60.0    # process start, CUDA/NCCL init, first step: the same for every policy
+STOP_S = 5.0  # workers stop at a step boundary and commit (docs/runtime.md: 0.1 s on the demo)
+RESTART_S = 60.0  # process start, CUDA/NCCL init, first step: the same for every policy
 CKPT_EVERY_S = 1800.0  # DP-only with checkpoints: a disk checkpoint every 30 minutes,
 CKPT_FIRST_S = 1020.0  # the first after 17 (not in step with the traces' changes)
-DISK_BPS = 2e9      # loading that checkpoint, per host
+DISK_BPS = 2e9  # loading that checkpoint, per host
 
 MODELS = {
-    "gpt3-xl": ["--num-layers", "24", "--hidden-size", "2064", "--num-attention-heads", "24", "--vocab-size", "50257",
-                "--max-position-embeddings", "1024"],
-    "gpt3-2.7b": ["--num-layers", "32", "--hidden-size", "2560", "--num-attention-heads", "32", "--vocab-size",
-                  "50257", "--max-position-embeddings", "2048"],
-    "gpt3-6.7b": ["--num-layers", "32", "--hidden-size", "4096", "--num-attention-heads", "32", "--vocab-size",
-                  "50257", "--max-position-embeddings", "2048"],
+    "gpt3-xl": [
+        "--num-layers",
+        "24",
+        "--hidden-size",
+        "2064",
+        "--num-attention-heads",
+        "24",
+        "--vocab-size",
+        "50257",
+        "--max-position-embeddings",
+        "1024",
+    ],
+    "gpt3-2.7b": [
+        "--num-layers",
+        "32",
+        "--hidden-size",
+        "2560",
+        "--num-attention-heads",
+        "32",
+        "--vocab-size",
+        "50257",
+        "--max-position-embeddings",
+        "2048",
+    ],
+    "gpt3-6.7b": [
+        "--num-layers",
+        "32",
+        "--hidden-size",
+        "4096",
+        "--num-attention-heads",
+        "32",
+        "--vocab-size",
+        "50257",
+        "--max-position-embeddings",
+        "2048",
+    ],
 }
 
 
@@ -87,9 +118,25 @@ class Tenplex:
         """knobs: "wide" searches them all, "fixed" is the policy before the knob search."""
         key = (sc["model"], gpus, sc["batch"], sc["micro"], sc["seq"], sc["per_host"], knobs)
         if key not in self.suggest_cache:
-            cmd = [self.bin, "config", "suggest", "--model", self.model(sc["model"]), "--gpus", str(gpus),
-                   "--gpus-per-host", str(sc["per_host"]), "--global-batch", str(sc["batch"]),
-                   "--seq-length", str(sc["seq"]), "--top", "0", "--all", "--json"]
+            cmd = [
+                self.bin,
+                "config",
+                "suggest",
+                "--model",
+                self.model(sc["model"]),
+                "--gpus",
+                str(gpus),
+                "--gpus-per-host",
+                str(sc["per_host"]),
+                "--global-batch",
+                str(sc["batch"]),
+                "--seq-length",
+                str(sc["seq"]),
+                "--top",
+                "0",
+                "--all",
+                "--json",
+            ]
             if knobs == "fixed":
                 cmd += ["--fixed-knobs", "--micro-batch", str(sc["micro"])]
             p = subprocess.run(cmd, capture_output=True, text=True)
@@ -115,8 +162,24 @@ class Tenplex:
         key = (sc["model"], src, dst, sc["per_host"])
         if key not in self.plan_cache:
             out = os.path.join(self.tmp, "plan.json")
-            subprocess.run([self.bin, "plan", "--model", self.model(sc["model"]), "--from", src, "--to", dst,
-                            "--gpus-per-host", str(sc["per_host"]), "--json", "-o", out], check=True)
+            subprocess.run(
+                [
+                    self.bin,
+                    "plan",
+                    "--model",
+                    self.model(sc["model"]),
+                    "--from",
+                    src,
+                    "--to",
+                    dst,
+                    "--gpus-per-host",
+                    str(sc["per_host"]),
+                    "--json",
+                    "-o",
+                    out,
+                ],
+                check=True,
+            )
             self.plan_cache[key] = plan_stats(out)
         return self.plan_cache[key]
 
@@ -148,7 +211,7 @@ def plan_stats(path):
     if i < 0:
         with open(path) as f:
             return json.load(f)["stats"]
-    return json.JSONDecoder().raw_decode(tail[i + len('"stats":'):])[0]
+    return json.JSONDecoder().raw_decode(tail[i + len('"stats":') :])[0]
 
 
 def parse(config):
@@ -294,12 +357,24 @@ def run_scenario(tx, name, sc, trace, cyclic, ours_minutes, fixed_dp=None, table
         if policy == "static" and cfg is None:
             continue
         secs, steps, br, tl = simulate(tx, sc, trace, cyclic, policy, work, fixed=cfg)
-        rows.append({"scenario": name, "model": sc["model"], "policy": policy,
-                     "fixed_config": (cfg if isinstance(cfg, str) else "; ".join(f"{k}: {v}" for k, v in cfg.items()))
-                     if cfg else "", "jct_min": round(secs / 60, 1), "steps": round(steps),
-                     "train_min": round(br["train"] / 60, 1), "reconfigure_min": round(br["reconfigure"] / 60, 2),
-                     "lost_min": round(br["lost"] / 60, 1), "paused_min": round(br["paused"] / 60, 1),
-                     "idle_gpu_hours": round(br["idle_gpu_s"] / 3600, 1), "changes": br["changes"]})
+        rows.append(
+            {
+                "scenario": name,
+                "model": sc["model"],
+                "policy": policy,
+                "fixed_config": (cfg if isinstance(cfg, str) else "; ".join(f"{k}: {v}" for k, v in cfg.items()))
+                if cfg
+                else "",
+                "jct_min": round(secs / 60, 1),
+                "steps": round(steps),
+                "train_min": round(br["train"] / 60, 1),
+                "reconfigure_min": round(br["reconfigure"] / 60, 2),
+                "lost_min": round(br["lost"] / 60, 1),
+                "paused_min": round(br["paused"] / 60, 1),
+                "idle_gpu_hours": round(br["idle_gpu_s"] / 3600, 1),
+                "changes": br["changes"],
+            }
+        )
     ours = rows[0]["jct_min"]
     for r in rows:
         r["vs_ours_pct"] = round(100 * (r["jct_min"] - ours) / ours, 1)
@@ -324,12 +399,19 @@ def main():
                 top = [c for c in j["configs"] if c["fits"]][:3]
                 paper = {4: "tp=2,pp=2,dp=1", 8: "tp=2,pp=4,dp=1", 16: "tp=2,pp=4,dp=2"}[n]
                 pt = tx.config_time(xl, paper, knobs)
-                print(f"  {n:2d} GPUs, {knobs}: " + "; ".join(
-                    f"{c['config']} b={c['micro_batch']} {c['recompute']} v={c['virtual_stages']} "
-                    f"{c['step_seconds']:.3f} s" for c in top) + (f"   (paper's {paper}: {pt:.3f} s)" if pt else ""))
+                print(
+                    f"  {n:2d} GPUs, {knobs}: "
+                    + "; ".join(
+                        f"{c['config']} b={c['micro_batch']} {c['recompute']} v={c['virtual_stages']} "
+                        f"{c['step_seconds']:.3f} s"
+                        for c in top
+                    )
+                    + (f"   (paper's {paper}: {pt:.3f} s)" if pt else "")
+                )
         paper = {4: "tp=2,pp=2,dp=1", 8: "tp=2,pp=4,dp=1", 16: "tp=2,pp=4,dp=2"}
-        r, timeline = run_scenario(tx, "tenplex-xl", xl, tr["tenplex-xl"], True, 538, fixed_dp="tp=2,pp=4,dp=2",
-                                   table=paper)
+        r, timeline = run_scenario(
+            tx, "tenplex-xl", xl, tr["tenplex-xl"], True, 538, fixed_dp="tp=2,pp=4,dp=2", table=paper
+        )
         rows += r
         if not a.quick:
             for model in ("gpt3-2.7b", "gpt3-6.7b"):
@@ -361,6 +443,7 @@ def main():
 def plot(rows, path):
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
@@ -368,8 +451,13 @@ def plot(rows, path):
         return
     scen = list(dict.fromkeys(r["scenario"] for r in rows))
     pols = ["ours", "paper-table", "tenplex-dp", "dp-ckpt", "static"]
-    colors = {"ours": "tab:blue", "paper-table": "tab:cyan", "tenplex-dp": "tab:orange", "dp-ckpt": "tab:red",
-              "static": "tab:gray"}
+    colors = {
+        "ours": "tab:blue",
+        "paper-table": "tab:cyan",
+        "tenplex-dp": "tab:orange",
+        "dp-ckpt": "tab:red",
+        "static": "tab:gray",
+    }
     fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(scen)), 4.2))
     width = 0.16
     for k, p in enumerate(pols):
@@ -378,7 +466,9 @@ def plot(rows, path):
             r = [x for x in rows if x["scenario"] == s and x["policy"] == p]
             if r:
                 xs.append(i + (k - 2) * width)
-                ys.append(r[0]["jct_min"] / [x for x in rows if x["scenario"] == s and x["policy"] == "ours"][0]["jct_min"])
+                ys.append(
+                    r[0]["jct_min"] / [x for x in rows if x["scenario"] == s and x["policy"] == "ours"][0]["jct_min"]
+                )
         ax.bar(xs, ys, width, label=p, color=colors[p])
     ax.set_xticks(range(len(scen)))
     ax.set_xticklabels(scen, rotation=20, ha="right")

@@ -25,10 +25,10 @@ with the defaults), built on the CPU in gloo processes as in tests/interop_mcore
 
 Writes docs/benchmarks/mcore_peer.csv.
 """
+
 import argparse
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -71,23 +71,32 @@ def strategies(parallel, src):
     if not parallel:
         return None, None
     from megatron.core import parallel_state as ps
-    from megatron.core.dist_checkpointing.serialization import (get_default_load_sharded_strategy,
-                                                                get_default_save_sharded_strategy)
-    from megatron.core.dist_checkpointing.strategies.fully_parallel import (FullyParallelLoadStrategyWrapper,
-                                                                            FullyParallelSaveStrategyWrapper)
+    from megatron.core.dist_checkpointing.serialization import (
+        get_default_load_sharded_strategy,
+        get_default_save_sharded_strategy,
+    )
+    from megatron.core.dist_checkpointing.strategies.fully_parallel import (
+        FullyParallelLoadStrategyWrapper,
+        FullyParallelSaveStrategyWrapper,
+    )
+
     group = ps.get_data_parallel_group(with_context_parallel=True)
-    return (FullyParallelLoadStrategyWrapper(get_default_load_sharded_strategy(src), group),
-            FullyParallelSaveStrategyWrapper(get_default_save_sharded_strategy(), group))
+    return (
+        FullyParallelLoadStrategyWrapper(get_default_load_sharded_strategy(src), group),
+        FullyParallelSaveStrategyWrapper(get_default_save_sharded_strategy(), group),
+    )
 
 
 def worker(rank, tp, pp, mode, src, dst, tmp, d, parallel):
+    import interop_mcore_test as T
     import torch
     import torch.distributed as dist
-    import interop_mcore_test as T
+
     T.mcore_cpu_shim()
-    dist.init_process_group("gloo", init_method=f"file://{tmp}/pg-{mode}-{parallel}", rank=rank,
-                            world_size=tp * pp)
-    from megatron.core import dist_checkpointing, parallel_state as ps
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/pg-{mode}-{parallel}", rank=rank, world_size=tp * pp)
+    from megatron.core import dist_checkpointing
+    from megatron.core import parallel_state as ps
+
     ps.initialize_model_parallel(tp, pp)
     model, opt = T.build(tp, pp, vocab=padded(tp), init=False, **d)
     msd = model.sharded_state_dict()
@@ -102,8 +111,9 @@ def worker(rank, tp, pp, mode, src, dst, tmp, d, parallel):
     load_s, save_s = strategies(parallel, src)
     dist.barrier()
     t0 = time.perf_counter()
-    state = dist_checkpointing.load({"model": msd, "optimizer": opt.sharded_state_dict(msd, is_loading=True)},
-                                    src, sharded_strategy=load_s)
+    state = dist_checkpointing.load(
+        {"model": msd, "optimizer": opt.sharded_state_dict(msd, is_loading=True)}, src, sharded_strategy=load_s
+    )
     t1 = time.perf_counter()
     model.load_state_dict(state["model"], strict=True)
     msd = model.sharded_state_dict()
@@ -118,12 +128,20 @@ def spawn(mode, tp, pp, src, dst, tmp, d, parallel=False, timeout=3600):
     """Runs tp*pp worker processes; returns (wall seconds, per-rank results or None, log tail)."""
     t0 = time.perf_counter()
     args = [json.dumps(d), str(int(parallel))]
-    procs = [subprocess.Popen([sys.executable, __file__, "--worker", mode, str(r), str(tp), str(pp), src, dst, tmp,
-                               *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in range(tp * pp)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, __file__, "--worker", mode, str(r), str(tp), str(pp), src, dst, tmp, *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(tp * pp)
+    ]
     logs = [tempfile.TemporaryFile(mode="w+") for _ in procs]
-    pumps = [__import__("threading").Thread(target=lambda p=p, f=f: shutil.copyfileobj(p.stdout, f))
-             for p, f in zip(procs, logs)]
+    pumps = [
+        __import__("threading").Thread(target=lambda p=p, f=f: shutil.copyfileobj(p.stdout, f))
+        for p, f in zip(procs, logs)
+    ]
     for t in pumps:
         t.start()
     while any(p.poll() is None for p in procs):
@@ -170,14 +188,23 @@ def mcore_side(a, d, src, root, tmp, nbytes):
         wall, res, log = spawn("reshard", tp, pp, src, dst, tmp, d, parallel, timeout=90 if parallel else 3600)
         if res is None:
             last = [x for x in log.strip().splitlines() if "Error" in x or "error" in x]
-            note = ("fully parallel strategies fail on the CPU: " + ((last or [""])[-1].strip()[:160] or log.strip()[-160:]))
+            note = "fully parallel strategies fail on the CPU: " + (
+                (last or [""])[-1].strip()[:160] or log.strip()[-160:]
+            )
             print(f"[mcore_peer] {note}", flush=True)
             shutil.rmtree(dst, ignore_errors=True)
             continue
         s = max(r["total_s"] for r in res)
-        rows.append({"method": "mcore load+save" + (" (fully parallel)" if parallel else " (torch_dist default)"),
-                     "seconds": s, "with_start_s": wall, "load_s": max(r["load_s"] for r in res),
-                     "peak_mib": sum(r["hwm_mib"] for r in res), "disk_bytes": du_bytes(dst)})
+        rows.append(
+            {
+                "method": "mcore load+save" + (" (fully parallel)" if parallel else " (torch_dist default)"),
+                "seconds": s,
+                "with_start_s": wall,
+                "load_s": max(r["load_s"] for r in res),
+                "peak_mib": sum(r["hwm_mib"] for r in res),
+                "disk_bytes": du_bytes(dst),
+            }
+        )
         shutil.rmtree(dst, ignore_errors=True)
         if parallel:
             break
@@ -187,14 +214,25 @@ def mcore_side(a, d, src, root, tmp, nbytes):
 def tenplex_side(a, model_file, src, root):
     t_in, t_new, out = (os.path.join(root, x) for x in ("t-old", "t-new", "mcore-from-tenplex"))
     rows = []
-    for name, cmd in (("tenplex import --from mcore", [a.tenplex, "import", "--from", "mcore", src, "--model",
-                                                        model_file, "--config", a.old, "--out", t_in]),
-                      ("tenplex reshard", [a.tenplex, "reshard", "--in", t_in, "--to", a.new, "--out", t_new]),
-                      ("tenplex export --to mcore", [a.tenplex, "export", "--to", "mcore", t_new, "--out", out,
-                                                     "--config", a.new])):
+    for name, cmd in (
+        (
+            "tenplex import --from mcore",
+            [a.tenplex, "import", "--from", "mcore", src, "--model", model_file, "--config", a.old, "--out", t_in],
+        ),
+        ("tenplex reshard", [a.tenplex, "reshard", "--in", t_in, "--to", a.new, "--out", t_new]),
+        ("tenplex export --to mcore", [a.tenplex, "export", "--to", "mcore", t_new, "--out", out, "--config", a.new]),
+    ):
         s, rss = timed(cmd)
-        rows.append({"method": name, "seconds": s, "with_start_s": s, "load_s": "", "peak_mib": rss,
-                     "disk_bytes": du_bytes(cmd[cmd.index("--out") + 1])})
+        rows.append(
+            {
+                "method": name,
+                "seconds": s,
+                "with_start_s": s,
+                "load_s": "",
+                "peak_mib": rss,
+                "disk_bytes": du_bytes(cmd[cmd.index("--out") + 1]),
+            }
+        )
         print(f"[mcore_peer] {name}: {s:.2f} s", flush=True)
     return rows
 
@@ -217,12 +255,41 @@ def main():
     os.makedirs(tmp)
     try:
         model_file = os.path.join(root, "gpt.json")
-        subprocess.run([a.tenplex, "model", "gpt", "--num-layers", str(a.layers), "--hidden-size", str(a.hidden),
-                        "--ffn-hidden-size", str(a.ffn), "--num-attention-heads", "16", "--num-query-groups", "8",
-                        "--vocab-size", str(VOCAB), "--make-vocab-size-divisible-by", str(M),
-                        "--max-position-embeddings", "128", "--position-embedding-type", "rope", "--swiglu",
-                        "--disable-bias-linear", "--untie-embeddings-and-output-weights", "--normalization",
-                        "RMSNorm", "--optimizer", "adam", "-o", model_file], check=True)
+        subprocess.run(
+            [
+                a.tenplex,
+                "model",
+                "gpt",
+                "--num-layers",
+                str(a.layers),
+                "--hidden-size",
+                str(a.hidden),
+                "--ffn-hidden-size",
+                str(a.ffn),
+                "--num-attention-heads",
+                "16",
+                "--num-query-groups",
+                "8",
+                "--vocab-size",
+                str(VOCAB),
+                "--make-vocab-size-divisible-by",
+                str(M),
+                "--max-position-embeddings",
+                "128",
+                "--position-embedding-type",
+                "rope",
+                "--swiglu",
+                "--disable-bias-linear",
+                "--untie-embeddings-and-output-weights",
+                "--normalization",
+                "RMSNorm",
+                "--optimizer",
+                "adam",
+                "-o",
+                model_file,
+            ],
+            check=True,
+        )
         model = json.load(open(model_file))
         nbytes = 3 * 4 * sum(int(__import__("math").prod(t["shape"])) for t in model["tensors"])
         src = os.path.join(root, "mcore-old")
@@ -231,8 +298,11 @@ def main():
         wall, res, log = spawn("save", otp, opp, src, "-", tmp, d)
         if res is None:
             sys.exit(f"FAIL: MCore save:\n{log}")
-        print(f"[mcore_peer] state {nbytes / 1e9:.3f} GB (params + Adam moments, fp32); MCore saved it in "
-              f"{a.old} ({wall:.1f} s, setup)", flush=True)
+        print(
+            f"[mcore_peer] state {nbytes / 1e9:.3f} GB (params + Adam moments, fp32); MCore saved it in "
+            f"{a.old} ({wall:.1f} s, setup)",
+            flush=True,
+        )
         limit0 = write_limit_s(root, nbytes)
         mrows, note = mcore_side(a, d, src, root, tmp, nbytes)
         trows = tenplex_side(a, model_file, src, root)
@@ -246,25 +316,49 @@ def report(a, rows, nbytes, limit, limits, note):
     mcore = rows[0]["seconds"]
     mcore_start = rows[0]["with_start_s"]
     imp, resh, exp = rows[-3]["seconds"], rows[-2]["seconds"], rows[-1]["seconds"]
-    rows.append({"method": "tenplex import+reshard+export", "seconds": imp + resh + exp,
-                 "with_start_s": imp + resh + exp, "load_s": "", "peak_mib": max(r["peak_mib"] for r in rows[-3:]),
-                 "disk_bytes": ""})
+    rows.append(
+        {
+            "method": "tenplex import+reshard+export",
+            "seconds": imp + resh + exp,
+            "with_start_s": imp + resh + exp,
+            "load_s": "",
+            "peak_mib": max(r["peak_mib"] for r in rows[-3:]),
+            "disk_bytes": "",
+        }
+    )
     out = []
-    print(f"\n{a.old} -> {a.new}, {nbytes / 1e9:.3f} GB; write+fsync limit {nbytes / limit / 1e9:.3f} GB/s "
-          f"(before {nbytes / limits[0] / 1e9:.3f}, after {nbytes / limits[1] / 1e9:.3f})")
-    print(f"{'method':42s} {'seconds':>8s} {'GB/s':>7s} {'limit/s':>8s} {'mcore/this':>10s} {'with start':>10s} "
-          f"{'peak MiB':>9s}")
+    print(
+        f"\n{a.old} -> {a.new}, {nbytes / 1e9:.3f} GB; write+fsync limit {nbytes / limit / 1e9:.3f} GB/s "
+        f"(before {nbytes / limits[0] / 1e9:.3f}, after {nbytes / limits[1] / 1e9:.3f})"
+    )
+    print(
+        f"{'method':42s} {'seconds':>8s} {'GB/s':>7s} {'limit/s':>8s} {'mcore/this':>10s} {'with start':>10s} "
+        f"{'peak MiB':>9s}"
+    )
     for r in rows:
         s = r["seconds"]
-        row = {"method": r["method"], "old": a.old, "new": a.new, "state_bytes": nbytes, "seconds": round(s, 3),
-               "gb_per_s": round(nbytes / s / 1e9, 3), "seconds_with_start": round(r["with_start_s"], 3),
-               "mcore_load_s": round(r["load_s"], 3) if r["load_s"] != "" else "",
-               "write_limit_gb_per_s": round(nbytes / limit / 1e9, 3), "ratio_to_limit": round(limit / s, 3),
-               "mcore_over_this": round(mcore / s, 2), "mcore_with_start_over_this": round(mcore_start / s, 2),
-               "peak_rss_mib": round(r["peak_mib"], 1), "output_disk_bytes": r["disk_bytes"], "note": note}
+        row = {
+            "method": r["method"],
+            "old": a.old,
+            "new": a.new,
+            "state_bytes": nbytes,
+            "seconds": round(s, 3),
+            "gb_per_s": round(nbytes / s / 1e9, 3),
+            "seconds_with_start": round(r["with_start_s"], 3),
+            "mcore_load_s": round(r["load_s"], 3) if r["load_s"] != "" else "",
+            "write_limit_gb_per_s": round(nbytes / limit / 1e9, 3),
+            "ratio_to_limit": round(limit / s, 3),
+            "mcore_over_this": round(mcore / s, 2),
+            "mcore_with_start_over_this": round(mcore_start / s, 2),
+            "peak_rss_mib": round(r["peak_mib"], 1),
+            "output_disk_bytes": r["disk_bytes"],
+            "note": note,
+        }
         out.append(row)
-        print(f"{r['method']:42s} {s:8.2f} {row['gb_per_s']:7.3f} {row['ratio_to_limit']:8.3f} "
-              f"{row['mcore_over_this']:10.2f} {row['seconds_with_start']:10.2f} {row['peak_rss_mib']:9.0f}")
+        print(
+            f"{r['method']:42s} {s:8.2f} {row['gb_per_s']:7.3f} {row['ratio_to_limit']:8.3f} "
+            f"{row['mcore_over_this']:10.2f} {row['seconds_with_start']:10.2f} {row['peak_rss_mib']:9.0f}"
+        )
     write_rows(a.out, "mcore_peer.csv", out, "mcore_peer")
 
 

@@ -11,10 +11,10 @@ planning thread's CPU time, which a loaded machine inflates less than the wall t
 plan_ms is MakePlan alone (freeing the plan is not counted). at_lower_bound = 1 when the plan's
 cross-host bytes equal the planner's lower bound.
 """
+
 import argparse
 import csv
 import io
-import os
 import subprocess
 import sys
 
@@ -40,16 +40,33 @@ def main():
         filt = "BM_Plan(Layers/(48|96)|World/(4|8))$"
     # Each case repeated; the fastest repetition counts (the machine is shared, so the
     # slower ones measure the neighbours).
-    r = subprocess.run([a.plan_bench, f"--benchmark_filter={filt}", "--benchmark_format=csv",
-                        "--benchmark_min_time=0.01", f"--benchmark_repetitions={a.reps}"],
-                       check=True, capture_output=True, text=True)
-    text = r.stdout[r.stdout.index("name,"):]
+    r = subprocess.run(
+        [
+            a.plan_bench,
+            f"--benchmark_filter={filt}",
+            "--benchmark_format=csv",
+            "--benchmark_min_time=0.01",
+            f"--benchmark_repetitions={a.reps}",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    text = r.stdout[r.stdout.index("name,") :]
     # The per-host case in its own process, so that its peak RSS is its own.
-    h = subprocess.run([a.plan_bench, "--benchmark_filter=BM_PlanHost16k/0$",
-                        "--benchmark_format=csv", "--benchmark_min_time=0.01",
-                        f"--benchmark_repetitions={a.reps}"],
-                       check=True, capture_output=True, text=True)
-    text += h.stdout[h.stdout.index("name,"):].split("\n", 1)[1]
+    h = subprocess.run(
+        [
+            a.plan_bench,
+            "--benchmark_filter=BM_PlanHost16k/0$",
+            "--benchmark_format=csv",
+            "--benchmark_min_time=0.01",
+            f"--benchmark_repetitions={a.reps}",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    text += h.stdout[h.stdout.index("name,") :].split("\n", 1)[1]
     best = {}
     for b in csv.DictReader(io.StringIO(text)):
         name = b["name"].strip('"')
@@ -65,19 +82,29 @@ def main():
         goal_ms = 1000.0 * float(b.get("goal_s") or 1.0)
         layers = arg if sweep == "layers" else 96
         old_world = 8 * 16 * {"layers": 8, "world": arg}.get(sweep, 128)
-        row = {"sweep": sweep, "layers": layers, "old_world": old_world,
-               "ranks_both": int(float(b["world"])), "plan_ms": round(ms, 2),
-               "cpu_ms": round(1000.0 * float(b.get("plan_cpu_s") or "nan"), 2),
-               "limit_ms": goal_ms, "limit_ratio": round(ms / goal_ms, 4),
-               "ops": int(float(b["ops"])), "plan_MiB": round(float(b["plan_MiB"]), 1),
-               "peak_rss_MiB": round(float(b["peak_rss_MiB"]), 1),
-               "rss_limit_MiB": 256 if sweep == "per_host_16k" else "",
-               "at_lower_bound": int(float(b["at_lower_bound"]))}
+        row = {
+            "sweep": sweep,
+            "layers": layers,
+            "old_world": old_world,
+            "ranks_both": int(float(b["world"])),
+            "plan_ms": round(ms, 2),
+            "cpu_ms": round(1000.0 * float(b.get("plan_cpu_s") or "nan"), 2),
+            "limit_ms": goal_ms,
+            "limit_ratio": round(ms / goal_ms, 4),
+            "ops": int(float(b["ops"])),
+            "plan_MiB": round(float(b["plan_MiB"]), 1),
+            "peak_rss_MiB": round(float(b["peak_rss_MiB"]), 1),
+            "rss_limit_MiB": 256 if sweep == "per_host_16k" else "",
+            "at_lower_bound": int(float(b["at_lower_bound"])),
+        }
         rows.append(row)
-        print(f"[plan_scaling] {sweep}: layers {layers}, ranks {row['ranks_both']}: plan "
-              f"{ms:.1f} ms (cpu {row['cpu_ms']:.1f} ms), limit {goal_ms:.0f} ms, "
-              f"ratio {row['limit_ratio']:.3f}, ops {row['ops']}, "
-              f"plan {row['plan_MiB']} MiB, at lower bound {row['at_lower_bound']}", flush=True)
+        print(
+            f"[plan_scaling] {sweep}: layers {layers}, ranks {row['ranks_both']}: plan "
+            f"{ms:.1f} ms (cpu {row['cpu_ms']:.1f} ms), limit {goal_ms:.0f} ms, "
+            f"ratio {row['limit_ratio']:.3f}, ops {row['ops']}, "
+            f"plan {row['plan_MiB']} MiB, at lower bound {row['at_lower_bound']}",
+            flush=True,
+        )
     write_rows(a.out, "plan_scaling.csv", rows, "plan_scaling")
 
 

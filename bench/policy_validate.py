@@ -28,6 +28,7 @@ policy_calibration_points.csv. The CLI is copied first, so a rebuild during the 
 usage: policy_validate.py [--bin build/bin/tenplex] [--out docs/benchmarks] [--fit]
                           [--markdown /tmp/validation.md] [-j JOBS] [-v]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,7 +44,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import numpy as np
 
@@ -77,17 +78,25 @@ KORTHIKANTI = [
     ("1T", 160, 25600, 128, 8, 64, 512, 512, 1, 1, 94.42, 71.49),
 ]
 # Table 4 (22B): one layer's forward + backward, ms: (label, recompute, SP, published)
-TABLE4 = [("baseline", "none", False, 19.6), ("sequence parallel", "none", True, 19.0),
-          ("full recompute", "full", False, 27.2), ("selective recompute", "selective", False, 20.9),
-          ("selective + SP", "selective", True, 20.3)]
+TABLE4 = [
+    ("baseline", "none", False, 19.6),
+    ("sequence parallel", "none", True, 19.0),
+    ("full recompute", "full", False, 27.2),
+    ("selective recompute", "selective", False, 20.9),
+    ("selective + SP", "selective", True, 20.3),
+]
 
 # Megatron-LM README (H100, r0.8.0), V 131072, s 4096:
 # (name, heads, hidden, layers, t, p, GPUs, B, published TFLOP/s per GPU)
 README = [
-    ("1.7B", 16, 2048, 24, 1, 1, 48, 192, 408.8), ("7.1B", 32, 4096, 30, 2, 1, 96, 192, 465.9),
-    ("16B", 48, 6144, 32, 4, 1, 192, 192, 489.1), ("32B", 56, 7168, 48, 8, 1, 384, 192, 459.6),
-    ("70B", 64, 8192, 84, 8, 2, 768, 384, 419.7), ("119B", 80, 10240, 92, 8, 4, 1536, 768, 420.5),
-    ("177B", 96, 12288, 96, 8, 6, 2304, 1152, 432.8), ("314B", 128, 16384, 96, 8, 8, 3072, 1536, 474.4),
+    ("1.7B", 16, 2048, 24, 1, 1, 48, 192, 408.8),
+    ("7.1B", 32, 4096, 30, 2, 1, 96, 192, 465.9),
+    ("16B", 48, 6144, 32, 4, 1, 192, 192, 489.1),
+    ("32B", 56, 7168, 48, 8, 1, 384, 192, 459.6),
+    ("70B", 64, 8192, 84, 8, 2, 768, 384, 419.7),
+    ("119B", 80, 10240, 92, 8, 4, 1536, 768, 420.5),
+    ("177B", 96, 12288, 96, 8, 6, 2304, 1152, 432.8),
+    ("314B", 128, 16384, 96, 8, 8, 3072, 1536, 474.4),
     ("462B", 144, 18432, 112, 8, 16, 6144, 3072, 459.9),
 ]
 RV, RS = 131072, 4096
@@ -97,6 +106,7 @@ FULL_NOSP = ["--recompute", "full", "--no-sequence-parallel"]
 @dataclass
 class Spec:
     """One suggest call and the published (tp, pp, dp, zero) row to read from it."""
+
     model: str
     gpus: int
     batch: int
@@ -111,6 +121,7 @@ class Spec:
 @dataclass
 class Point:
     """A published step time and the spec that predicts it (for the calibration)."""
+
     table: str
     label: str
     published: float
@@ -128,24 +139,68 @@ def model_flops(B: int, l: int, h: int, s: int, v: int) -> float:
 
 
 def suggest(tenplex: str, model: str, gpus: int, batch: int, seq: int, extra: list[str]) -> dict[str, Any]:
-    cmd = [tenplex, "config", "suggest", "--model", model, "--gpus", str(gpus), "--global-batch", str(batch),
-           "--seq-length", str(seq), "--top", "0", "--all", "--json"] + extra
+    cmd = [
+        tenplex,
+        "config",
+        "suggest",
+        "--model",
+        model,
+        "--gpus",
+        str(gpus),
+        "--global-batch",
+        str(batch),
+        "--seq-length",
+        str(seq),
+        "--top",
+        "0",
+        "--all",
+        "--json",
+    ] + extra
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed: {p.stderr}")
     return json.loads(p.stdout)
 
 
-def write_model(tenplex: str, path: str, layers: int, hidden: int, heads: int, vocab: int = V,
-                positions: int = S, extra: Optional[list[str]] = None) -> str:
-    subprocess.run([tenplex, "model", "gpt", "--num-layers", str(layers), "--hidden-size", str(hidden),
-                    "--num-attention-heads", str(heads), "--vocab-size", str(vocab), "--max-position-embeddings",
-                    str(positions), "--params-dtype", "bf16", "-o", path] + (extra or []), check=True)
+def write_model(
+    tenplex: str,
+    path: str,
+    layers: int,
+    hidden: int,
+    heads: int,
+    vocab: int = V,
+    positions: int = S,
+    extra: list[str] | None = None,
+) -> str:
+    subprocess.run(
+        [
+            tenplex,
+            "model",
+            "gpt",
+            "--num-layers",
+            str(layers),
+            "--hidden-size",
+            str(hidden),
+            "--num-attention-heads",
+            str(heads),
+            "--vocab-size",
+            str(vocab),
+            "--max-position-embeddings",
+            str(positions),
+            "--params-dtype",
+            "bf16",
+            "-o",
+            path,
+        ]
+        + (extra or []),
+        check=True,
+    )
     return path
 
 
-def rank_of(configs: list[dict[str, Any]], tp: int, pp: int, dp: int, zero_too: bool = True,
-            zero: int = 0) -> tuple[Optional[int], int, Optional[dict[str, Any]]]:
+def rank_of(
+    configs: list[dict[str, Any]], tp: int, pp: int, dp: int, zero_too: bool = True, zero: int = 0
+) -> tuple[int | None, int, dict[str, Any] | None]:
     fit = [c for c in configs if c["fits"] and (zero_too or not c["zero"])]
     for i, c in enumerate(fit):
         if (c["tp"], c["pp"], c["dp"], c["zero"]) == (tp, pp, dp, zero) and not c["layers"]:
@@ -173,15 +228,21 @@ def knobs(c: dict[str, Any]) -> str:
     return f"b={c['micro_batch']},{c['recompute']},sp={int(c['sequence_parallel'])},v={c['virtual_stages']}"
 
 
-def search_rank(tenplex: str, model: str, n: int, B: int, s: int, prof: str, tp: int, pp: int, dp: int,
-                zero: int = 0) -> Row:
+def search_rank(
+    tenplex: str, model: str, n: int, B: int, s: int, prof: str, tp: int, pp: int, dp: int, zero: int = 0
+) -> Row:
     """Rank of the published config among all configs, every knob searched."""
     j = suggest(tenplex, model, n, B, s, ["--device-profile", prof])
     rank, nfit, c = rank_of(j["configs"], tp, pp, dp, zero=zero)
     best = j["configs"][0]
-    return {"rank_search": rank or "not fit", "fitting_search": nfit,
-            "search_knobs": knobs(c) if c else "", "search_step_s": round(c["step_seconds"], 3) if c else "",
-            "search_best": f"{best['config']} {knobs(best)}", "search_best_step_s": round(best["step_seconds"], 3)}
+    return {
+        "rank_search": rank or "not fit",
+        "fitting_search": nfit,
+        "search_knobs": knobs(c) if c else "",
+        "search_step_s": round(c["step_seconds"], 3) if c else "",
+        "search_best": f"{best['config']} {knobs(best)}",
+        "search_best_step_s": round(best["step_seconds"], 3),
+    }
 
 
 def sc21_row(tenplex: str, tmp: str, r: tuple) -> tuple[Row, list[Point]]:
@@ -206,19 +267,29 @@ def sc21_row(tenplex: str, tmp: str, r: tuple) -> tuple[Row, list[Point]]:
         c["_profile"] = j["profile"]
         points.append(Point("sc21_v1", f"{pb}B", pub, sp1, c, l))  # the original --fit's rows
     row = {
-        "model": f"{pb}B", "gpus": n, "batch": B, "published": f"tp={t},pp={p},dp={dp}",
-        "published_tflops": tflops, "published_step_s": round(pub, 3),
+        "model": f"{pb}B",
+        "gpus": n,
+        "batch": B,
+        "published": f"tp={t},pp={p},dp={dp}",
+        "published_tflops": tflops,
+        "published_step_s": round(pub, 3),
         "ours_step_s": round(c["step_seconds"], 3) if c else "",
         "error_pct": err(c["step_seconds"], pub) if c else "",
         "ours_tflops": round(eq3_flops(B, l, h) / (n * c["step_seconds"]) / 1e12, 1) if c else "",
-        "rank": rank if rank else "not fit", "rank_without_zero": rank_nz if rank_nz else "not fit",
-        "fitting_configs": nfit, "our_best": best["config"], "our_best_step_s": round(best["step_seconds"], 3),
+        "rank": rank if rank else "not fit",
+        "rank_without_zero": rank_nz if rank_nz else "not fit",
+        "fitting_configs": nfit,
+        "our_best": best["config"],
+        "our_best_step_s": round(best["step_seconds"], 3),
         "published_fits": c["fits"] if c else False,
         "memory_gib": round(c["memory"]["total"] / 2**30, 1) if c else "",
-        "virtual_stages": v, "interleaved_b1_step_s": round(c1["step_seconds"], 3),
-        "interleaved_b1_error_pct": err(c1["step_seconds"], pub), "script_mbs": mbs,
+        "virtual_stages": v,
+        "interleaved_b1_step_s": round(c1["step_seconds"], 3),
+        "interleaved_b1_error_pct": err(c1["step_seconds"], pub),
+        "script_mbs": mbs,
         "interleaved_mbs_step_s": round(cm["step_seconds"], 3),
-        "interleaved_mbs_error_pct": err(cm["step_seconds"], pub), "interleaved_mbs_fits": cm["fits"],
+        "interleaved_mbs_error_pct": err(cm["step_seconds"], pub),
+        "interleaved_mbs_fits": cm["fits"],
     }
     row.update(search_rank(tenplex, model, n, B, S, "a100", t, p, dp))
     return row, points
@@ -228,23 +299,44 @@ def tenplex_rows(tenplex: str, tmp: str) -> list[Row]:
     xl = write_model(tenplex, os.path.join(tmp, "gpt3-xl.json"), 24, 2064, 24, 50257, 1024)
     rows = []
     for n, (t, p, d) in TENPLEX:
-        j = suggest(tenplex, xl, n, 128, 1024, ["--fixed-knobs", "--micro-batch", "8", "--device-profile", "a100",
-                                                "--gpus-per-host", "4"])
+        j = suggest(
+            tenplex,
+            xl,
+            n,
+            128,
+            1024,
+            ["--fixed-knobs", "--micro-batch", "8", "--device-profile", "a100", "--gpus-per-host", "4"],
+        )
         rank, nfit, c = rank_of(j["configs"], t, p, d)
         rank_nz, _, _ = rank_of(j["configs"], t, p, d, zero_too=False)
         best = j["configs"][0]
-        row = {"model": "GPT-3 XL (Tenplex)", "gpus": n, "batch": 128, "published": f"tp={t},pp={p},dp={d}",
-               "ours_step_s": round(c["step_seconds"], 3) if c else "", "rank": rank if rank else "not fit",
-               "rank_without_zero": rank_nz if rank_nz else "not fit", "fitting_configs": nfit,
-               "our_best": best["config"], "our_best_step_s": round(best["step_seconds"], 3),
-               "published_fits": c["fits"] if c else False,
-               "memory_gib": round(c["memory"]["total"] / 2**30, 1) if c else ""}
-        j = suggest(tenplex, xl, n, 128, 1024, ["--micro-batch", "8", "--device-profile", "a100",
-                                                "--gpus-per-host", "4"])
+        row = {
+            "model": "GPT-3 XL (Tenplex)",
+            "gpus": n,
+            "batch": 128,
+            "published": f"tp={t},pp={p},dp={d}",
+            "ours_step_s": round(c["step_seconds"], 3) if c else "",
+            "rank": rank if rank else "not fit",
+            "rank_without_zero": rank_nz if rank_nz else "not fit",
+            "fitting_configs": nfit,
+            "our_best": best["config"],
+            "our_best_step_s": round(best["step_seconds"], 3),
+            "published_fits": c["fits"] if c else False,
+            "memory_gib": round(c["memory"]["total"] / 2**30, 1) if c else "",
+        }
+        j = suggest(
+            tenplex, xl, n, 128, 1024, ["--micro-batch", "8", "--device-profile", "a100", "--gpus-per-host", "4"]
+        )
         rs, nf, cs = rank_of(j["configs"], t, p, d)
-        row.update({"rank_search": rs or "not fit", "fitting_search": nf, "search_knobs": knobs(cs) if cs else "",
-                    "search_best": f"{j['configs'][0]['config']} {knobs(j['configs'][0])}",
-                    "search_best_step_s": round(j["configs"][0]["step_seconds"], 3)})
+        row.update(
+            {
+                "rank_search": rs or "not fit",
+                "fitting_search": nf,
+                "search_knobs": knobs(cs) if cs else "",
+                "search_best": f"{j['configs'][0]['config']} {knobs(j['configs'][0])}",
+                "search_best_step_s": round(j["configs"][0]["step_seconds"], 3),
+            }
+        )
         rows.append(row)
     return rows
 
@@ -260,15 +352,26 @@ def korthikanti_row(tenplex: str, tmp: str, r: tuple) -> tuple[Row, list[Point]]
     cf, cs = run_spec(tenplex, sf, "a100"), run_spec(tenplex, ss, "a100")
     points.append(Point("korthikanti_full", name, pub_full, sf, cf, l))
     points.append(Point("korthikanti_selective", name, pub_sel, ss, cs, l))
-    row = {"model": name, "gpus": n, "batch": B, "micro_batch": b, "published": f"tp={t},pp={p},dp={dp}",
-           "virtual_stages": v, "published_full_s": pub_full, "ours_full_s": round(cf["step_seconds"], 3),
-           "full_error_pct": err(cf["step_seconds"], pub_full), "full_fits": cf["fits"],
-           "published_selective_sp_s": pub_sel, "ours_selective_sp_s": round(cs["step_seconds"], 3),
-           "selective_error_pct": err(cs["step_seconds"], pub_sel), "selective_fits": cs["fits"],
-           "published_ratio": round(pub_full / pub_sel, 2),
-           "ours_ratio": round(cf["step_seconds"] / cs["step_seconds"], 2),
-           "full_memory_gib": round(cf["memory"]["total"] / 2**30, 1),
-           "selective_memory_gib": round(cs["memory"]["total"] / 2**30, 1)}
+    row = {
+        "model": name,
+        "gpus": n,
+        "batch": B,
+        "micro_batch": b,
+        "published": f"tp={t},pp={p},dp={dp}",
+        "virtual_stages": v,
+        "published_full_s": pub_full,
+        "ours_full_s": round(cf["step_seconds"], 3),
+        "full_error_pct": err(cf["step_seconds"], pub_full),
+        "full_fits": cf["fits"],
+        "published_selective_sp_s": pub_sel,
+        "ours_selective_sp_s": round(cs["step_seconds"], 3),
+        "selective_error_pct": err(cs["step_seconds"], pub_sel),
+        "selective_fits": cs["fits"],
+        "published_ratio": round(pub_full / pub_sel, 2),
+        "ours_ratio": round(cf["step_seconds"] / cs["step_seconds"], 2),
+        "full_memory_gib": round(cf["memory"]["total"] / 2**30, 1),
+        "selective_memory_gib": round(cs["memory"]["total"] / 2**30, 1),
+    }
     row.update(search_rank(tenplex, model, n, B, S, "a100", t, p, dp))
     return row, points
 
@@ -278,13 +381,27 @@ def table4_rows(tenplex: str, tmp: str) -> list[Row]:
     models = [write_model(tenplex, os.path.join(tmp, f"k22-{l}.json"), l, 6144, 64) for l in (48, 24)]
     rows = []
     for label, rc, sp, pub in TABLE4:
-        flags = ["--fixed-knobs", "--micro-batch", "4", "--recompute", rc,
-                 "--sequence-parallel" if sp else "--no-sequence-parallel", "--no-distributed-optimizer"]
+        flags = [
+            "--fixed-knobs",
+            "--micro-batch",
+            "4",
+            "--recompute",
+            rc,
+            "--sequence-parallel" if sp else "--no-sequence-parallel",
+            "--no-distributed-optimizer",
+        ]
         c48, c24 = (run_spec(tenplex, Spec(m, 8, 4, S, flags, 8, 1, 1), "a100") for m in models)
         per = (c48["step_seconds"] - c24["step_seconds"]) / 24 * 1e3
         comp = (c48["time"]["compute"] - c24["time"]["compute"]) / 24 * 1e3
-        rows.append({"setting": label, "published_ms": pub, "ours_ms": round(per, 2),
-                     "ours_compute_ms": round(comp, 2), "ours_tp_ms": round(per - comp, 2)})
+        rows.append(
+            {
+                "setting": label,
+                "published_ms": pub,
+                "ours_ms": round(per, 2),
+                "ours_compute_ms": round(comp, 2),
+                "ours_tp_ms": round(per - comp, 2),
+            }
+        )
     for r in rows:
         r["published_vs_baseline"] = round(r["published_ms"] / rows[0]["published_ms"], 3)
         r["ours_vs_baseline"] = round(r["ours_ms"] / rows[0]["ours_ms"], 3)
@@ -294,15 +411,28 @@ def table4_rows(tenplex: str, tmp: str) -> list[Row]:
 def readme_row(tenplex: str, tmp: str, r: tuple) -> tuple[Row, list[Point]]:
     points: list[Point] = []
     name, heads, h, l, t, p, n, B, tflops = r
-    model = write_model(tenplex, os.path.join(tmp, f"r-{name}.json"), l, h, heads, RV, RS,
-                        ["--untie-embeddings-and-output-weights"])
+    model = write_model(
+        tenplex, os.path.join(tmp, f"r-{name}.json"), l, h, heads, RV, RS, ["--untie-embeddings-and-output-weights"]
+    )
     dp = n // (t * p)
     pub = model_flops(B, l, h, RS, RV) / (n * tflops * 1e12)
-    row: Row = {"model": name, "gpus": n, "batch": B, "published": f"tp={t},pp={p},dp={dp},zero=1",
-                "published_tflops": tflops, "published_step_s": round(pub, 3)}
+    row: Row = {
+        "model": name,
+        "gpus": n,
+        "batch": B,
+        "published": f"tp={t},pp={p},dp={dp},zero=1",
+        "published_tflops": tflops,
+        "published_step_s": round(pub, 3),
+    }
     for rc in ("none", "selective"):
         for vs in ("1", "best"):
-            flags = ["--micro-batch", "1", "--recompute", rc, "--sequence-parallel" if t > 1 else "--no-sequence-parallel"]
+            flags = [
+                "--micro-batch",
+                "1",
+                "--recompute",
+                rc,
+                "--sequence-parallel" if t > 1 else "--no-sequence-parallel",
+            ]
             flags += ["--fixed-knobs", "--virtual-stages", "1"] if vs == "1" else []
             sp = Spec(model, n, B, RS, flags, t, p, dp, zero=1 if dp > 1 else 0)
             c = run_spec(tenplex, sp, "h100")
@@ -315,7 +445,9 @@ def readme_row(tenplex: str, tmp: str, r: tuple) -> tuple[Row, list[Point]]:
             if rc == "selective":
                 points.append(Point(f"readme_v{vs}", name, pub, sp, c, l))
             if (rc, vs) == ("selective", "1"):
-                row["ours_tflops_selective_v1"] = round(model_flops(B, l, h, RS, RV) / (n * c["step_seconds"]) / 1e12, 1)
+                row["ours_tflops_selective_v1"] = round(
+                    model_flops(B, l, h, RS, RV) / (n * c["step_seconds"]) / 1e12, 1
+                )
     row.update(search_rank(tenplex, model, n, B, RS, "h100", t, p, dp, zero=1 if dp > 1 else 0))
     return row, points
 
@@ -363,8 +495,9 @@ def grid_fit(points: list[Point], free: str) -> dict[str, float]:
     return out
 
 
-def verify(tenplex: str, tmp: str, points: list[Point], base: str, fit: dict[str, float], tag: str,
-           pool: ThreadPoolExecutor) -> list[float]:
+def verify(
+    tenplex: str, tmp: str, points: list[Point], base: str, fit: dict[str, float], tag: str, pool: ThreadPoolExecutor
+) -> list[float]:
     """Predicted step times of the fitted profile, from the CLI with a profile JSON file."""
     path = os.path.join(tmp, f"profile-{tag}.json")
     with open(path, "w") as f:
@@ -376,8 +509,12 @@ def calibrate(tenplex: str, tmp: str, points: list[Point], pool: ThreadPoolExecu
     """Fits, per study, the profile fields and returns (fit summaries, per-point rows)."""
     studies: list[tuple[str, str, list[str], list[str]]] = [
         ("a100", "a100", ["sc21", "korthikanti_full", "korthikanti_selective"], ["none", "overhead"]),
-        ("a100 (Table 1 at b=1)", "a100", ["sc21_b1", "korthikanti_full", "korthikanti_selective"],
-         ["none", "overhead"]),
+        (
+            "a100 (Table 1 at b=1)",
+            "a100",
+            ["sc21_b1", "korthikanti_full", "korthikanti_selective"],
+            ["none", "overhead"],
+        ),
         ("h100 (selective, best v)", "h100", ["readme_vbest"], ["none", "tp_overlap"]),
         ("h100 (selective, v=1)", "h100", ["readme_v1"], ["none", "tp_overlap"]),
     ]
@@ -390,8 +527,17 @@ def calibrate(tenplex: str, tmp: str, points: list[Point], pool: ThreadPoolExecu
             f = grid_fit(pts, free)
             tag = f"{base}-{free}-{len(fits)}"
             cols[free] = verify(tenplex, tmp, pts, base, f, tag, pool)
-            lin = [float(linear_pred(p, np.array(f["efficiency"]), np.array(f.get("layer_overhead_us", 0.0)),
-                                     np.array(f.get("tp_overlap", p.base["_profile"]["tp_overlap"])))) for p in pts]
+            lin = [
+                float(
+                    linear_pred(
+                        p,
+                        np.array(f["efficiency"]),
+                        np.array(f.get("layer_overhead_us", 0.0)),
+                        np.array(f.get("tp_overlap", p.base["_profile"]["tp_overlap"])),
+                    )
+                )
+                for p in pts
+            ]
             drift = max(abs(a - b) / b for a, b in zip(lin, cols[free]))
             if drift > 1e-3:
                 log.warning("%s %s: linear model off the CLI by %.2g", name, free, drift)
@@ -417,8 +563,10 @@ def old_fit(points: list[Point]) -> str:
     """The efficiency fitted on Table 1 at b=1 without interleaving (the original --fit)."""
     pts = [p for p in points if p.table == "sc21_v1"]
     f = grid_fit(pts, "none")
-    return f"fitted efficiency {f['efficiency']:.3f} (rms log error {f['rms_log_error']:.3f}) on Table 1 " \
-           f"(b=1, no interleaving); profile has {pts[0].base['_profile']['efficiency']}"
+    return (
+        f"fitted efficiency {f['efficiency']:.3f} (rms log error {f['rms_log_error']:.3f}) on Table 1 "
+        f"(b=1, no interleaving); profile has {pts[0].base['_profile']['efficiency']}"
+    )
 
 
 def write_csv(path: str, rows: list[Row]) -> None:
@@ -447,7 +595,10 @@ def collect(tenplex: str, tmp: str, pool: ThreadPoolExecutor) -> tuple[dict[str,
     points: list[Point] = []
     out: dict[str, list[Row]] = {}
     jobs: list[tuple[str, Callable[..., tuple[Row, list[Point]]], list[tuple]]] = [
-        ("sc21", sc21_row, TABLE1), ("korthikanti", korthikanti_row, KORTHIKANTI), ("readme", readme_row, README)]
+        ("sc21", sc21_row, TABLE1),
+        ("korthikanti", korthikanti_row, KORTHIKANTI),
+        ("readme", readme_row, README),
+    ]
     futures = {key: [pool.submit(fn, tenplex, tmp, r) for r in rows] for key, fn, rows in jobs}
     tenplex_f, table4_f = pool.submit(tenplex_rows, tenplex, tmp), pool.submit(table4_rows, tenplex, tmp)
     for key, fs in futures.items():
@@ -462,40 +613,150 @@ def collect(tenplex: str, tmp: str, pool: ThreadPoolExecutor) -> tuple[dict[str,
 
 
 SECTIONS: list[tuple[str, str, list[list[str]]]] = [
-    ("sc21", "Narayanan et al. SC'21 Table 1 (a100 profile, full recompute, no SP, no distributed optimizer)", [
-        ["model", "published", "published_step_s", "ours_step_s", "error_pct", "virtual_stages",
-         "interleaved_b1_step_s", "interleaved_b1_error_pct", "script_mbs", "interleaved_mbs_step_s",
-         "interleaved_mbs_error_pct", "interleaved_mbs_fits"],
-        ["model", "published", "rank", "rank_without_zero", "fitting_configs", "our_best", "rank_search",
-         "fitting_search", "search_knobs", "search_step_s", "search_best", "search_best_step_s"]]),
-    ("tenplex", "Tenplex paper configs (GPT-3 XL, b=8, 4 GPUs per host)", [
-        ["gpus", "published", "ours_step_s", "rank", "rank_without_zero", "fitting_configs", "our_best",
-         "our_best_step_s", "rank_search", "search_best", "search_best_step_s"]]),
-    ("korthikanti", "Korthikanti et al. 2022 Table 5 (a100 profile, no distributed optimizer)", [
-        ["model", "published", "micro_batch", "virtual_stages", "published_full_s", "ours_full_s", "full_error_pct",
-         "published_selective_sp_s", "ours_selective_sp_s", "selective_error_pct", "published_ratio", "ours_ratio"],
-        ["model", "full_memory_gib", "selective_memory_gib", "rank_search", "fitting_search", "search_knobs",
-         "search_best", "search_best_step_s"]]),
-    ("table4", "Korthikanti et al. 2022 Table 4: one 22B layer, forward + backward (tp 8, b 4)", [
-        ["setting", "published_ms", "ours_ms", "ours_compute_ms", "ours_tp_ms", "published_vs_baseline",
-         "ours_vs_baseline"]]),
-    ("readme", "Megatron-LM README H100 table (h100 profile, b=1, SP, distributed optimizer)", [
-        ["model", "published", "published_tflops", "published_step_s", "none_v1_step_s", "none_v1_error_pct",
-         "none_v1_fits", "selective_v1_step_s", "selective_v1_error_pct", "ours_tflops_selective_v1",
-         "none_vbest_v", "none_vbest_error_pct", "none_vbest_fits", "selective_vbest_v",
-         "selective_vbest_error_pct"],
-        ["model", "published", "rank_search", "fitting_search", "search_knobs", "search_step_s", "search_best",
-         "search_best_step_s"]]),
+    (
+        "sc21",
+        "Narayanan et al. SC'21 Table 1 (a100 profile, full recompute, no SP, no distributed optimizer)",
+        [
+            [
+                "model",
+                "published",
+                "published_step_s",
+                "ours_step_s",
+                "error_pct",
+                "virtual_stages",
+                "interleaved_b1_step_s",
+                "interleaved_b1_error_pct",
+                "script_mbs",
+                "interleaved_mbs_step_s",
+                "interleaved_mbs_error_pct",
+                "interleaved_mbs_fits",
+            ],
+            [
+                "model",
+                "published",
+                "rank",
+                "rank_without_zero",
+                "fitting_configs",
+                "our_best",
+                "rank_search",
+                "fitting_search",
+                "search_knobs",
+                "search_step_s",
+                "search_best",
+                "search_best_step_s",
+            ],
+        ],
+    ),
+    (
+        "tenplex",
+        "Tenplex paper configs (GPT-3 XL, b=8, 4 GPUs per host)",
+        [
+            [
+                "gpus",
+                "published",
+                "ours_step_s",
+                "rank",
+                "rank_without_zero",
+                "fitting_configs",
+                "our_best",
+                "our_best_step_s",
+                "rank_search",
+                "search_best",
+                "search_best_step_s",
+            ]
+        ],
+    ),
+    (
+        "korthikanti",
+        "Korthikanti et al. 2022 Table 5 (a100 profile, no distributed optimizer)",
+        [
+            [
+                "model",
+                "published",
+                "micro_batch",
+                "virtual_stages",
+                "published_full_s",
+                "ours_full_s",
+                "full_error_pct",
+                "published_selective_sp_s",
+                "ours_selective_sp_s",
+                "selective_error_pct",
+                "published_ratio",
+                "ours_ratio",
+            ],
+            [
+                "model",
+                "full_memory_gib",
+                "selective_memory_gib",
+                "rank_search",
+                "fitting_search",
+                "search_knobs",
+                "search_best",
+                "search_best_step_s",
+            ],
+        ],
+    ),
+    (
+        "table4",
+        "Korthikanti et al. 2022 Table 4: one 22B layer, forward + backward (tp 8, b 4)",
+        [
+            [
+                "setting",
+                "published_ms",
+                "ours_ms",
+                "ours_compute_ms",
+                "ours_tp_ms",
+                "published_vs_baseline",
+                "ours_vs_baseline",
+            ]
+        ],
+    ),
+    (
+        "readme",
+        "Megatron-LM README H100 table (h100 profile, b=1, SP, distributed optimizer)",
+        [
+            [
+                "model",
+                "published",
+                "published_tflops",
+                "published_step_s",
+                "none_v1_step_s",
+                "none_v1_error_pct",
+                "none_v1_fits",
+                "selective_v1_step_s",
+                "selective_v1_error_pct",
+                "ours_tflops_selective_v1",
+                "none_vbest_v",
+                "none_vbest_error_pct",
+                "none_vbest_fits",
+                "selective_vbest_v",
+                "selective_vbest_error_pct",
+            ],
+            [
+                "model",
+                "published",
+                "rank_search",
+                "fitting_search",
+                "search_knobs",
+                "search_step_s",
+                "search_best",
+                "search_best_step_s",
+            ],
+        ],
+    ),
 ]
-ERROR_KEYS = {"sc21": ["error_pct", "interleaved_b1_error_pct", "interleaved_mbs_error_pct"],
-              "korthikanti": ["full_error_pct", "selective_error_pct"],
-              "readme": ["none_v1_error_pct", "selective_v1_error_pct", "none_vbest_error_pct",
-                         "selective_vbest_error_pct"]}
+ERROR_KEYS = {
+    "sc21": ["error_pct", "interleaved_b1_error_pct", "interleaved_mbs_error_pct"],
+    "korthikanti": ["full_error_pct", "selective_error_pct"],
+    "readme": ["none_v1_error_pct", "selective_v1_error_pct", "none_vbest_error_pct", "selective_vbest_error_pct"],
+}
 
 
-def markdown(out: dict[str, list[Row]], cal: Optional[tuple[list[Row], list[Row]]]) -> str:
-    text = "# `tenplex config suggest` against published measurements\n\n" \
-           "Generated by bench/policy_validate.py (errors: (ours - published) / published).\n\n"
+def markdown(out: dict[str, list[Row]], cal: tuple[list[Row], list[Row]] | None) -> str:
+    text = (
+        "# `tenplex config suggest` against published measurements\n\n"
+        "Generated by bench/policy_validate.py (errors: (ours - published) / published).\n\n"
+    )
     for key, title, tables in SECTIONS:
         text += f"## {title}\n\n"
         for keys in tables:
@@ -520,7 +781,7 @@ def markdown(out: dict[str, list[Row]], cal: Optional[tuple[list[Row], list[Row]
 def snapshot(binary: str, tmp: str) -> str:
     """A private copy of the CLI, so that a rebuild during the run changes no result."""
     path = os.path.join(tmp, "tenplex")
-    for attempt in range(30):
+    for _attempt in range(30):
         try:
             shutil.copy2(binary, path)
             subprocess.run([path, "--help"], capture_output=True, check=True)

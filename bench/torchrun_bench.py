@@ -22,6 +22,7 @@ new world of 6 starts. Parts, from the log events' wall-clock times:
   the checkpoint file;
 - first step: the first training step of the new world.
 """
+
 import argparse
 import json
 import os
@@ -68,8 +69,10 @@ def run(mode, tenplex, tmp, model, policy_map, extra):
     steps, events = read_log(log)
     stop = next((e for e in events if e["event"] == "elastic_stop"), None)
     if stop is None:
-        raise SystemExit(f"{mode}: the workers did not stop at a step boundary (a step longer than the agent's "
-                         "30 s SIGTERM grace?): use a smaller model")
+        raise SystemExit(
+            f"{mode}: the workers did not stop at a step boundary (a step longer than the agent's "
+            "30 s SIGTERM grace?): use a smaller model"
+        )
     commit = [e for e in events if e["event"] == "commit" and e["time"] <= stop["time"]][-1]
     exit_ = next(e for e in events if e["event"] == "elastic_exit")
     start = next(e for e in events if e["event"] == "elastic_start" and e["world_size"] == 6)
@@ -84,8 +87,9 @@ def run(mode, tenplex, tmp, model, policy_map, extra):
         "load": start["load_seconds"],
         "first_step": first["seconds"],
     }
-    parts["total"] = parts["detection"] + parts["stop"] + parts["restart"] + parts["transform"] + parts["load"] + \
-        parts["first_step"]
+    parts["total"] = (
+        parts["detection"] + parts["stop"] + parts["restart"] + parts["transform"] + parts["load"] + parts["first_step"]
+    )
     return {k: round(v, 3) for k, v in parts.items()}, start
 
 
@@ -99,18 +103,44 @@ def main():
     tenplex = os.path.abspath(a.bin)
     with tempfile.TemporaryDirectory() as tmp:
         model = os.path.join(tmp, "model.json")
-        subprocess.run([tenplex, "model", "gpt", "--num-layers", str(a.layers), "--hidden-size", str(a.hidden),
-                        "--num-attention-heads", "4", "--vocab-size", "128", "--max-position-embeddings", "32",
-                        "-o", model], check=True)
+        subprocess.run(
+            [
+                tenplex,
+                "model",
+                "gpt",
+                "--num-layers",
+                str(a.layers),
+                "--hidden-size",
+                str(a.hidden),
+                "--num-attention-heads",
+                "4",
+                "--vocab-size",
+                "128",
+                "--max-position-embeddings",
+                "32",
+                "-o",
+                model,
+            ],
+            check=True,
+        )
         ckpt = os.path.join(tmp, "ckpt")
         os.makedirs(ckpt)
         results = {}
-        results["tenplex"], s1 = run("tenplex", tenplex, tmp, model, {"4": "tp=2,pp=2", "6": "tp=2,dp=3"},
-                                     ["--commit-every", "1000"])
-        results["disk_dp"], s2 = run("disk", tenplex, tmp, model, {"4": "dp=4", "6": "dp=6"},
-                                     ["--commit-every", "1000", "--disk-checkpoint", ckpt])
-    print(f"model: {a.layers} layers, hidden {a.hidden}; tenplex moved {s1.get('bytes_moved')} bytes "
-          f"({s1.get('from')} -> {s1.get('config')})")
+        results["tenplex"], s1 = run(
+            "tenplex", tenplex, tmp, model, {"4": "tp=2,pp=2", "6": "tp=2,dp=3"}, ["--commit-every", "1000"]
+        )
+        results["disk_dp"], s2 = run(
+            "disk",
+            tenplex,
+            tmp,
+            model,
+            {"4": "dp=4", "6": "dp=6"},
+            ["--commit-every", "1000", "--disk-checkpoint", ckpt],
+        )
+    print(
+        f"model: {a.layers} layers, hidden {a.hidden}; tenplex moved {s1.get('bytes_moved')} bytes "
+        f"({s1.get('from')} -> {s1.get('config')})"
+    )
     print("| part (s) | tenplex (tp=2,pp=2 -> tp=2,dp=3) | disk checkpoint (dp=4 -> dp=6) |")
     print("|---|---|---|")
     for p in PARTS:

@@ -19,6 +19,7 @@ Each measurement: the fastest and the median of --reps runs (phases: of the fast
 Writes warm_reconfig.csv.
 Usage: warm_reconfig_bench.py [--tenplex build/bin/tenplex] [--out docs/benchmarks] [--reps 2]
 """
+
 import argparse
 import json
 import os
@@ -39,8 +40,17 @@ JOIN_PHASES = ("park_s", "wait_s", "args_s", "init_pg_s", "trainer_s", "wait_in_
 
 def run(tenplex, tmp, model, name, warm, baseline=None):
     log = os.path.join(tmp, name + ".jsonl")
-    cmd = [tenplex, "run", "--quiet", "--schedule", os.path.join(REPO, "examples/schedules/demo.json"), "--log",
-           log, "--work-dir", os.path.join(tmp, name)]
+    cmd = [
+        tenplex,
+        "run",
+        "--quiet",
+        "--schedule",
+        os.path.join(REPO, "examples/schedules/demo.json"),
+        "--log",
+        log,
+        "--work-dir",
+        os.path.join(tmp, name),
+    ]
     cmd += ["--warm"] if warm else []
     cmd += ["--baseline", baseline] if baseline else []
     cmd += ["--json", "--", sys.executable, os.path.join(REPO, "examples/gpt/train.py"), "--model", model]
@@ -83,8 +93,26 @@ def main():
     rows = []
     with tempfile.TemporaryDirectory(prefix="tenplex-warm-") as tmp:
         model = os.path.join(tmp, "model.json")
-        subprocess.run([tenplex, "model", "gpt", "--num-layers", "4", "--hidden-size", "64", "--num-attention-heads",
-                        "4", "--vocab-size", "256", "--max-position-embeddings", "64", "-o", model], check=True)
+        subprocess.run(
+            [
+                tenplex,
+                "model",
+                "gpt",
+                "--num-layers",
+                "4",
+                "--hidden-size",
+                "64",
+                "--num-attention-heads",
+                "4",
+                "--vocab-size",
+                "256",
+                "--max-position-embeddings",
+                "64",
+                "-o",
+                model,
+            ],
+            check=True,
+        )
         best, every = {}, {}
         baseline = None
         for rep in range(a.reps):
@@ -104,8 +132,13 @@ def main():
         for i in range(n):
             cold, warm = best[(i, False)], best[(i, True)]
             added = max(0, world(cold["to"]) - world(cold["from"]) + len(cold.get("killed_ranks", [])))
-            row = {"step": cold["step"], "from": cold["from"], "to": cold["to"],
-                   "after_failure": cold["after_failure"], "workers_added": added}
+            row = {
+                "step": cold["step"],
+                "from": cold["from"],
+                "to": cold["to"],
+                "after_failure": cold["after_failure"],
+                "workers_added": added,
+            }
             for tag, r in (("cold", cold), ("warm", warm)):
                 for k in ("seconds", "stop_seconds", "transform_seconds", "restart_seconds"):
                     row[f"{tag}_{k.replace('_seconds', '')}_s"] = round(r[k], 3)
@@ -122,15 +155,18 @@ def main():
             row["warm_vs_goal"] = round(warm["seconds"] / GOAL_S, 2) if added == 0 else ""
             rows.append(row)
             phases = " ".join(f"{k[:-2]} {warm['join'][k]:.3f}" for k in JOIN_PHASES if k in warm["join"])
-            print(f"[warm] step {row['step']:>2} {row['from']:<22} -> {row['to']:<22} added {added}  "
-                  f"cold {cold['seconds']:.2f} s (stop {cold['stop_seconds']:.2f} + transform "
-                  f"{cold['transform_seconds']:.2f} + restart {cold['restart_seconds']:.2f})  "
-                  f"warm {warm['seconds']:.2f} s (stop {warm['stop_seconds']:.2f} + transform "
-                  f"{warm['transform_seconds']:.2f} + restart {warm['restart_seconds']:.2f})  "
-                  f"(first step {warm['first_step_seconds']:.2f}, the rest {row['warm_beyond_step_s']:.2f})  "
-                  f"x{row['warm_vs_cold']:.2f} of cold; medians cold {row['cold_median_s']:.2f} warm "
-                  f"{row['warm_median_s']:.2f}; re-join: {phases}" +
-                  (f"  x{row['warm_vs_goal']:.2f} of the {GOAL_S:.1f} s goal" if added == 0 else ""), flush=True)
+            print(
+                f"[warm] step {row['step']:>2} {row['from']:<22} -> {row['to']:<22} added {added}  "
+                f"cold {cold['seconds']:.2f} s (stop {cold['stop_seconds']:.2f} + transform "
+                f"{cold['transform_seconds']:.2f} + restart {cold['restart_seconds']:.2f})  "
+                f"warm {warm['seconds']:.2f} s (stop {warm['stop_seconds']:.2f} + transform "
+                f"{warm['transform_seconds']:.2f} + restart {warm['restart_seconds']:.2f})  "
+                f"(first step {warm['first_step_seconds']:.2f}, the rest {row['warm_beyond_step_s']:.2f})  "
+                f"x{row['warm_vs_cold']:.2f} of cold; medians cold {row['cold_median_s']:.2f} warm "
+                f"{row['warm_median_s']:.2f}; re-join: {phases}"
+                + (f"  x{row['warm_vs_goal']:.2f} of the {GOAL_S:.1f} s goal" if added == 0 else ""),
+                flush=True,
+            )
     write_rows(a.out, "warm_reconfig.csv", rows, "warm")
     return 0
 

@@ -49,6 +49,7 @@ re-plan or with an unconfirmed host, or failed but the new state was rolled forw
 clean abort (it failed and the old state is intact), and the failures above. Prints a
 table by fault kind and phase and exits 1 if any trial failed.
 """
+
 import argparse
 import json
 import os
@@ -65,8 +66,18 @@ import urllib.request
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 from daemons import Daemon  # noqa: E402
 
-CONFIGS = ["tp=2,pp=2,dp=2", "tp=2,pp=4", "tp=1,pp=2,dp=4", "tp=4,pp=2", "tp=2,dp=4",
-           "tp=1,pp=4,dp=2", "tp=2,pp=2,dp=2,zero=1", "tp=2,dp=3", "tp=1,pp=2,dp=3", "tp=2,pp=2"]
+CONFIGS = [
+    "tp=2,pp=2,dp=2",
+    "tp=2,pp=4",
+    "tp=1,pp=2,dp=4",
+    "tp=4,pp=2",
+    "tp=2,dp=4",
+    "tp=1,pp=4,dp=2",
+    "tp=2,pp=2,dp=2,zero=1",
+    "tp=2,dp=3",
+    "tp=1,pp=2,dp=3",
+    "tp=2,pp=2",
+]
 OP_DEADLINE = 90  # seconds: transform ~ silent timeout + a round; load ~ 2 x its 30 s request timeout
 RUN_DEADLINE = 240  # seconds: a run of 6 steps (~20-60 s) plus its --hang-seconds 60
 REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
@@ -102,20 +113,54 @@ class Campaign:
             json.dump({"hosts": [d.url for d in self.daemons], "gpus_per_host": 2}, f)
         model = os.path.join(tmp, "m.json")
         self.run_model = os.path.join(tmp, "run-model.json")
-        self.cli("model", "gpt", "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
-                 "--vocab-size", "128", "--max-position-embeddings", "32", "-o", self.run_model, check=True)
-        self.cli("model", "gpt", "--num-layers", "8", "--hidden-size", "64", "--num-attention-heads", "4",
-                 "--num-query-groups", "4", "--ffn-hidden-size", "96", "--vocab-size", "301",
-                 "--make-vocab-size-divisible-by", "8", "--max-position-embeddings", "16", "--swiglu",
-                 "-o", model, check=True)
+        self.cli(
+            "model",
+            "gpt",
+            "--num-layers",
+            "2",
+            "--hidden-size",
+            "32",
+            "--num-attention-heads",
+            "4",
+            "--vocab-size",
+            "128",
+            "--max-position-embeddings",
+            "32",
+            "-o",
+            self.run_model,
+            check=True,
+        )
+        self.cli(
+            "model",
+            "gpt",
+            "--num-layers",
+            "8",
+            "--hidden-size",
+            "64",
+            "--num-attention-heads",
+            "4",
+            "--num-query-groups",
+            "4",
+            "--ffn-hidden-size",
+            "96",
+            "--vocab-size",
+            "301",
+            "--make-vocab-size-divisible-by",
+            "8",
+            "--max-position-embeddings",
+            "16",
+            "--swiglu",
+            "-o",
+            model,
+            check=True,
+        )
         self.ckpts = {}
         for c in CONFIGS:
             d = os.path.join(tmp, "ckpt-" + c.replace(",", "_").replace("=", ""))
             self.cli("ckpt", "init", "--model", model, "--config", c, "--out", d, "--seed", "5", check=True)
             self.ckpts[c] = d
         self.state = CONFIGS[0]
-        self.cli("store", "load", "--cluster", self.cluster, "--job", "j", "--dir", self.ckpts[self.state],
-                 check=True)
+        self.cli("store", "load", "--cluster", self.cluster, "--job", "j", "--dir", self.ckpts[self.state], check=True)
         self.durations = {"transform": [], "load": []}
         self.limited = None  # the daemon restarted with --memory-limit, if any
         self.can_mount = can_mount
@@ -140,8 +185,9 @@ class Campaign:
     def start(self, i, attempts=50, args=()):
         for _ in range(attempts):  # the port may still be held a moment after a SIGKILL
             try:
-                d = Daemon(self.tenplex, listen="%s:%d" % (self.LISTEN, self.ports[i]),
-                           args=("--shm-dir", self.shm[i], *args))
+                d = Daemon(
+                    self.tenplex, listen="%s:%d" % (self.LISTEN, self.ports[i]), args=("--shm-dir", self.shm[i], *args)
+                )
                 d.url = d.url.replace("//0.0.0.0:", "//127.0.0.1:")  # every address: reached by loopback
                 return d
             except SystemExit:
@@ -156,10 +202,20 @@ class Campaign:
 
     def op_command(self, op, target):
         if op == "transform":
-            return [self.tenplex, "transform", "--cluster", self.cluster, "--job", "j", "--to", target,
-                    "--json", "--quiet", *TRANSFORM_FLAGS]
-        return [self.tenplex, "store", "load", "--cluster", self.cluster, "--job", "j", "--dir",
-                self.ckpts[target]]
+            return [
+                self.tenplex,
+                "transform",
+                "--cluster",
+                self.cluster,
+                "--job",
+                "j",
+                "--to",
+                target,
+                "--json",
+                "--quiet",
+                *TRANSFORM_FLAGS,
+            ]
+        return [self.tenplex, "store", "load", "--cluster", self.cluster, "--job", "j", "--dir", self.ckpts[target]]
 
     def typical(self, op):
         d = self.durations[op]
@@ -186,8 +242,13 @@ class Campaign:
             self.restart(victim, args=("--memory-limit", str(limit)))
             self.limited = victim
         t0 = time.time()
-        proc = subprocess.Popen(self.op_command(op, target), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, start_new_session=True)
+        proc = subprocess.Popen(
+            self.op_command(op, target),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         if kind == "memory limit":
             delay = 0
         while time.time() - t0 < delay and proc.poll() is None:
@@ -213,9 +274,19 @@ class Campaign:
             self.limited = None
         if kind == "coordinator":
             victim = "coordinator"
-        result = {"trial": n, "op": op, "from": old, "to": target, "kind": kind, "victim": victim,
-                  "phase": phase, "delay": round(delay, 3), "seconds": round(seconds, 2), "rc": proc.returncode,
-                  "long_stop": long_stop}
+        result = {
+            "trial": n,
+            "op": op,
+            "from": old,
+            "to": target,
+            "kind": kind,
+            "victim": victim,
+            "phase": phase,
+            "delay": round(delay, 3),
+            "seconds": round(seconds, 2),
+            "rc": proc.returncode,
+            "long_stop": long_stop,
+        }
         if hang:
             result["outcome"] = "hang"
         elif crashed:
@@ -269,7 +340,7 @@ class Campaign:
         """`transform --recover` of a job until no daemon holds an open or prepared version
         of it (a continued daemon may still finish a stale prepare: ask again, 10 times);
         (job_versions, [(daemon, version, state) left]); self.recover_rc: its last exit status."""
-        for attempt in range(10):
+        for _attempt in range(10):
             p = self.cli("transform", "--cluster", cluster or self.cluster, "--job", job, "--recover", timeout=120)
             self.recover_rc = p.returncode
             jobs = self.job_versions(job)
@@ -289,8 +360,11 @@ class Campaign:
         """URLs of the daemons that hold ranks of version `newest` (by host id where its info
         records them, else by URL) and are not at it."""
         urls, ids = holders_of(info)
-        return [self.daemons[i].url for i, j in jobs if j["current"] != newest and
-                (self.daemons[i].url in urls or (self.host_id(i) and self.host_id(i) in ids))]
+        return [
+            self.daemons[i].url
+            for i, j in jobs
+            if j["current"] != newest and (self.daemons[i].url in urls or (self.host_id(i) and self.host_id(i) in ids))
+        ]
 
     def run_trial(self, n):
         """tenplex run --cluster --commit-every 1 with a daemon killed or stopped in it."""
@@ -305,13 +379,38 @@ class Campaign:
         sched = os.path.join(self.tmp, job + ".json")
         with open(sched, "w") as f:
             json.dump([{"step": 0, "config": "tp=2"}, {"step": 3, "config": "dp=2"}, {"step": 6, "stop": True}], f)
-        cmd = [self.tenplex, "run", "--schedule", sched, "--log", os.path.join(self.tmp, job + ".jsonl"),
-               "--work-dir", work, "--cluster", self.cluster, "--job", job, "--commit-every", "1",
-               "--hang-seconds", "60", "--quiet", "--", sys.executable, os.path.join(REPO, "examples/gpt/train.py"),
-               "--model", self.model, "--global-batch-size", "4", "--micro-batch-size", "2", "--seq-length", "16"]
+        cmd = [
+            self.tenplex,
+            "run",
+            "--schedule",
+            sched,
+            "--log",
+            os.path.join(self.tmp, job + ".jsonl"),
+            "--work-dir",
+            work,
+            "--cluster",
+            self.cluster,
+            "--job",
+            job,
+            "--commit-every",
+            "1",
+            "--hang-seconds",
+            "60",
+            "--quiet",
+            "--",
+            sys.executable,
+            os.path.join(REPO, "examples/gpt/train.py"),
+            "--model",
+            self.model,
+            "--global-batch-size",
+            "4",
+            "--micro-batch-size",
+            "2",
+            "--seq-length",
+            "16",
+        ]
         t0 = time.time()
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
         while time.time() - t0 < delay and proc.poll() is None:
             time.sleep(0.01)
         phase = "during" if proc.poll() is None else "after"
@@ -321,9 +420,19 @@ class Campaign:
         if phase == "after":
             self.run_durations.append(seconds)
         crashed = self.revive(victim, kind)
-        result = {"trial": n, "op": "run", "from": "tp=2", "to": "dp=2", "kind": kind, "victim": victim,
-                  "phase": phase, "delay": round(delay, 3), "seconds": round(seconds, 2), "rc": proc.returncode,
-                  "long_stop": long_stop}
+        result = {
+            "trial": n,
+            "op": "run",
+            "from": "tp=2",
+            "to": "dp=2",
+            "kind": kind,
+            "victim": victim,
+            "phase": phase,
+            "delay": round(delay, 3),
+            "seconds": round(seconds, 2),
+            "rc": proc.returncode,
+            "long_stop": long_stop,
+        }
         if proc.returncode != 0:
             result["error"] = err.strip().splitlines()[-1][-300:] if err.strip() else ""
         if hang:
@@ -386,9 +495,17 @@ class Campaign:
         else:
             cmd = [self.tenplex, "store", "save", "--cluster", self.cluster, "--job", "j", "--out", out]
         t0 = time.time()
-        result = {"trial": n, "op": op, "from": src if op == "reshard" else self.state, "to": target,
-                  "kind": "ENOSPC", "victim": "disk", "phase": "fits" if size >= need * 1.05 else "too small",
-                  "size": size, "need": need}
+        result = {
+            "trial": n,
+            "op": op,
+            "from": src if op == "reshard" else self.state,
+            "to": target,
+            "kind": "ENOSPC",
+            "victim": "disk",
+            "phase": "fits" if size >= need * 1.05 else "too small",
+            "size": size,
+            "need": need,
+        }
         try:
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=OP_DEADLINE)
             result["rc"] = p.returncode
@@ -513,14 +630,22 @@ GOOD = ("completed", "recovered", "clean abort")
 
 def table(results, outcomes=OUTCOMES):
     kinds = sorted({(r["kind"], r["op"], r["phase"]) for r in results})
-    lines = ["| fault | operation | phase | trials | " + " | ".join(outcomes) + " |",
-             "|---|---|---|---|" + "---|" * len(outcomes)]
+    lines = [
+        "| fault | operation | phase | trials | " + " | ".join(outcomes) + " |",
+        "|---|---|---|---|" + "---|" * len(outcomes),
+    ]
     for k in kinds:
         rs = [r for r in results if (r["kind"], r["op"], r["phase"]) == k]
-        lines.append("| %s | %s | %s | %d | " % (k[0], k[1], k[2], len(rs)) +
-                     " | ".join(str(sum(r["outcome"] == o for r in rs)) for o in outcomes) + " |")
-    lines.append("| all | | | %d | " % len(results) +
-                 " | ".join("**%d**" % sum(r["outcome"] == o for r in results) for o in outcomes) + " |")
+        lines.append(
+            "| %s | %s | %s | %d | " % (k[0], k[1], k[2], len(rs))
+            + " | ".join(str(sum(r["outcome"] == o for r in rs)) for o in outcomes)
+            + " |"
+        )
+    lines.append(
+        "| all | | | %d | " % len(results)
+        + " | ".join("**%d**" % sum(r["outcome"] == o for r in results) for o in outcomes)
+        + " |"
+    )
     return "\n".join(lines)
 
 
@@ -570,19 +695,23 @@ def main():
     ap = argparse.ArgumentParser()
     base_args(ap)
     ap.add_argument("--no-mount", action="store_true", help="leave out the ENOSPC trials")
-    ap.add_argument("--run-trials", action="store_true",
-                    help="also draw `tenplex run --cluster` trials (training workers; slow)")
+    ap.add_argument(
+        "--run-trials", action="store_true", help="also draw `tenplex run --cluster` trials (training workers; slow)"
+    )
     ap.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     # ENOSPC trials mount tmpfs file systems: in a private mount namespace of our own.
     if not a.inner and not a.no_mount:
         probe = subprocess.run(["unshare", "-m", "true"], capture_output=True) if os.geteuid() == 0 else None
         if probe is not None and probe.returncode == 0:
-            os.execvp("unshare", ["unshare", "-m", sys.executable, os.path.abspath(__file__), *sys.argv[1:],
-                                  "--inner"])
+            os.execvp("unshare", ["unshare", "-m", sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--inner"])
         print("no private mount namespace (not root?): the ENOSPC trials are left out", flush=True)
-    run_campaign(lambda tmp: Campaign(a.tenplex, tmp, a.seed, a.verbose, can_mount=a.inner and not a.no_mount,
-                                      run_trials=a.run_trials), a)
+    run_campaign(
+        lambda tmp: Campaign(
+            a.tenplex, tmp, a.seed, a.verbose, can_mount=a.inner and not a.no_mount, run_trials=a.run_trials
+        ),
+        a,
+    )
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ or prepared, both holders are at the newest version, whose step is at least that
 and whose tensors (read from each host's daemon) are its step's (else orphans, split,
 data lost); a job that did not finish ended with a clear error (else unclear).
 """
+
 import json
 import math
 import os
@@ -50,7 +51,9 @@ CONNECT_TIMEOUT = 3  # seconds a restore waits for a daemon that does not answer
 def rank_state(model, config, rank, step):
     """{name: tensor} of rank at step: (element index % 997) / 997 + step, every tensor F32."""
     import torch
+
     from tenplex import layout
+
     out = {}
     for name, dtype, shape in layout.rank_tensors(model, layout.Config.parse(config), rank):
         assert dtype == "F32", (name, dtype)
@@ -61,6 +64,7 @@ def rank_state(model, config, rank, step):
 
 def wrong_tensors(model, config, rank, step, tensors):
     import torch
+
     want = rank_state(model, config, rank, step)
     return sorted(n for n, t in want.items() if n not in tensors or not torch.equal(tensors[n].cpu(), t))
 
@@ -70,25 +74,37 @@ def worker(spec_path):
     with open(spec_path) as f:
         spec = json.load(f)
     from tenplex import elastic, layout
+
     model = layout.Model.load(spec["model"])
     try:
-        job = elastic.Job(spec["job"], spec["policy"], commit_every=spec["commit_every"], log=spec["log"],
-                          connect_timeout=spec["connect_timeout"], request_timeout=spec["request_timeout"],
-                          term_wait=1)
+        job = elastic.Job(
+            spec["job"],
+            spec["policy"],
+            commit_every=spec["commit_every"],
+            log=spec["log"],
+            connect_timeout=spec["connect_timeout"],
+            request_timeout=spec["request_timeout"],
+            term_wait=1,
+        )
         job.init_process_group(timeout=60)
         r = job.restore()
         start = 0 if r is None else int(r.step)
         if r is not None:
             bad = wrong_tensors(model, job.config, job.rank, start, r.tensors)
             if bad:
-                print("campaign: rank %d restored version %d (step %d) with wrong tensors %s" %
-                      (job.rank, r.version, start, bad[:3]), file=sys.stderr, flush=True)
+                print(
+                    "campaign: rank %d restored version %d (step %d) with wrong tensors %s"
+                    % (job.rank, r.version, start, bad[:3]),
+                    file=sys.stderr,
+                    flush=True,
+                )
                 sys.exit(EXIT_BAD_STATE)
         for step in range(start + 1, spec["steps"] + 1):
             time.sleep(spec["step_seconds"])
             info = {"model": model.desc, "config": job.config, "step": step}
-            if job.step_done(step, lambda: info, lambda: rank_state(model, job.config, job.rank, step),
-                             last=step == spec["steps"]):
+            if job.step_done(
+                step, lambda: info, lambda: rank_state(model, job.config, job.rank, step), last=step == spec["steps"]
+            ):
                 job.finish()
         job.close()
     except elastic.ElasticError as e:
@@ -122,15 +138,24 @@ class ElasticTrials:
 
     def init_elastic(self):
         from tenplex import layout
+
         self.job_model = layout.Model.load(self.run_model)
         self.job_durations = []
 
     # ---- the launcher ------------------------------------------------------------------
 
     def job_spec(self, job, steps, commit_every):
-        spec = {"job": job, "policy": POLICY, "model": self.run_model, "steps": steps, "commit_every": commit_every,
-                "connect_timeout": CONNECT_TIMEOUT, "request_timeout": 10, "step_seconds": STEP_SECONDS,
-                "log": os.path.join(self.tmp, job + ".jsonl")}
+        spec = {
+            "job": job,
+            "policy": POLICY,
+            "model": self.run_model,
+            "steps": steps,
+            "commit_every": commit_every,
+            "connect_timeout": CONNECT_TIMEOUT,
+            "request_timeout": 10,
+            "step_seconds": STEP_SECONDS,
+            "log": os.path.join(self.tmp, job + ".jsonl"),
+        }
         path = os.path.join(self.tmp, "%s-%d.spec.json" % (job, steps))
         with open(path, "w") as f:
             json.dump(spec, f)
@@ -140,16 +165,29 @@ class ElasticTrials:
         port = fc.free_port()
         procs = []
         for r, h in enumerate(hosts):
-            env = dict(os.environ, PYTHONPATH=os.path.join(fc.REPO, "python"), TENPLEX_BIN=self.tenplex,
-                       OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                       WORLD_SIZE=str(len(hosts)), LOCAL_WORLD_SIZE="1", RANK=str(r), LOCAL_RANK="0",
-                       GROUP_RANK=str(r), TORCHELASTIC_RESTART_COUNT=str(restarts), TORCHELASTIC_RUN_ID=job,
-                       TENPLEX_FATAL_FILE=os.path.join(self.tmp, job + ".fatal"),
-                       TENPLEX_STORE_URL=self.daemons[h].url)
+            env = dict(
+                os.environ,
+                PYTHONPATH=os.path.join(fc.REPO, "python"),
+                TENPLEX_BIN=self.tenplex,
+                OMP_NUM_THREADS="1",
+                GLOO_SOCKET_IFNAME="lo",
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+                WORLD_SIZE=str(len(hosts)),
+                LOCAL_WORLD_SIZE="1",
+                RANK=str(r),
+                LOCAL_RANK="0",
+                GROUP_RANK=str(r),
+                TORCHELASTIC_RESTART_COUNT=str(restarts),
+                TORCHELASTIC_RUN_ID=job,
+                TENPLEX_FATAL_FILE=os.path.join(self.tmp, job + ".fatal"),
+                TENPLEX_STORE_URL=self.daemons[h].url,
+            )
             out = open(os.path.join(self.tmp, "%s-r%d-%d.log" % (job, r, restarts)), "w+")
             cmd = [sys.executable, os.path.join(fc.REPO, "scripts", "fault_campaign_jobs.py"), "--worker", spec]
-            procs.append((subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                           start_new_session=True), out))
+            procs.append(
+                (subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True), out)
+            )
         return procs
 
     def launch(self, spec, job, hosts, actions=()):
@@ -197,8 +235,14 @@ class ElasticTrials:
                     restarts += 1
         for _, fn in actions:
             fn()
-        return {"status": status, "restarts": restarts, "errors": every_error[-4:], "last_errors": errors,
-                "bad_state": bad, "seconds": round(time.time() - t0, 2)}
+        return {
+            "status": status,
+            "restarts": restarts,
+            "errors": every_error[-4:],
+            "last_errors": errors,
+            "bad_state": bad,
+            "seconds": round(time.time() - t0, 2),
+        }
 
     # ---- the trials --------------------------------------------------------------------
 
@@ -223,8 +267,12 @@ class ElasticTrials:
             return dict(result, phase="first run", **self.judge_job(job, hosts, first, steps))
         for v in victims:
             self.kill_daemon(v)
-        run = self.launch(self.job_spec(job, steps + 3, 1), job, hosts,
-                          [(d, lambda v=v: self.revive_daemon(v)) for v, d in zip(victims, delays)])
+        run = self.launch(
+            self.job_spec(job, steps + 3, 1),
+            job,
+            hosts,
+            [(d, lambda v=v: self.revive_daemon(v)) for v, d in zip(victims, delays)],
+        )
         # back while the restore waited, or after it gave up (and the launcher restarted it)
         phase = "%d of 2 down, %s" % (len(victims), "back in time" if run["restarts"] == 0 else "failed start")
         return dict(result, phase=phase, **self.judge_job(job, hosts, run, steps + 3))
@@ -235,8 +283,13 @@ class ElasticTrials:
         victim, how = rng.choice(hosts), rng.choice(["SIGKILL", "SIGTERM"])
         typical = sorted(self.job_durations)[len(self.job_durations) // 2] if self.job_durations else 8.0
         at, down = rng.uniform(0, 1.2 * typical), rng.uniform(0, 6)
-        result = {"op": "elastic job", "victim": victim, "at": round(at, 2), "down": round(down, 2),
-                  "commit_every": every}
+        result = {
+            "op": "elastic job",
+            "victim": victim,
+            "at": round(at, 2),
+            "down": round(down, 2),
+            "commit_every": every,
+        }
         actions = [(at, lambda: self.kill_daemon(victim, how)), (at + down, lambda: self.revive_daemon(victim))]
         run = self.launch(self.job_spec(job, 10, every), job, hosts, actions)
         if run["status"] == "finished" and run["restarts"] == 0:
@@ -257,8 +310,12 @@ class ElasticTrials:
 
     def judge_job_state(self, job, hosts, run, steps):
         events = read_events(os.path.join(self.tmp, job + ".jsonl"))
-        res = {"status": run["status"], "restarts": run["restarts"], "errors": run["errors"],
-               "starts": [(e.get("version"), e.get("step")) for e in events if e["event"] == "elastic_start"]}
+        res = {
+            "status": run["status"],
+            "restarts": run["restarts"],
+            "errors": run["errors"],
+            "starts": [(e.get("version"), e.get("step")) for e in events if e["event"] == "elastic_start"],
+        }
         silent = silent_starts(events)
         told = max([0] + [e["step"] for e in events if e["event"] == "commit"])
         crashed = self.crashed()
@@ -286,9 +343,13 @@ class ElasticTrials:
         if behind:
             return dict(res, outcome="split", detail="hosts %r not at version %d" % (behind, newest))
         if info["step"] < told:
-            return dict(res, outcome="data lost", detail="version %d holds step %d, step %d was committed" %
-                        (newest, info["step"], told))
+            return dict(
+                res,
+                outcome="data lost",
+                detail="version %d holds step %d, step %d was committed" % (newest, info["step"], told),
+            )
         from tenplex import store
+
         for r, h in enumerate(hosts):
             tensors = store.attach(self.daemons[h].url).load_state(job, r, newest)
             bad = wrong_tensors(self.job_model, info["config"], r, info["step"], tensors)

@@ -36,6 +36,7 @@ from no version or from an older step than the last commit its workers were told
 wedged (`--recover` or the next transform fails after the race) and lost host (a live
 daemon named by another URL treated as lost, or one daemon accepted under two names).
 """
+
 import argparse
 import json
 import os
@@ -81,8 +82,9 @@ class JobsCampaign(fe.ElasticTrials, fc.Campaign):
 
     @staticmethod
     def answers(url):
-        req = urllib.request.Request(url + "/v1/health",
-                                     headers={"Authorization": "Bearer " + os.environ["TENPLEX_TOKEN"]})
+        req = urllib.request.Request(
+            url + "/v1/health", headers={"Authorization": "Bearer " + os.environ["TENPLEX_TOKEN"]}
+        )
         try:
             with urllib.request.urlopen(req, timeout=5) as r:
                 return r.status == 200
@@ -92,9 +94,13 @@ class JobsCampaign(fe.ElasticTrials, fc.Campaign):
     def trial(self, n):
         kind = self.rng.choice(self.kinds)
         t0 = time.time()
-        result = {"coordinators": self.coordinators_trial, "port in use": self.port_trial,
-                  "host renamed": self.rename_trial, "down at start": self.down_at_start_trial,
-                  "restart mid-job": self.restart_mid_job_trial}[kind](n)
+        result = {
+            "coordinators": self.coordinators_trial,
+            "port in use": self.port_trial,
+            "host renamed": self.rename_trial,
+            "down at start": self.down_at_start_trial,
+            "restart mid-job": self.restart_mid_job_trial,
+        }[kind](n)
         result.update(trial=n, kind=kind, seconds=round(time.time() - t0, 2))
         if self.verbose or result["outcome"] not in fc.GOOD:
             print(json.dumps(result), flush=True)
@@ -105,8 +111,9 @@ class JobsCampaign(fe.ElasticTrials, fc.Campaign):
     def reset_job(self):
         """After a failed trial on job j: j loaded afresh (its versions deleted on every
         daemon), so that one failure is counted once, not again by every later trial."""
-        left = [(i, j["current"], [(v["version"], v["state"]) for v in j["versions"]])
-                for i, j in self.job_versions("j")]
+        left = [
+            (i, j["current"], [(v["version"], v["state"]) for v in j["versions"]]) for i, j in self.job_versions("j")
+        ]
         print("   reset job j; (daemon, current, versions) were %s" % left, flush=True)
         for d in self.daemons:
             try:
@@ -177,8 +184,14 @@ class JobsCampaign(fe.ElasticTrials, fc.Campaign):
         rcs = [q.returncode for q in procs]
         if not overlap:
             self.durations[ops[0]].append(ends[0] - t0)
-        result = {"op": "+".join(ops), "phase": "overlap" if overlap else "one after the other",
-                  "from": old, "to": targets, "offset": round(offset, 3), "rc": rcs}
+        result = {
+            "op": "+".join(ops),
+            "phase": "overlap" if overlap else "one after the other",
+            "from": old,
+            "to": targets,
+            "offset": round(offset, 3),
+            "rc": rcs,
+        }
         errors = [t[1].strip().splitlines()[-1][-300:] for t, rc in zip(texts, rcs) if rc != 0 and t[1].strip()]
         if errors:
             result["error"] = errors
@@ -212,19 +225,25 @@ class JobsCampaign(fe.ElasticTrials, fc.Campaign):
             made = {i: max(json.loads(texts[i][0]).get(k, 0) for k in ("version", "to_version")) for i in winners}
             last = max(winners, key=lambda i: made[i])
             if got != targets[last]:
-                return {"outcome": "data lost", "detail": "operation %d committed version %d last, but the state "
-                        "is %s" % (last, made[last], got), "state": got, "versions": made}
+                return {
+                    "outcome": "data lost",
+                    "detail": "operation %d committed version %d last, but the state is %s" % (last, made[last], got),
+                    "state": got,
+                    "versions": made,
+                }
         if unclear:
             return {"outcome": "unclear", "detail": texts[unclear[0]][1].strip()[-400:], "state": got}
         # Never wedged: recovery, the next transform and a save work.
         third = self.other_configs(1, got)[0]
         t0 = time.time()
-        p = subprocess.run(self.op_command("transform", third), capture_output=True, text=True,
-                           timeout=fc.OP_DEADLINE)
+        p = subprocess.run(self.op_command("transform", third), capture_output=True, text=True, timeout=fc.OP_DEADLINE)
         if self.recover_rc != 0 or p.returncode != 0:
             self.unwedge()
-            return {"outcome": "wedged", "detail": "recover exit %d; next transform: %s" %
-                    (self.recover_rc, p.stderr.strip()[-300:]), "state": got}
+            return {
+                "outcome": "wedged",
+                "detail": "recover exit %d; next transform: %s" % (self.recover_rc, p.stderr.strip()[-300:]),
+                "state": got,
+            }
         self.durations["transform"].append(time.time() - t0)
         res = self.settle(third, [])
         if "outcome" in res:
@@ -257,8 +276,13 @@ class JobsCampaign(fe.ElasticTrials, fc.Campaign):
         target = self.other_configs(1, old)[0]
         before = self.job_versions("j")
         health = self.daemons[victim].get("/v1/health")
-        result = {"op": "serve" + (" during transform" if during else ""), "phase": "same shm dir" if same_dir
-                  else "fresh shm dir", "victim": victim, "listen": host, "from": old}
+        result = {
+            "op": "serve" + (" during transform" if during else ""),
+            "phase": "same shm dir" if same_dir else "fresh shm dir",
+            "victim": victim,
+            "listen": host,
+            "from": old,
+        }
         op = None
         if during:
             op, op_files = self.spawn(self.op_command("transform", target), "port-op")
@@ -364,8 +388,11 @@ class JobsCampaign(fe.ElasticTrials, fc.Campaign):
             self.durations["transform"].append(time.time() - t0)
             stats = json.loads(p.stdout)
             if stats.get("lost_hosts") or stats["attempts"] > 1:
-                res = dict(res, outcome="lost host", detail="lost %r in %d attempts" %
-                           (stats.get("lost_hosts"), stats["attempts"]))
+                res = dict(
+                    res,
+                    outcome="lost host",
+                    detail="lost %r in %d attempts" % (stats.get("lost_hosts"), stats["attempts"]),
+                )
         elif res["outcome"] in fc.GOOD:
             res = dict(res, outcome="lost host", detail="the transform failed")
         return dict(result, **res)

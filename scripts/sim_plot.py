@@ -12,6 +12,7 @@ the PFS bandwidth (every new rank reading its shards, and the state read once). 
 totals too, faded: the curve before issue 36's fixes of the coordinator and the per-host
 planner. Log-log axes.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,25 +59,59 @@ def plot(rows: list[dict[str, Any]], before: list[dict[str, Any]], out: str) -> 
                 continue
             x = [r["gpus"] for r in pts]
             label = {"lose": "lose a host", "scale": "scale down 10 %", "TP": "TP 8 -> 4"}.get(k, k)
-            line = ax.plot(x, [r["prediction"]["total_seconds"] for r in pts], marker=MARKERS.get(k, "x"),
-                           label="%s: total" % label)[0]
-            ax.plot(x, [r["critical"]["prepare"] for r in pts], marker=MARKERS.get(k, "x"), linestyle=":",
-                    color=line.get_color(), label="%s: critical host's prepare" % label)
+            line = ax.plot(
+                x,
+                [r["prediction"]["total_seconds"] for r in pts],
+                marker=MARKERS.get(k, "x"),
+                label="%s: total" % label,
+            )[0]
+            ax.plot(
+                x,
+                [r["critical"]["prepare"] for r in pts],
+                marker=MARKERS.get(k, "x"),
+                linestyle=":",
+                color=line.get_color(),
+                label="%s: critical host's prepare" % label,
+            )
             old = earlier.get((m, k), [])
             if old:
-                ax.plot([r["gpus"] for r in old], [r["prediction"]["total_seconds"] for r in old],
-                        marker=MARKERS.get(k, "x"), linestyle="--", alpha=0.35, color=line.get_color(),
-                        label="%s: total before the fixes" % label)
-        ck = sorted((r["gpus"], r["checkpoint"]["read_seconds"]) for r in rows
-                    if r["model"] == model and kind(r["change"]) == "scale")
+                ax.plot(
+                    [r["gpus"] for r in old],
+                    [r["prediction"]["total_seconds"] for r in old],
+                    marker=MARKERS.get(k, "x"),
+                    linestyle="--",
+                    alpha=0.35,
+                    color=line.get_color(),
+                    label="%s: total before the fixes" % label,
+                )
+        ck = sorted(
+            (r["gpus"], r["checkpoint"]["read_seconds"])
+            for r in rows
+            if r["model"] == model and kind(r["change"]) == "scale"
+        )
         if ck:
-            ax.plot([g for g, _ in ck], [s for _, s in ck], color="black", linestyle="--", marker="+",
-                    label="restart: every rank reads its shards at 2 TB/s")
-        once = sorted((r["gpus"], r["checkpoint"]["state_read_seconds"]) for r in rows
-                      if r["model"] == model and kind(r["change"]) == "scale")
+            ax.plot(
+                [g for g, _ in ck],
+                [s for _, s in ck],
+                color="black",
+                linestyle="--",
+                marker="+",
+                label="restart: every rank reads its shards at 2 TB/s",
+            )
+        once = sorted(
+            (r["gpus"], r["checkpoint"]["state_read_seconds"])
+            for r in rows
+            if r["model"] == model and kind(r["change"]) == "scale"
+        )
         if once:
-            ax.plot([g for g, _ in once], [s for _, s in once], color="gray", linestyle="-.", marker="+",
-                    label="restart: the state read once (no broadcast)")
+            ax.plot(
+                [g for g, _ in once],
+                [s for _, s in once],
+                color="gray",
+                linestyle="-.",
+                marker="+",
+                label="restart: the state read once (no broadcast)",
+            )
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_title(model)
@@ -84,8 +119,9 @@ def plot(rows: list[dict[str, Any]], before: list[dict[str, Any]], out: str) -> 
         ax.grid(True, which="both", alpha=0.3)
     axes[0][0].set_ylabel("predicted seconds")
     axes[0][-1].legend(fontsize=6, loc="upper left")
-    fig.suptitle("tenplex simulate: reconfiguration time against GPU count (400 Gbit/s NICs, 20 GB/s memory)",
-                 fontsize=10)
+    fig.suptitle(
+        "tenplex simulate: reconfiguration time against GPU count (400 Gbit/s NICs, 20 GB/s memory)", fontsize=10
+    )
     fig.tight_layout()
     fig.savefig(out)
 

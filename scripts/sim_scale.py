@@ -23,6 +23,7 @@ over 16 stages (one layer fewer on the first and last, as Llama 3 did), and 3 + 
 32. Changes: host 5 lost (dp - 1, its replica re-planned from the others), scaling down by
 10 % of dp, and tp=8,pp=16 -> tp=4,pp=32 on the same GPUs. Hardware as in docs/scale.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,21 +39,58 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.join(HERE, "..")
 
 # The assumed hardware of docs/scale.md's "First predictions"; PFS: Llama 3's Tectonic, 2 TB/s.
-SCALE_HW = {"nic_gbit_s": 400, "latency_us": 5, "rpc_us": 50, "copy_gbyte_s": 20, "memory_gbyte_s": 20,
-            "map_gbyte_s": 50, "pfs_gbyte_s": 2000}
+SCALE_HW = {
+    "nic_gbit_s": 400,
+    "latency_us": 5,
+    "rpc_us": 50,
+    "copy_gbyte_s": 20,
+    "memory_gbyte_s": 20,
+    "map_gbyte_s": 50,
+    "pfs_gbyte_s": 2000,
+}
 # `tenplex model gpt` arguments of each model, and its layers.
-LLAMA3_405B = ["--num-layers", "126", "--hidden-size", "16384", "--ffn-hidden-size", "53248", "--num-attention-heads",
-               "128", "--num-query-groups", "8", "--vocab-size", "128256", "--position-embedding-type", "rope",
-               "--swiglu", "--disable-bias-linear", "--untie-embeddings-and-output-weights", "--normalization",
-               "RMSNorm", "--params-dtype", "bf16", "--max-position-embeddings", "8192"]
-MODELS = {"gpt3-175b": (["--preset", "gpt3-175b"], 96), "llama3-405b": (LLAMA3_405B, 126),
-          "gpt3-2.7b-fp16": (["--preset", "gpt3-2.7b", "--params-dtype", "fp16"], 32),
-          "gpt3-6.7b-fp16": (["--preset", "gpt3-6.7b", "--params-dtype", "fp16"], 32)}
+LLAMA3_405B = [
+    "--num-layers",
+    "126",
+    "--hidden-size",
+    "16384",
+    "--ffn-hidden-size",
+    "53248",
+    "--num-attention-heads",
+    "128",
+    "--num-query-groups",
+    "8",
+    "--vocab-size",
+    "128256",
+    "--position-embedding-type",
+    "rope",
+    "--swiglu",
+    "--disable-bias-linear",
+    "--untie-embeddings-and-output-weights",
+    "--normalization",
+    "RMSNorm",
+    "--params-dtype",
+    "bf16",
+    "--max-position-embeddings",
+    "8192",
+]
+MODELS = {
+    "gpt3-175b": (["--preset", "gpt3-175b"], 96),
+    "llama3-405b": (LLAMA3_405B, 126),
+    "gpt3-2.7b-fp16": (["--preset", "gpt3-2.7b", "--params-dtype", "fp16"], 32),
+    "gpt3-6.7b-fp16": (["--preset", "gpt3-6.7b", "--params-dtype", "fp16"], 32),
+}
 
 # The paper's Fig. 14 (reconfiguration seconds, Tenplex / Tenplex-Central), from the
 # artifact's plot script (benchmark/reconfiguration_parallelization/plot.py).
-PAPER = {("2.7b", "dp"): (11.5, 39.0), ("2.7b", "tp"): (10.5, 28.5), ("2.7b", "pp"): (5.9, 18.2),
-         ("6.7b", "dp"): (24.2, 96.1), ("6.7b", "tp"): (20.2, 74.0), ("6.7b", "pp"): (10.8, 38.0)}
+PAPER = {
+    ("2.7b", "dp"): (11.5, 39.0),
+    ("2.7b", "tp"): (10.5, 28.5),
+    ("2.7b", "pp"): (5.9, 18.2),
+    ("6.7b", "dp"): (24.2, 96.1),
+    ("6.7b", "tp"): (20.2, 74.0),
+    ("6.7b", "pp"): (10.8, 38.0),
+}
 PAPER_TO = {"tp": "tp=8,pp=2,dp=1", "pp": "tp=4,pp=4,dp=1", "dp": "tp=4,pp=2,dp=2"}
 PAPER_NICS = [10, 25, 100]
 
@@ -104,12 +142,22 @@ def summary(label: dict[str, Any], scen: dict[str, Any], sim: dict[str, Any]) ->
     pred = sim["prediction"]
     crit = next(h for h in sim["hosts"] if h["host"] == pred["critical_host"])
     ck = sim.get("checkpoint_restart", {})
-    return {**label, "scenario": scen, "mode": sim["mode"], "from_ranks": sim["from_ranks"],
-            "to_ranks": sim["to_ranks"],
-            "cross_host_bytes": sim["plan"]["bytes_cross_host"], "state_bytes": ck.get("state_bytes", 0),
-            "max_in": max(h["bytes_in"] for h in sim["hosts"]), "max_out": max(h["bytes_out"] for h in sim["hosts"]),
-            "prediction": pred, "critical": crit["seconds"], "checkpoint": ck, "measured": sim["measured"],
-            "sim_wall_seconds": sim["sim_wall_seconds"]}
+    return {
+        **label,
+        "scenario": scen,
+        "mode": sim["mode"],
+        "from_ranks": sim["from_ranks"],
+        "to_ranks": sim["to_ranks"],
+        "cross_host_bytes": sim["plan"]["bytes_cross_host"],
+        "state_bytes": ck.get("state_bytes", 0),
+        "max_in": max(h["bytes_in"] for h in sim["hosts"]),
+        "max_out": max(h["bytes_out"] for h in sim["hosts"]),
+        "prediction": pred,
+        "critical": crit["seconds"],
+        "checkpoint": ck,
+        "measured": sim["measured"],
+        "sim_wall_seconds": sim["sim_wall_seconds"],
+    }
 
 
 def run_paper(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -117,22 +165,37 @@ def run_paper(args: argparse.Namespace) -> list[dict[str, Any]]:
     for size in ("2.7b", "6.7b"):
         for change in ("tp", "pp", "dp"):
             for nic in PAPER_NICS:
-                scen = {"model": model_file(args, "gpt3-%s-fp16" % size),
-                        "from": {"config": "tp=4,pp=2,dp=1", "gpus_per_host": 4},
-                        "to": {"config": PAPER_TO[change], "gpus_per_host": 4, "hosts": 4},
-                        "cluster": dict(SCALE_HW, nic_gbit_s=nic), "sim": {"mode": "full"}}
+                scen = {
+                    "model": model_file(args, "gpt3-%s-fp16" % size),
+                    "from": {"config": "tp=4,pp=2,dp=1", "gpus_per_host": 4},
+                    "to": {"config": PAPER_TO[change], "gpus_per_host": 4, "hosts": 4},
+                    "cluster": dict(SCALE_HW, nic_gbit_s=nic),
+                    "sim": {"mode": "full"},
+                }
                 label = {"model": "gpt3-" + size, "change": change, "nic_gbit_s": nic, "paper": PAPER[(size, change)]}
                 rows.append(summary(label, scen, simulate(args.tenplex, scen)))
-    print("| model | change | cross-host GB | busiest host in / out GB | predicted s at 10 / 25 / 100 Gbit/s "
-          "(fetch s at 10) | paper: Tenplex / central s |")
+    print(
+        "| model | change | cross-host GB | busiest host in / out GB | predicted s at 10 / 25 / 100 Gbit/s "
+        "(fetch s at 10) | paper: Tenplex / central s |"
+    )
     print("|---|---|---|---|---|---|")
     for i in range(0, len(rows), len(PAPER_NICS)):
-        g = rows[i:i + len(PAPER_NICS)]
+        g = rows[i : i + len(PAPER_NICS)]
         r = g[0]
-        print("| %s | %s: tp=4,pp=2,dp=1 -> %s | %.1f | %.1f / %.1f | %s (%.1f) | %.1f / %.1f |" % (
-            r["model"], r["change"].upper(), PAPER_TO[r["change"]], r["cross_host_bytes"] / 1e9, r["max_in"] / 1e9,
-            r["max_out"] / 1e9, " / ".join("%.1f" % x["prediction"]["total_seconds"] for x in g),
-            r["critical"]["fetch"], *r["paper"]))
+        print(
+            "| %s | %s: tp=4,pp=2,dp=1 -> %s | %.1f | %.1f / %.1f | %s (%.1f) | %.1f / %.1f |"
+            % (
+                r["model"],
+                r["change"].upper(),
+                PAPER_TO[r["change"]],
+                r["cross_host_bytes"] / 1e9,
+                r["max_in"] / 1e9,
+                r["max_out"] / 1e9,
+                " / ".join("%.1f" % x["prediction"]["total_seconds"] for x in g),
+                r["critical"]["fetch"],
+                *r["paper"],
+            )
+        )
     return rows
 
 
@@ -140,11 +203,16 @@ def scale_changes(n_layers: int, dp: int) -> list[tuple[str, str, str, list[int]
     """(label, from, to, lost hosts) at tp=8, pp=16, dp."""
     frm = "tp=8,pp=16,dp=%d%s" % (dp, layers(n_layers, 16))
     down = round(dp * 0.9)
-    return [("lose host 5 (dp %d -> %d)" % (dp, dp - 1), frm, "tp=8,pp=16,dp=%d%s" % (dp - 1, layers(n_layers, 16)),
-             [5]),
-            ("scale down: dp %d -> %d (%+.1f %%)" % (dp, down, 100.0 * (down - dp) / dp), frm,
-             "tp=8,pp=16,dp=%d%s" % (down, layers(n_layers, 16)), []),
-            ("TP change: tp=4,pp=32,dp=%d" % dp, frm, "tp=4,pp=32,dp=%d%s" % (dp, layers(n_layers, 32)), [])]
+    return [
+        ("lose host 5 (dp %d -> %d)" % (dp, dp - 1), frm, "tp=8,pp=16,dp=%d%s" % (dp - 1, layers(n_layers, 16)), [5]),
+        (
+            "scale down: dp %d -> %d (%+.1f %%)" % (dp, down, 100.0 * (down - dp) / dp),
+            frm,
+            "tp=8,pp=16,dp=%d%s" % (down, layers(n_layers, 16)),
+            [],
+        ),
+        ("TP change: tp=4,pp=32,dp=%d" % dp, frm, "tp=4,pp=32,dp=%d%s" % (dp, layers(n_layers, 32)), []),
+    ]
 
 
 def run_scale(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -155,28 +223,54 @@ def run_scale(args: argparse.Namespace) -> list[dict[str, Any]]:
             if gpus % 128:
                 sys.exit("--sizes: %d is not a multiple of tp·pp = 128" % gpus)
             for change, frm, to, lost in scale_changes(n_layers, gpus // 128):
-                scen = {"model": model, "from": {"config": frm, "gpus_per_host": 8},
-                        "to": {"config": to, "gpus_per_host": 8},
-                        "cluster": dict(SCALE_HW, lost_hosts=lost), "sim": {"mode": "auto"}}
+                scen = {
+                    "model": model,
+                    "from": {"config": frm, "gpus_per_host": 8},
+                    "to": {"config": to, "gpus_per_host": 8},
+                    "cluster": dict(SCALE_HW, lost_hosts=lost),
+                    "sim": {"mode": "auto"},
+                }
                 reps = args.repeats if gpus <= 40000 else 1  # a sampled 100k run takes minutes
-                r = summary({"model": name, "gpus": gpus, "change": change}, scen,
-                            simulate(args.tenplex, scen, reps))
-                print("  %s %d %s: %.1f s predicted (%s mode, simulated in %.0f s)" % (
-                    name, gpus, change, r["prediction"]["total_seconds"], r["mode"], r["sim_wall_seconds"]),
-                      file=sys.stderr, flush=True)
+                r = summary({"model": name, "gpus": gpus, "change": change}, scen, simulate(args.tenplex, scen, reps))
+                print(
+                    "  %s %d %s: %.1f s predicted (%s mode, simulated in %.0f s)"
+                    % (name, gpus, change, r["prediction"]["total_seconds"], r["mode"], r["sim_wall_seconds"]),
+                    file=sys.stderr,
+                    flush=True,
+                )
                 rows.append(r)
-    print("| model | GPUs | change | cross-host TiB | busiest host in / out GiB | control s | last request out s "
-          "| critical host's prepare s (alloc + fetch + seal) | total s "
-          "| restart read at 2 TB/s: every rank / once s |")
+    print(
+        "| model | GPUs | change | cross-host TiB | busiest host in / out GiB | control s | last request out s "
+        "| critical host's prepare s (alloc + fetch + seal) | total s "
+        "| restart read at 2 TB/s: every rank / once s |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         p, c, ck = r["prediction"], r["critical"], r["checkpoint"]
-        print(("| %s | %d -> %d | %s | %.1f | %.0f / %.0f | %.1f | %.1f | %.1f (%.1f + %.1f + %.1f) | %.1f "
-               "| %.1f / %.1f |") % (r["model"], r["from_ranks"], r["to_ranks"], r["change"],
-                                     r["cross_host_bytes"] / 2**40, r["max_in"] / 2**30, r["max_out"] / 2**30,
-                                     p["control_seconds"], c["start"], c["prepare"], c["alloc"], c["fetch"],
-                                     c["seal"], p["total_seconds"],
-                                     ck["read_seconds"], ck["state_read_seconds"]))
+        print(
+            (
+                "| %s | %d -> %d | %s | %.1f | %.0f / %.0f | %.1f | %.1f | %.1f (%.1f + %.1f + %.1f) | %.1f "
+                "| %.1f / %.1f |"
+            )
+            % (
+                r["model"],
+                r["from_ranks"],
+                r["to_ranks"],
+                r["change"],
+                r["cross_host_bytes"] / 2**40,
+                r["max_in"] / 2**30,
+                r["max_out"] / 2**30,
+                p["control_seconds"],
+                c["start"],
+                c["prepare"],
+                c["alloc"],
+                c["fetch"],
+                c["seal"],
+                p["total_seconds"],
+                ck["read_seconds"],
+                ck["state_read_seconds"],
+            )
+        )
     return rows
 
 

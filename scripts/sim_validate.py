@@ -36,6 +36,7 @@ namespaces; C, M, H, W and R are measured as above, on the unshaped links. The b
 crossed the daemons' veths during each transform (their counters) are reported next to
 the plan's cross-host bytes.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -132,8 +133,14 @@ class ShapedNet:
         self.daemons: list[Daemon] = []
         try:
             for i in range(n):
-                self.daemons.append(Daemon(tenplex, listen=self.net.addr(i) + ":7480", prefix=self.net.prefix(i),
-                                           args=["--no-local-peer-reads"]))
+                self.daemons.append(
+                    Daemon(
+                        tenplex,
+                        listen=self.net.addr(i) + ":7480",
+                        prefix=self.net.prefix(i),
+                        args=["--no-local-peer-reads"],
+                    )
+                )
         except BaseException:
             self.close()
             raise
@@ -145,9 +152,26 @@ class ShapedNet:
         burst = max(256 << 10, int(gbit_s * 1e9 / 8 * 1e-3))  # 1 ms at the rate, and several GSO packets
         for i in range(len(self.daemons)):
             for prefix, dev in (((), self.bridge_side(i)), (self.net.prefix(i), self.net.ifname(i))):
-                subprocess.run([*prefix, "tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate",
-                                "%dmbit" % round(gbit_s * 1000), "burst", str(burst), "latency", QUEUE],
-                               check=True, capture_output=True)
+                subprocess.run(
+                    [
+                        *prefix,
+                        "tc",
+                        "qdisc",
+                        "replace",
+                        "dev",
+                        dev,
+                        "root",
+                        "tbf",
+                        "rate",
+                        "%dmbit" % round(gbit_s * 1000),
+                        "burst",
+                        str(burst),
+                        "latency",
+                        QUEUE,
+                    ],
+                    check=True,
+                    capture_output=True,
+                )
 
     def crossed(self) -> int:
         """Bytes delivered into the daemons' namespaces so far (bridge side's tx of each veth)."""
@@ -159,8 +183,12 @@ class ShapedNet:
 
     def latency_us(self) -> float:
         """Half the median round trip of a TCP connect from namespace 0 to daemon 1."""
-        out = subprocess.run([*self.net.prefix(0), sys.executable, "-c", CONNECT_RTT, self.net.addr(1), "7480"],
-                             check=True, capture_output=True, text=True)
+        out = subprocess.run(
+            [*self.net.prefix(0), sys.executable, "-c", CONNECT_RTT, self.net.addr(1), "7480"],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
         return float(out.stdout) / 2
 
     def close(self) -> None:
@@ -244,20 +272,45 @@ def probe_cluster(daemons: list[Daemon]) -> dict[str, float]:
     n = len(daemons)
     p = bench.probe(daemons)
     first, hashed, mapped = touch_rates([d.get("/v1/health")["shm_dir"] for d in daemons])
-    return {"nic_gbit_s": 8 * p["all_fetch_gbps"] / n, "copy_gbyte_s": p["all_memcpy_gbps"] / n,
-            "memory_gbyte_s": first, "hash_gbyte_s": hashed, "map_gbyte_s": mapped, "rpc_us": rpc_us(daemons[0].url),
-            "latency_us": 5.0}
+    return {
+        "nic_gbit_s": 8 * p["all_fetch_gbps"] / n,
+        "copy_gbyte_s": p["all_memcpy_gbps"] / n,
+        "memory_gbyte_s": first,
+        "hash_gbyte_s": hashed,
+        "map_gbyte_s": mapped,
+        "rpc_us": rpc_us(daemons[0].url),
+        "latency_us": 5.0,
+    }
 
 
-def transform_once(args: argparse.Namespace, cluster_file: str, daemons: list[Daemon], ckpt: str, job: str,
-                   to: str, net: ShapedNet | None) -> dict[str, Any]:
+def transform_once(
+    args: argparse.Namespace,
+    cluster_file: str,
+    daemons: list[Daemon],
+    ckpt: str,
+    job: str,
+    to: str,
+    net: ShapedNet | None,
+) -> dict[str, Any]:
     """One transform from a fresh load, every cross-host byte over UCX; with `net`, the
     bytes that crossed the daemons' veths during the transform alone."""
     bench.tenplex("store", "load", "--cluster", cluster_file, "--job", job, "--dir", ckpt)
     pool_before = sum(d.get("/v1/health")["pool_bytes"] for d in daemons)
     before = net.crossed() if net else 0
-    s = json.loads(bench.tenplex("transform", "--cluster", cluster_file, "--job", job, "--to", to, "--json",
-                                 "--quiet", "--no-local-peer-reads"))
+    s = json.loads(
+        bench.tenplex(
+            "transform",
+            "--cluster",
+            cluster_file,
+            "--job",
+            job,
+            "--to",
+            to,
+            "--json",
+            "--quiet",
+            "--no-local-peer-reads",
+        )
+    )
     s["veth_bytes"] = net.crossed() - before if net else 0
     s["pool_bytes_before"] = pool_before
     for d in daemons:
@@ -275,18 +328,33 @@ def phases_of(hosts: list[dict[str, Any]], key: str) -> dict[str, float]:
     return {ph: max(h["seconds"][ph] for h in hosts) for ph in PHASES}
 
 
-def run_row(args: argparse.Namespace, row: Row, tmp: str, model: str, cluster_file: str,
-            daemons: list[Daemon], cparams: dict[str, float], net: ShapedNet | None = None,
-            probe_gbit_s: float = 0.0) -> Result:
+def run_row(
+    args: argparse.Namespace,
+    row: Row,
+    tmp: str,
+    model: str,
+    cluster_file: str,
+    daemons: list[Daemon],
+    cparams: dict[str, float],
+    net: ShapedNet | None = None,
+    probe_gbit_s: float = 0.0,
+) -> Result:
     ckpt = checkpoint(args, tmp, model, row)
     res = Result(row, cparams, link_gbit_s=cparams["nic_gbit_s"] if net else 0.0)
     reports = []
     for i in range(args.runs):
         s = transform_once(args, cluster_file, daemons, ckpt, "v%d" % i, row.to, net)
         reports.append(s)
-        log.info("  %s -> %s run %d: %.3f s (pages pooled before it: %.0f MB; veths %.0f MB; load avg %.2f)",
-                 row.frm, row.to, i, s["seconds"], s["pool_bytes_before"] / 1e6, s["veth_bytes"] / 1e6,
-                 os.getloadavg()[0])
+        log.info(
+            "  %s -> %s run %d: %.3f s (pages pooled before it: %.0f MB; veths %.0f MB; load avg %.2f)",
+            row.frm,
+            row.to,
+            i,
+            s["seconds"],
+            s["pool_bytes_before"] / 1e6,
+            s["veth_bytes"] / 1e6,
+            os.getloadavg()[0],
+        )
     reports.sort(key=lambda s: s["seconds"])
     med = reports[len(reports) // 2]
     res.runs = [s["seconds"] for s in reports]
@@ -298,21 +366,29 @@ def run_row(args: argparse.Namespace, row: Row, tmp: str, model: str, cluster_fi
         res.fetch_gbps = slow["bytes_fetched"] / slow["fetch_seconds"] / 1e9
     sim = simulate(args, tmp, row, model, cparams)
     pred = sim["prediction"]
-    res.predicted = {"total": pred["total_seconds"], "prepare": pred["prepare_round_seconds"],
-                     **phases_of(sim["hosts"], "predicted")}
+    res.predicted = {
+        "total": pred["total_seconds"],
+        "prepare": pred["prepare_round_seconds"],
+        **phases_of(sim["hosts"], "predicted"),
+    }
     res.cross_predicted = sim["plan"]["bytes_cross_host"]
     res.remote_ops = max(h["remote_ops"] for h in sim["hosts"])
     if probe_gbit_s:  # the same scenario at the rate UCX reached on these links
         res.probe_gbit_s = probe_gbit_s
-        res.predicted_at_probe = simulate(args, tmp, row, model, dict(cparams, nic_gbit_s=probe_gbit_s))[
-            "prediction"]["total_seconds"]
+        res.predicted_at_probe = simulate(args, tmp, row, model, dict(cparams, nic_gbit_s=probe_gbit_s))["prediction"][
+            "total_seconds"
+        ]
     return res
 
 
 def simulate(args: argparse.Namespace, tmp: str, row: Row, model: str, cparams: dict[str, float]) -> dict[str, Any]:
-    scen = {"model": model, "from": {"config": row.frm, "gpus_per_host": GPUS_PER_HOST},
-            "to": {"config": row.to, "gpus_per_host": GPUS_PER_HOST, "hosts": row.hosts},
-            "cluster": cparams, "sim": {"mode": "full"}}
+    scen = {
+        "model": model,
+        "from": {"config": row.frm, "gpus_per_host": GPUS_PER_HOST},
+        "to": {"config": row.to, "gpus_per_host": GPUS_PER_HOST, "hosts": row.hosts},
+        "cluster": cparams,
+        "sim": {"mode": "full"},
+    }
     sfile = os.path.join(tmp, "scenario-%d-%s-%g.json" % (row.hosts, row.to, cparams["nic_gbit_s"]))
     with open(sfile, "w") as f:
         json.dump(scen, f)
@@ -323,8 +399,11 @@ def simulate(args: argparse.Namespace, tmp: str, row: Row, model: str, cparams: 
 def checkpoint(args: argparse.Namespace, tmp: str, model: str, row: Row) -> str:
     path = os.path.join(tmp, "ckpt-L%d-%s" % (row.layers, row.frm.replace(",", "_").replace("=", "")))
     if not os.path.exists(path):
-        subprocess.run([args.tenplex, "ckpt", "init", "--model", model, "--config", row.frm, "--out", path],
-                       check=True, capture_output=True)
+        subprocess.run(
+            [args.tenplex, "ckpt", "init", "--model", model, "--config", row.frm, "--out", path],
+            check=True,
+            capture_output=True,
+        )
         os.sync()
     return path
 
@@ -332,9 +411,27 @@ def checkpoint(args: argparse.Namespace, tmp: str, model: str, row: Row) -> str:
 def make_model(args: argparse.Namespace, tmp: str, layers: int) -> str:
     path = os.path.join(tmp, "gpt-L%d.json" % layers)
     if not os.path.exists(path):
-        subprocess.run([args.tenplex, "model", "gpt", "--num-layers", str(layers), "--hidden-size", "1024",
-                        "--num-attention-heads", "16", "--vocab-size", "8192", "--max-position-embeddings", "256",
-                        "-o", path], check=True, capture_output=True)
+        subprocess.run(
+            [
+                args.tenplex,
+                "model",
+                "gpt",
+                "--num-layers",
+                str(layers),
+                "--hidden-size",
+                "1024",
+                "--num-attention-heads",
+                "16",
+                "--vocab-size",
+                "8192",
+                "--max-position-embeddings",
+                "256",
+                "-o",
+                path,
+            ],
+            check=True,
+            capture_output=True,
+        )
     return path
 
 
@@ -344,28 +441,49 @@ def err(m: float, p: float) -> float:
 
 def table(results: list[Result]) -> str:
     shaped = any(r.link_gbit_s for r in results)
-    head = ("| hosts | " + ("link Gbit/s (probe) | " if shaped else "") + "change | cross-host MB (real = sim) | "
-            + ("veth MB | " if shaped else "") + "measured total s (runs) | predicted s | error % | "
-            + ("at the probe's rate s (error %) | " if shaped else "")
-            + " | ".join("%s s meas / pred" % ph for ph in PHASES) + " | real fetch GB/s (remote ops) |")
+    head = (
+        "| hosts | "
+        + ("link Gbit/s (probe) | " if shaped else "")
+        + "change | cross-host MB (real = sim) | "
+        + ("veth MB | " if shaped else "")
+        + "measured total s (runs) | predicted s | error % | "
+        + ("at the probe's rate s (error %) | " if shaped else "")
+        + " | ".join("%s s meas / pred" % ph for ph in PHASES)
+        + " | real fetch GB/s (remote ops) |"
+    )
     lines = [head, "|" + "---|" * (7 + len(PHASES) + 3 * shaped)]
     for r in results:
         same = "yes" if r.cross_measured == r.cross_predicted else "NO: sim %d" % r.cross_predicted
         link = "%g (%.2f) | " % (r.link_gbit_s, r.probe_gbit_s) if shaped else ""
         veth = "%.0f | " % (r.veth_bytes / 1e6) if shaped else ""
-        at_probe = "%.2f (%+.0f) | " % (r.predicted_at_probe, err(r.measured["total"], r.predicted_at_probe)) \
-            if shaped else ""
-        lines.append("| %d | %s%s: %s -> %s | %.0f (%s) | %s%.2f (%s) | %.2f | %+.0f | %s%s | %.2f (%d) |" % (
-            r.row.hosts, link, r.row.change, r.row.frm, r.row.to, r.cross_measured / 1e6, same, veth,
-            r.measured["total"], ", ".join("%.2f" % x for x in r.runs), r.predicted["total"],
-            err(r.measured["total"], r.predicted["total"]), at_probe,
-            " | ".join("%.2f / %.2f" % (r.measured[ph], r.predicted[ph]) for ph in PHASES), r.fetch_gbps,
-            r.remote_ops))
+        at_probe = (
+            "%.2f (%+.0f) | " % (r.predicted_at_probe, err(r.measured["total"], r.predicted_at_probe)) if shaped else ""
+        )
+        lines.append(
+            "| %d | %s%s: %s -> %s | %.0f (%s) | %s%.2f (%s) | %.2f | %+.0f | %s%s | %.2f (%d) |"
+            % (
+                r.row.hosts,
+                link,
+                r.row.change,
+                r.row.frm,
+                r.row.to,
+                r.cross_measured / 1e6,
+                same,
+                veth,
+                r.measured["total"],
+                ", ".join("%.2f" % x for x in r.runs),
+                r.predicted["total"],
+                err(r.measured["total"], r.predicted["total"]),
+                at_probe,
+                " | ".join("%.2f / %.2f" % (r.measured[ph], r.predicted[ph]) for ph in PHASES),
+                r.fetch_gbps,
+                r.remote_ops,
+            )
+        )
     return "\n".join(lines)
 
 
-def run_size(args: argparse.Namespace, tmp: str, n: int, daemons: list[Daemon],
-             net: ShapedNet | None) -> list[Result]:
+def run_size(args: argparse.Namespace, tmp: str, n: int, daemons: list[Daemon], net: ShapedNet | None) -> list[Result]:
     """Every row of n hosts: once on loopback, or once per --netns rate."""
     rows = [r for r in ROWS if r.hosts == n]
     cluster_file = os.path.join(tmp, "cluster-%d.json" % n)
@@ -373,21 +491,40 @@ def run_size(args: argparse.Namespace, tmp: str, n: int, daemons: list[Daemon],
     cparams = measure_cluster(daemons)  # on the unshaped links
     log.info("%d hosts: %s", n, json.dumps({k: round(v, 3) for k, v in cparams.items()}))
     if net is None:
-        return [run_row(args, row, tmp, make_model(args, tmp, row.layers), cluster_file, daemons, cparams)
-                for row in rows]
+        return [
+            run_row(args, row, tmp, make_model(args, tmp, row.layers), cluster_file, daemons, cparams) for row in rows
+        ]
     cparams["latency_us"] = net.latency_us()
     results = []
     for rate in args.rates:
         net.shape(rate)
         probes = [bench.probe(daemons) for _ in range(3)]
         p = {k: statistics.median(q[k] for q in probes) for k in ("all_fetch_gbps", "fetch_large_gbps")}
-        log.info("%d hosts shaped to %g Gbit/s: probe (median of 3) %.2f Gbit/s per daemon all at once, "
-                 "%.2f for one pair; latency %.0f us (load avg %.2f)", n, rate, 8 * p["all_fetch_gbps"] / n,
-                 8 * p["fetch_large_gbps"], cparams["latency_us"], os.getloadavg()[0])
+        log.info(
+            "%d hosts shaped to %g Gbit/s: probe (median of 3) %.2f Gbit/s per daemon all at once, "
+            "%.2f for one pair; latency %.0f us (load avg %.2f)",
+            n,
+            rate,
+            8 * p["all_fetch_gbps"] / n,
+            8 * p["fetch_large_gbps"],
+            cparams["latency_us"],
+            os.getloadavg()[0],
+        )
         shaped = dict(cparams, nic_gbit_s=rate)
         for row in rows:
-            results.append(run_row(args, row, tmp, make_model(args, tmp, row.layers), cluster_file, daemons, shaped,
-                                   net, 8 * p["all_fetch_gbps"] / n))
+            results.append(
+                run_row(
+                    args,
+                    row,
+                    tmp,
+                    make_model(args, tmp, row.layers),
+                    cluster_file,
+                    daemons,
+                    shaped,
+                    net,
+                    8 * p["all_fetch_gbps"] / n,
+                )
+            )
     return results
 
 
@@ -437,12 +574,30 @@ def main() -> int:
             f.write(text + "\n")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump([{"hosts": r.row.hosts, "change": r.row.change, "from": r.row.frm, "to": r.row.to,
-                        "cluster": r.cluster, "measured": r.measured, "predicted": r.predicted, "runs": r.runs,
-                        "fetch_gbps": r.fetch_gbps, "remote_ops": r.remote_ops, "link_gbit_s": r.link_gbit_s,
+            json.dump(
+                [
+                    {
+                        "hosts": r.row.hosts,
+                        "change": r.row.change,
+                        "from": r.row.frm,
+                        "to": r.row.to,
+                        "cluster": r.cluster,
+                        "measured": r.measured,
+                        "predicted": r.predicted,
+                        "runs": r.runs,
+                        "fetch_gbps": r.fetch_gbps,
+                        "remote_ops": r.remote_ops,
+                        "link_gbit_s": r.link_gbit_s,
                         "probe_gbit_s": r.probe_gbit_s,
-                        "predicted_at_probe": r.predicted_at_probe, "veth_bytes": r.veth_bytes,
-                        "cross_host_bytes": r.cross_measured} for r in results], f, indent=1)
+                        "predicted_at_probe": r.predicted_at_probe,
+                        "veth_bytes": r.veth_bytes,
+                        "cross_host_bytes": r.cross_measured,
+                    }
+                    for r in results
+                ],
+                f,
+                indent=1,
+            )
     return 0
 
 

@@ -22,6 +22,7 @@ only fits because it was removed first.
 Without root or mount namespaces, the same commands run under RLIMIT_FSIZE (8 MiB,
 SIGXFSZ ignored) instead and the test exits 77 (skipped: the tmpfs part did not run).
 """
+
 import json
 import os
 import resource
@@ -44,6 +45,7 @@ def run(args, ok=True, limit=False):
         if limit:
             signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
             resource.setrlimit(resource.RLIMIT_FSIZE, (LIMIT, LIMIT))
+
     p = subprocess.run([TENPLEX, *args], capture_output=True, text=True, timeout=120, preexec_fn=preexec)
     if ok:
         check(p.returncode == 0, "%s failed: %s%s" % (" ".join(args), p.stdout, p.stderr))
@@ -52,10 +54,14 @@ def run(args, ok=True, limit=False):
 
 def expect_full(what, args, where, limit):
     p = run(args, ok=False, limit=limit)
-    check(0 < p.returncode < 128, "%s: exit %d (a signal?), want a clean failure: %s" %
-          (what, p.returncode, p.stderr[-400:]))
-    check("tenplex: error:" in p.stderr and ("disk is full" in p.stderr or "File too large" in p.stderr),
-          "%s: no clear full-disk error: %r" % (what, p.stderr[-400:]))
+    check(
+        0 < p.returncode < 128,
+        "%s: exit %d (a signal?), want a clean failure: %s" % (what, p.returncode, p.stderr[-400:]),
+    )
+    check(
+        "tenplex: error:" in p.stderr and ("disk is full" in p.stderr or "File too large" in p.stderr),
+        "%s: no clear full-disk error: %r" % (what, p.stderr[-400:]),
+    )
     left = os.listdir(where)
     check(not left, "%s left %s behind in %s" % (what, left, where))
     print("%s: exit %d: %s" % (what, p.returncode, p.stderr.strip().splitlines()[-1][:160]))
@@ -64,7 +70,7 @@ def expect_full(what, args, where, limit):
 def process_start(pid):
     with open("/proc/%d/stat" % pid) as f:
         text = f.read()
-    return text[text.rindex(")") + 2:].split()[19]
+    return text[text.rindex(")") + 2 :].split()[19]
 
 
 def stage(parent, name, host, pid, start, fill=0):
@@ -80,29 +86,77 @@ def stage(parent, name, host, pid, start, fill=0):
 
 def body(tmp, full, limit):
     model = os.path.join(tmp, "m.json")
-    run(["model", "gpt", "--num-layers", "4", "--hidden-size", "256", "--num-attention-heads", "4",
-         "--vocab-size", "1024", "--max-position-embeddings", "64", "-o", model])
+    run(
+        [
+            "model",
+            "gpt",
+            "--num-layers",
+            "4",
+            "--hidden-size",
+            "256",
+            "--num-attention-heads",
+            "4",
+            "--vocab-size",
+            "1024",
+            "--max-position-embeddings",
+            "64",
+            "-o",
+            model,
+        ]
+    )
     small = os.path.join(tmp, "small.json")
-    run(["model", "gpt", "--num-layers", "2", "--hidden-size", "128", "--num-attention-heads", "4",
-         "--vocab-size", "512", "--max-position-embeddings", "64", "-o", small])
+    run(
+        [
+            "model",
+            "gpt",
+            "--num-layers",
+            "2",
+            "--hidden-size",
+            "128",
+            "--num-attention-heads",
+            "4",
+            "--vocab-size",
+            "512",
+            "--max-position-embeddings",
+            "64",
+            "-o",
+            small,
+        ]
+    )
     good = os.path.join(tmp, "good")
     run(["ckpt", "init", "--model", model, "--config", "tp=2", "--out", good, "--seed", "5"])
 
-    expect_full("ckpt init", ["ckpt", "init", "--model", model, "--config", "tp=2", "--out",
-                              os.path.join(full, "ck")], full, limit)
+    expect_full(
+        "ckpt init",
+        ["ckpt", "init", "--model", model, "--config", "tp=2", "--out", os.path.join(full, "ck")],
+        full,
+        limit,
+    )
     expect_full("reshard", ["reshard", "--in", good, "--to", "tp=1", "--out", os.path.join(full, "rs")], full, limit)
-    expect_full("reshard --mmap-output", ["reshard", "--in", good, "--to", "tp=1", "--mmap-output", "--out",
-                                          os.path.join(full, "rs")], full, limit)
+    expect_full(
+        "reshard --mmap-output",
+        ["reshard", "--in", good, "--to", "tp=1", "--mmap-output", "--out", os.path.join(full, "rs")],
+        full,
+        limit,
+    )
     daemon = Daemon(TENPLEX, args=("--transport", "none"))
     try:
         run(["store", "load", "--url", daemon.url, "--job", "j", "--dir", good])
-        expect_full("store save", ["store", "save", "--url", daemon.url, "--job", "j", "--out",
-                                   os.path.join(full, "saved")], full, limit)
+        expect_full(
+            "store save",
+            ["store", "save", "--url", daemon.url, "--job", "j", "--out", os.path.join(full, "saved")],
+            full,
+            limit,
+        )
         cluster = os.path.join(tmp, "cluster.json")
         with open(cluster, "w") as f:
             json.dump({"hosts": [daemon.url], "gpus_per_host": 2}, f)
-        expect_full("store save --cluster", ["store", "save", "--cluster", cluster, "--job", "j", "--out",
-                                             os.path.join(full, "saved")], full, limit)
+        expect_full(
+            "store save --cluster",
+            ["store", "save", "--cluster", cluster, "--job", "j", "--out", os.path.join(full, "saved")],
+            full,
+            limit,
+        )
         check(daemon.proc.poll() is None, "the daemon died")
     finally:
         daemon.stop()
@@ -125,8 +179,10 @@ def body(tmp, full, limit):
     for d in (live, other, unrecorded):
         check(os.path.exists(d), "%s (not a dead writer's of this host) was removed" % d)
     check(not any(n.startswith(".tenplex-writer") for n in os.listdir(out)), "the writer record is in the output")
-    print("stale staging: the dead writer's and the reused pid's removed; live, other host's, unrecorded kept; "
-          "a 5.4 MiB checkpoint fits after the cleanup")
+    print(
+        "stale staging: the dead writer's and the reused pid's removed; live, other host's, unrecorded kept; "
+        "a 5.4 MiB checkpoint fits after the cleanup"
+    )
 
 
 def main():
@@ -144,8 +200,10 @@ def main():
     tmp = tempfile.mkdtemp(prefix="tenplex-fulldisk-")
     try:
         os.makedirs(os.path.join(tmp, "full"))
-        probe = subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs '%s'" %
-                                os.path.join(tmp, "full")], capture_output=True)
+        probe = subprocess.run(
+            ["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs '%s'" % os.path.join(tmp, "full")],
+            capture_output=True,
+        )
         if probe.returncode == 0:
             p = subprocess.run(["unshare", "-m", sys.executable, os.path.abspath(__file__), TENPLEX, "--inner", tmp])
             sys.exit(p.returncode)

@@ -15,11 +15,13 @@ number, too short, one for a file that is not a rank file). Each case runs
   ckpt verify, reshard, store load (one daemon), store load --cluster, export --to hf
 
 and an HF source broken the same ways runs `import --from hf`. Every run must end
-within 30 s (import, which starts Python and torch first: 120 s; else: hang), by itself (no signal, exit < 128: else crash), non-zero, with
-one "tenplex: error:" line that names the broken file or field, and leave no output
-or staging directory behind. The unbroken checkpoint passes every command (the
-control), and `--no-verify` loads one without checksums (the explicit way out).
+within 30 s (import, which starts Python and torch first: 120 s; else: hang), by itself
+(no signal, exit < 128: else crash), non-zero, with one "tenplex: error:" line that
+names the broken file or field, and leave no output or staging directory behind. The
+unbroken checkpoint passes every command (the control), and `--no-verify` loads one
+without checksums (the explicit way out).
 """
+
 import json
 import os
 import shutil
@@ -56,6 +58,7 @@ def edit_info(fn):
         fn(j)
         with open(info_path(d), "w") as f:
             json.dump(j, f)
+
     return apply
 
 
@@ -75,6 +78,7 @@ def replace_with(kind, target_fn):
             os.symlink(os.path.basename(p) + ".real", p)
         elif kind == "devzero":
             os.symlink("/dev/zero", p)
+
     return apply
 
 
@@ -85,6 +89,7 @@ def rewrite(fn):
         data = fn(data)
         with open(rank(d), "wb") as f:
             f.write(data)
+
     return apply
 
 
@@ -92,6 +97,7 @@ def flip(offset_fn):
     def f(data):
         data[offset_fn(data)] ^= 0x10
         return data
+
     return f
 
 
@@ -105,7 +111,7 @@ def reshape_with_checksum(d):
     with open(rank(d), "rb") as f:
         data = f.read()
     n = header_len(data)
-    h = json.loads(data[8:8 + n])
+    h = json.loads(data[8 : 8 + n])
     name = next(k for k in h if k != "__metadata__" and len(h[k]["shape"]) == 2)
     a, b = h[name]["shape"]
     h[name]["shape"] = [b, a] if a != b else [a * b]
@@ -114,10 +120,11 @@ def reshape_with_checksum(d):
     if len(text) > n:
         sys.exit("FAIL: test setup: the edited header grew")
     text += b" " * (n - len(text))
-    new = data[:8] + text + data[8 + n:]
+    new = data[:8] + text + data[8 + n :]
     with open(rank(d), "wb") as f:
         f.write(new)
     import ctypes
+
     lib = ctypes.CDLL("libxxhash.so.0")
     lib.XXH64.restype = ctypes.c_ulonglong
     lib.XXH64.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_ulonglong]
@@ -132,43 +139,73 @@ CASES = [
     ("rank file: symlink to a copy", replace_with("symlink", rank), "rank-00000.safetensors"),
     ("rank file: symlink to /dev/zero", replace_with("devzero", rank), "rank-00000.safetensors"),
     ("rank file: missing", lambda d: os.unlink(rank(d, 3)), "rank-00003.safetensors"),
-    ("rank file: truncated to half", rewrite(lambda b: b[:len(b) // 2]), "rank-00000.safetensors"),
+    ("rank file: truncated to half", rewrite(lambda b: b[: len(b) // 2]), "rank-00000.safetensors"),
     ("rank file: empty", rewrite(lambda b: bytearray()), "rank-00000.safetensors"),
     ("rank file: 5 bytes", rewrite(lambda b: b[:5]), "rank-00000.safetensors"),
-    ("rank file: header length 2^63", rewrite(lambda b: bytearray((1 << 63).to_bytes(8, "little")) + b[8:]),
-     "rank-00000.safetensors"),
-    ("rank file: header length past the end", rewrite(lambda b: bytearray((len(b)).to_bytes(8, "little")) + b[8:]),
-     "rank-00000.safetensors"),
-    ("rank file: header not JSON", rewrite(lambda b: b[:8] + b"\xff" * header_len(b) + b[8 + header_len(b):]),
-     "rank-00000.safetensors"),
+    (
+        "rank file: header length 2^63",
+        rewrite(lambda b: bytearray((1 << 63).to_bytes(8, "little")) + b[8:]),
+        "rank-00000.safetensors",
+    ),
+    (
+        "rank file: header length past the end",
+        rewrite(lambda b: bytearray((len(b)).to_bytes(8, "little")) + b[8:]),
+        "rank-00000.safetensors",
+    ),
+    (
+        "rank file: header not JSON",
+        rewrite(lambda b: b[:8] + b"\xff" * header_len(b) + b[8 + header_len(b) :]),
+        "rank-00000.safetensors",
+    ),
     ("rank file: bit flipped in the data", rewrite(flip(lambda b: len(b) - 3)), "rank-00000.safetensors"),
-    ("rank file: bit flipped in the header", rewrite(flip(lambda b: 8 + header_len(b) // 2)),
-     "rank-00000.safetensors"),
+    ("rank file: bit flipped in the header", rewrite(flip(lambda b: 8 + header_len(b) // 2)), "rank-00000.safetensors"),
     ("rank file: shape changed, checksum matching", reshape_with_checksum, "rank-00000.safetensors"),
     ("tenplex.json: missing", lambda d: os.unlink(info_path(d)), "tenplex.json"),
     ("tenplex.json: symlink loop", replace_with("loop", info_path), "tenplex.json"),
     ("tenplex.json: FIFO", replace_with("fifo", info_path), "tenplex.json"),
     ("tenplex.json: directory", replace_with("dir", info_path), "tenplex.json"),
-    ("tenplex.json: not JSON", lambda d: open(info_path(d), "w").write("{\"model\": "), "tenplex.json"),
-    ("tenplex.json: nested 100000 deep", lambda d: open(info_path(d), "w").write("[" * 100000 + "]" * 100000),
-     "tenplex.json"),
+    ("tenplex.json: not JSON", lambda d: open(info_path(d), "w").write('{"model": '), "tenplex.json"),
+    (
+        "tenplex.json: nested 100000 deep",
+        lambda d: open(info_path(d), "w").write("[" * 100000 + "]" * 100000),
+        "tenplex.json",
+    ),
     ("tenplex.json: config a number", edit_info(lambda j: j.__setitem__("config", 4)), "tenplex.json"),
     ("tenplex.json: model a list", edit_info(lambda j: j.__setitem__("model", [1, 2])), "tenplex.json"),
     ("tenplex.json: checksums missing", edit_info(lambda j: j.pop("checksums")), "checksums"),
-    ("tenplex.json: checksums a list", edit_info(lambda j: j.__setitem__("checksums", list(j["checksums"].values()))),
-     "checksums"),
+    (
+        "tenplex.json: checksums a list",
+        edit_info(lambda j: j.__setitem__("checksums", list(j["checksums"].values()))),
+        "checksums",
+    ),
     ("tenplex.json: checksums a string", edit_info(lambda j: j.__setitem__("checksums", "none")), "checksums"),
-    ("tenplex.json: one rank's checksum missing", edit_info(lambda j: j["checksums"].pop("rank-00002.safetensors")),
-     "rank-00002.safetensors"),
-    ("tenplex.json: a checksum a number", edit_info(lambda j: j["checksums"].__setitem__("rank-00001.safetensors", 7)),
-     "rank-00001.safetensors"),
-    ("tenplex.json: a checksum too short",
-     edit_info(lambda j: j["checksums"].__setitem__("rank-00001.safetensors", "abc")), "rank-00001.safetensors"),
-    ("tenplex.json: a checksum of another rank's file",
-     edit_info(lambda j: j["checksums"].__setitem__("rank-00001.safetensors", j["checksums"]["rank-00000.safetensors"])),
-     "rank-00001.safetensors"),
-    ("tenplex.json: checksum for a file that is no rank file",
-     edit_info(lambda j: j["checksums"].__setitem__("rank-00009.safetensors", "0" * 16)), "rank-00009.safetensors"),
+    (
+        "tenplex.json: one rank's checksum missing",
+        edit_info(lambda j: j["checksums"].pop("rank-00002.safetensors")),
+        "rank-00002.safetensors",
+    ),
+    (
+        "tenplex.json: a checksum a number",
+        edit_info(lambda j: j["checksums"].__setitem__("rank-00001.safetensors", 7)),
+        "rank-00001.safetensors",
+    ),
+    (
+        "tenplex.json: a checksum too short",
+        edit_info(lambda j: j["checksums"].__setitem__("rank-00001.safetensors", "abc")),
+        "rank-00001.safetensors",
+    ),
+    (
+        "tenplex.json: a checksum of another rank's file",
+        edit_info(
+            lambda j: j["checksums"].__setitem__("rank-00001.safetensors", j["checksums"]["rank-00000.safetensors"])
+        ),
+        "rank-00001.safetensors",
+    ),
+    (
+        "tenplex.json: checksum for a file that is no rank file",
+        edit_info(lambda j: j["checksums"].__setitem__("rank-00009.safetensors", "0" * 16)),
+        "rank-00009.safetensors",
+    ),
 ]
 
 HF_CASES = [
@@ -226,9 +263,26 @@ def main():
     daemon = Daemon(TENPLEX, args=("--transport", "none"))
     try:
         model = os.path.join(tmp, "m.json")
-        run(["model", "gpt", "--num-layers", "2", "--hidden-size", "16", "--num-attention-heads", "4",
-             "--vocab-size", "64", "--make-vocab-size-divisible-by", "8", "--max-position-embeddings", "8",
-             "-o", model])
+        run(
+            [
+                "model",
+                "gpt",
+                "--num-layers",
+                "2",
+                "--hidden-size",
+                "16",
+                "--num-attention-heads",
+                "4",
+                "--vocab-size",
+                "64",
+                "--make-vocab-size-divisible-by",
+                "8",
+                "--max-position-embeddings",
+                "8",
+                "-o",
+                model,
+            ]
+        )
         good = os.path.join(tmp, "good")
         run(["ckpt", "init", "--model", model, "--config", "tp=2,pp=2", "--out", good, "--seed", "3"])
         cluster = os.path.join(tmp, "cluster.json")
@@ -236,7 +290,7 @@ def main():
             json.dump({"hosts": [daemon.url], "gpus_per_host": 4}, f)
         out = os.path.join(tmp, "out")
         # The control: the intact checkpoint passes every command.
-        for i, (name, args) in enumerate(commands(good, out, daemon.url, cluster)):
+        for _i, (_name, args) in enumerate(commands(good, out, daemon.url, cluster)):
             args = [a if a not in ("h", "hc") else a + "-good" for a in args]
             run(args)
             shutil.rmtree(out, ignore_errors=True)
@@ -265,23 +319,34 @@ def main():
             p = os.path.join(s, "model.safetensors")
             if kind in ("loop", "fifo", "dir"):
                 os.unlink(p)
-                {"loop": lambda: os.symlink("model.safetensors", p), "fifo": lambda: os.mkfifo(p),
-                 "dir": lambda: os.mkdir(p)}[kind]()
+                {
+                    "loop": lambda: os.symlink("model.safetensors", p),
+                    "fifo": lambda: os.mkfifo(p),
+                    "dir": lambda: os.mkdir(p),
+                }[kind]()
             else:
                 with open(p, "rb") as f:
                     data = f.read()
-                data = data[:len(data) // 2] if kind == "truncate" else (1 << 63).to_bytes(8, "little") + data[8:]
+                data = data[: len(data) // 2] if kind == "truncate" else (1 << 63).to_bytes(8, "little") + data[8:]
                 with open(p, "wb") as f:
                     f.write(data)
             # import starts Python and torch first: seconds on a loaded machine, so a longer limit
-            r = judge("%s / import" % name, [a if a is not None else s for a in imp], "model.safetensors", out,
-                      failures, timeout=4 * TIMEOUT)
+            r = judge(
+                "%s / import" % name,
+                [a if a is not None else s for a in imp],
+                "model.safetensors",
+                out,
+                failures,
+                timeout=4 * TIMEOUT,
+            )
             counts[r] = counts.get(r, 0) + 1
             runs += 1
             shutil.rmtree(out, ignore_errors=True)
 
-        print("%d cases x commands = %d runs: %s" % (len(CASES) + len(HF_CASES), runs,
-                                                     ", ".join("%s %d" % kv for kv in sorted(counts.items()))))
+        print(
+            "%d cases x commands = %d runs: %s"
+            % (len(CASES) + len(HF_CASES), runs, ", ".join("%s %d" % kv for kv in sorted(counts.items())))
+        )
         for f in failures:
             print("FAIL:", f)
         check(daemon.proc.poll() is None, "the store daemon died")

@@ -17,6 +17,7 @@ Usage: cluster_store_test.py TENPLEX_BIN
 - with a dead host, save rebuilds its ranks from dp replicas on the others (byte-
   identical output) or, with ZeRO-1 (no replica of the optimizer shards), fails.
 """
+
 import json
 import os
 import re
@@ -61,10 +62,31 @@ def main():
             json.dump({"hosts": [d.url for d in daemons], "gpus_per_host": 2}, f)
         ckpt = os.path.join(tmp, "in")
         model = os.path.join(tmp, "m.json")
-        run("model", "gpt", "--num-layers", "4", "--hidden-size", "16", "--num-attention-heads", "4",
-            "--num-query-groups", "2", "--ffn-hidden-size", "24", "--vocab-size", "101",
-            "--make-vocab-size-divisible-by", "8", "--max-position-embeddings", "8", "--swiglu",
-            "--params-dtype", "bf16", "-o", model)
+        run(
+            "model",
+            "gpt",
+            "--num-layers",
+            "4",
+            "--hidden-size",
+            "16",
+            "--num-attention-heads",
+            "4",
+            "--num-query-groups",
+            "2",
+            "--ffn-hidden-size",
+            "24",
+            "--vocab-size",
+            "101",
+            "--make-vocab-size-divisible-by",
+            "8",
+            "--max-position-embeddings",
+            "8",
+            "--swiglu",
+            "--params-dtype",
+            "bf16",
+            "-o",
+            model,
+        )
         run("ckpt", "init", "--model", model, "--config", "tp=2,pp=2,dp=2,zero=1", "--out", ckpt, "--seed", "7")
         p = run("store", "load", "--cluster", cluster, "--job", "j", "--dir", ckpt)
         print(p.stdout.strip())
@@ -109,27 +131,36 @@ def main():
         run("store", "load", "--cluster", cluster, "--job", "r", "--dir", rep)
 
         # Bad cluster files.
-        for bad in ['{"hosts": [], "gpus_per_host": 2}', '{"hosts": ["x"], "gpus_per_host": 2}', "not json",
-                    json.dumps({"hosts": [daemons[0].url], "gpus_per_host": 2})]:  # too few slots
+        for bad in [
+            '{"hosts": [], "gpus_per_host": 2}',
+            '{"hosts": ["x"], "gpus_per_host": 2}',
+            "not json",
+            json.dumps({"hosts": [daemons[0].url], "gpus_per_host": 2}),
+        ]:  # too few slots
             with open(cluster + ".bad", "w") as f:
                 f.write(bad)
             run("store", "load", "--cluster", cluster + ".bad", "--job", "k", "--dir", ckpt, expect_ok=False)
-        run("store", "load", "--cluster", cluster, "--url", daemons[0].url, "--job", "k", "--dir", ckpt,
-            expect_ok=False)
+        run(
+            "store", "load", "--cluster", cluster, "--url", daemons[0].url, "--job", "k", "--dir", ckpt, expect_ok=False
+        )
 
         # A dead host: the load fails and no survivor gets a new version.
         daemons[3].stop()
         run("store", "load", "--cluster", cluster, "--job", "j", "--dir", ckpt, expect_ok=False)
         run("store", "save", "--cluster", cluster, "--job", "j", "--out", os.path.join(tmp, "o2"), expect_ok=False)
-        check(not os.path.exists(os.path.join(tmp, "o2")) or not os.listdir(os.path.join(tmp, "o2")),
-              "a failed save left files")
+        check(
+            not os.path.exists(os.path.join(tmp, "o2")) or not os.listdir(os.path.join(tmp, "o2")),
+            "a failed save left files",
+        )
         # With a dead host, save reads the lost ranks from surviving replicas (issue 19),
         # and reports the 3 hosts it used and the lost one (issue 16 bug 5).
         out_r = os.path.join(tmp, "out-r")
         p = run("store", "save", "--cluster", cluster, "--job", "r", "--out", out_r)
         print(p.stdout.strip())
-        check("from 3 hosts" in p.stdout and daemons[3].url in p.stdout and "2 ranks rebuilt" in p.stdout,
-              "save report: " + p.stdout)
+        check(
+            "from 3 hosts" in p.stdout and daemons[3].url in p.stdout and "2 ranks rebuilt" in p.stdout,
+            "save report: " + p.stdout,
+        )
         run("ckpt", "verify", "--in", out_r)
         same_ranks(rep, out_r)
         for d in daemons[:3]:

@@ -27,6 +27,7 @@ namespaces they cannot see each other's files and every byte crosses over UCX.
 - with no replica (zero=1 optimizer shards) a lost host fails with a clear error and
   every survivor still serves the old version, with no newer version left behind.
 """
+
 import json
 import os
 import shutil
@@ -51,10 +52,14 @@ def transform(cluster, to, *extra):
     shm = sum(h["bytes_fetched_shm"] for h in s["hosts"])
     check(shm == (0 if NETNS else fetched), "bytes through peers' files: %d of %d" % (shm, fetched))
     if not s["central"]:  # (the central baseline reports its last round, the scatter)
-        check(s["plan"]["bytes_cross_host"] == s["plan"]["cross_host_lower_bound"] == fetched,
-              "cross-host bytes %r vs fetched %d" % (s["plan"], fetched))
-    print("%s -> %s: v%d, %d attempt(s), lost %s, %.3f s, fetched %d B" %
-          (s["from"], s["to"], s["to_version"], s["attempts"], s["lost_hosts"], s["seconds"], fetched))
+        check(
+            s["plan"]["bytes_cross_host"] == s["plan"]["cross_host_lower_bound"] == fetched,
+            "cross-host bytes %r vs fetched %d" % (s["plan"], fetched),
+        )
+    print(
+        "%s -> %s: v%d, %d attempt(s), lost %s, %.3f s, fetched %d B"
+        % (s["from"], s["to"], s["to_version"], s["attempts"], s["lost_hosts"], s["seconds"], fetched)
+    )
     return s
 
 
@@ -79,10 +84,29 @@ def verify(tmp, cluster, config):
 
 def load_state(tmp, cluster):
     model = os.path.join(tmp, "m.json")
-    run("model", "gpt", "--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "4",
-        "--num-query-groups", "2", "--ffn-hidden-size", "48", "--vocab-size", "301",
-        "--make-vocab-size-divisible-by", "8", "--max-position-embeddings", "16", "--swiglu",
-        "-o", model)
+    run(
+        "model",
+        "gpt",
+        "--num-layers",
+        "4",
+        "--hidden-size",
+        "32",
+        "--num-attention-heads",
+        "4",
+        "--num-query-groups",
+        "2",
+        "--ffn-hidden-size",
+        "48",
+        "--vocab-size",
+        "301",
+        "--make-vocab-size-divisible-by",
+        "8",
+        "--max-position-embeddings",
+        "16",
+        "--swiglu",
+        "-o",
+        model,
+    )
     ckpt = os.path.join(tmp, "in")
     run("ckpt", "init", "--model", model, "--config", "tp=2,pp=2,dp=2,zero=1", "--out", ckpt, "--seed", "5")
     run("store", "load", "--cluster", cluster, "--job", "j", "--dir", ckpt)
@@ -98,10 +122,17 @@ def netns_main():
     daemons = []
     try:
         os.environ["TENPLEX_TOKEN"] = "netns-test-token"
-        private_shm = ("unshare", "--mount", "--propagation", "private", "sh", "-c",
-                       'mount -t tmpfs -o size=1G tmpfs /dev/shm && exec "$@"', "sh")
-        daemons = [Daemon(TENPLEX, listen=net.addr(i) + ":7480", prefix=net.prefix(i) + private_shm)
-                   for i in range(4)]
+        private_shm = (
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            'mount -t tmpfs -o size=1G tmpfs /dev/shm && exec "$@"',
+            "sh",
+        )
+        daemons = [Daemon(TENPLEX, listen=net.addr(i) + ":7480", prefix=net.prefix(i) + private_shm) for i in range(4)]
         try:  # the bridge may be filtered on some machines: that is the environment, not us
             for d in daemons:
                 d.get("/v1/health")
@@ -113,8 +144,10 @@ def netns_main():
         load_state(tmp, cluster)
         for to in ["tp=1,pp=4,dp=2", "tp=2,dp=4,zero=1", "tp=2,pp=2,dp=2"]:
             s = transform(cluster, to)
-            check(s["attempts"] == 1 and sum(h["bytes_fetched"] for h in s["hosts"]) > 0,
-                  "no bytes crossed the namespaces: %r" % s)
+            check(
+                s["attempts"] == 1 and sum(h["bytes_fetched"] for h in s["hosts"]) > 0,
+                "no bytes crossed the namespaces: %r" % s,
+            )
             verify(tmp, cluster, to)
         daemons[1].kill()
         s = transform(cluster, "tp=2,dp=3")
@@ -138,8 +171,7 @@ def main():
         load_state(tmp, cluster)
 
         # Every dimension, byte-exact.
-        for to in ["tp=2,pp=4", "tp=1,pp=2,dp=4,zero=1", "tp=2,pp=2,dp=2", "tp=2,dp=4,zero=1",
-                   "tp=2,pp=2,dp=2"]:
+        for to in ["tp=2,pp=4", "tp=1,pp=2,dp=4,zero=1", "tp=2,pp=2,dp=2", "tp=2,dp=4,zero=1", "tp=2,pp=2,dp=2"]:
             s = transform(cluster, to)
             check(s["attempts"] == 1 and not s["lost_hosts"], "unexpected retry: %r" % s)
             verify(tmp, cluster, to)
@@ -147,8 +179,7 @@ def main():
         # matched by their host id, so no rank is on a "lost host" (it used to fail).
         renamed = os.path.join(tmp, "renamed.json")
         with open(renamed, "w") as f:
-            json.dump({"hosts": [d.url.replace("127.0.0.1", "localhost") for d in daemons],
-                       "gpus_per_host": 2}, f)
+            json.dump({"hosts": [d.url.replace("127.0.0.1", "localhost") for d in daemons], "gpus_per_host": 2}, f)
         s = transform(renamed, "tp=2,pp=2,dp=2,zero=1")
         check(s["attempts"] == 1 and not s["lost_hosts"], "renamed hosts: %r" % s)
         verify(tmp, renamed, "tp=2,pp=2,dp=2,zero=1")
@@ -164,28 +195,76 @@ def main():
         # First only pre-sized (as while the old config trains): nothing changes anywhere,
         # and the new hosts are asked for every byte of the new version (none is linked).
         before = [d.get("/v1/jobs/j")["current"] for d in daemons[:4]]
-        p = run("transform", "--cluster", cluster, "--job", "j", "--to", "tp=2,pp=2,dp=2", "--to-cluster",
-                other, "--presize", "--json")
+        p = run(
+            "transform",
+            "--cluster",
+            cluster,
+            "--job",
+            "j",
+            "--to",
+            "tp=2,pp=2,dp=2",
+            "--to-cluster",
+            other,
+            "--presize",
+            "--json",
+        )
         pre = json.loads(p.stdout)
         check([h["url"] for h in pre["presized"]] == [d.url for d in extra], "presized hosts %r" % pre)
-        check(all(h["pooled_bytes"] == sum(d.get("/v1/health")["pool_bytes"] for d in extra if d.url == h["url"])
-                  for h in pre["presized"]), "pooled bytes vs the daemons' pools: %r" % pre)
+        check(
+            all(
+                h["pooled_bytes"] == sum(d.get("/v1/health")["pool_bytes"] for d in extra if d.url == h["url"])
+                for h in pre["presized"]
+            ),
+            "pooled bytes vs the daemons' pools: %r" % pre,
+        )
         check([d.get("/v1/jobs/j")["current"] for d in daemons[:4]] == before, "a pre-size changed a version")
-        text = run("transform", "--cluster", cluster, "--job", "j", "--to", "tp=2,pp=2,dp=2", "--to-cluster",
-                   other, "--presize").stdout
+        text = run(
+            "transform",
+            "--cluster",
+            cluster,
+            "--job",
+            "j",
+            "--to",
+            "tp=2,pp=2,dp=2",
+            "--to-cluster",
+            other,
+            "--presize",
+        ).stdout
         check("pre-sized version %d" % before[0] in text, "presize summary: %r" % text)
-        run("transform", "--cluster", cluster, "--job", "j", "--to", "tp=2,pp=2,dp=2", "--presize", "--central",
-            expect_ok=False)
-        p = run("transform", "--cluster", cluster, "--job", "j", "--to", "tp=2,pp=2,dp=2", "--presize", "--recover",
-                expect_ok=False)
+        run(
+            "transform",
+            "--cluster",
+            cluster,
+            "--job",
+            "j",
+            "--to",
+            "tp=2,pp=2,dp=2",
+            "--presize",
+            "--central",
+            expect_ok=False,
+        )
+        p = run(
+            "transform",
+            "--cluster",
+            cluster,
+            "--job",
+            "j",
+            "--to",
+            "tp=2,pp=2,dp=2",
+            "--presize",
+            "--recover",
+            expect_ok=False,
+        )
         check("not with --central or --recover" in p.stderr, "--presize --recover: %r" % p.stderr)
         s = transform(cluster, "tp=2,pp=2,dp=2", "--to-cluster", other)
         check(s["new_hosts"] == [d.url for d in extra], "new hosts %r" % s["new_hosts"])
         # What each new host was asked to pre-size is what it holds now (its only version).
         for h, d in zip(pre["presized"], extra):
             used = d.get("/v1/health")["used_bytes"]
-            check(h["wanted_bytes"] == used, "%s: presize asked for %d B, it holds %d B" %
-                  (d.url, h["wanted_bytes"], used))
+            check(
+                h["wanted_bytes"] == used,
+                "%s: presize asked for %d B, it holds %d B" % (d.url, h["wanted_bytes"], used),
+            )
         both = os.path.join(tmp, "both.json")
         write_cluster(both, daemons, 2)
         verify(tmp, both, "tp=2,pp=2,dp=2")
@@ -225,13 +304,14 @@ def main():
         check("no surviving replica" in p.stderr, "unclear total-loss error: %r" % p.stderr)
         for d, b in zip(daemons[:2], before[:2]):
             j = d.get("/v1/jobs/j")
-            check(j["current"] == b and all(v["version"] <= b for v in j["versions"]),
-                  "survivor changed after a failed transform: %r" % j)
+            check(
+                j["current"] == b and all(v["version"] <= b for v in j["versions"]),
+                "survivor changed after a failed transform: %r" % j,
+            )
 
         # Bad input.
         run("transform", "--cluster", cluster, "--job", "j", "--to", "tp=zz", expect_ok=False)
-        run("transform", "--cluster", os.path.join(tmp, "missing.json"), "--job", "j", "--to", "tp=1",
-            expect_ok=False)
+        run("transform", "--cluster", os.path.join(tmp, "missing.json"), "--job", "j", "--to", "tp=1", expect_ok=False)
         print("PASS")
     finally:
         for d in daemons:

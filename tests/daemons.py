@@ -1,5 +1,6 @@
 """Store daemons for integration tests and benchmarks: start `tenplex store serve` on a
 free loopback port, read the URL it announces, stop it; and the tests' CLI runner."""
+
 import fcntl
 import json
 import os
@@ -35,9 +36,12 @@ class Daemon:
     def __init__(self, tenplex, env=None, stderr=subprocess.DEVNULL, listen="127.0.0.1:0", prefix=(), args=()):
         """prefix: a command the daemon runs under (e.g. ip netns exec NS); args: more
         arguments of `store serve` (e.g. --shm-dir DIR, kept across a restart)."""
-        self.proc = subprocess.Popen([*prefix, tenplex, "store", "serve", "--listen", listen, *args],
-                                     stdout=subprocess.PIPE, stderr=stderr,
-                                     env=dict(os.environ, **(env or {})))
+        self.proc = subprocess.Popen(
+            [*prefix, tenplex, "store", "serve", "--listen", listen, *args],
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            env=dict(os.environ, **(env or {})),
+        )
         line, deadline = b"", time.time() + 30
         while time.time() < deadline and not line.endswith(b"\n"):
             r, _, _ = select.select([self.proc.stdout], [], [], 0.2)
@@ -56,8 +60,9 @@ class Daemon:
         headers = {"Content-Type": "application/json"}
         if os.environ.get("TENPLEX_TOKEN"):
             headers["Authorization"] = "Bearer " + os.environ["TENPLEX_TOKEN"]
-        req = urllib.request.Request(self.url + path, method=method,
-                                     data=None if body is None else json.dumps(body).encode(), headers=headers)
+        req = urllib.request.Request(
+            self.url + path, method=method, data=None if body is None else json.dumps(body).encode(), headers=headers
+        )
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return json.loads(r.read() or b"null")
 
@@ -112,8 +117,9 @@ class NetnsBridge:
             print("SKIP: needs root and iproute2 for network namespaces")
             sys.exit(77)
         if not re.fullmatch(r"[a-z][a-z0-9]{0,3}", name_prefix) or not 1 <= count <= 99:
-            raise ValueError("NetnsBridge: name_prefix %r (1-4 of a-z0-9, a letter first) or count %d (1-99)"
-                             % (name_prefix, count))
+            raise ValueError(
+                "NetnsBridge: name_prefix %r (1-4 of a-z0-9, a letter first) or count %d (1-99)" % (name_prefix, count)
+            )
         self.name_prefix, self.count = name_prefix, count
         self.tag, self.bridge, self.spaces, self.subnet, self.made = "", "", [], "", []
         try:
@@ -142,8 +148,9 @@ class NetnsBridge:
         used = set(int(n) for n in re.findall(r"\binet 10\.213\.(\d+)\.", self.ip("-o", "addr", "show")))
         for n in self.SUBNETS:
             tag = "%03d" % n
-            names = {self.name_prefix + "br" + tag} | {self.name_prefix + "v" + tag + "%d" % i + end
-                                                        for i in range(self.count) for end in ("", "p")}
+            names = {self.name_prefix + "br" + tag} | {
+                self.name_prefix + "v" + tag + "%d" % i + end for i in range(self.count) for end in ("", "p")
+            }
             nss = [self.name_prefix + "ns%s-%d" % (tag, i) for i in range(self.count)]
             if n in used or names & links or set(nss) & spaces:
                 continue
@@ -153,8 +160,10 @@ class NetnsBridge:
             self.ip("addr", "add", self.subnet + ".1/24", "dev", self.bridge)
             self.ip("link", "set", self.bridge, "up")
             return
-        raise RuntimeError("no free subnet 10.213.N.0/24 for N in %d..%d (ip -o addr: all in use)"
-                           % (self.SUBNETS[0], self.SUBNETS[-1]))
+        raise RuntimeError(
+            "no free subnet 10.213.N.0/24 for N in %d..%d (ip -o addr: all in use)"
+            % (self.SUBNETS[0], self.SUBNETS[-1])
+        )
 
     def ifname(self, i):
         """Namespace i's end of its veth pair (inside the namespace)."""

@@ -7,6 +7,7 @@ pure-Python implementation of the order and the index readers) is the reference,
 the package's tenplex.data (over the native module) must agree with it. The FUSE case really mounts: it fails,
 never skips, where mounting is impossible.
 """
+
 import importlib.util
 import json
 import os
@@ -40,12 +41,31 @@ def run(*args, ok=True):
 def expect_error(words, *args):
     p = run(*args, ok=False)
     assert p.returncode != 0, f"tenplex {' '.join(map(str, args))} succeeded"
-    assert "error" in p.stderr and words in p.stderr, f"tenplex {' '.join(map(str, args))}: stderr {p.stderr!r} lacks {words!r}"
+    assert "error" in p.stderr and words in p.stderr, (
+        f"tenplex {' '.join(map(str, args))}: stderr {p.stderr!r} lacks {words!r}"
+    )
 
 
 def batches(index, seed, b, dp, rank, start, steps):
-    p = run("data", "batches", "--index", index, "--seed", seed, "--global-batch", b, "--dp", dp,
-            "--rank", rank, "--start-sample", start, "--steps", steps, "--json")
+    p = run(
+        "data",
+        "batches",
+        "--index",
+        index,
+        "--seed",
+        seed,
+        "--global-batch",
+        b,
+        "--dp",
+        dp,
+        "--rank",
+        rank,
+        "--start-sample",
+        start,
+        "--steps",
+        steps,
+        "--json",
+    )
     return json.loads(p.stdout)
 
 
@@ -128,7 +148,9 @@ def test_cli(tmp):
     expect_error("not a multiple of the global batch", *base, "--global-batch", "8", "--start-sample", "12")
     expect_error("--steps must be positive", *base, "--global-batch", "8", "--steps", "0")
     expect_error("fewer than one global batch", *base, "--global-batch", "51")
-    expect_error("not a dataset index", "data", "batches", "--index", tmp + "/none", "--seed", "1", "--global-batch", "8")
+    expect_error(
+        "not a dataset index", "data", "batches", "--index", tmp + "/none", "--seed", "1", "--global-batch", "8"
+    )
     expect_error("out of range", "data", "read", "--index", idx, "--sample", "50")
     # Issue 16 bug 9: a non-empty mountpoint is refused (the mount would hide its files),
     # with exit 2, before FUSE is touched; the files stay.
@@ -137,10 +159,14 @@ def test_cli(tmp):
     open(os.path.join(full, "keep.txt"), "w").write("x")
     # (Before the fix the mount went ahead and served in the foreground: give it 20 s.)
     try:
-        p = subprocess.run([TENPLEX, "data", "mount", "--index", idx, "--mountpoint", full, "--seed", "1",
-                            "--global-batch", "8"], capture_output=True, text=True, timeout=20)
+        p = subprocess.run(
+            [TENPLEX, "data", "mount", "--index", idx, "--mountpoint", full, "--seed", "1", "--global-batch", "8"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
     except subprocess.TimeoutExpired:
-        raise AssertionError("data mount went ahead on a non-empty mountpoint")
+        raise AssertionError("data mount went ahead on a non-empty mountpoint") from None
     assert p.returncode == 2 and "is not empty" in p.stderr and "keep.txt" in p.stderr, p.stderr
     assert os.listdir(full) == ["keep.txt"] and not mounted(full)
     expect_error("unknown dataset format", "data", "index", "--input", src, "--format", "csv", "-o", tmp + "/x")
@@ -163,19 +189,68 @@ def test_python_order(tmp):
     write_jsonl(src, 45, seed=1)
     idx = os.path.join(tmp, "idx")
     run("data", "index", "--input", src, "--format", "jsonl", "-o", idx)
-    cases = [(0, 1, 1, 0, 0, 3), (7, 8, 3, 1, 0, 12), (7, 8, 3, 2, 32, 9), ((1 << 64) - 1, 10, 4, 3, 40, 7),
-             (12345678901234567890, 45, 8, 7, 90, 3), (2, 6, 6, 5, 600, 10)]
+    cases = [
+        (0, 1, 1, 0, 0, 3),
+        (7, 8, 3, 1, 0, 12),
+        (7, 8, 3, 2, 32, 9),
+        ((1 << 64) - 1, 10, 4, 3, 40, 7),
+        (12345678901234567890, 45, 8, 7, 90, 3),
+        (2, 6, 6, 5, 600, 10),
+    ]
     for seed, b, dp, rank, start, steps in cases:
         want = batches(idx, seed, b, dp, rank, start, steps)
-        p = subprocess.run([sys.executable, DATA_PY, "batches", "--index", idx, "--seed", str(seed), "--global-batch",
-                            str(b), "--dp", str(dp), "--rank", str(rank), "--start-sample", str(start), "--steps",
-                            str(steps)], capture_output=True, text=True, check=True)
+        p = subprocess.run(
+            [
+                sys.executable,
+                DATA_PY,
+                "batches",
+                "--index",
+                idx,
+                "--seed",
+                str(seed),
+                "--global-batch",
+                str(b),
+                "--dp",
+                str(dp),
+                "--rank",
+                str(rank),
+                "--start-sample",
+                str(start),
+                "--steps",
+                str(steps),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         assert json.loads(p.stdout) == want, (seed, b, dp, rank, start, steps)
         # The package's tenplex.data (the native order) agrees, as a module and as a command.
-        p = subprocess.run([sys.executable, "-m", "tenplex.data", "batches", "--index", idx, "--seed", str(seed),
-                            "--global-batch", str(b), "--dp", str(dp), "--rank", str(rank), "--start-sample",
-                            str(start), "--steps", str(steps)], capture_output=True, text=True, check=True,
-                           env=dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python")))
+        p = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "tenplex.data",
+                "batches",
+                "--index",
+                idx,
+                "--seed",
+                str(seed),
+                "--global-batch",
+                str(b),
+                "--dp",
+                str(dp),
+                "--rank",
+                str(rank),
+                "--start-sample",
+                str(start),
+                "--steps",
+                str(steps),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+            env=dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python")),
+        )
         assert json.loads(p.stdout) == want, ("python3 -m tenplex.data", seed, b, dp, rank, start, steps)
         got = [(s, i, r) for s, i, r in tdata.RankIterator(idx, seed, b, dp, rank, start, steps)]
         ref = [(s, i, r) for s, i, r in pydata.RankIterator(idx, seed, b, dp, rank, start, steps)]
@@ -183,13 +258,13 @@ def test_python_order(tmp):
         assert tdata.step_samples(45, seed, b, start, dp, rank) == pydata.step_samples(45, seed, b, start, dp, rank)
     # The records the iterator yields are the lines `tenplex data read` prints.
     it = pydata.RankIterator(idx, seed=7, global_batch=8, dp=3, rank=0, start_sample=16, steps=3)
-    for step, ids, records in it:
+    for _step, ids, records in it:
         assert [r.decode() for r in records] == read(idx, ids)
     assert it.position == 40
     # Continuation after dp changes at every boundary: same global sequence, every
     # epoch exactly once (5 batches of 8 per epoch, 5 samples dropped).
     ref = []
-    for step, ids, _ in pydata.RankIterator(idx, 7, 8, 1, 0, 0, steps=12):
+    for _step, ids, _ in pydata.RankIterator(idx, 7, 8, 1, 0, 0, steps=12):
         ref += ids
     for change in range(13):
         seq = []
@@ -199,7 +274,7 @@ def test_python_order(tmp):
                 seq += next(pydata.RankIterator(idx, 7, 8, dp, r, start_sample=step * 8))[1]
         assert seq == ref, change
     for e in range(2):
-        assert len(set(ref[e * 40:(e + 1) * 40])) == 40
+        assert len(set(ref[e * 40 : (e + 1) * 40])) == 40
     # Python's errors match.
     for args in [(8, 0, 0), (8, 3, 3), (4, 5, 0), (0, 1, 0)]:
         for impl in (pydata, tdata):
@@ -212,7 +287,7 @@ def test_python_order(tmp):
 
 def test_megatron(tmp):
     rng = random.Random(5)
-    for code, top in [(8, 65535), (4, 2 ** 31 - 1), (1, 255), (5, 2 ** 62), (3, 30000)]:
+    for code, top in [(8, 65535), (4, 2**31 - 1), (1, 255), (5, 2**62), (3, 30000)]:
         seqs = [[rng.randrange(0, top) for _ in range(rng.randrange(0, 12))] for _ in range(37)]
         prefix = os.path.join(tmp, f"corpus{code}_text_document")
         write_megatron(prefix, seqs, [10, 20, 7], code)
@@ -233,16 +308,24 @@ def test_megatron(tmp):
     prefix = os.path.join(tmp, "c")
     write_megatron(prefix, [[1, 2, 3], [4], [5, 6]], [1, 2])
     good = open(prefix + ".idx", "rb").read()
-    corruptions = [(b"XMIDIDX" + good[7:], "bad magic"), (good[:9] + b"\x02" + good[10:], "version"),
-                   (good[:17] + b"\x09" + good[18:], "dtype code 9"), (good[:30], "header"), (good[:-3], "imply"),
-                   (good + b"\x00\x00", "imply"), (good[:-8] + struct.pack("<q", 2), "ends at 2")]
+    corruptions = [
+        (b"XMIDIDX" + good[7:], "bad magic"),
+        (good[:9] + b"\x02" + good[10:], "version"),
+        (good[:17] + b"\x09" + good[18:], "dtype code 9"),
+        (good[:30], "header"),
+        (good[:-3], "imply"),
+        (good + b"\x00\x00", "imply"),
+        (good[:-8] + struct.pack("<q", 2), "ends at 2"),
+    ]
     for data, words in corruptions:
         open(prefix + ".idx", "wb").write(data)
         expect_error(words, "data", "index", "--input", prefix, "--format", "megatron", "-o", tmp + "/cidx")
     open(prefix + ".idx", "wb").write(good)
     open(prefix + ".bin", "wb").write(b"\x01\x00")
     expect_error("outside", "data", "index", "--input", prefix, "--format", "megatron", "-o", tmp + "/cidx")
-    expect_error("No such file", "data", "index", "--input", tmp + "/missing", "--format", "megatron", "-o", tmp + "/cidx")
+    expect_error(
+        "No such file", "data", "index", "--input", tmp + "/missing", "--format", "megatron", "-o", tmp + "/cidx"
+    )
 
 
 def mounted(mp):
@@ -254,9 +337,29 @@ class Mount:
     def __init__(self, idx, mp, seed, b, dp, start, extra=()):
         os.makedirs(mp, exist_ok=True)
         self.mp = mp
-        self.p = subprocess.Popen([TENPLEX, "data", "mount", "--index", idx, "--mountpoint", mp, "--seed", str(seed),
-                                   "--global-batch", str(b), "--dp", str(dp), "--start-sample", str(start), *extra],
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.p = subprocess.Popen(
+            [
+                TENPLEX,
+                "data",
+                "mount",
+                "--index",
+                idx,
+                "--mountpoint",
+                mp,
+                "--seed",
+                str(seed),
+                "--global-batch",
+                str(b),
+                "--dp",
+                str(dp),
+                "--start-sample",
+                str(start),
+                *extra,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         deadline = time.time() + 30
         while not os.path.exists(os.path.join(mp, "info.json")):
             if self.p.poll() is not None:
@@ -307,7 +410,7 @@ def test_fuse(tmp):
                 with open(path, "rb", buffering=0) as f:
                     for off in random.Random(r).sample(range(len(raw)), 20):
                         f.seek(off)
-                        assert f.read(37) == raw[off:off + 37]
+                        assert f.read(37) == raw[off : off + 37]
         finally:
             m.p.send_signal(signal.SIGTERM)
         m.wait()  # SIGTERM: exit 0 and unmounted
@@ -334,8 +437,19 @@ def test_fuse(tmp):
         subprocess.run(["fusermount3", "-u", mp], check=True)
     m.wait()
     # A bad mountpoint is a clear error.
-    expect_error("mountpoint", "data", "mount", "--index", idx, "--mountpoint", tmp + "/nope", "--seed", "1",
-                 "--global-batch", "8")
+    expect_error(
+        "mountpoint",
+        "data",
+        "mount",
+        "--index",
+        idx,
+        "--mountpoint",
+        tmp + "/nope",
+        "--seed",
+        "1",
+        "--global-batch",
+        "8",
+    )
 
 
 def test_dp_weights(tmp):
@@ -346,21 +460,46 @@ def test_dp_weights(tmp):
     write_jsonl(src, 61, seed=4)
     idx = os.path.join(tmp, "idx")
     run("data", "index", "--input", src, "--format", "jsonl", "-o", idx)
-    cases = [(7, 10, [2, 1, 1], 20, 3), (3, 12, [1, 5, 2, 3], 0, 6), (5, 16, [7, 1], 32, 3),
-             ((1 << 64) - 1, 9, [1, 2, 3], 0, 5)]
+    cases = [
+        (7, 10, [2, 1, 1], 20, 3),
+        (3, 12, [1, 5, 2, 3], 0, 6),
+        (5, 16, [7, 1], 32, 3),
+        ((1 << 64) - 1, 9, [1, 2, 3], 0, 5),
+    ]
     for seed, b, w, start, steps in cases:
         dp, text = len(w), "+".join(map(str, w))
         sizes = pydata.weighted_sizes(b, w)
         whole = batches(idx, seed, b, 1, 0, start, steps)["steps"]
         off = 0
         for r in range(dp):
-            p = run("data", "batches", "--index", idx, "--seed", seed, "--global-batch", b, "--dp-weights", text,
-                    "--rank", r, "--start-sample", start, "--steps", steps, "--json")
+            p = run(
+                "data",
+                "batches",
+                "--index",
+                idx,
+                "--seed",
+                seed,
+                "--global-batch",
+                b,
+                "--dp-weights",
+                text,
+                "--rank",
+                r,
+                "--start-sample",
+                start,
+                "--steps",
+                steps,
+                "--json",
+            )
             got = json.loads(p.stdout)["steps"]
-            want = [{"step": s["step"], "samples": s["samples"][off:off + sizes[r]]} for s in whole]
+            want = [{"step": s["step"], "samples": s["samples"][off : off + sizes[r]]} for s in whole]
             assert got == want, (seed, b, w, r)
-            ours = [(s, i) for s, i, _ in tdata.RankIterator(idx, seed, b, rank=r, start_sample=start, steps=steps,
-                                                               dp_weights=text)]
+            ours = [
+                (s, i)
+                for s, i, _ in tdata.RankIterator(
+                    idx, seed, b, rank=r, start_sample=start, steps=steps, dp_weights=text
+                )
+            ]
             ref = [(s, i) for s, i, _ in pydata.RankIterator(idx, seed, b, dp, r, start, steps, dp_weights=w)]
             assert ours == ref == [(s["step"], s["samples"]) for s in want], (seed, b, w, r)
             assert tdata.rank_slice(b, dp, r, w) == pydata.rank_slice(b, dp, r, w) == (off, off + sizes[r])
@@ -368,10 +507,32 @@ def test_dp_weights(tmp):
             if seed != 7:  # the package's command line once (a process start each)
                 off += sizes[r]
                 continue
-            p = subprocess.run([sys.executable, "-m", "tenplex.data", "batches", "--index", idx, "--seed", str(seed),
-                                "--global-batch", str(b), "--dp-weights", text, "--rank", str(r), "--start-sample",
-                                str(start), "--steps", str(steps)], capture_output=True, text=True, check=True,
-                               env=dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python")))
+            p = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "tenplex.data",
+                    "batches",
+                    "--index",
+                    idx,
+                    "--seed",
+                    str(seed),
+                    "--global-batch",
+                    str(b),
+                    "--dp-weights",
+                    text,
+                    "--rank",
+                    str(r),
+                    "--start-sample",
+                    str(start),
+                    "--steps",
+                    str(steps),
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+                env=dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python")),
+            )
             assert json.loads(p.stdout)["steps"] == want
             off += sizes[r]
         assert off == b
@@ -402,7 +563,9 @@ def test_dp_weights(tmp):
         info = json.load(open(os.path.join(mp, "info.json")))
         assert info["dp_weights"] == w and [r["slice"] for r in info["ranks"]] == [[0, 5], [5, 8], [8, 10]], info
         for r in range(3):
-            ids = [i for s in pydata.RankIterator(idx, seed, b, 3, r, start, 6 - start // b, dp_weights=w) for i in s[1]]
+            ids = [
+                i for s in pydata.RankIterator(idx, seed, b, 3, r, start, 6 - start // b, dp_weights=w) for i in s[1]
+            ]
             want = "".join(line + "\n" for line in read(idx, ids))
             assert open(os.path.join(mp, f"rank-{r:05d}", "samples.jsonl"), encoding="utf-8").read() == want, r
     finally:

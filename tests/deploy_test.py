@@ -20,6 +20,7 @@ steps 0-3 and a commit of step 4, the exit status is 0, the daemon is gone and k
 state in SHM_DIR; node.sh without one of its required variables fails naming it, and
 exits 76 repeating the message when a worker recorded a fatal loss (a stand-in python).
 """
+
 import json
 import os
 import socket
@@ -52,14 +53,17 @@ def mounts_of(pod, container):
 def check_k8s(repo):
     sys.path.insert(0, os.path.join(repo, "python"))
     from tenplex import elastic
+
     docs = []
     for name in sorted(os.listdir(os.path.join(repo, "deploy/k8s"))):
         if name.endswith(".yaml"):
             with open(os.path.join(repo, "deploy/k8s", name)) as f:
                 docs += [(name, d) for d in yaml.safe_load_all(f) if d is not None]
     for name, d in docs:
-        check(all(k in d for k in ("apiVersion", "kind")) and d.get("metadata", {}).get("name"),
-              f"{name}: {d.get('kind')} has apiVersion, kind, metadata.name")
+        check(
+            all(k in d for k in ("apiVersion", "kind")) and d.get("metadata", {}).get("name"),
+            f"{name}: {d.get('kind')} has apiVersion, kind, metadata.name",
+        )
     by_kind = {d["kind"]: d for _, d in docs}
     check(set(by_kind) >= {"Secret", "DaemonSet", "PyTorchJob", "ConfigMap"}, f"kinds: {sorted(by_kind)}")
     secret = by_kind.get("Secret", {})
@@ -79,12 +83,18 @@ def check_k8s(repo):
     cmd = store.get("command", [])
     listen = cmd[cmd.index("--listen") + 1] if "--listen" in cmd else ""
     port = int(listen.rsplit(":", 1)[1]) if ":" in listen else -1
-    check(cmd[:3] == ["tenplex", "store", "serve"] and store.get("image"), f"the daemon runs tenplex store serve: {cmd}")
-    check(any(p.get("containerPort") == port and p.get("hostPort") == port for p in store.get("ports", [])),
-          f"the daemon's port {port} is exposed on the host")
+    check(
+        cmd[:3] == ["tenplex", "store", "serve"] and store.get("image"), f"the daemon runs tenplex store serve: {cmd}"
+    )
+    check(
+        any(p.get("containerPort") == port and p.get("hostPort") == port for p in store.get("ports", [])),
+        f"the daemon's port {port} is exposed on the host",
+    )
     check(pod.get("hostIPC") is True and pod.get("hostNetwork") is True, "the daemon uses host IPC and network")
-    check(mounts_of(pod, store).get("/dev/shm", {}).get("hostPath", {}).get("path") == "/dev/shm",
-          "the daemon keeps its tensors in the host's /dev/shm")
+    check(
+        mounts_of(pod, store).get("/dev/shm", {}).get("hostPath", {}).get("path") == "/dev/shm",
+        "the daemon keeps its tensors in the host's /dev/shm",
+    )
     check(token_ok(store), "the daemon's TENPLEX_TOKEN comes from the Secret")
 
     job = by_kind.get("PyTorchJob", {})
@@ -99,17 +109,22 @@ def check_k8s(repo):
     wc = (wpod.get("containers") or [{}])[0]
     wcmd = wc.get("command", [])
     check("--monitor_interval=1" in wcmd, "a short monitor interval")
-    check(wcmd[:1] == ["torchrun"] and "--elastic" in wcmd,
-          f"workers run torchrun ... train.py --elastic: {wcmd[:4]}")
+    check(wcmd[:1] == ["torchrun"] and "--elastic" in wcmd, f"workers run torchrun ... train.py --elastic: {wcmd[:4]}")
     nproc = next((int(a.split("=", 1)[1]) for a in wcmd if a.startswith("--nproc_per_node=")), 0)
     url = env_of(wc).get("TENPLEX_STORE_URL", {}).get("value", "")
-    check(url.endswith(f":{port}") and "$(NODE_IP)" in url and
-          env_of(wc).get("NODE_IP", {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "status.hostIP",
-          f"workers reach the daemon at the node's address and port: {url}")
+    check(
+        url.endswith(f":{port}")
+        and "$(NODE_IP)" in url
+        and env_of(wc).get("NODE_IP", {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "status.hostIP",
+        f"workers reach the daemon at the node's address and port: {url}",
+    )
     check(token_ok(wc), "the workers' TENPLEX_TOKEN comes from the Secret")
-    check(wpod.get("hostIPC") is True and wpod.get("hostNetwork") is True and
-          mounts_of(wpod, wc).get("/dev/shm", {}).get("hostPath", {}).get("path") == "/dev/shm",
-          "workers share IPC, loopback and /dev/shm with the daemon")
+    check(
+        wpod.get("hostIPC") is True
+        and wpod.get("hostNetwork") is True
+        and mounts_of(wpod, wc).get("/dev/shm", {}).get("hostPath", {}).get("path") == "/dev/shm",
+        "workers share IPC, loopback and /dev/shm with the daemon",
+    )
     anti = wpod.get("affinity", {}).get("podAntiAffinity", {}).get("requiredDuringSchedulingIgnoredDuringExecution", [])
     check(any(t.get("topologyKey") == "kubernetes.io/hostname" for t in anti), "one worker pod per node")
     policy_path = wcmd[wcmd.index("--elastic") + 1] if "--elastic" in wcmd else ""
@@ -141,9 +156,11 @@ def check_slurm(tenplex, repo):
         fake = os.path.join(tmp, "bin")
         os.makedirs(fake)
         host = socket.gethostname().split(".")[0]
-        stubs = {"scontrol": f"#!/bin/sh\n[ \"$1 $2\" = 'show hostnames' ] && echo {host}\n",
-                 # srun on one node: run the command once, as its task 0
-                 "srun": "#!/bin/sh\nwhile [ \"${1#-}\" != \"$1\" ]; do shift; done\nSLURM_NODEID=0 exec \"$@\"\n"}
+        stubs = {
+            "scontrol": f"#!/bin/sh\n[ \"$1 $2\" = 'show hostnames' ] && echo {host}\n",
+            # srun on one node: run the command once, as its task 0
+            "srun": '#!/bin/sh\nwhile [ "${1#-}" != "$1" ]; do shift; done\nSLURM_NODEID=0 exec "$@"\n',
+        }
         for name, text in stubs.items():
             path = os.path.join(fake, name)
             with open(path, "w") as f:
@@ -153,26 +170,69 @@ def check_slurm(tenplex, repo):
         with open(token, "w") as f:
             f.write("test-token-123")
         model, log = os.path.join(tmp, "model.json"), os.path.join(tmp, "log.jsonl")
-        subprocess.run([tenplex, "model", "gpt", "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads",
-                        "4", "--vocab-size", "128", "--max-position-embeddings", "32", "-o", model], check=True)
+        subprocess.run(
+            [
+                tenplex,
+                "model",
+                "gpt",
+                "--num-layers",
+                "2",
+                "--hidden-size",
+                "32",
+                "--num-attention-heads",
+                "4",
+                "--vocab-size",
+                "128",
+                "--max-position-embeddings",
+                "32",
+                "-o",
+                model,
+            ],
+            check=True,
+        )
         port = free_port()
         shm = tempfile.mkdtemp(prefix="tenplex-deploy-", dir="/dev/shm")
-        env = dict(os.environ, SHM_DIR=shm, PATH=fake + ":" + os.environ["PATH"], TENPLEX_TOKEN_FILE=token,
-                   SLURM_JOB_NODELIST=host, SLURM_JOB_NUM_NODES="1", SLURM_JOB_ID="4242", NPROC="2",
-                   STORE_PORT=str(port), RDZV_PORT=str(free_port()), POLICY='{"2": "tp=2"}', NODE_ADDR="127.0.0.1",
-                   TENPLEX_REPO=repo, TENPLEX=tenplex, GLOO_SOCKET_IFNAME="lo", MONITOR_INTERVAL="0.5", LAST_CALL="1",
-                   TRAIN_ARGS=f"--model {model} --steps 4 --commit-every 4 --step-log {log} --seq-length 32")
+        env = dict(
+            os.environ,
+            SHM_DIR=shm,
+            PATH=fake + ":" + os.environ["PATH"],
+            TENPLEX_TOKEN_FILE=token,
+            SLURM_JOB_NODELIST=host,
+            SLURM_JOB_NUM_NODES="1",
+            SLURM_JOB_ID="4242",
+            NPROC="2",
+            STORE_PORT=str(port),
+            RDZV_PORT=str(free_port()),
+            POLICY='{"2": "tp=2"}',
+            NODE_ADDR="127.0.0.1",
+            TENPLEX_REPO=repo,
+            TENPLEX=tenplex,
+            GLOO_SOCKET_IFNAME="lo",
+            MONITOR_INTERVAL="0.5",
+            LAST_CALL="1",
+            TRAIN_ARGS=f"--model {model} --steps 4 --commit-every 4 --step-log {log} --seq-length 32",
+        )
         env.pop("TENPLEX_TOKEN", None)
         t0 = time.time()
-        p = subprocess.run(["bash", os.path.join(sdir, "tenplex-torchrun.sbatch")], cwd=tmp, env=env,
-                           capture_output=True, text=True, timeout=240)
+        p = subprocess.run(
+            ["bash", os.path.join(sdir, "tenplex-torchrun.sbatch")],
+            cwd=tmp,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
         print(f"sbatch script ran in {time.time() - t0:.1f} s")
-        check(p.returncode == 0, f"the sbatch script with stand-in srun/scontrol exits 0 ({p.returncode}): "
-              f"{p.stderr[-800:]}")
+        check(
+            p.returncode == 0,
+            f"the sbatch script with stand-in srun/scontrol exits 0 ({p.returncode}): {p.stderr[-800:]}",
+        )
         lines = [json.loads(x) for x in open(log)] if os.path.exists(log) else []
         steps = sorted(x["step"] for x in lines if "loss" in x)
-        check(steps == [0, 1, 2, 3] and all(x["config"] == "tp=2,pp=1,dp=1" for x in lines if "loss" in x),
-              f"4 steps of tp=2 trained: {steps}")
+        check(
+            steps == [0, 1, 2, 3] and all(x["config"] == "tp=2,pp=1,dp=1" for x in lines if "loss" in x),
+            f"4 steps of tp=2 trained: {steps}",
+        )
         check(any(x.get("event") == "commit" and x["step"] == 4 for x in lines), "the last step was committed")
         with socket.socket() as s:
             check(s.connect_ex(("127.0.0.1", port)) != 0, "the node's daemon stopped with the job")
@@ -183,27 +243,49 @@ def check_slurm(tenplex, repo):
         for name in ("TENPLEX_TOKEN", "RDZV_ENDPOINT", "RDZV_ID", "POLICY", "TRAIN_ARGS"):
             hand = dict(env, TENPLEX_TOKEN="t", RDZV_ENDPOINT="127.0.0.1:1", RDZV_ID="x")
             hand.pop(name)
-            p = subprocess.run(["bash", os.path.join(sdir, "node.sh")], env=hand, capture_output=True, text=True,
-                               timeout=30)
-            check(p.returncode != 0 and f"set {name}" in p.stderr and "docs/deploy.md" in p.stderr,
-                  f"node.sh without {name}: a clear error {p.stderr.strip()[-200:]!r}")
+            p = subprocess.run(
+                ["bash", os.path.join(sdir, "node.sh")], env=hand, capture_output=True, text=True, timeout=30
+            )
+            check(
+                p.returncode != 0 and f"set {name}" in p.stderr and "docs/deploy.md" in p.stderr,
+                f"node.sh without {name}: a clear error {p.stderr.strip()[-200:]!r}",
+            )
         # A worker's unrecoverable loss (tenplex.elastic writes TENPLEX_FATAL_FILE and stops
         # the agent): node.sh exits 76 and repeats the message (issue 34 finding 4).
         stub = os.path.join(fake, "python-fatal")
         with open(stub, "w") as f:
-            f.write('#!/bin/sh\necho "tenplex: fatal: every old rank is on a lost host" > "$TENPLEX_FATAL_FILE"\nexit 1\n')
+            f.write(
+                '#!/bin/sh\necho "tenplex: fatal: every old rank is on a lost host" > "$TENPLEX_FATAL_FILE"\nexit 1\n'
+            )
         os.chmod(stub, stat.S_IRWXU)
-        hand = dict(env, TENPLEX_TOKEN="t", RDZV_ENDPOINT="127.0.0.1:1", RDZV_ID="x", PYTHON=stub,
-                    SHM_DIR=tempfile.mkdtemp(prefix="tenplex-deploy-", dir="/dev/shm"))
-        p = subprocess.run(["bash", os.path.join(sdir, "node.sh")], env=hand, capture_output=True, text=True,
-                           timeout=60)
+        hand = dict(
+            env,
+            TENPLEX_TOKEN="t",
+            RDZV_ENDPOINT="127.0.0.1:1",
+            RDZV_ID="x",
+            PYTHON=stub,
+            SHM_DIR=tempfile.mkdtemp(prefix="tenplex-deploy-", dir="/dev/shm"),
+        )
+        p = subprocess.run(
+            ["bash", os.path.join(sdir, "node.sh")], env=hand, capture_output=True, text=True, timeout=60
+        )
         subprocess.run(["rm", "-rf", hand["SHM_DIR"]])
-        check(p.returncode == 76 and "unrecoverable loss" in p.stderr and "every old rank" in p.stderr,
-              f"node.sh reports a fatal loss with exit 76: {p.returncode} {p.stderr.strip()[-300:]!r}")
+        check(
+            p.returncode == 76 and "unrecoverable loss" in p.stderr and "every old rank" in p.stderr,
+            f"node.sh reports a fatal loss with exit 76: {p.returncode} {p.stderr.strip()[-300:]!r}",
+        )
         env["TENPLEX_TOKEN_FILE"] = os.path.join(tmp, "missing")
-        p = subprocess.run(["bash", os.path.join(sdir, "tenplex-torchrun.sbatch")], cwd=tmp, env=env,
-                           capture_output=True, text=True, timeout=60)
-        check(p.returncode == 2 and "no token file" in p.stderr, f"no token file: exit 2 with a clear error {p.stderr!r}")
+        p = subprocess.run(
+            ["bash", os.path.join(sdir, "tenplex-torchrun.sbatch")],
+            cwd=tmp,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        check(
+            p.returncode == 2 and "no token file" in p.stderr, f"no token file: exit 2 with a clear error {p.stderr!r}"
+        )
 
 
 def main():

@@ -15,26 +15,24 @@ The reference is tests/device_testing.py's (plain file reads); the engine, resto
 the store and the hand-off themselves: tests/device_test.py. Runs without pytest too
 (device_testing's small runner), for GPU machines that lack it.
 """
+
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Optional
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tests/ is not a package
 
 import device_testing  # noqa: E402  (puts python/ on sys.path)
-from device_testing import (HAVE_CUDA, NAME_OF, ROOT, cuda_only, fresh_cpu_engine, log, raw_bytes,  # noqa: E402
-                            ref_read, same, state)
-
 import torch  # noqa: E402
+from device_testing import HAVE_CUDA, NAME_OF, ROOT, cuda_only, fresh_cpu_engine, log, raw_bytes, ref_read, same, state  # noqa: E402
 
 import tenplex  # noqa: E402
 from tenplex import device as tdev  # noqa: E402
 from tenplex import handoff  # noqa: E402
 from tenplex.safetensors import DTYPES  # noqa: E402
-
 
 # ---- tenplex.elastic.Job(async_commit=True) -----------------------------------------------
 
@@ -48,14 +46,23 @@ def check_job_async(device: str) -> None:
 
     import torch.distributed as dist
     from daemons import Daemon
+
     from tenplex import elastic
 
     daemon = Daemon(tenplex_bin())
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    env = {"WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "0",
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "TENPLEX_STORE_URL": daemon.url}
+    env = {
+        "WORLD_SIZE": "1",
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": "1",
+        "GROUP_RANK": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "TENPLEX_STORE_URL": daemon.url,
+    }
     saved_env = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
@@ -64,7 +71,7 @@ def check_job_async(device: str) -> None:
         assert job.restore(device=device) is None
         live = {k: v for k, v in state(14, device).items() if v.dtype != torch.bool}
         st = tenplex.attach(url=daemon.url)
-        at_step: Dict[int, Dict[str, bytes]] = {}
+        at_step: dict[int, dict[str, bytes]] = {}
         seen = []
         for step in range(1, 8):
             for t in live.values():  # a training step: in place
@@ -116,19 +123,55 @@ def tenplex_bin() -> str:
     return exe if os.path.exists(exe) else ""
 
 
-def train_losses(tmp_path: Path, config: str, device: str, extra: List[str]) -> List[float]:
+def train_losses(tmp_path: Path, config: str, device: str, extra: list[str]) -> list[float]:
     """Losses of examples/gpt/launch.py running train.py in `config` on `device`."""
     model = tmp_path / "model.json"
     if not model.exists():
-        subprocess.run([tenplex_bin(), "model", "gpt", "-o", str(model), "--num-layers", "2", "--hidden-size", "64",
-                        "--num-attention-heads", "4", "--vocab-size", "250", "--max-position-embeddings", "64"],
-                       check=True)
+        subprocess.run(
+            [
+                tenplex_bin(),
+                "model",
+                "gpt",
+                "-o",
+                str(model),
+                "--num-layers",
+                "2",
+                "--hidden-size",
+                "64",
+                "--num-attention-heads",
+                "4",
+                "--vocab-size",
+                "250",
+                "--max-position-embeddings",
+                "64",
+            ],
+            check=True,
+        )
     logf = tmp_path / f"{config}-{device}.jsonl"
     if logf.exists():
         logf.unlink()
-    cmd = [sys.executable, os.path.join(ROOT, "examples", "gpt", "launch.py"), "--config", config, "--model",
-           str(model), "--steps", "4", "--seq-length", "32", "--global-batch-size", "4", "--micro-batch-size", "2",
-           "--timeout", "120", "--device", device, "--log", str(logf)] + extra
+    cmd = [
+        sys.executable,
+        os.path.join(ROOT, "examples", "gpt", "launch.py"),
+        "--config",
+        config,
+        "--model",
+        str(model),
+        "--steps",
+        "4",
+        "--seq-length",
+        "32",
+        "--global-batch-size",
+        "4",
+        "--micro-batch-size",
+        "2",
+        "--timeout",
+        "120",
+        "--device",
+        device,
+        "--log",
+        str(logf),
+    ] + extra
     subprocess.run(cmd, check=True, timeout=600, stdout=subprocess.DEVNULL)
     recs = [json.loads(line) for line in logf.read_text().splitlines()]
     return [r["loss"] for r in recs if "loss" in r]
@@ -182,11 +225,11 @@ def test_cuda_train(tmp_path: Path) -> None:
 # and loss equal those of a static tp=1 run.
 
 
-def warm_spec(name: str, dtype: torch.dtype, shape: List[int], path: Path) -> Dict[str, Any]:
+def warm_spec(name: str, dtype: torch.dtype, shape: list[int], path: Path) -> dict[str, Any]:
     return {"name": name, "dtype": NAME_OF[dtype], "shape": list(shape), "file": str(path)}
 
 
-def warm_ref(s: Dict[str, Any]) -> torch.Tensor:
+def warm_ref(s: dict[str, Any]) -> torch.Tensor:
     """A plain read of a hand-off tensor spec's file (zero-size tensors have none)."""
     dtype = DTYPES[s["dtype"]][0]
     if 0 in s["shape"]:
@@ -194,7 +237,7 @@ def warm_ref(s: Dict[str, Any]) -> torch.Tensor:
     return ref_read(s["file"], dtype, s["shape"])
 
 
-def warm_stop_state(device: str) -> Dict[str, torch.Tensor]:
+def warm_stop_state(device: str) -> dict[str, torch.Tensor]:
     """The worker's state at its stop (what train.py's state_tensors gives: fresh tensors)."""
     g = torch.Generator().manual_seed(11)
     out = {
@@ -211,7 +254,7 @@ def warm_stop_state(device: str) -> Dict[str, torch.Tensor]:
     return {k: v.to(device) for k, v in out.items()}
 
 
-def warm_write_stop(tmp: Path, tensors: Dict[str, torch.Tensor], rank: int = 0) -> Dict[str, Any]:
+def warm_write_stop(tmp: Path, tensors: dict[str, torch.Tensor], rank: int = 0) -> dict[str, Any]:
     """The stop's hand-off: files allocated (zeros, as the store does) and written by
     handoff.write_rank."""
     v1 = tmp / "v1"
@@ -226,7 +269,7 @@ def warm_write_stop(tmp: Path, tensors: Dict[str, torch.Tensor], rank: int = 0) 
     return h
 
 
-def warm_next_version(tmp: Path, stop: Dict[str, torch.Tensor], rank: int = 1) -> Tuple[Dict[str, Any], List[str]]:
+def warm_next_version(tmp: Path, stop: dict[str, torch.Tensor], rank: int = 1) -> tuple[dict[str, Any], list[str]]:
     """The next hand-off (for `rank`) as a transform makes it from the stop's version
     tmp/v1, and the names that must be kept."""
     v1, v2, v0 = tmp / "v1", tmp / "v2", tmp / "v0"
@@ -359,16 +402,40 @@ def test_cuda_warm_keep(tmp_path: Path) -> None:
 # ---- tenplex run --warm of examples/gpt --------------------------------------------------
 
 
-def warm_run(tmp: Path, name: str, schedule: List[Dict[str, Any]], model: Path, extra: List[str],
-        device: str) -> List[Dict[str, Any]]:
+def warm_run(
+    tmp: Path, name: str, schedule: list[dict[str, Any]], model: Path, extra: list[str], device: str
+) -> list[dict[str, Any]]:
     """The log lines of `tenplex run` of examples/gpt/train.py."""
     sched = tmp / f"{name}.json"
     sched.write_text(json.dumps(schedule))
     logf = tmp / f"{name}.jsonl"
-    cmd = [tenplex_bin(), "run", "--schedule", str(sched), "--log", str(logf), "--work-dir", str(tmp / name),
-           "--hang-seconds", "120"] + extra
-    cmd += ["--", sys.executable, os.path.join(ROOT, "examples", "gpt", "train.py"), "--model", str(model),
-            "--global-batch-size", "8", "--micro-batch-size", "2", "--seq-length", "32", "--device", device]
+    cmd = [
+        tenplex_bin(),
+        "run",
+        "--schedule",
+        str(sched),
+        "--log",
+        str(logf),
+        "--work-dir",
+        str(tmp / name),
+        "--hang-seconds",
+        "120",
+    ] + extra
+    cmd += [
+        "--",
+        sys.executable,
+        os.path.join(ROOT, "examples", "gpt", "train.py"),
+        "--model",
+        str(model),
+        "--global-batch-size",
+        "8",
+        "--micro-batch-size",
+        "2",
+        "--seq-length",
+        "32",
+        "--device",
+        device,
+    ]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     if p.returncode != 0:
         raise AssertionError(f"tenplex run {name} failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
@@ -377,13 +444,41 @@ def warm_run(tmp: Path, name: str, schedule: List[Dict[str, Any]], model: Path, 
 
 def check_warm_run(tmp: Path, device: str) -> None:
     model = tmp / "model.json"
-    subprocess.run([tenplex_bin(), "model", "gpt", "--num-layers", "2", "--hidden-size", "32",
-                    "--num-attention-heads", "4", "--vocab-size", "128", "--max-position-embeddings", "32",
-                    "-o", str(model)], check=True)
+    subprocess.run(
+        [
+            tenplex_bin(),
+            "model",
+            "gpt",
+            "--num-layers",
+            "2",
+            "--hidden-size",
+            "32",
+            "--num-attention-heads",
+            "4",
+            "--vocab-size",
+            "128",
+            "--max-position-embeddings",
+            "32",
+            "-o",
+            str(model),
+        ],
+        check=True,
+    )
     n = 6
     static = warm_run(tmp, "static", [{"step": 0, "config": "tp=1"}, {"step": n, "stop": True}], model, [], device)
-    warm = warm_run(tmp, "warm", [{"step": 0, "config": "dp=2"}, {"step": 2, "config": "pp=2"},
-                             {"step": 4, "config": "tp=2"}, {"step": n, "stop": True}], model, ["--warm"], device)
+    warm = warm_run(
+        tmp,
+        "warm",
+        [
+            {"step": 0, "config": "dp=2"},
+            {"step": 2, "config": "pp=2"},
+            {"step": 4, "config": "tp=2"},
+            {"step": n, "stop": True},
+        ],
+        model,
+        ["--warm"],
+        device,
+    )
     base = {r["step"]: r for r in static if "event" not in r}
     got = {r["step"]: r for r in warm if "event" not in r}
     assert sorted(got) == sorted(base) == list(range(n)), (sorted(got), sorted(base))

@@ -16,26 +16,39 @@ in-place update after start() never reaches the written bytes); hand-off read_ra
 with a device. Jobs, train.py --device and warm reconfigurations: tests/device_run_test.py.
 Runs without pytest too (device_testing's small runner), for GPU machines that lack it.
 """
+
 import logging
 import os
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Dict, List, Tuple
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tests/ is not a package
 
 import device_testing  # noqa: E402  (puts python/ on sys.path)
-from device_testing import (CHUNK, NAME_OF, Records, _raises, cuda_only, fresh_cpu_engine, log,  # noqa: E402
-                            make_files, raw_bytes, ref_read, same, state)
-
 import torch  # noqa: E402
+from device_testing import (  # noqa: E402
+    CHUNK,
+    NAME_OF,
+    Records,
+    _raises,
+    cuda_only,
+    fresh_cpu_engine,
+    log,
+    make_files,
+    raw_bytes,
+    ref_read,
+    same,
+    state,
+)
 
 import tenplex  # noqa: E402
-from tenplex import _tenplex  # noqa: E402
+from tenplex import (
+    _tenplex,  # noqa: E402
+    handoff,  # noqa: E402
+)
 from tenplex import device as tdev  # noqa: E402
-from tenplex import handoff  # noqa: E402
-
 
 # ---- the engine itself ------------------------------------------------------------------
 
@@ -62,7 +75,7 @@ def test_engine_offsets_against_reads(tmp_path: Path) -> None:
     src = torch.arange(CHUNK + 5, dtype=torch.int32).view(torch.uint8)[: CHUNK + 9].clone()
     eng.commit([(src.data_ptr(), str(path), 11, src.numel())])
     want = bytearray(blob.numpy().tobytes())
-    want[11:11 + src.numel()] = raw_bytes(src)
+    want[11 : 11 + src.numel()] = raw_bytes(src)
     assert path.read_bytes() == bytes(want)
 
 
@@ -118,8 +131,9 @@ def test_commit_files_cpu(tmp_path: Path) -> None:
 
 
 def test_zero_size_without_engine(tmp_path: Path) -> None:
-    got = tdev.restore_files([("e", torch.float32, [0, 5], str(tmp_path / "none")), ("f", torch.int8, [3, 0], "")],
-                             "cpu")
+    got = tdev.restore_files(
+        [("e", torch.float32, [0, 5], str(tmp_path / "none")), ("f", torch.int8, [3, 0], "")], "cpu"
+    )
     assert got["e"].shape == (0, 5) and got["f"].shape == (3, 0) and got["f"].dtype == torch.int8
     tdev.commit_files([("e", torch.zeros(0), str(tmp_path / "none"))])
     assert not (tmp_path / "none").exists()
@@ -144,7 +158,7 @@ def test_errors_name_tensor_and_file(tmp_path: Path) -> None:
 # ---- the store ------------------------------------------------------------------------
 
 
-def saved_store(seed: int = 1, device: str = "cpu", **attach: Any) -> Tuple[Any, Dict[str, torch.Tensor]]:
+def saved_store(seed: int = 1, device: str = "cpu", **attach: Any) -> tuple[Any, dict[str, torch.Tensor]]:
     st = tenplex.attach(**attach)
     want = state(seed, device)
     v = st.begin("job", info={"config": "dp=1", "step": 3})
@@ -205,11 +219,11 @@ def test_save_state_async_snapshot() -> None:
 class Gate:
     """A write_fn that blocks until released, then commits its snapshot into files."""
 
-    def __init__(self, files: Dict[str, str]) -> None:
+    def __init__(self, files: dict[str, str]) -> None:
         self.files, self.go, self.entered = files, threading.Event(), threading.Event()
-        self.order: List[str] = []
+        self.order: list[str] = []
 
-    def __call__(self, snap: Dict[str, torch.Tensor]) -> int:
+    def __call__(self, snap: dict[str, torch.Tensor]) -> int:
         self.entered.set()
         assert self.go.wait(30)
         tdev.commit_files([(k, t, self.files[k]) for k, t in snap.items()])
@@ -217,7 +231,7 @@ class Gate:
         return len(snap)
 
 
-def _files_for(tmp_path: Path, tensors: Dict[str, torch.Tensor]) -> Dict[str, str]:
+def _files_for(tmp_path: Path, tensors: dict[str, torch.Tensor]) -> dict[str, str]:
     files = {}
     for k, t in tensors.items():
         p = tmp_path / f"{k}.bin"
@@ -240,9 +254,11 @@ def check_async_commit(tmp_path: Path, device: str) -> None:
     assert ac.wait() == len(tensors) and ac.done()
     for k, path in gate.files.items():
         assert Path(path).read_bytes() == want[k], k
+
     # a failing write: wait() raises its error; an uncollected failure stops the next start()
-    def boom(snap: Dict[str, torch.Tensor]) -> None:
+    def boom(snap: dict[str, torch.Tensor]) -> None:
         raise OSError("disk on fire")
+
     ac.start(tensors, boom)
     with _raises(OSError, "disk on fire"):
         ac.wait()
@@ -297,7 +313,7 @@ def test_async_commit_out_of_memory_falls_back(tmp_path: Path) -> None:
 # ---- hand-off ---------------------------------------------------------------------------
 
 
-def make_handoff(tmp_path: Path, tensors: Dict[str, torch.Tensor], rank: int = 0) -> Dict[str, Any]:
+def make_handoff(tmp_path: Path, tensors: dict[str, torch.Tensor], rank: int = 0) -> dict[str, Any]:
     """A hand-off whose rank `rank` has `tensors` in files (written by the reference)."""
     specs = []
     for k, t in tensors.items():

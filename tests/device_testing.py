@@ -13,6 +13,7 @@ it), a small runner:
 
 `--cuda` runs only the file's CUDA tests and fails when no CUDA device is usable.
 """
+
 import inspect
 import logging
 import os
@@ -21,7 +22,7 @@ import sys
 import tempfile
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(ROOT, "python"))
@@ -53,7 +54,7 @@ def cuda_only(fn: Callable) -> Callable:
 # ---- the reference --------------------------------------------------------------------
 
 
-def ref_read(path: str, dtype: torch.dtype, shape: List[int], offset: int = 0) -> torch.Tensor:
+def ref_read(path: str, dtype: torch.dtype, shape: list[int], offset: int = 0) -> torch.Tensor:
     """The tensor of the bytes at `offset` of `path`, read with plain reads."""
     n = torch.empty(shape, dtype=dtype).numel() * torch.empty(0, dtype=dtype).element_size()
     with open(path, "rb") as f:
@@ -79,13 +80,22 @@ def same(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 # Sizes in bytes around the chunk boundary, and larger; each in a dtype whose size divides it.
-SIZES_BYTES = [1, 7, CHUNK - 1, CHUNK, CHUNK + 1, 2 * CHUNK - 2, 2 * CHUNK + 2, 3 * CHUNK, (3 << 20) + 8,
-               (5 << 20) + 3]
-DTYPE_CYCLE = [torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.uint8, torch.int32, torch.float64,
-               torch.int8, torch.int16, torch.bool]
+SIZES_BYTES = [1, 7, CHUNK - 1, CHUNK, CHUNK + 1, 2 * CHUNK - 2, 2 * CHUNK + 2, 3 * CHUNK, (3 << 20) + 8, (5 << 20) + 3]
+DTYPE_CYCLE = [
+    torch.float32,
+    torch.bfloat16,
+    torch.float16,
+    torch.int64,
+    torch.uint8,
+    torch.int32,
+    torch.float64,
+    torch.int8,
+    torch.int16,
+    torch.bool,
+]
 
 
-def make_files(directory: Path, count: int = 40, seed: int = 7) -> List[Tuple[str, torch.dtype, List[int], str]]:
+def make_files(directory: Path, count: int = 40, seed: int = 7) -> list[tuple[str, torch.dtype, list[int], str]]:
     """Files of random bytes and the restore entries (name, dtype, shape, file) describing
     them: every size of SIZES_BYTES in the dtypes that fit it, plus zero-size tensors."""
     g = torch.Generator().manual_seed(seed)
@@ -109,7 +119,7 @@ def make_files(directory: Path, count: int = 40, seed: int = 7) -> List[Tuple[st
     return entries
 
 
-def state(seed: int, device: str = "cpu") -> Dict[str, torch.Tensor]:
+def state(seed: int, device: str = "cpu") -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     out = {
         "decoder.layers.0.mlp.linear_fc1.weight": torch.randn(64, 33, generator=g),
@@ -126,7 +136,7 @@ def state(seed: int, device: str = "cpu") -> Dict[str, torch.Tensor]:
 class Records(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)
-        self.records: List[logging.LogRecord] = []
+        self.records: list[logging.LogRecord] = []
 
     def emit(self, record: logging.LogRecord) -> None:
         self.records.append(record)
@@ -158,7 +168,7 @@ class _raises:
         return True
 
 
-def _run_without_pytest(test_globals: Dict[str, Any], only_cuda: bool) -> int:
+def _run_without_pytest(test_globals: dict[str, Any], only_cuda: bool) -> int:
     tests = [(n, f) for n, f in test_globals.items() if n.startswith("test_") and callable(f)]
     failed = 0
     for name, fn in tests:
@@ -179,7 +189,7 @@ def _run_without_pytest(test_globals: Dict[str, Any], only_cuda: bool) -> int:
     return 1 if failed else 0
 
 
-def main(test_file: str, test_globals: Dict[str, Any]) -> int:
+def main(test_file: str, test_globals: dict[str, Any]) -> int:
     """Runs the tests of `test_file` (its globals: `test_globals`) under pytest, or the small
     runner without it; `--cuda` in sys.argv: only the CUDA tests, 1 without a CUDA device."""
     logging.basicConfig(level=logging.INFO)

@@ -9,6 +9,7 @@ usage: elastic_api_test.py REPO_ROOT
 - a recorded fatal error (issue 34 finding 4) stops a torchrun with --max_restarts=10 at
   once: one worker start, a non-zero exit, the message on stderr.
 """
+
 import json
 import os
 import subprocess
@@ -26,6 +27,7 @@ def check(cond, what):
 
 def expect_error(fn, needle, what):
     from tenplex import elastic
+
     try:
         fn()
     except elastic.ElasticError as e:
@@ -57,13 +59,30 @@ def fatal_is_final(repo, tmp):
     env = dict(os.environ, TENPLEX_FATAL_FILE=marker)
     for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK"):
         env.pop(k, None)
-    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
-                        "--max_restarts=10", "--monitor_interval=1", script, os.path.join(repo, "python"), starts],
-                       capture_output=True, text=True, timeout=120, env=env)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=1",
+            "--max_restarts=10",
+            "--monitor_interval=1",
+            script,
+            os.path.join(repo, "python"),
+            starts,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     with open(starts) as f:
         n = len(f.read().splitlines())
-    check(p.returncode != 0 and n == 1 and "a test's loss" in p.stderr and "went on" not in p.stdout,
-          f"a recorded fatal error stops torchrun at once: exit {p.returncode}, {n} worker start(s)")
+    check(
+        p.returncode != 0 and n == 1 and "a test's loss" in p.stderr and "went on" not in p.stdout,
+        f"a recorded fatal error stops torchrun at once: exit {p.returncode}, {n} worker start(s)",
+    )
 
 
 def main():
@@ -71,6 +90,7 @@ def main():
     sys.path.insert(0, os.path.join(repo, "python"))
     with tempfile.TemporaryDirectory() as tmp:
         from tenplex import elastic
+
         pol = os.path.join(tmp, "policy.json")
         with open(pol, "w") as f:
             json.dump({"4": "tp=2,pp=2", "6": "tp=2,dp=3", "2": "tp=2"}, f)
@@ -82,35 +102,75 @@ def main():
         expect_error(lambda: elastic.read_policy('{"4": "tp=2"}'), "world size 2, not 4", "config of another size")
         expect_error(lambda: elastic.read_policy('{"x": "tp=2"}'), "entry 'x'", "non-numeric world size")
         expect_error(lambda: elastic.read_policy('{"4": '), "not JSON", "truncated policy")
-        expect_error(lambda: elastic.read_policy('[]'), "cannot read policy file", "not an object (a path)")
+        expect_error(lambda: elastic.read_policy("[]"), "cannot read policy file", "not an object (a path)")
         expect_error(lambda: elastic.read_policy("{}"), "expected a JSON object", "empty policy")
         expect_error(lambda: elastic.read_policy('{"2": "tp=2,pp=zz"}'), "entry '2'", "malformed config")
-        expect_error(lambda: elastic.read_policy(os.path.join(tmp, "missing.json")), "cannot read policy file",
-                     "missing policy file")
+        expect_error(
+            lambda: elastic.read_policy(os.path.join(tmp, "missing.json")),
+            "cannot read policy file",
+            "missing policy file",
+        )
         # No table: the config policy picks, for each world size, the fastest predicted
         # config that fits and uses every worker (checked against suggest's own listing).
         model = os.path.join(tmp, "m.json")
-        subprocess.run([elastic.tenplex_binary(), "model", "gpt", "--num-layers", "2", "--hidden-size", "64",
-                        "--num-attention-heads", "4", "--vocab-size", "100", "-o", model], check=True)
+        subprocess.run(
+            [
+                elastic.tenplex_binary(),
+                "model",
+                "gpt",
+                "--num-layers",
+                "2",
+                "--hidden-size",
+                "64",
+                "--num-attention-heads",
+                "4",
+                "--vocab-size",
+                "100",
+                "-o",
+                model,
+            ],
+            check=True,
+        )
         sargs = f"--model {model} --device-profile cpu --global-batch 8 --micro-batch 1 --seq-length 16"
         sp = elastic.read_policy("suggest:" + sargs)
         for w in (1, 2, 4, 8):
             got = elastic.pick_config(sp, w, 2)
-            out = subprocess.run([elastic.tenplex_binary(), "config", "suggest", *sargs.split(), "--gpus", str(w),
-                                  "--gpus-per-host", "2", "--all", "--json"], capture_output=True, text=True,
-                                 check=True)
-            ok = [c for c in json.loads(out.stdout)["configs"]
-                  if c["fits"] and c["tp"] * c["pp"] * c["dp"] == w]
+            out = subprocess.run(
+                [
+                    elastic.tenplex_binary(),
+                    "config",
+                    "suggest",
+                    *sargs.split(),
+                    "--gpus",
+                    str(w),
+                    "--gpus-per-host",
+                    "2",
+                    "--all",
+                    "--json",
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            ok = [c for c in json.loads(out.stdout)["configs"] if c["fits"] and c["tp"] * c["pp"] * c["dp"] == w]
             best = min(ok, key=lambda c: c["step_seconds"])
-            check(elastic.Config.parse(got).world_size == w and
-                  got == str(elastic.Config.parse(best["config"])), f"suggested config for {w} workers: {got}")
+            check(
+                elastic.Config.parse(got).world_size == w and got == str(elastic.Config.parse(best["config"])),
+                f"suggested config for {w} workers: {got}",
+            )
             cfg, knobs = elastic.pick_choice(sp, w, 2)
-            check(cfg == got and knobs == best["megatron_args"]
-                  and ("--recompute-granularity" in knobs) == (best["recompute"] != "none"),
-                  f"{w} workers: the choice's Megatron arguments {knobs}")
+            check(
+                cfg == got
+                and knobs == best["megatron_args"]
+                and ("--recompute-granularity" in knobs) == (best["recompute"] != "none"),
+                f"{w} workers: the choice's Megatron arguments {knobs}",
+            )
         check(elastic.pick_choice({2: "tp=2"}, 2) == ("tp=2", []), "a table policy gives no knobs")
-        expect_error(lambda: elastic.pick_config(sp, 6, 2), "no config that fits on 6 workers",
-                     "suggest with no config for the world size")
+        expect_error(
+            lambda: elastic.pick_config(sp, 6, 2),
+            "no config that fits on 6 workers",
+            "suggest with no config for the world size",
+        )
         expect_error(lambda: elastic.read_policy("suggest:--gpus 4"), "needs --model", "suggest without a model")
         for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "TENPLEX_STORE_URL"):
             os.environ.pop(k, None)
@@ -129,8 +189,11 @@ def main():
         check(elastic.Job("gpt", pol).connect_timeout is None, "TENPLEX_CONNECT_TIMEOUT=-1 waits forever")
         check(elastic.Job("gpt", pol, connect_timeout=5).connect_timeout == 5.0, "connect_timeout= wins")
         os.environ["TENPLEX_CONNECT_TIMEOUT"] = "soon"
-        expect_error(lambda: elastic.Job("gpt", pol), "TENPLEX_CONNECT_TIMEOUT='soon' is not a number",
-                     "a bad TENPLEX_CONNECT_TIMEOUT")
+        expect_error(
+            lambda: elastic.Job("gpt", pol),
+            "TENPLEX_CONNECT_TIMEOUT='soon' is not a number",
+            "a bad TENPLEX_CONNECT_TIMEOUT",
+        )
         del os.environ["TENPLEX_CONNECT_TIMEOUT"]
         os.environ["WORLD_SIZE"] = "8"
         expect_error(lambda: elastic.Job("gpt", pol), "no config for world size 8", "world without a config")
@@ -138,10 +201,15 @@ def main():
         # Only torchrun's own command line is an agent to stop (not a test script or a
         # ctest -R naming it: elastic_restore's fatal case once SIGTERMed ctest itself).
         from tenplex.elastic_cluster import is_torchrun
-        for argv, want in [(["/v/bin/python", "-m", "torch.distributed.run", "a.py"], True),
-                           (["/v/bin/torchrun", "a.py"], True), (["/v/bin/python", "/v/bin/torchrun", "a.py"], True),
-                           (["/v/bin/python", "tests/torchrun_elastic_test.py"], False),
-                           (["ctest", "-R", "torchrun|elastic_restore"], False), ([], False)]:
+
+        for argv, want in [
+            (["/v/bin/python", "-m", "torch.distributed.run", "a.py"], True),
+            (["/v/bin/torchrun", "a.py"], True),
+            (["/v/bin/python", "/v/bin/torchrun", "a.py"], True),
+            (["/v/bin/python", "tests/torchrun_elastic_test.py"], False),
+            (["ctest", "-R", "torchrun|elastic_restore"], False),
+            ([], False),
+        ]:
             check(is_torchrun(argv) == want, f"is_torchrun({argv}) should be {want}")
     print(f"{'FAILED' if failures else 'passed'}: {len(failures)} failures")
     sys.exit(1 if failures else 0)

@@ -28,6 +28,7 @@ each of 3 "hosts" is a `tenplex store serve --shm-dir` daemon behind a fault pro
 - issue 34 finding 4: an unrecoverable loss (pp=2, one host lost) ends the job with one
   message naming the recovery commands, and the next restart stops at once (exit 76).
 """
+
 import json
 import os
 import shutil
@@ -41,10 +42,9 @@ import types
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))
+import torch  # noqa: E402
 from daemons import Daemon  # noqa: E402
 from fault_proxy import FaultProxy  # noqa: E402
-
-import torch  # noqa: E402
 
 from tenplex import elastic  # noqa: E402
 
@@ -167,8 +167,14 @@ def make_jobs(urls, config, **kw):
     n = len(urls)
     jobs = LIVE
     for r in range(n):
-        os.environ.update(WORLD_SIZE=str(n), RANK=str(r), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
-                          GROUP_RANK=str(r), TORCHELASTIC_RUN_ID="ecommit-test")
+        os.environ.update(
+            WORLD_SIZE=str(n),
+            RANK=str(r),
+            LOCAL_RANK="0",
+            LOCAL_WORLD_SIZE="1",
+            GROUP_RANK=str(r),
+            TORCHELASTIC_RUN_ID="ecommit-test",
+        )
         jobs.append(elastic.Job(JOB, {str(n): config}, store_url=urls[r], token="", exit_on_fatal=False, **kw))
     return jobs
 
@@ -188,8 +194,7 @@ def state(step, rank):
 
 def commit_step(group, jobs, model, step):
     """Every rank commits step's state; [(version, exception)] by rank."""
-    return group.run(jobs, lambda j: j.commit({"model": model, "config": j.config, "step": step},
-                                              state(step, j.rank)))
+    return group.run(jobs, lambda j: j.commit({"model": model, "config": j.config, "step": step}, state(step, j.rank)))
 
 
 def restore(group, jobs):
@@ -210,8 +215,10 @@ def check_restored(hosts, got, told, what):
     check(len(steps) == 1 and len(versions) == 1, f"{what}: every rank restored one version/step ({versions}, {steps})")
     step, version = steps.pop(), versions.pop()
     check(step >= told, f"{what}: restored step {step} >= {told}, the last step the workers were told committed")
-    ok = all(torch.equal(r.tensors["w"], state(step, rank)["w"]) and torch.equal(r.tensors["b"], state(step, rank)["b"])
-             for rank, (r, _) in enumerate(got))
+    ok = all(
+        torch.equal(r.tensors["w"], state(step, rank)["w"]) and torch.equal(r.tensors["b"], state(step, rank)["b"])
+        for rank, (r, _) in enumerate(got)
+    )
     check(ok, f"{what}: every rank's tensors are step {step}'s")
     cur = [hosts.current(i) for i in range(len(hosts.daemons))]
     check(cur == [version] * len(cur), f"{what}: every daemon's current version is {version} ({cur})")
@@ -268,15 +275,19 @@ def down_at_start(model):
         jobs = make_jobs(hosts.urls, "tp=1", connect_timeout=0.5)
         got = restore(group, jobs)
         e = got[0][1]
-        check(isinstance(e, elastic.ElasticError) and hosts.urls[0] in str(e) and "do not answer" in str(e),
-              f"daemon down, connect_timeout 0.5 s: an error naming it, not a new job ({e!r})")
+        check(
+            isinstance(e, elastic.ElasticError) and hosts.urls[0] in str(e) and "do not answer" in str(e),
+            f"daemon down, connect_timeout 0.5 s: an error naming it, not a new job ({e!r})",
+        )
         jobs = make_jobs(hosts.urls, "tp=1", connect_timeout=30)
         threading.Timer(2.0, hosts.restart, args=(0,)).start()
         t0 = time.time()
         got = restore(group, jobs)
         r, e = got[0]
-        check(e is None and r is not None and r.step == 8 and time.time() - t0 >= 1.5,
-              f"daemon back 2 s later: the job resumes at step 8 ({getattr(r, 'step', None)}, {e!r})")
+        check(
+            e is None and r is not None and r.step == 8 and time.time() - t0 >= 1.5,
+            f"daemon back 2 s later: the job resumes at step 8 ({getattr(r, 'step', None)}, {e!r})",
+        )
         if r is not None:
             check(torch.equal(r.tensors["w"], state(8, 0)["w"]), "the restored tensors are step 8's")
             # rank 0 stopped past its lease; another coordinator moves the job on: this
@@ -288,13 +299,19 @@ def down_at_start(model):
             other.commit(JOB, nv, False)
             res = commit_step(group, jobs, model, 9)
             e = res[0][1]
-            check(isinstance(e, elastic.ElasticError) and "no longer holds the job's lease" in str(e),
-                  f"a commit after the lease was lost is refused ({e})")
+            check(
+                isinstance(e, elastic.ElasticError) and "no longer holds the job's lease" in str(e),
+                f"a commit after the lease was lost is refused ({e})",
+            )
             jobs[0]._coord.hold(hosts.urls)  # the lease again (none holds it): the version fence refuses
             res = commit_step(group, jobs, model, 9)
             e = res[0][1]
-            check(isinstance(e, elastic.ElasticError) and f"version {nv} is current" in str(e)
-                  and f"version {r.version}" in str(e), f"a commit over a newer version is refused ({e})")
+            check(
+                isinstance(e, elastic.ElasticError)
+                and f"version {nv} is current" in str(e)
+                and f"version {r.version}" in str(e),
+                f"a commit over a newer version is refused ({e})",
+            )
     finally:
         hosts.close()
 
@@ -316,16 +333,24 @@ def fatal_loss(model, tmp):
         jobs = make_jobs(hosts.urls[:1], "tp=1", connect_timeout=30)
         e = restore(group, jobs)[0][1]
         msg = str(e)
-        check(isinstance(e, elastic.FatalElasticError) and "no surviving replica" in msg
-              and "tenplex transform --recover" in msg and "tenplex store ls" in msg
-              and "tenplex store load --cluster" in msg, f"data loss: a fatal error naming the recovery ({e!r})")
+        check(
+            isinstance(e, elastic.FatalElasticError)
+            and "no surviving replica" in msg
+            and "tenplex transform --recover" in msg
+            and "tenplex store ls" in msg
+            and "tenplex store load --cluster" in msg,
+            f"data loss: a fatal error naming the recovery ({e!r})",
+        )
         check(os.path.exists(marker), "the fatal error is recorded for the next restart")
         t0 = time.time()
         try:
             make_jobs(hosts.urls[:1], "tp=1")
             check(False, "the next restart stops at once: no error")
         except elastic.FatalElasticError as e2:
-            check(str(e2).startswith(msg) and "remove that file" in str(e2) and time.time() - t0 < 1, "the next restart stops at once with the same message")
+            check(
+                str(e2).startswith(msg) and "remove that file" in str(e2) and time.time() - t0 < 1,
+                "the next restart stops at once with the same message",
+            )
         os.environ["RANK"] = "0"
         try:
             elastic.Job(JOB, {"1": "tp=1"}, store_url=hosts.urls[0], token="")
@@ -353,14 +378,18 @@ def renamed_host(model):
         direct = [d.url for d in hosts.daemons]
         jobs = make_jobs(direct, "pp=2", connect_timeout=30)
         got = restore(group, jobs)
-        check(all(e is None and r.version == v and r.step == 5 for r, e in got),
-              f"renamed hosts: version {v} restored as it is ({[(getattr(r, 'version', None), e) for r, e in got]})")
+        check(
+            all(e is None and r.version == v and r.step == 5 for r, e in got),
+            f"renamed hosts: version {v} restored as it is ({[(getattr(r, 'version', None), e) for r, e in got]})",
+        )
         hosts.proxies = [FaultProxy()]
         hosts.proxies[0].point_at(hosts.daemons[0])
         jobs = make_jobs([direct[0], hosts.proxies[0].url], "pp=2", connect_timeout=30)
         e = restore(group, jobs)[0][1]
-        check(isinstance(e, elastic.ElasticError) and "are one store daemon" in str(e),
-              f"one daemon under two URLs is refused ({e!r})")
+        check(
+            isinstance(e, elastic.ElasticError) and "are one store daemon" in str(e),
+            f"one daemon under two URLs is refused ({e!r})",
+        )
     finally:
         hosts.close()
 
@@ -370,6 +399,7 @@ def layout_state(model, config, step, rank):
     reads them): replicas equal, each tensor step + its index / 1000, padding 0 (a
     parameter's optimizer companions share its padding)."""
     from tenplex import layout as L
+
     m, cfg = L.Model(model), L.Config.parse(config)
     pad = {p.name: p.padding_mask() for p in L.local_params(m, cfg, 0, 0)}
     out = {}
@@ -390,15 +420,22 @@ def stale_holder(model):
     try:
         group, jobs = new_job(hosts.urls, "dp=3")
         for step in (1, 2):
-            group.run(jobs, lambda j: j.commit({"model": model, "config": j.config, "step": step},
-                                               layout_state(model, j.config, step, j.rank)))
+            group.run(
+                jobs,
+                lambda j: j.commit(
+                    {"model": model, "config": j.config, "step": step}, layout_state(model, j.config, step, j.rank)
+                ),
+            )
         retire()  # the job stopped; then host 2's daemon lost it
         hosts.daemons[2].call("DELETE", "/v1/jobs/" + JOB)
         jobs = make_jobs(hosts.urls, "dp=3", connect_timeout=30)
         got = restore(group, jobs)
-        ok = all(e is None and r.step == 2 and all(torch.equal(t, layout_state(model, "dp=3", 2, rank)[n])
-                                                   for n, t in r.tensors.items())
-                 for rank, (r, e) in enumerate(got))
+        ok = all(
+            e is None
+            and r.step == 2
+            and all(torch.equal(t, layout_state(model, "dp=3", 2, rank)[n]) for n, t in r.tensors.items())
+            for rank, (r, e) in enumerate(got)
+        )
         check(ok, f"a stale host: restored step 2 on every rank ({[e for _, e in got if e][:1]})")
         cur = [hosts.current(i) for i in range(3)]
         check(len(set(cur)) == 1 and cur[0] == got[0][0].version, f"every daemon on the restored version ({cur})")
@@ -413,8 +450,24 @@ def main():
     t0 = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         mpath = os.path.join(tmp, "m.json")
-        subprocess.run([TENPLEX, "model", "gpt", "--num-layers", "6", "--hidden-size", "32",
-                        "--num-attention-heads", "4", "--vocab-size", "64", "-o", mpath], check=True)
+        subprocess.run(
+            [
+                TENPLEX,
+                "model",
+                "gpt",
+                "--num-layers",
+                "6",
+                "--hidden-size",
+                "32",
+                "--num-attention-heads",
+                "4",
+                "--vocab-size",
+                "64",
+                "-o",
+                mpath,
+            ],
+            check=True,
+        )
         with open(mpath) as f:
             model = json.load(f)
         os.environ.pop("TENPLEX_FATAL_FILE", None)

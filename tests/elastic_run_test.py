@@ -24,6 +24,7 @@ pre-sized. With --warm the elastic run keeps its
 workers alive across the changes and the kill (`tenplex run --warm`): the same checks,
 and only the killed rank's replacement starts a new process (ahead, as a spare).
 """
+
 import argparse
 import json
 import os
@@ -35,6 +36,7 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 from daemons import Daemon, write_cluster  # noqa: E402
+
 from tenplex.runlog import read_run_log  # noqa: E402
 
 
@@ -64,19 +66,43 @@ def check_steps(check, got, base, n):
     for s in range(n):
         if s in got and s in base:
             rel = abs(got[s]["loss"] - base[s]["loss"]) / abs(base[s]["loss"])
-            check(got[s]["samples"] == base[s]["samples"] and rel <= 1e-3,
-                  f"step {s} ({got[s]['config']}, world {got[s].get('world_size', '-')}): same samples, "
-                  f"loss {got[s]['loss']:.6f} vs static {base[s]['loss']:.6f} (rel {rel:.1e})")
+            check(
+                got[s]["samples"] == base[s]["samples"] and rel <= 1e-3,
+                f"step {s} ({got[s]['config']}, world {got[s].get('world_size', '-')}): same samples, "
+                f"loss {got[s]['loss']:.6f} vs static {base[s]['loss']:.6f} (rel {rel:.1e})",
+            )
 
 
-def run(tenplex, repo, tmp, name, schedule, model, baseline=None, cluster=None, commit_every=0, extra=(), log=None,
-        warm=False):
+def run(
+    tenplex,
+    repo,
+    tmp,
+    name,
+    schedule,
+    model,
+    baseline=None,
+    cluster=None,
+    commit_every=0,
+    extra=(),
+    log=None,
+    warm=False,
+):
     sched = os.path.join(tmp, name + ".json")
     with open(sched, "w") as f:
         json.dump(schedule, f)
     log = log or os.path.join(tmp, name + ".jsonl")
-    cmd = [tenplex, "run", "--schedule", sched, "--log", log, "--work-dir", os.path.join(tmp, name),
-           "--hang-seconds", "240"]
+    cmd = [
+        tenplex,
+        "run",
+        "--schedule",
+        sched,
+        "--log",
+        log,
+        "--work-dir",
+        os.path.join(tmp, name),
+        "--hang-seconds",
+        "240",
+    ]
     if baseline:
         cmd += ["--baseline", baseline]
     if cluster:
@@ -84,8 +110,19 @@ def run(tenplex, repo, tmp, name, schedule, model, baseline=None, cluster=None, 
     if commit_every:
         cmd += ["--commit-every", str(commit_every)]
     cmd += list(extra) + (["--warm"] if warm else [])
-    cmd += ["--", sys.executable, os.path.join(repo, "examples/gpt/train.py"), "--model", model,
-            "--global-batch-size", "8", "--micro-batch-size", "2", "--seq-length", "32"]
+    cmd += [
+        "--",
+        sys.executable,
+        os.path.join(repo, "examples/gpt/train.py"),
+        "--model",
+        model,
+        "--global-batch-size",
+        "8",
+        "--micro-batch-size",
+        "2",
+        "--seq-length",
+        "32",
+    ]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     print(p.stdout)
     if p.returncode != 0:
@@ -98,8 +135,26 @@ def run(tenplex, repo, tmp, name, schedule, model, baseline=None, cluster=None, 
 
 def small_model(tenplex, tmp):
     model = os.path.join(tmp, "model.json")
-    subprocess.run([tenplex, "model", "gpt", "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
-                    "--vocab-size", "128", "--max-position-embeddings", "32", "-o", model], check=True)
+    subprocess.run(
+        [
+            tenplex,
+            "model",
+            "gpt",
+            "--num-layers",
+            "2",
+            "--hidden-size",
+            "32",
+            "--num-attention-heads",
+            "4",
+            "--vocab-size",
+            "128",
+            "--max-position-embeddings",
+            "32",
+            "-o",
+            model,
+        ],
+        check=True,
+    )
     return model
 
 
@@ -131,18 +186,54 @@ def main():
             cluster = os.path.join(tmp, "cluster.json")
             write_cluster(cluster, daemons, 1)
         model = os.path.join(tmp, "model.json")
-        subprocess.run([tenplex, "model", "gpt", "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
-                        "--num-query-groups", "2", "--swiglu", "--vocab-size", "200", "--make-vocab-size-divisible-by", "16",
-                        "--max-position-embeddings", "32", "-o", model], check=True)
+        subprocess.run(
+            [
+                tenplex,
+                "model",
+                "gpt",
+                "--num-layers",
+                "2",
+                "--hidden-size",
+                "32",
+                "--num-attention-heads",
+                "4",
+                "--num-query-groups",
+                "2",
+                "--swiglu",
+                "--vocab-size",
+                "200",
+                "--make-vocab-size-divisible-by",
+                "16",
+                "--max-position-embeddings",
+                "32",
+                "-o",
+                model,
+            ],
+            check=True,
+        )
         n = 6
-        static_log, _ = run(tenplex, repo, tmp, "static", [{"step": 0, "config": "tp=1"}, {"step": n, "stop": True}], model)
-        elastic = [{"step": 0, "config": "tp=2"},
-                   {"step": 2, "config": "pp=2"},
-                   {"step": 4, "config": "dp=2,zero=1", "kill_ranks": [1]},
-                   {"step": n, "stop": True}]
+        static_log, _ = run(
+            tenplex, repo, tmp, "static", [{"step": 0, "config": "tp=1"}, {"step": n, "stop": True}], model
+        )
+        elastic = [
+            {"step": 0, "config": "tp=2"},
+            {"step": 2, "config": "pp=2"},
+            {"step": 4, "config": "dp=2,zero=1", "kill_ranks": [1]},
+            {"step": n, "stop": True},
+        ]
         try:
-            log, out = run(tenplex, repo, tmp, "elastic", elastic, model, baseline=static_log, cluster=cluster,
-                           commit_every=commit_every, warm=a.warm)
+            log, out = run(
+                tenplex,
+                repo,
+                tmp,
+                "elastic",
+                elastic,
+                model,
+                baseline=static_log,
+                cluster=cluster,
+                commit_every=commit_every,
+                warm=a.warm,
+            )
         finally:
             for d in daemons:
                 d.stop()
@@ -167,36 +258,48 @@ def main():
         check(len(reconf) == 2 and all(e["bytes_moved"] > 0 for e in reconf), f"two reconfigurations: {reconf}")
         check("largest loss deviation" in out, "summary table compares with the static run")
         recovered = [e for e in events if e["event"] == "recovered"]
-        check(len(recovered) == 1 and recovered[0]["step"] == 3 and recovered[0]["seconds"] > 0,
-              f"one recovery, back at the killed step 3: {recovered}")
+        check(
+            len(recovered) == 1 and recovered[0]["step"] == 3 and recovered[0]["seconds"] > 0,
+            f"one recovery, back at the killed step 3: {recovered}",
+        )
         commits = sorted(e["step"] for e in events if e["event"] == "commit")
         if commit_every:
             # Segments [0,2) [2,4) (killed in step 3) [3,4) again [4,6): the periodic
             # commits inside them, and each segment's end.
             f = fails[0] if fails else {}
             lost = f.get("during_step", 0) - f.get("rerun_from", 0)
-            check(f.get("segment_start") == 2 and 0 <= lost <= commit_every,
-                  f"the failure re-runs only the steps since the last periodic commit: {f}")
+            check(
+                f.get("segment_start") == 2 and 0 <= lost <= commit_every,
+                f"the failure re-runs only the steps since the last periodic commit: {f}",
+            )
             after = [e for e in reconf if e["after_failure"]]
-            check(len(after) == 1 and after[0]["lost_steps"] == lost and after[0]["step"] == f.get("rerun_from"),
-                  f"the reconfiguration after the failure starts at the commit: {after}")
+            check(
+                len(after) == 1 and after[0]["lost_steps"] == lost and after[0]["step"] == f.get("rerun_from"),
+                f"the reconfiguration after the failure starts at the commit: {after}",
+            )
             want = {1, 2, 3, 4, 5, 6} if commit_every == 1 else {2, 4, 6}
             check(want <= set(commits), f"commit events at {sorted(want)}: {commits}")
             check(recovered and recovered[0]["lost_steps"] == lost, "recovery counts the same lost steps")
         else:
-            check(fails and fails[0]["rerun_from"] == fails[0]["segment_start"] == 2,
-                  f"without periodic commits the failed segment re-runs from its start: {fails}")
+            check(
+                fails and fails[0]["rerun_from"] == fails[0]["segment_start"] == 2,
+                f"without periodic commits the failed segment re-runs from its start: {fails}",
+            )
         if a.warm:
             # Processes started: the 2 of tp=2, which go on as pp=2; rank 1 is killed, rank 0
             # lives on as rank 0 of dp=2, and its rank 1 is a spare started ahead while pp=2
             # trained (worker id 2).
             logs = sorted(f for f in os.listdir(os.path.join(tmp, "elastic")) if f.startswith("worker-"))
-            check(logs == ["worker-seg0-rank0.log", "worker-seg0-rank1.log", "worker-spare2.log"],
-                  f"--warm: only the killed rank's replacement started a new process, ahead: {logs}")
+            check(
+                logs == ["worker-seg0-rank0.log", "worker-seg0-rank1.log", "worker-spare2.log"],
+                f"--warm: only the killed rank's replacement started a new process, ahead: {logs}",
+            )
             with open(os.path.join(tmp, "elastic", "worker-seg0-rank0.log")) as f:
                 text = f.read()
-            check(all(f'"config": "{c}"' in text for c in ("tp=2,pp=1,dp=1", "tp=1,pp=2,dp=1", "tp=1,pp=1,dp=2,zero=1")),
-                  "--warm: rank 0's one process trained in all three configs")
+            check(
+                all(f'"config": "{c}"' in text for c in ("tp=2,pp=1,dp=1", "tp=1,pp=2,dp=1", "tp=1,pp=1,dp=2,zero=1")),
+                "--warm: rank 0's one process trained in all three configs",
+            )
     check.finish()
 
 
@@ -210,12 +313,25 @@ def lose_host(tenplex, repo, commit_every):
             write_cluster(cluster, daemons, 2)
             model = small_model(tenplex, tmp)
             n = 5
-            static_log, _ = run(tenplex, repo, tmp, "static", [{"step": 0, "config": "tp=1"}, {"step": n, "stop": True}],
-                                model)
-            sched = [{"step": 0, "config": "tp=2,dp=2"}, {"step": 4, "config": "tp=2", "kill_hosts": [1]},
-                     {"step": n, "stop": True}]
-            log, out = run(tenplex, repo, tmp, "lose-host", sched, model, baseline=static_log, cluster=cluster,
-                           commit_every=commit_every)
+            static_log, _ = run(
+                tenplex, repo, tmp, "static", [{"step": 0, "config": "tp=1"}, {"step": n, "stop": True}], model
+            )
+            sched = [
+                {"step": 0, "config": "tp=2,dp=2"},
+                {"step": 4, "config": "tp=2", "kill_hosts": [1]},
+                {"step": n, "stop": True},
+            ]
+            log, out = run(
+                tenplex,
+                repo,
+                tmp,
+                "lose-host",
+                sched,
+                model,
+                baseline=static_log,
+                cluster=cluster,
+                commit_every=commit_every,
+            )
             check(daemons[1].proc.poll() is not None, "the daemon of host 1 was killed")
             check(daemons[0].proc.poll() is None, "the daemon of host 0 still runs")
             base, _ = steps_of(static_log)
@@ -224,14 +340,20 @@ def lose_host(tenplex, repo, commit_every):
             for s in range(n):
                 if s in got and s in base:
                     rel = abs(got[s]["loss"] - base[s]["loss"]) / abs(base[s]["loss"])
-                    check(got[s]["samples"] == base[s]["samples"] and rel <= 1e-3,
-                          f"step {s}: same samples, loss {got[s]['loss']:.6f} vs static {base[s]['loss']:.6f}")
+                    check(
+                        got[s]["samples"] == base[s]["samples"] and rel <= 1e-3,
+                        f"step {s}: same samples, loss {got[s]['loss']:.6f} vs static {base[s]['loss']:.6f}",
+                    )
             fails = [e for e in events if e["event"] == "failure"]
-            check(len(fails) == 1 and fails[0]["lost_hosts"] == [daemons[1].url] and fails[0]["killed_ranks"] == [2, 3],
-                  f"one failure: host 1 and its ranks 2, 3: {fails}")
+            check(
+                len(fails) == 1 and fails[0]["lost_hosts"] == [daemons[1].url] and fails[0]["killed_ranks"] == [2, 3],
+                f"one failure: host 1 and its ranks 2, 3: {fails}",
+            )
             reconf = [e for e in events if e["event"] == "reconfigure"]
-            check(len(reconf) == 1 and reconf[0]["after_failure"] and reconf[0]["to"] == "tp=2,pp=1,dp=1",
-                  f"recovered as tp=2 from the replica on host 0: {reconf}")
+            check(
+                len(reconf) == 1 and reconf[0]["after_failure"] and reconf[0]["to"] == "tp=2,pp=1,dp=1",
+                f"recovered as tp=2 from the replica on host 0: {reconf}",
+            )
             check(any(e["event"] == "recovered" and e["step"] == 3 for e in events), "recovered event at step 3")
             if commit_every:
                 check(fails and fails[0]["rerun_from"] >= 3 - commit_every, f"re-runs at most {commit_every} step(s)")
@@ -248,17 +370,51 @@ def lose_host(tenplex, repo, commit_every):
             write_cluster(cluster, daemons, 2)
             sched = os.path.join(tmp, "unrecoverable.json")
             with open(sched, "w") as f:
-                json.dump([{"step": 0, "config": "tp=4"}, {"step": 3, "config": "tp=2", "kill_hosts": [1]},
-                           {"step": 4, "stop": True}], f)
-            p = subprocess.run([tenplex, "run", "--schedule", sched, "--log", os.path.join(tmp, "u.jsonl"),
-                                "--work-dir", os.path.join(tmp, "u"), "--cluster", cluster, "--commit-every", "1",
-                                "--hang-seconds", "240", "--", sys.executable,
-                                os.path.join(repo, "examples/gpt/train.py"), "--model", model,
-                                "--global-batch-size", "8", "--micro-batch-size", "2", "--seq-length", "32"],
-                               capture_output=True, text=True, timeout=600)
+                json.dump(
+                    [
+                        {"step": 0, "config": "tp=4"},
+                        {"step": 3, "config": "tp=2", "kill_hosts": [1]},
+                        {"step": 4, "stop": True},
+                    ],
+                    f,
+                )
+            p = subprocess.run(
+                [
+                    tenplex,
+                    "run",
+                    "--schedule",
+                    sched,
+                    "--log",
+                    os.path.join(tmp, "u.jsonl"),
+                    "--work-dir",
+                    os.path.join(tmp, "u"),
+                    "--cluster",
+                    cluster,
+                    "--commit-every",
+                    "1",
+                    "--hang-seconds",
+                    "240",
+                    "--",
+                    sys.executable,
+                    os.path.join(repo, "examples/gpt/train.py"),
+                    "--model",
+                    model,
+                    "--global-batch-size",
+                    "8",
+                    "--micro-batch-size",
+                    "2",
+                    "--seq-length",
+                    "32",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
             print(p.stderr[-600:])
-            check(p.returncode != 0 and "lost" in p.stderr,
-                  f"losing the only copy of state fails with an error naming it (exit {p.returncode})")
+            check(
+                p.returncode != 0 and "lost" in p.stderr,
+                f"losing the only copy of state fails with an error naming it (exit {p.returncode})",
+            )
         finally:
             for d in daemons:
                 d.stop()
@@ -280,40 +436,66 @@ def resume(tenplex, repo, use_cluster):
         try:
             model = small_model(tenplex, tmp)
             n = 6
-            static_log, out, _ = run(tenplex, repo, tmp, "static",
-                                     [{"step": 0, "config": "tp=1"}, {"step": n, "stop": True}], model,
-                                     extra=["--json"])
+            static_log, out, _ = run(
+                tenplex,
+                repo,
+                tmp,
+                "static",
+                [{"step": 0, "config": "tp=1"}, {"step": n, "stop": True}],
+                model,
+                extra=["--json"],
+            )
             # --json: the summary as one object; its steps are the workers' log lines.
             summary = json.loads(out)
             logged, _ = steps_of(static_log)
-            check([(x["step"], x["loss"], x["config"], x["samples"]) for x in summary["steps"]] ==
-                  [(s, logged[s]["loss"], logged[s]["config"], logged[s]["samples"]) for s in range(n)],
-                  f"run --json steps are the logged steps: {summary['steps']}")
-            check(summary["reconfigurations"] == [] and summary["resumed_version"] is None and summary["seconds"] > 0,
-                  f"run --json: no reconfiguration, no resume: {summary}")
+            check(
+                [(x["step"], x["loss"], x["config"], x["samples"]) for x in summary["steps"]]
+                == [(s, logged[s]["loss"], logged[s]["config"], logged[s]["samples"]) for s in range(n)],
+                f"run --json steps are the logged steps: {summary['steps']}",
+            )
+            check(
+                summary["reconfigurations"] == [] and summary["resumed_version"] is None and summary["seconds"] > 0,
+                f"run --json: no reconfiguration, no resume: {summary}",
+            )
             log = os.path.join(tmp, "job.jsonl")
-            _, _, err1 = run(tenplex, repo, tmp, "first", [{"step": 0, "config": "tp=2"}, {"step": 3, "stop": True}],
-                             model, extra=where, log=log)
+            _, _, err1 = run(
+                tenplex,
+                repo,
+                tmp,
+                "first",
+                [{"step": 0, "config": "tp=2"}, {"step": 3, "stop": True}],
+                model,
+                extra=where,
+                log=log,
+            )
             check("continuing" not in err1, "the first run starts the job")
             sched = [{"step": 0, "config": "tp=2"}, {"step": 2, "config": "pp=2"}, {"step": n, "stop": True}]
             _, out, err = run(tenplex, repo, tmp, "second", sched, model, baseline=static_log, extra=where, log=log)
             print(err)
-            check("continuing job 'j' from its committed version" in err and "step 3, 24 samples consumed" in err,
-                  "the second run says it continues from the committed step 3")
+            check(
+                "continuing job 'j' from its committed version" in err and "step 3, 24 samples consumed" in err,
+                "the second run says it continues from the committed step 3",
+            )
             check("continued from version" in out, "the summary table says so too")
             with open(log) as f:
                 lines = [json.loads(x) for x in f]
             first = [x["step"] for x in lines[:3]]
-            check(first == [0, 1, 2] and all(x.get("config") == "tp=2,pp=1,dp=1" for x in lines[:3]),
-                  f"the log keeps the first run's steps: {first}")
+            check(
+                first == [0, 1, 2] and all(x.get("config") == "tp=2,pp=1,dp=1" for x in lines[:3]),
+                f"the log keeps the first run's steps: {first}",
+            )
             base, _ = steps_of(static_log)
             got, events = steps_of(log)
             check(sorted(got) == list(range(n)), f"every step logged once or more: {sorted(got)}")
-            check([s for s in range(n) if sum(1 for x in lines if x.get("step") == s and "event" not in x) != 1] == [],
-                  "no step ran twice")
+            check(
+                [s for s in range(n) if sum(1 for x in lines if x.get("step") == s and "event" not in x) != 1] == [],
+                "no step ran twice",
+            )
             check_steps(check, got, base, n)
-            check(all(got[s]["config"] == "tp=1,pp=2,dp=1" for s in range(3, n) if s in got),
-                  "steps 3-5 ran in the schedule's config for step 3 (pp=2)")
+            check(
+                all(got[s]["config"] == "tp=1,pp=2,dp=1" for s in range(3, n) if s in got),
+                "steps 3-5 ran in the schedule's config for step 3 (pp=2)",
+            )
             check(any(e["event"] == "resume" and e["step"] == 3 for e in events), "a resume event at step 3")
             _, _, err3 = run(tenplex, repo, tmp, "third", sched, model, extra=where, log=log)
             check("nothing to run" in err3, f"a finished job has nothing to run: {err3.strip()}")
@@ -351,20 +533,52 @@ def presize(tenplex, repo):
             # Embeddings of 2048 x 128 fp32 (512 KiB per tp=2 slice, with Adam's states):
             # large enough to pool; the layers' tensors are not.
             model = os.path.join(tmp, "model.json")
-            subprocess.run([tenplex, "model", "gpt", "--num-layers", "2", "--hidden-size", "128",
-                            "--num-attention-heads", "4", "--vocab-size", "2048", "--max-position-embeddings", "32",
-                            "-o", model], check=True)
+            subprocess.run(
+                [
+                    tenplex,
+                    "model",
+                    "gpt",
+                    "--num-layers",
+                    "2",
+                    "--hidden-size",
+                    "128",
+                    "--num-attention-heads",
+                    "4",
+                    "--vocab-size",
+                    "2048",
+                    "--max-position-embeddings",
+                    "32",
+                    "-o",
+                    model,
+                ],
+                check=True,
+            )
             n = 4
-            static_log, _ = run(tenplex, repo, tmp, "static", [{"step": 0, "config": "tp=1"},
-                                                               {"step": n, "stop": True}], model)
+            static_log, _ = run(
+                tenplex, repo, tmp, "static", [{"step": 0, "config": "tp=1"}, {"step": n, "stop": True}], model
+            )
             sched = [{"step": 0, "config": "tp=1"}, {"step": 2, "config": "tp=2"}, {"step": n, "stop": True}]
             clean = [d.metric("tenplex_store_pool_clean_reused_bytes") for d in daemons]
-            log, out, err = run(tenplex, repo, tmp, "presized", sched, model, baseline=static_log, cluster=cluster,
-                                commit_every=1, extra=["--json", "--job", "p"])
+            log, out, err = run(
+                tenplex,
+                repo,
+                tmp,
+                "presized",
+                sched,
+                model,
+                baseline=static_log,
+                cluster=cluster,
+                commit_every=1,
+                extra=["--json", "--job", "p"],
+            )
             r = json.loads(out)["reconfigurations"]
-            check(len(r) == 1 and r[0]["presize_poolable_bytes"] > 0 and
-                  r[0]["presize_pooled_bytes"] == r[0]["presize_poolable_bytes"] and r[0]["presize_seconds"] > 0,
-                  f"the reconfiguration was pre-sized ahead, every poolable byte pooled: {r}")
+            check(
+                len(r) == 1
+                and r[0]["presize_poolable_bytes"] > 0
+                and r[0]["presize_pooled_bytes"] == r[0]["presize_poolable_bytes"]
+                and r[0]["presize_seconds"] > 0,
+                f"the reconfiguration was pre-sized ahead, every poolable byte pooled: {r}",
+            )
             got, _ = steps_of(log)
             base, _ = steps_of(static_log)
             check(sorted(got) == list(range(n)), f"every step logged: {sorted(got)}")
@@ -373,18 +587,34 @@ def presize(tenplex, repo):
             # Host 1 held nothing of the job: every one of its new tensors large enough
             # to pool came out of the pre-sized pool, unzeroed.
             want = poolable_bytes(daemons[1], "p")
-            check(want > 0 and after[1] - clean[1] == want,
-                  f"host 1 took its {want} poolable bytes clean from the pool: {after[1] - clean[1]}")
+            check(
+                want > 0 and after[1] - clean[1] == want,
+                f"host 1 took its {want} poolable bytes clean from the pool: {after[1] - clean[1]}",
+            )
             check(after[0] - clean[0] > 0, f"host 0 took pre-sized files too: {after[0] - clean[0]}")
             check("pre-sizing" not in err, "no pre-sizing failure reported")
 
-            log2, out2, _ = run(tenplex, repo, tmp, "plain", sched, model, baseline=static_log, cluster=cluster,
-                                commit_every=1, extra=["--json", "--job", "q", "--no-presize"])
+            log2, out2, _ = run(
+                tenplex,
+                repo,
+                tmp,
+                "plain",
+                sched,
+                model,
+                baseline=static_log,
+                cluster=cluster,
+                commit_every=1,
+                extra=["--json", "--job", "q", "--no-presize"],
+            )
             r2 = json.loads(out2)["reconfigurations"]
-            check(len(r2) == 1 and r2[0]["presize_poolable_bytes"] == 0 and r2[0]["presize_pooled_bytes"] == 0,
-                  f"--no-presize: nothing pre-sized: {r2}")
-            check([d.metric("tenplex_store_pool_clean_reused_bytes") for d in daemons] == after,
-                  "--no-presize: no clean pool file taken")
+            check(
+                len(r2) == 1 and r2[0]["presize_poolable_bytes"] == 0 and r2[0]["presize_pooled_bytes"] == 0,
+                f"--no-presize: nothing pre-sized: {r2}",
+            )
+            check(
+                [d.metric("tenplex_store_pool_clean_reused_bytes") for d in daemons] == after,
+                "--no-presize: no clean pool file taken",
+            )
             got2, _ = steps_of(log2)
             check_steps(check, got2, base, n)
         finally:

@@ -31,6 +31,7 @@ Usage: fault_2pc_test.py TENPLEX_BIN [--case hung|lost-reply|commit-window|coord
 Every state is checked element by element with `tenplex ckpt verify` after
 `store save --cluster`.
 """
+
 import json
 import os
 import shutil
@@ -118,9 +119,18 @@ def transform(c, to, *extra, timeout=300):
     t0 = time.time()
     p = run("transform", "--cluster", c.path, "--job", "j", "--to", to, "--json", *extra, timeout=timeout)
     s = json.loads(p.stdout)
-    print("%s -> %s: v%d, %d attempt(s), lost %s, unconfirmed %s, %.1f s" %
-          (s["from"], s["to"], s["to_version"], s["attempts"], s["lost_hosts"],
-           s.get("unconfirmed_hosts"), time.time() - t0))
+    print(
+        "%s -> %s: v%d, %d attempt(s), lost %s, unconfirmed %s, %.1f s"
+        % (
+            s["from"],
+            s["to"],
+            s["to_version"],
+            s["attempts"],
+            s["lost_hosts"],
+            s.get("unconfirmed_hosts"),
+            time.time() - t0,
+        )
+    )
     return s, time.time() - t0
 
 
@@ -136,9 +146,29 @@ def verify(c, config):
 
 def load(c, config):
     model = os.path.join(c.tmp, "m.json")
-    run("model", "gpt", "--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "4",
-        "--num-query-groups", "4", "--ffn-hidden-size", "48", "--vocab-size", "301",
-        "--make-vocab-size-divisible-by", "8", "--max-position-embeddings", "16", "--swiglu", "-o", model)
+    run(
+        "model",
+        "gpt",
+        "--num-layers",
+        "4",
+        "--hidden-size",
+        "32",
+        "--num-attention-heads",
+        "4",
+        "--num-query-groups",
+        "4",
+        "--ffn-hidden-size",
+        "48",
+        "--vocab-size",
+        "301",
+        "--make-vocab-size-divisible-by",
+        "8",
+        "--max-position-embeddings",
+        "16",
+        "--swiglu",
+        "-o",
+        model,
+    )
     ckpt = os.path.join(c.tmp, "in")
     shutil.rmtree(ckpt, ignore_errors=True)
     run("ckpt", "init", "--model", model, "--config", config, "--out", ckpt, "--seed", "5")
@@ -158,7 +188,7 @@ def case_hung(c):
     verify(c, "tp=2,dp=3")
     # Host 1 runs its stale prepare once continued (and fails or prepares a version the
     # others aborted): `--recover` rolls that back; no open or prepared version stays.
-    for attempt in range(20):
+    for attempt in range(20):  # noqa: B007 - read after the loop
         run("transform", "--cluster", c.path, "--job", "j", "--recover")
         left = {i: c.versions(i)[1] for i in range(4)}
         if all(st == "committed" for vs in left.values() for st in vs.values()):
@@ -189,10 +219,14 @@ def case_commit_window(c):
     out = os.path.join(c.tmp, "out")
     shutil.rmtree(out, ignore_errors=True)
     save = run("store", "save", "--cluster", c.path, "--job", "j", "--out", out, expect_ok=False)
-    print("transform rc %d; host 0 at version %d; restarted host 3: current %r, versions %r; save rc %d %s" %
-          (t.returncode, v, cur, vs, save.returncode, save.stderr.strip()[-200:]))
-    check(vs.get(v) in ("prepared", "committed"),
-          "restarted host 3 lost its prepared version %d: %r (current %r)" % (v, vs, cur))
+    print(
+        "transform rc %d; host 0 at version %d; restarted host 3: current %r, versions %r; save rc %d %s"
+        % (t.returncode, v, cur, vs, save.returncode, save.stderr.strip()[-200:])
+    )
+    check(
+        vs.get(v) in ("prepared", "committed"),
+        "restarted host 3 lost its prepared version %d: %r (current %r)" % (v, vs, cur),
+    )
     check(t.returncode == 0, "the transform failed although every host prepared: %s" % t.stderr)
     s = json.loads(t.stdout)
     check(s["to_version"] == v and s.get("unconfirmed_hosts") == [p.url], "host 3 should be unconfirmed: %r" % s)
@@ -227,8 +261,10 @@ def case_coordinators(c):
     check(len(refused) == 4, "the hook never ran (%r)" % refused)
     n = refused[0][0]
     for i, (_, code, body) in enumerate(refused):
-        check(code == 409 and "is being changed by another coordinator: tenplex-transform@" in body,
-              "host %d: the other coordinator's begin: HTTP %d %s" % (i, code, body[:300]))
+        check(
+            code == 409 and "is being changed by another coordinator: tenplex-transform@" in body,
+            "host %d: the other coordinator's begin: HTTP %d %s" % (i, code, body[:300]),
+        )
     check(s["to_version"] == n, "the transform committed %d, expected %d" % (s["to_version"], n))
     run("transform", "--cluster", c.path, "--job", "j", "--recover")
     verify(c, "tp=2,dp=4")

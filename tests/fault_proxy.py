@@ -11,6 +11,7 @@ something to the daemon or the connection at exactly that moment:
 A daemon that cannot be reached (dead) also drops the connection, as the real one
 would. The target can be changed (a restarted daemon listens on another port).
 """
+
 import http.client
 import http.server
 import os
@@ -18,16 +19,15 @@ import re
 import signal
 import socketserver
 import threading
-import time
 import urllib.parse
 
 
 class FaultProxy:
     def __init__(self):
-        self.target = None   # "http://127.0.0.1:PORT"
-        self.pid = None      # the daemon's process id
-        self.rules = []      # [(method, regex, action, remaining count)]
-        self.hits = []       # (method, path, action) of every rule that fired
+        self.target = None  # "http://127.0.0.1:PORT"
+        self.pid = None  # the daemon's process id
+        self.rules = []  # [(method, regex, action, remaining count)]
+        self.hits = []  # (method, path, action) of every rule that fired
         self.lock = threading.Lock()
         proxy = self
 
@@ -52,8 +52,11 @@ class FaultProxy:
                 u = urllib.parse.urlparse(proxy.target)
                 try:
                     c = http.client.HTTPConnection(u.hostname, u.port, timeout=3600)
-                    headers = {k: v for k, v in self.headers.items()
-                               if k.lower() not in ("host", "connection", "content-length")}
+                    headers = {
+                        k: v
+                        for k, v in self.headers.items()
+                        if k.lower() not in ("host", "connection", "content-length")
+                    }
                     c.request(self.command, self.path, body=body, headers=headers)
                     r = c.getresponse()
                     data = r.read()

@@ -18,6 +18,7 @@ tensors, plain torch ops, F.cross_entropy, torch.optim.AdamW and clip_grad_norm_
 shares only the inputs with the client: the initial values (model.init_global) and the
 data (data.step_samples, data.Corpus). The re-slicer works from the C++ layout's pieces.
 """
+
 import json
 import math
 import os
@@ -32,29 +33,70 @@ sys.path.insert(0, GPT)
 sys.path.insert(0, os.path.join(ROOT, "python"))
 sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
 import data  # noqa: E402
 import data_ref  # noqa: E402  (independent pure-Python sample order)
 import model as gpt  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
 from tenplex import checkpoint, safetensors  # noqa: E402
 
 PY = sys.executable  # the project interpreter (.venv/bin/python) that runs this file
 BIN = None
 TMP = None
 STEPS = 4
-CONFIG_TOL = 1e-5     # relative, between parallel configs (measured: ~1e-7)
+CONFIG_TOL = 1e-5  # relative, between parallel configs (measured: ~1e-7)
 REFERENCE_TOL = 1e-4  # relative, client vs single-process reference (measured: ~1e-6)
 
-SMALL = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--vocab-size", "250",
-         "--max-position-embeddings", "64"]
-LLAMA = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "8", "--num-query-groups", "2",
-         "--ffn-hidden-size", "96", "--vocab-size", "250", "--make-vocab-size-divisible-by", "64",
-         "--position-embedding-type", "rope", "--swiglu", "--untie-embeddings-and-output-weights",
-         "--normalization", "RMSNorm", "--disable-bias-linear"]
-BF16 = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--vocab-size", "250",
-        "--max-position-embeddings", "64", "--params-dtype", "bf16"]
+SMALL = [
+    "--num-layers",
+    "4",
+    "--hidden-size",
+    "64",
+    "--num-attention-heads",
+    "4",
+    "--vocab-size",
+    "250",
+    "--max-position-embeddings",
+    "64",
+]
+LLAMA = [
+    "--num-layers",
+    "4",
+    "--hidden-size",
+    "64",
+    "--num-attention-heads",
+    "8",
+    "--num-query-groups",
+    "2",
+    "--ffn-hidden-size",
+    "96",
+    "--vocab-size",
+    "250",
+    "--make-vocab-size-divisible-by",
+    "64",
+    "--position-embedding-type",
+    "rope",
+    "--swiglu",
+    "--untie-embeddings-and-output-weights",
+    "--normalization",
+    "RMSNorm",
+    "--disable-bias-linear",
+]
+BF16 = [
+    "--num-layers",
+    "2",
+    "--hidden-size",
+    "64",
+    "--num-attention-heads",
+    "4",
+    "--vocab-size",
+    "250",
+    "--max-position-embeddings",
+    "64",
+    "--params-dtype",
+    "bf16",
+]
 TRAIN = ["--global-batch-size", "8", "--micro-batch-size", "2", "--seq-length", "48"]
 
 
@@ -74,8 +116,22 @@ def train(config, model, steps, tag, extra=()):
     log = os.path.join(TMP, f"{tag}.jsonl")
     if os.path.exists(log):
         os.unlink(log)
-    args = [PY, os.path.join(GPT, "launch.py"), "--config", config, "--timeout", "400", "--steps", str(steps),
-            "--log", log] + TRAIN + list(extra)
+    args = (
+        [
+            PY,
+            os.path.join(GPT, "launch.py"),
+            "--config",
+            config,
+            "--timeout",
+            "400",
+            "--steps",
+            str(steps),
+            "--log",
+            log,
+        ]
+        + TRAIN
+        + list(extra)
+    )
     if model:
         args += ["--model", model]
     r = subprocess.run(args, capture_output=True, text=True)
@@ -88,8 +144,9 @@ def train(config, model, steps, tag, extra=()):
 
 
 def layout(model, config):
-    out = subprocess.run([BIN, "layout", "--model", model, "--config", config, "--json"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [BIN, "layout", "--model", model, "--config", config, "--json"], capture_output=True, text=True, check=True
+    ).stdout
     return json.loads(out)
 
 
@@ -104,8 +161,10 @@ def compare(tag, got, want, tol, first_step=0):
         check(g["step"] == w["step"], f"{tag}: step {g['step']} where {w['step']} was expected")
         check(g["samples"] == w["samples"], f"{tag}: step {g['step']} samples {g['samples']} != {w['samples']}")
         worst = max(worst, rel(g["loss"], w["loss"]))
-        check(rel(g["loss"], w["loss"]) <= tol,
-              f"{tag}: step {g['step']} loss {g['loss']!r} vs {w['loss']!r} (relative {rel(g['loss'], w['loss']):.2e})")
+        check(
+            rel(g["loss"], w["loss"]) <= tol,
+            f"{tag}: step {g['step']} loss {g['loss']!r} vs {w['loss']!r} (relative {rel(g['loss'], w['loss']):.2e})",
+        )
     print(f"  {tag}: {len(got)} steps, largest relative loss difference {worst:.2e}", flush=True)
     return worst
 
@@ -132,8 +191,10 @@ def reference_losses(model_path, steps, seed=1234, lr=1e-3, wd=0.01, clip=1.0, b
 
     def rotate(x):  # x [b, s, n, d]; pairs (j, j + d/2) rotate by pos * 10000^(-2j/d)
         s, half = x.shape[1], d // 2
-        theta = torch.arange(s, dtype=torch.float32)[:, None] * torch.pow(
-            10000.0, -torch.arange(half, dtype=torch.float32) * 2 / d)[None, :]
+        theta = (
+            torch.arange(s, dtype=torch.float32)[:, None]
+            * torch.pow(10000.0, -torch.arange(half, dtype=torch.float32) * 2 / d)[None, :]
+        )
         c, sn = theta.cos()[None, :, None, :], theta.sin()[None, :, None, :]
         lo, hi = x[..., :half], x[..., half:]
         return torch.cat([lo * c - hi * sn, hi * c + lo * sn], dim=-1)
@@ -153,11 +214,11 @@ def reference_losses(model_path, steps, seed=1234, lr=1e-3, wd=0.01, clip=1.0, b
             heads_q, heads_k, heads_v = [], [], []
             per = (a // g + 2) * d
             for j in range(g):
-                grp = qkv[..., j * per:(j + 1) * per]
+                grp = qkv[..., j * per : (j + 1) * per]
                 for qh in range(a // g):
-                    heads_q.append((grp[..., qh * d:(qh + 1) * d], j))
-                heads_k.append(grp[..., (a // g) * d:(a // g + 1) * d])
-                heads_v.append(grp[..., (a // g + 1) * d:])
+                    heads_q.append((grp[..., qh * d : (qh + 1) * d], j))
+                heads_k.append(grp[..., (a // g) * d : (a // g + 1) * d])
+                heads_v.append(grp[..., (a // g + 1) * d :])
             k_all = torch.stack(heads_k, dim=2)
             q_all = torch.stack([q for q, _ in heads_q], dim=2)
             if rope:
@@ -183,9 +244,15 @@ def reference_losses(model_path, steps, seed=1234, lr=1e-3, wd=0.01, clip=1.0, b
         return (ce * mask.reshape(-1)).sum() / total
 
     params = list(P.values())
-    opt = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": wd},
-                             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
-                            lr=lr, betas=(0.9, 0.999), eps=1e-8)
+    opt = torch.optim.AdamW(
+        [
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": wd},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ],
+        lr=lr,
+        betas=(0.9, 0.999),
+        eps=1e-8,
+    )
     corpus = data.Corpus(data.__file__.replace("data.py", "data/corpus.jsonl"), V, seq)
     out = []
     for step in range(steps):
@@ -213,8 +280,11 @@ def gather_globals(ckpt, model_path):
         tensors = checkpoint.read_rank(ckpt, r["rank"])
         want = {t["name"]: (t["dtype"], tuple(t["shape"])) for t in r["tensors"]}
         got = {n: (safetensors.dtype_name(t.dtype), tuple(t.shape)) for n, t in tensors.items()}
-        check(got == want, f"{ckpt} rank {r['rank']}: tensors differ from `tenplex layout`: "
-                           f"{sorted(set(got.items()) ^ set(want.items()))[:6]}")
+        check(
+            got == want,
+            f"{ckpt} rank {r['rank']}: tensors differ from `tenplex layout`: "
+            f"{sorted(set(got.items()) ^ set(want.items()))[:6]}",
+        )
         for t in r["tensors"]:
             local = tensors[t["name"]]
             covered = torch.zeros(local.shape, dtype=torch.bool)
@@ -222,7 +292,7 @@ def gather_globals(ckpt, model_path):
                 gbox = tuple(slice(b, e) for b, e in pc["global"])
                 ext = [e - b for b, e in pc["global"]]
                 if local.dim() != len(ext):  # a flat (ZeRO-1) local tensor: a range
-                    (b, e), = pc["local"]
+                    ((b, e),) = pc["local"]
                     vals = local.reshape(-1)[b:e].reshape(ext)
                     covered.view(-1)[b:e] = True
                 else:
@@ -234,8 +304,10 @@ def gather_globals(ckpt, model_path):
                     globals_[pc["tensor"]] = torch.zeros(gshape, dtype=vals.dtype)
                     seen[pc["tensor"]] = torch.zeros(gshape, dtype=torch.bool)
                 dst, s = globals_[pc["tensor"]][gbox], seen[pc["tensor"]][gbox]
-                check(torch.equal(dst[s], vals[s]),
-                      f"{ckpt} rank {r['rank']} {t['name']}: replicas of {pc['tensor']} differ")
+                check(
+                    torch.equal(dst[s], vals[s]),
+                    f"{ckpt} rank {r['rank']} {t['name']}: replicas of {pc['tensor']} differ",
+                )
                 dst.copy_(vals)
                 s.fill_(True)
             check(bool((local[~covered] == 0).all()), f"{ckpt} rank {r['rank']} {t['name']}: padding not zero")
@@ -247,7 +319,7 @@ def gather_globals(ckpt, model_path):
 def lay_shape(model_desc, name):
     for prefix in ("optimizer.exp_avg.", "optimizer.exp_avg_sq.", "optimizer.fp32_param."):
         if name.startswith(prefix):
-            name = name[len(prefix):]
+            name = name[len(prefix) :]
     for t in model_desc["tensors"]:
         if t["path"] == name:
             return t["shape"]
@@ -267,7 +339,7 @@ def reslice(src, model_path, config, dst):
             for pc in t["pieces"]:
                 vals = globals_[pc["tensor"]][tuple(slice(b, e) for b, e in pc["global"])]
                 if local.dim() != len(pc["global"]):
-                    (b, e), = pc["local"]
+                    ((b, e),) = pc["local"]
                     local[b:e] = vals.reshape(-1)
                 else:
                     local[tuple(slice(b, e) for b, e in pc["local"])] = vals
@@ -309,12 +381,12 @@ def handoff_to_checkpoint(handoff_path, directory):
         tensors = []
         for t in r["tensors"]:
             dt = safetensors.DTYPES[t["dtype"]][0]
-            raw = torch.from_file(t["file"], size=math.prod(t["shape"]) * safetensors.DTYPES[t["dtype"]][1],
-                                  dtype=torch.uint8)
+            raw = torch.from_file(
+                t["file"], size=math.prod(t["shape"]) * safetensors.DTYPES[t["dtype"]][1], dtype=torch.uint8
+            )
             tensors.append((t["name"], raw.view(dt).reshape(t["shape"]).clone()))
         checkpoint.write_rank(directory, r["rank"], tensors)
-    checkpoint.commit(directory, {k: h[k] for k in ("model", "config", "step", "samples_consumed")},
-                      len(h["ranks"]))
+    checkpoint.commit(directory, {k: h[k] for k in ("model", "config", "step", "samples_consumed")}, len(h["ranks"]))
 
 
 def test_handoff(full):
@@ -323,8 +395,7 @@ def test_handoff(full):
     model = make_model("llama", LLAMA)
     c, k = "tp=2,dp=2,zero=1", 2
     out = make_handoff(model, c, os.path.join(TMP, "shm-0"), 0, 0)
-    first = train(c, None, k, "handoff_first", ["--state-out", out, "--model", "no-such-file",
-                                                "--start-step", "0"])
+    first = train(c, None, k, "handoff_first", ["--state-out", out, "--model", "no-such-file", "--start-step", "0"])
     compare("hand-off: first steps", first, full[:k], 0.0)
     with open(out + ".result") as f:
         res = json.load(f)
@@ -357,24 +428,56 @@ def check_order_against_cli():
         return
     corpus = os.path.join(GPT, "data", "corpus.jsonl")
     index = os.path.join(TMP, "corpus-index")
-    subprocess.run([BIN, "data", "index", "--input", corpus, "--format", "jsonl", "-o", index], check=True,
-                   capture_output=True)
+    subprocess.run(
+        [BIN, "data", "index", "--input", corpus, "--format", "jsonl", "-o", index], check=True, capture_output=True
+    )
     n = len(data.Corpus(corpus, 256, 8))
     for seed, batch, dp, start, steps in [(1234, 8, 1, 0, 60), (1234, 8, 3, 392, 4), (7, 24, 5, 360, 3)]:
         for rank in range(dp):
-            out = subprocess.run([BIN, "data", "batches", "--index", index, "--seed", str(seed), "--global-batch",
-                                  str(batch), "--dp", str(dp), "--rank", str(rank), "--start-sample", str(start),
-                                  "--steps", str(steps), "--json"], capture_output=True, text=True, check=True)
+            out = subprocess.run(
+                [
+                    BIN,
+                    "data",
+                    "batches",
+                    "--index",
+                    index,
+                    "--seed",
+                    str(seed),
+                    "--global-batch",
+                    str(batch),
+                    "--dp",
+                    str(dp),
+                    "--rank",
+                    str(rank),
+                    "--start-sample",
+                    str(start),
+                    "--steps",
+                    str(steps),
+                    "--json",
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
             got = [st["samples"] for st in json.loads(out.stdout)["steps"]]
             want = [data.step_samples(n, seed, batch, start + i * batch, dp, rank)[1] for i in range(steps)]
-            check(got == want, f"sample order differs from `tenplex data batches` (seed {seed}, B {batch}, "
-                               f"dp {dp}, rank {rank}, start {start}): {got[:2]} vs {want[:2]}")
+            check(
+                got == want,
+                f"sample order differs from `tenplex data batches` (seed {seed}, B {batch}, "
+                f"dp {dp}, rank {rank}, start {start}): {got[:2]} vs {want[:2]}",
+            )
             # The independent pure-Python order (tests/reference) agrees with both.
             ref = [data_ref.step_samples(n, seed, batch, start + i * batch, dp, rank)[1] for i in range(steps)]
-            check(ref == want, f"sample order differs from the reference (seed {seed}, B {batch}, dp {dp}, "
-                               f"rank {rank}, start {start}): {ref[:2]} vs {want[:2]}")
-    print("  sample order: equal to `tenplex data batches` and to the pure-Python reference "
-          "(3 cases, across epochs, uneven dp)", flush=True)
+            check(
+                ref == want,
+                f"sample order differs from the reference (seed {seed}, B {batch}, dp {dp}, "
+                f"rank {rank}, start {start}): {ref[:2]} vs {want[:2]}",
+            )
+    print(
+        "  sample order: equal to `tenplex data batches` and to the pure-Python reference "
+        "(3 cases, across epochs, uneven dp)",
+        flush=True,
+    )
 
 
 # ---- tests ---------------------------------------------------------------------
@@ -382,10 +485,14 @@ def check_order_against_cli():
 
 def test_equivalence():
     check_order_against_cli()
-    cases = [(make_model("small", SMALL), ["tp=1", "tp=2", "pp=2", "dp=3", "tp=2,pp=2", "dp=2,zero=1",
-                                           "tp=2,pp=2,dp=2,zero=1"]),
-             (make_model("llama", LLAMA), ["tp=1", "tp=2,pp=2", "tp=2,dp=2,zero=1", "pp=3,layers=1+2+1"]),
-             (make_model("bf16", BF16), ["tp=1", "tp=2,dp=2,zero=1"])]
+    cases = [
+        (
+            make_model("small", SMALL),
+            ["tp=1", "tp=2", "pp=2", "dp=3", "tp=2,pp=2", "dp=2,zero=1", "tp=2,pp=2,dp=2,zero=1"],
+        ),
+        (make_model("llama", LLAMA), ["tp=1", "tp=2,pp=2", "tp=2,dp=2,zero=1", "pp=3,layers=1+2+1"]),
+        (make_model("bf16", BF16), ["tp=1", "tp=2,dp=2,zero=1"]),
+    ]
     for model, configs in cases:
         name = os.path.basename(model)[:-5]
         # The reference computes in fp32; bf16 weights are compared between configs only.
@@ -402,20 +509,26 @@ def test_equivalence():
             else:
                 compare(f"{tag} vs {configs[0]}", got, base, CONFIG_TOL)
             info, _ = gather_globals(ck, model)
-            check(info["step"] == STEPS and info["samples_consumed"] == STEPS * 8,
-                  f"{ck}: step {info['step']} samples_consumed {info['samples_consumed']}")
+            check(
+                info["step"] == STEPS and info["samples_consumed"] == STEPS * 8,
+                f"{ck}: step {info['step']} samples_consumed {info['samples_consumed']}",
+            )
             print(f"  {tag}: checkpoint matches `tenplex layout`, padding zero, replicas equal", flush=True)
 
 
 def test_resume():
     reshard = has_reshard()
-    print(f"  converter: {'tenplex reshard + Python re-slicer' if reshard else 'Python re-slicer (no tenplex reshard)'}")
+    print(
+        f"  converter: {'tenplex reshard + Python re-slicer' if reshard else 'Python re-slicer (no tenplex reshard)'}"
+    )
     k = 2
     fulls = {}
-    for name, args, a, b in [("small", SMALL, "tp=2,pp=2", "dp=2,zero=1"),
-                             ("small", SMALL, "dp=2,zero=1", "tp=2,pp=2"),
-                             ("llama", LLAMA, "tp=2,dp=2,zero=1", "pp=2"),
-                             ("bf16", BF16, "dp=2,zero=1", "tp=2")]:
+    for name, args, a, b in [
+        ("small", SMALL, "tp=2,pp=2", "dp=2,zero=1"),
+        ("small", SMALL, "dp=2,zero=1", "tp=2,pp=2"),
+        ("llama", LLAMA, "tp=2,dp=2,zero=1", "pp=2"),
+        ("bf16", BF16, "dp=2,zero=1", "tp=2"),
+    ]:
         model = make_model(name, args)
         tag = f"{name}_{a}_to_{b}".replace(",", "_").replace("=", "")
         ck_a = os.path.join(TMP, tag + "_A")
@@ -428,12 +541,16 @@ def test_resume():
             subprocess.run([BIN, "reshard", "--in", ck_a, "--to", b, "--out", ck_c, "-q"], check=True)
             _, mine = gather_globals(ck_b, model)
             _, theirs = gather_globals(ck_c, model)
-            check(mine.keys() == theirs.keys() and all(torch.equal(mine[n], theirs[n]) for n in mine),
-                  f"tenplex reshard and the Python re-slicer disagree on {ck_a} -> {b}")
+            check(
+                mine.keys() == theirs.keys() and all(torch.equal(mine[n], theirs[n]) for n in mine),
+                f"tenplex reshard and the Python re-slicer disagree on {ck_a} -> {b}",
+            )
             info_c = checkpoint.read_info(ck_c)
-            check(info_c.get("step") == k and info_c.get("samples_consumed") == k * 8,
-                  f"tenplex reshard dropped step/samples_consumed: {info_c.get('step')}, "
-                  f"{info_c.get('samples_consumed')}")
+            check(
+                info_c.get("step") == k and info_c.get("samples_consumed") == k * 8,
+                f"tenplex reshard dropped step/samples_consumed: {info_c.get('step')}, "
+                f"{info_c.get('samples_consumed')}",
+            )
             load = ck_c
         rest = train(b, None, STEPS - k, tag + "_rest", ["--load-dir", load])
         compare(f"{name} {a} -> {b} at step {k}", rest, full[k:], CONFIG_TOL)
@@ -453,10 +570,15 @@ def test_safetensors():
     """Round trip of every dtype, and malformed files rejected with a clear error."""
     path = os.path.join(TMP, "t.safetensors")
     g = torch.Generator().manual_seed(1)
-    tensors = [("f32", torch.randn(3, 5, generator=g)), ("bf16", torch.randn(7, generator=g).bfloat16()),
-               ("f16", torch.randn(2, 2, generator=g).half()), ("i64", torch.arange(6).reshape(2, 3)),
-               ("u8", torch.arange(5, dtype=torch.uint8)), ("b", torch.tensor([True, False])),
-               ("empty", torch.zeros(0, 4))]
+    tensors = [
+        ("f32", torch.randn(3, 5, generator=g)),
+        ("bf16", torch.randn(7, generator=g).bfloat16()),
+        ("f16", torch.randn(2, 2, generator=g).half()),
+        ("i64", torch.arange(6).reshape(2, 3)),
+        ("u8", torch.arange(5, dtype=torch.uint8)),
+        ("b", torch.tensor([True, False])),
+        ("empty", torch.zeros(0, 4)),
+    ]
     safetensors.save(path, tensors, {"k": "v"})
     back, meta = safetensors.load(path, with_metadata=True)
     check(list(back) == [n for n, _ in tensors] and meta == {"k": "v"}, "safetensors: names or metadata lost")
@@ -465,12 +587,19 @@ def test_safetensors():
     raw = open(path, "rb").read()
     header_len = int.from_bytes(raw[:8], "little")
     check((8 + header_len) % 8 == 0, "safetensors: header not padded to 8 bytes")
-    bad = {"truncated": raw[:-3], "short": raw[:5], "huge header": (1 << 40).to_bytes(8, "little") + raw[8:],
-           "not json": raw[:8] + b"x" * header_len + raw[8 + header_len:],
-           "overlap": _st(b'{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},'
-                          b'"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}', 8),
-           "bad dtype": _st(b'{"a":{"dtype":"F99","shape":[1],"data_offsets":[0,4]}}', 4),
-           "wrong size": _st(b'{"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}}', 8)}
+    bad = {
+        "truncated": raw[:-3],
+        "short": raw[:5],
+        "huge header": (1 << 40).to_bytes(8, "little") + raw[8:],
+        "not json": raw[:8] + b"x" * header_len + raw[8 + header_len :],
+        "overlap": _st(
+            b'{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},'
+            b'"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}',
+            8,
+        ),
+        "bad dtype": _st(b'{"a":{"dtype":"F99","shape":[1],"data_offsets":[0,4]}}', 4),
+        "wrong size": _st(b'{"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}}', 8),
+    }
     for what, blob in bad.items():
         with open(path, "wb") as f:
             f.write(blob)
@@ -495,16 +624,22 @@ def test_errors():
     expect_fail([launch, "--config", "tp=3", "--model", model], "tp=3 does not divide", "tp does not divide heads")
     expect_fail([launch, "--config", "pp=3", "--model", model], "L % pp", "pp does not divide layers")
     expect_fail([launch, "--config", "tp=2,tq=1", "--model", model], "unknown key", "unknown config key")
-    expect_fail([trainpy, "--config", "tp=2", "--model", model, "--world-size", "3"], "world size 2",
-                "wrong world size")
-    expect_fail([trainpy, "--config", "tp=1", "--model", model, "--seq-length", "100"],
-                "max_position_embeddings", "sequence longer than positions")
+    expect_fail(
+        [trainpy, "--config", "tp=2", "--model", model, "--world-size", "3"], "world size 2", "wrong world size"
+    )
+    expect_fail(
+        [trainpy, "--config", "tp=1", "--model", model, "--seq-length", "100"],
+        "max_position_embeddings",
+        "sequence longer than positions",
+    )
     ck = os.path.join(TMP, "err_ck")
     train("tp=2", model, 1, "err_save", ["--save-dir", ck])
-    expect_fail([launch, "--config", "tp=1", "--load-dir", ck, "--steps", "1"], "tenplex reshard",
-                "load in another config")
-    expect_fail([launch, "--config", "tp=2", "--model", model, "--save-dir", ck], "not overwritten",
-                "save over a checkpoint")
+    expect_fail(
+        [launch, "--config", "tp=1", "--load-dir", ck, "--steps", "1"], "tenplex reshard", "load in another config"
+    )
+    expect_fail(
+        [launch, "--config", "tp=2", "--model", model, "--save-dir", ck], "not overwritten", "save over a checkpoint"
+    )
     # State without a step is refused, not trained from step 0 (issue 16 bug 1).
     nostep = os.path.join(TMP, "err_nostep")
     shutil.copytree(ck, nostep)
@@ -512,16 +647,20 @@ def test_errors():
     del info["step"]
     with open(os.path.join(nostep, "tenplex.json"), "w") as f:
         json.dump(info, f)
-    expect_fail([launch, "--config", "tp=2", "--load-dir", nostep, "--steps", "1"], "no training position",
-                "checkpoint without a step")
+    expect_fail(
+        [launch, "--config", "tp=2", "--load-dir", nostep, "--steps", "1"],
+        "no training position",
+        "checkpoint without a step",
+    )
     broken = os.path.join(TMP, "err_broken")
     os.makedirs(broken)
     with open(os.path.join(broken, "tenplex.json"), "w") as f:
         f.write(json.dumps({"model": json.load(open(model)), "config": "tp=1,pp=1,dp=1", "step": 1}))
     with open(os.path.join(broken, checkpoint.rank_file(0)), "wb") as f:
-        f.write(b"\x10\x00\x00\x00\x00\x00\x00\x00{\"a\": 1}")
-    expect_fail([launch, "--config", "tp=1", "--load-dir", broken, "--steps", "1"], "header length",
-                "truncated rank file")
+        f.write(b'\x10\x00\x00\x00\x00\x00\x00\x00{"a": 1}')
+    expect_fail(
+        [launch, "--config", "tp=1", "--load-dir", broken, "--steps", "1"], "header length", "truncated rank file"
+    )
 
 
 def main():

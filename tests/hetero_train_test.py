@@ -31,6 +31,7 @@
 The even reference is the client itself in tp=1 (gpt_train_test.py checks that against
 an independent single-process reference).
 """
+
 import json
 import os
 import subprocess
@@ -40,18 +41,50 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 from daemons import Daemon, write_cluster  # noqa: E402
+
 from tenplex.runlog import read_run_log  # noqa: E402
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 GPT = os.path.join(ROOT, "examples", "gpt")
 PY = sys.executable  # the project interpreter (.venv/bin/python) that runs this file
 TRAIN = ["--global-batch-size", "8", "--micro-batch-size", "2", "--seq-length", "32"]
-LLAMA = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "8", "--num-query-groups", "4",
-         "--ffn-hidden-size", "96", "--vocab-size", "250", "--make-vocab-size-divisible-by", "16",
-         "--position-embedding-type", "rope", "--swiglu", "--untie-embeddings-and-output-weights",
-         "--normalization", "RMSNorm", "--disable-bias-linear"]
-TIED = ["--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "4", "--vocab-size", "200",
-        "--make-vocab-size-divisible-by", "16", "--max-position-embeddings", "32"]
+LLAMA = [
+    "--num-layers",
+    "2",
+    "--hidden-size",
+    "64",
+    "--num-attention-heads",
+    "8",
+    "--num-query-groups",
+    "4",
+    "--ffn-hidden-size",
+    "96",
+    "--vocab-size",
+    "250",
+    "--make-vocab-size-divisible-by",
+    "16",
+    "--position-embedding-type",
+    "rope",
+    "--swiglu",
+    "--untie-embeddings-and-output-weights",
+    "--normalization",
+    "RMSNorm",
+    "--disable-bias-linear",
+]
+TIED = [
+    "--num-layers",
+    "4",
+    "--hidden-size",
+    "32",
+    "--num-attention-heads",
+    "4",
+    "--vocab-size",
+    "200",
+    "--make-vocab-size-divisible-by",
+    "16",
+    "--max-position-embeddings",
+    "32",
+]
 
 
 class Checks:
@@ -76,8 +109,24 @@ def make_model(bin_, tmp, name, args):
 
 def train(tmp, config, model, steps, tag, extra=()):
     log = os.path.join(tmp, tag + ".jsonl")
-    cmd = [PY, os.path.join(GPT, "launch.py"), "--config", config, "--timeout", "300", "--model", model,
-           "--steps", str(steps), "--log", log] + TRAIN + list(extra)
+    cmd = (
+        [
+            PY,
+            os.path.join(GPT, "launch.py"),
+            "--config",
+            config,
+            "--timeout",
+            "300",
+            "--model",
+            model,
+            "--steps",
+            str(steps),
+            "--log",
+            log,
+        ]
+        + TRAIN
+        + list(extra)
+    )
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
         raise SystemExit(f"{config} ({tag}) failed with {p.returncode}:\n{p.stderr[-3000:]}")
@@ -99,9 +148,16 @@ def uneven(bin_):
     check = Checks()
     with tempfile.TemporaryDirectory() as tmp:
         cases = [
-            ("llama", LLAMA, ["tp=2,tp_weights=3+1", "tp=3,tp_weights=1+1+1", "tp=2,dp=2,tp_weights=1+2,dp_weights=3+1,zero=1"]),
-            ("tied", TIED, ["tp=2,pp=2,tp_weights=2+1", "pp=2,dp=2,dp_weights=1+3,zero=1,layers=3+1",
-                            "dp=3,dp_weights=2+1+1"]),
+            (
+                "llama",
+                LLAMA,
+                ["tp=2,tp_weights=3+1", "tp=3,tp_weights=1+1+1", "tp=2,dp=2,tp_weights=1+2,dp_weights=3+1,zero=1"],
+            ),
+            (
+                "tied",
+                TIED,
+                ["tp=2,pp=2,tp_weights=2+1", "pp=2,dp=2,dp_weights=1+3,zero=1,layers=3+1", "dp=3,dp_weights=2+1+1"],
+            ),
         ]
         for name, args, configs in cases:
             model = make_model(bin_, tmp, name, args)
@@ -111,9 +167,25 @@ def uneven(bin_):
                 compare(check, got, base, 1e-6, f"{name} {cfg}")
         # A dp rank without samples is an error naming it, before any process group.
         model = make_model(bin_, tmp, "small", TIED)
-        p = subprocess.run([PY, os.path.join(GPT, "train.py"), "--config", "dp=2,dp_weights=15+1", "--model", model,
-                            "--world-size", "2", "--global-batch-size", "8"], capture_output=True, text=True)
-        check(p.returncode == 2 and "dp rank 1 gets no sample" in p.stderr, f"dp rank without samples: {p.stderr.strip()}")
+        p = subprocess.run(
+            [
+                PY,
+                os.path.join(GPT, "train.py"),
+                "--config",
+                "dp=2,dp_weights=15+1",
+                "--model",
+                model,
+                "--world-size",
+                "2",
+                "--global-batch-size",
+                "8",
+            ],
+            capture_output=True,
+            text=True,
+        )
+        check(
+            p.returncode == 2 and "dp rank 1 gets no sample" in p.stderr, f"dp rank without samples: {p.stderr.strip()}"
+        )
     check.finish()
 
 
@@ -135,11 +207,16 @@ def slowdown(bin_):
         # compute and its late wake-ups stretch under load), hence the least ratio of the
         # steps and a wide band; a factor applied twice (9x) would still fail it.
         least = ratios[0]
-        check(1.5 <= least <= 6.0, f"rank 1 / rank 0 compute, least of {[round(r, 2) for r in ratios]}: "
-              f"{least:.2f} (3x emulated)")
+        check(
+            1.5 <= least <= 6.0,
+            f"rank 1 / rank 0 compute, least of {[round(r, 2) for r in ratios]}: {least:.2f} (3x emulated)",
+        )
         for bad in (["--slowdown", "1"], ["--slowdown", "1=0.5"], ["--slowdown", "5=2"], ["--slowdown", "x=2"]):
-            p = subprocess.run([PY, os.path.join(GPT, "train.py"), "--config", "tp=2", "--model", model,
-                                "--world-size", "2"] + bad, capture_output=True, text=True)
+            p = subprocess.run(
+                [PY, os.path.join(GPT, "train.py"), "--config", "tp=2", "--model", model, "--world-size", "2"] + bad,
+                capture_output=True,
+                text=True,
+            )
             check(p.returncode == 2 and "--slowdown" in p.stderr, f"{bad}: exit {p.returncode} {p.stderr.strip()}")
     check.finish()
 
@@ -149,8 +226,18 @@ def run(bin_, tmp, name, schedule, model, extra=()):
     with open(sched, "w") as f:
         json.dump(schedule, f)
     log = os.path.join(tmp, name + ".jsonl")
-    cmd = [bin_, "run", "--schedule", sched, "--log", log, "--work-dir", os.path.join(tmp, name),
-           "--hang-seconds", "240"] + list(extra)
+    cmd = [
+        bin_,
+        "run",
+        "--schedule",
+        sched,
+        "--log",
+        log,
+        "--work-dir",
+        os.path.join(tmp, name),
+        "--hang-seconds",
+        "240",
+    ] + list(extra)
     cmd += ["--", PY, os.path.join(GPT, "train.py"), "--model", model] + TRAIN
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     print(p.stdout)
@@ -170,8 +257,9 @@ def rebalance(bin_):
         # The machine this runs on is shared: a worker start costs tens of seconds there,
         # more than a small model's steps can win back. --rebalance-cost 0 checks the
         # mechanism; the run after it checks that the measured cost is respected.
-        got, events, err = run(bin_, tmp, "rebalance", slow, model,
-                               ["--rebalance", "--rebalance-window", "2", "--rebalance-cost", "0"])
+        got, events, err = run(
+            bin_, tmp, "rebalance", slow, model, ["--rebalance", "--rebalance-window", "2", "--rebalance-cost", "0"]
+        )
         reb = [e for e in events if e["event"] == "rebalance"]
         check(len(reb) >= 1, f"a rebalance event: {reb}")
         if reb:
@@ -181,22 +269,43 @@ def rebalance(bin_):
             check(len(w) == 2 and w[0] > w[1], f"the slow rank 1 gets less: {w}")
             for k in ("predicted_gain_s", "cost_s", "rank_seconds", "step"):
                 check(k in e, f"rebalance event has {k}")
-            check(len(e["rank_seconds"]) == 2 and e["rank_seconds"][1] > 1.5 * e["rank_seconds"][0],
-                  f"rank_seconds show rank 1 slow: {e['rank_seconds']}")
+            check(
+                len(e["rank_seconds"]) == 2 and e["rank_seconds"][1] > 1.5 * e["rank_seconds"][0],
+                f"rank_seconds show rank 1 slow: {e['rank_seconds']}",
+            )
             check(e["bytes_moved"] > 0, f"the state moved: {e['bytes_moved']} bytes")
             # The move's plan, each device its own host: it ships exactly the slices whose
             # owner changes (the cross-host lower bound).
-            p = subprocess.run([bin_, "plan", "--model", model, "--from", e["from"], "--to", e["to"],
-                                "--gpus-per-host", "1", "--json"], capture_output=True, text=True)
+            p = subprocess.run(
+                [
+                    bin_,
+                    "plan",
+                    "--model",
+                    model,
+                    "--from",
+                    e["from"],
+                    "--to",
+                    e["to"],
+                    "--gpus-per-host",
+                    "1",
+                    "--json",
+                ],
+                capture_output=True,
+                text=True,
+            )
             st = json.loads(p.stdout)["stats"] if p.returncode == 0 else {}
-            check(st.get("bytes_cross_host", -1) == st.get("cross_host_lower_bound", -2) > 0,
-                  f"plan {e['from']} -> {e['to']}: cross-host bytes {st.get('bytes_cross_host')} = lower bound "
-                  f"{st.get('cross_host_lower_bound')}")
+            check(
+                st.get("bytes_cross_host", -1) == st.get("cross_host_lower_bound", -2) > 0,
+                f"plan {e['from']} -> {e['to']}: cross-host bytes {st.get('bytes_cross_host')} = lower bound "
+                f"{st.get('cross_host_lower_bound')}",
+            )
             # Steady speeds: one move, or a second one when the speed model fitted over both
             # splits (fixed + proportional part) corrects the first; never back to a split left.
             seen = [reb[0]["from"]] + [x["to"] for x in reb]
-            check(len(reb) <= 2 and len(set(seen)) == len(seen),
-                  f"steady speeds: at most a correction, no oscillation ({' -> '.join(seen)})")
+            check(
+                len(reb) <= 2 and len(set(seen)) == len(seen),
+                f"steady speeds: at most a correction, no oscillation ({' -> '.join(seen)})",
+            )
         compare(check, got, base, 1e-3, "rebalanced run")
         configs = [got[s]["config"] for s in sorted(got)]
         check(configs[0] == "tp=2,pp=1,dp=1" and "tp_weights" in configs[-1], f"configs per step: {configs}")
@@ -206,9 +315,12 @@ def rebalance(bin_):
         _, events2, _ = run(bin_, tmp, "measured", short, model, ["--rebalance", "--rebalance-window", "2"])
         check(not [e for e in events2 if e["event"] == "rebalance"], "measured cost, 1 step left: no rebalance")
         skipped = [e for e in events2 if e["event"] == "rebalance_skipped"]
-        check(len(skipped) == 1 and "does not exceed the reconfiguration cost" in skipped[0]["reason"]
-              and skipped[0]["cost_s"] > skipped[0]["predicted_gain_s"] > 0,
-              f"the skipped rebalance names the cost: {skipped}")
+        check(
+            len(skipped) == 1
+            and "does not exceed the reconfiguration cost" in skipped[0]["reason"]
+            and skipped[0]["cost_s"] > skipped[0]["predicted_gain_s"] > 0,
+            f"the skipped rebalance names the cost: {skipped}",
+        )
     check.finish()
 
 
@@ -220,15 +332,23 @@ def rebalance_warm(bin_):
         model = make_model(bin_, tmp, "llama", LLAMA)
         base = train(tmp, "tp=2", model, n, "static")
         slow = [{"step": 0, "config": "tp=2", "slowdown": {"1": 3.0}}, {"step": n, "stop": True}]
-        got, events, _ = run(bin_, tmp, "warm", slow, model,
-                             ["--warm", "--rebalance", "--rebalance-window", "2", "--rebalance-cost", "0"])
+        got, events, _ = run(
+            bin_,
+            tmp,
+            "warm",
+            slow,
+            model,
+            ["--warm", "--rebalance", "--rebalance-window", "2", "--rebalance-cost", "0"],
+        )
         reb = [e for e in events if e["event"] == "rebalance"]
         check(len(reb) >= 1, f"a rebalance event: {reb}")
         for e in reb:
             w = [int(x) for x in e["to"].split("tp_weights=")[1].split(",")[0].split("+")]
             check(len(w) == 2 and w[0] > w[1], f"{e['from']} -> {e['to']}: the slow rank 1 gets less")
-            check(e["bytes_moved"] > 0 and e["transform_seconds"] > 0,
-                  f"the state moved: {e['bytes_moved']} bytes in {e['transform_seconds']} s")
+            check(
+                e["bytes_moved"] > 0 and e["transform_seconds"] > 0,
+                f"the state moved: {e['bytes_moved']} bytes in {e['transform_seconds']} s",
+            )
         compare(check, got, base, 1e-3, "rebalanced --warm run")
         configs = [got[s]["config"] for s in sorted(got)]
         check(configs[0] == "tp=2,pp=1,dp=1" and "tp_weights" in configs[-1], f"configs per step: {configs}")
@@ -242,8 +362,10 @@ def rebalance_warm(bin_):
                 with open(os.path.join(tmp, "warm", f), errors="replace") as fh:
                     print(f"--- {f} (last 30 lines)\n" + "".join(fh.readlines()[-30:]), flush=True)
         joins = [e for e in events if e["event"] == "warm_join"]
-        check(len(joins) == 1 + len(reb) and all(j["step"] == e["step"] for j, e in zip(joins[1:], reb)),
-              f"the workers re-joined at each rebalance: {[j['step'] for j in joins]}")
+        check(
+            len(joins) == 1 + len(reb) and all(j["step"] == e["step"] for j, e in zip(joins[1:], reb)),
+            f"the workers re-joined at each rebalance: {[j['step'] for j in joins]}",
+        )
         recs = [e for e in events if e["event"] == "reconfigure"]
         check(len(recs) == len(reb), f"one reconfiguration per rebalance: {recs}")
     check.finish()
@@ -262,9 +384,14 @@ def rebalance_cluster(bin_):
             cluster = os.path.join(tmp, "cluster.json")
             write_cluster(cluster, daemons, 1)
             slow = [{"step": 0, "config": "tp=2", "slowdown": {"1": 3.0}}, {"step": n, "stop": True}]
-            got, events, _ = run(bin_, tmp, "rebalanced", slow, model,
-                                 ["--cluster", cluster, "--rebalance", "--rebalance-window", "2",
-                                  "--rebalance-cost", "0"])
+            got, events, _ = run(
+                bin_,
+                tmp,
+                "rebalanced",
+                slow,
+                model,
+                ["--cluster", cluster, "--rebalance", "--rebalance-window", "2", "--rebalance-cost", "0"],
+            )
         finally:
             for d in daemons:
                 d.stop()
@@ -275,16 +402,35 @@ def rebalance_cluster(bin_):
             check(e["from"].startswith("tp=2") and len(w) == 2 and w[0] > w[1], f"{e['from']} -> {e['to']}")
             # Each device its own host: the transform ships exactly the slices whose owner
             # changes, the plan's cross-host lower bound (computed by `tenplex plan`).
-            p = subprocess.run([bin_, "plan", "--model", model, "--from", e["from"], "--to", e["to"],
-                                "--gpus-per-host", "1", "--json"], capture_output=True, text=True)
+            p = subprocess.run(
+                [
+                    bin_,
+                    "plan",
+                    "--model",
+                    model,
+                    "--from",
+                    e["from"],
+                    "--to",
+                    e["to"],
+                    "--gpus-per-host",
+                    "1",
+                    "--json",
+                ],
+                capture_output=True,
+                text=True,
+            )
             st = json.loads(p.stdout)["stats"] if p.returncode == 0 else {}
             bound = st.get("cross_host_lower_bound", -1)
-            check(bound > 0 and st.get("bytes_cross_host") == bound and e.get("cross_host_lower_bound") == bound,
-                  f"step {e['step']}: plan's cross-host bytes {st.get('bytes_cross_host')} = lower bound {bound} "
-                  f"(the run's plan: {e.get('cross_host_lower_bound')})")
-            check(e.get("bytes_cross_host") == bound,
-                  f"step {e['step']}: bytes fetched across hosts by the transform {e.get('bytes_cross_host')} = "
-                  f"lower bound {bound} (of {e['bytes_moved']} bytes written)")
+            check(
+                bound > 0 and st.get("bytes_cross_host") == bound and e.get("cross_host_lower_bound") == bound,
+                f"step {e['step']}: plan's cross-host bytes {st.get('bytes_cross_host')} = lower bound {bound} "
+                f"(the run's plan: {e.get('cross_host_lower_bound')})",
+            )
+            check(
+                e.get("bytes_cross_host") == bound,
+                f"step {e['step']}: bytes fetched across hosts by the transform {e.get('bytes_cross_host')} = "
+                f"lower bound {bound} (of {e['bytes_moved']} bytes written)",
+            )
         compare(check, got, base, 1e-3, "rebalanced --cluster run")
         configs = [got[s]["config"] for s in sorted(got)]
         check(configs[0] == "tp=2,pp=1,dp=1" and "tp_weights" in configs[-1], f"configs per step: {configs}")
@@ -292,8 +438,13 @@ def rebalance_cluster(bin_):
 
 
 def main():
-    parts = {"uneven": uneven, "slowdown": slowdown, "rebalance": rebalance, "rebalance_warm": rebalance_warm,
-             "rebalance_cluster": rebalance_cluster}
+    parts = {
+        "uneven": uneven,
+        "slowdown": slowdown,
+        "rebalance": rebalance,
+        "rebalance_warm": rebalance_warm,
+        "rebalance_cluster": rebalance_cluster,
+    }
     if len(sys.argv) != 3 or sys.argv[2] not in parts:
         raise SystemExit(__doc__)
     parts[sys.argv[2]](sys.argv[1])

@@ -23,6 +23,7 @@
    samples as 0-d integer tensors; import gives the parameters in every element, Adam
    moments zero, and the step and samples.
 """
+
 import json
 import logging
 import os
@@ -39,9 +40,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "python"))
 sys.path.insert(0, HERE)
 
-import torch  # noqa: E402
-
 import interop_test as IT  # noqa: E402  (check_ckpt: the reference-layout slicing)
+import torch  # noqa: E402
 
 STEP, SAMPLES = 7, 448
 COLWISE = ("linear_qkv", "linear_fc1", "output_layer")
@@ -68,6 +68,7 @@ def build_module(model):
     (root, tp plan {module path: style})."""
     from torch import nn
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
     root, plan = nn.Module(), {}
 
     def parent(path):
@@ -107,6 +108,7 @@ def _save_worker(rank, world, rdzv, model_path, out_dir):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
     from torch.distributed.tensor.parallel import parallelize_module
+
     _quiet_torch()
     dist.init_process_group("gloo", init_method="file://" + rdzv, rank=rank, world_size=world)
     torch.set_num_threads(1)
@@ -121,8 +123,9 @@ def _save_worker(rank, world, rdzv, model_path, out_dir):
     for name, p in root.named_parameters():
         if isinstance(p, DTensor):  # tp-sharded: lift to (dp, tp), replicated over dp
             tp_pl = p.placements[0]
-            sd[name] = DTensor.from_local(p.to_local(), mesh, [Replicate(), tp_pl], run_check=False,
-                                          shape=p.shape, stride=p.stride())
+            sd[name] = DTensor.from_local(
+                p.to_local(), mesh, [Replicate(), tp_pl], run_check=False, shape=p.shape, stride=p.stride()
+            )
         else:
             tp_pl = Replicate()
             sd[name] = distribute_tensor(p.detach(), mesh, [Replicate(), Replicate()])
@@ -150,6 +153,7 @@ def _load_worker(rank, world, rdzv, model_path, src_dir, result_dir):
     import torch.distributed.checkpoint as dcp
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
+
     _quiet_torch()
     dist.init_process_group("gloo", init_method="file://" + rdzv, rank=rank, world_size=world)
     torch.set_num_threads(1)
@@ -182,6 +186,7 @@ def plain_params_only(model, out_dir):
     """One process, no process group: dcp.save of plain tensors (parameters only) with
     step and samples as 0-d integer tensors."""
     import torch.distributed.checkpoint as dcp
+
     sd = {t["path"]: torch.from_numpy(draw(t["path"], t["shape"])) for t in model["tensors"]}
     sd["step"], sd["samples_consumed"] = torch.tensor(STEP), torch.tensor(SAMPLES, dtype=torch.int32)
     with warnings.catch_warnings():
@@ -191,6 +196,7 @@ def plain_params_only(model, out_dir):
 
 def spawn(fn, world, *args):
     import torch.multiprocessing as mp
+
     rdzv = os.path.join(tempfile.mkdtemp(dir=IT.TMP), "rendezvous")
     mp.start_processes(fn, args=(world, rdzv) + args, nprocs=world, join=True, start_method="spawn")
 
@@ -200,9 +206,23 @@ def main():
     IT.TMP = tempfile.mkdtemp(prefix="tenplex-interop-dcp2-")
     t0 = time.monotonic()
     try:
-        mpath, model = IT.model_json("gpt", "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
-                                     "--vocab-size", "60", "--make-vocab-size-divisible-by", "8",
-                                     "--max-position-embeddings", "16", "--optimizer", "adam")
+        mpath, model = IT.model_json(
+            "gpt",
+            "--num-layers",
+            "2",
+            "--hidden-size",
+            "32",
+            "--num-attention-heads",
+            "4",
+            "--vocab-size",
+            "60",
+            "--make-vocab-size-divisible-by",
+            "8",
+            "--max-position-embeddings",
+            "16",
+            "--optimizer",
+            "adam",
+        )
         shapes = globals_of(model)
         G = {name: draw(name, shape) for name, shape in shapes.items()}
         total = sum(v.size for v in G.values())
@@ -212,10 +232,14 @@ def main():
         IT.run("import", "--from", "dcp", d1, "--model", mpath, "--config", "tp=2,pp=2", "--out", c1)
         info, n = IT.check_ckpt(c1, model, G, optimizer="given")
         if info.get("step") != STEP or info.get("samples_consumed") != SAMPLES:
-            sys.exit(f"FAIL: imported step/samples {info.get('step')}/{info.get('samples_consumed')}, "
-                     f"expected {STEP}/{SAMPLES}")
-        print(f"import: DCP of 2-D DTensors (dp=2 x tp=2) -> tenplex tp=2,pp=2: {n} elements in 4 rank files "
-              f"equal the drawn tensors; step {STEP}, samples {SAMPLES}")
+            sys.exit(
+                f"FAIL: imported step/samples {info.get('step')}/{info.get('samples_consumed')}, "
+                f"expected {STEP}/{SAMPLES}"
+            )
+        print(
+            f"import: DCP of 2-D DTensors (dp=2 x tp=2) -> tenplex tp=2,pp=2: {n} elements in 4 rank files "
+            f"equal the drawn tensors; step {STEP}, samples {SAMPLES}"
+        )
         for cfg in ("tp=4,pp=1", "tp=1,pp=2,dp=2,zero=1"):
             c2 = os.path.join(IT.TMP, "ck-" + cfg)
             IT.run("reshard", "--in", c1, "--to", cfg, "--out", c2)
@@ -226,12 +250,19 @@ def main():
             spawn(_load_worker, 3, mpath, d2, res)
             rs = [json.load(open(os.path.join(res, f"rank{r}.json"))) for r in range(3)]
             local = sum(r["local"] for r in rs)
-            if any(r["bad"] for r in rs) or local != total or \
-                    any(r["step"] != STEP or r["samples"] != SAMPLES for r in rs):
-                sys.exit(f"FAIL: dcp.load of the export from {cfg} into 3 processes: {rs}; expected {total} "
-                         f"elements, step {STEP}, samples {SAMPLES}")
-            print(f"export: tenplex {cfg} -> DCP -> dcp.load on a mesh of 3 (Shard(1) / Shard(0), uneven): "
-                  f"{len(shapes)} tensors, {total} elements equal; step and samples loaded")
+            if (
+                any(r["bad"] for r in rs)
+                or local != total
+                or any(r["step"] != STEP or r["samples"] != SAMPLES for r in rs)
+            ):
+                sys.exit(
+                    f"FAIL: dcp.load of the export from {cfg} into 3 processes: {rs}; expected {total} "
+                    f"elements, step {STEP}, samples {SAMPLES}"
+                )
+            print(
+                f"export: tenplex {cfg} -> DCP -> dcp.load on a mesh of 3 (Shard(1) / Shard(0), uneven): "
+                f"{len(shapes)} tensors, {total} elements equal; step and samples loaded"
+            )
         d3 = os.path.join(IT.TMP, "dcp-plain")
         plain_params_only(model, d3)
         c3 = os.path.join(IT.TMP, "ck-plain")
@@ -239,8 +270,10 @@ def main():
         info, n = IT.check_ckpt(c3, model, G, optimizer="fresh")
         if info.get("step") != STEP or info.get("samples_consumed") != SAMPLES:
             sys.exit(f"FAIL: step/samples from 0-d tensors: {info.get('step')}/{info.get('samples_consumed')}")
-        print(f"import: no_dist dcp.save of plain tensors (parameters only, step/samples as 0-d tensors) -> "
-              f"tp=1,pp=2: {n} elements equal, Adam fresh (moments zero); step and samples carried")
+        print(
+            f"import: no_dist dcp.save of plain tensors (parameters only, step/samples as 0-d tensors) -> "
+            f"tp=1,pp=2: {n} elements equal, Adam fresh (moments zero); step and samples carried"
+        )
     finally:
         shutil.rmtree(IT.TMP, ignore_errors=True)
     print(f"interop_dcp2: OK ({time.monotonic() - t0:.1f} s)")

@@ -22,6 +22,7 @@ Cases: bf16 parameters with ZeRO-2 (fp32 master copies carried) and fp32 paramet
 ZeRO-1. Errors: export --to ds-universal, an unknown parameter folder, a missing moment
 file and a folder that is no universal checkpoint exit 2 with nothing at --out.
 """
+
 import json
 import os
 import shutil
@@ -38,9 +39,11 @@ STEPS, WORLD = 3, 2
 
 # ----------------------------------------------------------------------------- DeepSpeed side
 
+
 def build_module(model):
     """A torch module whose named_parameters() are the model's global tensors."""
     import torch
+
     root = torch.nn.Module()
     for t in model["tensors"]:
         *path, leaf = t["path"].split(".")
@@ -56,27 +59,44 @@ def build_module(model):
 def train(rank, model_path, stage, dtype, root, port, steps=STEPS, reference=True):
     """One DeepSpeed data-parallel process (run as a subprocess of this script; also by
     bench/ds_peer_bench.py, with reference=False)."""
-    os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(WORLD),
-                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
-    import torch
+    os.environ.update(
+        {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(WORLD),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
+    )
     import deepspeed
-    from deepspeed.checkpoint.constants import (UNIVERSAL_CHECKPOINT_INFO, UNIVERSAL_CHECKPOINT_VERSION_KEY,
-                                                UNIVERSAL_CHECKPOINT_VERSION_VALUE)
+    import torch
+    from deepspeed.checkpoint.constants import (
+        UNIVERSAL_CHECKPOINT_INFO,
+        UNIVERSAL_CHECKPOINT_VERSION_KEY,
+        UNIVERSAL_CHECKPOINT_VERSION_VALUE,
+    )
     from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+
     with open(model_path) as f:
         model = json.load(f)
     torch.manual_seed(0)
     net = build_module(model)
-    cfg = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
-           "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "torch_adam": True}},
-           "zero_optimization": {"stage": stage}, "bf16": {"enabled": dtype == "bf16"},
-           "steps_per_print": 1000}
+    cfg = {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "torch_adam": True}},
+        "zero_optimization": {"stage": stage},
+        "bf16": {"enabled": dtype == "bf16"},
+        "steps_per_print": 1000,
+    }
     deepspeed.init_distributed(dist_backend="gloo")
     eng, _, _, _ = deepspeed.initialize(model=net, model_parameters=net.parameters(), config=cfg)
     gen = torch.Generator().manual_seed(100 + rank)
     for _ in range(steps):
-        loss = sum(torch.tanh(p.float() * torch.randn(p.shape, generator=gen) * 10).sum() / p.numel()
-                   for p in eng.module.parameters())
+        loss = sum(
+            torch.tanh(p.float() * torch.randn(p.shape, generator=gen) * 10).sum() / p.numel()
+            for p in eng.module.parameters()
+        )
         eng.backward(loss)
         eng.step()
     ref = {}
@@ -85,26 +105,50 @@ def train(rank, model_path, stage, dtype, root, port, steps=STEPS, reference=Tru
         ref["optimizer.fp32_param." + name] = safe_get_full_fp32_param(p).clone()
         for k in ("exp_avg", "exp_avg_sq"):
             ref[f"optimizer.{k}.{name}"] = safe_get_full_optimizer_state(p, k).clone()
-    eng.save_checkpoint(root, tag=f"global_step{steps}", client_state={
-        "iteration": steps, UNIVERSAL_CHECKPOINT_INFO: {UNIVERSAL_CHECKPOINT_VERSION_KEY:
-                                                        UNIVERSAL_CHECKPOINT_VERSION_VALUE}})
+    eng.save_checkpoint(
+        root,
+        tag=f"global_step{steps}",
+        client_state={
+            "iteration": steps,
+            UNIVERSAL_CHECKPOINT_INFO: {UNIVERSAL_CHECKPOINT_VERSION_KEY: UNIVERSAL_CHECKPOINT_VERSION_VALUE},
+        },
+    )
     if rank == 0 and reference:
-        torch.save({"tensors": ref, "global_samples": eng.global_samples, "global_steps": eng.global_steps},
-                   os.path.join(root, "reference.pt"))
+        torch.save(
+            {"tensors": ref, "global_samples": eng.global_samples, "global_steps": eng.global_steps},
+            os.path.join(root, "reference.pt"),
+        )
     torch.distributed.barrier()
 
 
 # ----------------------------------------------------------------------------- test side
+
 
 def ds_env():
     return dict(os.environ, DS_ACCELERATOR="cpu", PYTHONPATH=os.path.join(HERE, "..", "python"))
 
 
 def run_training(model_path, stage, dtype, root, port):
-    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--train", str(r), model_path,
-                               str(stage), dtype, root, str(port)], env=ds_env(),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in range(WORLD)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                os.path.abspath(__file__),
+                "--train",
+                str(r),
+                model_path,
+                str(stage),
+                dtype,
+                root,
+                str(port),
+            ],
+            env=ds_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(WORLD)
+    ]
     outs = [p.communicate(timeout=600)[0] for p in procs]
     for r, (p, out) in enumerate(zip(procs, outs)):
         if p.returncode != 0:
@@ -114,9 +158,24 @@ def run_training(model_path, stage, dtype, root, port):
 def convert(root):
     src = os.path.join(root, f"global_step{STEPS}")
     dst = src + "_universal"
-    p = subprocess.run([sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder", src,
-                        "--output_folder", dst, "--num_extract_workers", "1", "--num_merge_workers", "1"],
-                       env=ds_env(), capture_output=True, text=True)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "deepspeed.checkpoint.ds_to_universal",
+            "--input_folder",
+            src,
+            "--output_folder",
+            dst,
+            "--num_extract_workers",
+            "1",
+            "--num_merge_workers",
+            "1",
+        ],
+        env=ds_env(),
+        capture_output=True,
+        text=True,
+    )
     if p.returncode != 0:
         sys.exit(f"FAIL: ds_to_universal exited {p.returncode}:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
     return dst
@@ -124,8 +183,9 @@ def convert(root):
 
 def reference_globals(root, model):
     """{global name: raw numpy} from DeepSpeed's own objects (step 1 of the docstring)."""
-    import torch
     import interop_test as it
+    import torch
+
     ref = torch.load(os.path.join(root, "reference.pt"), weights_only=False)
     kinds = model["optimizer"]["states"]
     G = {}
@@ -157,10 +217,14 @@ def case(it, name, flags, stage, dtype, configs, port):
         it.run("import", "--from", "ds-universal", src, "--model", mpath, "--config", cfg, "--out", ck)
         info, n = it.check_ckpt(ck, model, G, optimizer="given")
         if info.get("step") != STEPS or info.get("samples_consumed") != ref["global_samples"]:
-            sys.exit(f"FAIL: {ck}: step {info.get('step')} samples {info.get('samples_consumed')}, expected "
-                     f"{STEPS} and {ref['global_samples']}")
-        print(f"ok: {name} (ZeRO-{stage}, {dtype}, {WORLD} DeepSpeed ranks) -> {cfg}: {n} elements equal "
-              f"DeepSpeed's params, fp32 masters and Adam moments; step {STEPS}, samples {ref['global_samples']}")
+            sys.exit(
+                f"FAIL: {ck}: step {info.get('step')} samples {info.get('samples_consumed')}, expected "
+                f"{STEPS} and {ref['global_samples']}"
+            )
+        print(
+            f"ok: {name} (ZeRO-{stage}, {dtype}, {WORLD} DeepSpeed ranks) -> {cfg}: {n} elements equal "
+            f"DeepSpeed's params, fp32 masters and Adam moments; step {STEPS}, samples {ref['global_samples']}"
+        )
     return mpath, uni
 
 
@@ -174,22 +238,50 @@ def expect_error(it, what, args, needle):
 
 def errors(it, mpath, uni):
     ck = os.path.join(it.TMP, "err-out")
-    expect_error(it, "export --to ds-universal", ["export", "--to", "ds-universal", os.path.join(it.TMP,
-                 "bf16-ck0"), "--out", ck], "not supported")
+    expect_error(
+        it,
+        "export --to ds-universal",
+        ["export", "--to", "ds-universal", os.path.join(it.TMP, "bf16-ck0"), "--out", ck],
+        "not supported",
+    )
     bad = os.path.join(it.TMP, "bad-uni")
     shutil.copytree(uni, bad)
-    os.rename(os.path.join(bad, "zero", "decoder.final_layernorm.weight"),
-              os.path.join(bad, "zero", "decoder.final_norm.weight"))
-    expect_error(it, "unknown parameter", ["import", "--from", "ds-universal", bad, "--model", mpath,
-                                           "--config", "tp=1", "--out", ck], "unknown parameter")
+    os.rename(
+        os.path.join(bad, "zero", "decoder.final_layernorm.weight"),
+        os.path.join(bad, "zero", "decoder.final_norm.weight"),
+    )
+    expect_error(
+        it,
+        "unknown parameter",
+        ["import", "--from", "ds-universal", bad, "--model", mpath, "--config", "tp=1", "--out", ck],
+        "unknown parameter",
+    )
     shutil.rmtree(bad)
     shutil.copytree(uni, bad)
     os.remove(os.path.join(bad, "zero", "embedding.word_embeddings.weight", "exp_avg_sq.pt"))
-    expect_error(it, "missing moment", ["import", "--from", "ds-universal", bad, "--model", mpath,
-                                        "--config", "tp=1", "--out", ck], "exp_avg_sq.pt is missing")
-    expect_error(it, "not a universal checkpoint", ["import", "--from", "ds-universal", os.path.join(
-        os.path.dirname(uni), f"global_step{STEPS}"), "--model", mpath, "--config", "tp=1", "--out", ck],
-        "not a DeepSpeed universal checkpoint")
+    expect_error(
+        it,
+        "missing moment",
+        ["import", "--from", "ds-universal", bad, "--model", mpath, "--config", "tp=1", "--out", ck],
+        "exp_avg_sq.pt is missing",
+    )
+    expect_error(
+        it,
+        "not a universal checkpoint",
+        [
+            "import",
+            "--from",
+            "ds-universal",
+            os.path.join(os.path.dirname(uni), f"global_step{STEPS}"),
+            "--model",
+            mpath,
+            "--config",
+            "tp=1",
+            "--out",
+            ck,
+        ],
+        "not a DeepSpeed universal checkpoint",
+    )
 
 
 def main():
@@ -199,15 +291,29 @@ def main():
         train(int(r), mp, int(stage), dtype, root, int(port), steps, ref)
         return
     import interop_test as it
+
     it.BIN = os.path.abspath(sys.argv[1])
     it.TMP = tempfile.mkdtemp(prefix="tenplex-ds-test-")
     try:
-        gpt = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--num-query-groups",
-               "2", "--vocab-size", "100", "--make-vocab-size-divisible-by", "8", "--max-position-embeddings",
-               "16", "--swiglu"]
+        gpt = [
+            "--num-layers",
+            "2",
+            "--hidden-size",
+            "32",
+            "--num-attention-heads",
+            "4",
+            "--num-query-groups",
+            "2",
+            "--vocab-size",
+            "100",
+            "--make-vocab-size-divisible-by",
+            "8",
+            "--max-position-embeddings",
+            "16",
+            "--swiglu",
+        ]
         port = 29500 + os.getpid() % 1000
-        mpath, uni = case(it, "bf16", gpt + ["--params-dtype", "bf16"], 2, "bf16", ["tp=2,pp=2", "tp=1,dp=2"],
-                          port)
+        mpath, uni = case(it, "bf16", gpt + ["--params-dtype", "bf16"], 2, "bf16", ["tp=2,pp=2", "tp=1,dp=2"], port)
         case(it, "fp32", gpt, 1, "fp32", ["tp=2,dp=2"], port + 1)
         errors(it, mpath, uni)
         print("PASS")

@@ -28,6 +28,7 @@ reports for each rank (global offsets; factories built into their gate/up parts)
      load_state_dict(strict) accepts the result; iteration carried;
   5. errors: a dp_reshardable-style key and an unknown key exit 2, nothing left.
 """
+
 import argparse
 import json
 import os
@@ -66,11 +67,13 @@ def reference(key, shape):
 
 # ----------------------------------------------------------------------------- MCore side
 
+
 def mcore_cpu_shim():
     """MCore 0.16.1's torch_dist writer calls torch.cuda.synchronize() after copying
     tensors to the host and broadcasts a failure flag made on torch.cuda.current_device();
     on a machine without a GPU both fail. Everything else runs unchanged on the CPU."""
     import torch
+
     torch.cuda.synchronize = lambda *a, **k: None
     torch.cuda.current_device = lambda: "cpu"
 
@@ -84,15 +87,34 @@ def build(tp, pp, L=L_, h=H, a=A, g=G, f=F, vocab=None, init=True):
     from megatron.core.optimizer import OptimizerConfig
     from megatron.core.optimizer.optimizer import FP32Optimizer, MegatronOptimizer
     from megatron.core.transformer.transformer_config import TransformerConfig
-    cfg = TransformerConfig(num_layers=L, hidden_size=h, num_attention_heads=a, num_query_groups=g,
-                            ffn_hidden_size=f, kv_channels=h // a, gated_linear_unit=True, add_bias_linear=False,
-                            normalization="RMSNorm", use_cpu_initialization=True, params_dtype=torch.float32,
-                            tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-                            pipeline_dtype=torch.float32, perform_initialization=init)
-    model = GPTModel(cfg, get_gpt_layer_local_spec(), vocab_size=vocab or padded_vocab(tp),
-                     max_sequence_length=128,
-                     pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage(),
-                     share_embeddings_and_output_weights=False, position_embedding_type="rope")
+
+    cfg = TransformerConfig(
+        num_layers=L,
+        hidden_size=h,
+        num_attention_heads=a,
+        num_query_groups=g,
+        ffn_hidden_size=f,
+        kv_channels=h // a,
+        gated_linear_unit=True,
+        add_bias_linear=False,
+        normalization="RMSNorm",
+        use_cpu_initialization=True,
+        params_dtype=torch.float32,
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        pipeline_dtype=torch.float32,
+        perform_initialization=init,
+    )
+    model = GPTModel(
+        cfg,
+        get_gpt_layer_local_spec(),
+        vocab_size=vocab or padded_vocab(tp),
+        max_sequence_length=128,
+        pre_process=ps.is_pipeline_first_stage(),
+        post_process=ps.is_pipeline_last_stage(),
+        share_embeddings_and_output_weights=False,
+        position_embedding_type="rope",
+    )
     adam = torch.optim.Adam(model.parameters(), lr=1e-3)
     for p in model.parameters():
         p.grad = torch.zeros_like(p)
@@ -108,6 +130,7 @@ def build(tp, pp, L=L_, h=H, a=A, g=G, f=F, vocab=None, init=True):
 def sharded_tensors(sd, path=()):
     """(path, ShardedTensor) of every tensor of a sharded state dict, factories built."""
     from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
+
     items = sd.items() if isinstance(sd, dict) else enumerate(sd) if isinstance(sd, list) else []
     for k, v in items:
         if isinstance(v, ShardedTensorFactory):
@@ -123,10 +146,11 @@ def sharded_tensors(sd, path=()):
 def fill(sd):
     """Writes every rank's part of the references into the live tensors (in place)."""
     import torch
+
     for _, t in sharded_tensors(sd):
         ref = reference(t.key, t.global_shape)
         with torch.no_grad():
-                t.data.copy_(torch.from_numpy(ref[t.global_slice()].reshape(t.local_shape)))
+            t.data.copy_(torch.from_numpy(ref[t.global_slice()].reshape(t.local_shape)))
 
 
 def leaves(x, path=()):
@@ -143,9 +167,12 @@ def leaves(x, path=()):
 def worker(rank, world, tp, pp, mode, ckpt, tmp):
     import torch
     import torch.distributed as dist
+
     mcore_cpu_shim()
     dist.init_process_group("gloo", init_method=f"file://{tmp}/pg-{mode}", rank=rank, world_size=world)
-    from megatron.core import dist_checkpointing, parallel_state as ps
+    from megatron.core import dist_checkpointing
+    from megatron.core import parallel_state as ps
+
     ps.initialize_model_parallel(tp, pp)
     model, opt = build(tp, pp)
     msd = model.sharded_state_dict()
@@ -157,14 +184,18 @@ def worker(rank, world, tp, pp, mode, ckpt, tmp):
         dist_checkpointing.save(state, ckpt)
         return
     expect = {p: v.detach().clone() for p, v in leaves(model.state_dict()) if torch.is_tensor(v)}
-    expect.update({("optimizer",) + p: v.clone() for p, v in leaves(opt.optimizer.state_dict()["state"])
-                   if torch.is_tensor(v) and v.dim() > 0})
+    expect.update(
+        {
+            ("optimizer",) + p: v.clone()
+            for p, v in leaves(opt.optimizer.state_dict()["state"])
+            if torch.is_tensor(v) and v.dim() > 0
+        }
+    )
     with torch.no_grad():
         for v in list(model.parameters()) + [s for st in opt.optimizer.state.values() for s in st.values()]:
             v.zero_()
     msd = model.sharded_state_dict()
-    loaded = dist_checkpointing.load({"model": msd, "optimizer": opt.sharded_state_dict(msd, is_loading=True)},
-                                     ckpt)
+    loaded = dist_checkpointing.load({"model": msd, "optimizer": opt.sharded_state_dict(msd, is_loading=True)}, ckpt)
     model.load_state_dict(loaded["model"], strict=True)
     got = {p: v for p, v in leaves(model.state_dict()) if torch.is_tensor(v)}
     for pid, st in loaded["optimizer"]["state"].items():
@@ -179,16 +210,21 @@ def worker(rank, world, tp, pp, mode, ckpt, tmp):
             bad.append(f"{'.'.join(map(str, p))}{i}: {got[p][tuple(i)].item()} != {v[tuple(i)].item()}")
         checked += v.numel()
     with open(f"{tmp}/result-{rank}.json", "w") as f:
-        json.dump({"checked": checked, "bad": bad, "iteration": loaded.get("iteration"),
-                   "keys": len(expect)}, f)
+        json.dump({"checked": checked, "bad": bad, "iteration": loaded.get("iteration"), "keys": len(expect)}, f)
 
 
 def run_mcore(mode, tp, pp, ckpt, tmp):
     """tp*pp MCore processes; returns seconds."""
     t0 = time.perf_counter()
-    procs = [subprocess.Popen([sys.executable, __file__, "--worker", mode, str(r), str(tp), str(pp), ckpt, tmp],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in range(tp * pp)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, __file__, "--worker", mode, str(r), str(tp), str(pp), ckpt, tmp],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(tp * pp)
+    ]
     outs = [p.communicate()[0] for p in procs]
     for r, (p, out) in enumerate(zip(procs, outs)):
         if p.returncode != 0:
@@ -212,7 +248,7 @@ def mcore_name(name):
         _, s, name = name.split(".", 2)
         prefix = f"optimizer.state.{s}."
     if name.startswith("decoder.layers."):
-        i, rest = name[len("decoder.layers."):].split(".", 1)
+        i, rest = name[len("decoder.layers.") :].split(".", 1)
         return prefix + "decoder.layers." + rest, int(i)
     return prefix + name, None
 
@@ -221,10 +257,12 @@ def check_import(ckpt, model):
     """Every tensor of a tp=1,pp=1 tenplex checkpoint (one rank file, global names)
     against the references."""
     from safetensors.numpy import load_file
+
     info = json.load(open(os.path.join(ckpt, "tenplex.json")))
     if info.get("step") != ITERATION or info.get("samples_consumed") != SAMPLES:
-        sys.exit(f"FAIL: step/samples {info.get('step')}/{info.get('samples_consumed')}, "
-                 f"expected {ITERATION}/{SAMPLES}")
+        sys.exit(
+            f"FAIL: step/samples {info.get('step')}/{info.get('samples_consumed')}, expected {ITERATION}/{SAMPLES}"
+        )
     tensors = load_file(os.path.join(ckpt, "rank-00000.safetensors"))
     names = [t["path"] for t in model["tensors"]]
     names += [f"optimizer.{s}.{n}" for s in ("exp_avg", "exp_avg_sq") for n in names]
@@ -246,24 +284,31 @@ def check_import(ckpt, model):
             bad = np.argwhere(got != ref)[0]
             sys.exit(f"FAIL: import: {name}{list(bad)} is {got[tuple(bad)]}, MCore saved {ref[tuple(bad)]}")
         n += got.size
-    print(f"ok: import --from mcore (TP=2 x PP=2 -> tp=1,pp=1): {len(names)} tensors, {n} elements "
-          "equal to what MCore saved; step and samples carried")
+    print(
+        f"ok: import --from mcore (TP=2 x PP=2 -> tp=1,pp=1): {len(names)} tensors, {n} elements "
+        "equal to what MCore saved; step and samples carried"
+    )
 
 
 def check_errors(src, model_file, tmp):
     """Bad input: a dp_reshardable bucket key and an unknown key -> exit 2, no output."""
     import torch
     import torch.distributed.checkpoint as dcp
-    for key, words in (("optimizer.distributed.dp_group_idx_0.gbuf_idx_0.dtype_(torch.float32, "
-                        "torch.float32).bucket_idx_0.exp_avg_sq", "dp_reshardable"),
-                       ("decoder.layers.mlp.linear_fc3.weight", "unknown tensor")):
+
+    for key, words in (
+        (
+            "optimizer.distributed.dp_group_idx_0.gbuf_idx_0.dtype_(torch.float32, "
+            "torch.float32).bucket_idx_0.exp_avg_sq",
+            "dp_reshardable",
+        ),
+        ("decoder.layers.mlp.linear_fc3.weight", "unknown tensor"),
+    ):
         bad = os.path.join(tmp, "bad")
         shutil.rmtree(bad, ignore_errors=True)
         dcp.save({key: torch.zeros(4)}, storage_writer=dcp.FileSystemWriter(bad), no_dist=True)
         shutil.copy(os.path.join(src, "metadata.json"), bad)
         out = os.path.join(tmp, "bad-out")
-        p = tenplex("import", "--from", "mcore", bad, "--model", model_file, "--config", "tp=1", "--out", out,
-                    expect=2)
+        p = tenplex("import", "--from", "mcore", bad, "--model", model_file, "--config", "tp=1", "--out", out, expect=2)
         if words not in p.stderr or os.path.exists(out) or os.path.exists(out + ".partial"):
             sys.exit(f"FAIL: bad key {key}: stderr {p.stderr!r}, output left: {os.path.exists(out)}")
     # A data file cut short: torch's reader fails inside dcp.load (a CheckpointException,
@@ -276,8 +321,12 @@ def check_errors(src, model_file, tmp):
         f.truncate(os.path.getsize(os.path.join(bad, data)) // 2)
     out = os.path.join(tmp, "bad-out")
     p = tenplex("import", "--from", "mcore", bad, "--model", model_file, "--config", "tp=1", "--out", out, expect=2)
-    if ("truncated or damaged" not in p.stderr or "Traceback" in p.stderr or os.path.exists(out)
-            or os.path.exists(out + ".partial")):
+    if (
+        "truncated or damaged" not in p.stderr
+        or "Traceback" in p.stderr
+        or os.path.exists(out)
+        or os.path.exists(out + ".partial")
+    ):
         sys.exit(f"FAIL: truncated data file: stderr {p.stderr[-600:]!r}, output left: {os.path.exists(out)}")
     print("ok: errors: dp_reshardable bucket state, unknown keys and a truncated data file exit 2, nothing left")
 
@@ -289,11 +338,35 @@ def main():
     tmp = tempfile.mkdtemp(prefix="tenplex-mcore-test-")
     try:
         model_file = os.path.join(tmp, "gpt.json")
-        tenplex("model", "gpt", "--num-layers", L_, "--hidden-size", H, "--ffn-hidden-size", F,
-                "--num-attention-heads", A, "--num-query-groups", G, "--vocab-size", V,
-                "--make-vocab-size-divisible-by", M, "--max-position-embeddings", 128,
-                "--position-embedding-type", "rope", "--swiglu", "--disable-bias-linear",
-                "--untie-embeddings-and-output-weights", "--normalization", "RMSNorm", "-o", model_file)
+        tenplex(
+            "model",
+            "gpt",
+            "--num-layers",
+            L_,
+            "--hidden-size",
+            H,
+            "--ffn-hidden-size",
+            F,
+            "--num-attention-heads",
+            A,
+            "--num-query-groups",
+            G,
+            "--vocab-size",
+            V,
+            "--make-vocab-size-divisible-by",
+            M,
+            "--max-position-embeddings",
+            128,
+            "--position-embedding-type",
+            "rope",
+            "--swiglu",
+            "--disable-bias-linear",
+            "--untie-embeddings-and-output-weights",
+            "--normalization",
+            "RMSNorm",
+            "-o",
+            model_file,
+        )
         model = json.load(open(model_file))
         src = os.path.join(tmp, "mcore-tp2-pp2")
         os.makedirs(src)
@@ -313,9 +386,11 @@ def main():
             if res["bad"] or res["iteration"] != ITERATION:
                 sys.exit(f"FAIL: MCore load rank {r}: differing {res['bad'][:5]}, iteration {res['iteration']}")
             checked += res["checked"]
-        print(f"ok: export --to mcore (tp=2,pp=2) loaded by MCore dist_checkpointing.load into TP=4 x PP=1: "
-              f"{checked} local elements (params + Adam moments) equal, load_state_dict(strict) ok, "
-              f"iteration carried ({s:.1f} s)")
+        print(
+            f"ok: export --to mcore (tp=2,pp=2) loaded by MCore dist_checkpointing.load into TP=4 x PP=1: "
+            f"{checked} local elements (params + Adam moments) equal, load_state_dict(strict) ok, "
+            f"iteration carried ({s:.1f} s)"
+        )
         check_errors(src, model_file, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

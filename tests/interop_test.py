@@ -22,6 +22,7 @@ element, with slicing written here independently of the code under test:
            the same independent slicing; a re-import equals the first.
 (Bad input: tests/interop_errors_test.py, which shares this file's fixtures.)
 """
+
 import argparse
 import json
 import math
@@ -39,8 +40,9 @@ import torch  # noqa: E402
 
 sys.path.insert(0, os.path.join(HERE, "reference"))
 import layout_ref as L  # noqa: E402  (the independent pure-Python layout)
-from tenplex import safetensors as sf  # noqa: E402
 import tenplex_cli  # noqa: E402  (tests/, this script's folder)
+
+from tenplex import safetensors as sf  # noqa: E402
 
 BIN = None
 TMP = None
@@ -137,6 +139,7 @@ def check_ckpt(ckpt, model, G, optimizer="given"):
 
 # ----------------------------------------------------------------------------- hf
 
+
 def hf_reference(model, G):
     """{hf name: numpy} cut from the global tensors here, independently."""
     i = model["info"]
@@ -148,10 +151,10 @@ def hf_reference(model, G):
     def split_qkv(w):
         q, k, v = [], [], []
         for j in range(g):
-            grp = w[j * (per + 2) * d:(j + 1) * (per + 2) * d]
-            q.append(grp[:per * d])
-            k.append(grp[per * d:(per + 1) * d])
-            v.append(grp[(per + 1) * d:])
+            grp = w[j * (per + 2) * d : (j + 1) * (per + 2) * d]
+            q.append(grp[: per * d])
+            k.append(grp[per * d : (per + 1) * d])
+            v.append(grp[(per + 1) * d :])
         return np.concatenate(q), np.concatenate(k), np.concatenate(v)
 
     if i["swiglu"] == "true":
@@ -160,13 +163,19 @@ def hf_reference(model, G):
             p, h = f"decoder.layers.{n}.", f"model.layers.{n}."
             q, k, v = split_qkv(G[p + "self_attention.linear_qkv.weight"])
             fc1 = G[p + "mlp.linear_fc1.weight"]
-            out.update({h + "input_layernorm.weight": G[p + "self_attention.linear_qkv.layer_norm_weight"],
-                        h + "self_attn.q_proj.weight": q, h + "self_attn.k_proj.weight": k,
-                        h + "self_attn.v_proj.weight": v,
-                        h + "self_attn.o_proj.weight": G[p + "self_attention.linear_proj.weight"],
-                        h + "post_attention_layernorm.weight": G[p + "mlp.linear_fc1.layer_norm_weight"],
-                        h + "mlp.gate_proj.weight": fc1[:f], h + "mlp.up_proj.weight": fc1[f:],
-                        h + "mlp.down_proj.weight": G[p + "mlp.linear_fc2.weight"]})
+            out.update(
+                {
+                    h + "input_layernorm.weight": G[p + "self_attention.linear_qkv.layer_norm_weight"],
+                    h + "self_attn.q_proj.weight": q,
+                    h + "self_attn.k_proj.weight": k,
+                    h + "self_attn.v_proj.weight": v,
+                    h + "self_attn.o_proj.weight": G[p + "self_attention.linear_proj.weight"],
+                    h + "post_attention_layernorm.weight": G[p + "mlp.linear_fc1.layer_norm_weight"],
+                    h + "mlp.gate_proj.weight": fc1[:f],
+                    h + "mlp.up_proj.weight": fc1[f:],
+                    h + "mlp.down_proj.weight": G[p + "mlp.linear_fc2.weight"],
+                }
+            )
         out["model.norm.weight"] = G["decoder.final_layernorm.weight"]
         out["lm_head.weight"] = G["output_layer.weight"]
     else:
@@ -176,18 +185,22 @@ def hf_reference(model, G):
             p, h = f"decoder.layers.{n}.", f"transformer.h.{n}."
             q, k, v = split_qkv(G[p + "self_attention.linear_qkv.weight"])
             qb, kb, vb = split_qkv(G[p + "self_attention.linear_qkv.bias"])
-            out.update({h + "ln_1.weight": G[p + "self_attention.linear_qkv.layer_norm_weight"],
-                        h + "ln_1.bias": G[p + "self_attention.linear_qkv.layer_norm_bias"],
-                        h + "attn.c_attn.weight": np.concatenate([q, k, v]).T,
-                        h + "attn.c_attn.bias": np.concatenate([qb, kb, vb]),
-                        h + "attn.c_proj.weight": G[p + "self_attention.linear_proj.weight"].T,
-                        h + "attn.c_proj.bias": G[p + "self_attention.linear_proj.bias"],
-                        h + "ln_2.weight": G[p + "mlp.linear_fc1.layer_norm_weight"],
-                        h + "ln_2.bias": G[p + "mlp.linear_fc1.layer_norm_bias"],
-                        h + "mlp.c_fc.weight": G[p + "mlp.linear_fc1.weight"].T,
-                        h + "mlp.c_fc.bias": G[p + "mlp.linear_fc1.bias"],
-                        h + "mlp.c_proj.weight": G[p + "mlp.linear_fc2.weight"].T,
-                        h + "mlp.c_proj.bias": G[p + "mlp.linear_fc2.bias"]})
+            out.update(
+                {
+                    h + "ln_1.weight": G[p + "self_attention.linear_qkv.layer_norm_weight"],
+                    h + "ln_1.bias": G[p + "self_attention.linear_qkv.layer_norm_bias"],
+                    h + "attn.c_attn.weight": np.concatenate([q, k, v]).T,
+                    h + "attn.c_attn.bias": np.concatenate([qb, kb, vb]),
+                    h + "attn.c_proj.weight": G[p + "self_attention.linear_proj.weight"].T,
+                    h + "attn.c_proj.bias": G[p + "self_attention.linear_proj.bias"],
+                    h + "ln_2.weight": G[p + "mlp.linear_fc1.layer_norm_weight"],
+                    h + "ln_2.bias": G[p + "mlp.linear_fc1.layer_norm_bias"],
+                    h + "mlp.c_fc.weight": G[p + "mlp.linear_fc1.weight"].T,
+                    h + "mlp.c_fc.bias": G[p + "mlp.linear_fc1.bias"],
+                    h + "mlp.c_proj.weight": G[p + "mlp.linear_fc2.weight"].T,
+                    h + "mlp.c_proj.bias": G[p + "mlp.linear_fc2.bias"],
+                }
+            )
         out["transformer.ln_f.weight"] = G["decoder.final_layernorm.weight"]
         out["transformer.ln_f.bias"] = G["decoder.final_layernorm.bias"]
     return {k: np.ascontiguousarray(v) for k, v in out.items()}
@@ -220,18 +233,76 @@ def read_hf(path):
 
 def part_hf():
     cases = [
-        ("llama", ["--num-layers", 2, "--hidden-size", 64, "--ffn-hidden-size", 96, "--num-attention-heads", 8,
-                   "--num-query-groups", 2, "--vocab-size", 200, "--make-vocab-size-divisible-by", 16,
-                   "--max-position-embeddings", 64, "--position-embedding-type", "rope", "--swiglu",
-                   "--disable-bias-linear", "--untie-embeddings-and-output-weights", "--normalization",
-                   "RMSNorm", "--params-dtype", "bf16"], "BF16",
-         {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64,
-          "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 2,
-          "vocab_size": 200, "max_position_embeddings": 64, "tie_word_embeddings": False}),
-        ("gpt2", ["--num-layers", 2, "--hidden-size", 48, "--num-attention-heads", 4, "--vocab-size", 100,
-                  "--make-vocab-size-divisible-by", 8, "--max-position-embeddings", 32], "F32",
-         {"model_type": "gpt2", "n_embd": 48, "n_layer": 2, "n_head": 4, "n_positions": 32, "vocab_size": 100,
-          "n_inner": None}),
+        (
+            "llama",
+            [
+                "--num-layers",
+                2,
+                "--hidden-size",
+                64,
+                "--ffn-hidden-size",
+                96,
+                "--num-attention-heads",
+                8,
+                "--num-query-groups",
+                2,
+                "--vocab-size",
+                200,
+                "--make-vocab-size-divisible-by",
+                16,
+                "--max-position-embeddings",
+                64,
+                "--position-embedding-type",
+                "rope",
+                "--swiglu",
+                "--disable-bias-linear",
+                "--untie-embeddings-and-output-weights",
+                "--normalization",
+                "RMSNorm",
+                "--params-dtype",
+                "bf16",
+            ],
+            "BF16",
+            {
+                "model_type": "llama",
+                "architectures": ["LlamaForCausalLM"],
+                "hidden_size": 64,
+                "intermediate_size": 96,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 8,
+                "num_key_value_heads": 2,
+                "vocab_size": 200,
+                "max_position_embeddings": 64,
+                "tie_word_embeddings": False,
+            },
+        ),
+        (
+            "gpt2",
+            [
+                "--num-layers",
+                2,
+                "--hidden-size",
+                48,
+                "--num-attention-heads",
+                4,
+                "--vocab-size",
+                100,
+                "--make-vocab-size-divisible-by",
+                8,
+                "--max-position-embeddings",
+                32,
+            ],
+            "F32",
+            {
+                "model_type": "gpt2",
+                "n_embd": 48,
+                "n_layer": 2,
+                "n_head": 4,
+                "n_positions": 32,
+                "vocab_size": 100,
+                "n_inner": None,
+            },
+        ),
     ]
     for fam, flags, dt, config in cases:
         mpath, model = model_json(fam, *[str(x) for x in flags])
@@ -268,11 +339,14 @@ def part_hf():
         back = os.path.join(TMP, fam + "-back")  # the sharded export (index JSON) imports again
         run("import", "--from", "hf", out, "--model", mpath, "--config", "tp=1,pp=2", "--out", back)
         check_ckpt(back, model, G, optimizer="fresh")
-        print(f"hf {fam}: import tp=2,pp=2 ({n} elements), export 1 file and {files} shards, re-import of the "
-              "shards into tp=1,pp=2: every element equal")
+        print(
+            f"hf {fam}: import tp=2,pp=2 ({n} elements), export 1 file and {files} shards, re-import of the "
+            "shards into tp=1,pp=2: every element equal"
+        )
 
 
 # ----------------------------------------------------------------------------- dcp
+
 
 def owned_pieces(lay, rank):
     """[(tensor, global box, local name)] of pieces this rank owns: the first rank
@@ -292,11 +366,13 @@ def owned_pieces(lay, rank):
 
 def _dcp_worker(rank, world, rdzv_file, mode, lay_path, dcp_dir, globals_path, result_dir):
     import warnings
+
     warnings.filterwarnings("ignore", message=".*deprecating ShardedTensor.*")  # ShardedTensor: any chunk boxes
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed._shard.metadata import ShardMetadata
     from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor
+
     # A rendezvous file, not a TCP port: a port chosen here can be taken by
     # another test of the parallel suite before rank 0 binds it.
     dist.init_process_group("gloo", init_method="file://" + rdzv_file, rank=rank, world_size=world)
@@ -313,11 +389,21 @@ def _dcp_worker(rank, world, rdzv_file, mode, lay_path, dcp_dir, globals_path, r
             if tensor != name:
                 continue
             sl = tuple(slice(b, e) for b, e in box)
-            data = torch.from_numpy(np.ascontiguousarray(arr[sl])) if mode == "save" else \
-                torch.zeros([e - b for b, e in box], dtype=torch.float32)
-            shards.append(Shard(tensor=data, metadata=ShardMetadata(
-                shard_offsets=[b for b, _ in box], shard_sizes=[e - b for b, e in box],
-                placement=f"rank:{rank}/cpu")))
+            data = (
+                torch.from_numpy(np.ascontiguousarray(arr[sl]))
+                if mode == "save"
+                else torch.zeros([e - b for b, e in box], dtype=torch.float32)
+            )
+            shards.append(
+                Shard(
+                    tensor=data,
+                    metadata=ShardMetadata(
+                        shard_offsets=[b for b, _ in box],
+                        shard_sizes=[e - b for b, e in box],
+                        placement=f"rank:{rank}/cpu",
+                    ),
+                )
+            )
         sd[name] = ShardedTensor._init_from_local_shards(shards, *arr.shape)
     if mode == "save":
         sd["step"] = 7
@@ -343,13 +429,19 @@ def _dcp_worker(rank, world, rdzv_file, mode, lay_path, dcp_dir, globals_path, r
 
 def dcp_world(world, mode, lay, dcp_dir, globals_path):
     import torch.multiprocessing as mp
+
     lay_path = os.path.join(TMP, f"layout-{mode}-{world}.json")
     with open(lay_path, "w") as f:
         json.dump(lay, f)
     res = tempfile.mkdtemp(dir=TMP)
     rdzv_file = os.path.join(res, "rendezvous")
-    mp.start_processes(_dcp_worker, args=(world, rdzv_file, mode, lay_path, dcp_dir, globals_path, res),
-                       nprocs=world, join=True, start_method="spawn")
+    mp.start_processes(
+        _dcp_worker,
+        args=(world, rdzv_file, mode, lay_path, dcp_dir, globals_path, res),
+        nprocs=world,
+        join=True,
+        start_method="spawn",
+    )
     return [json.load(open(os.path.join(res, f"rank{r}.json"))) for r in range(world)] if mode == "load" else []
 
 
@@ -358,9 +450,24 @@ def layout_of(mpath, config):
 
 
 def part_dcp():
-    mpath, model = model_json("dcp", "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
-                              "--num-query-groups", "2", "--vocab-size", "100", "--make-vocab-size-divisible-by",
-                              "8", "--max-position-embeddings", "16", "--swiglu")
+    mpath, model = model_json(
+        "dcp",
+        "--num-layers",
+        "2",
+        "--hidden-size",
+        "32",
+        "--num-attention-heads",
+        "4",
+        "--num-query-groups",
+        "2",
+        "--vocab-size",
+        "100",
+        "--make-vocab-size-divisible-by",
+        "8",
+        "--max-position-embeddings",
+        "16",
+        "--swiglu",
+    )
     G = draw_globals(model, seed=3)
     gpath = os.path.join(TMP, "dcp-globals.npz")
     np.savez(gpath, **G)
@@ -380,8 +487,10 @@ def part_dcp():
         want = sum(v.size for v in G.values())
         if total != want or any(r["step"] != 7 or r["samples"] != 448 for r in res):
             sys.exit(f"FAIL: dcp load on 2 ranks ({cfg}): {res}, expected {want} elements, step 7, samples 448")
-        print(f"dcp: 4 ranks (tp=2,pp=2) -> import -> reshard {cfg} -> export -> 2 ranks loaded "
-              f"{total} elements, all equal; step and samples carried")
+        print(
+            f"dcp: 4 ranks (tp=2,pp=2) -> import -> reshard {cfg} -> export -> 2 ranks loaded "
+            f"{total} elements, all equal; step and samples carried"
+        )
     # a DCP checkpoint of parameters only: Adam starts fresh
     P = {k: v for k, v in G.items() if not k.startswith("optimizer.")}
     ppath = os.path.join(TMP, "dcp-params.npz")
@@ -395,6 +504,7 @@ def part_dcp():
 
 
 # ----------------------------------------------------------------------------- megatron
+
 
 def megatron_slices(model, G, T, P):
     """{(t, p): {local name: numpy}}: Megatron's per-rank model state, cut here."""
@@ -412,15 +522,15 @@ def megatron_slices(model, G, T, P):
             def vocab(w):
                 padded = np.zeros((Vp,) + w.shape[1:], w.dtype)
                 padded[:V] = w
-                return padded[t * Vp // T:(t + 1) * Vp // T]
+                return padded[t * Vp // T : (t + 1) * Vp // T]
 
             def rows(w):
                 n = w.shape[0] // T
-                return w[t * n:(t + 1) * n]
+                return w[t * n : (t + 1) * n]
 
             def cols(w):
                 n = w.shape[1] // T
-                return w[:, t * n:(t + 1) * n]
+                return w[:, t * n : (t + 1) * n]
 
             def fc1(w):
                 if not swiglu:
@@ -436,9 +546,11 @@ def megatron_slices(model, G, T, P):
                 for name, arr in G.items():
                     if not name.startswith(gp):
                         continue
-                    tail = name[len(gp):]
+                    tail = name[len(gp) :]
                     if tail.endswith(("layer_norm_weight", "layer_norm_bias")) or tail in (
-                            "self_attention.linear_proj.bias", "mlp.linear_fc2.bias"):
+                        "self_attention.linear_proj.bias",
+                        "mlp.linear_fc2.bias",
+                    ):
                         v = arr
                     elif tail.startswith("self_attention.linear_qkv."):
                         v = rows(arr)
@@ -449,8 +561,12 @@ def megatron_slices(model, G, T, P):
                     else:
                         raise AssertionError(tail)
                     sd[lp + tail] = v
-                for mod in ("self_attention.linear_qkv", "self_attention.linear_proj", "mlp.linear_fc1",
-                            "mlp.linear_fc2"):
+                for mod in (
+                    "self_attention.linear_qkv",
+                    "self_attention.linear_proj",
+                    "mlp.linear_fc1",
+                    "mlp.linear_fc2",
+                ):
                     sd[lp + mod + "._extra_state"] = None
             if p == P - 1:
                 for k in ("decoder.final_layernorm.weight", "decoder.final_layernorm.bias"):
@@ -471,20 +587,36 @@ def write_megatron(path, model, G, T, P, iteration, samples):
     for (t, p), sd in megatron_slices(model, G, T, P).items():
         d = os.path.join(it, f"mp_rank_{t:02d}" if P == 1 else f"mp_rank_{t:02d}_{p:03d}")
         os.makedirs(d)
-        args = argparse.Namespace(num_layers=int(i["num_layers"]), hidden_size=int(i["hidden_size"]),
-                                  ffn_hidden_size=int(i["ffn_hidden_size"]),
-                                  num_attention_heads=int(i["num_attention_heads"]),
-                                  num_query_groups=int(i["num_query_groups"]), group_query_attention=True,
-                                  kv_channels=int(i["kv_channels"]), swiglu=i["swiglu"] == "true",
-                                  tensor_model_parallel_size=T, pipeline_model_parallel_size=P,
-                                  consumed_train_samples=samples, consumed_valid_samples=0,
-                                  params_dtype=torch.float32, iteration=iteration)
+        args = argparse.Namespace(
+            num_layers=int(i["num_layers"]),
+            hidden_size=int(i["hidden_size"]),
+            ffn_hidden_size=int(i["ffn_hidden_size"]),
+            num_attention_heads=int(i["num_attention_heads"]),
+            num_query_groups=int(i["num_query_groups"]),
+            group_query_attention=True,
+            kv_channels=int(i["kv_channels"]),
+            swiglu=i["swiglu"] == "true",
+            tensor_model_parallel_size=T,
+            pipeline_model_parallel_size=P,
+            consumed_train_samples=samples,
+            consumed_valid_samples=0,
+            params_dtype=torch.float32,
+            iteration=iteration,
+        )
         state = {k: (torch.from_numpy(v) if v is not None else None) for k, v in sd.items()}
-        torch.save({"args": args, "checkpoint_version": 3.0, "iteration": iteration, "model": state,
-                    "optimizer": {"optimizer": {"state": {}, "param_groups": []}},
-                    "opt_param_scheduler": {"num_steps": iteration * 8}, "rng_state": [{"random_rng_state": None}],
-                    "num_floating_point_operations_so_far": 0},
-                   os.path.join(d, "model_optim_rng.pt"))
+        torch.save(
+            {
+                "args": args,
+                "checkpoint_version": 3.0,
+                "iteration": iteration,
+                "model": state,
+                "optimizer": {"optimizer": {"state": {}, "param_groups": []}},
+                "opt_param_scheduler": {"num_steps": iteration * 8},
+                "rng_state": [{"random_rng_state": None}],
+                "num_floating_point_operations_so_far": 0,
+            },
+            os.path.join(d, "model_optim_rng.pt"),
+        )
     with open(os.path.join(path, "latest_checkpointed_iteration.txt"), "w") as f:
         f.write(str(iteration))
 
@@ -498,9 +630,13 @@ def check_megatron(path, model, G, T, P, iteration, samples):
         d = os.path.join(path, f"iter_{iteration:07d}", f"mp_rank_{t:02d}" if P == 1 else f"mp_rank_{t:02d}_{p:03d}")
         got = torch.load(os.path.join(d, "model_optim_rng.pt"), weights_only=False)  # our export, trusted here
         a = got["args"]
-        if got["iteration"] != iteration or a.tensor_model_parallel_size != T or \
-                a.pipeline_model_parallel_size != P or a.consumed_train_samples != samples or \
-                got["checkpoint_version"] != 3.0:
+        if (
+            got["iteration"] != iteration
+            or a.tensor_model_parallel_size != T
+            or a.pipeline_model_parallel_size != P
+            or a.consumed_train_samples != samples
+            or got["checkpoint_version"] != 3.0
+        ):
             sys.exit(f"FAIL: {d}: iteration/args wrong: {got['iteration']}, {a}")
         if set(got["model"]) != set(sd):
             sys.exit(f"FAIL: {d}: keys {sorted(set(got['model']) ^ set(sd))} differ in presence")
@@ -513,9 +649,21 @@ def check_megatron(path, model, G, T, P, iteration, samples):
 
 
 def part_megatron():
-    mpath, model = model_json("meg", "--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "4",
-                              "--vocab-size", "90", "--make-vocab-size-divisible-by", "8",
-                              "--max-position-embeddings", "16")
+    mpath, model = model_json(
+        "meg",
+        "--num-layers",
+        "4",
+        "--hidden-size",
+        "32",
+        "--num-attention-heads",
+        "4",
+        "--vocab-size",
+        "90",
+        "--make-vocab-size-divisible-by",
+        "8",
+        "--max-position-embeddings",
+        "16",
+    )
     G = draw_globals(model, seed=4, with_optimizer=False)
     src = os.path.join(TMP, "meg-src")
     write_megatron(src, model, G, 2, 2, 100, 3200)
@@ -531,8 +679,18 @@ def part_megatron():
         m = check_megatron(out, model, G, T, P, 100, 3200)
         print(f"megatron: TP=2 x PP=2 -> tp=1,pp=2,dp=2 -> TP={T} x PP={P}: {m} elements equal")
     back = os.path.join(TMP, "meg-back")
-    run("import", "--from", "megatron", os.path.join(TMP, "meg-out-4-1"), "--model", mpath, "--config",
-        "tp=1,pp=2,dp=2", "--out", back)
+    run(
+        "import",
+        "--from",
+        "megatron",
+        os.path.join(TMP, "meg-out-4-1"),
+        "--model",
+        mpath,
+        "--config",
+        "tp=1,pp=2,dp=2",
+        "--out",
+        back,
+    )
     for r in range(4):
         a = sf.load(os.path.join(ck, f"rank-{r:05d}.safetensors"))
         b = sf.load(os.path.join(back, f"rank-{r:05d}.safetensors"))

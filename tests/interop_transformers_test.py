@@ -25,6 +25,7 @@ than the usual init), and the arg-max tokens must agree.
   refused  Qwen2 (q/k/v biases only) and a Mistral whose sliding window is shorter than
            its positions: exit 2, the message names why, nothing written.
 """
+
 import glob
 import json
 import os
@@ -42,15 +43,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "python"))
 sys.path.insert(0, os.path.join(HERE, "..", "examples", "gpt"))
 
+import model as gpt  # noqa: E402  (examples/gpt/model.py)
+import optimizer  # noqa: E402  (examples/gpt/optimizer.py)
+import tenplex_cli  # noqa: E402  (tests/, this script's folder)
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import transformers  # noqa: E402
 
-import model as gpt  # noqa: E402  (examples/gpt/model.py)
-import optimizer  # noqa: E402  (examples/gpt/optimizer.py)
 from tenplex import checkpoint  # noqa: E402
 from tenplex import layout as L  # noqa: E402
-import tenplex_cli  # noqa: E402  (tests/, this script's folder)
 
 TOL = 1e-5  # max |ours - theirs| / max |theirs|
 BIN = None
@@ -72,8 +73,9 @@ def model_json(name, *flags):
 def one_stage(model):
     """examples/gpt's Stage for tp=1, pp=1 (no process group is needed at tp=1)."""
     cfg = L.Config.parse("tp=1")
-    groups = SimpleNamespace(cfg=cfg, tp_rank=0, dp_rank=0, pp_rank=0, first_stage=True, last_stage=True,
-                             tp=None, tp_ranks=[0])
+    groups = SimpleNamespace(
+        cfg=cfg, tp_rank=0, dp_rank=0, pp_rank=0, first_stage=True, last_stage=True, tp=None, tp_ranks=[0]
+    )
     return gpt.Stage(model, cfg, groups, seed=0), groups
 
 
@@ -97,7 +99,7 @@ def ours_logits(ckpt, ids):
     # Stage.loss's head, without the cross entropy: final norm, logits, padding dropped
     x = stage._norm(x, "decoder.final_layernorm.weight", "decoder.final_layernorm.bias")
     W = w.get("output_layer.weight", w["embedding.word_embeddings.weight"])
-    return F.linear(x, W)[..., :stage.hp.vocab]
+    return F.linear(x, W)[..., : stage.hp.vocab]
 
 
 @torch.no_grad()
@@ -118,8 +120,10 @@ def compare(what, ours, theirs):
     if not torch.equal(ours.argmax(-1), theirs.argmax(-1)):
         sys.exit(f"FAIL: {what}: arg-max tokens differ")
     RESULTS.append((what, diff, scale))
-    print(f"ok  {what}: {ours.numel()} logits, max abs diff {diff:.2e}, max |logit| {scale:.2f}, "
-          f"relative {diff / scale:.2e}")
+    print(
+        f"ok  {what}: {ours.numel()} logits, max abs diff {diff:.2e}, max |logit| {scale:.2f}, "
+        f"relative {diff / scale:.2e}"
+    )
 
 
 def check_sharded(hf_dir):
@@ -130,6 +134,7 @@ def check_sharded(hf_dir):
 
 
 # ----------------------------------------------------------------------------- export
+
 
 def random_checkpoint(mpath, out, seed):
     """A tp=1 tenplex checkpoint written through examples/gpt's Stage and Adam (spec
@@ -172,6 +177,7 @@ def part_export(name, flags, seed):
 
 
 # ----------------------------------------------------------------------------- import
+
 
 def randomize(hf_model, seed):
     """Weights at scales that give O(1) logits (transformers' init gives ~0.02 ones)."""
@@ -222,35 +228,86 @@ def refused(name, hf_model, flags, needle):
 def gelu_new_warning():
     """GPT-2's usual gelu_new (tanh approximation) imports with a warning; the logit
     comparison sees the approximation (so TOL is tight enough to tell the two GELUs apart)."""
-    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=256, n_positions=64, n_embd=64, n_layer=4,
-                                                              n_head=4, layer_norm_epsilon=1e-5))
+    hf = transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(vocab_size=256, n_positions=64, n_embd=64, n_layer=4, n_head=4, layer_norm_epsilon=1e-5)
+    )
     randomize(hf, 24)
     src, _, _ = save_hf(hf, "gpt2-gelu-new-hf")
     ck = os.path.join(TMP, "gpt2-gn-ck")
-    p = run("import", "--from", "hf", src, "--model", model_json("gpt2-gn", *GPT2_FLAGS, "--vocab-size", 256),
-            "--config", "tp=2", "--out", ck)
+    p = run(
+        "import",
+        "--from",
+        "hf",
+        src,
+        "--model",
+        model_json("gpt2-gn", *GPT2_FLAGS, "--vocab-size", 256),
+        "--config",
+        "tp=2",
+        "--out",
+        ck,
+    )
     if "warning" not in p.stderr or "gelu_new" not in p.stderr:
         sys.exit(f"FAIL: a gelu_new GPT-2 imported without the approximation warning:\n{p.stderr}")
     theirs = theirs_logits(hf, IDS)
     rel = (ours_logits(ck, IDS) - theirs).abs().max().item() / theirs.abs().max().item()
     if rel <= TOL:
         sys.exit(f"FAIL: exact GELU vs gelu_new differ by only {rel:.2e} of the logit scale: TOL {TOL} is too loose")
-    print(f"ok  GPT-2 with gelu_new: imported with a warning; exact vs tanh GELU differ by {rel:.2e} of the "
-          f"logit scale (> tolerance {TOL}, so the comparisons above can tell them apart)")
+    print(
+        f"ok  GPT-2 with gelu_new: imported with a warning; exact vs tanh GELU differ by {rel:.2e} of the "
+        f"logit scale (> tolerance {TOL}, so the comparisons above can tell them apart)"
+    )
 
 
-LLAMA_FLAGS = ["--num-layers", 4, "--hidden-size", 64, "--ffn-hidden-size", 96, "--num-attention-heads", 8,
-               "--num-query-groups", 2, "--max-position-embeddings", 64, "--position-embedding-type", "rope",
-               "--swiglu", "--disable-bias-linear", "--untie-embeddings-and-output-weights",
-               "--normalization", "RMSNorm", "--params-dtype", "fp32"]
-GPT2_FLAGS = ["--num-layers", 4, "--hidden-size", 64, "--num-attention-heads", 4,
-              "--max-position-embeddings", 64, "--params-dtype", "fp32"]
+LLAMA_FLAGS = [
+    "--num-layers",
+    4,
+    "--hidden-size",
+    64,
+    "--ffn-hidden-size",
+    96,
+    "--num-attention-heads",
+    8,
+    "--num-query-groups",
+    2,
+    "--max-position-embeddings",
+    64,
+    "--position-embedding-type",
+    "rope",
+    "--swiglu",
+    "--disable-bias-linear",
+    "--untie-embeddings-and-output-weights",
+    "--normalization",
+    "RMSNorm",
+    "--params-dtype",
+    "fp32",
+]
+GPT2_FLAGS = [
+    "--num-layers",
+    4,
+    "--hidden-size",
+    64,
+    "--num-attention-heads",
+    4,
+    "--max-position-embeddings",
+    64,
+    "--params-dtype",
+    "fp32",
+]
 
 
 def llama_config(**kw):
-    return dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=8,
-                num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5, tie_word_embeddings=False,
-                **kw)
+    return dict(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        **kw,
+    )
 
 
 def main():
@@ -267,18 +324,32 @@ def main():
         part_export("gpt2", GPT2_FLAGS + ["--vocab-size", 250, "--make-vocab-size-divisible-by", 16], 12)
         # import: transformers -> tenplex
         torch.manual_seed(0)
-        part_import("llama-in", transformers.LlamaForCausalLM(transformers.LlamaConfig(**llama_config())),
-                    LLAMA_FLAGS + ["--vocab-size", 256], 21)
-        gcfg = transformers.GPT2Config(vocab_size=256, n_positions=64, n_embd=64, n_layer=4, n_head=4,
-                                       activation_function="gelu", layer_norm_epsilon=1e-5)
+        part_import(
+            "llama-in",
+            transformers.LlamaForCausalLM(transformers.LlamaConfig(**llama_config())),
+            LLAMA_FLAGS + ["--vocab-size", 256],
+            21,
+        )
+        gcfg = transformers.GPT2Config(
+            vocab_size=256,
+            n_positions=64,
+            n_embd=64,
+            n_layer=4,
+            n_head=4,
+            activation_function="gelu",
+            layer_norm_epsilon=1e-5,
+        )
         part_import("gpt2-in", transformers.GPT2LMHeadModel(gcfg), GPT2_FLAGS + ["--vocab-size", 256], 22)
         mis = transformers.MistralForCausalLM(transformers.MistralConfig(**llama_config(sliding_window=None)))
         ck, _, mistral_logits = part_import("mistral-in", mis, LLAMA_FLAGS + ["--vocab-size", 256], 23)
         back = os.path.join(TMP, "mistral-back")
         run("export", "--to", "hf", ck, "--out", back)
         hf = transformers.AutoModelForCausalLM.from_pretrained(back, dtype=torch.float32, local_files_only=True)
-        compare(f"Mistral import, export -> {type(hf).__name__} vs MistralForCausalLM", theirs_logits(hf, IDS),
-                mistral_logits)
+        compare(
+            f"Mistral import, export -> {type(hf).__name__} vs MistralForCausalLM",
+            theirs_logits(hf, IDS),
+            mistral_logits,
+        )
         # what the model description cannot express
         qwen = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**llama_config()))
         refused("qwen2", qwen, LLAMA_FLAGS + ["--vocab-size", 256], "q/k/v biases")
@@ -286,8 +357,10 @@ def main():
         refused("mistral-window16", short, LLAMA_FLAGS + ["--vocab-size", 256], "sliding_window 16")
         gelu_new_warning()
     worst = max(d / s for _, d, s in RESULTS)
-    print(f"PASS: {len(RESULTS)} logit comparisons against transformers, worst relative diff {worst:.2e} "
-          f"(tolerance {TOL}), {time.time() - t0:.1f} s")
+    print(
+        f"PASS: {len(RESULTS)} logit comparisons against transformers, worst relative diff {worst:.2e} "
+        f"(tolerance {TOL}), {time.time() - t0:.1f} s"
+    )
 
 
 if __name__ == "__main__":

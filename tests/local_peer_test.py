@@ -21,6 +21,7 @@ Usage: local_peer_test.py TENPLEX_BIN
   directory the dead host still has its state, and the transform then succeeds,
   verified (no data lost).
 """
+
 import json
 import os
 import shutil
@@ -38,8 +39,10 @@ def run(*args, expect_ok=True):
 
 
 def counters(daemons):
-    return [(d.metric("tenplex_transform_fetched_shm_bytes_total"),
-             d.metric("tenplex_fetch_served_bytes_total")) for d in daemons]
+    return [
+        (d.metric("tenplex_transform_fetched_shm_bytes_total"), d.metric("tenplex_fetch_served_bytes_total"))
+        for d in daemons
+    ]
 
 
 def transform(cluster, job, to, *extra):
@@ -48,8 +51,9 @@ def transform(cluster, job, to, *extra):
     fetched = sum(h["bytes_fetched"] for h in s["hosts"])
     shm = sum(h["bytes_fetched_shm"] for h in s["hosts"])
     check(s["attempts"] == 1 and fetched == s["plan"]["bytes_cross_host"] > 0, "unexpected: %r" % s)
-    print("%s -> %s: %.3f s, fetched %d B, %d B through peers' files" % (s["from"], s["to"], s["seconds"],
-                                                                          fetched, shm))
+    print(
+        "%s -> %s: %.3f s, fetched %d B, %d B through peers' files" % (s["from"], s["to"], s["seconds"], fetched, shm)
+    )
     return s, fetched, shm
 
 
@@ -65,9 +69,26 @@ def main():
     daemons = []
     try:
         model = os.path.join(tmp, "m.json")
-        run("model", "gpt", "--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
-            "--ffn-hidden-size", "96", "--vocab-size", "301", "--make-vocab-size-divisible-by", "8",
-            "--max-position-embeddings", "16", "-o", model)
+        run(
+            "model",
+            "gpt",
+            "--num-layers",
+            "4",
+            "--hidden-size",
+            "64",
+            "--num-attention-heads",
+            "4",
+            "--ffn-hidden-size",
+            "96",
+            "--vocab-size",
+            "301",
+            "--make-vocab-size-divisible-by",
+            "8",
+            "--max-position-embeddings",
+            "16",
+            "-o",
+            model,
+        )
         ckpt = os.path.join(tmp, "in")
         run("ckpt", "init", "--model", model, "--config", "tp=2,pp=2", "--out", ckpt, "--seed", "3")
         a, b = Daemon(TENPLEX), Daemon(TENPLEX)
@@ -104,10 +125,14 @@ def main():
         p = run("transform", "--cluster", cluster, "--to-cluster", bc, "--job", "j", "--to", "tp=4", "--json")
         s = json.loads(p.stdout)
         hosts = {h["url"]: h for h in s["hosts"]}
-        check(hosts[c.url]["bytes_fetched"] > 0 and hosts[c.url]["bytes_fetched_shm"] == 0,
-              "c used same-host reads: %r" % hosts[c.url])
-        check(hosts[b.url]["bytes_fetched_shm"] == hosts[b.url]["bytes_fetched"] > 0,
-              "b did not read a's files: %r" % hosts[b.url])
+        check(
+            hosts[c.url]["bytes_fetched"] > 0 and hosts[c.url]["bytes_fetched_shm"] == 0,
+            "c used same-host reads: %r" % hosts[c.url],
+        )
+        check(
+            hosts[b.url]["bytes_fetched_shm"] == hosts[b.url]["bytes_fetched"] > 0,
+            "b did not read a's files: %r" % hosts[b.url],
+        )
         verify(tmp, bc, "j")
 
         # A peer that dies as its peer is about to read its files: no replica, so the

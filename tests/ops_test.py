@@ -4,6 +4,7 @@ canonical safetensors header of the Python writer, and installing into a prefix.
 
 usage: ops_test.py TENPLEX_BIN REPO_ROOT PART     PART in: store, output, install
 """
+
 import json
 import os
 import pty
@@ -28,8 +29,22 @@ def ls(*args):
 def small_checkpoint(tmp, config="tp=2,pp=2", seed=3):
     model = os.path.join(tmp, "m.json")
     if not os.path.exists(model):
-        run("model", "gpt", "--num-layers", "2", "--hidden-size", "16", "--num-attention-heads", "4",
-            "--vocab-size", "64", "--max-position-embeddings", "8", "-o", model)
+        run(
+            "model",
+            "gpt",
+            "--num-layers",
+            "2",
+            "--hidden-size",
+            "16",
+            "--num-attention-heads",
+            "4",
+            "--vocab-size",
+            "64",
+            "--max-position-embeddings",
+            "8",
+            "-o",
+            model,
+        )
     ck = os.path.join(tmp, f"ck-{config.replace(',', '_').replace('=', '')}-{seed}")
     if not os.path.exists(ck):
         run("ckpt", "init", "--model", model, "--config", config, "--out", ck, "--seed", str(seed))
@@ -76,8 +91,12 @@ def test_store(tmp):
 
     # ---- issue 16 bug 9: a load that fails on the memory limit leaves no job listed
     # with "current": null.
-    proc = subprocess.Popen([TENPLEX, "store", "serve", "--listen", "127.0.0.1:0", "--memory-limit", "4K"],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen(
+        [TENPLEX, "store", "serve", "--listen", "127.0.0.1:0", "--memory-limit", "4K"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     try:
         line = proc.stdout.readline()
         url = line.split("serving ")[1].split(" ")[0]
@@ -99,22 +118,39 @@ def test_store(tmp):
         # --json on the cluster load and save: one result object, the hosts actually used.
         out = json.loads(run("store", "load", "--cluster", cluster, "--job", "c", "--dir", ck, "--json").stdout)
         total = sum(x.get("/v1/jobs/c/versions/current")["bytes"] for x in daemons[:2])
-        check(out["version"] == 2 and out["ranks"] == 4 and out["hosts"] == [x.url for x in daemons[:2]] and
-              out["bytes"] == total and out["lost_hosts"] == [] and out["job"] == "c", (out, total))
+        check(
+            out["version"] == 2
+            and out["ranks"] == 4
+            and out["hosts"] == [x.url for x in daemons[:2]]
+            and out["bytes"] == total
+            and out["lost_hosts"] == []
+            and out["job"] == "c",
+            (out, total),
+        )
         saved = os.path.join(tmp, "cluster-saved")
         out = json.loads(run("store", "save", "--cluster", cluster, "--job", "c", "--out", saved, "--json").stdout)
-        check(out["version"] == 2 and out["ranks"] == 4 and out["bytes"] == total and
-              sorted(out["hosts"]) == sorted(x.url for x in daemons[:2]) and out["rebuilt_ranks"] == 0, out)
+        check(
+            out["version"] == 2
+            and out["ranks"] == 4
+            and out["bytes"] == total
+            and sorted(out["hosts"]) == sorted(x.url for x in daemons[:2])
+            and out["rebuilt_ranks"] == 0,
+            out,
+        )
         for name in sorted(os.listdir(ck)):
             if name.endswith(".safetensors"):
-                check(open(os.path.join(ck, name), "rb").read() == open(os.path.join(saved, name), "rb").read(),
-                      f"cluster save --json: {name} as loaded")
+                check(
+                    open(os.path.join(ck, name), "rb").read() == open(os.path.join(saved, name), "rb").read(),
+                    f"cluster save --json: {name} as loaded",
+                )
         # `tenplex transform`: a progress line (bytes, rate) on a terminal, none with -q or --quiet.
         run("store", "load", "--cluster", cluster, "--job", "t", "--dir", ck, "-q")
         rc, out, term = on_tty([TENPLEX, "transform", "--cluster", cluster, "--job", "t", "--to", "tp=1,pp=2"])
         check(rc == 0 and "transform" in term and "MB/s" in term, f"transform: no progress on a terminal: {term!r}")
-        for args in ([TENPLEX, "-q", "transform", "--cluster", cluster, "--job", "t", "--to", "tp=2,pp=2"],
-                     [TENPLEX, "transform", "--cluster", cluster, "--job", "t", "--to", "tp=1,pp=2", "--quiet"]):
+        for args in (
+            [TENPLEX, "-q", "transform", "--cluster", cluster, "--job", "t", "--to", "tp=2,pp=2"],
+            [TENPLEX, "transform", "--cluster", cluster, "--job", "t", "--to", "tp=1,pp=2", "--quiet"],
+        ):
             rc, out, term = on_tty(args)
             check(rc == 0 and "MB/s" not in term, f"{args[1:3]}: progress despite quiet: {term!r}")
         p = run("transform", "--cluster", cluster, "--job", "t", "--to", "tp=2,pp=2")
@@ -122,7 +158,9 @@ def test_store(tmp):
         run("store", "rm", "--cluster", cluster, "t")
         got = ls("--cluster", cluster)["jobs"]
         check(len(got) == 1 and got[0]["job"] == "c" and got[0]["current"] == 2, got)
-        check(got[0]["bytes"] == total and len(got[0]["hosts"]) == 2, (got, total))  # load uses only the hosts that get ranks
+        check(
+            got[0]["bytes"] == total and len(got[0]["hosts"]) == 2, (got, total)
+        )  # load uses only the hosts that get ranks
         for x in daemons:
             x.call("POST", "/v1/jobs/c/versions?version=3")
         run("store", "rm", "--cluster", cluster, "c", "--version", "3")
@@ -130,8 +168,12 @@ def test_store(tmp):
             check([v["version"] for v in x.get("/v1/jobs/c")["versions"]] == [2], "cluster rm --version")
         daemons[2].kill()
         got = ls("--cluster", cluster)
-        check(got["jobs"][0]["current"] == 2 and len(got["unreachable"]) == 1 and
-              got["unreachable"][0]["host"] == daemons[2].url, got)
+        check(
+            got["jobs"][0]["current"] == 2
+            and len(got["unreachable"]) == 1
+            and got["unreachable"][0]["host"] == daemons[2].url,
+            got,
+        )
         p = run("store", "rm", "--cluster", cluster, "c", expect_ok=False)
         check("did not answer" in p.stderr and "nothing removed" in p.stderr, p.stderr)
         check(daemons[0].get("/v1/jobs/c")["current"] == 2, "rm with a dead host removed nothing")
@@ -173,28 +215,42 @@ def test_output(tmp):
     check(out["to"] == "tp=1,pp=2,dp=1" and out["bytes_written"] > 0, out)
     out = json.loads(run("ckpt", "verify", "--in", ck, "--seed", "3", "--json").stdout)
     check(out["ok"] is True and out["in"] == ck, out)
-    out = json.loads(run("ckpt", "init", "--model", os.path.join(tmp, "m.json"), "--config", "dp=2",
-                         "--out", os.path.join(tmp, "i2"), "--json").stdout)
+    out = json.loads(
+        run(
+            "ckpt",
+            "init",
+            "--model",
+            os.path.join(tmp, "m.json"),
+            "--config",
+            "dp=2",
+            "--out",
+            os.path.join(tmp, "i2"),
+            "--json",
+        ).stdout
+    )
     check(out["ranks"] == 2 and out["bytes"] > 0, out)
     src = os.path.join(tmp, "d.jsonl")
     with open(src, "w") as f:
         for i in range(20):
             f.write(json.dumps({"text": f"sample {i}"}) + "\n")
-    out = json.loads(run("data", "index", "--input", src, "--format", "jsonl", "-o", os.path.join(tmp, "idx"),
-                         "--json").stdout)
+    out = json.loads(
+        run("data", "index", "--input", src, "--format", "jsonl", "-o", os.path.join(tmp, "idx"), "--json").stdout
+    )
     check(out["num_samples"] == 20 and out["format"] == "jsonl", out)
     d = Daemon(TENPLEX)
     try:
         out = json.loads(run("store", "load", "--url", d.url, "--job", "j", "--dir", ck, "--json").stdout)
         check(out["version"] == 1 and out["bytes"] == d.get("/v1/jobs/j/versions/1")["bytes"], out)
-        out = json.loads(run("store", "save", "--url", d.url, "--job", "j", "--out", os.path.join(tmp, "s"),
-                             "--json").stdout)
+        out = json.loads(
+            run("store", "save", "--url", d.url, "--job", "j", "--out", os.path.join(tmp, "s"), "--json").stdout
+        )
         check(out["version"] == 1 and out["tensors"] > 0, out)
         # Progress: a line with bytes and a rate on a terminal; none in a pipe or with -q.
         rc, _, term = on_tty([TENPLEX, "store", "save", "--url", d.url, "--job", "j", "--out", os.path.join(tmp, "s2")])
         check(rc == 0 and "MB/s" in term and "B" in term, f"no progress on a terminal: {term!r}")
-        rc, _, term = on_tty([TENPLEX, "-q", "store", "save", "--url", d.url, "--job", "j", "--out",
-                              os.path.join(tmp, "s3")])
+        rc, _, term = on_tty(
+            [TENPLEX, "-q", "store", "save", "--url", d.url, "--job", "j", "--out", os.path.join(tmp, "s3")]
+        )
         check(rc == 0 and "MB/s" not in term, f"progress despite -q: {term!r}")
         p = run("store", "save", "--url", d.url, "--job", "j", "--out", os.path.join(tmp, "s4"))
         check("MB/s" not in p.stderr and "\r" not in p.stderr, f"progress in a pipe: {p.stderr!r}")
@@ -203,11 +259,40 @@ def test_output(tmp):
         # -q silences the summary line of load, -v adds notes (the ignored Megatron args).
         p = run("store", "load", "--url", d.url, "--job", "j", "--dir", ck, "-q")
         check(p.stdout == "" and p.stderr == "", (p.stdout, p.stderr))
-        p = run("-v", "model", "gpt", "--num-layers", "1", "--hidden-size", "8", "--num-attention-heads", "2",
-                "--vocab-size", "8", "--lr", "0.1", "-o", os.path.join(tmp, "v.json"))
+        p = run(
+            "-v",
+            "model",
+            "gpt",
+            "--num-layers",
+            "1",
+            "--hidden-size",
+            "8",
+            "--num-attention-heads",
+            "2",
+            "--vocab-size",
+            "8",
+            "--lr",
+            "0.1",
+            "-o",
+            os.path.join(tmp, "v.json"),
+        )
         check("ignoring the training argument --lr 0.1" in p.stderr, p.stderr)
-        p = run("model", "gpt", "--num-layers", "1", "--hidden-size", "8", "--num-attention-heads", "2",
-                "--vocab-size", "8", "--lr", "0.1", "-o", os.path.join(tmp, "v.json"))
+        p = run(
+            "model",
+            "gpt",
+            "--num-layers",
+            "1",
+            "--hidden-size",
+            "8",
+            "--num-attention-heads",
+            "2",
+            "--vocab-size",
+            "8",
+            "--lr",
+            "0.1",
+            "-o",
+            os.path.join(tmp, "v.json"),
+        )
         check(p.stderr == "", p.stderr)
     finally:
         d.stop()
@@ -216,6 +301,7 @@ def test_output(tmp):
     # byte-identical (keys sorted, compact, padded).
     sys.path.insert(0, os.path.join(ROOT, "python"))
     from tenplex import safetensors
+
     for name in sorted(os.listdir(ck)):
         if not name.endswith(".safetensors"):
             continue
@@ -238,29 +324,55 @@ def test_install(tmp):
     check(os.access(binary, os.X_OK), "binary installed")
     out = subprocess.run([binary, "--version"], capture_output=True, text=True, check=True).stdout
     check("tenplex" in out, out)
-    site = [os.path.dirname(p) for p in
-            subprocess.run(["find", prefix, "-path", "*/tenplex/__init__.py"], capture_output=True,
-                           text=True).stdout.split()]
+    site = [
+        os.path.dirname(p)
+        for p in subprocess.run(
+            ["find", prefix, "-path", "*/tenplex/__init__.py"], capture_output=True, text=True
+        ).stdout.split()
+    ]
     check(len(site) == 1, site)
-    code = ("import tenplex, torch, json; st = tenplex.attach(); v = st.begin('j'); "
-            "st.save_state('j', v, 0, {'w': torch.ones(3)}); st.commit('j', v); "
-            "print(json.dumps({'file': tenplex.__file__, 'w': st.load_state('j', 0)['w'].tolist(), "
-            "'layout': json.loads(tenplex.layout_json('gpt3-125m', 'tp=2'))['world_size']}))")
+    code = (
+        "import tenplex, torch, json; st = tenplex.attach(); v = st.begin('j'); "
+        "st.save_state('j', v, 0, {'w': torch.ones(3)}); st.commit('j', v); "
+        "print(json.dumps({'file': tenplex.__file__, 'w': st.load_state('j', 0)['w'].tolist(), "
+        "'layout': json.loads(tenplex.layout_json('gpt3-125m', 'tp=2'))['world_size']}))"
+    )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     # cmake --install: on sys.path for /usr and /usr/local; here via PYTHONPATH (a temp prefix).
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp,
-                       env=dict(env, PYTHONPATH=os.path.dirname(site[0])))
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=tmp,
+        env=dict(env, PYTHONPATH=os.path.dirname(site[0])),
+    )
     check(r.returncode == 0, r.stderr)
     got = json.loads(r.stdout)
     check(got["file"].startswith(prefix) and got["w"] == [1.0, 1.0, 1.0] and got["layout"] == 2, got)
     # pip from the checkout (the venv's pip and setuptools, no network, no build isolation).
     target = os.path.join(tmp, "pip-target")
-    r = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation",
-                        "--no-index", "--target", target, ROOT], capture_output=True, text=True, cwd=tmp,
-                       env=dict(os.environ, TENPLEX_BUILD_DIR=build))  # the CLI of this build
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--target",
+            target,
+            ROOT,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp,
+        env=dict(os.environ, TENPLEX_BUILD_DIR=build),
+    )  # the CLI of this build
     check(r.returncode == 0, r.stdout + r.stderr)
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp,
-                       env=dict(env, PYTHONPATH=target))
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp, env=dict(env, PYTHONPATH=target)
+    )
     check(r.returncode == 0, r.stderr)
     got = json.loads(r.stdout)
     check(got["file"].startswith(target) and got["w"] == [1.0, 1.0, 1.0], got)

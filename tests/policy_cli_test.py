@@ -10,6 +10,7 @@ every config valid (`tenplex layout` accepts it) and using the GPUs; the ranking
 hand-checked case; and bad input (exit 2 with a message naming the problem, exit 1
 when nothing fits).
 """
+
 import json
 import os
 import subprocess
@@ -24,8 +25,20 @@ def knobs_searched(check, suggest) -> None:
     """With the knobs searched, each config's setting is the fastest of the settings the
     CLI gives when each is pinned (the CLI as its own oracle over a grid), its Megatron
     arguments name it, and pinning it reproduces its step time."""
-    base = ["--model", "gpt3-1.3b", "--gpus", "16", "--gpu-memory", "24GiB", "--global-batch", "64", "--json",
-            "--top", "0", "--no-distributed-optimizer"]
+    base = [
+        "--model",
+        "gpt3-1.3b",
+        "--gpus",
+        "16",
+        "--gpu-memory",
+        "24GiB",
+        "--global-batch",
+        "64",
+        "--json",
+        "--top",
+        "0",
+        "--no-distributed-optimizer",
+    ]
     got = {c["config"]: c for c in json.loads(suggest(*base).stdout)["configs"]}
     check(len(got) >= 4, f"searched: {len(got)} configs fit")
     best = {}
@@ -40,19 +53,36 @@ def knobs_searched(check, suggest) -> None:
                         best[c["config"]] = c["step_seconds"]
     for name, c in got.items():
         if c["virtual_stages"] == 1 and c["micro_batch"] in (1, 2, 4):
-            check(abs(c["step_seconds"] - best[name]) <= 1e-9 * best[name],
-                  f"{name}: searched {c['step_seconds']:.4f} s = fastest pinned {best[name]:.4f} s")
+            check(
+                abs(c["step_seconds"] - best[name]) <= 1e-9 * best[name],
+                f"{name}: searched {c['step_seconds']:.4f} s = fastest pinned {best[name]:.4f} s",
+            )
         else:
-            check(c["step_seconds"] <= best[name] * (1 + 1e-9),
-                  f"{name}: searched (b={c['micro_batch']}, v={c['virtual_stages']}) no slower than the pinned grid")
+            check(
+                c["step_seconds"] <= best[name] * (1 + 1e-9),
+                f"{name}: searched (b={c['micro_batch']}, v={c['virtual_stages']}) no slower than the pinned grid",
+            )
         a = c["megatron_args"]
-        check(a[a.index("--micro-batch-size") + 1] == str(c["micro_batch"])
-              and ("--sequence-parallel" in a) == (c["sequence_parallel"] and c["tp"] > 1)
-              and ("--recompute-granularity" in a) == (c["recompute"] != "none"), f"{name}: Megatron arguments {a}")
-        pin = ["--micro-batch", str(c["micro_batch"]), "--recompute", c["recompute"], "--virtual-stages",
-               str(c["virtual_stages"]), "--sequence-parallel" if c["sequence_parallel"] else "--no-sequence-parallel"]
+        check(
+            a[a.index("--micro-batch-size") + 1] == str(c["micro_batch"])
+            and ("--sequence-parallel" in a) == (c["sequence_parallel"] and c["tp"] > 1)
+            and ("--recompute-granularity" in a) == (c["recompute"] != "none"),
+            f"{name}: Megatron arguments {a}",
+        )
+        pin = [
+            "--micro-batch",
+            str(c["micro_batch"]),
+            "--recompute",
+            c["recompute"],
+            "--virtual-stages",
+            str(c["virtual_stages"]),
+            "--sequence-parallel" if c["sequence_parallel"] else "--no-sequence-parallel",
+        ]
         again = {x["config"]: x for x in json.loads(suggest(*base, *pin).stdout)["configs"]}
-        check(name in again and again[name]["step_seconds"] == c["step_seconds"], f"{name}: pinning its knobs gives the same step")
+        check(
+            name in again and again[name]["step_seconds"] == c["step_seconds"],
+            f"{name}: pinning its knobs gives the same step",
+        )
 
 
 def main():
@@ -64,12 +94,31 @@ def main():
 
     with tempfile.TemporaryDirectory() as tmp:
         model = os.path.join(tmp, "m.json")
-        subprocess.run([tenplex, "model", "gpt", "--preset", "gpt3-350m", "--params-dtype", "bf16", "-o", model],
-                       check=True)
+        subprocess.run(
+            [tenplex, "model", "gpt", "--preset", "gpt3-350m", "--params-dtype", "bf16", "-o", model], check=True
+        )
         # the knobs fixed as in the hand-checked case below (selective recompute, SP, no chunks)
         fixed = ["--recompute", "selective", "--sequence-parallel", "--virtual-stages", "1"]
-        p = suggest("--model", model, "--gpus", "8", "--gpus-per-host", "8", "--gpu-memory", "16GiB",
-                    "--global-batch", "32", "--micro-batch", "4", "--seq-length", "2048", "--top", "0", "--json", *fixed)
+        p = suggest(
+            "--model",
+            model,
+            "--gpus",
+            "8",
+            "--gpus-per-host",
+            "8",
+            "--gpu-memory",
+            "16GiB",
+            "--global-batch",
+            "32",
+            "--micro-batch",
+            "4",
+            "--seq-length",
+            "2048",
+            "--top",
+            "0",
+            "--json",
+            *fixed,
+        )
         check(p.returncode == 0, f"suggest --json exits 0 ({p.stderr.strip()})")
         j = json.loads(p.stdout)
         cfgs = j["configs"]
@@ -80,18 +129,27 @@ def main():
         for c in cfgs:
             t, m = c["time"], c["memory"]
             parts = t["compute"] + t["tp"] + t["p2p"] + t["bubble"] + t["dp"]
-            check(abs(parts - c["step_seconds"]) <= 1e-9 * c["step_seconds"], f"{c['config']}: time parts sum to the step")
+            check(
+                abs(parts - c["step_seconds"]) <= 1e-9 * c["step_seconds"], f"{c['config']}: time parts sum to the step"
+            )
             total = m["params"] + m["optimizer"] + m["gradients"] + m["activations"] + m["reserve"]
-            check(total == m["total"] and m["total"] <= 16 << 30 and c["fits"], f"{c['config']}: memory parts, fits in 16 GiB")
+            check(
+                total == m["total"] and m["total"] <= 16 << 30 and c["fits"],
+                f"{c['config']}: memory parts, fits in 16 GiB",
+            )
             check(c["tp"] * c["pp"] * c["dp"] == 8, f"{c['config']}: uses 8 GPUs")
-            lay = subprocess.run([tenplex, "layout", "--model", model, "--config", c["config"], "--json"],
-                                 capture_output=True, text=True)
+            lay = subprocess.run(
+                [tenplex, "layout", "--model", model, "--config", c["config"], "--json"], capture_output=True, text=True
+            )
             check(lay.returncode == 0, f"{c['config']}: tenplex layout accepts it")
             if lay.returncode == 0:
                 ranks = json.loads(lay.stdout)["ranks"]
                 want = max(r["bytes"] for r in ranks if r["pp"] == m["stage"] and r["tp"] == m["tp_rank"])
-                check(m["params"] + m["optimizer"] == want,
-                      f"{c['config']}: parameters + optimizer {m['params'] + m['optimizer']} B = layout's rank bytes {want} B")
+                check(
+                    m["params"] + m["optimizer"] == want,
+                    f"{c['config']}: parameters + optimizer {m['params'] + m['optimizer']} B "
+                    f"= layout's rank bytes {want} B",
+                )
                 # gradients: one FP32 main gradient per parameter element (bf16: 2 bytes each)
                 check(m["gradients"] == 2 * m["params"], f"{c['config']}: FP32 gradients = 2 x bf16 parameters")
         # Hand-checked: 356M parameters x 18 B = 6.0 GiB + 8 GiB of activations (4 x 2048 tokens
@@ -102,29 +160,88 @@ def main():
         check("tp=1,pp=1,dp=8" not in names, "dp=8 without ZeRO does not fit in 16 GiB")
         check(names[0] == "tp=1,pp=1,dp=8,zero=1", f"dp=8,zero=1 ranks first: {names[:3]}")
         # --all lists the configs that do not fit, after those that do.
-        p = suggest("--model", model, "--gpus", "8", "--gpus-per-host", "8", "--gpu-memory", "16GiB", "--global-batch",
-                    "32", "--micro-batch", "4", "--seq-length", "2048", "--top", "0", "--all", "--json", *fixed)
+        p = suggest(
+            "--model",
+            model,
+            "--gpus",
+            "8",
+            "--gpus-per-host",
+            "8",
+            "--gpu-memory",
+            "16GiB",
+            "--global-batch",
+            "32",
+            "--micro-batch",
+            "4",
+            "--seq-length",
+            "2048",
+            "--top",
+            "0",
+            "--all",
+            "--json",
+            *fixed,
+        )
         allc = json.loads(p.stdout)["configs"]
         fits = [c["fits"] for c in allc]
         check(fits == sorted(fits, reverse=True) and not fits[-1], "--all: unfit configs listed last")
-        check(any(c["config"] == "tp=1,pp=1,dp=8" and c["memory"]["total"] > 16 << 30 for c in allc),
-              "--all: dp=8 listed with its memory above 16 GiB")
+        check(
+            any(c["config"] == "tp=1,pp=1,dp=8" and c["memory"]["total"] > 16 << 30 for c in allc),
+            "--all: dp=8 listed with its memory above 16 GiB",
+        )
         knobs_searched(check, suggest)
         # Text output: the dtype in the header (presets are bf16 here), the rows the footer counts.
         p = suggest("--model", "gpt3-1.3b", "--gpus", "16", "--global-batch", "256", "--top", "3")
         rows = [ln for ln in p.stdout.splitlines() if ln.strip()[:1].isdigit()]
-        check(p.returncode == 0 and "step s" in p.stdout and "(bf16 parameters)" in p.stdout and len(rows) == 3
-              and "3 shown" in p.stdout and "Megatron-LM arguments of #1: --tensor-model-parallel-size" in p.stdout,
-              f"text table: bf16 header, 3 rows, footer says 3 shown:\n{p.stdout}")
+        check(
+            p.returncode == 0
+            and "step s" in p.stdout
+            and "(bf16 parameters)" in p.stdout
+            and len(rows) == 3
+            and "3 shown" in p.stdout
+            and "Megatron-LM arguments of #1: --tensor-model-parallel-size" in p.stdout,
+            f"text table: bf16 header, 3 rows, footer says 3 shown:\n{p.stdout}",
+        )
         # One layer and 2 GPUs per host: only TP shards it further, so what fits crosses hosts.
         one = os.path.join(tmp, "one.json")
-        subprocess.run([tenplex, "model", "gpt", "--num-layers", "1", "--hidden-size", "64", "--num-attention-heads",
-                        "8", "--vocab-size", "256", "--max-position-embeddings", "32", "-o", one], check=True)
-        xa = ["--model", one, "--gpus", "8", "--gpus-per-host", "2", "--device-profile", "cpu", "--global-batch", "8",
-              "--seq-length", "32"]
+        subprocess.run(
+            [
+                tenplex,
+                "model",
+                "gpt",
+                "--num-layers",
+                "1",
+                "--hidden-size",
+                "64",
+                "--num-attention-heads",
+                "8",
+                "--vocab-size",
+                "256",
+                "--max-position-embeddings",
+                "32",
+                "-o",
+                one,
+            ],
+            check=True,
+        )
+        xa = [
+            "--model",
+            one,
+            "--gpus",
+            "8",
+            "--gpus-per-host",
+            "2",
+            "--device-profile",
+            "cpu",
+            "--global-batch",
+            "8",
+            "--seq-length",
+            "32",
+        ]
         j = json.loads(suggest(*xa, "--gpu-memory", "400KiB", "--json").stdout)
-        check(j["fits_only_across_hosts"] and all(c["tp_crosses_hosts"] and c["tp"] > 2 for c in j["configs"]),
-              f"only configs with TP across hosts fit: {[c['config'] for c in j['configs']]}")
+        check(
+            j["fits_only_across_hosts"] and all(c["tp_crosses_hosts"] and c["tp"] > 2 for c in j["configs"]),
+            f"only configs with TP across hosts fit: {[c['config'] for c in j['configs']]}",
+        )
         text = suggest(*xa, "--gpu-memory", "400KiB").stdout
         check("(x-host tp)" in text and "no config with its tp group inside a host fits" in text, "marked in the table")
         j = json.loads(suggest(*xa, "--gpu-memory", "8MiB", "--json").stdout)
@@ -132,7 +249,10 @@ def main():
         # Decimal units as written: 80GB is 80e9 bytes, 80GiB 80 x 2^30.
         for text, want in [("80GB", 80 * 10**9), ("80GiB", 80 << 30)]:
             p = suggest("--model", model, "--gpus", "1", "--gpu-memory", text, "--json")
-            check(p.returncode == 0 and json.loads(p.stdout)["profile"]["memory"] == want, f"--gpu-memory {text} = {want} B")
+            check(
+                p.returncode == 0 and json.loads(p.stdout)["profile"]["memory"] == want,
+                f"--gpu-memory {text} = {want} B",
+            )
         # Errors.
         for args, rc, needle in [
             (["--model", model, "--gpus", "0"], 2, "--gpus must be >= 1"),
@@ -149,7 +269,10 @@ def main():
             (["--model", model, "--gpus", "2", "--virtual-stages", "-1"], 2, "--virtual-stages must be >= 1"),
         ]:
             p = suggest(*args)
-            check(p.returncode == rc and needle in p.stderr, f"{' '.join(args)} -> exit {p.returncode}: {p.stderr.strip()}")
+            check(
+                p.returncode == rc and needle in p.stderr,
+                f"{' '.join(args)} -> exit {p.returncode}: {p.stderr.strip()}",
+            )
         bad = os.path.join(tmp, "bad.json")
         with open(bad, "w") as f:
             f.write('{"peak_tflops": -1}')

@@ -3,6 +3,7 @@ and through a daemon, zero-copy loading, errors as Python exceptions.
 
 usage: python_api_test.py TENPLEX_BIN REPO_ROOT
 """
+
 import json
 import os
 import socket
@@ -55,15 +56,19 @@ def round_trip(st, label):
         st.save_state("job", v, r, s)
     st.commit("job", v)
     info = st.status("job")
-    check(info["config"] == "dp=3" and info["step"] == 12 and info["samples_consumed"] == 96 and info["committed"],
-          f"{label}: status {info}")
+    check(
+        info["config"] == "dp=3" and info["step"] == 12 and info["samples_consumed"] == 96 and info["committed"],
+        f"{label}: status {info}",
+    )
     for r, s in want.items():
         got = st.load_state("job", r)
         check(sorted(got) == sorted(s), f"{label}: rank {r} names")
         for k, t in s.items():
             g = got[k]
-            check(g.dtype == t.dtype and tuple(g.shape) == tuple(t.shape) and torch.equal(g, t),
-                  f"{label}: rank {r} {k} equal")
+            check(
+                g.dtype == t.dtype and tuple(g.shape) == tuple(t.shape) and torch.equal(g, t),
+                f"{label}: rank {r} {k} equal",
+            )
     # Committed versions are immutable.
     raises(tenplex.Error, lambda: st.save_state("job", v, 0, state(9)), f"{label}: write into a committed version")
     raises(tenplex.NotFoundError, lambda: st.load_state("nojob", 0), f"{label}: unknown job")
@@ -75,8 +80,10 @@ def round_trip(st, label):
         st.save_state("job", v2, 0, bad)
         check(False, f"{label}: save_state with an int value raised nothing")
     except tenplex.InvalidArgumentError as e:
-        check("'step'" in str(e) and "int" in str(e) and "torch.Tensor" in str(e),
-              f"{label}: save_state names the key and type: {e}")
+        check(
+            "'step'" in str(e) and "int" in str(e) and "torch.Tensor" in str(e),
+            f"{label}: save_state names the key and type: {e}",
+        )
     except Exception as e:  # noqa: BLE001
         check(False, f"{label}: save_state with an int value: {type(e).__name__}: {e}")
     check(st._s.list(f"jobs/job/{v2}/") == [], f"{label}: nothing written for a rejected state")
@@ -93,9 +100,11 @@ def admin(st, label):
     st.commit("adm", v3, keep_old=True)
     check("adm" in st.jobs() and st.jobs() == sorted(st.jobs()), f"{label}: jobs() lists the job: {st.jobs()}")
     vs = st.versions("adm")
-    check([(v["version"], v["committed"], v["current"]) for v in vs] == [(1, True, False), (2, False, False),
-                                                                      (3, True, True)],
-          f"{label}: versions() {[(v['version'], v['committed'], v['current']) for v in vs]}")
+    check(
+        [(v["version"], v["committed"], v["current"]) for v in vs]
+        == [(1, True, False), (2, False, False), (3, True, True)],
+        f"{label}: versions() {[(v['version'], v['committed'], v['current']) for v in vs]}",
+    )
     check(vs[2]["info"]["step"] == 3 and vs[2]["bytes"] == 16, f"{label}: version info and bytes {vs[2]}")
     st.delete("adm", 2)
     st.delete("adm", 1)
@@ -120,8 +129,13 @@ def main():
     maps = open("/proc/self/maps").read()
     check("rank-00001/decoder.layers.0.mlp.linear_fc1.weight" in maps, "loaded tensor maps the store's shm file")
     t.add_(1)
-    check(torch.equal(st.load_state("job", 1)["decoder.layers.0.mlp.linear_fc1.weight"],
-                      state(1)["decoder.layers.0.mlp.linear_fc1.weight"]), "writes to a loaded tensor do not reach the store")
+    check(
+        torch.equal(
+            st.load_state("job", 1)["decoder.layers.0.mlp.linear_fc1.weight"],
+            state(1)["decoder.layers.0.mlp.linear_fc1.weight"],
+        ),
+        "writes to a loaded tensor do not reach the store",
+    )
     raises(ValueError, lambda: tenplex.parse_config("tp=0"), "bad config is a ValueError")
     raises(ValueError, lambda: tenplex.layout_json("gpt3-125m", "tp=5"), "impossible layout is a ValueError")
     lay = json.loads(tenplex.layout_json("gpt3-125m", "tp=2,pp=2"))
@@ -129,19 +143,30 @@ def main():
 
     # Issue 16 bug 6: without torch, `tenplex.attach` says which module is missing and
     # which interpreter to use (it was "module 'tenplex' has no attribute 'attach'").
-    code = ("import sys; sys.modules['torch'] = None; import tenplex\n"
-            "try:\n    tenplex.attach()\nexcept ImportError as e:\n    print(e)\n")
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       env=dict(os.environ, PYTHONPATH=os.path.join(repo, "python")))
-    check(p.returncode == 0 and "'torch'" in p.stdout and ".venv/bin/python" in p.stdout,
-          f"import without torch names the module and the interpreter: {p.stdout.strip()} {p.stderr.strip()}")
+    code = (
+        "import sys; sys.modules['torch'] = None; import tenplex\n"
+        "try:\n    tenplex.attach()\nexcept ImportError as e:\n    print(e)\n"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=os.path.join(repo, "python")),
+    )
+    check(
+        p.returncode == 0 and "'torch'" in p.stdout and ".venv/bin/python" in p.stdout,
+        f"import without torch names the module and the interpreter: {p.stdout.strip()} {p.stderr.strip()}",
+    )
 
     # A daemon on this machine, through the same API.
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    d = subprocess.Popen([tenplex_bin, "store", "serve", "--listen", f"127.0.0.1:{port}"],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    d = subprocess.Popen(
+        [tenplex_bin, "store", "serve", "--listen", f"127.0.0.1:{port}"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         url = f"http://127.0.0.1:{port}"
         for _ in range(100):

@@ -5,7 +5,7 @@ code; a second implementation lives only here, as the oracle).
 
 usage: python_reference_test.py TENPLEX_BIN REPO_ROOT
 """
-import json
+
 import os
 import random
 import subprocess
@@ -34,23 +34,94 @@ def check(cond, what):
 
 
 MODELS = {
-    "small": ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--vocab-size", "250",
-              "--max-position-embeddings", "64"],
-    "llama": ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "8", "--num-query-groups", "2",
-              "--ffn-hidden-size", "96", "--vocab-size", "250", "--make-vocab-size-divisible-by", "64",
-              "--position-embedding-type", "rope", "--swiglu", "--untie-embeddings-and-output-weights",
-              "--normalization", "RMSNorm", "--disable-bias-linear"],
-    "bf16": ["--num-layers", "3", "--hidden-size", "32", "--num-attention-heads", "4", "--vocab-size", "100",
-             "--max-position-embeddings", "16", "--params-dtype", "bf16"],
-    "nostate": ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--vocab-size", "33",
-                "--make-vocab-size-divisible-by", "8", "--max-position-embeddings", "16", "--optimizer", "none"],
+    "small": [
+        "--num-layers",
+        "4",
+        "--hidden-size",
+        "64",
+        "--num-attention-heads",
+        "4",
+        "--vocab-size",
+        "250",
+        "--max-position-embeddings",
+        "64",
+    ],
+    "llama": [
+        "--num-layers",
+        "4",
+        "--hidden-size",
+        "64",
+        "--num-attention-heads",
+        "8",
+        "--num-query-groups",
+        "2",
+        "--ffn-hidden-size",
+        "96",
+        "--vocab-size",
+        "250",
+        "--make-vocab-size-divisible-by",
+        "64",
+        "--position-embedding-type",
+        "rope",
+        "--swiglu",
+        "--untie-embeddings-and-output-weights",
+        "--normalization",
+        "RMSNorm",
+        "--disable-bias-linear",
+    ],
+    "bf16": [
+        "--num-layers",
+        "3",
+        "--hidden-size",
+        "32",
+        "--num-attention-heads",
+        "4",
+        "--vocab-size",
+        "100",
+        "--max-position-embeddings",
+        "16",
+        "--params-dtype",
+        "bf16",
+    ],
+    "nostate": [
+        "--num-layers",
+        "2",
+        "--hidden-size",
+        "32",
+        "--num-attention-heads",
+        "4",
+        "--vocab-size",
+        "33",
+        "--make-vocab-size-divisible-by",
+        "8",
+        "--max-position-embeddings",
+        "16",
+        "--optimizer",
+        "none",
+    ],
 }
-CONFIGS = ["tp=1", "tp=2", "tp=4", "pp=2", "dp=3", "tp=2,pp=2", "tp=2,dp=2,zero=1", "pp=3,layers=1+2+1",
-           "tp=2,pp=2,dp=2,zero=1", "pp=2,dp=3,zero=1", "tp=8", "pp=4",
-           # Spec §9 uneven splits (some are errors for some models: a rank with no unit).
-           "tp=2,tp_weights=3+1", "tp=3,tp_weights=1+1+1", "tp=2,tp_weights=1+1", "tp=4,tp_weights=4+3+2+1",
-           "tp=2,pp=2,dp=2,zero=1,tp_weights=1+2,dp_weights=2+1", "tp=3,pp=2,dp=3,zero=1,tp_weights=5+2+3",
-           "dp=3,dp_weights=1+2+3"]
+CONFIGS = [
+    "tp=1",
+    "tp=2",
+    "tp=4",
+    "pp=2",
+    "dp=3",
+    "tp=2,pp=2",
+    "tp=2,dp=2,zero=1",
+    "pp=3,layers=1+2+1",
+    "tp=2,pp=2,dp=2,zero=1",
+    "pp=2,dp=3,zero=1",
+    "tp=8",
+    "pp=4",
+    # Spec §9 uneven splits (some are errors for some models: a rank with no unit).
+    "tp=2,tp_weights=3+1",
+    "tp=3,tp_weights=1+1+1",
+    "tp=2,tp_weights=1+1",
+    "tp=4,tp_weights=4+3+2+1",
+    "tp=2,pp=2,dp=2,zero=1,tp_weights=1+2,dp_weights=2+1",
+    "tp=3,pp=2,dp=3,zero=1,tp_weights=5+2+3",
+    "dp=3,dp_weights=1+2+3",
+]
 
 
 def compare_layouts(tmp):
@@ -82,26 +153,38 @@ def compare_layouts(tmp):
                     want = layout_ref.local_params(ref, rcfg, pp, tp)
                     check([p.name for p in got] == [p.name for p in want], f"{name} {text} ({pp},{tp}): names")
                     for a, b in zip(got, want):
-                        same = (a.path == b.path and a.dtype == b.dtype and a.shape == list(b.shape) and
-                                a.global_shape == b.global_shape and a.rule == b.rule and a.alias == b.alias and
-                                [(list(map(tuple, g)), list(map(tuple, l))) for g, l in a.pieces] ==
-                                [(list(map(tuple, g)), list(map(tuple, l))) for g, l in b.pieces])
+                        same = (
+                            a.path == b.path
+                            and a.dtype == b.dtype
+                            and a.shape == list(b.shape)
+                            and a.global_shape == b.global_shape
+                            and a.rule == b.rule
+                            and a.alias == b.alias
+                            and [(list(map(tuple, g)), list(map(tuple, loc))) for g, loc in a.pieces]
+                            == [(list(map(tuple, g)), list(map(tuple, loc))) for g, loc in b.pieces]
+                        )
                         check(same, f"{name} {text} ({pp},{tp}) {a.name}: {vars(a)} vs {vars(b)}")
                         g = torch.randn(a.global_shape)
-                        check(torch.equal(a.slice(g), b.slice(g)) and torch.equal(a.padding_mask(), b.padding_mask()),
-                              f"{name} {text} {a.name}: slice/padding")
+                        check(
+                            torch.equal(a.slice(g), b.slice(g)) and torch.equal(a.padding_mask(), b.padding_mask()),
+                            f"{name} {text} {a.name}: slice/padding",
+                        )
             for r in range(cfg.world_size):
-                check(layout.rank_tensors(ours, cfg, r) == [(n, d, list(s)) for n, d, s in
-                                                            layout_ref.rank_tensors(ref, rcfg, r)],
-                      f"{name} {text} rank {r}: rank_tensors")
+                check(
+                    layout.rank_tensors(ours, cfg, r)
+                    == [(n, d, list(s)) for n, d, s in layout_ref.rank_tensors(ref, rcfg, r)],
+                    f"{name} {text} rank {r}: rank_tensors",
+                )
     rng = random.Random(9)
     for _ in range(500):
         units, w = rng.randrange(0, 200), [rng.randrange(1, 9) for _ in range(rng.randrange(1, 7))]
         check(list(_tenplex.apportion(units, w)) == layout_ref.apportion(units, w), f"apportion({units}, {w})")
     for total, dp in [(0, 1), (10, 3), (12, 4), (7, 8), (1000003, 16)]:
         for r in range(dp):
-            check(tuple(layout.flat_range(total, dp, r)) == tuple(layout_ref.flat_range(total, dp, r)),
-                  f"flat_range({total}, {dp}, {r})")
+            check(
+                tuple(layout.flat_range(total, dp, r)) == tuple(layout_ref.flat_range(total, dp, r)),
+                f"flat_range({total}, {dp}, {r})",
+            )
 
 
 def compare_orders():
@@ -111,7 +194,7 @@ def compare_orders():
     for n, seed, b in cases:
         b = b or rng.randrange(1, n + 1)
         ours, ref = data.Order(n, seed, b), data_ref.Order(n, seed, b)
-        for step in list(range(0, 3 * (n // b) + 2)) + [10 ** 6]:
+        for step in list(range(0, 3 * (n // b) + 2)) + [10**6]:
             check(ours.batch(step) == ref.batch(step), f"order n={n} seed={seed} B={b} step {step}")
         for dp in sorted({1, 2, 3, b}):
             if dp > b:
@@ -128,8 +211,10 @@ def compare_orders():
                 except ValueError:
                     got = None
                 check(got == want, f"rank_slice({b}, {dp}, {r}, {w}): {got} vs {want}")
-                check(data.step_samples(n, seed, b, 2 * b, dp, r) == data_ref.step_samples(n, seed, b, 2 * b, dp, r),
-                      f"step_samples n={n} B={b} dp={dp} r={r}")
+                check(
+                    data.step_samples(n, seed, b, 2 * b, dp, r) == data_ref.step_samples(n, seed, b, 2 * b, dp, r),
+                    f"step_samples n={n} B={b} dp={dp} r={r}",
+                )
     for bad in [lambda m: m.Order(3, 1, 4), lambda m: m.Order(10, 1, 0), lambda m: m.Order(10, 1, 2).step_of(3)]:
         for m in (data, data_ref):
             try:

@@ -22,6 +22,7 @@ proves independence from it by removing the helper from the installed prefix: th
 installed CLI must then fail naming the prefix, where a CLI that used the source path
 compiled into it (issue 34's finding) would succeed through the checkout's python/.
 """
+
 import json
 import math
 import os
@@ -62,8 +63,11 @@ def free_port():
 
 def base_env(home):
     """The caller's environment without tenplex's variables (a new user has none)."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("TENPLEX", "TORCH")) and k not in ("PYTHONPATH", "MASTER_ADDR", "MASTER_PORT")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("TENPLEX", "TORCH")) and k not in ("PYTHONPATH", "MASTER_ADDR", "MASTER_PORT")
+    }
     env.update(HOME=home, OMP_NUM_THREADS="1")
     return env
 
@@ -89,8 +93,9 @@ def start_hosts(blocks, env, tmp, net):
         os.makedirs(folder)
         shm = tempfile.mkdtemp(prefix=f"tenplex-recipe-{i}-", dir="/dev/shm")
         port = same_port if net else free_port()
-        host_env = dict(env, RDZV_PORT=str(rdzv_port), STORE_PORT=str(port), NNODES="2:2", NPROC="2",
-                        STEPS="4", SHM_DIR=shm)
+        host_env = dict(
+            env, RDZV_PORT=str(rdzv_port), STORE_PORT=str(port), NNODES="2:2", NPROC="2", STEPS="4", SHM_DIR=shm
+        )
         prefix = ()
         if net:  # the recipe's own defaults for this node's address (`hostname -I`)
             prefix = (*net.prefix(i), "unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', net.addr(i))
@@ -99,8 +104,14 @@ def start_hosts(blocks, env, tmp, net):
             host_env.update(RDZV_HOST="127.0.0.1", NODE_ADDR="127.0.0.1", GLOO_SOCKET_IFNAME="lo")
         script = blocks["settings"] + "\n" + blocks[block]
         out = open(os.path.join(tmp, f"host{i}.log"), "w")
-        proc = subprocess.Popen([*prefix, "bash", "-c", script], cwd=folder, env=host_env, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [*prefix, "bash", "-c", script],
+            cwd=folder,
+            env=host_env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         hosts.append((proc, folder, shm, port))
     return hosts
 
@@ -112,7 +123,7 @@ def check_job(hosts, tmp, net):
             proc.wait(max(1, deadline - time.time()))
         except subprocess.TimeoutExpired:
             pass
-    for i, (proc, folder, shm, port) in enumerate(hosts):
+    for i, (proc, _folder, _shm, _port) in enumerate(hosts):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
@@ -124,8 +135,13 @@ def check_job(hosts, tmp, net):
     lines = [json.loads(x) for x in open(logs[0])] if logs else []
     steps = {x["step"]: x for x in lines if "loss" in x}
     check(sorted(steps) == [0, 1, 2, 3], f"steps 0-3 trained: {sorted(steps)}")
-    check(all(x["world_size"] == 4 and x["config"] == "tp=2,pp=1,dp=2" and math.isfinite(x["loss"])
-              for x in steps.values()), "on both hosts (world size 4, tp=2,dp=2), finite losses")
+    check(
+        all(
+            x["world_size"] == 4 and x["config"] == "tp=2,pp=1,dp=2" and math.isfinite(x["loss"])
+            for x in steps.values()
+        ),
+        "on both hosts (world size 4, tp=2,dp=2), finite losses",
+    )
     check(any(x.get("event") == "commit" and x.get("step") == 4 for x in lines), "step 4 committed")
     for i, (_, _, shm, port) in enumerate(hosts):
         check(len(os.listdir(shm)) > 0, f"host {i}'s daemon kept its state in --shm-dir {shm}")
@@ -139,8 +155,10 @@ def test_recipe(tenplex, repo, tmp, netns):
     blocks = recipes(repo)
     check({"token", "settings", "node", "node-sh"} <= set(blocks), f"recipe blocks in docs/deploy.md: {sorted(blocks)}")
     node = blocks.get("node", "")
-    check("last_call_timeout=" in node and re.search(r"--monitor_interval=[1-5]\b", node) is not None,
-          "the recipe sets torchrun's last call and a short monitor interval")
+    check(
+        "last_call_timeout=" in node and re.search(r"--monitor_interval=[1-5]\b", node) is not None,
+        "the recipe sets torchrun's last call and a short monitor interval",
+    )
     check("--shm-dir" in node, "the recipe's daemon keeps its state in a --shm-dir")
     if failures:
         return
@@ -162,12 +180,34 @@ def test_recipe(tenplex, repo, tmp, netns):
 def export_hf(binary, tmp, name, env):
     """`tenplex export --to hf` of a fresh checkpoint with `binary` (it starts the helper)."""
     model, ck, out = (os.path.join(tmp, name + s) for s in ("-model.json", "-ck", "-hf"))
-    subprocess.run([binary, "model", "gpt", "--num-layers", "1", "--hidden-size", "8", "--num-attention-heads", "2",
-                    "--vocab-size", "16", "-o", model], check=True, env=env)
-    subprocess.run([binary, "ckpt", "init", "--model", model, "--config", "tp=1", "--out", ck], check=True, env=env,
-                   capture_output=True)
-    return subprocess.run([binary, "-v", "export", "--to", "hf", ck, "--out", out], capture_output=True,
-                          text=True, env=env, cwd=tmp), out
+    subprocess.run(
+        [
+            binary,
+            "model",
+            "gpt",
+            "--num-layers",
+            "1",
+            "--hidden-size",
+            "8",
+            "--num-attention-heads",
+            "2",
+            "--vocab-size",
+            "16",
+            "-o",
+            model,
+        ],
+        check=True,
+        env=env,
+    )
+    subprocess.run(
+        [binary, "ckpt", "init", "--model", model, "--config", "tp=1", "--out", ck],
+        check=True,
+        env=env,
+        capture_output=True,
+    )
+    return subprocess.run(
+        [binary, "-v", "export", "--to", "hf", ck, "--out", out], capture_output=True, text=True, env=env, cwd=tmp
+    ), out
 
 
 def test_install(tenplex, repo, tmp, build):
@@ -176,30 +216,54 @@ def test_install(tenplex, repo, tmp, build):
     prefix = os.path.join(tmp, "prefix")
     subprocess.run(["cmake", "--install", build, "--prefix", prefix], check=True, capture_output=True)
     pip = os.path.join(tmp, "pip")
-    p = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index",
-                        "--prefix", pip, repo], capture_output=True, text=True, cwd=tmp,
-                       env=dict(os.environ, TENPLEX_BUILD_DIR=build))
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--prefix",
+            pip,
+            repo,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp,
+        env=dict(os.environ, TENPLEX_BUILD_DIR=build),
+    )
     check(p.returncode == 0, f"pip install --prefix: {p.stderr[-1000:]}")
     for root in (prefix, pip):
         binary = os.path.join(root, "bin", "tenplex")
         check(os.access(binary, os.X_OK), f"{binary} installed")
         p, out = export_hf(binary, tmp, os.path.basename(root), env)
         used = re.search(r"with the tenplex package of (\S+)", p.stderr)
-        check(p.returncode == 0 and os.path.exists(os.path.join(out, "config.json")),
-              f"{root}: the installed CLI runs its Python helper: {p.stderr[-800:]}")
-        check(used is not None and used.group(1).startswith(os.path.realpath(root) + "/"),
-              f"{root}: the helper used is the installed one: {used and used.group(1)}")
+        check(
+            p.returncode == 0 and os.path.exists(os.path.join(out, "config.json")),
+            f"{root}: the installed CLI runs its Python helper: {p.stderr[-800:]}",
+        )
+        check(
+            used is not None and used.group(1).startswith(os.path.realpath(root) + "/"),
+            f"{root}: the helper used is the installed one: {used and used.group(1)}",
+        )
     # pip into an environment: the CLI in ENV/bin uses ENV/bin/python3 (here a link to ours).
     os.symlink(sys.executable, os.path.join(pip, "bin", "python3"))
     p, _ = export_hf(os.path.join(pip, "bin", "tenplex"), tmp, "venv", dict(env, TENPLEX_PYTHON=""))
-    check(p.returncode == 0 and f"running {os.path.realpath(pip)}/bin/python3 -m" in p.stderr,
-          f"the CLI in an environment's bin/ runs that environment's python3: {p.stderr[-600:]}")
+    check(
+        p.returncode == 0 and f"running {os.path.realpath(pip)}/bin/python3 -m" in p.stderr,
+        f"the CLI in an environment's bin/ runs that environment's python3: {p.stderr[-600:]}",
+    )
     # The helper gone from the prefix: an error naming where it looked, no source tree.
     shutil.rmtree(os.path.join(used.group(1) if used else prefix, "tenplex", "interop"), ignore_errors=True)
     p, _ = export_hf(os.path.join(pip, "bin", "tenplex"), tmp, "gone", env)
-    check(p.returncode != 0 and "looked in " + os.path.join(pip, "bin", "..") in p.stderr and
-          os.path.realpath(repo) + "/python" not in p.stderr,
-          f"without its helper the installed CLI fails naming the prefix, not using the checkout: {p.stderr[-600:]}")
+    check(
+        p.returncode != 0
+        and "looked in " + os.path.join(pip, "bin", "..") in p.stderr
+        and os.path.realpath(repo) + "/python" not in p.stderr,
+        f"without its helper the installed CLI fails naming the prefix, not using the checkout: {p.stderr[-600:]}",
+    )
 
 
 def main():

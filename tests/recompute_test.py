@@ -18,6 +18,7 @@ test_cli: train.py's own main (argument checks, run_segment) through launch.py w
 --recompute-activations in tp=2: the sweep's losses, and the attention core run twice.
 test_bad_*: Megatron's rules (ValueError naming the argument); train.py exits 2 with it.
 """
+
 import json
 import logging
 import math
@@ -25,20 +26,20 @@ import os
 import subprocess
 import sys
 from datetime import timedelta
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Optional
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 GPT = os.path.join(ROOT, "examples", "gpt")
 sys.path.insert(0, GPT)
 sys.path.insert(0, os.path.join(ROOT, "python"))
 
+import launch  # noqa: E402
+import model as gpt  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-
-import launch  # noqa: E402
-import model as gpt  # noqa: E402
 import train  # noqa: E402
+
 from tenplex import layout as L  # noqa: E402
 
 log = logging.getLogger("recompute_test")
@@ -46,26 +47,70 @@ log = logging.getLogger("recompute_test")
 WORKER_ENV = "TENPLEX_RECOMPUTE_TEST"  # "sweep:DIR" or "cli:DIR": this process is a rank
 STEPS = 3
 BATCH, MICRO = 4, 2
-TRAIN = ["--global-batch-size", str(BATCH), "--micro-batch-size", str(MICRO), "--seq-length", "32",
-         "--steps", str(STEPS), "--timeout", "120"]
-GPT2 = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--vocab-size", "250",
-        "--max-position-embeddings", "64"]
-LLAMA = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "8", "--num-query-groups", "2",
-         "--ffn-hidden-size", "96", "--vocab-size", "250", "--position-embedding-type", "rope", "--swiglu",
-         "--untie-embeddings-and-output-weights", "--normalization", "RMSNorm", "--disable-bias-linear"]
+TRAIN = [
+    "--global-batch-size",
+    str(BATCH),
+    "--micro-batch-size",
+    str(MICRO),
+    "--seq-length",
+    "32",
+    "--steps",
+    str(STEPS),
+    "--timeout",
+    "120",
+]
+GPT2 = [
+    "--num-layers",
+    "4",
+    "--hidden-size",
+    "64",
+    "--num-attention-heads",
+    "4",
+    "--vocab-size",
+    "250",
+    "--max-position-embeddings",
+    "64",
+]
+LLAMA = [
+    "--num-layers",
+    "4",
+    "--hidden-size",
+    "64",
+    "--num-attention-heads",
+    "8",
+    "--num-query-groups",
+    "2",
+    "--ffn-hidden-size",
+    "96",
+    "--vocab-size",
+    "250",
+    "--position-embedding-type",
+    "rope",
+    "--swiglu",
+    "--untie-embeddings-and-output-weights",
+    "--normalization",
+    "RMSNorm",
+    "--disable-bias-linear",
+]
 # name -> (train.py flags, (granularity, method, N) as the test reads them)
-MODES: Dict[str, Tuple[List[str], Tuple[Optional[str], Optional[str], int]]] = {
+MODES: dict[str, tuple[list[str], tuple[Optional[str], Optional[str], int]]] = {
     "none": ([], (None, None, 0)),
     "selective": (["--recompute-granularity", "selective"], ("selective", None, 0)),
     "full_uniform_1": (["--recompute-granularity", "full"], ("full", "uniform", 1)),
-    "full_uniform_2": (["--recompute-granularity", "full", "--recompute-method", "uniform",
-                        "--recompute-num-layers", "2"], ("full", "uniform", 2)),
-    "full_block_1": (["--recompute-granularity", "full", "--recompute-method", "block",
-                      "--recompute-num-layers", "1"], ("full", "block", 1)),
-    "full_block_3": (["--recompute-granularity", "full", "--recompute-method", "block",
-                      "--recompute-num-layers", "3"], ("full", "block", 3)),
+    "full_uniform_2": (
+        ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "2"],
+        ("full", "uniform", 2),
+    ),
+    "full_block_1": (
+        ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", "1"],
+        ("full", "block", 1),
+    ),
+    "full_block_3": (
+        ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", "3"],
+        ("full", "block", 3),
+    ),
 }
-Result = Dict[str, Any]
+Result = dict[str, Any]
 
 
 # ---- the ranks (this file run by launch.py) ---------------------------------------
@@ -98,7 +143,7 @@ class _Held:
         self.meter.live -= self.nbytes
 
 
-def run_mode(argv: List[str], flags: List[str], model: L.Model, cfg: L.Config) -> Tuple[Result, dict]:
+def run_mode(argv: list[str], flags: list[str], model: L.Model, cfg: L.Config) -> tuple[Result, dict]:
     """Trains --steps steps from fresh weights with `flags`; the result and the final state."""
     args = train.parse_args(argv + flags)
     trainer = train.Trainer(args, model, cfg, args.world_rank)
@@ -111,22 +156,31 @@ def run_mode(argv: List[str], flags: List[str], model: L.Model, cfg: L.Config) -
             losses.append(loss)
             norms.append(norm)
     calls = {k: gpt.CALLS[k] - before[k] for k in before}
-    result = {"losses": losses, "grad_norms": norms, "calls": calls, "peak_saved_bytes": meter.peak,
-              "local_layers": trainer.stage.num_local_layers}
+    result = {
+        "losses": losses,
+        "grad_norms": norms,
+        "calls": calls,
+        "peak_saved_bytes": meter.peak,
+        "local_layers": trainer.stage.num_local_layers,
+    }
     return result, dict(trainer.state_tensors())
 
 
-def sweep_worker(argv: List[str], out: str) -> None:
+def sweep_worker(argv: list[str], out: str) -> None:
     """Every mode of MODES in one process group; writes OUT/sweep-RANK.json."""
     base = train.parse_args(argv)
     torch.set_num_threads(base.threads)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", init_method=f"tcp://{base.master_addr}:{base.master_port}",
-                            rank=base.world_rank, world_size=base.world_size,
-                            timeout=timedelta(seconds=base.timeout))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://{base.master_addr}:{base.master_port}",
+        rank=base.world_rank,
+        world_size=base.world_size,
+        timeout=timedelta(seconds=base.timeout),
+    )
     model, cfg = L.Model.load(base.model), L.Config.parse(base.config)
-    results: Dict[str, Result] = {}
-    baseline: Dict[str, torch.Tensor] = {}
+    results: dict[str, Result] = {}
+    baseline: dict[str, torch.Tensor] = {}
     for name, (flags, _) in MODES.items():
         result, state = run_mode(argv, flags, model, cfg)
         baseline = baseline or state
@@ -140,7 +194,7 @@ def sweep_worker(argv: List[str], out: str) -> None:
         json.dump(results, f)
 
 
-def cli_worker(argv: List[str], out: str) -> None:
+def cli_worker(argv: list[str], out: str) -> None:
     """train.py's main; then writes model.CALLS to OUT/cli-RANK.json."""
     train.main(argv)
     rank = train.parse_args(argv).world_rank
@@ -155,14 +209,14 @@ def tenplex_bin() -> str:
     return os.environ.get("TENPLEX_BIN") or os.path.join(ROOT, "build", "bin", "tenplex")
 
 
-def make_model(directory: str, name: str, args: List[str]) -> str:
+def make_model(directory: str, name: str, args: list[str]) -> str:
     path = os.path.join(directory, name + ".json")
     if not os.path.exists(path):
         subprocess.run([tenplex_bin(), "model", "gpt", "-o", path] + args, check=True)
     return path
 
 
-def run_ranks(kind: str, config: str, args: List[str], out: str) -> None:
+def run_ranks(kind: str, config: str, args: list[str], out: str) -> None:
     """Runs every rank of `config` as this file in worker mode `kind`."""
     os.environ[WORKER_ENV] = f"{kind}:{out}"
     try:
@@ -172,7 +226,7 @@ def run_ranks(kind: str, config: str, args: List[str], out: str) -> None:
     assert rc == 0, f"{kind} {config}: a rank exited with {rc}"
 
 
-def expected_calls(spec: Tuple[Optional[str], Optional[str], int], layers: int) -> Dict[str, int]:
+def expected_calls(spec: tuple[Optional[str], Optional[str], int], layers: int) -> dict[str, int]:
     """model.CALLS of one rank over STEPS steps of `layers` local layers."""
     granularity, method, n = spec
     micro = STEPS * (BATCH // MICRO)  # forwards of the stage (dp = 1)
@@ -183,11 +237,14 @@ def expected_calls(spec: Tuple[Optional[str], Optional[str], int], layers: int) 
         recomputed, regions = layers, math.ceil(layers / n)
     elif method == "block":
         recomputed = regions = min(n, layers)
-    return {"layer": micro * (layers + recomputed), "attention_core": micro * (layers + recomputed + cores),
-            "checkpoint": micro * regions}
+    return {
+        "layer": micro * (layers + recomputed),
+        "attention_core": micro * (layers + recomputed + cores),
+        "checkpoint": micro * regions,
+    }
 
 
-def check_rank(config: str, rank: int, results: Dict[str, Result], pp: int) -> None:
+def check_rank(config: str, rank: int, results: dict[str, Result], pp: int) -> None:
     base = results["none"]
     for name, (_, spec) in MODES.items():
         r = results[name]
@@ -198,14 +255,15 @@ def check_rank(config: str, rank: int, results: Dict[str, Result], pp: int) -> N
         assert r["state_equal"], f"{what}: final state differs by up to {r['state_max_diff']:.3e}"
         assert r["calls"] == expected_calls(spec, 4 // pp), f"{what}: calls {r['calls']}"
         if name != "none":
-            assert r["peak_saved_bytes"] < base["peak_saved_bytes"], \
+            assert r["peak_saved_bytes"] < base["peak_saved_bytes"], (
                 f"{what}: {r['peak_saved_bytes']} saved bytes at peak, {base['peak_saved_bytes']} without"
+            )
     peaks = {name: r["peak_saved_bytes"] for name, r in results.items()}
     log.info("%s rank %d: peak saved bytes %s", config, rank, peaks)
 
 
 SWEEPS = {"tp=1": "llama", "tp=2": "llama", "pp=2": "gpt2"}  # config -> model
-_swept: Dict[str, List[Dict[str, Result]]] = {}
+_swept: dict[str, list[dict[str, Result]]] = {}
 
 
 @pytest.fixture(scope="module")
@@ -213,7 +271,7 @@ def tmp(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(tmp_path_factory.mktemp("recompute"))
 
 
-def sweep(tmp: str, config: str) -> List[Dict[str, Result]]:
+def sweep(tmp: str, config: str) -> list[dict[str, Result]]:
     """Every rank's results of the sweep in `config` (run once)."""
     if config not in _swept:
         name = SWEEPS[config]
@@ -233,8 +291,13 @@ def test_sweep(tmp: str, config: str) -> None:
     results = sweep(tmp, config)
     for rank, res in enumerate(results):
         check_rank(config, rank, res, L.Config.parse(config).pp)
-    log.info("%s (%s): %d settings, losses, gradient norms and final state bit for bit equal; losses %s",
-             config, SWEEPS[config], len(MODES), results[0]["none"]["losses"])
+    log.info(
+        "%s (%s): %d settings, losses, gradient norms and final state bit for bit equal; losses %s",
+        config,
+        SWEEPS[config],
+        len(MODES),
+        results[0]["none"]["losses"],
+    )
 
 
 def test_cli(tmp: str) -> None:
@@ -260,14 +323,16 @@ BAD = [  # (train.py flags, the argument the message must name)
     (["--recompute-granularity", "selective", "--recompute-method", "uniform"], "--recompute-method"),
     (["--recompute-activations", "--recompute-num-layers", "2"], "--recompute-num-layers"),
     (["--recompute-granularity", "full", "--recompute-num-layers", "0"], "--recompute-num-layers"),
-    (["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", "-1"],
-     "--recompute-num-layers"),
+    (
+        ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", "-1"],
+        "--recompute-num-layers",
+    ),
     (["--recompute-activations", "--recompute-granularity", "full"], "--recompute-activations"),
 ]
 
 
 @pytest.mark.parametrize("flags,argument", BAD)
-def test_bad_combination_checked(flags: List[str], argument: str) -> None:
+def test_bad_combination_checked(flags: list[str], argument: str) -> None:
     with pytest.raises(ValueError, match=argument):
         gpt.Recompute.from_args(train.parse_args(["--config", "tp=1"] + flags))
 
@@ -282,11 +347,20 @@ def test_bad_combinations_exit(tmp: str) -> None:
     """train.py exits 2 with one line naming the argument, before joining a process group
     (the last run under --elastic, whose checks are its own)."""
     model = make_model(tmp, "gpt2", GPT2)
-    runs = [(["--config", "tp=1", "--model", model] + BAD[0][0], BAD[0][1]),
-            (["--config", "tp=1", "--model", model] + BAD[3][0], BAD[3][1]),
-            (["--elastic", '{"1": "tp=1"}', "--model", model] + BAD[5][0], BAD[5][1])]
-    procs = [subprocess.Popen([sys.executable, os.path.join(GPT, "train.py")] + args, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for args, _ in runs]
+    runs = [
+        (["--config", "tp=1", "--model", model] + BAD[0][0], BAD[0][1]),
+        (["--config", "tp=1", "--model", model] + BAD[3][0], BAD[3][1]),
+        (["--elastic", '{"1": "tp=1"}', "--model", model] + BAD[5][0], BAD[5][1]),
+    ]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, os.path.join(GPT, "train.py")] + args,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for args, _ in runs
+    ]
     for p, (args, argument) in zip(procs, runs):
         _, err = p.communicate(timeout=120)
         assert p.returncode == 2, f"train.py {' '.join(args)}: exit {p.returncode}\n{err}"
@@ -302,13 +376,30 @@ def test_torchrun_policy_knobs() -> None:
 
     args = train.parse_args(["--elastic", "suggest:--model m.json --device-profile cpu", "--micro-batch-size", "2"])
     policy = elastic_train.example_policy(args)
-    assert policy.split()[-9:] == ["--global-batch", "8", "--micro-batch", "2", "--seq-length", "64",
-                                   "--virtual-stages", "1", "--no-sequence-parallel"], policy
+    assert policy.split()[-9:] == [
+        "--global-batch",
+        "8",
+        "--micro-batch",
+        "2",
+        "--seq-length",
+        "64",
+        "--virtual-stages",
+        "1",
+        "--no-sequence-parallel",
+    ], policy
     pinned = train.parse_args(["--elastic", "suggest:--model m.json --micro-batch 4 --sequence-parallel"])
     assert elastic_train.example_policy(pinned).count("--micro-batch") == 1
     assert "--no-sequence-parallel" not in elastic_train.example_policy(pinned)
-    knobs = ["--micro-batch-size", "2", "--recompute-granularity", "full", "--recompute-method", "block",
-             "--recompute-num-layers", "3"]
+    knobs = [
+        "--micro-batch-size",
+        "2",
+        "--recompute-granularity",
+        "full",
+        "--recompute-method",
+        "block",
+        "--recompute-num-layers",
+        "3",
+    ]
     elastic_train.apply_knobs(args, knobs)
     assert gpt.Recompute.from_args(args).describe() == "full:3"
     own = train.parse_args(["--elastic", "x", "--recompute-activations"])
@@ -324,5 +415,17 @@ if __name__ == "__main__":
     else:
         if len(sys.argv) > 1:
             os.environ["TENPLEX_BIN"] = os.path.abspath(sys.argv[1])
-        sys.exit(pytest.main([os.path.abspath(__file__), "-q", "-p", "no:cacheprovider", "-o", "log_cli=true",
-                              "--log-cli-level=INFO", "--durations=0"]))
+        sys.exit(
+            pytest.main(
+                [
+                    os.path.abspath(__file__),
+                    "-q",
+                    "-p",
+                    "no:cacheprovider",
+                    "-o",
+                    "log_cli=true",
+                    "--log-cli-level=INFO",
+                    "--durations=0",
+                ]
+            )
+        )

@@ -13,6 +13,7 @@ left in the namespaces, then removes the namespaces.
 Where something is missing (not root, no namespaces, no Slurm or munge) the constructor
 prints "SKIP: ..." and exits 77.
 """
+
 import os
 import shutil
 import signal
@@ -32,9 +33,11 @@ SBIN = ["/usr/sbin", "/sbin"]
 # `ip netns exec` would replace together with the cgroup mounts) with the machine's cgroup mounts
 # kept (slurmd 22.05 looks for them even with cgroup-free plugins); /etc/hosts naming the nodes
 # (the machine's file untouched); /dev/shm a tmpfs of its own, as on separate machines.
-NODE_SETUP = ('hostname "$0" && mount --rbind /sys/fs/cgroup "$2" && mount -t sysfs sysfs /sys'
-              ' && mount --rbind "$2" /sys/fs/cgroup && mount --bind "$1" /etc/hosts'
-              ' && mount -t tmpfs -o size=4g tmpfs /dev/shm')
+NODE_SETUP = (
+    'hostname "$0" && mount --rbind /sys/fs/cgroup "$2" && mount -t sysfs sysfs /sys'
+    ' && mount --rbind "$2" /sys/fs/cgroup && mount --bind "$1" /etc/hosts'
+    " && mount -t tmpfs -o size=4g tmpfs /dev/shm"
+)
 
 
 def which(name: str) -> str | None:
@@ -74,9 +77,22 @@ class SlurmCluster:
         $0 the node name, $1 the hosts file, $2 the cgroup mount point, then args."""
         cgroup = self.path("spool", self.names[i], "cgroup")
         os.makedirs(cgroup, exist_ok=True)
-        return [which("nsenter"), f"--net=/run/netns/{self.net.spaces[i]}", which("unshare"), "--uts", "--mount",
-                "--propagation", "private", "sh", "-c", NODE_SETUP + setup, self.names[i], self.path("hosts"),
-                cgroup, *args]
+        return [
+            which("nsenter"),
+            f"--net=/run/netns/{self.net.spaces[i]}",
+            which("unshare"),
+            "--uts",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            NODE_SETUP + setup,
+            self.names[i],
+            self.path("hosts"),
+            cgroup,
+            *args,
+        ]
 
     def _check_namespaces(self) -> None:
         """SystemExit(77) where a node's namespaces cannot be set up (no mount or UTS namespace here)."""
@@ -101,24 +117,56 @@ class SlurmCluster:
         key = self.path("munge", "munge.key")
         subprocess.run([which("mungekey"), "--create", "--keyfile", key], check=True, capture_output=True)
         self.munge_socket = self.path("munge", "munge.socket")
-        self._spawn("munged", [which("munged"), "--foreground", "--force", "--socket", self.munge_socket,
-                               "--key-file", key, "--pid-file", self.path("munge", "munged.pid"),
-                               "--seed-file", self.path("munge", "munged.seed"),
-                               "--log-file", self.path("munge", "munged.log")])
+        self._spawn(
+            "munged",
+            [
+                which("munged"),
+                "--foreground",
+                "--force",
+                "--socket",
+                self.munge_socket,
+                "--key-file",
+                key,
+                "--pid-file",
+                self.path("munge", "munged.pid"),
+                "--seed-file",
+                self.path("munge", "munged.seed"),
+                "--log-file",
+                self.path("munge", "munged.log"),
+            ],
+        )
         self._wait("munged's socket", lambda: os.path.exists(self.munge_socket), 20)
         self._write_conf(slurmd_timeout)
         # slurmctld checks that its host name is SlurmctldHost's: a UTS namespace of its own.
-        self._spawn("slurmctld", [which("unshare"), "--uts", "sh", "-c", 'hostname slurmctld && exec "$@"', "-",
-                                  which("slurmctld"), "-D", "-i", "-f", self.path("slurm.conf")])
+        self._spawn(
+            "slurmctld",
+            [
+                which("unshare"),
+                "--uts",
+                "sh",
+                "-c",
+                'hostname slurmctld && exec "$@"',
+                "-",
+                which("slurmctld"),
+                "-D",
+                "-i",
+                "-f",
+                self.path("slurm.conf"),
+            ],
+        )
         for i, n in enumerate(self.names):
-            self._spawn(n, self._node_cmd(i, ' && exec "$3" -D -N "$0" -f "$4"', which("slurmd"),
-                                          self.path("slurm.conf")))
+            self._spawn(
+                n, self._node_cmd(i, ' && exec "$3" -D -N "$0" -f "$4"', which("slurmd"), self.path("slurm.conf"))
+            )
         self._wait("every node idle", lambda: self.idle_nodes() == set(self.names), 60)
 
     def _write_conf(self, slurmd_timeout: int) -> None:
         self.ctld_port = free_port()
-        nodes = "\n".join(f"NodeName={n} NodeAddr={self.net.addr(i)} CPUs=2 Sockets=1 CoresPerSocket=2 "
-                          "ThreadsPerCore=1 RealMemory=1000 State=UNKNOWN" for i, n in enumerate(self.names))
+        nodes = "\n".join(
+            f"NodeName={n} NodeAddr={self.net.addr(i)} CPUs=2 Sockets=1 CoresPerSocket=2 "
+            "ThreadsPerCore=1 RealMemory=1000 State=UNKNOWN"
+            for i, n in enumerate(self.names)
+        )
         conf = f"""# generated by tests/slurm_cluster.py
 ClusterName=tenplextest
 SlurmctldHost=slurmctld({self.net.subnet}.1)
@@ -162,8 +210,9 @@ PartitionName=test Nodes={",".join(self.names)} Default=YES MaxTime=INFINITE Sta
 
     def _spawn(self, name: str, cmd: list[str]) -> None:
         log = open(self.path(f"{name}.out"), "w")
-        self.procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            start_new_session=True)
+        self.procs[name] = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
         log.close()
 
     def _wait(self, what: str, pred: Callable[[], bool], timeout: float) -> None:
@@ -173,8 +222,7 @@ PartitionName=test Nodes={",".join(self.names)} Default=YES MaxTime=INFINITE Sta
                 return
             for name, p in self.procs.items():
                 if p.poll() is not None:
-                    raise RuntimeError(f"{name} exited with {p.returncode} while waiting for {what}: "
-                                       f"{self.tail(name)}")
+                    raise RuntimeError(f"{name} exited with {p.returncode} while waiting for {what}: {self.tail(name)}")
             time.sleep(0.2)
         raise RuntimeError(f"timed out ({timeout} s) waiting for {what}")
 
@@ -191,8 +239,14 @@ PartitionName=test Nodes={",".join(self.names)} Default=YES MaxTime=INFINITE Sta
 
     def run(self, *args: str, check: bool = True, **kw) -> str:
         """A Slurm client command (sbatch, scontrol, ...) against this cluster; its stdout."""
-        p = subprocess.run([which(args[0]), *args[1:]], capture_output=True, text=True, env=kw.pop("env", self.env()),
-                           timeout=kw.pop("timeout", 30), **kw)
+        p = subprocess.run(
+            [which(args[0]), *args[1:]],
+            capture_output=True,
+            text=True,
+            env=kw.pop("env", self.env()),
+            timeout=kw.pop("timeout", 30),
+            **kw,
+        )
         if check and p.returncode != 0:
             raise RuntimeError(f"{' '.join(args)} failed ({p.returncode}): {p.stderr.strip()}")
         return p.stdout

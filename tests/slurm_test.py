@@ -23,6 +23,7 @@ last commit and finish. Checked: both jobs end (Slurm's states and exit codes, t
 stdout files), the worlds of the step log are 4, 6, 4, every step's loss is within 1e-3 of
 a static tp=1 run with the same samples, and no process is left in any namespace.
 """
+
 import json
 import os
 import signal
@@ -63,12 +64,36 @@ def prepare(tenplex: str, tmp: str) -> tuple[str, str]:
     """A fresh HOME with the token file and a job folder with gpt.json and policy.json (docs/deploy.md)."""
     home, jobdir = os.path.join(tmp, "home"), os.path.join(tmp, "job")
     os.makedirs(jobdir)
-    subprocess.run(["bash", "-c", "mkdir -p ~/.tenplex && chmod 700 ~/.tenplex && "
-                    "(umask 077 && head -c 32 /dev/urandom | base64 > ~/.tenplex/token)"],
-                   env=dict(os.environ, HOME=home), check=True)
-    subprocess.run([tenplex, "model", "gpt", "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads",
-                    "4", "--vocab-size", "128", "--max-position-embeddings", "32", "-o",
-                    os.path.join(jobdir, "gpt.json")], check=True)
+    subprocess.run(
+        [
+            "bash",
+            "-c",
+            "mkdir -p ~/.tenplex && chmod 700 ~/.tenplex && "
+            "(umask 077 && head -c 32 /dev/urandom | base64 > ~/.tenplex/token)",
+        ],
+        env=dict(os.environ, HOME=home),
+        check=True,
+    )
+    subprocess.run(
+        [
+            tenplex,
+            "model",
+            "gpt",
+            "--num-layers",
+            "2",
+            "--hidden-size",
+            "32",
+            "--num-attention-heads",
+            "4",
+            "--vocab-size",
+            "128",
+            "--max-position-embeddings",
+            "32",
+            "-o",
+            os.path.join(jobdir, "gpt.json"),
+        ],
+        check=True,
+    )
     with open(os.path.join(jobdir, "policy.json"), "w") as f:
         json.dump(POLICY, f)
     return home, jobdir
@@ -77,9 +102,26 @@ def prepare(tenplex: str, tmp: str) -> tuple[str, str]:
 def static_run(repo: str, jobdir: str) -> str:
     log = os.path.join(jobdir, "static.jsonl")
     t0 = time.time()
-    subprocess.run([PY, os.path.join(repo, "examples/gpt/train.py"), "--config", "tp=1", "--model",
-                    os.path.join(jobdir, "gpt.json"), "--steps", str(STEPS), "--log", log,
-                    "--master-port", str(free_port()), *TRAIN_ARGS], check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [
+            PY,
+            os.path.join(repo, "examples/gpt/train.py"),
+            "--config",
+            "tp=1",
+            "--model",
+            os.path.join(jobdir, "gpt.json"),
+            "--steps",
+            str(STEPS),
+            "--log",
+            log,
+            "--master-port",
+            str(free_port()),
+            *TRAIN_ARGS,
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     print(f"static run: {time.time() - t0:.1f} s")
     return log
 
@@ -87,17 +129,31 @@ def static_run(repo: str, jobdir: str) -> str:
 def committed_on(log: str, world: int) -> bool:
     _, events = read_log(log)
     starts = [i for i, e in enumerate(events) if e["event"] == "elastic_start" and e["world_size"] == world]
-    return bool(starts) and any(e["event"] == "commit" for e in events[starts[0]:])
+    return bool(starts) and any(e["event"] == "commit" for e in events[starts[0] :])
 
 
-def scenario(cluster: SlurmCluster, check: Checks, tenplex: str, repo: str, home: str,
-             jobdir: str) -> tuple[list[int], bool]:
+def scenario(
+    cluster: SlurmCluster, check: Checks, tenplex: str, repo: str, home: str, jobdir: str
+) -> tuple[list[int], bool]:
     """The two jobs, the join and the kill; the job ids (empty if none started) and whether all happened."""
     sbatch = os.path.join(repo, "deploy/slurm/tenplex-torchrun.sbatch")
-    args = (f"--job gpt --model gpt.json --steps {STEPS} --commit-every {COMMIT_EVERY} --step-log steps.jsonl "
-            f"--min-step-seconds 0.4 --timeout 60 " + " ".join(TRAIN_ARGS))
-    env = cluster.env(HOME=home, TENPLEX_REPO=repo, TENPLEX=tenplex, PYTHON=PY, MIN_NODES="2", MAX_NODES="3",
-                      NPROC="2", LAST_CALL="2", KEEP_ALIVE_INTERVAL="2", OMP_NUM_THREADS="1", TRAIN_ARGS=args)
+    args = (
+        f"--job gpt --model gpt.json --steps {STEPS} --commit-every {COMMIT_EVERY} --step-log steps.jsonl "
+        f"--min-step-seconds 0.4 --timeout 60 " + " ".join(TRAIN_ARGS)
+    )
+    env = cluster.env(
+        HOME=home,
+        TENPLEX_REPO=repo,
+        TENPLEX=tenplex,
+        PYTHON=PY,
+        MIN_NODES="2",
+        MAX_NODES="3",
+        NPROC="2",
+        LAST_CALL="2",
+        KEEP_ALIVE_INTERVAL="2",
+        OMP_NUM_THREADS="1",
+        TRAIN_ARGS=args,
+    )
     log = os.path.join(jobdir, "steps.jsonl")
     t0 = time.time()
     first = cluster.sbatch(["--nodes=2", sbatch], env, jobdir)
@@ -112,12 +168,15 @@ def scenario(cluster: SlurmCluster, check: Checks, tenplex: str, repo: str, home
     if not wait_for("a commit on 3 nodes", lambda: committed_on(log, 6), 120, cluster, jobs):
         return jobs, False
     print(f"committed on 3 nodes after {time.time() - t0:.1f} s; killing node1")
-    check(cluster.job(first)["NodeList"] == "node[0-1]" and cluster.job(jobs[1])["NodeList"] == "node2",
-          "the first job runs on node0 and node1, the joining one on node2")
+    check(
+        cluster.job(first)["NodeList"] == "node[0-1]" and cluster.job(jobs[1])["NodeList"] == "node2",
+        "the first job runs on node0 and node1, the joining one on node2",
+    )
     cluster.kill_node(1)
     t_kill = time.time()
-    ok = wait_for("both jobs to end", lambda: all(cluster.job(j)["JobState"] not in ACTIVE for j in jobs), 120,
-                  cluster, [])
+    ok = wait_for(
+        "both jobs to end", lambda: all(cluster.job(j)["JobState"] not in ACTIVE for j in jobs), 120, cluster, []
+    )
     print(f"jobs ended {time.time() - t_kill:.1f} s after the kill; elastic run: {time.time() - t0:.1f} s")
     after = [e for e in read_log(log)[1] if e["event"] == "elastic_start" and e.get("time", 0) > t_kill]
     if after:  # keep-alive (KEEP_ALIVE_INTERVAL x 3) + restart + transform
@@ -133,15 +192,23 @@ def check_jobs(cluster: SlurmCluster, check: Checks, jobs: list[int], jobdir: st
         out_file = info.get("StdOut", os.path.join(jobdir, f"slurm-{j}.out"))
         with open(out_file, errors="replace") as f:
             out = f.read()
-        print(f"---- job {j}: {info['JobState']} exit {info['ExitCode']} on {info['NodeList']}; "
-              f"{out_file}{':' if not ok else ', last lines:'}\n" + "".join(out.splitlines(True)[-25 if ok else 0:]))
-        check(info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0",
-              f"job {j} completed with exit code 0:0: {info['JobState']} {info['ExitCode']}")
-        check(not any(m in out for m in ("node.sh: error", "node.sh: the job stopped", "node.sh: torchrun exited")),
-              f"job {j}'s stdout names no node.sh failure")
+        print(
+            f"---- job {j}: {info['JobState']} exit {info['ExitCode']} on {info['NodeList']}; "
+            f"{out_file}{':' if not ok else ', last lines:'}\n" + "".join(out.splitlines(True)[-25 if ok else 0 :])
+        )
+        check(
+            info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0",
+            f"job {j} completed with exit code 0:0: {info['JobState']} {info['ExitCode']}",
+        )
+        check(
+            not any(m in out for m in ("node.sh: error", "node.sh: the job stopped", "node.sh: torchrun exited")),
+            f"job {j}'s stdout names no node.sh failure",
+        )
         if j == jobs[0]:
-            check("srun: error: Node failure on node1" in out and "Force Terminated" not in out,
-                  "the first job's srun saw node1 fail and kept the step on node0")
+            check(
+                "srun: error: Node failure on node1" in out and "Force Terminated" not in out,
+                "the first job's srun saw node1 fail and kept the step on node0",
+            )
 
 
 def main() -> None:
@@ -173,8 +240,13 @@ def main() -> None:
         if [e["world_size"] for e in starts] == [4, 6, 4]:
             up, down = starts[1], starts[2]
             check(up["transformed"] and up["config"] == "tp=2,pp=1,dp=3", f"scale-up to tp=2,dp=3: {up}")
-            check(down["transformed"] and down["config"] == "tp=2,pp=2,dp=1" and len(down["lost_hosts"]) == 1
-                  and down["lost_hosts"][0] == node1_url, f"after the kill: node1's daemon lost, re-planned: {down}")
+            check(
+                down["transformed"]
+                and down["config"] == "tp=2,pp=2,dp=1"
+                and len(down["lost_hosts"]) == 1
+                and down["lost_hosts"][0] == node1_url,
+                f"after the kill: node1's daemon lost, re-planned: {down}",
+            )
     check.finish()
 
 

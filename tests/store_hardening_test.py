@@ -8,6 +8,7 @@ every client. Also scrapes and parses GET /metrics and checks the access log.
 
 usage: store_hardening_test.py path/to/tenplex
 """
+
 import json
 import os
 import re
@@ -23,10 +24,25 @@ import urllib.request
 
 def start(binary, max_body="1024", token=None):
     log = tempfile.NamedTemporaryFile(prefix="tenplex-access-", suffix=".log", delete=False).name
-    p = subprocess.Popen([binary, "store", "serve", "--listen", "127.0.0.1:0", "--transport", "none",
-                          "--max-body", max_body, "--access-log", log],
-                         env=dict(os.environ, TENPLEX_TOKEN=token) if token else None,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [
+            binary,
+            "store",
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--transport",
+            "none",
+            "--max-body",
+            max_body,
+            "--access-log",
+            log,
+        ],
+        env=dict(os.environ, TENPLEX_TOKEN=token) if token else None,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     line = p.stdout.readline()
     m = re.search(r"http://127\.0\.0\.1:(\d+)", line)
     assert m, "no serving line: " + line + p.stderr.read()
@@ -76,8 +92,9 @@ class Hostile(threading.Thread):
         self.stop, self.opened = threading.Event(), 0
 
     def open_one(self):
-        s = socket.create_connection(("127.0.0.1", self.port), timeout=5,
-                                     source_address=(self.sources[self.opened % len(self.sources)], 0))
+        s = socket.create_connection(
+            ("127.0.0.1", self.port), timeout=5, source_address=(self.sources[self.opened % len(self.sources)], 0)
+        )
         self.opened += 1
         if self.partial:
             s.sendall(b"GET /v1/health HTTP/1.1\r\nHost: x\r\n")
@@ -110,8 +127,11 @@ def lockout(binary):
     the flood lasted before: the old per-address cap of 24 counted them all)."""
     token = "hardening-token"
     p, port, log = start(binary, token=token)
-    floods = [Hostile(port, 30, ["127.0.0.1"], False), Hostile(port, 30, ["127.0.0.1"], True),
-              Hostile(port, 200, [f"127.0.1.{i}" for i in range(1, 201)], True)]
+    floods = [
+        Hostile(port, 30, ["127.0.0.1"], False),
+        Hostile(port, 30, ["127.0.0.1"], True),
+        Hostile(port, 200, [f"127.0.1.{i}" for i in range(1, 201)], True),
+    ]
     try:
         for f in floods:
             f.start()
@@ -120,8 +140,9 @@ def lockout(binary):
         calls = 0
         while time.time() < deadline:
             t0 = time.time()
-            req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/health",
-                                         headers={"Authorization": f"Bearer {token}"})
+            req = urllib.request.Request(
+                f"http://127.0.0.1:{port}/v1/health", headers={"Authorization": f"Bearer {token}"}
+            )
             with urllib.request.urlopen(req, timeout=5) as r:
                 assert r.status == 200, r.status
             worst = max(worst, time.time() - t0)
@@ -130,8 +151,10 @@ def lockout(binary):
         assert worst < 1.0, f"an authenticated call took {worst:.2f} s during the flood"
         reopened = sum(f.opened for f in floods) - 260
         assert reopened >= 200, f"the daemon closed only {reopened} hostile connections"
-        print(f"lock-out: {calls} authenticated calls served during the flood (worst {worst * 1000:.0f} ms); "
-              f"{reopened} hostile connections closed and re-opened")
+        print(
+            f"lock-out: {calls} authenticated calls served during the flood (worst {worst * 1000:.0f} ms); "
+            f"{reopened} hostile connections closed and re-opened"
+        )
     finally:
         for f in floods:
             f.stop.set()
@@ -169,11 +192,15 @@ def main():
             json.loads(body)
 
         # Ambiguous framing: 400.
-        st, _ = raw(port, b"POST /v1/jobs/a/versions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
-                          b"Content-Length: 2\r\n\r\n{}")
+        st, _ = raw(
+            port, b"POST /v1/jobs/a/versions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\n{}"
+        )
         assert st == 400, st
-        st, _ = raw(port, b"POST /v1/jobs/a/versions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
-                          b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n")
+        st, _ = raw(
+            port,
+            b"POST /v1/jobs/a/versions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+        )
         assert st == 400, st
         assert json.loads(get(port, "/v1/jobs")[1])["jobs"] == []
 
@@ -221,8 +248,11 @@ def main():
         assert samples['tenplex_store_versions{state="open"}'] == 0
         # A version with a tensor shows up in the store gauges.
         assert post(port, "/v1/jobs/m/versions", b"")[0] == 201
-        st, _ = raw(port, b"PUT /v1/tensors/jobs/m/1/rank-00000/w?dtype=F32&shape=4 HTTP/1.1\r\nHost: x\r\n"
-                          b"Content-Length: 16\r\n\r\n" + bytes(16))
+        st, _ = raw(
+            port,
+            b"PUT /v1/tensors/jobs/m/1/rank-00000/w?dtype=F32&shape=4 HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Length: 16\r\n\r\n" + bytes(16),
+        )
         assert st == 201, st
         text = get(port, "/metrics")[1].decode()
         assert "tenplex_store_used_bytes 16\n" in text, text
@@ -230,11 +260,11 @@ def main():
 
         # Access log: one line per request with method, target, status, bytes, seconds.
         lines = open(log).read().splitlines()
-        put = [l for l in lines if " PUT /v1/tensors/jobs/m/1/rank-00000/w" in l]
+        put = [line for line in lines if " PUT /v1/tensors/jobs/m/1/rank-00000/w" in line]
         assert len(put) == 1, lines[-5:]
         f = put[0].split(" ")
         assert f[1] == "127.0.0.1" and f[4] == "201" and int(f[5]) > 16 and float(f[7]) >= 0, put
-        assert any(" GET /metrics 200 " in l for l in lines)
+        assert any(" GET /metrics 200 " in line for line in lines)
         assert get(port, "/v1/health")[0] == 200
         print("store hardening: all checks passed")
     finally:

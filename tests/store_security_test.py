@@ -18,11 +18,11 @@ Usage: store_security_test.py TENPLEX_BIN PART, PART one of
               file makes `store save` (shared memory and --http) and /v1/meta fail
               naming the tensor
 """
+
 import ipaddress
 import json
 import os
 import shutil
-import stat
 import subprocess
 import sys
 import tempfile
@@ -40,8 +40,13 @@ def run(*args, env=None, timeout=300):
     """`tenplex ARGS`; a command still running after `timeout` s (a daemon that should
     have refused to start) is killed and reported as exit -9 with stderr "timeout"."""
     try:
-        return subprocess.run([TENPLEX, *args], capture_output=True, text=True, timeout=timeout,
-                              env=dict(os.environ, **(env or {})) if env is not None else None)
+        return subprocess.run(
+            [TENPLEX, *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=dict(os.environ, **(env or {})) if env is not None else None,
+        )
     except subprocess.TimeoutExpired:
         return subprocess.CompletedProcess(args, -9, "", "timeout")
 
@@ -50,8 +55,12 @@ def request(url, method, path, body=None, token=None):
     headers = {"Content-Type": "application/json"}
     if token:
         headers["Authorization"] = "Bearer " + token
-    req = urllib.request.Request(url + path, method=method, headers=headers,
-                                 data=None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode()))
+    req = urllib.request.Request(
+        url + path,
+        method=method,
+        headers=headers,
+        data=None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode()),
+    )
     try:
         with urllib.request.urlopen(req, timeout=30) as r:
             return r.status, r.read()
@@ -79,20 +88,25 @@ def test_token():
         tf = os.path.join(tmp, "token")
         write_token(tf, TOKEN + "\n")
         # --token on the command line: refused by every command that takes a token.
-        for cmd in (["store", "serve"], ["store", "ls"], ["store", "rm", "j"],
-                    ["store", "save", "--url", "http://127.0.0.1:1", "--job", "j", "--out", tmp + "/o"],
-                    ["store", "load", "--url", "http://127.0.0.1:1", "--job", "j", "--dir", tmp],
-                    ["transform", "--cluster", tmp + "/c.json", "--job", "j", "--to", "tp=1"]):
+        for cmd in (
+            ["store", "serve"],
+            ["store", "ls"],
+            ["store", "rm", "j"],
+            ["store", "save", "--url", "http://127.0.0.1:1", "--job", "j", "--out", tmp + "/o"],
+            ["store", "load", "--url", "http://127.0.0.1:1", "--job", "j", "--dir", tmp],
+            ["transform", "--cluster", tmp + "/c.json", "--job", "j", "--to", "tp=1"],
+        ):
             refused(run(*cmd, "--token", TOKEN, timeout=20), "--token-file", "TENPLEX_TOKEN")
         # Bad token files.
         loose = os.path.join(tmp, "loose")
         write_token(loose, TOKEN, 0o644)
-        refused(run("store", "serve", "--listen", "127.0.0.1:0", "--token-file", loose, timeout=20), loose,
-                "chmod 600")
+        refused(run("store", "serve", "--listen", "127.0.0.1:0", "--token-file", loose, timeout=20), loose, "chmod 600")
         write_token(loose, TOKEN, 0o620)
         refused(run("store", "ls", "--token-file", loose), "group or others")
-        refused(run("store", "serve", "--listen", "127.0.0.1:0", "--token-file", tmp + "/missing", timeout=20),
-                "no such file")
+        refused(
+            run("store", "serve", "--listen", "127.0.0.1:0", "--token-file", tmp + "/missing", timeout=20),
+            "no such file",
+        )
         refused(run("store", "serve", "--listen", "127.0.0.1:0", "--token-file", tmp, timeout=20), "not a regular file")
         empty = os.path.join(tmp, "empty")
         write_token(empty, "\n")
@@ -111,8 +125,9 @@ def test_token():
                     argv = f.read().split(b"\0")
                 check(b"serve" in argv, argv)
                 check(all(TOKEN.encode() not in a for a in argv), "token in argv: %r" % argv)
-                ps = subprocess.run(["ps", "-ww", "-o", "args=", "-p", str(d.proc.pid)], capture_output=True,
-                                    text=True).stdout
+                ps = subprocess.run(
+                    ["ps", "-ww", "-o", "args=", "-p", str(d.proc.pid)], capture_output=True, text=True
+                ).stdout
                 check("store serve" in ps and TOKEN not in ps, "ps shows %r" % ps)
                 status, body = request(d.url, "GET", "/v1/jobs")
                 check(status == 401, (how, status, body))
@@ -125,16 +140,26 @@ def test_token():
                 check(p.returncode == 0, p.stderr)
                 env_without = dict(os.environ)
                 env_without.pop("TENPLEX_TOKEN", None)
-                p = subprocess.run([TENPLEX, "store", "ls", "--url", d.url], capture_output=True, text=True,
-                                   timeout=60, env=env_without)
+                p = subprocess.run(
+                    [TENPLEX, "store", "ls", "--url", d.url],
+                    capture_output=True,
+                    text=True,
+                    timeout=60,
+                    env=env_without,
+                )
                 check(p.returncode != 0 and ("401" in p.stderr or "token" in p.stderr), (p.returncode, p.stderr))
             finally:
                 d.stop()
         # Non-loopback without a token: refused, naming the alternatives.
         env_without = dict(os.environ)
         env_without.pop("TENPLEX_TOKEN", None)
-        p = subprocess.run([TENPLEX, "store", "serve", "--listen", "0.0.0.0:0"], capture_output=True, text=True,
-                           timeout=30, env=env_without)
+        p = subprocess.run(
+            [TENPLEX, "store", "serve", "--listen", "0.0.0.0:0"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env=env_without,
+        )
         check(p.returncode != 0 and "--token-file" in p.stderr, p.stderr)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -146,7 +171,7 @@ def _addr(hexaddr):
     if len(raw) == 4:
         ip = ipaddress.IPv4Address(raw[::-1])
     else:  # four 32-bit words, each little-endian
-        ip = ipaddress.IPv6Address(b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4)))
+        ip = ipaddress.IPv6Address(b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4)))
     return ip, int(port, 16)
 
 
@@ -210,8 +235,24 @@ def test_ucx():
 def make_checkpoint(tmp, seed):
     model = os.path.join(tmp, "m.json")
     if not os.path.exists(model):
-        p = run("model", "gpt", "--num-layers", "2", "--hidden-size", "16", "--num-attention-heads", "4",
-                "--ffn-hidden-size", "24", "--vocab-size", "64", "--max-position-embeddings", "8", "-o", model)
+        p = run(
+            "model",
+            "gpt",
+            "--num-layers",
+            "2",
+            "--hidden-size",
+            "16",
+            "--num-attention-heads",
+            "4",
+            "--ffn-hidden-size",
+            "24",
+            "--vocab-size",
+            "64",
+            "--max-position-embeddings",
+            "8",
+            "-o",
+            model,
+        )
         check(p.returncode == 0, p.stderr)
     out = os.path.join(tmp, "ckpt-%d" % seed)
     p = run("ckpt", "init", "--model", model, "--config", "tp=2", "--out", out, "--seed", str(seed))
@@ -256,8 +297,10 @@ def test_quarantine():
                 check(status == 500 and "quarantined" in err["error"] and "bad" in err["error"], (path, status, body))
             status, body = request(d.url, "POST", "/v1/jobs/bad/versions")
             check(status == 500 and "quarantined" in json.loads(body)["error"], (status, body))
-            check(sorted(j["job"] if isinstance(j, dict) else j for j in d.get("/v1/jobs")["jobs"]) == ["good", "other"],
-                  d.get("/v1/jobs"))
+            check(
+                sorted(j["job"] if isinstance(j, dict) else j for j in d.get("/v1/jobs")["jobs"]) == ["good", "other"],
+                d.get("/v1/jobs"),
+            )
             # The other jobs are served byte for byte.
             for job in ("good", "other"):
                 out = os.path.join(tmp, "out-" + job)

@@ -16,6 +16,7 @@ References are independent of the C++ code: ranges are cut from the uploaded byt
 in Python, checksums come from a pure-Python XXH64, safetensors files are written
 here by hand.
 """
+
 import json
 import mmap
 import os
@@ -44,8 +45,13 @@ def check(cond, msg):
 
 
 # ---------------------------------------------------------------- XXH64 reference
-P1, P2, P3, P4, P5 = (11400714785074694791, 14029467366897019727, 1609587929392839161,
-                      9650029242287828579, 2870177450012600261)
+P1, P2, P3, P4, P5 = (
+    11400714785074694791,
+    14029467366897019727,
+    1609587929392839161,
+    9650029242287828579,
+    2870177450012600261,
+)
 M64 = (1 << 64) - 1
 
 
@@ -99,8 +105,11 @@ def xxh64(data, seed=0):
 # ---------------------------------------------------------------- daemon helpers
 class Daemon:
     def __init__(self, *args, expect_fail=False):
-        self.proc = subprocess.Popen([TENPLEX, "store", "serve", "--listen", "127.0.0.1:0", *args],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.proc = subprocess.Popen(
+            [TENPLEX, "store", "serve", "--listen", "127.0.0.1:0", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         if expect_fail:
             return
         line = self._readline(20)
@@ -188,7 +197,7 @@ def expect_error(status, body, want, what):
     try:
         j = json.loads(body)
     except ValueError:
-        raise AssertionError("%s: error body is not JSON: %r" % (what, body[:300]))
+        raise AssertionError("%s: error body is not JSON: %r" % (what, body[:300])) from None
     check(isinstance(j.get("error"), str) and j["error"], "%s: no error message in %r" % (what, j))
     return j["error"]
 
@@ -201,15 +210,17 @@ def jget(url, path, **kw):
 
 def begin(url, job, version=None, info=None, **kw):
     q = "" if version is None else "?version=%d" % version
-    status, _, body = request(url, "POST", "/v1/jobs/%s/versions%s" % (job, q),
-                              json.dumps(info).encode() if info is not None else b"", **kw)
+    status, _, body = request(
+        url, "POST", "/v1/jobs/%s/versions%s" % (job, q), json.dumps(info).encode() if info is not None else b"", **kw
+    )
     check(status == 201, "begin %s: %s %r" % (job, status, body))
     return json.loads(body)["version"]
 
 
 def put(url, path, dtype, shape, data, **kw):
-    status, _, body = request(url, "PUT", "/v1/tensors/%s?dtype=%s&shape=%s" % (path, dtype, ",".join(map(str, shape))),
-                              data, **kw)
+    status, _, body = request(
+        url, "PUT", "/v1/tensors/%s?dtype=%s&shape=%s" % (path, dtype, ",".join(map(str, shape))), data, **kw
+    )
     check(status == 201, "PUT %s: %s %r" % (path, status, body))
     return json.loads(body)
 
@@ -235,10 +246,11 @@ def cut(data, shape, elem, box):
 
     def rec(k, off):
         if k == len(shape):
-            out.extend(data[off:off + elem])
+            out.extend(data[off : off + elem])
             return
         for i in range(box[k][0], box[k][1]):
             rec(k + 1, off + i * strides[k])
+
     if all(e > b for b, e in box) or not shape:
         rec(0, 0)
     return bytes(out)
@@ -265,8 +277,9 @@ def test_api():
         check(t["path"] == "jobs/gpt/1/rank-00000/w" and t["bytes"] == len(a) and t["shape"] == shape, t)
         # Headers instead of query parameters.
         s16 = rand_bytes(2 * 3 * 2, 2)
-        status, _, body = request(url, "PUT", "/v1/tensors/jobs/gpt/1/rank-00001/h", s16,
-                                  {"X-Tensor-Dtype": "BF16", "X-Tensor-Shape": "2,3"})
+        status, _, body = request(
+            url, "PUT", "/v1/tensors/jobs/gpt/1/rank-00001/h", s16, {"X-Tensor-Dtype": "BF16", "X-Tensor-Shape": "2,3"}
+        )
         check(status == 201, (status, body))
         scalar = struct.pack("<q", 1234)
         put(url, "jobs/gpt/1/rank-00001/step", "I64", [], scalar)
@@ -276,9 +289,16 @@ def test_api():
         hd, body = get(url, "jobs/gpt/1/rank-00000/w")
         check(body == a, "whole tensor differs")
         check(hd["X-Tensor-Dtype"] == "F32" and hd["X-Tensor-Shape"] == "5,6,7", hd)
-        ranges = {"": [(0, 5), (0, 6), (0, 7)], "1:3": [(1, 3), (0, 6), (0, 7)], ":,2:5": [(0, 5), (2, 5), (0, 7)],
-                  "4,:,6": [(4, 5), (0, 6), (6, 7)], "2:,:3,1:6": [(2, 5), (0, 3), (1, 6)],
-                  "0:0": [(0, 0), (0, 6), (0, 7)], ":,:,:": [(0, 5), (0, 6), (0, 7)], "1:2,5,3:4": [(1, 2), (5, 6), (3, 4)]}
+        ranges = {
+            "": [(0, 5), (0, 6), (0, 7)],
+            "1:3": [(1, 3), (0, 6), (0, 7)],
+            ":,2:5": [(0, 5), (2, 5), (0, 7)],
+            "4,:,6": [(4, 5), (0, 6), (6, 7)],
+            "2:,:3,1:6": [(2, 5), (0, 3), (1, 6)],
+            "0:0": [(0, 0), (0, 6), (0, 7)],
+            ":,:,:": [(0, 5), (0, 6), (0, 7)],
+            "1:2,5,3:4": [(1, 2), (5, 6), (3, 4)],
+        }
         for rng, box in ranges.items():
             hd, body = get(url, "jobs/gpt/1/rank-00000/w", rng if rng else None)
             check(body == cut(a, shape, 4, box), "range %r differs" % rng)
@@ -287,11 +307,11 @@ def test_api():
         r = random.Random(5)
         for _ in range(40):
             box = []
-            for dim in shape[:r.randint(0, 3)]:
+            for dim in shape[: r.randint(0, 3)]:
                 b = r.randint(0, dim)
                 box.append((b, r.randint(b, dim)))
             rng = ",".join("%d:%d" % be for be in box)
-            full = box + [(0, dim) for dim in shape[len(box):]]
+            full = box + [(0, dim) for dim in shape[len(box) :]]
             _, body = get(url, "jobs/gpt/1/rank-00000/w", rng if rng else None)
             check(body == cut(a, shape, 4, full), "range %r differs" % rng)
         _, body = get(url, "jobs/gpt/1/rank-00001/step")
@@ -300,15 +320,39 @@ def test_api():
         check(body == s16[6:12], body)
 
         meta = jget(url, "/v1/meta/jobs/gpt/1/rank-00000/w")
-        check(meta == {"path": "jobs/gpt/1/rank-00000/w", "dtype": "F32", "shape": shape, "bytes": len(a),
-                       "committed": False, "xxh64": xxh64(a)}, meta)
+        check(
+            meta
+            == {
+                "path": "jobs/gpt/1/rank-00000/w",
+                "dtype": "F32",
+                "shape": shape,
+                "bytes": len(a),
+                "committed": False,
+                "xxh64": xxh64(a),
+            },
+            meta,
+        )
         check(jget(url, "/v1/meta/jobs/gpt/1/rank-00001/step")["xxh64"] == xxh64(scalar), "scalar checksum")
         lst = jget(url, "/v1/list/jobs/gpt/1/")
-        check(lst == ["jobs/gpt/1/rank-00000/w", "jobs/gpt/1/rank-00001/empty", "jobs/gpt/1/rank-00001/h",
-                      "jobs/gpt/1/rank-00001/step", "jobs/gpt/1/rank-00002/gone"], lst)
+        check(
+            lst
+            == [
+                "jobs/gpt/1/rank-00000/w",
+                "jobs/gpt/1/rank-00001/empty",
+                "jobs/gpt/1/rank-00001/h",
+                "jobs/gpt/1/rank-00001/step",
+                "jobs/gpt/1/rank-00002/gone",
+            ],
+            lst,
+        )
         detail = jget(url, "/v1/list/jobs/gpt/1/rank-00001/s?detail=1")
-        check(len(detail) == 1 and detail[0]["dtype"] == "I64" and detail[0]["shape"] == [] and
-              os.path.exists(detail[0]["file"]), detail)
+        check(
+            len(detail) == 1
+            and detail[0]["dtype"] == "I64"
+            and detail[0]["shape"] == []
+            and os.path.exists(detail[0]["file"]),
+            detail,
+        )
         check(jget(url, "/v1/list/") == jget(url, "/v1/list") and len(jget(url, "/v1/list")) == 5, "list all")
 
         status, _, _ = request(url, "DELETE", "/v1/tensors/jobs/gpt/1/rank-00002/gone")
@@ -321,8 +365,12 @@ def test_api():
         _, body = get(url, "jobs/gpt/current/rank-00000/w", "1:2")
         check(body == cut(a, shape, 4, [(1, 2), (0, 6), (0, 7)]), "current range")
         job = jget(url, "/v1/jobs/gpt")
-        check(job["current"] == 1 and job["versions"][0]["info"] == {"note": "first"} and
-              job["versions"][0]["state"] == "committed", job)
+        check(
+            job["current"] == 1
+            and job["versions"][0]["info"] == {"note": "first"}
+            and job["versions"][0]["state"] == "committed",
+            job,
+        )
         check(jget(url, "/v1/jobs") == {"jobs": [{"job": "gpt", "current": 1}]}, "jobs")
         check(jget(url, "/v1/jobs/gpt/versions/current")["version"] == 1, "version current")
         check(jget(url, "/v1/meta/jobs/gpt/current/rank-00000/w")["committed"] is True, "committed flag")
@@ -380,10 +428,22 @@ def test_api():
             ("PUT", W + "a%00b?dtype=U8&shape=1", b"x", {}, 400, "NUL in name"),
             ("PUT", "/v1/tensors/jobs/gpt/5/rank-0/x?dtype=U8&shape=1", b"x", {}, 400, "bad rank segment"),
             ("PUT", "/v1/tensors/jobs/gpt/5/x?dtype=U8&shape=1", b"x", {}, 400, "short path"),
-            ("PUT", "/v1/tensors/jobs/gpt/1/rank-00000/w?dtype=F32&shape=5,6,7", b"\0" * len(a), {}, 409,
-             "write into committed version"),
-            ("PUT", "/v1/tensors/jobs/gpt/current/rank-00000/w?dtype=F32&shape=5,6,7", b"\0" * len(a), {}, 409,
-             "write into current"),
+            (
+                "PUT",
+                "/v1/tensors/jobs/gpt/1/rank-00000/w?dtype=F32&shape=5,6,7",
+                b"\0" * len(a),
+                {},
+                409,
+                "write into committed version",
+            ),
+            (
+                "PUT",
+                "/v1/tensors/jobs/gpt/current/rank-00000/w?dtype=F32&shape=5,6,7",
+                b"\0" * len(a),
+                {},
+                409,
+                "write into current",
+            ),
             ("PUT", "/v1/tensors/jobs/gpt/1/rank-00000/new?dtype=U8&shape=1", b"x", {}, 409, "new tensor in committed"),
             ("DELETE", "/v1/tensors/jobs/gpt/1/rank-00000/w", None, {}, 409, "delete in committed version"),
             ("PUT", "/v1/jobs/gpt/versions/1/info", b"{}", {}, 409, "info of committed version"),
@@ -399,10 +459,22 @@ def test_api():
             ("POST", "/v1/jobs/b%20ad/versions", None, {}, 400, "bad job name"),
             ("PUT", "/v1/tensors/jobs/gpt/6/rank-00000/x?dtype=U8&shape=1", b"x", {}, 404, "write into aborted"),
             ("POST", "/v1/alloc", b"not json", {}, 400, "alloc malformed JSON"),
-            ("POST", "/v1/alloc", b'{"tensors": [{"path": "jobs/gpt/5/rank-00000/big", "dtype": "F32", "shape": [1048576, 64]}]}',
-             {}, 507, "memory limit"),
-            ("POST", "/v1/alloc", b'{"tensors": [{"path": "jobs/gpt/5/rank-00000/n", "dtype": "F32", "shape": [-1]}]}',
-             {}, 400, "alloc negative shape"),
+            (
+                "POST",
+                "/v1/alloc",
+                b'{"tensors": [{"path": "jobs/gpt/5/rank-00000/big", "dtype": "F32", "shape": [1048576, 64]}]}',
+                {},
+                507,
+                "memory limit",
+            ),
+            (
+                "POST",
+                "/v1/alloc",
+                b'{"tensors": [{"path": "jobs/gpt/5/rank-00000/n", "dtype": "F32", "shape": [-1]}]}',
+                {},
+                400,
+                "alloc negative shape",
+            ),
             ("PATCH", "/v1/tensors/jobs/gpt/5/rank-00000/w", b"", {}, 405, "method not allowed"),
             ("DELETE", "/v1/list/", None, {}, 405, "method not allowed on list"),
         ]
@@ -423,26 +495,43 @@ def test_api():
         expect_error(st, body, 431, "oversized headers")
         st, body = raw(port, b"GET /v1/health" + b"/x" * 5000 + b" HTTP/1.1\r\nHost: x\r\n\r\n")
         check(st in (400, 414), "oversized target: %s" % st)
-        st, body = raw(port, b"PUT /v1/tensors/jobs/gpt/5/rank-00000/big?dtype=U8&shape=2000000 HTTP/1.1\r\n"
-                             b"Host: x\r\nContent-Length: 2000000\r\n\r\n" + b"z" * 2000000)
+        st, body = raw(
+            port,
+            b"PUT /v1/tensors/jobs/gpt/5/rank-00000/big?dtype=U8&shape=2000000 HTTP/1.1\r\n"
+            b"Host: x\r\nContent-Length: 2000000\r\n\r\n" + b"z" * 2000000,
+        )
         expect_error(st, body, 413, "oversized body")
-        status, _, body = request(url, "PUT", "/v1/tensors/jobs/gpt/5/rank-00000/big?dtype=U8&shape=1048577",
-                                  b"z" * 1048577)
+        status, _, body = request(
+            url, "PUT", "/v1/tensors/jobs/gpt/5/rank-00000/big?dtype=U8&shape=1048577", b"z" * 1048577
+        )
         expect_error(status, body, 413, "oversized body (urllib)")
-        st, body = raw(port, b"PUT /v1/tensors/jobs/gpt/5/rank-00000/cut?dtype=U8&shape=24 HTTP/1.1\r\n"
-                             b"Host: x\r\nContent-Length: 24\r\n\r\n" + b"q" * 10, half_close=True)
+        st, body = raw(
+            port,
+            b"PUT /v1/tensors/jobs/gpt/5/rank-00000/cut?dtype=U8&shape=24 HTTP/1.1\r\n"
+            b"Host: x\r\nContent-Length: 24\r\n\r\n" + b"q" * 10,
+            half_close=True,
+        )
         # The client went away mid-body: no reply is needed, nothing may be stored
         # (checked with the snapshot below).
         check(st in (None, 400), "body shorter than Content-Length: %s %r" % (st, body))
-        st, body = raw(port, b"PUT /v1/tensors/jobs/gpt/5/rank-00000/w?dtype=F32&shape=2 HTTP/1.1\r\n"
-                             b"Host: x\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nabcd\r\n8\r\nefghijkl\r\n0\r\n\r\n")
+        st, body = raw(
+            port,
+            b"PUT /v1/tensors/jobs/gpt/5/rank-00000/w?dtype=F32&shape=2 HTTP/1.1\r\n"
+            b"Host: x\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nabcd\r\n8\r\nefghijkl\r\n0\r\n\r\n",
+        )
         expect_error(st, body, 400, "chunked body longer than dtype x shape")
         st, body = raw(port, b"GARBAGE\r\n\r\n")
         check(st in (400, None), "garbage request: %s" % st)
 
         # Clients that go away in the middle of a large reply.
-        status, _, body = request(url, "POST", "/v1/alloc", json.dumps(
-            {"tensors": [{"path": "jobs/gpt/5/rank-00003/big", "dtype": "F32", "shape": [4 << 20]}]}).encode())
+        status, _, body = request(
+            url,
+            "POST",
+            "/v1/alloc",
+            json.dumps(
+                {"tensors": [{"path": "jobs/gpt/5/rank-00003/big", "dtype": "F32", "shape": [4 << 20]}]}
+            ).encode(),
+        )
         check(status == 201, (status, body))
         for _ in range(3):
             s = socket.create_connection(("127.0.0.1", port))
@@ -478,10 +567,13 @@ def test_auth():
         f.write("s3cret\n")
     d = Daemon("--token-file", token_file)
     try:
-        for hdrs, what in [({}, "missing token"), ({"Authorization": "Bearer wrong"}, "wrong token"),
-                           ({"Authorization": "Basic czNjcmV0"}, "wrong scheme"),
-                           ({"Authorization": "Bearer s3cret2"}, "token with a suffix"),
-                           ({"Authorization": "Bearer"}, "empty token")]:
+        for hdrs, what in [
+            ({}, "missing token"),
+            ({"Authorization": "Bearer wrong"}, "wrong token"),
+            ({"Authorization": "Basic czNjcmV0"}, "wrong scheme"),
+            ({"Authorization": "Bearer s3cret2"}, "token with a suffix"),
+            ({"Authorization": "Bearer"}, "empty token"),
+        ]:
             status, headers, body = request(d.url, "GET", "/v1/health", headers=hdrs)
             expect_error(status, body, 401, what)
             status, _, body = request(d.url, "POST", "/v1/jobs/j/versions", headers=hdrs)
@@ -496,15 +588,14 @@ def test_auth():
         rc, err = d.stop(signal.SIGINT)
     check(rc == 0, "SIGINT exit %s %s" % (rc, err))
     # Non-loopback without a token is refused before anything listens.
-    p = subprocess.run([TENPLEX, "store", "serve", "--listen", "0.0.0.0:0"], capture_output=True, text=True,
-                       timeout=20)
+    p = subprocess.run([TENPLEX, "store", "serve", "--listen", "0.0.0.0:0"], capture_output=True, text=True, timeout=20)
     check(p.returncode != 0 and "--token-file" in p.stderr, (p.returncode, p.stderr))
     shutil.rmtree(tmp)
-    p = subprocess.run([TENPLEX, "store", "serve", "--listen", "127.0.0.1"], capture_output=True, text=True,
-                       timeout=20)
+    p = subprocess.run([TENPLEX, "store", "serve", "--listen", "127.0.0.1"], capture_output=True, text=True, timeout=20)
     check(p.returncode != 0 and "host:port" in p.stderr, (p.returncode, p.stderr))
-    p = subprocess.run([TENPLEX, "store", "serve", "--memory-limit", "lots"], capture_output=True, text=True,
-                       timeout=20)
+    p = subprocess.run(
+        [TENPLEX, "store", "serve", "--memory-limit", "lots"], capture_output=True, text=True, timeout=20
+    )
     check(p.returncode != 0 and "byte count" in p.stderr, (p.returncode, p.stderr))
 
 
@@ -533,8 +624,11 @@ def test_shm():
     try:
         v = begin(d.url, "train")
         specs = [("jobs/train/%d/rank-%05d/state" % (v, r), 4096 * 3 + r, 100 + r) for r in range(3)]
-        child = subprocess.Popen([sys.executable, "-c", CHILD, d.url, str(v), json.dumps(specs)],
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        child = subprocess.Popen(
+            [sys.executable, "-c", CHILD, d.url, str(v), json.dumps(specs)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         line = child.stdout.readline()
         check(line.strip() == b"written", (line, child.stderr.read() if child.poll() is not None else b""))
         child.kill()  # SIGKILL: the training process crashes
@@ -554,8 +648,12 @@ def test_shm():
                 check(m[:] == rand_bytes(n, seed), "zero-copy read differs")
                 m.close()
         # /v1/alloc into a committed version is refused and creates nothing.
-        status, _, body = request(d.url, "POST", "/v1/alloc",
-                                  json.dumps({"tensors": [{"path": specs[0][0], "dtype": "U8", "shape": [1]}]}).encode())
+        status, _, body = request(
+            d.url,
+            "POST",
+            "/v1/alloc",
+            json.dumps({"tensors": [{"path": specs[0][0], "dtype": "U8", "shape": [1]}]}).encode(),
+        )
         expect_error(status, body, 409, "alloc in committed version")
     finally:
         rc, err = d.stop()
@@ -567,8 +665,11 @@ def test_restart():
     shm = os.path.join(tmp, "store")
     try:
         a = Daemon("--shm-dir", shm)
-        data = {("jobs/j/1/rank-%05d/p%d" % (r, i)): rand_bytes(1000 + 17 * i + r, r * 10 + i)
-                for r in range(2) for i in range(3)}
+        data = {
+            ("jobs/j/1/rank-%05d/p%d" % (r, i)): rand_bytes(1000 + 17 * i + r, r * 10 + i)
+            for r in range(2)
+            for i in range(3)
+        }
         check(begin(a.url, "j", info={"config": "tp=2"}) == 1, "v1")
         for p, b in data.items():
             put(a.url, p, "U8", [len(b)], b)
@@ -593,8 +694,10 @@ def test_restart():
                 check(body == b, "restarted daemon lost " + p)
                 check(jget(a2.url, "/v1/meta/" + p)["xxh64"] == xxh64(b), "checksum after restart")
             job = jget(a2.url, "/v1/jobs/j")
-            check(job["current"] == 1 and len(job["versions"]) == 1 and job["versions"][0]["info"] == {"config": "tp=2"},
-                  job)
+            check(
+                job["current"] == 1 and len(job["versions"]) == 1 and job["versions"][0]["info"] == {"config": "tp=2"},
+                job,
+            )
             check(jget(a2.url, "/v1/health")["used_bytes"] == sum(len(b) for b in data.values()), "accounting")
             status, _, body = request(a2.url, "PUT", "/v1/tensors/jobs/j/1/rank-00000/p0?dtype=U8&shape=3", b"bad")
             expect_error(status, body, 409, "committed stays immutable after restart")
@@ -648,10 +751,31 @@ def write_safetensors(path, tensors, metadata=None):
 
 def make_checkpoint(ckpt, config, reorder=False):
     model_path = os.path.join(os.path.dirname(ckpt), "model.json")
-    subprocess.run([TENPLEX, "model", "gpt", "--num-layers", "2", "--hidden-size", "16", "--num-attention-heads", "4",
-                    "--vocab-size", "100", "--max-position-embeddings", "32", "-o", model_path], check=True)
-    layout = json.loads(subprocess.run([TENPLEX, "layout", "--model", model_path, "--config", config, "--json"],
-                                       check=True, capture_output=True).stdout)
+    subprocess.run(
+        [
+            TENPLEX,
+            "model",
+            "gpt",
+            "--num-layers",
+            "2",
+            "--hidden-size",
+            "16",
+            "--num-attention-heads",
+            "4",
+            "--vocab-size",
+            "100",
+            "--max-position-embeddings",
+            "32",
+            "-o",
+            model_path,
+        ],
+        check=True,
+    )
+    layout = json.loads(
+        subprocess.run(
+            [TENPLEX, "layout", "--model", model_path, "--config", config, "--json"], check=True, capture_output=True
+        ).stdout
+    )
     os.makedirs(ckpt)
     sums = {}
     for rank in layout["ranks"]:
@@ -701,12 +825,12 @@ def read_safetensors(path):
     with open(path, "rb") as f:
         raw = f.read()
     n = struct.unpack("<Q", raw[:8])[0]
-    header = json.loads(raw[8:8 + n])
+    header = json.loads(raw[8 : 8 + n])
     header.pop("__metadata__", None)
     out = []
     for name, e in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
         b, end = e["data_offsets"]
-        out.append((name, e["dtype"], e["shape"], raw[8 + n + b:8 + n + end]))
+        out.append((name, e["dtype"], e["shape"], raw[8 + n + b : 8 + n + end]))
     return out
 
 
@@ -791,7 +915,7 @@ def test_checkpoint():
             f.seek(-5, 2)
             c = f.read(1)
             f.seek(-5, 2)
-            f.write(bytes([c[0] ^ 0xff]))
+            f.write(bytes([c[0] ^ 0xFF]))
         p = run("store", "load", "--url", d.url, "--job", "bad", "--dir", bad, ok=False)
         check(p.returncode != 0 and "does not match" in p.stderr, p.stderr)
         status, _, body = request(d.url, "GET", "/v1/jobs/bad")
@@ -809,6 +933,7 @@ def test_checkpoint():
 
 
 if __name__ == "__main__":
-    {"api": test_api, "auth": test_auth, "shm": test_shm, "restart": test_restart,
-     "checkpoint": test_checkpoint}[PART]()
+    {"api": test_api, "auth": test_auth, "shm": test_shm, "restart": test_restart, "checkpoint": test_checkpoint}[
+        PART
+    ]()
     print("store_test %s: ok" % PART)

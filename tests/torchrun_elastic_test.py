@@ -21,6 +21,7 @@ root; exit 77 = skipped where unavailable): the daemons listen on the namespace'
 address with a bearer token, the rendezvous, gloo and the transform's UCX traffic cross
 the bridge.
 """
+
 import json
 import os
 import signal
@@ -76,8 +77,23 @@ def wait_for(what, pred, timeout, procs):
 
 
 class Host:
-    def __init__(self, index, tenplex, repo, tmp, rdzv_port, model, policy, log, go_file=None, extra=(), net=None,
-                 rdzv=None, daemon_args=(), store_url=None):
+    def __init__(
+        self,
+        index,
+        tenplex,
+        repo,
+        tmp,
+        rdzv_port,
+        model,
+        policy,
+        log,
+        go_file=None,
+        extra=(),
+        net=None,
+        rdzv=None,
+        daemon_args=(),
+        store_url=None,
+    ):
         """go_file: start the agent now (imports done) but let it join only once the file exists;
         extra: more train.py arguments (later ones win); net: a NetnsBridge, the host runs in
         its namespace i (its own address, a UTS namespace whose host name is that address);
@@ -97,19 +113,53 @@ class Host:
         self.out = open(os.path.join(tmp, f"host{index}.log"), "w")
         # TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: torch 2.x's shared rendezvous store deadlocks a
         # node joining a later round (docs/deploy.md, "torchrun on torch 2.x").
-        env = dict(os.environ, TENPLEX_STORE_URL=self.store_url, TENPLEX_BIN=tenplex,
-                   TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
-                   PYTHONPATH=os.path.join(repo, "python"), GLOO_SOCKET_IFNAME=ifname, OMP_NUM_THREADS="1",
-                   LOGLEVEL="INFO")  # the agents log their workers' exits and restarts (printed on failure)
+        env = dict(
+            os.environ,
+            TENPLEX_STORE_URL=self.store_url,
+            TENPLEX_BIN=tenplex,
+            TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
+            PYTHONPATH=os.path.join(repo, "python"),
+            GLOO_SOCKET_IFNAME=ifname,
+            OMP_NUM_THREADS="1",
+            LOGLEVEL="INFO",
+        )  # the agents log their workers' exits and restarts (printed on failure)
         if rdzv is None:
             conf = f"is_host={'true' if index == 0 else 'false'},{RDZV_TIMEOUTS}"
             rdzv = ["--rdzv_backend=c10d", f"--rdzv_endpoint={rdzv_host}:{rdzv_port}", f"--rdzv_conf={conf}"]
-        launcher = [PY, os.path.abspath(__file__), "--agent-after", go_file] if go_file else [PY, "-m", "torch.distributed.run"]
-        cmd = [*prefix, *launcher, "--nnodes=2:3", "--nproc_per_node=2", *rdzv, "--rdzv_id=torchrun-test",
-               "--monitor_interval=0.5", "--max_restarts=3",
-               os.path.join(repo, "examples/gpt/train.py"), "--elastic", policy, "--job", "gpt", "--model", model,
-               "--steps", str(STEPS), "--commit-every", str(COMMIT_EVERY), "--step-log", log,
-               "--min-step-seconds", "0.4", "--timeout", "60", *TRAIN_ARGS, *extra]
+        launcher = (
+            [PY, os.path.abspath(__file__), "--agent-after", go_file]
+            if go_file
+            else [PY, "-m", "torch.distributed.run"]
+        )
+        cmd = [
+            *prefix,
+            *launcher,
+            "--nnodes=2:3",
+            "--nproc_per_node=2",
+            *rdzv,
+            "--rdzv_id=torchrun-test",
+            "--monitor_interval=0.5",
+            "--max_restarts=3",
+            os.path.join(repo, "examples/gpt/train.py"),
+            "--elastic",
+            policy,
+            "--job",
+            "gpt",
+            "--model",
+            model,
+            "--steps",
+            str(STEPS),
+            "--commit-every",
+            str(COMMIT_EVERY),
+            "--step-log",
+            log,
+            "--min-step-seconds",
+            "0.4",
+            "--timeout",
+            "60",
+            *TRAIN_ARGS,
+            *extra,
+        ]
         self.agent = subprocess.Popen(cmd, stdout=self.out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
     def kill_all(self):
@@ -163,6 +213,7 @@ def delayed_agent(go_file, args):
     """A torchrun agent with its start-up done ahead: joins when go_file appears, so the
     test's scale-up happens at a known step instead of after an interpreter start."""
     from torch.distributed import run
+
     while not os.path.exists(go_file):
         time.sleep(0.05)
     run.main(args)
@@ -186,16 +237,51 @@ def main():
 def setup_job(tenplex, repo, tmp):
     """(model, policy, static run's log) in tmp: the model, the policy file and the static tp=1 run."""
     model = os.path.join(tmp, "model.json")
-    subprocess.run([tenplex, "model", "gpt", "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads",
-                    "4", "--vocab-size", "128", "--max-position-embeddings", "32", "-o", model], check=True)
+    subprocess.run(
+        [
+            tenplex,
+            "model",
+            "gpt",
+            "--num-layers",
+            "2",
+            "--hidden-size",
+            "32",
+            "--num-attention-heads",
+            "4",
+            "--vocab-size",
+            "128",
+            "--max-position-embeddings",
+            "32",
+            "-o",
+            model,
+        ],
+        check=True,
+    )
     policy = os.path.join(tmp, "policy.json")
     with open(policy, "w") as f:
         json.dump(POLICY, f)
     static_log = os.path.join(tmp, "static.jsonl")
     t0 = time.time()
-    subprocess.run([PY, os.path.join(repo, "examples/gpt/train.py"), "--config", "tp=1", "--model", model,
-                    "--steps", str(STEPS), "--log", static_log, "--master-port", str(free_port()), *TRAIN_ARGS],
-                   check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [
+            PY,
+            os.path.join(repo, "examples/gpt/train.py"),
+            "--config",
+            "tp=1",
+            "--model",
+            model,
+            "--steps",
+            str(STEPS),
+            "--log",
+            static_log,
+            "--master-port",
+            str(free_port()),
+            *TRAIN_ARGS,
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     print(f"static run: {time.time() - t0:.1f} s")
     return model, policy, static_log
 
@@ -204,7 +290,7 @@ def committed_on_6(log):
     """True once the 6-rank world (3 hosts) committed a version."""
     steps, events = read_log(log)
     starts = [i for i, e in enumerate(events) if e["event"] == "elastic_start" and e["world_size"] == 6]
-    return bool(starts) and any(e["event"] == "commit" for e in events[starts[0]:])
+    return bool(starts) and any(e["event"] == "commit" for e in events[starts[0] :])
 
 
 def scale_up(hosts, go, log, net, t0):
@@ -252,8 +338,9 @@ def run_test(tenplex, repo, net):
                 print(f"committed on 3 hosts after {time.time() - t0:.1f} s; killing host 1")
                 hosts[1].kill_all()
                 procs = [(n, p) for n, p in procs if n != "agent 1"]
-                ok = wait_for("the survivors' agents to finish", lambda: all(p.poll() is not None for _, p in procs),
-                              240, [])
+                ok = wait_for(
+                    "the survivors' agents to finish", lambda: all(p.poll() is not None for _, p in procs), 240, []
+                )
                 for name, p in procs:
                     check(p.returncode == 0, f"{name} finished with status {p.returncode}")
                 print(f"elastic run: {time.time() - t0:.1f} s")
@@ -289,20 +376,30 @@ def check_run(check, static_log, log, lost_url):
     if [e["world_size"] for e in starts] == [4, 6, 4]:
         up, down = starts[1], starts[2]
         stops = [e for e in events if e["event"] == "elastic_stop"]
-        check(len(stops) == 1 and stops[0]["step"] == up["step"],
-              f"the scale-up stopped at a step boundary with a commit and lost no step: {stops} / {up}")
-        check(up["transformed"] and up["from"] == "tp=2,pp=2,dp=1" and up["config"] == "tp=2,pp=1,dp=3",
-              f"scale-up transformed tp=2,pp=2 -> tp=2,dp=3: {up}")
-        check(down["transformed"] and down["config"] == "tp=2,pp=2,dp=1" and len(down["lost_hosts"]) == 1
-              and down["lost_hosts"][0] == lost_url,
-              f"after the failure: the killed host's daemon lost, re-planned from replicas: {down}")
+        check(
+            len(stops) == 1 and stops[0]["step"] == up["step"],
+            f"the scale-up stopped at a step boundary with a commit and lost no step: {stops} / {up}",
+        )
+        check(
+            up["transformed"] and up["from"] == "tp=2,pp=2,dp=1" and up["config"] == "tp=2,pp=1,dp=3",
+            f"scale-up transformed tp=2,pp=2 -> tp=2,dp=3: {up}",
+        )
+        check(
+            down["transformed"]
+            and down["config"] == "tp=2,pp=2,dp=1"
+            and len(down["lost_hosts"]) == 1
+            and down["lost_hosts"][0] == lost_url,
+            f"after the failure: the killed host's daemon lost, re-planned from replicas: {down}",
+        )
         commits = [e["step"] for e in events if e["event"] == "commit"]
         before = [c for c in commits if c <= down["step"]]
         check(down["step"] == max(before), f"restarted from the last commit (step {down['step']}): {commits}")
         killed_at = max(s["step"] for s in read_log(log)[0] if s["world_size"] == 6)
-        check(killed_at + 1 - down["step"] <= COMMIT_EVERY,
-              f"the failure lost at most {COMMIT_EVERY} steps (last step on 6 ranks {killed_at}, "
-              f"restart at {down['step']})")
+        check(
+            killed_at + 1 - down["step"] <= COMMIT_EVERY,
+            f"the failure lost at most {COMMIT_EVERY} steps (last step on 6 ranks {killed_at}, "
+            f"restart at {down['step']})",
+        )
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ restart from the last commit; host 0's daemon reported lost; in commit-window th
 recovery's line in the new coordinator's log and no version left prepared or open on
 the survivors; every daemon, agent and the etcd server gone afterwards.
 """
+
 import os
 import re
 import shutil
@@ -45,8 +46,16 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from daemons import Daemon, NetnsBridge  # noqa: E402
 from elastic_run_test import Checks, steps_of  # noqa: E402
 from fault_proxy import FaultProxy  # noqa: E402
-from torchrun_elastic_test import (RDZV_TIMEOUTS, Host, check_run, free_port, print_host_logs,  # noqa: E402
-                                   scale_up, setup_job, wait_for)
+from torchrun_elastic_test import (  # noqa: E402
+    RDZV_TIMEOUTS,
+    Host,
+    check_run,
+    free_port,
+    print_host_logs,
+    scale_up,
+    setup_job,
+    wait_for,
+)
 
 VICTIM = 0  # the host killed: the first one
 
@@ -65,11 +74,28 @@ class Etcd(Daemon):
         clients = f"http://{addr}:{port}" + ("" if addr == "127.0.0.1" else f",http://127.0.0.1:{port}")
         self.log = open(os.path.join(tmp, "etcd.log"), "w")
         self.proc = subprocess.Popen(
-            ["etcd", "--name", "tenplex-test", "--data-dir", self.dir, "--enable-v2",
-             "--listen-client-urls", clients, "--advertise-client-urls", f"http://{addr}:{port}",
-             "--listen-peer-urls", f"http://127.0.0.1:{peer}", "--initial-advertise-peer-urls",
-             f"http://127.0.0.1:{peer}", "--initial-cluster", f"tenplex-test=http://127.0.0.1:{peer}"],
-            stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                "etcd",
+                "--name",
+                "tenplex-test",
+                "--data-dir",
+                self.dir,
+                "--enable-v2",
+                "--listen-client-urls",
+                clients,
+                "--advertise-client-urls",
+                f"http://{addr}:{port}",
+                "--listen-peer-urls",
+                f"http://127.0.0.1:{peer}",
+                "--initial-advertise-peer-urls",
+                f"http://127.0.0.1:{peer}",
+                "--initial-cluster",
+                f"tenplex-test=http://127.0.0.1:{peer}",
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         deadline = time.time() + 30
         while True:
             try:
@@ -191,9 +217,23 @@ def run_test(tenplex, repo, net, case):
                 url = None
                 if proxy is not None and i == VICTIM:
                     url = proxy.url
-                hosts.append(Host(i, tenplex, repo, tmp, 0, model, policy, log, go_file=go if i == 2 else None,
-                                  net=net, rdzv=[*rdzv, f"--local-addr={addrs[i]}"],
-                                  daemon_args=("--shm-dir", shm_dirs[i]), store_url=url))
+                hosts.append(
+                    Host(
+                        i,
+                        tenplex,
+                        repo,
+                        tmp,
+                        0,
+                        model,
+                        policy,
+                        log,
+                        go_file=go if i == 2 else None,
+                        net=net,
+                        rdzv=[*rdzv, f"--local-addr={addrs[i]}"],
+                        daemon_args=("--shm-dir", shm_dirs[i]),
+                        store_url=url,
+                    )
+                )
                 if proxy is not None and i == VICTIM:
                     proxy.point_at(hosts[-1].daemon)
             pids = [p for h in hosts for p in (h.daemon.proc.pid, h.agent.pid)]
@@ -206,25 +246,36 @@ def run_test(tenplex, repo, net, case):
                 print(f"committed on 3 hosts after {time.time() - t0:.1f} s; killing host {VICTIM}")
                 victim.kill_all()
             elif ok:
-                print(f"committed on 3 hosts after {time.time() - t0:.1f} s; host {VICTIM} dies when its daemon "
-                      f"receives the next commit")
+                print(
+                    f"committed on 3 hosts after {time.time() - t0:.1f} s; host {VICTIM} dies when its daemon "
+                    f"receives the next commit"
+                )
                 proxy.arm("POST", r"^/v1/jobs/gpt/versions/\d+/commit", victim.kill_all)
-                ok = wait_for(f"host {VICTIM}'s commit request", lambda: victim.agent.poll() is not None, 60,
-                              [(n, p) for n, p in procs if n != f"agent {VICTIM}"])
-                print(f"killed host {VICTIM} at {proxy.hits} after {time.time() - t0:.1f} s; prepared on the "
-                      f"survivors then: {survivors_versions(hosts)}")
+                ok = wait_for(
+                    f"host {VICTIM}'s commit request",
+                    lambda: victim.agent.poll() is not None,
+                    60,
+                    [(n, p) for n, p in procs if n != f"agent {VICTIM}"],
+                )
+                print(
+                    f"killed host {VICTIM} at {proxy.hits} after {time.time() - t0:.1f} s; prepared on the "
+                    f"survivors then: {survivors_versions(hosts)}"
+                )
             t_kill = time.time()
             if ok:
                 procs = [(n, p) for n, p in procs if n != f"agent {VICTIM}"]
-                ok = wait_for("the survivors' agents to finish", lambda: all(p.poll() is not None for _, p in procs),
-                              300, [])
+                ok = wait_for(
+                    "the survivors' agents to finish", lambda: all(p.poll() is not None for _, p in procs), 300, []
+                )
                 for name, p in procs:
                     check(p.returncode == 0, f"{name} finished with status {p.returncode}")
                 print(f"elastic run: {time.time() - t0:.1f} s, {time.time() - t_kill:.1f} s after the kill")
             if ok and proxy is not None:
                 left = survivors_versions(hosts)
-                check(all(st == "committed" for vs in left.values() for st in vs.values()),
-                      f"no version left prepared or open on the survivors: {left}")
+                check(
+                    all(st == "committed" for vs in left.values() for st in vs.values()),
+                    f"no version left prepared or open on the survivors: {left}",
+                )
         finally:
             for h in hosts:
                 h.stop()
@@ -238,16 +289,23 @@ def run_test(tenplex, repo, net, case):
         check_run(check, static_log, log, lost_url)
         starts = [e for e in steps_of(log)[1] if e["event"] == "elastic_start"] if os.path.exists(log) else []
         if ok and len(starts) == 3:
-            print(f"host {VICTIM} killed -> the survivors' world started (restore done): "
-                  f"{starts[2]['time'] - t_kill:.1f} s")
+            print(
+                f"host {VICTIM} killed -> the survivors' world started (restore done): "
+                f"{starts[2]['time'] - t_kill:.1f} s"
+            )
         if proxy is not None:
             check_recovery_logged(check, tmp, hosts)
         left = [p for p in procs_naming(tmp) if alive(p)]
-        check(not left and not any(alive(p) for p in pids + [etcd.proc.pid])
-              and not any(group_alive(h.agent.pid) for h in hosts),
-              f"every daemon, agent, worker and etcd is gone (processes naming the test's folder: {left})")
-        check(not any(os.path.exists(d) for d in shm_dirs) and not os.path.exists(etcd.dir),
-              "the daemons' shm dirs and etcd's data dir are removed")
+        check(
+            not left
+            and not any(alive(p) for p in pids + [etcd.proc.pid])
+            and not any(group_alive(h.agent.pid) for h in hosts),
+            f"every daemon, agent, worker and etcd is gone (processes naming the test's folder: {left})",
+        )
+        check(
+            not any(os.path.exists(d) for d in shm_dirs) and not os.path.exists(etcd.dir),
+            "the daemons' shm dirs and etcd's data dir are removed",
+        )
         if check.failures:
             print_host_logs(tmp, hosts)
     print(f"test: {time.time() - t_start:.1f} s")
@@ -264,8 +322,10 @@ def check_recovery_logged(check, tmp, hosts):
             lines += [line.rstrip() for line in f if "recovery:" in line]
     for line in lines:
         print("  " + line)
-    check(any("rolled back" in line and "decision record" in line for line in lines),
-          "the new coordinator's log says it rolled the in-doubt version back (its decision record lost)")
+    check(
+        any("rolled back" in line and "decision record" in line for line in lines),
+        "the new coordinator's log says it rolled the in-doubt version back (its decision record lost)",
+    )
 
 
 if __name__ == "__main__":

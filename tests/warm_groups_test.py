@@ -13,6 +13,7 @@ all-gather returns them in rank order, and a broadcast from the group's last mem
 (torch must know the group's ranks for that) reaches every member. Then a second world
 is joined in the same processes (a warm worker's next segment) and checked again.
 """
+
 import datetime
 import os
 import socket
@@ -22,11 +23,11 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(ROOT, "examples", "gpt"))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 
+import parallel  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
-import parallel  # noqa: E402
 from tenplex import layout as L  # noqa: E402
 
 WORLD = 4
@@ -40,8 +41,11 @@ def oracle(tp, dp, pp, rank):
     def r(t_, d_, p_):
         return t_ + tp * (d_ + dp * p_)
 
-    out = {"tp": sorted(r(x, d, p) for x in range(tp)), "dp": sorted(r(t, x, p) for x in range(dp)),
-           "mp": sorted(r(x, d, y) for y in range(pp) for x in range(tp))}
+    out = {
+        "tp": sorted(r(x, d, p) for x in range(tp)),
+        "dp": sorted(r(t, x, p) for x in range(dp)),
+        "mp": sorted(r(x, d, y) for y in range(pp) for x in range(tp)),
+    }
     if pp > 1:
         out["embed"] = sorted({r(t, d, 0), r(t, d, pp - 1)})
     return out
@@ -59,10 +63,10 @@ def check_groups(rank, cfg_text, members_only):
             continue
         if len(members) == 1:
             continue
-        x = torch.tensor([float(10 ** rank)], dtype=torch.float64)
+        x = torch.tensor([float(10**rank)], dtype=torch.float64)
         parallel.all_reduce(x, group, ranks)
-        if x.item() != sum(10 ** m for m in members):
-            errors.append(f"{cfg_text} rank {rank} {kind}: all-reduce {x.item()}, want {sum(10 ** m for m in members)}")
+        if x.item() != sum(10**m for m in members):
+            errors.append(f"{cfg_text} rank {rank} {kind}: all-reduce {x.item()}, want {sum(10**m for m in members)}")
         parts = [torch.zeros(1) for _ in members]
         dist.all_gather(parts, torch.tensor([float(rank)]), group=group)
         if [int(p.item()) for p in parts] != members:
@@ -81,8 +85,13 @@ def worker(rank, ports, queue):
     errors = []
     try:
         for port in ports:  # a world, then the next one in the same process
-            dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
-                                    timeout=datetime.timedelta(seconds=60))
+            dist.init_process_group(
+                "gloo",
+                init_method=f"tcp://127.0.0.1:{port}",
+                rank=rank,
+                world_size=WORLD,
+                timeout=datetime.timedelta(seconds=60),
+            )
             for cfg in CONFIGS:
                 for members_only in (True, False):
                     errors += check_groups(rank, cfg, members_only)

@@ -7,6 +7,7 @@ Runs each config with launch.py and prints seconds per step (mean after the firs
 step) and the ratio to the single-process tp=1 step measured in the same run; the goal
 for the default small model is well under 1 s per step on 2 cores.
 """
+
 import argparse
 import json
 import os
@@ -34,8 +35,23 @@ def main():
             log = os.path.join(tmp, "log.jsonl")
             if os.path.exists(log):
                 os.unlink(log)
-            r = subprocess.run([sys.executable, os.path.join(HERE, "launch.py"), "--config", c, "--model", a.model,
-                                "--steps", str(a.steps), "--log", log] + rest, capture_output=True, text=True)
+            r = subprocess.run(
+                [
+                    sys.executable,
+                    os.path.join(HERE, "launch.py"),
+                    "--config",
+                    c,
+                    "--model",
+                    a.model,
+                    "--steps",
+                    str(a.steps),
+                    "--log",
+                    log,
+                ]
+                + rest,
+                capture_output=True,
+                text=True,
+            )
             if r.returncode != 0:
                 sys.exit(f"bench.py: {c} failed:\n{r.stderr[-2000:]}")
             recs = [json.loads(x) for x in open(log)]

@@ -9,6 +9,7 @@ The global order of samples is `step_samples` of the tenplex package (python/ten
 over the native module): the same order as `tenplex data batches` and the FUSE view
 (docs/data.md), one implementation for all of them.
 """
+
 import json
 
 import torch
@@ -35,7 +36,7 @@ class Corpus:
         labels = torch.zeros(len(ids), s, dtype=torch.int64)
         mask = torch.zeros(len(ids), s, dtype=torch.float32)
         for row, i in enumerate(ids):
-            t = self.tokens(i)[:s + 1]
+            t = self.tokens(i)[: s + 1]
             n = len(t) - 1
             inputs[row, :n] = torch.tensor(t[:-1])
             labels[row, :n] = torch.tensor(t[1:])

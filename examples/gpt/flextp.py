@@ -21,9 +21,9 @@ The result equals the plain linear up to float summation order, so losses match 
 even run. Every step pays the broadcasts and reductions; `--rebalance` instead moves
 slices once and then trains at the uneven split with no per-step traffic.
 """
+
 import torch
 import torch.distributed as dist
-
 from meter import METER
 
 

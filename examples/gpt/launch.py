@@ -7,6 +7,7 @@ Picks a free port, runs world-size `train.py` processes (--world-rank r
 --world-size n --master-port P, other arguments passed through), and exits with the
 first non-zero status, stopping the remaining ranks when one fails.
 """
+
 import argparse
 import os
 import signal
@@ -31,9 +32,24 @@ def launch(config, train_args, port=None, python=sys.executable, script=None, ti
     n = L.Config.parse(config).world_size
     port = port or free_port()
     script = script or os.path.join(HERE, "train.py")
-    procs = [subprocess.Popen([python, script, "--config", config, "--world-rank", str(r),
-                               "--world-size", str(n), "--master-port", str(port)] + list(train_args))
-             for r in range(n)]
+    procs = [
+        subprocess.Popen(
+            [
+                python,
+                script,
+                "--config",
+                config,
+                "--world-rank",
+                str(r),
+                "--world-size",
+                str(n),
+                "--master-port",
+                str(port),
+            ]
+            + list(train_args)
+        )
+        for r in range(n)
+    ]
     deadline = time.monotonic() + timeout if timeout else None
     status = 0
     try:

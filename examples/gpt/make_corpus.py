@@ -5,6 +5,7 @@ Each line is one sample, {"text": "..."}: a few sentences built from fixed word 
 and simple arithmetic, so a tiny model can learn something in a few hundred steps.
 The output depends only on --seed (Python's random.Random is stable across versions).
 """
+
 import argparse
 import json
 import os
@@ -19,8 +20,10 @@ PLACES = "forest harbor market station library valley bridge tower".split()
 def sentence(rng):
     kind = rng.randrange(3)
     if kind == 0:
-        return (f"the {rng.choice(ADJS)} {rng.choice(NOUNS)} {rng.choice(VERBS)} "
-                f"the {rng.choice(ADJS)} {rng.choice(NOUNS)} near the {rng.choice(PLACES)}.")
+        return (
+            f"the {rng.choice(ADJS)} {rng.choice(NOUNS)} {rng.choice(VERBS)} "
+            f"the {rng.choice(ADJS)} {rng.choice(NOUNS)} near the {rng.choice(PLACES)}."
+        )
     if kind == 1:
         a, b = rng.randrange(50), rng.randrange(50)
         return f"{a} plus {b} is {a + b}."

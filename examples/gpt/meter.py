@@ -19,6 +19,7 @@ wait for as well).
 This is how the issue's peer (FlexTP) emulates heterogeneity too (it repeats matmuls on
 the slow ranks); on a lent GPU a real slower device needs no emulation.
 """
+
 import contextlib
 import time
 

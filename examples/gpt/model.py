@@ -33,15 +33,16 @@ class Recompute) checkpoints the attention core or whole layers with torch.utils
 Parameters whose dtype is BF16/F16 keep an fp32 master copy (the spec's
 optimizer.fp32_param companion); forward uses the master rounded to that dtype.
 """
+
 import hashlib
 import math
 
+import parallel
 import torch
 import torch.nn.functional as F
+import uneven
 from torch.utils.checkpoint import checkpoint
 
-import parallel
-import uneven
 from tenplex import layout as L
 
 TORCH_DTYPE = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
@@ -76,12 +77,15 @@ class Recompute:
         if method is not None and method not in ("uniform", "block"):
             raise ValueError(f"--recompute-method must be uniform or block, got {method!r}")
         if granularity != "full":
-            given = [a for a, v in (("--recompute-method", method), ("--recompute-num-layers", num_layers))
-                     if v is not None]
+            given = [
+                a for a, v in (("--recompute-method", method), ("--recompute-num-layers", num_layers)) if v is not None
+            ]
             if given:
-                raise ValueError(f"{' and '.join(given)} need{'s' if len(given) == 1 else ''} "
-                                 f"--recompute-granularity full (this run has "
-                                 f"{granularity or 'no recomputation'})")
+                raise ValueError(
+                    f"{' and '.join(given)} need{'s' if len(given) == 1 else ''} "
+                    f"--recompute-granularity full (this run has "
+                    f"{granularity or 'no recomputation'})"
+                )
         if num_layers is not None and num_layers < 1:
             raise ValueError(f"--recompute-num-layers must be >= 1, got {num_layers}")
         self.granularity = granularity
@@ -95,8 +99,10 @@ class Recompute:
         granularity = args.recompute_granularity
         if args.recompute_activations:
             if granularity not in (None, "selective"):
-                raise ValueError("--recompute-activations (--recompute-granularity selective) conflicts with "
-                                 f"--recompute-granularity {granularity}")
+                raise ValueError(
+                    "--recompute-activations (--recompute-granularity selective) conflicts with "
+                    f"--recompute-granularity {granularity}"
+                )
             granularity = "selective"
         return cls(granularity, args.recompute_method, args.recompute_num_layers)
 
@@ -192,7 +198,8 @@ class Stage:
             self.view(self.pad_mask, p).copy_(p.padding_mask())
         # Built on the host (the same initial values everywhere), then moved to the device.
         self.flat, self.norm_mask, self.decay_mask, self.pad_mask = (
-            t.to(device) for t in (self.flat, self.norm_mask, self.decay_mask, self.pad_mask))
+            t.to(device) for t in (self.flat, self.norm_mask, self.decay_mask, self.pad_mask)
+        )
         # First global vocabulary row of this tp rank (uneven with tp_weights, spec §9).
         self.vocab_start = 0
         for p in self.params:
@@ -243,7 +250,7 @@ class Stage:
         inv = 1.0 / (10000.0 ** (torch.arange(0, d, 2, dtype=torch.float32, device=x.device) / d))
         freqs = torch.outer(torch.arange(s, dtype=torch.float32, device=x.device), inv)
         emb = torch.cat([freqs, freqs], dim=-1)[None, :, None, :]  # [1, s, 1, d]
-        x1, x2 = x[..., : d // 2], x[..., d // 2:]
+        x1, x2 = x[..., : d // 2], x[..., d // 2 :]
         return x * emb.cos() + torch.cat([-x2, x1], dim=-1) * emb.sin()
 
     def _linear(self, name, x, bias_name=None, replicated_input=True):
@@ -336,8 +343,7 @@ class Stage:
         rows, start = W.shape[0], self.vocab_start
         valid = max(0, min(rows, hp.vocab - start))
         logits = F.linear(parallel.copy_to_tp(x, g), W)
-        per_token = parallel.vocab_parallel_cross_entropy(logits.reshape(-1, rows), labels.reshape(-1),
-                                                          start, valid, g)
+        per_token = parallel.vocab_parallel_cross_entropy(logits.reshape(-1, rows), labels.reshape(-1), start, valid, g)
         return (per_token * mask.reshape(-1)).sum() / total_tokens
 
     def forward(self, inp, labels=None, mask=None, total_tokens=None):

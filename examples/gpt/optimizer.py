@@ -13,9 +13,10 @@ Step t (1-based), as apex FusedAdam in adam_w_mode:
 The update is elementwise, so a ZeRO-1 shard computes bit for bit what the full update
 computes on those elements; the updated shards are then all-gathered over dp.
 """
-import torch
 
 import parallel
+import torch
+
 from tenplex import layout as L
 
 
@@ -40,8 +41,8 @@ class Adam:
         p = self.stage.flat[b:e]
         self.exp_avg.mul_(self.b1).add_(g, alpha=1 - self.b1)
         self.exp_avg_sq.mul_(self.b2).addcmul_(g, g, value=1 - self.b2)
-        bc1 = 1 - self.b1 ** t
-        bc2 = 1 - self.b2 ** t
+        bc1 = 1 - self.b1**t
+        bc2 = 1 - self.b2**t
         denom = (self.exp_avg_sq / bc2).sqrt_().add_(self.eps)
         update = (self.exp_avg / bc1).div_(denom)
         if self.wd:
@@ -50,7 +51,7 @@ class Adam:
         if self.zero:
             per = e - b
             flat = self.stage.flat
-            parts = [flat[j * per:(j + 1) * per] for j in range(self.stage.cfg.dp)]
+            parts = [flat[j * per : (j + 1) * per] for j in range(self.stage.cfg.dp)]
             parallel.all_gather(parts, p.clone(), self.groups.dp)
 
     # ---- state as the spec's companions ---------------------------------------
@@ -63,11 +64,11 @@ class Adam:
             return self.exp_avg
         if kind == "exp_avg_sq":
             return self.exp_avg_sq
-        return self.stage.flat[self.begin:self.end]
+        return self.stage.flat[self.begin : self.end]
 
     def state_tensors(self):
         """[(local name, fp32 tensor)] per spec §5, padding zeroed."""
-        pad = self.stage.pad_mask[self.begin:self.end]
+        pad = self.stage.pad_mask[self.begin : self.end]
         out = []
         for k in self.kinds():
             flat = self._range(k).masked_fill(pad, 0.0)
@@ -81,7 +82,7 @@ class Adam:
         """Inverse of state_tensors; returns the names used."""
         used = []
         for k in self.kinds():
-            dst = self._range(k) if k != "fp32_param" else self.stage.flat[self.begin:self.end]
+            dst = self._range(k) if k != "fp32_param" else self.stage.flat[self.begin : self.end]
             if self.stage.cfg.zero:
                 name = f"optimizer.flat.{k}"
                 dst.copy_(_get(tensors, name, [self.end - self.begin]))
@@ -95,8 +96,8 @@ class Adam:
             # Every rank needs the whole fp32 master; shards come from the dp peers.
             per = self.end - self.begin
             flat = self.stage.flat
-            parts = [flat[j * per:(j + 1) * per] for j in range(self.stage.cfg.dp)]
-            parallel.all_gather(parts, flat[self.begin:self.end].clone(), self.groups.dp, metered=False)
+            parts = [flat[j * per : (j + 1) * per] for j in range(self.stage.cfg.dp)]
+            parallel.all_gather(parts, flat[self.begin : self.end].clone(), self.groups.dp, metered=False)
         return used
 
 

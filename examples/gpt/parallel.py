@@ -17,15 +17,14 @@ rendezvous of its members already; every rank creates its groups in the same kin
 order (tp, dp, mp, embed) and belongs to one group of each kind, so no rank waits on a
 group another rank has not reached yet.
 """
+
 import contextlib
 import datetime
 import weakref
 
 import torch
 import torch.distributed as dist
-
 from meter import METER
-
 
 _C10D_INTERNALS = ("_get_default_store", "_get_default_group", "_pg_map", "_pg_names", "_pg_group_ranks")
 # Member groups are named "tenplex<n>-<kind><index>", n counting the Groups made in the
@@ -70,16 +69,20 @@ class Groups:
         self.prefix = f"tenplex{_next_in_world()}-" if self.members_only else None
         self.tp_rank, self.dp_rank, self.pp_rank = cfg.tp_rank(rank), cfg.dp_rank(rank), cfg.pp_rank(rank)
         R = cfg.rank_of
-        self.tp, self.tp_ranks = self._make("tp", [[R(t, d, p) for t in range(cfg.tp)]
-                                                   for p in range(cfg.pp) for d in range(cfg.dp)])
-        self.dp, self.dp_ranks = self._make("dp", [[R(t, d, p) for d in range(cfg.dp)]
-                                                   for p in range(cfg.pp) for t in range(cfg.tp)])
-        self.mp, self.mp_ranks = self._make("mp", [[R(t, d, p) for p in range(cfg.pp) for t in range(cfg.tp)]
-                                                   for d in range(cfg.dp)])
+        self.tp, self.tp_ranks = self._make(
+            "tp", [[R(t, d, p) for t in range(cfg.tp)] for p in range(cfg.pp) for d in range(cfg.dp)]
+        )
+        self.dp, self.dp_ranks = self._make(
+            "dp", [[R(t, d, p) for d in range(cfg.dp)] for p in range(cfg.pp) for t in range(cfg.tp)]
+        )
+        self.mp, self.mp_ranks = self._make(
+            "mp", [[R(t, d, p) for p in range(cfg.pp) for t in range(cfg.tp)] for d in range(cfg.dp)]
+        )
         self.embed, self.embed_ranks = None, [rank]
         if cfg.pp > 1 and tied_embeddings:
-            self.embed, self.embed_ranks = self._make("embed", [[R(t, d, 0), R(t, d, cfg.pp - 1)]
-                                                                for d in range(cfg.dp) for t in range(cfg.tp)])
+            self.embed, self.embed_ranks = self._make(
+                "embed", [[R(t, d, 0), R(t, d, cfg.pp - 1)] for d in range(cfg.dp) for t in range(cfg.tp)]
+            )
 
     def _make(self, kind, rank_lists):
         """Creates one group per list (every rank creates all; members_only: each rank

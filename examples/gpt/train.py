@@ -9,6 +9,7 @@ by `tenplex model gpt ...`; the rank's parameters and optimizer state are exactl
 local tensors of spec ptc-layout.md, and --load-dir/--save-dir read and write
 checkpoint directories of spec §7. See docs/training.md.
 """
+
 import argparse
 import datetime
 import json
@@ -20,9 +21,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-
 import data  # noqa: E402
 import elastic_train  # noqa: E402
 import flextp  # noqa: E402
@@ -30,11 +28,12 @@ import meter  # noqa: E402
 import model as gpt  # noqa: E402
 import optimizer  # noqa: E402
 import parallel  # noqa: E402
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 import uneven  # noqa: E402
-from tenplex import checkpoint  # noqa: E402
-from tenplex import handoff  # noqa: E402
+
+from tenplex import checkpoint, handoff, warm  # noqa: E402
 from tenplex import layout as L  # noqa: E402
-from tenplex import warm  # noqa: E402
 
 DEFAULT_CORPUS = os.path.join(HERE, "data", "corpus.jsonl")
 
@@ -48,8 +47,11 @@ def parse_args(argv=None):
     ap.add_argument("--master-addr", default="127.0.0.1")
     ap.add_argument("--master-port", type=int, default=29500)
     ap.add_argument("--steps", type=int, default=5, help="steps to run in this invocation")
-    ap.add_argument("--start-step", type=int, help="first step when not loading state (default 0); "
-                    "with --load-dir/--state-in it must match the state's step")
+    ap.add_argument(
+        "--start-step",
+        type=int,
+        help="first step when not loading state (default 0); with --load-dir/--state-in it must match the state's step",
+    )
     ap.add_argument("--global-batch-size", type=int, default=8)
     ap.add_argument("--micro-batch-size", type=int, default=2)
     ap.add_argument("--seq-length", type=int, default=64)
@@ -60,48 +62,95 @@ def parse_args(argv=None):
     ap.add_argument("--clip-grad", type=float, default=1.0, help="global gradient norm limit (0: off)")
     ap.add_argument("--load-dir")
     ap.add_argument("--save-dir", help="write a checkpoint directory (spec §7) after the last step")
-    ap.add_argument("--save-at", type=int, help="write --save-dir when this many steps are done instead "
-                    "(training goes on)")
+    ap.add_argument(
+        "--save-at", type=int, help="write --save-dir when this many steps are done instead (training goes on)"
+    )
     # --step-log: the spelling for torchrun, whose argparse (Python 3.11) rejects a script
     # argument that is an ambiguous prefix of its own options (--log: --log-dir, --logs-specs).
-    ap.add_argument("--log", "--step-log", dest="log", help="append one JSON line per completed step (rank 0), "
-                    "and {\"event\": \"checkpoint\" or \"commit\", \"step\", \"seconds\"} per state save")
+    ap.add_argument(
+        "--log",
+        "--step-log",
+        dest="log",
+        help="append one JSON line per completed step (rank 0), "
+        'and {"event": "checkpoint" or "commit", "step", "seconds"} per state save',
+    )
     ap.add_argument("--state-in", help="hand-off JSON of `tenplex run`: load state from store files")
     ap.add_argument("--state-out", help="hand-off JSON of `tenplex run`: write the final state into store files")
-    ap.add_argument("--commit-every", type=int, default=0, help="with `tenplex run --commit-every`: also write "
-                    "the state every N steps into <commit-prefix><step>.json and train on")
+    ap.add_argument(
+        "--commit-every",
+        type=int,
+        default=0,
+        help="with `tenplex run --commit-every`: also write "
+        "the state every N steps into <commit-prefix><step>.json and train on",
+    )
     ap.add_argument("--commit-prefix", help="hand-off file prefix of the periodic commits")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads per process")
-    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
-                    help="where the model and optimizer state live: cuda is cuda:<local rank %% GPUs>; state "
-                    "loads and commits go between the store and the device (tenplex.device); collectives "
-                    "stay on gloo, through host memory")
+    ap.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default="cpu",
+        help="where the model and optimizer state live: cuda is cuda:<local rank %% GPUs>; state "
+        "loads and commits go between the store and the device (tenplex.device); collectives "
+        "stay on gloo, through host memory",
+    )
     ap.add_argument("--timeout", type=float, default=300, help="seconds a collective may wait")
-    ap.add_argument("--warm-control", metavar="PREFIX", help="with `tenplex run --warm`: after each segment "
-                    "wait for the runner's next message <PREFIX><n>.json and go on in the same process")
-    ap.add_argument("--warm-spare", action="store_true", help="with --warm-control: started ahead, wait for the "
-                    "first segment's arguments")
-    ap.add_argument("--no-warm-keep", action="store_true", help="with --warm-control: do not keep the state "
-                    "written at a stop for the next load (by default the tensors the plan leaves unchanged are "
-                    "reused on their device instead of read from the store; they stay allocated while parked)")
+    ap.add_argument(
+        "--warm-control",
+        metavar="PREFIX",
+        help="with `tenplex run --warm`: after each segment "
+        "wait for the runner's next message <PREFIX><n>.json and go on in the same process",
+    )
+    ap.add_argument(
+        "--warm-spare",
+        action="store_true",
+        help="with --warm-control: started ahead, wait for the first segment's arguments",
+    )
+    ap.add_argument(
+        "--no-warm-keep",
+        action="store_true",
+        help="with --warm-control: do not keep the state "
+        "written at a stop for the next load (by default the tensors the plan leaves unchanged are "
+        "reused on their device instead of read from the store; they stay allocated while parked)",
+    )
     elastic_train.add_args(ap)
-    ap.add_argument("--flextp-straggler", type=int, metavar="T",
-                    help="FlexTP-style per-step offload (flextp.py): tp rank T keeps 12.5%% of the input "
-                    "columns of its layer linears, the other tp ranks compute the rest every step")
+    ap.add_argument(
+        "--flextp-straggler",
+        type=int,
+        metavar="T",
+        help="FlexTP-style per-step offload (flextp.py): tp rank T keeps 12.5%% of the input "
+        "columns of its layer linears, the other tp ranks compute the rest every step",
+    )
     # Megatron-LM's activation recomputation (model.Recompute; docs/training.md).
-    ap.add_argument("--recompute-granularity", choices=["full", "selective"],
-                    help="recompute activations in the backward: whole layers (full) or the attention core "
-                    "of every layer (selective); default: store all activations")
-    ap.add_argument("--recompute-method", choices=["uniform", "block"],
-                    help="with full: checkpoint groups of --recompute-num-layers consecutive local layers "
-                    "(uniform, the default) or only the first --recompute-num-layers layers of the stage (block)")
-    ap.add_argument("--recompute-num-layers", type=int, metavar="N",
-                    help="with full: layers per group (uniform) or recomputed layers per stage (block); default 1")
-    ap.add_argument("--recompute-activations", action="store_true",
-                    help="Megatron's older spelling of --recompute-granularity selective")
-    ap.add_argument("--slowdown", action="append", metavar="RANK=FACTOR",
-                    help="emulate a slow device: that rank's own compute takes FACTOR times as long "
-                    "(sleeps (FACTOR-1) x its measured compute; docs/hetero.md); repeatable, or 1=2,3=1.5")
+    ap.add_argument(
+        "--recompute-granularity",
+        choices=["full", "selective"],
+        help="recompute activations in the backward: whole layers (full) or the attention core "
+        "of every layer (selective); default: store all activations",
+    )
+    ap.add_argument(
+        "--recompute-method",
+        choices=["uniform", "block"],
+        help="with full: checkpoint groups of --recompute-num-layers consecutive local layers "
+        "(uniform, the default) or only the first --recompute-num-layers layers of the stage (block)",
+    )
+    ap.add_argument(
+        "--recompute-num-layers",
+        type=int,
+        metavar="N",
+        help="with full: layers per group (uniform) or recomputed layers per stage (block); default 1",
+    )
+    ap.add_argument(
+        "--recompute-activations",
+        action="store_true",
+        help="Megatron's older spelling of --recompute-granularity selective",
+    )
+    ap.add_argument(
+        "--slowdown",
+        action="append",
+        metavar="RANK=FACTOR",
+        help="emulate a slow device: that rank's own compute takes FACTOR times as long "
+        "(sleeps (FACTOR-1) x its measured compute; docs/hetero.md); repeatable, or 1=2,3=1.5",
+    )
     return ap.parse_args(argv)
 
 
@@ -114,8 +163,9 @@ class Trainer:
         hp = gpt.HParams(model.info)
         # Warm workers re-join a world at every reconfiguration: their groups skip
         # torch's world-wide barriers (parallel.py).
-        self.groups = parallel.Groups(cfg, rank, tied_embeddings=hp.tied, members_only=bool(args.warm_control),
-                                      timeout=args.timeout)
+        self.groups = parallel.Groups(
+            cfg, rank, tied_embeddings=hp.tied, members_only=bool(args.warm_control), timeout=args.timeout
+        )
         self.stage = gpt.Stage(model, cfg, self.groups, args.seed, self.device)
         self.stage.recompute = gpt.Recompute.from_args(args)
         if args.flextp_straggler is not None:
@@ -157,8 +207,9 @@ class Trainer:
             if t is None:
                 raise KeyError(f"checkpoint lacks tensor {p.name}")
             if list(t.shape) != p.shape or t.dtype != dt:
-                raise ValueError(f"checkpoint tensor {p.name} is {t.dtype} {list(t.shape)}, "
-                                 f"expected {p.dtype} {p.shape}")
+                raise ValueError(
+                    f"checkpoint tensor {p.name} is {t.dtype} {list(t.shape)}, expected {p.dtype} {p.shape}"
+                )
             st.view(st.flat, p).copy_(t.float())
         used = set(self.opt.load_state_tensors(tensors)) | {p.name for p in st.params}
         extra = sorted(set(tensors) - used)
@@ -168,22 +219,32 @@ class Trainer:
 
     def info(self):
         a = self.args
-        return {"model": self.model.desc, "config": str(self.cfg), "step": self.step,
-                "samples_consumed": self.samples_consumed, "seed": a.seed,
-                "global_batch_size": a.global_batch_size, "seq_length": a.seq_length}
+        return {
+            "model": self.model.desc,
+            "config": str(self.cfg),
+            "step": self.step,
+            "samples_consumed": self.samples_consumed,
+            "seed": a.seed,
+            "global_batch_size": a.global_batch_size,
+            "seq_length": a.seq_length,
+        }
 
     def restore(self, what, info, read_tensors):
         """Loads state described by `info` ({"config", "model", "step", "samples_consumed"})."""
         if L.Config.parse(info["config"]) != self.cfg:
-            raise ValueError(f"{what} is in config {info['config']}, this run is {self.cfg}: "
-                             f"convert it with `tenplex reshard --in DIR --to {self.cfg} --out DIR2`")
+            raise ValueError(
+                f"{what} is in config {info['config']}, this run is {self.cfg}: "
+                f"convert it with `tenplex reshard --in DIR --to {self.cfg} --out DIR2`"
+            )
         if info.get("model") != self.model.desc:
             raise ValueError(f"{what} holds a different model than --model")
         # The training position must come with the state: assuming step 0 would silently
         # restart the data order and the optimizer's step count.
         if not isinstance(info.get("step"), int) or info["step"] < 0:
-            raise ValueError(f"{what} has no training position (\"step\" is {info.get('step')!r}): "
-                             "refusing to guess; save it with its step (tenplex store save keeps every field)")
+            raise ValueError(
+                f'{what} has no training position ("step" is {info.get("step")!r}): '
+                "refusing to guess; save it with its step (tenplex store save keeps every field)"
+            )
         step = info["step"]
         if self.args.start_step is not None and self.args.start_step != step:
             raise ValueError(f"--start-step {self.args.start_step} but {what} is at step {step}")
@@ -192,8 +253,11 @@ class Trainer:
         self.samples_consumed = int(info.get("samples_consumed", step * self.args.global_batch_size))
 
     def load(self, directory):
-        self.restore(f"checkpoint {directory}", checkpoint.read_info(directory),
-                     lambda: checkpoint.read_rank(directory, self.rank))
+        self.restore(
+            f"checkpoint {directory}",
+            checkpoint.read_info(directory),
+            lambda: checkpoint.read_rank(directory, self.rank),
+        )
 
     def load_handoff(self, path, keep=None):
         """Loads the hand-off `path`; with `keep` (a warm worker's handoff.KeptState of
@@ -235,15 +299,25 @@ class Trainer:
         if self.rank == 0:
             checkpoint.begin(directory)
         dist.barrier()
-        checkpoint.write_rank(directory, self.rank, [(n, t.cpu()) for n, t in self.state_tensors()],
-                              {"config": str(self.cfg), "rank": str(self.rank)})
+        checkpoint.write_rank(
+            directory,
+            self.rank,
+            [(n, t.cpu()) for n, t in self.state_tensors()],
+            {"config": str(self.cfg), "rank": str(self.rank)},
+        )
         dist.barrier()
         if self.rank == 0:
             checkpoint.commit(directory, self.info(), self.cfg.world_size)
         dist.barrier()
         if self.rank == 0:
-            self.log_event({"event": "checkpoint", "step": self.step, "dir": directory,
-                            "seconds": round(time.perf_counter() - t0, 4)})
+            self.log_event(
+                {
+                    "event": "checkpoint",
+                    "step": self.step,
+                    "dir": directory,
+                    "seconds": round(time.perf_counter() - t0, 4),
+                }
+            )
 
     # ---- one step ----------------------------------------------------------------
 
@@ -252,8 +326,9 @@ class Trainer:
         meter.METER.start_step()
         if st.flex is not None:
             st.flex.new_step()
-        global_ids, _ = data.step_samples(len(self.corpus), a.seed, a.global_batch_size,
-                                          self.samples_consumed, cfg.dp, g.dp_rank)
+        global_ids, _ = data.step_samples(
+            len(self.corpus), a.seed, a.global_batch_size, self.samples_consumed, cfg.dp, g.dp_rank
+        )
         begin, end = uneven.dp_slice(a.global_batch_size, cfg, g.dp_rank)  # dp_weights, spec §9
         ids = global_ids[begin:end]
         total_tokens = self.corpus.valid_tokens(global_ids)
@@ -377,12 +452,16 @@ def run_segment(args, control=None):
             raise ValueError(f"--global-batch-size {args.global_batch_size} is smaller than dp={cfg.dp}")
         shares = uneven.apportion(args.global_batch_size, uneven.dp_weights(cfg))
         if min(shares) < 1:
-            raise ValueError(f"dp rank {shares.index(0)} gets no sample of the global batch of "
-                             f"{args.global_batch_size} with dp_weights {uneven.dp_weights(cfg)}")
+            raise ValueError(
+                f"dp rank {shares.index(0)} gets no sample of the global batch of "
+                f"{args.global_batch_size} with dp_weights {uneven.dp_weights(cfg)}"
+            )
         if args.flextp_straggler is not None and (
-                not 0 <= args.flextp_straggler < cfg.tp or uneven.tp_weights(cfg) != [1] * cfg.tp):
-            raise ValueError(f"--flextp-straggler {args.flextp_straggler} needs an even split with a tp rank "
-                             f"in [0, {cfg.tp})")
+            not 0 <= args.flextp_straggler < cfg.tp or uneven.tp_weights(cfg) != [1] * cfg.tp
+        ):
+            raise ValueError(
+                f"--flextp-straggler {args.flextp_straggler} needs an even split with a tp rank in [0, {cfg.tp})"
+            )
         slowdown = meter.parse_slowdown(args.slowdown)
         if slowdown and max(slowdown) >= args.world_size:
             raise ValueError(f"--slowdown rank {max(slowdown)} is not a rank of world size {args.world_size}")
@@ -414,9 +493,13 @@ def run_segment(args, control=None):
     stamp("start", time.perf_counter())
     if control is not None and args.world_rank != 0:
         warm.wait_port(args.master_addr, args.master_port, args.timeout)
-    dist.init_process_group("gloo", init_method=f"tcp://{args.master_addr}:{args.master_port}",
-                            rank=args.world_rank, world_size=args.world_size,
-                            timeout=datetime.timedelta(seconds=args.timeout))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://{args.master_addr}:{args.master_port}",
+        rank=args.world_rank,
+        world_size=args.world_size,
+        timeout=datetime.timedelta(seconds=args.timeout),
+    )
     if control is not None:
         control.watch()  # the runner's abort (a failed peer) breaks this world's connections
     stamp("pg", time.perf_counter())
@@ -440,14 +523,19 @@ def run_segment(args, control=None):
             ev = warm.join_event(control.times, trainer.step)
             if keep is not None and keep.stats:  # rank 0's own tensors
                 st = keep.stats
-                ev.update(kept_tensors=st["kept_tensors"], kept_mb=round(st["kept_bytes"] / 1e6, 3),
-                          loaded_tensors=st["loaded_tensors"], loaded_mb=round(st["loaded_bytes"] / 1e6, 3))
+                ev.update(
+                    kept_tensors=st["kept_tensors"],
+                    kept_mb=round(st["kept_bytes"] / 1e6, 3),
+                    loaded_tensors=st["loaded_tensors"],
+                    loaded_mb=round(st["loaded_bytes"] / 1e6, 3),
+                )
             trainer.log_event(ev)
         control.times.clear()
         control.kept.clear()  # (used by the load, or none was: not for a later segment)
     if args.save_at is not None and not trainer.step <= args.save_at <= trainer.step + args.steps:
-        fail(f"--save-at {args.save_at} is outside the steps of this run "
-             f"({trainer.step} to {trainer.step + args.steps})")
+        fail(
+            f"--save-at {args.save_at} is outside the steps of this run ({trainer.step} to {trainer.step + args.steps})"
+        )
     times = []
     end = trainer.step + args.steps
     for _ in range(args.steps):
@@ -458,9 +546,17 @@ def run_segment(args, control=None):
         loss, norm, ids = trainer.train_step()
         times.append(time.perf_counter() - t0)
         if rank == 0:
-            rec = {"step": step, "loss": loss, "config": str(cfg), "samples": ids,
-                   "micro_batch": args.micro_batch_size, "recompute": trainer.stage.recompute.describe(),
-                   "grad_norm": norm, "seconds": round(times[-1], 4), "rank_seconds": trainer.rank_seconds}
+            rec = {
+                "step": step,
+                "loss": loss,
+                "config": str(cfg),
+                "samples": ids,
+                "micro_batch": args.micro_batch_size,
+                "recompute": trainer.stage.recompute.describe(),
+                "grad_norm": norm,
+                "seconds": round(times[-1], 4),
+                "rank_seconds": trainer.rank_seconds,
+            }
             print(json.dumps(rec), flush=True)
             trainer.log_event(rec)
         n = args.commit_every
@@ -475,8 +571,11 @@ def run_segment(args, control=None):
         dist.barrier()  # (with a hand-off the commit's barrier is the last collective)
     if rank == 0 and times:
         steady = times[1:] or times
-        print(f"train.py: config {cfg}: {len(times)} steps, {sum(steady) / len(steady):.3f} s/step "
-              f"(after the first)", file=sys.stderr, flush=True)
+        print(
+            f"train.py: config {cfg}: {len(times)} steps, {sum(steady) / len(steady):.3f} s/step (after the first)",
+            file=sys.stderr,
+            flush=True,
+        )
     dist.destroy_process_group()
 
 

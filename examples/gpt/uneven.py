@@ -32,6 +32,7 @@ piece to the largest, gather, cut each back to its size.
 `apportion` is spec §9's largest-remainder rule of the native layout
 (src/tenplex/util/apportion.h); `vocab_start` is checked against the layout's pieces.
 """
+
 import torch
 import torch.distributed as dist
 
@@ -49,7 +50,7 @@ def apportion(units, weights):
     total = sum(weights)
     counts = [units * w // total for w in weights]
     order = sorted(range(len(weights)), key=lambda i: (-(units * weights[i] % total), i))
-    for i in order[:units - sum(counts)]:
+    for i in order[: units - sum(counts)]:
         counts[i] += 1
     return counts
 
@@ -96,8 +97,9 @@ def vocab_start(p, cfg, tp_rank):
         raise ValueError(f"{p.name}: {p.shape[0]} local rows, the apportionment gives {(end - begin) * m}")
     for g, local in p.pieces:  # the layout's pieces agree with the offset
         if g[0][0] - local[0][0] != begin * m:
-            raise ValueError(f"{p.name}: the layout puts local row {local[0][0]} at global row {g[0][0]}, "
-                             f"not at offset {begin * m}")
+            raise ValueError(
+                f"{p.name}: the layout puts local row {local[0][0]} at global row {g[0][0]}, not at offset {begin * m}"
+            )
     return begin * m
 
 

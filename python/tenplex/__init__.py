@@ -6,6 +6,7 @@ Parts without the native module: `tenplex.safetensors` (reader and writer) and
 module `tenplex._tenplex`, built by CMake for the project's interpreter (.venv/bin/python,
 made by scripts/setup-venv.sh), and torch for the store.
 """
+
 import sys as _sys
 
 # The interpreter the native module is built for (CMake's TENPLEX_PY, python/CMakeLists.txt).
@@ -13,8 +14,15 @@ PYTHON = "the project's .venv/bin/python (scripts/setup-venv.sh)"
 _import_error = None
 
 try:  # the native module (built by CMake into this folder, or installed beside it)
-    from ._tenplex import (Error, InvalidArgumentError, NotFoundError, ResourceExhaustedError,  # noqa: F401
-                           UnavailableError, layout_json, parse_config)
+    from ._tenplex import (  # noqa: F401
+        Error,
+        InvalidArgumentError,
+        NotFoundError,
+        ResourceExhaustedError,
+        UnavailableError,
+        layout_json,
+        parse_config,
+    )
     from .store import Store, attach  # noqa: F401
 except ImportError as e:  # safetensors and checkpoint still work without it
     _import_error = e
@@ -25,6 +33,7 @@ def __getattr__(name):
     which module is missing and which interpreter has it."""
     if not name.startswith("_"):  # a submodule (`from tenplex import safetensors`) imports as usual
         import importlib.util
+
         if importlib.util.find_spec(f"{__name__}.{name}") is not None:
             return importlib.import_module(f"{__name__}.{name}")
     if _import_error is not None and not name.startswith("__"):
@@ -33,5 +42,6 @@ def __getattr__(name):
             f"tenplex.{name} is unavailable: importing '{missing}' failed ({_import_error}) under "
             f"{_sys.executable} (Python {_sys.version_info[0]}.{_sys.version_info[1]}). tenplex's native module "
             f"and torch are installed for {PYTHON}: run with {PYTHON}, and build the native module first "
-            f"(scripts/build.sh, or cmake --install; docs/install.md)") from _import_error
+            f"(scripts/build.sh, or cmake --install; docs/install.md)"
+        ) from _import_error
     raise AttributeError(f"module 'tenplex' has no attribute '{name}'")

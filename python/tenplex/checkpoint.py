@@ -11,6 +11,7 @@ file under "checksums" (the tenplex commands require them), and renames the stag
 directory onto the target. A crash therefore never leaves a directory that looks
 complete. The target must not exist or be empty (checkpoints are not overwritten).
 """
+
 import ctypes
 import ctypes.util
 import json
@@ -127,7 +128,7 @@ def read_info(directory):
         except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
             raise CheckpointError(f"{path} is not JSON ({e})") from None
     if not isinstance(info, dict) or "model" not in info or not isinstance(info.get("config"), str):
-        raise CheckpointError(f"{path} needs \"model\" and \"config\"")
+        raise CheckpointError(f'{path} needs "model" and "config"')
     return info
 
 

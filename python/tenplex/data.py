@@ -19,6 +19,7 @@ Command line (the same JSON as `tenplex data batches --json`):
         --dp D --rank R --start-sample P --steps N
     .venv/bin/python -m tenplex.data read --index DIR --sample N
 """
+
 import json
 import sys
 
@@ -42,6 +43,7 @@ def parse_weights(weights):
 def rank_slice(global_batch, dp, rank, dp_weights=None):
     """(begin, end) of a dp rank's part of a global batch (spec §9 shares with dp_weights)."""
     return _tenplex.rank_slice(global_batch, dp, rank, parse_weights(dp_weights))
+
 
 _orders = {}
 
@@ -86,8 +88,7 @@ class RankIterator:
     consumed after the last yielded step: save it, and resume with any dp (and any
     dp_weights: rank j's share of each global batch is proportional to dp_weights[j])."""
 
-    def __init__(self, index_dir, seed, global_batch, dp=None, rank=0, start_sample=0, steps=None,
-                 dp_weights=None):
+    def __init__(self, index_dir, seed, global_batch, dp=None, rank=0, start_sample=0, steps=None, dp_weights=None):
         weights = parse_weights(dp_weights)
         if dp is None:
             dp = len(weights) or 1

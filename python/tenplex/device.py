@@ -21,11 +21,13 @@ snapshot), records an event, and a background thread waits for that event and wr
 snapshot (the engine releases the GIL). Without room on the device for the snapshot it
 copies to host memory instead (blocking) and says so in the log.
 """
+
 import logging
 import os
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from collections.abc import Sequence
+from typing import Any, Callable, Optional, Union
 
 import torch
 
@@ -34,10 +36,10 @@ from . import _tenplex
 log = logging.getLogger(__name__)
 
 DeviceLike = Union[torch.device, str]
-RestoreEntry = Tuple[str, torch.dtype, Sequence[int], str]  # (name, dtype, shape, file)
-CommitEntry = Tuple[str, torch.Tensor, str]  # (name, tensor, file)
+RestoreEntry = tuple[str, torch.dtype, Sequence[int], str]  # (name, dtype, shape, file)
+CommitEntry = tuple[str, torch.Tensor, str]  # (name, tensor, file)
 
-_engines: Dict[Tuple[str, int], Any] = {}
+_engines: dict[tuple[str, int], Any] = {}
 _engines_lock = threading.Lock()
 # Set in AsyncCommit's writer thread: its snapshot is ordered by an event already, and
 # synchronizing that thread's current stream would only wait for the next steps' kernels.
@@ -99,10 +101,18 @@ def _sync(d: torch.device) -> None:
         torch.cuda.current_stream(d).synchronize()
 
 
-def _report(what: str, d: torch.device, stats: Dict[str, Any], count: int) -> None:
-    log.debug("%s %d tensors on %s: %d bytes in %.4f s (%.2f GB/s, %s, %d chunks)", what, count, d,
-              stats.get("bytes", 0), stats.get("seconds", 0.0), stats.get("gbps", 0.0), stats.get("mode"),
-              stats.get("chunks", 0))
+def _report(what: str, d: torch.device, stats: dict[str, Any], count: int) -> None:
+    log.debug(
+        "%s %d tensors on %s: %d bytes in %.4f s (%.2f GB/s, %s, %d chunks)",
+        what,
+        count,
+        d,
+        stats.get("bytes", 0),
+        stats.get("seconds", 0.0),
+        stats.get("gbps", 0.0),
+        stats.get("mode"),
+        stats.get("chunks", 0),
+    )
     if stats.get("fallback"):
         log.info("%s on %s: registered host memory fell back to staged copies: %s", what, d, stats["fallback"])
 
@@ -119,12 +129,12 @@ def _check_file(name: str, path: str, need: int) -> None:
         raise _tenplex.InvalidArgumentError(f"tensor {name}: file {path} has {have} bytes, needs {need}")
 
 
-def restore_files(entries: Sequence[RestoreEntry], device: DeviceLike) -> Dict[str, torch.Tensor]:
+def restore_files(entries: Sequence[RestoreEntry], device: DeviceLike) -> dict[str, torch.Tensor]:
     """{name: tensor on `device`} filled from the files (each tensor's bytes at offset 0 of
     its file) with one engine call; zero-size tensors need no file."""
     d = resolve(device)
-    out: Dict[str, torch.Tensor] = {}
-    items: List[Tuple[str, int, int, int]] = []
+    out: dict[str, torch.Tensor] = {}
+    items: list[tuple[str, int, int, int]] = []
     for name, dtype, shape, path in entries:
         t = torch.empty(list(shape), dtype=dtype, device=d)
         out[name] = t
@@ -145,8 +155,8 @@ def restore_files(entries: Sequence[RestoreEntry], device: DeviceLike) -> Dict[s
 def commit_files(entries: Sequence[CommitEntry]) -> None:
     """Writes each tensor's bytes at offset 0 of its (allocated, large enough) file: one
     engine call per device the tensors are on. Complete when it returns."""
-    by_device: Dict[torch.device, List[Tuple[int, str, int, int]]] = {}
-    keep: List[torch.Tensor] = []  # the contiguous copies live until the engine is done
+    by_device: dict[torch.device, list[tuple[int, str, int, int]]] = {}
+    keep: list[torch.Tensor] = []  # the contiguous copies live until the engine is done
     for name, t, path in entries:
         if t.numel() == 0:
             continue
@@ -163,18 +173,21 @@ def commit_files(entries: Sequence[CommitEntry]) -> None:
         _report("commit", d, stats, len(items))
 
 
-def _cuda_devices(tensors: Dict[str, torch.Tensor]) -> List[torch.device]:
+def _cuda_devices(tensors: dict[str, torch.Tensor]) -> list[torch.device]:
     return sorted({t.device for t in tensors.values() if t.is_cuda}, key=lambda d: d.index or 0)
 
 
-def _snapshot(tensors: Dict[str, torch.Tensor]) -> Tuple[Dict[str, torch.Tensor], bool]:
+def _snapshot(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], bool]:
     """(copies of the tensors at this point of their streams, whether they are on the
     device); copies in host memory, made blocking, when the device has no room for them."""
     try:
         return {k: t.detach().clone(memory_format=torch.contiguous_format) for k, t in tensors.items()}, True
     except torch.cuda.OutOfMemoryError as e:
-        log.warning("commit snapshot: no device memory for a copy of the state (%s); copying it to host "
-                    "memory instead (blocking)", str(e).splitlines()[0] if str(e) else "out of memory")
+        log.warning(
+            "commit snapshot: no device memory for a copy of the state (%s); copying it to host "
+            "memory instead (blocking)",
+            str(e).splitlines()[0] if str(e) else "out of memory",
+        )
     return {k: t.detach().to("cpu", copy=True) for k, t in tensors.items()}, False
 
 
@@ -191,7 +204,7 @@ class AsyncCommit:
         self.write_seconds = 0.0  # the background write's
         self.on_device = True  # whether the last snapshot was taken on the device
 
-    def start(self, tensors: Dict[str, torch.Tensor], write_fn: Callable[[Dict[str, torch.Tensor]], Any]) -> None:
+    def start(self, tensors: dict[str, torch.Tensor], write_fn: Callable[[dict[str, torch.Tensor]], Any]) -> None:
         """Snapshots `tensors` and has write_fn(snapshot) run in a background thread.
         Waits for a commit still in flight first (and raises its error if nobody has)."""
         if self._thread is not None:
@@ -209,13 +222,15 @@ class AsyncCommit:
             ev.record(torch.cuda.current_stream(d))
             events.append(ev)
         self._result, self._error, self._collected = None, None, False
-        self._thread = threading.Thread(target=self._run, args=(snap, events, write_fn), name="tenplex-commit",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, args=(snap, events, write_fn), name="tenplex-commit", daemon=True
+        )
         self._thread.start()
         self.snapshot_seconds = time.perf_counter() - t0
 
-    def _run(self, snap: Dict[str, torch.Tensor], events: List[Any],
-             write_fn: Callable[[Dict[str, torch.Tensor]], Any]) -> None:
+    def _run(
+        self, snap: dict[str, torch.Tensor], events: list[Any], write_fn: Callable[[dict[str, torch.Tensor]], Any]
+    ) -> None:
         t0 = time.perf_counter()
         _ordered.on = True
         try:
@@ -241,4 +256,3 @@ class AsyncCommit:
         if self._error is not None:
             raise self._error
         return self._result
-

@@ -1,5 +1,6 @@
 """Config policies of tenplex.elastic: which parallel config a job runs in for each
 world size (a table, or ``tenplex config suggest``), and the tenplex CLI it asks."""
+
 import json
 import os
 import shutil
@@ -23,7 +24,7 @@ def read_policy(policy):
     ``"suggest:ARGS"`` (e.g. ``"suggest:--model m.json --device-profile cpu"``), a
     SuggestPolicy that asks ``tenplex config suggest ARGS`` at start-up."""
     if isinstance(policy, str) and policy.startswith("suggest:"):
-        args = policy[len("suggest:"):].split()
+        args = policy[len("suggest:") :].split()
         if "--model" not in args:
             raise ElasticError(f"policy {policy!r}: suggest needs --model M (the model JSON or a preset)")
         return SuggestPolicy(args)
@@ -42,8 +43,9 @@ def read_policy(policy):
         except json.JSONDecodeError as e:
             raise ElasticError(f"policy {policy}: not JSON ({e})") from None
     if not isinstance(raw, dict) or not raw:
-        raise ElasticError("policy: expected a JSON object mapping world sizes to configs, "
-                           "e.g. {\"4\": \"tp=2,pp=2\", \"2\": \"tp=2\"}")
+        raise ElasticError(
+            'policy: expected a JSON object mapping world sizes to configs, e.g. {"4": "tp=2,pp=2", "2": "tp=2"}'
+        )
     out = {}
     for k, v in raw.items():
         try:
@@ -94,8 +96,10 @@ def pick_choice(policy, world_size, gpus_per_host=None):
     if isinstance(policy, SuggestPolicy):
         return suggest_choice(policy, world_size, gpus_per_host)
     if world_size not in policy:
-        raise ElasticError(f"the policy has no config for world size {world_size} "
-                           f"(it has {sorted(policy)}): add an entry or change --nnodes/--nproc_per_node")
+        raise ElasticError(
+            f"the policy has no config for world size {world_size} "
+            f"(it has {sorted(policy)}): add an entry or change --nnodes/--nproc_per_node"
+        )
     return policy[world_size], []
 
 

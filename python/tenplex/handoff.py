@@ -14,12 +14,14 @@ A warm worker (`tenplex run --warm`) keeps the state it wrote at its stop for it
 load (`KeptState`): the files the runner's plan leaves unchanged are hard links of those
 it wrote, so their tensors need not be read again.
 """
+
 import json
 import logging
 import math
 import os
 import time
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from collections.abc import Iterable, Sequence
+from typing import Any, Optional, Union
 
 import numpy as np
 import torch
@@ -40,7 +42,7 @@ def read(path):
     except (OSError, json.JSONDecodeError) as e:
         raise HandoffError(f"cannot read hand-off file {path}: {e}") from None
     if not isinstance(h, dict) or not isinstance(h.get("ranks"), list) or "config" not in h:
-        raise HandoffError(f"{path}: not a hand-off file (needs \"config\" and \"ranks\")")
+        raise HandoffError(f'{path}: not a hand-off file (needs "config" and "ranks")')
     return h
 
 
@@ -80,6 +82,7 @@ def _through_engine(rank, fn, *args):
     imported only here: hand-offs of CPU tensors work without it)."""
     from . import _tenplex
     from . import device as _device
+
     try:
         return getattr(_device, fn)(*args)
     except _tenplex.Error as e:
@@ -126,7 +129,7 @@ def _load(specs, rank, device):
     return out
 
 
-FileKey = Tuple[int, int, int, int]  # (st_dev, st_ino, st_size, st_mtime_ns)
+FileKey = tuple[int, int, int, int]  # (st_dev, st_ino, st_size, st_mtime_ns)
 
 
 def _file_key(path: str) -> Optional[FileKey]:
@@ -174,8 +177,8 @@ class KeptState:
     """
 
     def __init__(self) -> None:
-        self._by_file: Dict[FileKey, torch.Tensor] = {}
-        self.stats: Dict[str, Any] = {}  # of the last read_rank with this KeptState
+        self._by_file: dict[FileKey, torch.Tensor] = {}
+        self.stats: dict[str, Any] = {}  # of the last read_rank with this KeptState
 
     def __len__(self) -> int:
         return len(self._by_file)
@@ -183,14 +186,18 @@ class KeptState:
     def clear(self) -> None:
         self._by_file = {}
 
-    def remember(self, handoff: Dict[str, Any], rank: int,
-                 tensors: Union[Dict[str, torch.Tensor], Iterable[Tuple[str, torch.Tensor]]]) -> None:
+    def remember(
+        self,
+        handoff: dict[str, Any],
+        rank: int,
+        tensors: Union[dict[str, torch.Tensor], Iterable[tuple[str, torch.Tensor]]],
+    ) -> None:
         """Keeps `tensors` ([(name, tensor)] or {name: tensor}), just written into the
         rank's files of `handoff` (write_rank), keyed by their files (one stat each);
         replaces what was kept before."""
         files = {t["name"]: t["file"] for t in _rank_entry(handoff, rank)["tensors"]}
         items = tensors.items() if isinstance(tensors, dict) else tensors
-        by_file: Dict[FileKey, torch.Tensor] = {}
+        by_file: dict[FileKey, torch.Tensor] = {}
         for name, t in items:
             path = files.get(name)
             if path is None or t.numel() == 0:
@@ -201,7 +208,7 @@ class KeptState:
             by_file[key] = t.detach()
         self._by_file = by_file
 
-    def take(self, specs: Sequence[Tuple], device: Any) -> Tuple[Dict[str, torch.Tensor], List[Tuple]]:
+    def take(self, specs: Sequence[tuple], device: Any) -> tuple[dict[str, torch.Tensor], list[tuple]]:
         """({name: kept tensor}, the specs to load) for _rank_tensors entries `specs`;
         empties the KeptState (what is not reused is freed before the load allocates)."""
         by_file, self._by_file = self._by_file, {}
@@ -209,8 +216,8 @@ class KeptState:
         if not by_file:
             return {}, list(specs)
         d = _device_of(device)
-        kept: Dict[str, torch.Tensor] = {}
-        rest: List[Tuple] = []
+        kept: dict[str, torch.Tensor] = {}
+        rest: list[tuple] = []
         handed = set()  # storages already given to a new tensor: a second one gets a clone
         for spec in specs:
             name, _, torch_dtype, _, shape, n, path = spec
@@ -226,15 +233,28 @@ class KeptState:
                 kept[name] = t.view(shape)
         return kept, rest
 
-    def finish(self, kept: Dict[str, torch.Tensor], loaded: Sequence[Tuple], device: Any, seconds: float) -> None:
+    def finish(self, kept: dict[str, torch.Tensor], loaded: Sequence[tuple], device: Any, seconds: float) -> None:
         """Records and logs what a read_rank kept and loaded."""
         kept_bytes = sum(t.numel() * t.element_size() for t in kept.values())
         loaded_bytes = sum(s[3] * s[5] for s in loaded)
         d = _device_of(device)
-        self.stats = {"kept_tensors": len(kept), "kept_bytes": kept_bytes, "loaded_tensors": len(loaded),
-                      "loaded_bytes": loaded_bytes, "device": str(d), "seconds": seconds}
-        log.info("warm restore: kept %d tensors (%.1f MB) on %s, loaded %d (%.1f MB) in %.4f s", len(kept),
-                 kept_bytes / 1e6, d, len(loaded), loaded_bytes / 1e6, seconds)
+        self.stats = {
+            "kept_tensors": len(kept),
+            "kept_bytes": kept_bytes,
+            "loaded_tensors": len(loaded),
+            "loaded_bytes": loaded_bytes,
+            "device": str(d),
+            "seconds": seconds,
+        }
+        log.info(
+            "warm restore: kept %d tensors (%.1f MB) on %s, loaded %d (%.1f MB) in %.4f s",
+            len(kept),
+            kept_bytes / 1e6,
+            d,
+            len(loaded),
+            loaded_bytes / 1e6,
+            seconds,
+        )
 
 
 def map_rank(handoff, rank, writable=False):
@@ -270,8 +290,7 @@ def write_rank(handoff, rank, tensors):
     want = {t["name"]: t for t in _rank_entry(handoff, rank)["tensors"]}
     names = {n for n, _ in tensors}
     if names != set(want):
-        raise HandoffError(f"rank {rank}: state tensors differ from the hand-off's: "
-                           f"{sorted(names ^ set(want))[:5]}")
+        raise HandoffError(f"rank {rank}: state tensors differ from the hand-off's: {sorted(names ^ set(want))[:5]}")
     on_device = []
     for name, t in tensors:
         spec = want[name]
@@ -279,8 +298,9 @@ def write_rank(handoff, rank, tensors):
             raise HandoffError(f"hand-off tensor {name}: unknown dtype {spec['dtype']}")
         torch_dtype, size = safetensors.DTYPES[spec["dtype"]]
         if list(t.shape) != list(spec["shape"]) or t.dtype != torch_dtype:
-            raise HandoffError(f"rank {rank}: {name} is {t.dtype} {list(t.shape)}, the store has "
-                               f"{torch_dtype} {list(spec['shape'])}")
+            raise HandoffError(
+                f"rank {rank}: {name} is {t.dtype} {list(t.shape)}, the store has {torch_dtype} {list(spec['shape'])}"
+            )
         if t.numel() == 0:
             continue
         if t.is_cuda:

@@ -25,6 +25,7 @@ Rank order is Megatron's, tensor-parallel fastest:
 A local tensor is described by pieces (global box, local box) with equal extents;
 local elements covered by no piece are padding and stay zero.
 """
+
 import json
 import math
 
@@ -96,7 +97,7 @@ class LocalParam:
         self.name, self.path, self.dtype = d["name"], d["path"], d["dtype"]
         self.global_shape, self.rule = list(t["shape"]), t["tp"]
         self.shape, self.alias = list(d["shape"]), d["alias"]
-        self.pieces = [(list(g), list(l)) for g, l in d["pieces"]]
+        self.pieces = [(list(g), list(loc)) for g, loc in d["pieces"]]
 
     @property
     def numel(self):
@@ -105,16 +106,17 @@ class LocalParam:
     def slice(self, global_tensor):
         """The local tensor (padding zero) cut from a full global tensor."""
         out = global_tensor.new_zeros(self.shape)
-        for g, l in self.pieces:
-            out[_slices(l)] = global_tensor[_slices(g)]
+        for g, loc in self.pieces:
+            out[_slices(loc)] = global_tensor[_slices(g)]
         return out
 
     def padding_mask(self):
         """Bool tensor of the local shape, True on padding elements."""
         import torch
+
         mask = torch.ones(self.shape, dtype=torch.bool)
-        for _, l in self.pieces:
-            mask[_slices(l)] = False
+        for _, loc in self.pieces:
+            mask[_slices(loc)] = False
         return mask
 
 

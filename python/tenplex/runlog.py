@@ -2,6 +2,7 @@
 write: one line per completed step ({"step", "loss", "samples", "seconds",
 "rank_seconds", "config", ...}) and event lines ({"event": "reconfigure" | "rebalance" |
 ..., ...}). Pure Python (no native module needed)."""
+
 import json
 import os
 

@@ -63,8 +63,7 @@ def save(path, tensors, metadata=None):
         if name in header or name == "__metadata__":
             raise SafetensorsError(f"{path}: duplicate or reserved tensor name '{name}'")
         b = _to_bytes(t)
-        header[name] = {"dtype": dtype_name(t.dtype), "shape": list(t.shape),
-                        "data_offsets": [offset, offset + len(b)]}
+        header[name] = {"dtype": dtype_name(t.dtype), "shape": list(t.shape), "data_offsets": [offset, offset + len(b)]}
         blobs.append(b)
         offset += len(b)
     if metadata:
@@ -144,8 +143,9 @@ def read_header(path):
             raise SafetensorsError(f"{path}: tensor '{name}' has a bad shape {shape}")
         want = int(np.prod(shape, dtype=np.int64)) * DTYPES[dt][1]
         if not (isinstance(b, int) and isinstance(end, int) and 0 <= b <= end <= data_size) or end - b != want:
-            raise SafetensorsError(f"{path}: tensor '{name}' range [{b}, {end}) is not {want} bytes "
-                                   f"inside a data section of {data_size}")
+            raise SafetensorsError(
+                f"{path}: tensor '{name}' range [{b}, {end}) is not {want} bytes inside a data section of {data_size}"
+            )
         entries.append((name, dt, list(shape), b, end))
     entries.sort(key=lambda x: x[3])
     for prev, cur in zip(entries, entries[1:]):

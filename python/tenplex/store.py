@@ -17,6 +17,7 @@ With a daemon on another machine, bytes travel over HTTP instead. A device (load
 `device`, attach's default) gives private tensors on it, filled from the files by the copy
 engine; CUDA tensors are saved from the device the same way (tenplex.device).
 """
+
 import json
 import os
 
@@ -121,15 +122,18 @@ class Store:
             self._async = _device.AsyncCommit()
         if self.local:
             prefix = _rank_prefix(job, version, rank)
-            infos = self._s.allocate([(prefix + name, _NAME_OF[t.dtype], list(t.shape)) for name, t in tensors.items()],
-                                     zero_fill=False)
+            infos = self._s.allocate(
+                [(prefix + name, _NAME_OF[t.dtype], list(t.shape)) for name, t in tensors.items()], zero_fill=False
+            )
             files = {name: info["file"] for name, info in zip(tensors, infos)}
 
             def write(snap):
                 _device.commit_files([(name, t, files[name]) for name, t in snap.items()])
         else:
+
             def write(snap):
                 self.save_state(job, version, rank, snap)
+
         self._async.start(dict(tensors), write)
         return self._async
 
@@ -172,10 +176,13 @@ def _check_tensors(tensors):
         if not isinstance(t, torch.Tensor):
             raise _tenplex.InvalidArgumentError(
                 f"save_state: value of {name!r} is a {type(t).__module__}.{type(t).__qualname__}, "
-                "not a torch.Tensor (save tensors only; put other state in the version info)")
+                "not a torch.Tensor (save tensors only; put other state in the version info)"
+            )
         if t.dtype not in _NAME_OF:
-            raise _tenplex.InvalidArgumentError(f"save_state: tensor {name!r}: dtype {t.dtype} is not supported "
-                                                f"(supported: {', '.join(sorted(map(str, _NAME_OF)))})")
+            raise _tenplex.InvalidArgumentError(
+                f"save_state: tensor {name!r}: dtype {t.dtype} is not supported "
+                f"(supported: {', '.join(sorted(map(str, _NAME_OF)))})"
+            )
 
 
 def attach(url=None, shm_dir="", memory_limit=0, token=None, device=None):

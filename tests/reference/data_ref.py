@@ -17,6 +17,7 @@ Command line (the same JSON as `tenplex data batches --json`):
         --start-sample P --steps N
     python3 data.py read --index DIR --sample N
 """
+
 import json
 import mmap
 import os
@@ -74,11 +75,12 @@ def weighted_sizes(total, weights):
     total * w / W, floors, then one unit each to the ranks with the largest fractional
     parts, ties to the lower rank."""
     from fractions import Fraction
+
     W = sum(weights)
     quotas = [Fraction(total * w, W) for w in weights]
     sizes = [q.numerator // q.denominator for q in quotas]
     by_rest = sorted(range(len(weights)), key=lambda i: (-(quotas[i] - sizes[i]), i))
-    for i in by_rest[:total - sum(sizes)]:
+    for i in by_rest[: total - sum(sizes)]:
         sizes[i] += 1
     return sizes
 
@@ -99,7 +101,7 @@ def rank_slice(global_batch, dp, rank, dp_weights=None):
         sizes = weighted_sizes(global_batch, dp_weights)
         if 0 in sizes:
             raise ValueError(f"dp weights {dp_weights} give dp rank {sizes.index(0)} no samples")
-        return sum(sizes[:rank]), sum(sizes[:rank + 1])
+        return sum(sizes[:rank]), sum(sizes[: rank + 1])
     if global_batch <= 0:
         raise ValueError(f"global batch must be positive, got {global_batch}")
     if dp <= 0:
@@ -131,7 +133,9 @@ class Order:
     def step_of(self, position):
         """Global step index at a position (samples consumed): position / B."""
         if position < 0 or position % self.global_batch:
-            raise ValueError(f"start sample {position} is not a non-negative multiple of the global batch {self.global_batch}")
+            raise ValueError(
+                f"start sample {position} is not a non-negative multiple of the global batch {self.global_batch}"
+            )
         return position // self.global_batch
 
     def epoch_order(self, epoch):
@@ -144,7 +148,7 @@ class Order:
         epoch, j = divmod(step, self.batches_per_epoch)
         base = j * self.global_batch
         end = self.global_batch if end is None else end
-        return self.epoch_order(epoch)[base + begin:base + end]
+        return self.epoch_order(epoch)[base + begin : base + end]
 
     def rank_batch(self, step, dp, rank):
         return self.batch(step, *rank_slice(self.global_batch, dp, rank))
@@ -204,7 +208,7 @@ class MegatronIndex:
 
     def sequence_bytes(self, i):
         p = self.pointers[i]
-        return bytes(self.bin[p:p + self.lengths[i] * self.itemsize])
+        return bytes(self.bin[p : p + self.lengths[i] * self.itemsize])
 
     def tokens(self, i):
         return list(struct.unpack_from(f"<{self.lengths[i]}{self.format_char}", self.bin, self.pointers[i]))
@@ -250,7 +254,7 @@ class Index:
         if self.megatron is not None:
             return self.megatron.tokens(i)
         begin, end = self._offsets[i], self._offsets[i + 1] - 1
-        if end < len(self._source) and self._source[end:end + 1] != b"\n":
+        if end < len(self._source) and self._source[end : end + 1] != b"\n":
             raise ValueError(f"line {i} does not end where the index says, rebuild the index")
         return bytes(self._source[begin:end])
 

@@ -145,8 +145,9 @@ def stage_bounds(model, cfg):
     L = model.num_layers
     if not cfg.layers:
         if L % cfg.pp:
-            raise LayoutError(f"pp={cfg.pp} does not divide the {L} layers (L % pp != 0); "
-                              "give layers=a+b+... to split them unevenly")
+            raise LayoutError(
+                f"pp={cfg.pp} does not divide the {L} layers (L % pp != 0); give layers=a+b+... to split them unevenly"
+            )
         per = [L // cfg.pp] * cfg.pp
     else:
         if sum(cfg.layers) != L:
@@ -161,10 +162,11 @@ def stage_bounds(model, cfg):
 def apportion(units, weights):
     """Spec §9: largest remainders with exact fractions; ties to the lower rank."""
     from fractions import Fraction
+
     W = sum(weights)
     quota = [Fraction(units * w, W) for w in weights]
     n = [int(q) for q in quota]
-    for i in sorted(range(len(weights)), key=lambda i: (n[i] - quota[i], i))[:units - sum(n)]:
+    for i in sorted(range(len(weights)), key=lambda i: (n[i] - quota[i], i))[: units - sum(n)]:
         n[i] += 1
     return n
 
@@ -196,8 +198,10 @@ def validate(model, cfg):
             units, _ = tp_units(t["shape"], r, T)
             n = apportion(units, cfg.tp_weights)
             if 0 in n:
-                raise LayoutError(f"tp_weights={'+'.join(map(str, cfg.tp_weights))} gives tp rank {n.index(0)} "
-                                  f"no units of {t['path']}")
+                raise LayoutError(
+                    f"tp_weights={'+'.join(map(str, cfg.tp_weights))} gives tp rank {n.index(0)} "
+                    f"no units of {t['path']}"
+                )
         return
     for t in model.tensors:
         r = t["tp"]
@@ -244,8 +248,10 @@ def tp_pieces(shape, rule, T, t, weights=None):
         block = n // B
         part = block // T
         local_shape[dim] = part * B
-        return local_shape, [(with_dim(full, k * block + t * part, k * block + (t + 1) * part),
-                              with_dim(full, k * part, (k + 1) * part)) for k in range(B)]
+        return local_shape, [
+            (with_dim(full, k * block + t * part, k * block + (t + 1) * part), with_dim(full, k * part, (k + 1) * part))
+            for k in range(B)
+        ]
     if kind == "vocab":
         m = rule.get("divisible_by", 1)
         vp = math.ceil(n / (m * T)) * m * T
@@ -262,7 +268,7 @@ def _weighted_pieces(shape, rule, T, t, weights):
     dim = rule.get("dim", 0)
     units, unit = tp_units(shape, rule, T)
     counts = apportion(units, weights)
-    b, e = sum(counts[:t]) * unit, sum(counts[:t + 1]) * unit
+    b, e = sum(counts[:t]) * unit, sum(counts[: t + 1]) * unit
     full = [(0, n) for n in shape]
     local_shape = list(shape)
 
@@ -278,8 +284,9 @@ def _weighted_pieces(shape, rule, T, t, weights):
     if kind == "blocks":
         B, part = rule["blocks"], e - b
         local_shape[dim] = part * B
-        return local_shape, [(with_dim(full, k * units + b, k * units + e), with_dim(full, k * part, (k + 1) * part))
-                             for k in range(B)]
+        return local_shape, [
+            (with_dim(full, k * units + b, k * units + e), with_dim(full, k * part, (k + 1) * part)) for k in range(B)
+        ]
     if kind == "vocab":
         local_shape[dim] = e - b
         hi = min(e, shape[dim])
@@ -304,23 +311,24 @@ class LocalParam:
     def slice(self, global_tensor):
         """The local tensor (padding zero) cut from a full global tensor."""
         out = global_tensor.new_zeros(self.shape)
-        for g, l in self.pieces:
-            out[tuple(slice(b, e) for b, e in l)] = global_tensor[tuple(slice(b, e) for b, e in g)]
+        for g, loc in self.pieces:
+            out[tuple(slice(b, e) for b, e in loc)] = global_tensor[tuple(slice(b, e) for b, e in g)]
         return out
 
     def padding_mask(self):
         """Bool tensor of the local shape, True on padding elements."""
         import torch
+
         mask = torch.ones(self.shape, dtype=torch.bool)
-        for _, l in self.pieces:
-            mask[tuple(slice(b, e) for b, e in l)] = False
+        for _, loc in self.pieces:
+            mask[tuple(slice(b, e) for b, e in loc)] = False
         return mask
 
 
 def local_name(model, path, first_layer):
     p = model.layer_prefix
     if path.startswith(p):
-        rest = path[len(p):]
+        rest = path[len(p) :]
         i, _, tail = rest.partition(".")
         if i.isdigit():
             return f"{p}{int(i) - first_layer}.{tail}"
@@ -343,15 +351,17 @@ def local_params(model, cfg, pp_rank, tp_rank):
         if not _holds(t["stage"], pp_rank, cfg.pp, bounds):
             continue
         shape, pieces = tp_pieces(t["shape"], t["tp"], cfg.tp, tp_rank, cfg.tp_weights)
-        out.append(LocalParam(local_name(model, t["path"], bounds[pp_rank]), t["path"], t["dtype"],
-                              t["shape"], t["tp"], shape, pieces))
+        out.append(
+            LocalParam(
+                local_name(model, t["path"], bounds[pp_rank]), t["path"], t["dtype"], t["shape"], t["tp"], shape, pieces
+            )
+        )
     held = {p.path for p in out}
     for a in model.aliases:
         if _holds(a["stage"], pp_rank, cfg.pp, bounds) and a["target"] not in held:
             t = model.by_path[a["target"]]
             shape, pieces = tp_pieces(t["shape"], t["tp"], cfg.tp, tp_rank, cfg.tp_weights)
-            out.append(LocalParam(a["name"], t["path"], t["dtype"], t["shape"], t["tp"], shape, pieces,
-                                  alias=True))
+            out.append(LocalParam(a["name"], t["path"], t["dtype"], t["shape"], t["tp"], shape, pieces, alias=True))
     return out
 
 
@@ -386,6 +396,5 @@ def rank_tensors(model, cfg, rank):
     else:
         kinds = list(model.optimizer_states) + ["fp32_param"]
         for k in kinds:
-            out += [(f"optimizer.{k}.{p.name}", "F32", p.shape) for p in params
-                    if k in companion_kinds(model, p.dtype)]
+            out += [(f"optimizer.{k}.{p.name}", "F32", p.shape) for p in params if k in companion_kinds(model, p.dtype)]
     return out

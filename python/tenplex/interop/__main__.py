@@ -10,6 +10,7 @@ An import whose source records no training step (a Hugging Face model, a Megatro
 from a fresh model (examples/gpt/train.py refuses state without a step); `--step`
 overrides it.
 """
+
 import argparse
 import json
 import sys
@@ -60,15 +61,19 @@ def run_import(a):
 
 def run_export(a):
     if a.fmt == "ds-universal":
-        raise InteropError("export --to ds-universal is not supported (import only): DeepSpeed loads a "
-                           "universal checkpoint into its own engine; export --to dcp or hf instead")
+        raise InteropError(
+            "export --to ds-universal is not supported (import only): DeepSpeed loads a "
+            "universal checkpoint into its own engine; export --to dcp or hf instead"
+        )
     reader = ptc.Reader.directory(a.tenplex, a.src)
     if a.fmt == "hf":
         return hf.export(reader, a.out, a.max_shard_size)
     if a.fmt == "dcp":
         if a.config and a.config != reader.info["config"]:
-            raise InteropError(f"export --to dcp writes the checkpoint's own layout ({reader.info['config']}); "
-                               f"reshard it to {a.config} first (tenplex reshard), any layout can load it")
+            raise InteropError(
+                f"export --to dcp writes the checkpoint's own layout ({reader.info['config']}); "
+                f"reshard it to {a.config} first (tenplex reshard), any layout can load it"
+            )
         return dcp.export(reader, a.out)
     if a.fmt == "mcore":
         return mcore.export(reader, a.out, a.config)
@@ -134,8 +139,10 @@ def _report(a: argparse.Namespace, n: int, seconds: float, step: "int | None") -
     elif a.quiet:
         pass
     elif a.cmd == "import":
-        print(f"imported {a.fmt} checkpoint {a.src} into {a.out} ({a.config}, step {step}): "
-              f"{_human_bytes(n)} in {seconds:.2f} s")
+        print(
+            f"imported {a.fmt} checkpoint {a.src} into {a.out} ({a.config}, step {step}): "
+            f"{_human_bytes(n)} in {seconds:.2f} s"
+        )
     else:
         print(f"exported {a.src} as {a.fmt} into {a.out}: {_human_bytes(n)} in {seconds:.2f} s")
 

@@ -23,6 +23,7 @@ anything is written, then loads the saved chunks whole, in batches of at most
 plain tensors of the chunks' boxes (torch reads each chunk once: its reader always
 reads whole chunks), and puts them into the new checkpoint's pieces.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -44,6 +45,7 @@ _SCALARS = ("step", "samples_consumed")
 
 def to_torch(arr, dtype):
     import torch
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # read-only memmaps: torch never writes to them here
         if dtype == "BF16":
@@ -53,6 +55,7 @@ def to_torch(arr, dtype):
 
 def to_numpy(t):
     import torch
+
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy().view(np.uint16)
     return t.numpy()
@@ -87,11 +90,17 @@ def _save_planner_class():
                 for box, t in parts:
                     off = torch.Size([b for b, _ in box])
                     self.by_index[(name, tuple(off))] = t
-                    items.append(WriteItem(
-                        index=MetadataIndex(name, off), type=WriteItemType.SHARD,
-                        tensor_data=TensorWriteData(
-                            chunk=ChunkStorageMetadata(offsets=off, sizes=torch.Size([e - b for b, e in box])),
-                            properties=TensorProperties.create_from_tensor(t), size=torch.Size(shape))))
+                    items.append(
+                        WriteItem(
+                            index=MetadataIndex(name, off),
+                            type=WriteItemType.SHARD,
+                            tensor_data=TensorWriteData(
+                                chunk=ChunkStorageMetadata(offsets=off, sizes=torch.Size([e - b for b, e in box])),
+                                properties=TensorProperties.create_from_tensor(t),
+                                size=torch.Size(shape),
+                            ),
+                        )
+                    )
             self.plan = SavePlan(items)
             return self.plan
 
@@ -108,9 +117,14 @@ def save(state_dict, pieces, stage):
     [(box, tensor)])}) as chunks of their global tensors, plus the non-tensor entries of
     `state_dict` as DCP writes them."""
     import torch.distributed.checkpoint as dcp
+
     with _quiet():
-        dcp.save(state_dict, storage_writer=dcp.FileSystemWriter(stage, single_file_per_rank=True, sync_files=True),
-                 planner=_save_planner_class()(pieces), no_dist=True)
+        dcp.save(
+            state_dict,
+            storage_writer=dcp.FileSystemWriter(stage, single_file_per_rank=True, sync_files=True),
+            planner=_save_planner_class()(pieces),
+            no_dist=True,
+        )
 
 
 def export(reader, out):
@@ -137,6 +151,7 @@ def export(reader, out):
 
 def read_metadata(src):
     import torch.distributed.checkpoint as dcp
+
     if not os.path.isfile(os.path.join(src, ".metadata")):
         raise InteropError(f"{src}: no .metadata file (not a PyTorch distributed checkpoint)")
     try:
@@ -159,6 +174,7 @@ def load(state_dict, reader, src, keys, planner=None):
     """`dcp.load(no_dist=True)` from `reader`; any failure (torch's CheckpointException is
     a BaseException) is an InteropError naming the first of `keys` and the cause."""
     import torch.distributed.checkpoint as dcp
+
     try:
         with _quiet():
             dcp.load(state_dict, storage_reader=reader, planner=planner, no_dist=True)
@@ -166,9 +182,11 @@ def load(state_dict, reader, src, keys, planner=None):
         raise
     except BaseException as e:
         keys = list(dict.fromkeys(keys))
-        raise InteropError(f"{src}: torch's DCP failed to read {', '.join(keys[:3])}"
-                           f"{'...' if len(keys) > 3 else ''} ({_cause(e)}); "
-                           "truncated or damaged files?") from None
+        raise InteropError(
+            f"{src}: torch's DCP failed to read {', '.join(keys[:3])}"
+            f"{'...' if len(keys) > 3 else ''} ({_cause(e)}); "
+            "truncated or damaged files?"
+        ) from None
 
 
 def batches(items, nbytes, limit):
@@ -186,10 +204,12 @@ def batches(items, nbytes, limit):
 
 def _load_planner_class():
     import torch
-    from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
-    from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
     from torch.distributed.checkpoint.metadata import MetadataIndex
-    from torch.distributed.checkpoint.planner_helpers import _create_read_item_for_byteio
+    from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
+    from torch.distributed.checkpoint.planner_helpers import (
+        _create_read_item_for_byteio,
+        create_read_items_for_chunk_list,
+    )
 
     class ChunkLoadPlanner(LoadPlanner):
         """Loads `chunks` ([(key, ChunkStorageMetadata, destination tensor of the
@@ -239,7 +259,7 @@ def _check_chunks(src, key, m, shape):
         boxes.append(box)
     boxes.sort()
     for i, a in enumerate(boxes):  # sorted by the first dimension's start: stop once past a's end
-        for b in boxes[i + 1:]:
+        for b in boxes[i + 1 :]:
             if len(a) and b[0][0] >= a[0][1]:
                 break
             if ptc.intersect(a, b):
@@ -252,6 +272,7 @@ def _check_chunks(src, key, m, shape):
 def _check(src, meta, writer):
     """[tensor keys], [scalar keys stored as bytes], [scalar keys stored as tensors]."""
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
     globals_ = writer.globals
     tensors, scalars, scalar_tensors = [], [], []
     for key, m in meta.state_dict_metadata.items():
@@ -261,12 +282,15 @@ def _check(src, meta, writer):
             elif math.prod(m.size) == 1 and not m.properties.dtype.is_floating_point:
                 scalar_tensors.append(key)
             else:
-                raise InteropError(f"{src}: '{key}' is a tensor of size {list(m.size)} ({m.properties.dtype}), "
-                                   "expected an int")
+                raise InteropError(
+                    f"{src}: '{key}' is a tensor of size {list(m.size)} ({m.properties.dtype}), expected an int"
+                )
             continue
         if not isinstance(m, TensorStorageMetadata):
-            raise InteropError(f"{src}: unknown entry '{key}' (not a tensor of the model; "
-                               f"known non-tensor entries: {', '.join(_SCALARS)})")
+            raise InteropError(
+                f"{src}: unknown entry '{key}' (not a tensor of the model; "
+                f"known non-tensor entries: {', '.join(_SCALARS)})"
+            )
         if key not in globals_:
             raise InteropError(f"{src}: unknown tensor '{key}' (not a global tensor of the model)")
         dt, shape = globals_[key]
@@ -285,8 +309,9 @@ def _check(src, meta, writer):
     if any(k.startswith("optimizer.") for k in have):
         for k in globals_:
             if k not in have:
-                raise InteropError(f"{src}: optimizer tensor '{k}' is missing (a checkpoint has all of its "
-                                   "optimizer state or none)")
+                raise InteropError(
+                    f"{src}: optimizer tensor '{k}' is missing (a checkpoint has all of its optimizer state or none)"
+                )
     return tensors, scalars, scalar_tensors
 
 
@@ -294,6 +319,7 @@ def import_(src, writer, batch_bytes=1 << 29):
     import torch
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import MetadataIndex
+
     meta = read_metadata(src)
     tensors, scalars, scalar_tensors = _check(src, meta, writer)
     with_optimizer = any(k.startswith("optimizer.") for k in tensors)
@@ -312,8 +338,7 @@ def import_(src, writer, batch_bytes=1 << 29):
         return (str(getattr(info, "relative_path", "")), int(getattr(info, "offset", 0)), key)
 
     order = sorted(((k, c) for k in tensors for c in meta.state_dict_metadata[k].chunks), key=where)
-    chunks = ((k, c, torch.empty(list(c.sizes), dtype=meta.state_dict_metadata[k].properties.dtype))
-              for k, c in order)
+    chunks = ((k, c, torch.empty(list(c.sizes), dtype=meta.state_dict_metadata[k].properties.dtype)) for k, c in order)
     for batch in batches(chunks, lambda item: item[2].numel() * item[2].element_size(), batch_bytes):
         load_chunks(batch)
         for k, c, t in batch:
@@ -327,8 +352,11 @@ def import_(src, writer, batch_bytes=1 << 29):
                 raise InteropError(f"{src}: '{k}' holds {type(v).__name__} {v!r}, expected an int")
             writer.extra[k] = v
     if scalar_tensors:
-        chunks = [(k, c, torch.empty(list(c.sizes), dtype=meta.state_dict_metadata[k].properties.dtype))
-                  for k in scalar_tensors for c in meta.state_dict_metadata[k].chunks]
+        chunks = [
+            (k, c, torch.empty(list(c.sizes), dtype=meta.state_dict_metadata[k].properties.dtype))
+            for k in scalar_tensors
+            for c in meta.state_dict_metadata[k].chunks
+        ]
         load_chunks(chunks)
         for k, _, t in chunks:
             writer.extra[k] = int(t.reshape(-1)[0].item())

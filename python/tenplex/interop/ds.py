@@ -29,6 +29,7 @@ DeepSpeed's mixed-precision optimizers copy back after each step). fp32 master c
 (for non-fp32 parameters) and Adam moments come from the universal files; `step` is the
 model-states `iteration` (else `global_steps`), `samples_consumed` its `global_samples`.
 """
+
 import os
 import re
 
@@ -54,8 +55,10 @@ def universal_dir(src):
         if not tag or not os.path.isdir(os.path.join(u, "zero")):
             raise InteropError(f"{latest} names '{tag}', which is not a universal checkpoint folder with zero/")
         return u
-    raise InteropError(f"{src}: no zero/ folder and no {LATEST} file (not a DeepSpeed universal checkpoint; "
-                       "make one with python -m deepspeed.checkpoint.ds_to_universal)")
+    raise InteropError(
+        f"{src}: no zero/ folder and no {LATEST} file (not a DeepSpeed universal checkpoint; "
+        "make one with python -m deepspeed.checkpoint.ds_to_universal)"
+    )
 
 
 def _load(path):
@@ -77,13 +80,16 @@ def model_states(u):
 def _tensor(path, what, shape):
     """The fp32 tensor stored in a universal file, checked against the global shape."""
     import torch
+
     d = _load(path)
     t = d.get("param") if isinstance(d, dict) else d
     if not torch.is_tensor(t):
         raise InteropError(f"{path}: no tensor (expected {{'param': tensor}} or a tensor)")
     if list(t.shape) != list(shape):
-        raise InteropError(f"{path}: {what} has shape {list(t.shape)}, the model says {list(shape)}"
-                           f"{' (padded vocabulary?)' if isinstance(d, dict) and d.get('vocab_tensor') else ''}")
+        raise InteropError(
+            f"{path}: {what} has shape {list(t.shape)}, the model says {list(shape)}"
+            f"{' (padded vocabulary?)' if isinstance(d, dict) and d.get('vocab_tensor') else ''}"
+        )
     if t.dtype != torch.float32:
         raise InteropError(f"{path}: {what} is {t.dtype}, expected torch.float32")
     return t.contiguous()
@@ -117,16 +123,19 @@ def _module(sd, n_files):
 def _check_names(u, zero_names, params, module):
     unknown = sorted(set(zero_names) - set(params))
     if unknown:
-        raise InteropError(f"{u}/zero: unknown parameter '{unknown[0]}'"
-                           f"{f' (and {len(unknown) - 1} more)' if len(unknown) > 1 else ''}: not a global "
-                           "tensor of the model (parameter names must be tenplex global names)")
+        raise InteropError(
+            f"{u}/zero: unknown parameter '{unknown[0]}'"
+            f"{f' (and {len(unknown) - 1} more)' if len(unknown) > 1 else ''}: not a global "
+            "tensor of the model (parameter names must be tenplex global names)"
+        )
     for p in params:
         if p not in zero_names:
             raise InteropError(f"{u}/zero: parameter '{p}' is missing")
     extra = sorted(k for k in module if k not in params and not k.endswith("._extra_state"))
     if extra:
-        raise InteropError(f"{u}: model-states module has unknown tensor '{extra[0]}' (not a global tensor "
-                           "of the model)")
+        raise InteropError(
+            f"{u}: model-states module has unknown tensor '{extra[0]}' (not a global tensor of the model)"
+        )
 
 
 def _param_value(name, dtype, shape, fp32, module, path, log):
@@ -137,8 +146,9 @@ def _param_value(name, dtype, shape, fp32, module, path, log):
         log(f"'{name}': not in the model states; the parameter is its fp32 master copy rounded to {dtype}")
         return fp32.to(want)
     if list(t.shape) != list(shape) or t.dtype != want:
-        raise InteropError(f"{path}: module tensor '{name}' is {t.dtype}{list(t.shape)}, the model says "
-                           f"{dtype}{list(shape)}")
+        raise InteropError(
+            f"{path}: module tensor '{name}' is {t.dtype}{list(t.shape)}, the model says {dtype}{list(shape)}"
+        )
     return t.contiguous()
 
 
@@ -150,16 +160,19 @@ def import_(src, writer, log):
     states_path, sd, n_files = model_states(u)
     module = _module(sd, n_files)
     if n_files != 1:
-        log(f"{u}: {n_files} model-states files (tensor-parallel source); parameters are the fp32 master "
-            "copies rounded to the model dtype")
+        log(
+            f"{u}: {n_files} model-states files (tensor-parallel source); parameters are the fp32 master "
+            "copies rounded to the model dtype"
+        )
     params = {t["path"]: (t["dtype"], list(t["shape"])) for t in writer.model["tensors"]}
     zero_names = _names(zero)
     _check_names(u, zero_names, params, module)
     kinds = list(writer.model.get("optimizer", {}).get("states", []))
     for k in kinds:
         if k not in STATE_FILES:
-            raise InteropError(f"the model's optimizer state '{k}' has no DeepSpeed universal file "
-                               f"(known: {', '.join(STATE_FILES)})")
+            raise InteropError(
+                f"the model's optimizer state '{k}' has no DeepSpeed universal file (known: {', '.join(STATE_FILES)})"
+            )
     for name, (dtype, shape) in params.items():
         folder = os.path.join(zero, zero_names[name])
         box = [(0, n) for n in shape]
@@ -172,8 +185,7 @@ def import_(src, writer, log):
         for k in kinds:
             path = os.path.join(folder, STATE_FILES[k])
             if not os.path.isfile(path):
-                raise InteropError(f"{path} is missing (parameter '{name}' has no {k}: frozen or never "
-                                   "stepped?)")
+                raise InteropError(f"{path} is missing (parameter '{name}' has no {k}: frozen or never stepped?)")
             writer.put(f"optimizer.{k}.{name}", box, _np(_tensor(path, f"'{name}' {k}", shape)), "F32")
     step = sd.get("iteration", sd.get("global_steps"))
     if isinstance(step, int):

@@ -20,6 +20,7 @@ Import maps the HF files read-only and puts every part into the new checkpoint's
 pieces; optimizer moments start at zero and fp32 master copies equal the parameters
 (an HF model carries no optimizer state).
 """
+
 import json
 import math
 import os
@@ -53,8 +54,19 @@ def _info(model):
     i = model.get("info", {})
     if i.get("family") != "gpt":
         raise InteropError("HF export/import needs a GPT-family model description (tenplex model gpt)")
-    n = {k: int(i[k]) for k in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
-                               "num_query_groups", "kv_channels", "vocab_size", "max_position_embeddings")}
+    n = {
+        k: int(i[k])
+        for k in (
+            "num_layers",
+            "hidden_size",
+            "ffn_hidden_size",
+            "num_attention_heads",
+            "num_query_groups",
+            "kv_channels",
+            "vocab_size",
+            "max_position_embeddings",
+        )
+    }
     n.update({k: i[k] for k in ("position_embedding_type", "normalization", "params_dtype")})
     n.update({k: i[k] == "true" for k in ("swiglu", "bias", "tied")})
     return n
@@ -63,17 +75,23 @@ def _info(model):
 def family_of(model):
     """'llama' or 'gpt2' from the description; a model that fits neither is an error."""
     m = _info(model)
-    if m["swiglu"] and m["normalization"] == "RMSNorm" and not m["bias"] and \
-            m["position_embedding_type"] == "rope":
+    if m["swiglu"] and m["normalization"] == "RMSNorm" and not m["bias"] and m["position_embedding_type"] == "rope":
         return "llama"
-    if not m["swiglu"] and m["normalization"] == "LayerNorm" and m["bias"] and \
-            m["position_embedding_type"] == "learned_absolute" and m["tied"] and \
-            m["num_query_groups"] == m["num_attention_heads"] and \
-            m["kv_channels"] * m["num_attention_heads"] == m["hidden_size"]:
+    if (
+        not m["swiglu"]
+        and m["normalization"] == "LayerNorm"
+        and m["bias"]
+        and m["position_embedding_type"] == "learned_absolute"
+        and m["tied"]
+        and m["num_query_groups"] == m["num_attention_heads"]
+        and m["kv_channels"] * m["num_attention_heads"] == m["hidden_size"]
+    ):
         return "gpt2"
-    raise InteropError("the model is neither Llama-like (RMSNorm, SwiGLU, rope, no biases) nor GPT-2-like "
-                       "(LayerNorm, GELU MLP, biases, learned positions, tied embeddings, a = g, "
-                       "h = a·d): no Hugging Face mapping")
+    raise InteropError(
+        "the model is neither Llama-like (RMSNorm, SwiGLU, rope, no biases) nor GPT-2-like "
+        "(LayerNorm, GELU MLP, biases, learned positions, tied embeddings, a = g, "
+        "h = a·d): no Hugging Face mapping"
+    )
 
 
 def qkv_rows(m):
@@ -98,33 +116,41 @@ def recipe(model):
         for i in range(m["num_layers"]):
             p, h = f"decoder.layers.{i}.", f"model.layers.{i}."
             qkv = p + "self_attention.linear_qkv.weight"
-            parts += [Part(h + "input_layernorm.weight", p + "self_attention.linear_qkv.layer_norm_weight"),
-                      Part(h + "self_attn.q_proj.weight", qkv, q),
-                      Part(h + "self_attn.k_proj.weight", qkv, k),
-                      Part(h + "self_attn.v_proj.weight", qkv, v),
-                      Part(h + "self_attn.o_proj.weight", p + "self_attention.linear_proj.weight"),
-                      Part(h + "post_attention_layernorm.weight", p + "mlp.linear_fc1.layer_norm_weight"),
-                      Part(h + "mlp.gate_proj.weight", p + "mlp.linear_fc1.weight", [(0, f)]),
-                      Part(h + "mlp.up_proj.weight", p + "mlp.linear_fc1.weight", [(f, 2 * f)]),
-                      Part(h + "mlp.down_proj.weight", p + "mlp.linear_fc2.weight")]
+            parts += [
+                Part(h + "input_layernorm.weight", p + "self_attention.linear_qkv.layer_norm_weight"),
+                Part(h + "self_attn.q_proj.weight", qkv, q),
+                Part(h + "self_attn.k_proj.weight", qkv, k),
+                Part(h + "self_attn.v_proj.weight", qkv, v),
+                Part(h + "self_attn.o_proj.weight", p + "self_attention.linear_proj.weight"),
+                Part(h + "post_attention_layernorm.weight", p + "mlp.linear_fc1.layer_norm_weight"),
+                Part(h + "mlp.gate_proj.weight", p + "mlp.linear_fc1.weight", [(0, f)]),
+                Part(h + "mlp.up_proj.weight", p + "mlp.linear_fc1.weight", [(f, 2 * f)]),
+                Part(h + "mlp.down_proj.weight", p + "mlp.linear_fc2.weight"),
+            ]
         parts.append(Part("model.norm.weight", "decoder.final_layernorm.weight"))
         if not m["tied"]:
             parts.append(Part("lm_head.weight", "output_layer.weight"))
         return parts
-    parts += [Part("transformer.wte.weight", "embedding.word_embeddings.weight"),
-              Part("transformer.wpe.weight", "embedding.position_embeddings.weight")]
+    parts += [
+        Part("transformer.wte.weight", "embedding.word_embeddings.weight"),
+        Part("transformer.wpe.weight", "embedding.position_embeddings.weight"),
+    ]
     for i in range(m["num_layers"]):
         p, h = f"decoder.layers.{i}.", f"transformer.h.{i}."
         for x in ("weight", "bias"):
             T = x == "weight"
-            parts += [Part(h + "ln_1." + x, p + "self_attention.linear_qkv.layer_norm_" + x),
-                      Part(h + "attn.c_attn." + x, p + "self_attention.linear_qkv." + x, q + k + v, T),
-                      Part(h + "attn.c_proj." + x, p + "self_attention.linear_proj." + x, None, T),
-                      Part(h + "ln_2." + x, p + "mlp.linear_fc1.layer_norm_" + x),
-                      Part(h + "mlp.c_fc." + x, p + "mlp.linear_fc1." + x, None, T),
-                      Part(h + "mlp.c_proj." + x, p + "mlp.linear_fc2." + x, None, T)]
-    parts += [Part("transformer.ln_f.weight", "decoder.final_layernorm.weight"),
-              Part("transformer.ln_f.bias", "decoder.final_layernorm.bias")]
+            parts += [
+                Part(h + "ln_1." + x, p + "self_attention.linear_qkv.layer_norm_" + x),
+                Part(h + "attn.c_attn." + x, p + "self_attention.linear_qkv." + x, q + k + v, T),
+                Part(h + "attn.c_proj." + x, p + "self_attention.linear_proj." + x, None, T),
+                Part(h + "ln_2." + x, p + "mlp.linear_fc1.layer_norm_" + x),
+                Part(h + "mlp.c_fc." + x, p + "mlp.linear_fc1." + x, None, T),
+                Part(h + "mlp.c_proj." + x, p + "mlp.linear_fc2." + x, None, T),
+            ]
+    parts += [
+        Part("transformer.ln_f.weight", "decoder.final_layernorm.weight"),
+        Part("transformer.ln_f.bias", "decoder.final_layernorm.bias"),
+    ]
     return parts
 
 
@@ -137,27 +163,58 @@ def config_json(model):
     m = _info(model)
     dt = HF_DTYPE[{"fp32": "F32", "bf16": "BF16", "fp16": "F16"}[m["params_dtype"]]]
     if family_of(model) == "llama":
-        c = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
-             "hidden_size": m["hidden_size"], "intermediate_size": m["ffn_hidden_size"],
-             "num_hidden_layers": m["num_layers"], "num_attention_heads": m["num_attention_heads"],
-             "num_key_value_heads": m["num_query_groups"], "head_dim": m["kv_channels"],
-             "vocab_size": m["vocab_size"], "max_position_embeddings": m["max_position_embeddings"],
-             "hidden_act": "silu", "rms_norm_eps": NORM_EPS, "rope_theta": ROPE_THETA,
-             "rope_parameters": {"rope_type": "default", "rope_theta": ROPE_THETA},
-             "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": m["tied"]}
+        c = {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "hidden_size": m["hidden_size"],
+            "intermediate_size": m["ffn_hidden_size"],
+            "num_hidden_layers": m["num_layers"],
+            "num_attention_heads": m["num_attention_heads"],
+            "num_key_value_heads": m["num_query_groups"],
+            "head_dim": m["kv_channels"],
+            "vocab_size": m["vocab_size"],
+            "max_position_embeddings": m["max_position_embeddings"],
+            "hidden_act": "silu",
+            "rms_norm_eps": NORM_EPS,
+            "rope_theta": ROPE_THETA,
+            "rope_parameters": {"rope_type": "default", "rope_theta": ROPE_THETA},
+            "attention_bias": False,
+            "mlp_bias": False,
+            "tie_word_embeddings": m["tied"],
+        }
     else:
-        c = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
-             "n_embd": m["hidden_size"], "n_inner": m["ffn_hidden_size"], "n_layer": m["num_layers"],
-             "n_head": m["num_attention_heads"], "n_positions": m["max_position_embeddings"],
-             "n_ctx": m["max_position_embeddings"], "vocab_size": m["vocab_size"],
-             "activation_function": "gelu", "layer_norm_epsilon": NORM_EPS, "tie_word_embeddings": True}
+        c = {
+            "architectures": ["GPT2LMHeadModel"],
+            "model_type": "gpt2",
+            "n_embd": m["hidden_size"],
+            "n_inner": m["ffn_hidden_size"],
+            "n_layer": m["num_layers"],
+            "n_head": m["num_attention_heads"],
+            "n_positions": m["max_position_embeddings"],
+            "n_ctx": m["max_position_embeddings"],
+            "vocab_size": m["vocab_size"],
+            "activation_function": "gelu",
+            "layer_norm_epsilon": NORM_EPS,
+            "tie_word_embeddings": True,
+        }
     c["dtype"] = c["torch_dtype"] = dt
     c["tenplex_model"] = model.get("name", "gpt")
     return c
 
 
-_NOT_CHECKED = ("torch_dtype", "dtype", "tenplex_model", "architectures", "rope_theta", "rope_parameters",
-                "rms_norm_eps", "layer_norm_epsilon", "n_ctx", "hidden_act", "activation_function")
+_NOT_CHECKED = (
+    "torch_dtype",
+    "dtype",
+    "tenplex_model",
+    "architectures",
+    "rope_theta",
+    "rope_parameters",
+    "rms_norm_eps",
+    "layer_norm_epsilon",
+    "n_ctx",
+    "hidden_act",
+    "activation_function",
+)
 # model_type of files whose tensors are a Llama's: Mistral is Llama plus a sliding window
 _LLAMA_TYPES = ("llama", "mistral")
 
@@ -165,9 +222,13 @@ _LLAMA_TYPES = ("llama", "mistral")
 def _hf_defaults(cfg, model_type):
     """Values HF assumes for keys a config.json may leave out."""
     if model_type == "llama":
-        return {"num_key_value_heads": cfg.get("num_attention_heads"), "attention_bias": False, "mlp_bias": False,
-                "tie_word_embeddings": False,
-                "head_dim": cfg.get("hidden_size", 0) // max(cfg.get("num_attention_heads") or 1, 1)}
+        return {
+            "num_key_value_heads": cfg.get("num_attention_heads"),
+            "attention_bias": False,
+            "mlp_bias": False,
+            "tie_word_embeddings": False,
+            "head_dim": cfg.get("hidden_size", 0) // max(cfg.get("num_attention_heads") or 1, 1),
+        }
     return {"n_inner": 4 * cfg.get("n_embd", 0), "tie_word_embeddings": True}
 
 
@@ -178,14 +239,17 @@ def _check_config(model, cfg, path):
     want = config_json(model)
     mt = cfg.get("model_type")
     if mt == "qwen2":
-        raise InteropError(f"{path}: model_type {mt!r} has q/k/v biases without o_proj and MLP biases; the "
-                           "model description has one bias flag for every linear layer "
-                           "(--disable-bias-linear or all biases), so it cannot express this model")
+        raise InteropError(
+            f"{path}: model_type {mt!r} has q/k/v biases without o_proj and MLP biases; the "
+            "model description has one bias flag for every linear layer "
+            "(--disable-bias-linear or all biases), so it cannot express this model"
+        )
     if want["model_type"] == "llama" and mt in _LLAMA_TYPES:
         mt = "llama"
     if mt != want["model_type"]:
-        raise InteropError(f"{path}: model_type is {cfg.get('model_type')!r}, the model description is "
-                           f"{want['model_type']}-like")
+        raise InteropError(
+            f"{path}: model_type is {cfg.get('model_type')!r}, the model description is {want['model_type']}-like"
+        )
     defaults = _hf_defaults(cfg, want["model_type"])
     for k, v in want.items():
         if k in _NOT_CHECKED or k == "model_type":
@@ -204,16 +268,22 @@ def _check_llama_compute(cfg, path):
         raise InteropError(f"{path}: hidden_act is {cfg['hidden_act']!r}; the description's SwiGLU is silu")
     sw = cfg.get("sliding_window")
     if sw is not None and (cfg.get("use_sliding_window", True) and sw < cfg["max_position_embeddings"]):
-        raise InteropError(f"{path}: sliding_window {sw} < max_position_embeddings "
-                           f"{cfg['max_position_embeddings']}: the tenplex model attends to every earlier token")
+        raise InteropError(
+            f"{path}: sliding_window {sw} < max_position_embeddings "
+            f"{cfg['max_position_embeddings']}: the tenplex model attends to every earlier token"
+        )
     rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     theta = rope.get("rope_theta", cfg.get("rope_theta", ROPE_THETA))
     if rope.get("rope_type", rope.get("type", "default")) != "default":
-        warn.append(f"rope_type {rope.get('rope_type', rope.get('type'))!r}: the model description does not "
-                    "record rotary scaling; the training run must apply it (Megatron: --use-rope-scaling)")
+        warn.append(
+            f"rope_type {rope.get('rope_type', rope.get('type'))!r}: the model description does not "
+            "record rotary scaling; the training run must apply it (Megatron: --use-rope-scaling)"
+        )
     if float(theta) != ROPE_THETA:
-        warn.append(f"rope_theta {theta}: the model description does not record the rotary base "
-                    f"(Megatron: --rotary-base {theta:g})")
+        warn.append(
+            f"rope_theta {theta}: the model description does not record the rotary base "
+            f"(Megatron: --rotary-base {theta:g})"
+        )
     return [f"{path}: {w}" for w in warn + _eps_warning(cfg, "rms_norm_eps", 1e-6)]
 
 
@@ -221,13 +291,17 @@ def _check_gpt2_compute(cfg, path):
     warn = []
     act = cfg.get("activation_function", "gelu_new")
     if act in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"):
-        warn.append(f"activation_function {act!r} is GELU's tanh approximation; the tenplex GPT computes "
-                    "the exact GELU (Megatron: --openai-gelu for the approximation)")
+        warn.append(
+            f"activation_function {act!r} is GELU's tanh approximation; the tenplex GPT computes "
+            "the exact GELU (Megatron: --openai-gelu for the approximation)"
+        )
     elif act != "gelu":
         raise InteropError(f"{path}: activation_function is {act!r}; the description's MLP is GELU")
     if not cfg.get("scale_attn_weights", True) or cfg.get("scale_attn_by_inverse_layer_idx", False):
-        raise InteropError(f"{path}: attention scores scaled other than by 1/sqrt(head size) "
-                           "(scale_attn_weights / scale_attn_by_inverse_layer_idx)")
+        raise InteropError(
+            f"{path}: attention scores scaled other than by 1/sqrt(head size) "
+            "(scale_attn_weights / scale_attn_by_inverse_layer_idx)"
+        )
     return [f"{path}: {w}" for w in warn + _eps_warning(cfg, "layer_norm_epsilon", 1e-5)]
 
 
@@ -240,6 +314,7 @@ def _eps_warning(cfg, key, default):
 
 
 # ----------------------------------------------------------------------------- export
+
 
 def export(reader, out, max_shard_size):
     model = reader.info["model"]
@@ -260,8 +335,11 @@ def export(reader, out, max_shard_size):
         size += n
     if cur:
         shards.append(cur)
-    names = [SINGLE_FILE] if len(shards) == 1 else \
-        [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    names = (
+        [SINGLE_FILE]
+        if len(shards) == 1
+        else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    )
     ptc.check_target_dir(out)
     stage = out.rstrip("/") + ".partial"
     shutil.rmtree(stage, ignore_errors=True)
@@ -294,8 +372,7 @@ def export(reader, out, max_shard_size):
         for name in names:
             ptc.sync_file(os.path.join(stage, name))
         if len(names) > 1:
-            _write_json(os.path.join(stage, INDEX_FILE),
-                        {"metadata": {"total_size": total}, "weight_map": weight_map})
+            _write_json(os.path.join(stage, INDEX_FILE), {"metadata": {"total_size": total}, "weight_map": weight_map})
         _write_json(os.path.join(stage, "config.json"), config_json(model))
         ptc.move_into_place(stage, out)
     except BaseException:
@@ -340,8 +417,13 @@ def open_model(src):
             entries, _, offset, _ = st.read_header(path)
         except st.SafetensorsError as e:
             raise InteropError(str(e)) from None
-        _, arrays = ptc.map_tensors(path, [(n, dt, shape) for n, dt, shape, _, _ in entries], offset,
-                                    {n: (b, e) for n, _, _, b, e in entries}, mode="r")
+        _, arrays = ptc.map_tensors(
+            path,
+            [(n, dt, shape) for n, dt, shape, _, _ in entries],
+            offset,
+            {n: (b, e) for n, _, _, b, e in entries},
+            mode="r",
+        )
         for name, dt, shape, _, _ in entries:
             if name in out:
                 raise InteropError(f"{path}: tensor '{name}' is also in another file")
@@ -364,16 +446,19 @@ def import_(src, writer, log):
     tensors = open_model(src)
     fam = family_of(model)
     if fam == "gpt2":  # files saved from GPT2Model have no "transformer." prefix
-        tensors = {(n if n.startswith("transformer.") or n == "lm_head.weight" else "transformer." + n): t
-                   for n, t in tensors.items()}
+        tensors = {
+            (n if n.startswith("transformer.") or n == "lm_head.weight" else "transformer." + n): t
+            for n, t in tensors.items()
+        }
     parts = {p.hf: p for p in recipe(model)}
-    for name, (dt, shape, arr, path) in tensors.items():
+    for name, (_dt, _shape, _arr, path) in tensors.items():
         if name in parts:
             continue
         if fam == "gpt2" and (name.endswith(_GPT2_BUFFERS) or name == "lm_head.weight"):
             continue  # causal-mask buffers; the tied head (a copy of wte)
-        if fam == "llama" and (name.endswith(".rotary_emb.inv_freq") or
-                               name == "lm_head.weight" and _info(model)["tied"]):
+        if fam == "llama" and (
+            name.endswith(".rotary_emb.inv_freq") or name == "lm_head.weight" and _info(model)["tied"]
+        ):
             continue  # rotary frequency buffers of older files; the tied head
         raise InteropError(f"{path}: unknown tensor '{name}' (not part of a {fam} model of this description)")
     globals_ = writer.globals
@@ -389,5 +474,5 @@ def import_(src, writer, log):
         off = 0
         for b, e in rows:
             box = [(b, e)] + [(0, n) for n in gshape[1:]]
-            writer.put_param(p.src, box, a[off:off + e - b], dt, derive_fp32=True)
+            writer.put_param(p.src, box, a[off : off + e - b], dt, derive_fp32=True)
             off += e - b

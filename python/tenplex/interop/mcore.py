@@ -25,6 +25,7 @@ tenplex global tensor (MCore's ShardedTensorFactory saves each TP rank's gate an
 halves at offsets t*f/T and f + t*f/T); with `singleton_local_shards` the halves are
 keys `<key>_w` and `<key>_v` of [L, f, h] each, also accepted.
 """
+
 import json
 import os
 import shutil
@@ -40,17 +41,15 @@ from .dcp import save as dcp_save
 from .ptc import InteropError
 
 _LAYER_PREFIX = "decoder.layers."
-_OPT_STATES = {"exp_avg": "exp_avg", "exp_avg_sq": "exp_avg_sq", "fp32_param": "fp32_param",
-               "param": "fp32_param"}
-_EXTRA_STATE_MODULES = ("self_attention.linear_qkv", "self_attention.linear_proj", "mlp.linear_fc1",
-                        "mlp.linear_fc2")
+_OPT_STATES = {"exp_avg": "exp_avg", "exp_avg_sq": "exp_avg_sq", "fp32_param": "fp32_param", "param": "fp32_param"}
+_EXTRA_STATE_MODULES = ("self_attention.linear_qkv", "self_attention.linear_proj", "mlp.linear_fc1", "mlp.linear_fc2")
 _VOCAB_KEYS = ("embedding.word_embeddings.weight", "output_layer.weight")
 
 
 def split_layer(name):
     """'decoder.layers.3.mlp.x' -> ('decoder.layers.mlp.x', 3); other names -> (name, None)."""
     if name.startswith(_LAYER_PREFIX):
-        idx, rest = name[len(_LAYER_PREFIX):].split(".", 1)
+        idx, rest = name[len(_LAYER_PREFIX) :].split(".", 1)
         return _LAYER_PREFIX + rest, int(idx)
     return name, None
 
@@ -84,29 +83,34 @@ def checkpoint_dir(src):
     if not os.path.isfile(os.path.join(src, "metadata.json")):
         tracker = os.path.join(src, "latest_checkpointed_iteration.txt")
         if not os.path.isfile(tracker):
-            raise InteropError(f"{src}: no metadata.json (not a Megatron-Core distributed checkpoint) "
-                               "and no latest_checkpointed_iteration.txt")
+            raise InteropError(
+                f"{src}: no metadata.json (not a Megatron-Core distributed checkpoint) "
+                "and no latest_checkpointed_iteration.txt"
+            )
         text = open(tracker).read().strip()
         sub = "release" if text == "release" else f"iter_{int(text):07d}" if text.isdigit() else None
         if sub is None:
             raise InteropError(f"{tracker}: '{text}' is neither an iteration number nor 'release'")
         src = os.path.join(src, sub)
         if not os.path.isfile(os.path.join(src, "metadata.json")):
-            raise InteropError(f"{src}: no metadata.json (a non-distributed Megatron-LM checkpoint? "
-                               "use --from megatron)")
+            raise InteropError(
+                f"{src}: no metadata.json (a non-distributed Megatron-LM checkpoint? use --from megatron)"
+            )
     try:
         meta = json.load(open(os.path.join(src, "metadata.json")))
     except (OSError, ValueError) as e:
         raise InteropError(f"{src}/metadata.json: cannot be read ({e})") from None
     if meta.get("sharded_backend") != "torch_dist":
-        raise InteropError(f"{src}/metadata.json: sharded_backend is {meta.get('sharded_backend')!r}; "
-                           "only 'torch_dist' is supported")
+        raise InteropError(
+            f"{src}/metadata.json: sharded_backend is {meta.get('sharded_backend')!r}; only 'torch_dist' is supported"
+        )
     return src, meta
 
 
 def _common(src):
     """common.pt (plain data only, tenplex.interop.pickles), or {} when absent."""
     from . import pickles
+
     path = os.path.join(src, "common.pt")
     if not os.path.isfile(path):
         return {}
@@ -145,15 +149,18 @@ def scan(src, md, writer, V):
     """Checks every stored key of the DCP metadata `md` against the model; returns
     ([(key, members, dtype, half)], with_optimizer)."""
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
     expected = _expected(writer)
     found, halves = [], {}
     for key, m in md.state_dict_metadata.items():
         if not isinstance(m, TensorStorageMetadata):
             continue  # ShardedObjects: _extra_state, rng state, ...
         if key.startswith("optimizer.distributed."):
-            raise InteropError(f"{src}: '{key}' is distributed-optimizer bucket state (dp_reshardable format): "
-                               "it depends on the run's DDP buckets and padding; save with "
-                               "dist_ckpt_optim_fully_reshardable / fully_sharded_model_space")
+            raise InteropError(
+                f"{src}: '{key}' is distributed-optimizer bucket state (dp_reshardable format): "
+                "it depends on the run's DDP buckets and padding; save with "
+                "dist_ckpt_optim_fully_reshardable / fully_sharded_model_space"
+            )
         if key.startswith("optimizer.state."):
             _, _, state, rest = key.split(".", 3)
             if state not in _OPT_STATES:
@@ -186,8 +193,9 @@ def scan(src, md, writer, V):
     if with_opt:
         for key in expected:
             if key not in have:
-                raise InteropError(f"{src}: optimizer tensor '{key}' is missing (a checkpoint has all of its "
-                                   "optimizer state or none)")
+                raise InteropError(
+                    f"{src}: optimizer tensor '{key}' is missing (a checkpoint has all of its optimizer state or none)"
+                )
     return found, with_opt
 
 
@@ -210,13 +218,14 @@ def _put(writer, members, half, arr, dt, with_opt):
             b = 0 if half == "_w" else f
             box = [(b, b + f)] + [(0, n) for n in shape[1:]]
         else:
-            a = a[:shape[0]]  # vocabulary padding rows
+            a = a[: shape[0]]  # vocabulary padding rows
             box = [(0, n) for n in shape]
         writer.put_param(name, box, np.ascontiguousarray(a), dt, derive_fp32=not with_opt)
 
 
 def _load_batch(reader, src, md, batch, writer, with_opt):
     import torch
+
     sd = {key: torch.empty(list(md[key].size), dtype=st.DTYPES[dt][0]) for key, _, _, dt, _ in batch}
     dcp_load(sd, reader, src, list(sd))
     for key, _, members, dt, half in batch:
@@ -248,6 +257,7 @@ def import_(src, writer, batch_bytes=1 << 29):
 
 # ----------------------------------------------------------------------------- export
 
+
 def _padded_vocab(info, tp):
     V, m = int(info["vocab_size"]), int(info["make_vocab_size_divisible_by"])
     return -(-V // (m * tp)) * m * tp
@@ -258,6 +268,7 @@ def export_state(reader, tp):
     a tenplex checkpoint: one chunk per distinct piece of the checkpoint's own layout
     (views of the mapped rank files), vocabulary padded for `tp` (zero rows)."""
     import torch
+
     model = reader.info["model"]
     info = _info(model)
     L = int(info["num_layers"])
@@ -265,8 +276,9 @@ def export_state(reader, tp):
     keys, total = {}, 0
     for name, (dt, shape) in gl.items():
         key, layer = mcore_key(name)
-        entry = keys.setdefault(key, {"dt": dt, "shape": ([L] if layer is not None else []) + list(shape),
-                                      "chunks": []})
+        entry = keys.setdefault(
+            key, {"dt": dt, "shape": ([L] if layer is not None else []) + list(shape), "chunks": []}
+        )
         for g, view in reader.views(name):
             t = to_torch(view, dt)
             if layer is not None:
@@ -283,8 +295,9 @@ def export_state(reader, tp):
             e["shape"] = [Vp] + e["shape"][1:]
         pieces[key] = (e["shape"], [([(o, o + n) for o, n in zip(off, t.shape)], t) for off, t in e["chunks"]])
     # MCore stores a ShardedObject as torch.save of the list of its local objects
-    objects = {f"decoder.layers.{mod}._extra_state/shard_{i}_{L}": [None]
-               for mod in _EXTRA_STATE_MODULES for i in range(L)}
+    objects = {
+        f"decoder.layers.{mod}._extra_state/shard_{i}_{L}": [None] for mod in _EXTRA_STATE_MODULES for i in range(L)
+    }
     return pieces, objects, total
 
 
@@ -293,6 +306,7 @@ def export(reader, out, config=""):
     dist_checkpointing.load reshards it into any TP/PP); config's tp sets the vocabulary
     padding (default: the checkpoint's own)."""
     import torch
+
     cfg = config or reader.info["config"]
     tp = int(dict(x.split("=", 1) for x in cfg.split(",") if "=" in x).get("tp", 1))
     ptc.check_target_dir(out)
@@ -305,12 +319,20 @@ def export(reader, out, config=""):
         common = {"checkpoint_version": 3.0, "iteration": int(reader.info.get("step", 0))}
         if "samples_consumed" in reader.info:
             import argparse
+
             common["args"] = argparse.Namespace(consumed_train_samples=int(reader.info["samples_consumed"]))
         with open(os.path.join(stage, "common.pt"), "wb") as f:
             torch.save(common, f)
         with open(os.path.join(stage, "metadata.json"), "w") as f:
-            json.dump({"sharded_backend": "torch_dist", "sharded_backend_version": 1,
-                       "common_backend": "torch", "common_backend_version": 1}, f)
+            json.dump(
+                {
+                    "sharded_backend": "torch_dist",
+                    "sharded_backend_version": 1,
+                    "common_backend": "torch",
+                    "common_backend_version": 1,
+                },
+                f,
+            )
         for name in os.listdir(stage):
             ptc.sync_file(os.path.join(stage, name))
         ptc.move_into_place(stage, out)

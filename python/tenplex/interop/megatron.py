@@ -30,6 +30,7 @@ master copies equal the parameters); export writes files without `optimizer` and
 `rng_state` (load them in Megatron with --no-load-optim --no-load-rng, as for
 checkpoints converted by its own tools/checkpoint).
 """
+
 import argparse
 import os
 import re
@@ -44,8 +45,7 @@ from .ptc import InteropError
 TRACKER = "latest_checkpointed_iteration.txt"
 MODEL_FILE = "model_optim_rng.pt"
 _RANK_DIR = re.compile(r"^mp_rank_(\d{2})(?:_(\d{3}))?$")
-_EXTRA_STATE_MODULES = ("self_attention.linear_qkv", "self_attention.linear_proj", "mlp.linear_fc1",
-                        "mlp.linear_fc2")
+_EXTRA_STATE_MODULES = ("self_attention.linear_qkv", "self_attention.linear_proj", "mlp.linear_fc1", "mlp.linear_fc2")
 
 
 def iteration_dir(src):
@@ -84,8 +84,10 @@ def rank_files(it_dir, want=None):
         for p in range(P):
             path = found.get((t, p))
             if path is None or not os.path.isfile(path):
-                raise InteropError(f"{it_dir}: {_rank_dir(t, p, P)}/{MODEL_FILE} is missing "
-                                   f"(expected TP={T} x PP={P} files{' as the stored args say' if want else ''})")
+                raise InteropError(
+                    f"{it_dir}: {_rank_dir(t, p, P)}/{MODEL_FILE} is missing "
+                    f"(expected TP={T} x PP={P} files{' as the stored args say' if want else ''})"
+                )
     return found, T, P
 
 
@@ -107,13 +109,21 @@ def _hyper(model):
 def check_args(args, model, T, P, path):
     """The stored args against the description and the folder's TP/PP."""
     i = _hyper(model)
-    want = {"num_layers": int(i["num_layers"]), "hidden_size": int(i["hidden_size"]),
-            "ffn_hidden_size": int(i["ffn_hidden_size"]), "num_attention_heads": int(i["num_attention_heads"]),
-            "kv_channels": int(i["kv_channels"]), "max_position_embeddings": int(i["max_position_embeddings"]),
-            "swiglu": i["swiglu"] == "true", "add_bias_linear": i["bias"] == "true",
-            "untie_embeddings_and_output_weights": i["tied"] == "false",
-            "normalization": i["normalization"], "position_embedding_type": i["position_embedding_type"],
-            "tensor_model_parallel_size": T, "pipeline_model_parallel_size": P}
+    want = {
+        "num_layers": int(i["num_layers"]),
+        "hidden_size": int(i["hidden_size"]),
+        "ffn_hidden_size": int(i["ffn_hidden_size"]),
+        "num_attention_heads": int(i["num_attention_heads"]),
+        "kv_channels": int(i["kv_channels"]),
+        "max_position_embeddings": int(i["max_position_embeddings"]),
+        "swiglu": i["swiglu"] == "true",
+        "add_bias_linear": i["bias"] == "true",
+        "untie_embeddings_and_output_weights": i["tied"] == "false",
+        "normalization": i["normalization"],
+        "position_embedding_type": i["position_embedding_type"],
+        "tensor_model_parallel_size": T,
+        "pipeline_model_parallel_size": P,
+    }
     for k, v in want.items():
         if not hasattr(args, k):
             continue  # older runs lack some arguments; shapes are checked tensor by tensor
@@ -134,8 +144,9 @@ def import_(tenplex_bin, model_path, src, writer, log):
     args = first.get("args") if isinstance(first, dict) else None
     del first
     if args is not None:  # the run's TP x PP: every one of its files must be there
-        files, T, P = rank_files(it_dir, (getattr(args, "tensor_model_parallel_size", T),
-                                          getattr(args, "pipeline_model_parallel_size", P)))
+        files, T, P = rank_files(
+            it_dir, (getattr(args, "tensor_model_parallel_size", T), getattr(args, "pipeline_model_parallel_size", P))
+        )
     lay = ptc.layout(tenplex_bin, model_path, f"tp={T},pp={P},dp=1")
     model = writer.model
     step = samples = None
@@ -145,8 +156,9 @@ def import_(tenplex_bin, model_path, src, writer, log):
         sd = _load(path)
         if not isinstance(sd, dict) or "model" not in sd:
             keys = list(sd)[:8] if isinstance(sd, dict) else type(sd).__name__
-            raise InteropError(f"{path}: no 'model' entry (has {keys}); virtual pipelines (model0, ...) "
-                               "are not supported")
+            raise InteropError(
+                f"{path}: no 'model' entry (has {keys}); virtual pipelines (model0, ...) are not supported"
+            )
         if "args" in sd:
             check_args(sd["args"], model, T, P, path)
             samples = getattr(sd["args"], "consumed_train_samples", samples)
@@ -159,16 +171,19 @@ def import_(tenplex_bin, model_path, src, writer, log):
             if key.endswith("._extra_state") or key.endswith("_extra_state"):
                 continue
             if key not in expect:
-                raise InteropError(f"{path}: unknown tensor '{key}' in 'model' (not a parameter of "
-                                   f"{_rank_dir(t, p, P)} in layout tp={T},pp={P})")
+                raise InteropError(
+                    f"{path}: unknown tensor '{key}' in 'model' (not a parameter of "
+                    f"{_rank_dir(t, p, P)} in layout tp={T},pp={P})"
+                )
         for name, x in expect.items():
             if name not in state:
                 raise InteropError(f"{path}: tensor '{name}' is missing from 'model'")
             arr = state[name]
             dt = ptc.st_dtype_name(arr.dtype)
             if dt != x["dtype"] or list(arr.shape) != x["shape"]:
-                raise InteropError(f"{path}: tensor '{name}' is {dt}{list(arr.shape)}, "
-                                   f"expected {x['dtype']}{x['shape']}")
+                raise InteropError(
+                    f"{path}: tensor '{name}' is {dt}{list(arr.shape)}, expected {x['dtype']}{x['shape']}"
+                )
             a = to_numpy(arr.contiguous())
             for piece in x["pieces"]:
                 g, view = ptc.piece_view(a, piece)
@@ -183,31 +198,52 @@ def import_(tenplex_bin, model_path, src, writer, log):
 
 def make_args(model, T, P, iteration, samples, dtype):
     import torch
+
     i = _hyper(model)
     V, m = int(i["vocab_size"]), int(i["make_vocab_size_divisible_by"])
     padded = -(-V // (m * T)) * m * T
     a, g = int(i["num_attention_heads"]), int(i["num_query_groups"])
     return argparse.Namespace(
-        num_layers=int(i["num_layers"]), hidden_size=int(i["hidden_size"]),
-        ffn_hidden_size=int(i["ffn_hidden_size"]), num_attention_heads=a, num_query_groups=g,
-        group_query_attention=g != a, kv_channels=int(i["kv_channels"]),
-        max_position_embeddings=int(i["max_position_embeddings"]), seq_length=int(i["max_position_embeddings"]),
+        num_layers=int(i["num_layers"]),
+        hidden_size=int(i["hidden_size"]),
+        ffn_hidden_size=int(i["ffn_hidden_size"]),
+        num_attention_heads=a,
+        num_query_groups=g,
+        group_query_attention=g != a,
+        kv_channels=int(i["kv_channels"]),
+        max_position_embeddings=int(i["max_position_embeddings"]),
+        seq_length=int(i["max_position_embeddings"]),
         position_embedding_type=i["position_embedding_type"],
         add_position_embedding=i["position_embedding_type"] == "learned_absolute",
         use_rotary_position_embeddings=i["position_embedding_type"] == "rope",
-        add_bias_linear=i["bias"] == "true", add_qkv_bias=i["bias"] == "true", swiglu=i["swiglu"] == "true",
-        untie_embeddings_and_output_weights=i["tied"] == "false", normalization=i["normalization"],
-        vocab_size=V, make_vocab_size_divisible_by=m, padded_vocab_size=padded,
-        tensor_model_parallel_size=T, pipeline_model_parallel_size=P,
-        virtual_pipeline_model_parallel_size=None, data_parallel_size=1, world_size=T * P,
+        add_bias_linear=i["bias"] == "true",
+        add_qkv_bias=i["bias"] == "true",
+        swiglu=i["swiglu"] == "true",
+        untie_embeddings_and_output_weights=i["tied"] == "false",
+        normalization=i["normalization"],
+        vocab_size=V,
+        make_vocab_size_divisible_by=m,
+        padded_vocab_size=padded,
+        tensor_model_parallel_size=T,
+        pipeline_model_parallel_size=P,
+        virtual_pipeline_model_parallel_size=None,
+        data_parallel_size=1,
+        world_size=T * P,
         params_dtype={"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}[dtype],
-        bf16=dtype == "BF16", fp16=dtype == "F16", use_mcore_models=True, transformer_impl="transformer_engine",
-        use_distributed_optimizer=False, iteration=iteration, consumed_train_samples=samples,
-        consumed_valid_samples=0)
+        bf16=dtype == "BF16",
+        fp16=dtype == "F16",
+        use_mcore_models=True,
+        transformer_impl="transformer_engine",
+        use_distributed_optimizer=False,
+        iteration=iteration,
+        consumed_train_samples=samples,
+        consumed_valid_samples=0,
+    )
 
 
 def export(tenplex_bin, model_path, reader, out, config):
     import torch
+
     model = reader.info["model"]
     cfg = config or reader.info["config"]
     parts = {k: v for k, v in (x.split("=", 1) for x in cfg.split(","))}
@@ -238,9 +274,14 @@ def export(tenplex_bin, model_path, reader, out, config):
             for name in list(state):
                 for mod in _EXTRA_STATE_MODULES:
                     if name.endswith(mod + ".weight"):
-                        state[name[:-len("weight")] + "_extra_state"] = None
-            sd = {"args": make_args(model, T, P, iteration or 0, samples, dtype), "checkpoint_version": 3.0,
-                  "iteration": int(iteration or 0), "model": state, "num_floating_point_operations_so_far": 0}
+                        state[name[: -len("weight")] + "_extra_state"] = None
+            sd = {
+                "args": make_args(model, T, P, iteration or 0, samples, dtype),
+                "checkpoint_version": 3.0,
+                "iteration": int(iteration or 0),
+                "model": state,
+                "num_floating_point_operations_so_far": 0,
+            }
             d = os.path.join(stage, it_name, _rank_dir(r["tp"], r["pp"], P))
             os.makedirs(d)
             with open(os.path.join(d, MODEL_FILE), "wb") as f:

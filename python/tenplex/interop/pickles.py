@@ -11,6 +11,7 @@ pickles anything else fails with an error naming the class. A user who trusts th
 sets `TENPLEX_TRUST_PICKLES=1` (the full unpickler, as Megatron and DeepSpeed themselves
 load it).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,8 +29,15 @@ def _safe_classes() -> list[Any]:
     out: list[Any] = [argparse.Namespace, collections.OrderedDict]
     try:
         import numpy as np
-        out += [np.dtype, np.ndarray, type(np.dtype("float32")), type(np.dtype("int64")),
-                type(np.dtype("uint32")), type(np.dtype("float64"))]
+
+        out += [
+            np.dtype,
+            np.ndarray,
+            type(np.dtype("float32")),
+            type(np.dtype("int64")),
+            type(np.dtype("uint32")),
+            type(np.dtype("float64")),
+        ]
         try:
             from numpy._core.multiarray import _reconstruct, scalar
         except ImportError:  # numpy 1.x
@@ -43,6 +51,7 @@ def _safe_classes() -> list[Any]:
 def load(path: str, what: str, mmap: bool = False) -> Any:
     """torch.load of a checkpoint file of another library (`what` names it in errors)."""
     import torch
+
     if not os.path.isfile(path):
         raise InteropError(f"{path} is missing")
     trusted = os.environ.get(TRUST_ENV) == "1"
@@ -56,12 +65,15 @@ def load(path: str, what: str, mmap: bool = False) -> Any:
         if not trusted and ("Unsupported global" in msg or "weights_only" in msg.lower()):
             lines = [ln.strip() for ln in msg.splitlines() if "global" in ln.lower() and "weights_only" not in ln]
             lines = lines or [msg.strip()[:200]]
-            raise InteropError(f"{path}: the file pickles a class outside the plain-data allow-list "
-                               f"({lines[0][:300]}); "
-                               f"if you trust this {what}, set {TRUST_ENV}=1 to load it with the full unpickler"
-                               ) from None
-        raise InteropError(f"{path}: torch.load failed (UnpicklingError: {msg[:300]}); truncated or not a "
-                           f"{what}?") from None
+            raise InteropError(
+                f"{path}: the file pickles a class outside the plain-data allow-list "
+                f"({lines[0][:300]}); "
+                f"if you trust this {what}, set {TRUST_ENV}=1 to load it with the full unpickler"
+            ) from None
+        raise InteropError(
+            f"{path}: torch.load failed (UnpicklingError: {msg[:300]}); truncated or not a {what}?"
+        ) from None
     except Exception as e:
-        raise InteropError(f"{path}: torch.load failed ({type(e).__name__}: {str(e)[:300]}); truncated or not a "
-                           f"{what}?") from None
+        raise InteropError(
+            f"{path}: torch.load failed ({type(e).__name__}: {str(e)[:300]}); truncated or not a {what}?"
+        ) from None

@@ -24,6 +24,7 @@ element of every global tensor was written exactly once (or is allowed to stay z
 then writes `tenplex.json` and renames the directory into place. Any failure removes
 the staging directory: no partial output is left behind.
 """
+
 import json
 import math
 import os
@@ -36,9 +37,18 @@ import numpy as np
 from .. import checkpoint as ckpt
 from .. import safetensors as st
 
-NP_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16,
-             "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
-             "BOOL": np.bool_}
+NP_DTYPES = {
+    "F64": np.float64,
+    "F32": np.float32,
+    "F16": np.float16,
+    "BF16": np.uint16,
+    "I64": np.int64,
+    "I32": np.int32,
+    "I16": np.int16,
+    "I8": np.int8,
+    "U8": np.uint8,
+    "BOOL": np.bool_,
+}
 DTYPE_SIZE = {k: np.dtype(v).itemsize for k, v in NP_DTYPES.items()}
 st_dtype_name = st.dtype_name  # torch dtype -> "F32"
 
@@ -74,13 +84,16 @@ def _box(x):
 
 # ----------------------------------------------------------------------------- layouts
 
+
 def layout(tenplex_bin, model_path, config):
     """The C++ layout (spec §6 JSON) of model_path under config."""
-    p = subprocess.run([tenplex_bin, "layout", "--model", model_path, "--config", config, "--json"],
-                       capture_output=True, text=True)
+    p = subprocess.run(
+        [tenplex_bin, "layout", "--model", model_path, "--config", config, "--json"], capture_output=True, text=True
+    )
     if p.returncode != 0:
-        raise InteropError(p.stderr.strip().removeprefix("tenplex: error: ") or
-                           f"tenplex layout failed for config {config}")
+        raise InteropError(
+            p.stderr.strip().removeprefix("tenplex: error: ") or f"tenplex layout failed for config {config}"
+        )
     return json.loads(p.stdout)
 
 
@@ -102,12 +115,13 @@ def piece_view(local, piece):
     lb = _box(piece["local"])
     if len(g) != len(lb) or any(e - b != ge - gb for (b, e), (gb, ge) in zip(lb, g)):
         # a 1-D flat range (ZeRO-1) of equal volume: row-major over the box
-        (b, e), = lb
+        ((b, e),) = lb
         return g, local.reshape(-1)[b:e].reshape([ge - gb for gb, ge in g])
     return g, local[tuple(slice(b, e) for b, e in lb)]
 
 
 # ----------------------------------------------------------------------------- reading
+
 
 def open_rank_file(path, expect):
     """{local name: read-only view} of a rank file (one mapping per file), checked
@@ -153,8 +167,9 @@ class Reader:
         model_file = _model_file(info["model"])
         lay = layout(tenplex_bin, model_file, info["config"])
         by_rank = {r["rank"]: r for r in lay["ranks"]}
-        reader = cls(lay, lambda rank: open_rank_file(os.path.join(path, ckpt.rank_file(rank)),
-                                                      rank_expect(by_rank[rank])))
+        reader = cls(
+            lay, lambda rank: open_rank_file(os.path.join(path, ckpt.rank_file(rank)), rank_expect(by_rank[rank]))
+        )
         reader.info = info
         reader.model_file = model_file
         return reader
@@ -191,6 +206,7 @@ def _model_file(model):
     """tenplex.json's "model" as a temporary file (the layout command reads a file);
     removed by cleanup()."""
     import tempfile
+
     fd, path = tempfile.mkstemp(prefix="tenplex-model-", suffix=".json")
     with os.fdopen(fd, "w") as f:
         json.dump(model, f)
@@ -211,6 +227,7 @@ def cleanup():
 
 
 # ----------------------------------------------------------------------------- writing
+
 
 def create_safetensors(path, entries, metadata=None):
     """Creates a safetensors file of [(name, dtype, shape)] sized up front (zero-filled)
@@ -238,7 +255,7 @@ def map_tensors(path, entries, offset, ranges, mode="r+"):
     out = {}
     for name, dt, shape in entries:
         b, e = ranges[name]
-        out[name] = mm[offset + b:offset + e].view(NP_DTYPES[dt]).reshape(shape)
+        out[name] = mm[offset + b : offset + e].view(NP_DTYPES[dt]).reshape(shape)
     return mm, out
 
 
