@@ -5,7 +5,7 @@ set -euo pipefail
 PKGS=(cmake ninja-build g++ clang pkg-config git
       libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libcli11-dev
       libspdlog-dev libfmt-dev libxxhash-dev libcpp-httplib-dev libucx-dev
-      libfuse3-dev fuse3 libssl-dev pybind11-dev python3-dev python3-venv libclang-rt-14-dev clang-format iproute2 curl
+      libfuse3-dev fuse3 libssl-dev pybind11-dev python3-dev python3-venv libclang-rt-14-dev clang-format universal-ctags iproute2 curl
       slurmctld slurmd slurm-client munge etcd-server etcd-client)
 missing=()
 for p in "${PKGS[@]}"; do
