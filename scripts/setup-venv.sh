@@ -8,6 +8,7 @@
 #                            while the packages install (scripts/demo.sh)
 # Top-level packages (pip freeze of these gives requirements.lock):
 #   torch numpy matplotlib safetensors transformers megatron-core deepspeed pytest pyyaml
+#   ruff (the Python linter and formatter scripts/test.sh runs, pyproject.toml)
 #   python-etcd (the etcd client of torchrun's etcd-v2 rendezvous, docs/deploy.md)
 #   kubernetes-validate (the Kubernetes API schemas, bundled, that tests/k8s_schema_test.py
 #   checks deploy/k8s/ against)
