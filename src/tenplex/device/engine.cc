@@ -12,6 +12,9 @@
 #include <deque>
 #include <thread>
 
+#include "tenplex/util/file.h"
+#include "tenplex/util/thread_pool.h"
+
 namespace tenplex::device {
 namespace {
 
@@ -61,47 +64,6 @@ class Files {
 
  private:
   std::vector<int> fds_;
-};
-
-// pread/pwrite of exactly n bytes at off; a short read means the file shrank under us.
-Status FullIo(int fd, void* buf, uint64_t n, uint64_t off, Direction dir, const std::string& path) {
-  auto* p = static_cast<char*>(buf);
-  uint64_t done = 0;
-  while (done < n) {
-    ssize_t r = dir == Direction::kHostToDevice
-                    ? pread(fd, p + done, n - done, static_cast<off_t>(off + done))
-                    : pwrite(fd, p + done, n - done, static_cast<off_t>(off + done));
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0)
-      return ErrnoError((dir == Direction::kHostToDevice ? "reading " : "writing ") + path, errno);
-    if (r == 0) {
-      return DataLoss(path + ": ended at " + std::to_string(off + done) + " bytes, expected " +
-                      std::to_string(off + n));
-    }
-    done += static_cast<uint64_t>(r);
-  }
-  return Status::Ok();
-}
-
-// The first error of a call; workers stop at their next chunk once one is set.
-class FirstError {
- public:
-  void Set(const Status& s) {
-    if (s.ok()) return;
-    std::lock_guard<std::mutex> l(mu_);
-    if (status_.ok()) status_ = s;
-    failed_ = true;
-  }
-  bool failed() const { return failed_.load(); }
-  Status Get() {
-    std::lock_guard<std::mutex> l(mu_);
-    return status_;
-  }
-
- private:
-  std::mutex mu_;
-  Status status_;
-  std::atomic<bool> failed_{false};
 };
 
 }  // namespace
@@ -252,7 +214,7 @@ Status CopyEngine::RunStaged(const std::vector<Span>& spans, const std::vector<i
     auto* dev = reinterpret_cast<char*>(static_cast<uintptr_t>(sp.device)) + c.offset;
     Status s;
     if (dir == Direction::kHostToDevice) {
-      s = FullIo(fds[c.span], buf, c.bytes, sp.offset + c.offset, dir, sp.path);
+      s = PreadExact(fds[c.span], buf, c.bytes, sp.offset + c.offset, sp.path);
       if (s.ok()) s = backend_->CopyAsync(dev, buf, c.bytes, dir, stream);
     } else {
       s = backend_->CopyAsync(buf, dev, c.bytes, dir, stream);
@@ -263,8 +225,8 @@ Status CopyEngine::RunStaged(const std::vector<Span>& spans, const std::vector<i
   auto done = [&](const Chunk& c, int slot, bool ok) {
     if (!ok || dir == Direction::kHostToDevice) return Status::Ok();
     const Span& sp = spans[c.span];
-    return FullIo(fds[c.span], slots_[static_cast<size_t>(slot)], c.bytes, sp.offset + c.offset,
-                  dir, sp.path);
+    return PwriteExact(fds[c.span], slots_[static_cast<size_t>(slot)], c.bytes,
+                       sp.offset + c.offset, sp.path);
   };
   return RunPipeline(chunks, issue, done);
 }

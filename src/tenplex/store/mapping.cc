@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "tenplex/geometry/copy.h"
+#include "tenplex/util/file.h"
 #include "tenplex/util/thread_pool.h"
 
 namespace tenplex::store {
@@ -170,33 +171,23 @@ namespace {
 
 constexpr uint64_t kIoChunk = 16 << 20;
 
-// Runs io(fd, at, n) over [0, size) in chunks on the default pool until every byte
-// moved; io returns what pread/pwrite return.
+// Runs io(at, n) over [0, size) in kIoChunk chunks on the default pool; io moves one
+// chunk whole (PreadExact, PwriteExact). The first error wins.
 template <typename F>
-Status ChunkedIo(int fd, const std::string& name, uint64_t size, F io) {
+Status ChunkedIo(uint64_t size, F io) {
   const std::size_t chunks = static_cast<std::size_t>((size + kIoChunk - 1) / kIoChunk);
-  std::atomic<int> err{0};
+  FirstError error;
   auto run = [&](std::size_t i) {
-    uint64_t begin = i * kIoChunk, end = std::min(size, begin + kIoChunk);
-    while (begin < end && err == 0) {
-      ssize_t n = io(fd, begin, end - begin);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        err = n < 0 ? errno : -1;
-        return;
-      }
-      begin += static_cast<uint64_t>(n);
-    }
+    if (error.failed()) return;
+    const uint64_t begin = i * kIoChunk;
+    error.Set(io(begin, std::min(size, begin + kIoChunk) - begin));
   };
   if (chunks <= 1) {
     if (chunks == 1) run(0);
   } else {
     ThreadPool::Default().ParallelFor(chunks, run);
   }
-  if (err == ENOSPC) return ResourceExhausted("shared memory is full writing " + name);
-  if (err == -1) return DataLoss(name + " is shorter than " + std::to_string(size) + " bytes");
-  if (err != 0) return ErrnoError("copy " + name, err);
-  return Status::Ok();
+  return error.Get();
 }
 
 Status WithFile(const std::string& file, int flags, const std::function<Status(int)>& fn) {
@@ -211,8 +202,8 @@ Status WithFile(const std::string& file, int flags, const std::function<Status(i
 
 Status PwriteFd(int fd, const std::string& name, uint64_t offset, const void* data, uint64_t size) {
   const char* src = static_cast<const char*>(data);
-  return ChunkedIo(fd, name, size, [&](int f, uint64_t at, uint64_t n) {
-    return ::pwrite(f, src + at, n, static_cast<off_t>(offset + at));
+  return ChunkedIo(size, [&](uint64_t at, uint64_t n) {
+    return PwriteExact(fd, src + at, n, offset + at, name);
   });
 }
 
@@ -223,8 +214,8 @@ Status PwriteAll(const std::string& file, uint64_t offset, const void* data, uin
 Status PreadAll(const std::string& file, uint64_t offset, void* dst, uint64_t size) {
   char* out = static_cast<char*>(dst);
   return WithFile(file, O_RDONLY, [&](int fd) {
-    return ChunkedIo(fd, file, size, [&](int f, uint64_t at, uint64_t n) {
-      return ::pread(f, out + at, n, static_cast<off_t>(offset + at));
+    return ChunkedIo(size, [&](uint64_t at, uint64_t n) {
+      return PreadExact(fd, out + at, n, offset + at, file);
     });
   });
 }

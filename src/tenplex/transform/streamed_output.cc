@@ -35,21 +35,8 @@ struct OpRuns {
   StreamSource src;
 };
 
-// Reads exactly n bytes at off (a short read is an input file that shrank).
-Status PreadAll(int fd, uint8_t* p, std::size_t n, uint64_t off) {
-  while (n > 0) {
-    const ssize_t r = ::pread(fd, p, n, static_cast<off_t>(off));
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoError("read input checkpoint file", errno);
-    }
-    if (r == 0) return DataLoss("an input checkpoint file is shorter than its header says");
-    p += r;
-    n -= static_cast<std::size_t>(r);
-    off += static_cast<uint64_t>(r);
-  }
-  return Status::Ok();
-}
+// The name errors give an input file (a short read: it is shorter than its header says).
+constexpr char kInputFile[] = "an input checkpoint file";
 
 struct TensorPlan {
   uint64_t begin = 0, end = 0;  // in the file's data section
@@ -84,21 +71,6 @@ struct Files {
     }
   }
 };
-
-Status PwriteAll(int fd, const uint8_t* p, std::size_t n, uint64_t off, const std::string& path) {
-  while (n > 0) {
-    const ssize_t w = ::pwrite(fd, p, n, static_cast<off_t>(off));
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoError("write " + path, errno);
-    }
-    if (w == 0) return ResourceExhausted("write " + path + ": no progress (disk full?)");
-    p += w;
-    n -= static_cast<std::size_t>(w);
-    off += static_cast<uint64_t>(w);
-  }
-  return Status::Ok();
-}
 
 // The first run of r whose bytes end after `at` (runs are at increasing offsets).
 int64_t FirstRunEndingAfter(const CopyRuns& r, int64_t at) {
@@ -141,8 +113,8 @@ Status CopyRunsClipped(const OpRuns& o, int64_t first, int64_t last, int64_t ta,
     o.runs.ForEach(first, last, [&](int64_t so, int64_t dof) {
       const int64_t lo = std::max(dof, ta), hi = std::min(dof + run, tb);
       if (s.ok()) {
-        s = PreadAll(o.src.fd, out + (lo - ta), static_cast<std::size_t>(hi - lo),
-                     o.src.offset + static_cast<uint64_t>(so + (lo - dof)));
+        s = PreadExact(o.src.fd, out + (lo - ta), static_cast<uint64_t>(hi - lo),
+                       o.src.offset + static_cast<uint64_t>(so + (lo - dof)), kInputFile);
       }
     });
     return s;
@@ -151,8 +123,8 @@ Status CopyRunsClipped(const OpRuns& o, int64_t first, int64_t last, int64_t ta,
     const int64_t s0 = o.runs.SrcOffset(first), s1 = o.runs.SrcOffset(last - 1) + run;
     const int64_t need = (last - first) * run;
     if (s1 - s0 <= static_cast<int64_t>(stage_bytes) && s1 - s0 <= 4 * need) {
-      TP_RETURN_IF_ERROR(PreadAll(o.src.fd, stage, static_cast<std::size_t>(s1 - s0),
-                                  o.src.offset + static_cast<uint64_t>(s0)));
+      TP_RETURN_IF_ERROR(PreadExact(o.src.fd, stage, static_cast<uint64_t>(s1 - s0),
+                                    o.src.offset + static_cast<uint64_t>(s0), kInputFile));
       base = stage;
       base_off = s0;
     }
@@ -222,8 +194,7 @@ Status Prepare(const plan::Plan& plan, const Layout& from, const Layout& to,
     }
     const uint64_t size = f.data_offset + f.data_bytes;
     TP_RETURN_IF_ERROR(ReserveFileSpace(f.fd, size, f.path));
-    TP_RETURN_IF_ERROR(
-        PwriteAll(f.fd, reinterpret_cast<const uint8_t*>(header.data()), header.size(), 0, f.tmp));
+    TP_RETURN_IF_ERROR(PwriteExact(f.fd, header.data(), header.size(), 0, f.tmp));
     f.hash = XXH64_createState();
     XXH64_reset(f.hash, 0);
     XXH64_update(f.hash, header.data(), header.size());
@@ -324,7 +295,7 @@ class ChunkWriter {
       const std::size_t n = static_cast<std::size_t>(c.end - c.begin);
       Status s = Assemble(f, c.begin, c.end, buf.get(), stage.get(), stage_bytes, direct_run_);
       if (!s.ok()) return Fail(std::move(s));
-      s = PwriteAll(f.fd, buf.get(), n, f.data_offset + c.begin, f.tmp);
+      s = PwriteExact(f.fd, buf.get(), n, f.data_offset + c.begin, f.tmp);
       if (!s.ok()) return Fail(std::move(s));
       if (start_writeback_) {
         (void)::sync_file_range(f.fd, static_cast<off_t>(f.data_offset + c.begin),

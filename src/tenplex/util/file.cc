@@ -222,4 +222,33 @@ MappedFile::~MappedFile() {
   if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
 }
 
+Status PreadExact(int fd, void* buf, uint64_t n, uint64_t offset, const std::string& name) {
+  auto* p = static_cast<char*>(buf);
+  for (uint64_t done = 0; done < n;) {
+    const ssize_t r = ::pread(fd, p + done, n - done, static_cast<off_t>(offset + done));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return ErrnoError("read " + name, errno);
+    if (r == 0) {
+      return DataLoss(name + ": ended at " + std::to_string(offset + done) + " bytes, expected " +
+                      std::to_string(offset + n));
+    }
+    done += static_cast<uint64_t>(r);
+  }
+  return Status::Ok();
+}
+
+Status PwriteExact(int fd, const void* buf, uint64_t n, uint64_t offset, const std::string& name) {
+  const auto* p = static_cast<const char*>(buf);
+  for (uint64_t done = 0; done < n;) {
+    const ssize_t w = ::pwrite(fd, p + done, n - done, static_cast<off_t>(offset + done));
+    if (w < 0 && errno == EINTR) continue;
+    if ((w < 0 && errno == ENOSPC) || w == 0) {
+      return ResourceExhausted("no space left writing " + name);
+    }
+    if (w < 0) return ErrnoError("write " + name, errno);
+    done += static_cast<uint64_t>(w);
+  }
+  return Status::Ok();
+}
+
 }  // namespace tenplex

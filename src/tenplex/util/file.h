@@ -39,6 +39,14 @@ std::string TempNameFor(const std::string& path);
 // fsyncs a directory so that renames inside it are durable.
 Status SyncDir(const std::string& dir);
 
+// pread of exactly n bytes at offset into buf, retrying EINTR and short reads. A file
+// that ends before offset + n is DataLoss naming `name` (it shrank under us, or its
+// header promised more than it holds); other errors name `name` and errno.
+Status PreadExact(int fd, void* buf, uint64_t n, uint64_t offset, const std::string& name);
+// pwrite of exactly n bytes at offset, retrying EINTR and short writes. ENOSPC, or a
+// write that makes no progress, is ResourceExhausted naming `name`.
+Status PwriteExact(int fd, const void* buf, uint64_t n, uint64_t offset, const std::string& name);
+
 // A read-only private memory map of a whole file. Move-only.
 class MappedFile {
  public:

@@ -118,5 +118,35 @@ TEST_F(FileTest, ReserveFileSpaceFailsCleanly) {
   EXPECT_TRUE(ReserveFileSpace(-1, 0, "nothing").ok());  // nothing to reserve
 }
 
+TEST_F(FileTest, ExactIoMovesEveryByteOrNamesTheShortFile) {
+  const std::string path = Path("exact");
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
+  ASSERT_GE(fd, 0);
+  std::string data(300000, '\0');
+  for (std::size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i * 7 + 3);
+  ASSERT_TRUE(PwriteExact(fd, data.data(), data.size(), 100, "exact").ok());
+  std::string back(data.size(), '\0');
+  ASSERT_TRUE(PreadExact(fd, back.data(), back.size(), 100, "exact").ok());
+  EXPECT_EQ(back, data);
+  // One byte past the end: DataLoss naming the file and both offsets.
+  Status s = PreadExact(fd, back.data(), back.size(), 101, "exact");
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss);
+  EXPECT_NE(s.message().find("exact: ended at 300100 bytes, expected 300101"), std::string::npos)
+      << s.message();
+  ::close(fd);
+  // A full device: ResourceExhausted naming it.
+  int full = ::open("/dev/full", O_WRONLY);
+  if (full >= 0) {
+    s = PwriteExact(full, data.data(), 4096, 0, "/dev/full");
+    EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s.message();
+    EXPECT_NE(s.message().find("/dev/full"), std::string::npos);
+    ::close(full);
+  }
+  // A bad descriptor: the errno, named.
+  s = PreadExact(-1, back.data(), 1, 0, "nothing");
+  EXPECT_EQ(s.code(), StatusCode::kInternal) << s.message();
+  EXPECT_NE(s.message().find("read nothing"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace tenplex

@@ -5,6 +5,7 @@
 // blocks until all of its chunks are done.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
@@ -13,7 +14,31 @@
 #include <thread>
 #include <vector>
 
+#include "tenplex/util/status.h"
+
 namespace tenplex {
+
+// The first error of parallel work: workers Set what they got and stop at their next
+// chunk once failed() says so; Get returns the first non-ok status (ok if none).
+class FirstError {
+ public:
+  void Set(const Status& s) {
+    if (s.ok()) return;
+    std::lock_guard<std::mutex> l(mu_);
+    if (status_.ok()) status_ = s;
+    failed_ = true;
+  }
+  bool failed() const { return failed_.load(); }
+  Status Get() {
+    std::lock_guard<std::mutex> l(mu_);
+    return status_;
+  }
+
+ private:
+  std::mutex mu_;
+  Status status_;
+  std::atomic<bool> failed_{false};
+};
 
 class ThreadPool {
  public:
