@@ -132,7 +132,8 @@ std::string MintProbeCapability(std::string_view key, int64_t lifetime_seconds) 
   return MintCapability(key, {std::string(kProbeRegion), 0, 0, UnixSeconds() + lifetime_seconds});
 }
 
-Status CheckProbeCapability(std::string_view key, std::string_view capability) {
+Status CheckProbeCapability(std::string_view key, std::string_view capability,
+                            RefusalCounter* refused) {
   CapabilityCheck c = CheckCapability(key, capability, UnixSeconds());
   if (c.refusal == CapabilityRefusal::kNone &&
       (c.grant.job != kProbeRegion || c.grant.from_version != 0 || c.grant.to_version != 0 ||
@@ -141,6 +142,7 @@ Status CheckProbeCapability(std::string_view key, std::string_view capability) {
     c.why = "the fetch's capability is not a probe capability";
   }
   if (c.refusal == CapabilityRefusal::kNone) return Status::Ok();
+  if (refused != nullptr) refused->Add(c.refusal);
   return PermissionDenied("probe region: " + c.why);
 }
 

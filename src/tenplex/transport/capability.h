@@ -44,6 +44,8 @@
 // as forgeable as the HTTP API is open, and a fetch without one is still refused.
 #pragma once
 
+#include <array>
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -74,14 +76,27 @@ inline constexpr int64_t kMaxCapabilityLifetimeSeconds = 3600;
 enum class CapabilityRefusal { kNone, kMissing, kWrong, kExpired, kScope };
 std::string_view CapabilityRefusalName(CapabilityRefusal r);
 
+// Refusals counted by reason, thread-safe: a server's metrics
+// (tenplex_fetch_refused_total{reason=...}).
+class RefusalCounter {
+ public:
+  void Add(CapabilityRefusal r) { n_[static_cast<int>(r)].fetch_add(1, std::memory_order_relaxed); }
+  uint64_t Get(CapabilityRefusal r) const { return n_[static_cast<int>(r)].load(); }
+
+ private:
+  std::array<std::atomic<uint64_t>, 5> n_{};
+};
+
 std::string MintCapability(std::string_view key, const CapabilityGrant& grant);
 
 // Probe capabilities: a grant for the pseudo-job kProbeRegion at version 0 (store
 // versions start at 1, so it covers no tensor), which lets the holder read the probe
 // regions (the built-in one and an agent's scratch region) only.
 std::string MintProbeCapability(std::string_view key, int64_t lifetime_seconds = 900);
-// Ok, or PermissionDenied saying why `capability` is not a valid probe capability now.
-Status CheckProbeCapability(std::string_view key, std::string_view capability);
+// Ok, or PermissionDenied saying why `capability` is not a valid probe capability now
+// (counted in `refused` by reason when given; another job's capability: kScope).
+Status CheckProbeCapability(std::string_view key, std::string_view capability,
+                            RefusalCounter* refused = nullptr);
 // The system clock in unix seconds (capabilities' time).
 int64_t UnixSeconds();
 // HMAC-SHA256(key, message) as 64 lowercase hex digits (OpenSSL's).

@@ -24,6 +24,7 @@ struct Server {
   bool retired = false;
   RegionLookup lookup;
   std::optional<std::string> probe_key;
+  RefusalCounter probe_refused;
 };
 
 struct Registry {
@@ -108,10 +109,14 @@ class InProcessTransport final : public Transport {
     return first;
   }
 
+  uint64_t ProbeRefused(CapabilityRefusal reason) const override {
+    return server_->probe_refused.Get(reason);
+  }
+
  private:
-  static Status Read(const Server& server, const ReadRequest& q) {
-    TP_ASSIGN_OR_RETURN(Region region,
-                        FindRegion(server.lookup, q.region, q.capability, server.probe_key));
+  static Status Read(Server& server, const ReadRequest& q) {
+    TP_ASSIGN_OR_RETURN(Region region, FindRegion(server.lookup, q.region, q.capability,
+                                                  server.probe_key, &server.probe_refused));
     std::vector<WireRun> wire(q.runs.size());
     for (std::size_t i = 0; i < q.runs.size(); ++i) wire[i] = {q.runs[i].offset, q.runs[i].length};
     TP_RETURN_IF_ERROR(CheckRuns(q.region, region.size, wire.data(), wire.size()));

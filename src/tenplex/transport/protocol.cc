@@ -173,10 +173,10 @@ const Region& ProbeRegion() {
 }
 
 Result<Region> FindRegion(const RegionLookup& lookup, std::string_view name,
-                          std::string_view capability,
-                          const std::optional<std::string>& probe_key) {
+                          std::string_view capability, const std::optional<std::string>& probe_key,
+                          RefusalCounter* probe_refused) {
   if (name == kProbeRegion) {
-    if (probe_key) TP_RETURN_IF_ERROR(CheckProbeCapability(*probe_key, capability));
+    if (probe_key) TP_RETURN_IF_ERROR(CheckProbeCapability(*probe_key, capability, probe_refused));
     return ProbeRegion();
   }
   if (!lookup) return NotFound("no region '" + std::string(name) + "' (this peer exposes none)");

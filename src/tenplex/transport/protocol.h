@@ -25,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "tenplex/transport/capability.h"
 #include "tenplex/transport/transport.h"
 #include "tenplex/util/status.h"
 
@@ -117,11 +118,13 @@ Status CheckReadRequests(const std::vector<ReadRequest>& requests);
 
 // The bytes of kProbeRegion (built on first use, shared by all transports).
 const Region& ProbeRegion();
-// lookup(name, capability), or the probe region for kProbeRegion (served to anyone),
-// or NotFound when lookup is empty.
+// lookup(name, capability), or the probe region for kProbeRegion (with probe_key: for
+// a valid probe capability only, a refusal counted in probe_refused when given), or
+// NotFound when lookup is empty.
 Result<Region> FindRegion(const RegionLookup& lookup, std::string_view name,
                           std::string_view capability,
-                          const std::optional<std::string>& probe_key = std::nullopt);
+                          const std::optional<std::string>& probe_key = std::nullopt,
+                          RefusalCounter* probe_refused = nullptr);
 
 // Stream positions of runs: starts[i] = sum of lengths before run i; starts.back() is
 // the stream's length.

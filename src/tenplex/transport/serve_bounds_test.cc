@@ -5,6 +5,8 @@
 // windows far larger than the server's, as a hostile peer would be.
 #include <gtest/gtest.h>
 
+#include <map>
+#include <utility>
 #include <vector>
 
 #include "tenplex/transport/bandwidth.h"
@@ -56,10 +58,15 @@ ReadRequest Probe(uint64_t offset, uint64_t length, void* dest, std::string capa
 
 class ProbeCapabilityTest : public ::testing::TestWithParam<std::string> {};
 
-TEST_P(ProbeCapabilityTest, NeededWhereTheServerHasAKey) {
+// A client of a server whose probe key is "cluster-key".
+Pair ConnectKeyed(const std::string& kind) {
   TransportOptions keyed = Tcp();
   keyed.probe_key = "cluster-key";
-  Pair p = Connect(GetParam(), keyed, Tcp());
+  return Connect(kind, keyed, Tcp());
+}
+
+TEST_P(ProbeCapabilityTest, NeededWhereTheServerHasAKey) {
+  Pair p = ConnectKeyed(GetParam());
   ASSERT_TRUE(p.client);
   std::vector<uint8_t> buf(4096);
   Status none = p.client->Fetch(p.peer, {Probe(0, buf.size(), buf.data())});
@@ -85,6 +92,39 @@ TEST_P(ProbeCapabilityTest, NeededWhereTheServerHasAKey) {
   EXPECT_FALSE(MeasureFetchBandwidth(*p.client, p.peer, fo).ok());
   fo.capability = MintProbeCapability("cluster-key");
   EXPECT_TRUE(MeasureFetchBandwidth(*p.client, p.peer, fo).ok());
+}
+
+// Every refused probe read is counted by reason (issue 35: they were not, so a probe
+// flood left tenplex_fetch_refused_total at 0); accepted reads are not.
+TEST_P(ProbeCapabilityTest, RefusalsAreCountedByReason) {
+  Pair p = ConnectKeyed(GetParam());
+  ASSERT_TRUE(p.client);
+  std::vector<uint8_t> buf(4096);
+  auto fetch = [&](const std::string& cap) {
+    return p.client->Fetch(p.peer, {Probe(0, buf.size(), buf.data(), cap)});
+  };
+  const std::vector<std::pair<CapabilityRefusal, std::string>> refused = {
+      {CapabilityRefusal::kMissing, ""},
+      {CapabilityRefusal::kMissing, ""},
+      {CapabilityRefusal::kWrong, MintProbeCapability("another-key")},
+      {CapabilityRefusal::kWrong, "tpc2:0:0:1:0000000000000000:00:tenplex.probe"},
+      {CapabilityRefusal::kWrong, MintProbeCapability("cluster-key", 86400)},  // too long
+      {CapabilityRefusal::kExpired, MintProbeCapability("cluster-key", -5)},
+      {CapabilityRefusal::kScope, MintCapability("cluster-key", {"job", 1, 2, UnixSeconds() + 60})},
+  };
+  std::map<CapabilityRefusal, uint64_t> want;
+  for (const auto& [reason, cap] : refused) {
+    Status s = fetch(cap);
+    EXPECT_EQ(s.code(), StatusCode::kPermissionDenied) << s.ToString();
+    ++want[reason];
+  }
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(fetch(MintProbeCapability("cluster-key")).ok());
+  for (auto r : {CapabilityRefusal::kMissing, CapabilityRefusal::kWrong,
+                 CapabilityRefusal::kExpired, CapabilityRefusal::kScope}) {
+    EXPECT_EQ(p.server->ProbeRefused(r), want[r]) << CapabilityRefusalName(r);
+    EXPECT_EQ(p.client->ProbeRefused(r), 0u) << "the client served nothing";
+  }
+  EXPECT_EQ(p.server->ProbeRefused(CapabilityRefusal::kNone), 0u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Kinds, ProbeCapabilityTest, ::testing::Values("inproc", "ucx"),

@@ -38,6 +38,7 @@
 #include <string_view>
 #include <vector>
 
+#include "tenplex/transport/capability.h"
 #include "tenplex/util/status.h"
 
 namespace tenplex::transport {
@@ -159,6 +160,9 @@ class Transport {
   // most staging memory answers held at once (UCX; metrics and tests).
   virtual uint64_t RequestsRefused() const { return 0; }
   virtual uint64_t PeakStagedBytes() const { return 0; }
+  // Reads of the probe region refused for their probe capability, by reason (with
+  // TransportOptions::probe_key; metrics tenplex_fetch_refused_total).
+  virtual uint64_t ProbeRefused(CapabilityRefusal /*reason*/) const { return 0; }
 
  protected:
   Transport() = default;

@@ -159,6 +159,9 @@ class UcxTransport final : public Transport {
   uint64_t BytesServed() const override { return bytes_served_.load(); }
   uint64_t RequestsRefused() const override { return requests_refused_.load(); }
   uint64_t PeakStagedBytes() const override { return peak_staged_bytes_.load(); }
+  uint64_t ProbeRefused(CapabilityRefusal reason) const override {
+    return probe_refused_.Get(reason);
+  }
 
   Result<PeerId> Connect(std::string_view address) override;
 
@@ -297,6 +300,7 @@ class UcxTransport final : public Transport {
   uint64_t next_request_ = 1;
   std::atomic<uint64_t> bytes_served_{0};  // written by the progress thread
   std::atomic<uint64_t> requests_refused_{0};
+  RefusalCounter probe_refused_;  // probe-region reads refused for their capability
   std::atomic<uint64_t> peak_staged_bytes_{0};
   std::unordered_map<ucp_ep_h, uint64_t> served_inflight_;  // answers posted, not complete
   uint64_t staged_bytes_ = 0;                               // staging held by answers in flight

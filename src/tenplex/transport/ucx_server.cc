@@ -57,7 +57,8 @@ ucs_status_t UcxTransport::OnRequest(const void* header, size_t header_length, v
     SendStatus(ep, request_id, bound);
     return UCS_OK;
   }
-  Result<Region> region = FindRegion(lookup_, req->region, req->capability, options_.probe_key);
+  Result<Region> region =
+      FindRegion(lookup_, req->region, req->capability, options_.probe_key, &probe_refused_);
   Status s = region.ok() ? CheckRuns(req->region, region->size, req->runs.data(), req->runs.size())
                          : region.status();
   if (!s.ok()) {
