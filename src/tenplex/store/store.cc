@@ -1,5 +1,6 @@
 #include "tenplex/store/store.h"
 
+#include "tenplex/store/beneath.h"
 #include "tenplex/store/store_internal.h"
 #include "tenplex/util/file.h"
 #include "tenplex/util/hash.h"
@@ -110,6 +111,7 @@ Result<uint64_t> Store::BeginVersion(const std::string& job, std::optional<uint6
                               "again from the current version");
   }
   Status s = MakeDir(impl_->JobDir(job));
+  if (s.ok()) s = impl_->CheckJobDir(job, j);  // mkdir says EEXIST for a link too
   if (s.ok()) s = impl_->EnsureIncarnation(job, j);
   if (s.ok()) s = MakeDir(impl_->VersionDir(job, v));
   if (!s.ok()) {
@@ -167,8 +169,7 @@ Status Store::Impl::RecordChecksums(const std::string& job, uint64_t version) {
       return;
     }
     // Pre-faulted: page faults one by one cost 30x the hash on some VMs.
-    Result<ShmMapping> m =
-        ShmMapping::Map(t.file, 0, t.bytes, /*writable=*/false, /*populate=*/true);
+    Result<ShmMapping> m = MapBeneath(dir, t.file, t.bytes, /*populate=*/true);
     if (!m.ok()) {
       t.status = m.status();
       return;
@@ -199,6 +200,8 @@ Status Store::Prepare(const std::string& job, uint64_t version) {
     return FailedPrecondition(VersionName(job, version) + " is already committed");
   if (v.second->prepared) return Status::Ok();  // idempotent
   const std::string vdir = impl_->VersionDir(job, version);
+  // Its directory must still be ours, no link (beneath.h): the manifest goes into it.
+  TP_RETURN_IF_ERROR(OpenBeneath(impl_->dir, vdir, O_PATH | O_DIRECTORY).status());
   TP_RETURN_IF_ERROR(
       WriteFileAtomic(vdir + "/" + kManifest, impl_->ManifestText(job, version, *v.second)));
   // The prepare point: from here on a restart keeps the version (as prepared).
@@ -233,6 +236,7 @@ Status Store::Commit(const std::string& job, uint64_t version, bool keep_old) {
                                 std::to_string(*j.current));
     } else {
       const std::string vdir = impl_->VersionDir(job, version);
+      TP_RETURN_IF_ERROR(OpenBeneath(impl_->dir, vdir, O_PATH | O_DIRECTORY).status());
       if (!v.second->prepared) {
         TP_RETURN_IF_ERROR(
             WriteFileAtomic(vdir + "/" + kManifest, impl_->ManifestText(job, version, *v.second)));
@@ -334,9 +338,12 @@ Status Store::DeleteJob(const std::string& job) {
       ::unlink((q->second.path + ".why").c_str());
       impl_->quarantined.erase(q);
     } else {
-      TP_ASSIGN_OR_RETURN(JobState * j, impl_->FindJob(job));
-      for (const auto& [n, vs] : j->versions) impl_->used -= vs.bytes;
-      impl_->jobs.erase(job);
+      // Not FindJob: a job whose directory was replaced by a link (CheckJobDir) is
+      // deleted too; Trash renames the link itself, remove_all never follows one.
+      auto it = impl_->jobs.find(job);
+      if (it == impl_->jobs.end()) return NotFound("job '" + job + "' does not exist");
+      for (const auto& [n, vs] : it->second.versions) impl_->used -= vs.bytes;
+      impl_->jobs.erase(it);
       impl_->DropPool(job);
       trash = impl_->Trash(impl_->JobDir(job));
     }
@@ -453,12 +460,15 @@ Result<TensorInfo> Store::Link(const std::string& from, const std::string& to) {
   VersionState* vs = v.second;
   TP_RETURN_IF_ERROR(MakeRankDir(vdir, p.rank, *vs));
   // Straight to its name; a tensor it replaces is swapped atomically (link, rename).
-  if (::link(src.first.file.c_str(), file.c_str()) != 0) {
+  // Into the rank directory opened beneath the store's (no link followed: beneath.h).
+  TP_ASSIGN_OR_RETURN(ParentDir to_dir, OpenParentBeneath(impl_->dir, file));
+  const char* to_name = to_dir.name.c_str();
+  if (::linkat(AT_FDCWD, src.first.file.c_str(), to_dir.dir.get(), to_name, 0) != 0) {
     if (errno != EEXIST) return ErrnoError("link " + src.first.file + " to " + file, errno);
     const std::string tmp = impl_->TmpName();
     if (::link(src.first.file.c_str(), tmp.c_str()) != 0)
       return ErrnoError("link " + src.first.file + " to " + tmp, errno);
-    if (::rename(tmp.c_str(), file.c_str()) != 0) {
+    if (::renameat(AT_FDCWD, tmp.c_str(), to_dir.dir.get(), to_name) != 0) {
       const int err = errno;
       ::unlink(tmp.c_str());
       return ErrnoError("rename " + tmp + " to " + file, err);
@@ -487,8 +497,7 @@ Result<TensorRef> Store::Get(const std::string& path) const {
     return ref;
   }
   // Mapped under the lock so that a concurrent replace or release cannot swap the file.
-  TP_ASSIGN_OR_RETURN(ShmMapping m,
-                      ShmMapping::Map(ref.info_.file, 0, ref.info_.bytes, /*writable=*/false));
+  TP_ASSIGN_OR_RETURN(ShmMapping m, MapBeneath(impl_->dir, ref.info_.file, ref.info_.bytes));
   ref.map_ = std::make_shared<const ShmMapping>(std::move(m));
   return ref;
 }

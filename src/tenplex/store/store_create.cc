@@ -3,6 +3,7 @@
 #include <set>
 #include <vector>
 
+#include "tenplex/store/beneath.h"
 #include "tenplex/store/store_internal.h"
 #include "tenplex/util/file.h"
 
@@ -224,7 +225,9 @@ Result<std::vector<TensorInfo>> Store::Impl::PublishCreated(
     const std::string vdir = VersionDir(p.path.job, num);
     const std::string file = vdir + "/" + key;
     Status s = MakeRankDir(vdir, p.path.rank, *vs);
-    if (s.ok() && ::rename(p.tmp.c_str(), file.c_str()) != 0)
+    Result<ParentDir> to_dir = OpenParentBeneath(dir, file);  // no link followed (beneath.h)
+    if (s.ok() && !to_dir.ok()) s = to_dir.status();
+    if (s.ok() && ::renameat(AT_FDCWD, p.tmp.c_str(), to_dir->dir.get(), to_dir->name.c_str()) != 0)
       s = ErrnoError("rename " + p.tmp + " to " + file, errno);
     if (!s.ok()) {  // an internal file-system error: the tensors before i stay published
       for (std::size_t k = i; k < pend.size(); ++k) {

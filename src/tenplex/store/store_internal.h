@@ -99,6 +99,10 @@ struct JobState {
   std::map<uint64_t, uint64_t> superseded;
   std::string incarnation;  // <job dir>/INCARNATION ("" until the directory is made)
   uint64_t closed = 0;      // <job dir>/CLOSED (0 when the file is absent)
+  // The job directory's identity when the store made or restored it (0: not yet): a
+  // directory swapped in later, or a link, is refused (Store::Impl::CheckJobDir).
+  dev_t dir_dev = 0;
+  ino_t dir_ino = 0;
 };
 
 // The error of every step of a superseded version's coordinator.
@@ -245,6 +249,7 @@ struct Store::Impl {
     TP_RETURN_IF_ERROR(CheckNotQuarantined(job));
     auto it = jobs.find(job);
     if (it == jobs.end()) return NotFound("job '" + job + "' does not exist");
+    TP_RETURN_IF_ERROR(CheckJobDir(job, it->second));
     return &it->second;
   }
 
@@ -361,6 +366,11 @@ struct Store::Impl {
     return m.dump(1) + "\n";
   }
 
+  // REQUIRES: mu held. Ok when the job's directory is still the real directory the
+  // store made or restored (its device and inode; recorded on the first call), else
+  // DataLoss saying what replaced it (a symbolic link, another directory, nothing): the
+  // store never follows a job directory swapped behind its back (issue 35).
+  Status CheckJobDir(const std::string& job, JobState& j) const;
   // REQUIRES: mu held; the job directory exists. Gives the job an incarnation (written
   // to its INCARNATION file) unless it has one.
   Status EnsureIncarnation(const std::string& job, JobState& j);

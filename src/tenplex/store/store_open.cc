@@ -80,6 +80,32 @@ Status Store::Impl::Restore() {
   return Status::Ok();
 }
 
+Status Store::Impl::CheckJobDir(const std::string& job, JobState& j) const {
+  const std::string jdir = JobDir(job);
+  struct stat st;
+  std::string what;
+  if (::lstat(jdir.c_str(), &st) != 0) {
+    what = errno == ENOENT ? "is gone (removed behind the store's back)"
+                           : "cannot be examined: " + ErrnoError("lstat", errno).message();
+  } else if (S_ISLNK(st.st_mode)) {
+    std::error_code ec;
+    what = "was replaced by a symbolic link to " + fs::read_symlink(jdir, ec).string();
+  } else if (!S_ISDIR(st.st_mode)) {
+    what = "was replaced by something that is not a directory";
+  } else if (j.dir_ino == 0) {
+    j.dir_dev = st.st_dev;
+    j.dir_ino = st.st_ino;
+    return Status::Ok();
+  } else if (st.st_dev != j.dir_dev || st.st_ino != j.dir_ino) {
+    what = "was replaced by another directory";
+  } else {
+    return Status::Ok();
+  }
+  return DataLoss("job '" + job + "': its directory " + jdir + " " + what +
+                  " while the store ran; refused: the store never follows it out of " + dir +
+                  " (restart the daemon to quarantine it, or tenplex store rm " + job + ")");
+}
+
 Status Store::Impl::EnsureIncarnation(const std::string& job, JobState& j) {
   if (!j.incarnation.empty()) return Status::Ok();
   std::string inc = RandomHex();
@@ -199,6 +225,7 @@ Status Store::Impl::RestoreJob(const std::string& job) {
     return Status::Ok();
   }
   js.current = current;
+  TP_RETURN_IF_ERROR(CheckJobDir(job, js));  // records the directory's identity
   TP_RETURN_IF_ERROR(RestoreJobIdentity(job, js));
   used += job_bytes;
   jobs.emplace(job, std::move(js));
