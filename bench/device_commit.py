@@ -46,7 +46,6 @@ import time
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
 
 import torch  # noqa: E402
 from bench_csv import write_rows  # noqa: E402

@@ -47,8 +47,6 @@ from typing import Any, Callable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, ".."))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(REPO, "python"))
 
 import torch  # noqa: E402
 from bench_csv import write_rows  # noqa: E402

@@ -52,9 +52,7 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
-sys.path.insert(0, os.path.join(HERE, "..", "python"))
 from bench_csv import write_rows  # noqa: E402
 from daemons import Daemon, write_cluster  # noqa: E402
 

@@ -71,10 +71,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, ".."))
-sys.path.insert(0, HERE)
 from bench_csv import write_rows  # noqa: E402
 
-sys.path.insert(0, os.path.join(ROOT, "python"))
 from tenplex import layout as L  # noqa: E402
 from tenplex.runlog import read_run_log  # noqa: E402
 

@@ -30,7 +30,6 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_csv import write_rows  # noqa: E402
 from dcp_peer_bench import du_bytes, write_limit_s  # noqa: E402
 

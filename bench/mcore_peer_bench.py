@@ -38,7 +38,6 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(REPO, "tests"))
-sys.path.insert(0, HERE)
 
 from bench_csv import write_rows  # noqa: E402
 from dcp_peer_bench import du_bytes, write_limit_s  # noqa: E402

@@ -29,7 +29,6 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
 from bench_csv import write_rows  # noqa: E402
 
 REPO = os.path.abspath(os.path.join(HERE, ".."))

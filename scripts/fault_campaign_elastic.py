@@ -38,7 +38,6 @@ import time
 
 import fault_campaign as fc
 
-sys.path.insert(0, os.path.join(fc.REPO, "python"))
 MAX_RESTARTS = 4
 JOB_DEADLINE = 240  # seconds for every round of a job together
 EXIT_BAD_STATE = 75  # a worker restored tensors that are not its step's

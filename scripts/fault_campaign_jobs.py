@@ -49,7 +49,6 @@ import sys
 import time
 import urllib.request
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fault_campaign as fc  # noqa: E402
 import fault_campaign_elastic as fe  # noqa: E402
 

@@ -20,6 +20,12 @@ if [ ! -x $VENV/bin/python ]; then
   echo "setup-venv: creating $VENV"
   /usr/bin/python3 -m venv $VENV
 fi
+# The checkout's package in development mode: a .pth file puts python/ (tenplex and its
+# native module, which CMake builds into python/tenplex) on the venv's path, so scripts,
+# examples and benchmarks import tenplex without editing sys.path. A wheel for other
+# environments: pyproject.toml/setup.py (docs/install.md).
+SITE=$($VENV/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+echo "$PWD/python" >"$SITE/tenplex-checkout.pth"
 [ "${1:-}" = "--create" ] && exit 0
 cmp -s requirements.lock "$STAMP" && exit 0
 echo "setup-venv: installing requirements.lock into $VENV (torch and its CUDA libraries: ~3 GB, 2-3 min)"

@@ -16,7 +16,6 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 from tenplex.layout import Config  # noqa: E402
 
 DEFAULT = "tp=1;tp=2;pp=2;dp=2;dp=2,zero=1;tp=2,pp=2;tp=2,pp=2,dp=2,zero=1"

@@ -17,7 +17,6 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 from tenplex import layout as L  # noqa: E402
 
 
