@@ -33,22 +33,24 @@
 // Phase two uses the store's own endpoints: .../versions/<v>/commit or /abort, and
 // .../versions/<v>/close on the hosts that did not commit v (transform/revocation.h).
 //
-// Prepare request:
-//   {"job": J, "from_version": v0, "to_version": v1, "host": h,
+// Prepare request (control_protocol.h, which has every field):
+//   {"host": h, "host_plan_digest": D, "served": [[old rank, tensor, reader], ...],
+//    "job": J, "from_version": v0, "to_version": v1,
 //    "info": {<info of v0: model, config, ...>}, "to_config": "tp=..,pp=..",
 //    "new_info": {<info of v1>},
 //    "addresses": ["<token of host 0>", ...]   ("" for a host that is lost)
-//    "from_hosts": [host of old rank r, -1 if lost], "to_hosts": [host of new rank r]}
-// Every host receives the same request except "host", computes the same plan
-// (plan::MakePlan is deterministic) and executes the ops whose destination is on it
-// (host_exec.h): local copies from its old tensors, fetches of the rest from the peers
-// named in the plan. The new version is left open, fully written: a commit only
-// renames. Any failure drops the version here and answers the error; a peer that
-// fails or does not answer is UNAVAILABLE with "host <i>" in the message. A peer on the
-// same machine whose directory this daemon sees is read through its files instead of
-// the data plane (local_peer.h), with the same capability and failure semantics.
-// Tensors that stay exactly where they are (same device, same slice) are linked, not
-// copied (Store::Link, local.h LinkUnchanged).
+//    "from_hosts": [host of old rank r, -1 if lost], "to_hosts": [host of new rank r], ...}
+// Every host receives the same request except its first three fields. It plans its own
+// part of the coordinator's plan, the ops whose destination is on it
+// (plan::MakeHostPlan, deterministic; agent_plan.h), refuses it unless its digest is D,
+// and executes it (host_exec.h): local copies from its old tensors, fetches of the rest
+// from the peers named in the plan; "served" names its old tensors that peers will read,
+// which it pre-faults ahead (agent_maps.h). The new version is left open, fully
+// written: a commit only renames. Any failure drops the version here and answers the error; a peer
+// that fails or does not answer is UNAVAILABLE with "host <i>" in the message. A peer on the same
+// machine whose directory this daemon sees is read through its files instead of the data plane
+// (local_peer.h), with the same capability and failure semantics. Tensors that stay exactly where
+// they are (same device, same slice) are linked, not copied (Store::Link, local.h LinkUnchanged).
 // The reply: {"version", "host", "incarnation" (this store's, of the job), "bytes_kept",
 // "bytes_linked", "bytes_local", "bytes_fetched", "bytes_fetched_shm" (the part of bytes_fetched
 // read from same-host peers' files), "peers", "peers_shm", "plan_seconds", "warm_seconds",

@@ -1,5 +1,9 @@
 #include "tenplex/transform/control_protocol.h"
 
+#include <xxhash.h>
+
+#include <algorithm>
+#include <memory>
 #include <nlohmann/json.hpp>
 
 #include "tenplex/store/parse.h"
@@ -22,6 +26,14 @@ Result<std::string> StringField(const json& j, const char* key) {
   if (!j.contains(key) || !j[key].is_string())
     return InvalidArgument(std::string("'") + key + "' must be a string");
   return j[key].get<std::string>();
+}
+
+// A field of 16 lower-case hex digits (an xxh64 digest).
+Result<std::string> DigestField(const json& j, const char* key) {
+  TP_ASSIGN_OR_RETURN(std::string d, StringField(j, key));
+  if (d.size() != 16 || d.find_first_not_of("0123456789abcdef") != std::string::npos)
+    return InvalidArgument(std::string("'") + key + "' must be 16 lower-case hex digits");
+  return d;
 }
 
 // A rank -> host map: integers in [lowest, hosts).
@@ -49,14 +61,67 @@ void PutBox(std::string& out, const Box& b) {
   }
 }
 
-void PutOp(std::string& out, const plan::CopyOp& op) {
-  for (int64_t v : {int64_t{op.tensor}, int64_t{op.src_rank}, int64_t{op.src_tensor},
-                    int64_t{op.dst_rank}, int64_t{op.dst_tensor}, int64_t{op.src_new}, op.after}) {
-    Put(out, v);
+// PlanDigest's canonical encoding, streamed into xxh64 (seed 0) an op at a time: the
+// same digest as hashing the whole encoding at once, without holding it.
+class DigestStream {
+ public:
+  DigestStream() : state_(XXH64_createState(), &XXH64_freeState) { XXH64_reset(state_.get(), 0); }
+  void Bytes(const std::string& b) { XXH64_update(state_.get(), b.data(), b.size()); }
+  void Count(std::size_t n) {
+    buf_.clear();
+    Put(buf_, static_cast<int64_t>(n));
+    Bytes(buf_);
   }
-  PutBox(out, op.global);
-  PutBox(out, op.src);
-  PutBox(out, op.dst);
+  // `after` replaces op.after (a per-host plan's numbering).
+  void Op(const plan::CopyOp& op, int64_t after) {
+    buf_.clear();
+    for (int64_t v : {int64_t{op.tensor}, int64_t{op.src_rank}, int64_t{op.src_tensor},
+                      int64_t{op.dst_rank}, int64_t{op.dst_tensor}, int64_t{op.src_new}, after}) {
+      Put(buf_, v);
+    }
+    PutBox(buf_, op.global);
+    PutBox(buf_, op.src);
+    PutBox(buf_, op.dst);
+    Bytes(buf_);
+  }
+  std::string Hex() const { return HashHex(XXH64_digest(state_.get())); }
+
+ private:
+  std::unique_ptr<XXH64_state_t, XXH_errorcode (*)(XXH64_state_t*)> state_;
+  std::string buf_;
+};
+
+// The encoding's head: the plan's tensor names.
+std::string TensorNames(const plan::Plan& plan) {
+  std::string out;
+  Put(out, static_cast<int64_t>(plan.tensors.size()));
+  for (const std::string& t : plan.tensors) {
+    Put(out, static_cast<int64_t>(t.size()));
+    out += t;
+  }
+  return out;
+}
+
+// "served": an array of [old rank, local tensor, reading host] of old ranks on `host`
+// read by other hosts.
+Result<std::vector<ServedTensor>> Served(const json& j, const std::vector<int>& from_hosts,
+                                         int hosts, int host) {
+  if (!j.contains("served") || !j["served"].is_array())
+    return InvalidArgument("'served' must be an array");
+  std::vector<ServedTensor> out;
+  for (const json& e : j["served"]) {
+    auto in = [&](std::size_t i, int64_t end) {
+      return e[i].is_number_integer() && e[i].get<int64_t>() >= 0 && e[i].get<int64_t>() < end;
+    };
+    if (!e.is_array() || e.size() != 3 || !in(0, static_cast<int64_t>(from_hosts.size())) ||
+        !in(1, int64_t{1} << 30) || !in(2, hosts) || from_hosts[e[0].get<int>()] != host ||
+        e[2].get<int>() == host) {
+      return InvalidArgument(
+          "'served' entries must be [old rank on this host, local tensor, another host]");
+    }
+    out.push_back({e[0].get<int>(), e[1].get<int>(), e[2].get<int>()});
+  }
+  return out;
 }
 
 // "local_peers": null or an array with one entry (null or an object of strings) per host.
@@ -108,12 +173,17 @@ Result<std::vector<std::string>> Incarnations(const json& j, std::size_t hosts) 
 }  // namespace
 
 std::string EncodePrepare(const PrepareRequest& r) {
-  return PrepareForHost(EncodeSharedPrepare(r), r.host);
+  return PrepareForHost(EncodeSharedPrepare(r), r.host, {r.host_plan_digest, r.served});
 }
 
-std::string PrepareForHost(const std::string& shared, int host) {
-  // shared is a JSON object with at least "protocol": "{" + "host" + "," + the rest.
-  std::string out = "{\"host\":" + std::to_string(host) + ",";
+std::string PrepareForHost(const std::string& shared, int host, const HostPart& part) {
+  json served = json::array();
+  for (const ServedTensor& s : part.served) served.push_back({s.rank, s.tensor, s.reader});
+  // shared is a JSON object with at least "protocol": "{" + this host's fields + "," +
+  // the rest.
+  std::string out = "{\"host\":" + std::to_string(host) +
+                    ",\"host_plan_digest\":" + json(part.plan_digest).dump() +
+                    ",\"served\":" + served.dump() + ",";
   out.append(shared, 1, std::string::npos);
   return out;
 }
@@ -130,8 +200,7 @@ std::string EncodeSharedPrepare(const PrepareRequest& r) {
                 {"new_info", new_info},
                 {"addresses", r.addresses},
                 {"from_hosts", r.from_hosts},
-                {"to_hosts", r.to_hosts},
-                {"plan_digest", r.plan_digest}};
+                {"to_hosts", r.to_hosts}};
   json incarnations = json::array();
   for (std::size_t h = 0; h < r.addresses.size(); ++h)
     incarnations.push_back(h < r.incarnations.size() ? r.incarnations[h] : std::string());
@@ -164,10 +233,10 @@ Result<DecodedPrepare> DecodePrepare(std::string_view body) {
         "prepare: control protocol version " + std::to_string(j["protocol"].get<uint64_t>()) +
         " but this daemon speaks version " + std::to_string(kControlProtocolVersion));
   }
-  static const char* kKeys[] = {"protocol",    "job",         "from_version", "to_version",
-                                "host",        "info",        "to_config",    "new_info",
-                                "addresses",   "from_hosts",  "to_hosts",     "plan_digest",
-                                "local_peers", "incarnations"};
+  static const char* kKeys[] = {
+      "protocol", "job",         "from_version", "to_version",       "host",
+      "info",     "to_config",   "new_info",     "addresses",        "from_hosts",
+      "to_hosts", "local_peers", "incarnations", "host_plan_digest", "served"};
   for (const auto& [k, v] : j.items()) {
     bool known = false;
     for (const char* key : kKeys) known = known || k == key;
@@ -223,26 +292,54 @@ Result<DecodedPrepare> DecodePrepare(std::string_view body) {
   }
   TP_ASSIGN_OR_RETURN(r.local_peers, LocalPeers(j, r.addresses.size()));
   TP_ASSIGN_OR_RETURN(r.incarnations, Incarnations(j, r.addresses.size()));
-  TP_ASSIGN_OR_RETURN(r.plan_digest, StringField(j, "plan_digest"));
-  if (r.plan_digest.size() != 16 ||
-      r.plan_digest.find_first_not_of("0123456789abcdef") != std::string::npos) {
-    return InvalidArgument("'plan_digest' must be 16 lower-case hex digits");
-  }
+  TP_ASSIGN_OR_RETURN(r.host_plan_digest, DigestField(j, "host_plan_digest"));
+  TP_ASSIGN_OR_RETURN(r.served, Served(j, r.from_hosts, hosts, r.host));
   return d;
 }
 
 std::string PlanDigest(const plan::Plan& plan) {
-  std::string out;
-  Put(out, static_cast<int64_t>(plan.tensors.size()));
-  for (const std::string& t : plan.tensors) {
-    Put(out, static_cast<int64_t>(t.size()));
-    out += t;
+  DigestStream d;
+  d.Bytes(TensorNames(plan));
+  d.Count(plan.ops.size());
+  for (const plan::CopyOp& op : plan.ops) d.Op(op, op.after);
+  d.Count(plan.kept.size());
+  for (const plan::CopyOp& op : plan.kept) d.Op(op, op.after);
+  return d.Hex();
+}
+
+std::vector<HostPart> HostPlanParts(const plan::Plan& plan, const std::vector<int>& from_hosts,
+                                    const std::vector<int>& to_hosts, std::size_t hosts) {
+  std::vector<int64_t> ops(hosts, 0), kept(hosts, 0);
+  for (const plan::CopyOp& op : plan.ops) ++ops[to_hosts[op.dst_rank]];
+  for (const plan::CopyOp& op : plan.kept) ++kept[to_hosts[op.dst_rank]];
+  const std::string names = TensorNames(plan);
+  std::vector<DigestStream> digests(hosts);
+  for (std::size_t h = 0; h < hosts; ++h) {
+    digests[h].Bytes(names);
+    digests[h].Count(ops[h]);
   }
-  Put(out, static_cast<int64_t>(plan.ops.size()));
-  for (const plan::CopyOp& op : plan.ops) PutOp(out, op);
-  Put(out, static_cast<int64_t>(plan.kept.size()));
-  for (const plan::CopyOp& op : plan.kept) PutOp(out, op);
-  return Xxh64Hex(out.data(), out.size());
+  std::vector<HostPart> parts(hosts);
+  // local[i]: op i's index among its host's ops, which a per-host plan's `after` uses.
+  std::vector<int32_t> local(plan.ops.size());
+  std::vector<int32_t> next(hosts, 0);
+  for (std::size_t i = 0; i < plan.ops.size(); ++i) {
+    const plan::CopyOp& op = plan.ops[i];
+    const int h = to_hosts[op.dst_rank];
+    local[i] = next[h]++;
+    digests[h].Op(op, op.src_new ? int64_t{local[op.after]} : op.after);
+    const int src = op.src_new ? h : from_hosts[op.src_rank];
+    if (src != h && src != plan::kLostHost)
+      parts[src].served.push_back({op.src_rank, op.src_tensor, h});
+  }
+  for (std::size_t h = 0; h < hosts; ++h) digests[h].Count(kept[h]);
+  for (const plan::CopyOp& op : plan.kept) digests[to_hosts[op.dst_rank]].Op(op, op.after);
+  for (std::size_t h = 0; h < hosts; ++h) {
+    parts[h].plan_digest = digests[h].Hex();
+    std::vector<ServedTensor>& s = parts[h].served;
+    std::sort(s.begin(), s.end());
+    s.erase(std::unique(s.begin(), s.end()), s.end());
+  }
+  return parts;
 }
 
 }  // namespace tenplex::transform

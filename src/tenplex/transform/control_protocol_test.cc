@@ -1,12 +1,18 @@
 // The control-plane prepare request: encode/decode round trip, refusal of other
-// protocol versions and malformed fields, and the plan digest's sensitivity.
+// protocol versions and malformed fields, the plan digest's sensitivity, and every
+// host's part (HostPlanParts) against that host's own plan and the whole plan filtered
+// by hand.
 #include "tenplex/transform/control_protocol.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
+#include <random>
+#include <set>
 
 #include "tenplex/model/gpt.h"
+#include "tenplex/plan/planner_testing.h"
 #include "tenplex/ptc/layout.h"
 
 namespace tenplex::transform {
@@ -35,9 +41,10 @@ PrepareRequest Valid() {
   r.to_config = *ParseConfig("pp=2");
   r.new_info = StateInfo::Make(m, r.to_config).ToJson();
   r.addresses = {"inproc:a", "inproc:b", ""};
-  r.from_hosts = {0, -1};
+  r.from_hosts = {1, -1};
   r.to_hosts = {1, 0};
-  r.plan_digest = "00000000000000ff";
+  r.host_plan_digest = "00000000000000ff";
+  r.served = {{0, 3, 0}, {0, 5, 2}};  // old rank 0's tensors 3 and 5, read by hosts 0 and 2
   return r;
 }
 
@@ -57,7 +64,8 @@ TEST(ControlProtocol, RoundTrip) {
   EXPECT_EQ(d->request.addresses, r.addresses);
   EXPECT_EQ(d->request.from_hosts, r.from_hosts);
   EXPECT_EQ(d->request.to_hosts, r.to_hosts);
-  EXPECT_EQ(d->request.plan_digest, r.plan_digest);
+  EXPECT_EQ(d->request.host_plan_digest, r.host_plan_digest);
+  EXPECT_EQ(d->request.served, r.served);
   // One incarnation per address ("" where none was given).
   EXPECT_EQ(d->request.incarnations, std::vector<std::string>(r.addresses.size(), ""));
   EXPECT_EQ(d->from.config().ToString(), "tp=2,pp=1,dp=1");
@@ -85,7 +93,7 @@ TEST(ControlProtocol, IncarnationsAreOnePerHostOfHexDigits) {
 
 TEST(ControlProtocol, RefusesOtherVersions) {
   json j = json::parse(EncodePrepare(Valid()));
-  for (json v : {json(0), json(1), json(3), json(1000), json(nullptr), json("2")}) {
+  for (json v : {json(0), json(1), json(2), json(4), json(1000), json(nullptr), json("3")}) {
     j["protocol"] = v;
     Result<DecodedPrepare> d = DecodePrepare(j.dump());
     EXPECT_EQ(d.status().code(), StatusCode::kFailedPrecondition)
@@ -128,9 +136,18 @@ TEST(ControlProtocol, RefusesMalformedFields) {
       {"to_hosts range", with("to_hosts", {1, 3})},
       {"to_hosts lost", with("to_hosts", {1, -1})},
       {"rank on a host without address", with("to_hosts", {2, 0})},
-      {"digest", with("plan_digest", "xyz")},
-      {"digest case", with("plan_digest", "00000000000000FF")},
-      {"no digest", with("plan_digest", gone)},
+      {"digest", with("host_plan_digest", "xyz")},
+      {"digest case", with("host_plan_digest", "00000000000000FF")},
+      {"no digest", with("host_plan_digest", gone)},
+      {"version 2's digest", with("plan_digest", "00000000000000ff")},
+      {"no served", with("served", gone)},
+      {"served type", with("served", "x")},
+      {"served entry", with("served", {{0, 3}})},
+      {"served rank", with("served", {{2, 3, 0}})},
+      {"served rank elsewhere", with("served", {{1, 3, 0}})},
+      {"served to itself", with("served", {{0, 3, 1}})},
+      {"served reader", with("served", {{0, 3, 3}})},
+      {"served tensor", with("served", {{0, -1, 0}})},
   };
   ASSERT_TRUE(DecodePrepare(good.dump()).ok());
   for (const auto& [what, text] : cases) {
@@ -171,6 +188,90 @@ TEST(ControlProtocol, PlanDigestSeesEveryChange) {
   q = p;
   q.tensors[0] += "x";
   EXPECT_NE(PlanDigest(q), d);
+}
+
+// The reference for one host: the whole plan's ops and kept regions whose destination
+// is on `host`, `after` renumbered within them, and the old tensors on it that other
+// hosts' ops read.
+plan::Plan FilteredByHand(const plan::Plan& p, const std::vector<int>& th, int host) {
+  plan::Plan out;
+  out.tensors = p.tensors;
+  std::vector<int64_t> index(p.ops.size(), -1);
+  for (std::size_t k = 0; k < p.ops.size(); ++k) {
+    if (th[p.ops[k].dst_rank] != host) continue;
+    plan::CopyOp op = p.ops[k];
+    if (op.src_new) op.after = index[op.after];
+    index[k] = static_cast<int64_t>(out.ops.size());
+    out.ops.push_back(op);
+  }
+  for (const plan::CopyOp& op : p.kept)
+    if (th[op.dst_rank] == host) out.kept.push_back(op);
+  return out;
+}
+
+std::vector<ServedTensor> ServedByHand(const plan::Plan& p, const std::vector<int>& fh,
+                                       const std::vector<int>& th, int host) {
+  std::set<ServedTensor> out;
+  for (const plan::CopyOp& op : p.ops) {
+    if (!op.src_new && fh[op.src_rank] == host && th[op.dst_rank] != host)
+      out.insert({op.src_rank, op.src_tensor, th[op.dst_rank]});
+  }
+  return {out.begin(), out.end()};
+}
+
+// What an agent checks (agent_plan.h): the digest of its own part, plan::MakeHostPlan,
+// equals the coordinator's HostPlanParts of the whole plan, on random configs and
+// placements (lost hosts included); both equal the digest of the whole plan filtered by
+// hand, and "served" is what other hosts' ops read. Different parts have different
+// digests.
+TEST(ControlProtocol, HostPlanPartsAreEachHostsOwnPlan) {
+  std::mt19937 rng(36);
+  int checked = 0, served = 0;
+  for (int c = 0; c < 40; ++c) {
+    const plan::testing::ModelSpec& spec =
+        plan::testing::Specs()[c % plan::testing::Specs().size()];
+    const Model m = plan::testing::Tiny(spec);
+    const ParallelConfig fc = plan::testing::RandomConfig(rng, spec.groups);
+    const ParallelConfig tc = plan::testing::RandomConfig(rng, spec.groups);
+    auto from = MakeLayout(m, fc);
+    auto to = MakeLayout(m, tc);
+    if (!from.ok() || !to.ok()) continue;
+    const int gpus = 1 + c % 3;
+    std::vector<int> fh = plan::testing::RandomHosts(rng, from->world_size(), gpus, c % 2 == 1);
+    const std::vector<int> th = plan::testing::RandomHosts(rng, to->world_size(), gpus, c % 4 == 3);
+    if (c % 5 == 4) std::replace(fh.begin(), fh.end(), 0, plan::kLostHost);
+    auto full = plan::MakePlan(m, *from, *to, fh, th);
+    if (!full.ok()) continue;  // data lost with the host
+    int hosts = 0;
+    for (int h : fh) hosts = std::max(hosts, h + 1);
+    for (int h : th) hosts = std::max(hosts, h + 1);
+    const std::vector<HostPart> parts = HostPlanParts(*full, fh, th, hosts);
+    ASSERT_EQ(parts.size(), static_cast<std::size_t>(hosts));
+    std::set<std::string> distinct;
+    int with_ops = 0;
+    for (int h = 0; h < hosts; ++h) {
+      SCOPED_TRACE(fc.ToString() + " -> " + tc.ToString() + ", host " + std::to_string(h));
+      const plan::Plan mine = FilteredByHand(*full, th, h);
+      EXPECT_EQ(parts[h].plan_digest, PlanDigest(mine));
+      EXPECT_EQ(parts[h].served, ServedByHand(*full, fh, th, h));
+      served += static_cast<int>(parts[h].served.size());
+      if (!mine.ops.empty() || !mine.kept.empty()) {
+        ++with_ops;
+        distinct.insert(parts[h].plan_digest);
+      }
+      if (std::find(th.begin(), th.end(), h) == th.end()) continue;
+      auto own = plan::MakeHostPlan(m, *from, *to, fh, th, h);
+      ASSERT_TRUE(own.ok()) << own.status().ToString();
+      EXPECT_EQ(PlanDigest(*own), parts[h].plan_digest);
+      ++checked;
+    }
+    EXPECT_EQ(static_cast<int>(distinct.size()), with_ops);
+    if (hosts == 1) {
+      EXPECT_EQ(parts[0].plan_digest, PlanDigest(*full));
+    }
+  }
+  EXPECT_GT(checked, 40);
+  EXPECT_GT(served, 0);
 }
 
 }  // namespace

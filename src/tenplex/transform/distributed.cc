@@ -48,7 +48,7 @@ struct Round {
   ParallelConfig to_config;
   json new_info;
   std::vector<int> from_hosts, to_hosts;
-  std::string plan_digest;  // of the plan every participant must compute
+  std::vector<HostPart> parts;  // per host: its part's digest, what peers read from it
 };
 
 struct RoundResult {
@@ -99,7 +99,9 @@ uint64_t PreparedBytes(const std::string& reply) {
 // prepare may take long) while the coordinator watches them: a participant whose
 // /v1/health does not answer for options.silent_s (stopped, hung, its machine gone)
 // ends the phase at once as silent, and so does the overall prepare deadline. The
-// threads of calls given up on are left to finish (or time out) on their own.
+// threads of calls given up on are left to finish (or time out) on their own. The
+// request is encoded once; each participant's body (its host and part) is made on its
+// own thread.
 struct PrepareWatch {
   std::mutex mu;
   std::condition_variable cv;
@@ -110,7 +112,8 @@ struct PrepareWatch {
 };
 
 void PreparePhase(std::vector<Host>& hosts, const std::vector<int>& participants,
-                  const PrepareRequest& req, const store::ClientOptions& client_options,
+                  const PrepareRequest& req, const std::vector<HostPart>& parts,
+                  const store::ClientOptions& client_options,
                   const ClusterTransformOptions& options, RoundResult& out,
                   std::vector<Result<std::string>>& replies) {
   using Clock = std::chrono::steady_clock;
@@ -124,15 +127,14 @@ void PreparePhase(std::vector<Host>& hosts, const std::vector<int>& participants
   long_opts.timeout_s = options.prepare_timeout_s;
   store::ClientOptions short_opts = client_options;
   short_opts.timeout_s = options.silent_s;
-  // Encoded once; each participant's body is made on its own thread (only "host" differs).
-  auto shared = std::make_shared<const std::string>(EncodeSharedPrepare(req));
+  const auto shared = std::make_shared<const std::string>(EncodeSharedPrepare(req));
   for (std::size_t i = 0; i < n; ++i) {
-    std::thread([w, i, shared, host = participants[i], url = hosts[participants[i]].url,
-                 long_opts] {
+    std::thread([w, i, shared, host = participants[i], part = parts[participants[i]],
+                 url = hosts[participants[i]].url, long_opts] {
       Result<std::unique_ptr<store::Client>> c = store::Client::Connect(url, long_opts);
-      Result<std::string> r =
-          c.ok() ? (*c)->CallJson("POST", "/v1/transform/prepare", PrepareForHost(*shared, host))
-                 : c.status();
+      Result<std::string> r = c.ok() ? (*c)->CallJson("POST", "/v1/transform/prepare",
+                                                      PrepareForHost(*shared, host, part))
+                                     : c.status();
       std::lock_guard<std::mutex> lock(w->mu);
       w->replies[i] = std::move(r);
       --w->pending;
@@ -227,7 +229,6 @@ PrepareRequest RoundRequest(const std::vector<Host>& hosts, const std::string& j
   }
   req.from_hosts = r.from_hosts;
   req.to_hosts = r.to_hosts;
-  req.plan_digest = r.plan_digest;
   for (const Host& h : hosts) req.incarnations.push_back(h.client ? h.incarnation : "");
   return req;
 }
@@ -246,9 +247,10 @@ Status PresizeRound(const std::vector<Host>& hosts, const std::string& job, cons
   ForEachConcurrently(participants.size(), participants.size(), [&](std::size_t i) {
     Result<std::unique_ptr<store::Client>> c =
         store::Client::Connect(hosts[participants[i]].url, long_opts);
-    replies[i] = c.ok() ? (*c)->CallJson("POST", "/v1/transform/presize",
-                                         PrepareForHost(shared, participants[i]))
-                        : c.status();
+    replies[i] =
+        c.ok() ? (*c)->CallJson("POST", "/v1/transform/presize",
+                                PrepareForHost(shared, participants[i], r.parts[participants[i]]))
+               : c.status();
   });
   for (std::size_t i = 0; i < participants.size(); ++i) {
     const std::string& url = hosts[participants[i]].url;
@@ -276,7 +278,7 @@ RoundResult RunRound(std::vector<Host>& hosts, const std::string& job, const Rou
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<Result<std::string>> replies(participants.size(),
                                            Unavailable("no reply (given up on)"));
-  PreparePhase(hosts, participants, req, client_options, options, out, replies);
+  PreparePhase(hosts, participants, req, r.parts, client_options, options, out, replies);
   out.prepare_seconds = Since(t0);
   for (std::size_t i = 0; i < participants.size(); ++i) {
     Host& h = hosts[participants[i]];
@@ -473,7 +475,7 @@ Result<Round> PlanRound(const HostSet& hs, const Cluster& target, const Parallel
   TP_ASSIGN_OR_RETURN(plan::Plan p, plan::MakePlan(cs.info.model(), from_layout, to_layout,
                                                    round.from_hosts, round.to_hosts));
   stats.plan = p.stats;
-  round.plan_digest = PlanDigest(p);
+  round.parts = HostPlanParts(p, round.from_hosts, round.to_hosts, hs.hosts.size());
   stats.plan_seconds = Since(t_plan);
   return round;
 }
@@ -557,7 +559,7 @@ Result<RoundResult> RunCentral(std::vector<Host>& hosts, const std::string& job,
     const Layout& b = step == &gather ? from_layout : to_layout;
     TP_ASSIGN_OR_RETURN(plan::Plan sp,
                         plan::MakePlan(model, a, b, step->from_hosts, step->to_hosts));
-    step->plan_digest = PlanDigest(sp);
+    step->parts = HostPlanParts(sp, step->from_hosts, step->to_hosts, hosts.size());
   }
   RoundResult rr;
   round_seconds.clear();

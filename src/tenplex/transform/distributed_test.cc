@@ -294,8 +294,10 @@ TEST_F(DistributedTest, NotEnoughSlotsIsAClearError) {
   EXPECT_EQ(hosts_[0]->store->Version("j", std::nullopt)->version, 1u);
 }
 
-// The prepare request carries the protocol version and the digest of the
-// coordinator's plan; an agent runs it only when both match its own.
+// The prepare request carries the protocol version and the digest of the receiver's
+// part of the coordinator's plan; an agent plans its own part and runs it only when
+// both match. Neither the whole plan's digest (version 2's) nor another host's part
+// passes.
 TEST_F(DistributedTest, AgentRefusesAnotherProtocolOrPlan) {
   const Cluster c = ClusterOf({0, 1}, 2);
   Load(c, "tp=2,pp=2");
@@ -313,19 +315,26 @@ TEST_F(DistributedTest, AgentRefusesAnotherProtocolOrPlan) {
   req.from_hosts = c.RankHosts(a.world_size());
   req.to_hosts = c.RankHosts(b.world_size());
   const plan::Plan p = *plan::MakePlan(model_, a, b, req.from_hosts, req.to_hosts);
+  const std::vector<HostPart> parts = HostPlanParts(p, req.from_hosts, req.to_hosts, 2);
+  ASSERT_NE(parts[0].plan_digest, parts[1].plan_digest);
+  req.served = parts[1].served;
   Agent& agent = *hosts_[1]->agent;
 
-  req.plan_digest = "0123456789abcdef";
-  ASSERT_NE(req.plan_digest, PlanDigest(p));
-  Result<std::string> r = agent.Handle("POST", "/v1/transform/prepare", EncodePrepare(req));
-  ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition) << r.status().ToString();
-  EXPECT_NE(r.status().message().find("digest"), std::string::npos) << r.status().message();
+  for (const std::string& wrong :
+       {std::string("0123456789abcdef"), PlanDigest(p), parts[0].plan_digest}) {
+    req.host_plan_digest = wrong;
+    ASSERT_NE(req.host_plan_digest, parts[1].plan_digest);
+    Result<std::string> r = agent.Handle("POST", "/v1/transform/prepare", EncodePrepare(req));
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition) << r.status().ToString();
+    EXPECT_NE(r.status().message().find("digest " + parts[1].plan_digest), std::string::npos)
+        << r.status().message();
+  }
 
-  req.plan_digest = PlanDigest(p);
+  req.host_plan_digest = parts[1].plan_digest;
   json other = json::parse(EncodePrepare(req));
   other["protocol"] = kControlProtocolVersion + 1;
-  r = agent.Handle("POST", "/v1/transform/prepare", other.dump());
+  Result<std::string> r = agent.Handle("POST", "/v1/transform/prepare", other.dump());
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition) << r.status().ToString();
   EXPECT_NE(r.status().message().find("version " + std::to_string(kControlProtocolVersion + 1)),
@@ -501,13 +510,13 @@ TEST_F(DistributedTest, RecoveryFinishesOrRollsBackHalfCommittedVersions) {
 TEST_F(DistributedTest, AgentRejectsMalformedRequests) {
   Agent& a = *hosts_[0]->agent;
   for (const char* bad :
-       {"", "[]", R"({"protocol": 2})", R"({"protocol": 2, "job": "j"})",
-        R"({"protocol": 2, "job": "j", "from_version": 2, "to_version": 1, "host": 0,
+       {"", "[]", R"({"protocol": 3})", R"({"protocol": 3, "job": "j"})",
+        R"({"protocol": 3, "job": "j", "from_version": 2, "to_version": 1, "host": 0,
                               "addresses": ["x"]})",
-        R"({"protocol": 2, "job": "../x", "from_version": 1, "to_version": 2})",
-        R"({"protocol": 2, "job": "j", "from_version": 1, "to_version": 2, "host": 5,
+        R"({"protocol": 3, "job": "../x", "from_version": 1, "to_version": 2})",
+        R"({"protocol": 3, "job": "j", "from_version": 1, "to_version": 2, "host": 5,
                               "addresses": ["x"]})",
-        R"({"protocol": 2, "job": "j", "unknown": 1})"}) {
+        R"({"protocol": 3, "job": "j", "unknown": 1})"}) {
     for (const char* endpoint : {"/v1/transform/prepare", "/v1/transform/presize"}) {
       Result<std::string> r = a.Handle("POST", endpoint, bad);
       ASSERT_FALSE(r.ok()) << endpoint << " " << bad;

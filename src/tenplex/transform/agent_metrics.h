@@ -1,0 +1,39 @@
+// The transform agent's counters (agent.h) and their Prometheus text, part of the
+// daemon's GET /metrics.
+//
+// Thread-safety: every method may be called from any thread.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <string>
+
+#include "tenplex/transport/capability.h"
+#include "tenplex/transport/transport.h"
+
+namespace tenplex::transform {
+
+class AgentMetrics {
+ public:
+  // One prepare's outcome: its bytes by source (when ok) and its seconds.
+  void CountPrepare(bool ok, int64_t bytes_fetched, int64_t bytes_local, int64_t bytes_linked,
+                    int64_t bytes_fetched_shm, double seconds);
+  void CountLocated(uint64_t files) { files_located_ += files; }
+  void CountRefused(transport::CapabilityRefusal why) { ++refused_[static_cast<int>(why)]; }
+
+  // The text, with the transport's own counters and the plans reused (PlanCache).
+  std::string Text(const transport::Transport& transport, uint64_t plans_reused);
+
+ private:
+  std::mutex mu_;
+  uint64_t prepared_ = 0, failed_ = 0;                               // guarded by mu_
+  uint64_t bytes_fetched_ = 0, bytes_local_ = 0, bytes_linked_ = 0;  // guarded by mu_
+  uint64_t bytes_fetched_shm_ = 0;                                   // guarded by mu_
+  double prepare_seconds_ = 0;                                       // guarded by mu_
+  std::atomic<uint64_t> files_located_{0};  // files named to same-host peers
+  // Fetches refused for their capability, by transport::CapabilityRefusal.
+  std::atomic<uint64_t> refused_[5] = {0, 0, 0, 0, 0};
+};
+
+}  // namespace tenplex::transform
