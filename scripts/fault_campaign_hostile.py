@@ -24,6 +24,9 @@ daemon's stderr kept. Each trial picks a victim daemon and one kind:
     many 127.0.x.y addresses
     (tests/store_hardening_test.py's Hostile); tenplex_http_connections_refused_total
     must grow.
+  - replay closed, replay recreated, replay scope: a captured (minted) capability
+    replayed after its transform ended, after the job was created again, or for another
+    job, window or host (scripts/fault_campaign_replay.py); each refused and counted.
   - special files: the victim is stopped (SIGTERM), a job whose CURRENT or whose
     version's MANIFEST.json is a FIFO and a job directory that is a symbolic link to j
     are planted in its --shm-dir, and it is restarted: it must serve within 30 s with
@@ -40,6 +43,7 @@ slower than LATENCY_BOUND), rss (RssAnon grew by more than RSS_BOUND over the tr
 start), refusal wrong (a hostile client saw a status it must not, or the refusals are
 not counted in /metrics).
 """
+
 import argparse
 import json
 import os
@@ -56,10 +60,11 @@ import urllib.request
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fault_campaign as fc  # noqa: E402
 from daemons import Daemon  # noqa: E402
+from fault_campaign_replay import REPLAY_KINDS, ReplayKinds, refused  # noqa: E402
 from store_hardening_test import Hostile  # noqa: E402
 
 OUTCOMES = fc.OUTCOMES + ["locked out", "rss", "refusal wrong"]
-KINDS = ["ucx flood", "probe flood", "connection flood", "special files"]
+KINDS = ["ucx flood", "probe flood", "connection flood", "special files"] + REPLAY_KINDS
 LATENCY_BOUND = 2.0  # seconds an authenticated call may take during a flood (2-core CI machine)
 # RssAnon growth allowed over a trial: the server's staging bound (max_staged_bytes,
 # 256 MiB) + its pool of free staging buffers (64 MiB) + 192 MiB for UCX's own buffers,
@@ -107,7 +112,7 @@ class Monitor(threading.Thread):
         self.join(30)
 
 
-class HostileCampaign(fc.Campaign):
+class HostileCampaign(ReplayKinds, fc.Campaign):
     def __init__(self, tenplex, tmp, seed, verbose, kinds, client, own_address=90):
         os.environ.setdefault("TENPLEX_TOKEN", secrets.token_hex(16))
         self.errs = [os.path.join(tmp, "daemon-%d.err" % i) for i in range(4)]
@@ -121,8 +126,12 @@ class HostileCampaign(fc.Campaign):
         for _ in range(attempts):
             with open(self.errs[i], "a") as err:
                 try:
-                    return Daemon(self.tenplex, listen="%s:%d" % (self.LISTEN, self.ports[i]), stderr=err,
-                                  args=("--shm-dir", self.shm[i], *args))
+                    return Daemon(
+                        self.tenplex,
+                        listen="%s:%d" % (self.LISTEN, self.ports[i]),
+                        stderr=err,
+                        args=("--shm-dir", self.shm[i], *args),
+                    )
                 except SystemExit:
                     time.sleep(0.2)
         raise SystemExit("FAIL: daemon %d does not restart" % i)
@@ -135,11 +144,15 @@ class HostileCampaign(fc.Campaign):
 
     def metrics(self, i):
         """{name: value} of daemon i's unlabelled counters of interest."""
-        names = ("tenplex_fetch_bounded_total", "tenplex_http_connections_refused_total",
-                 "tenplex_fetch_staged_bytes_peak")
+        names = (
+            "tenplex_fetch_bounded_total",
+            "tenplex_http_connections_refused_total",
+            "tenplex_fetch_staged_bytes_peak",
+        )
         out = {}
-        req = urllib.request.Request(self.daemons[i].url + "/metrics",
-                                     headers={"Authorization": "Bearer " + os.environ["TENPLEX_TOKEN"]})
+        req = urllib.request.Request(
+            self.daemons[i].url + "/metrics", headers={"Authorization": "Bearer " + os.environ["TENPLEX_TOKEN"]}
+        )
         with urllib.request.urlopen(req, timeout=20) as r:
             text = r.read().decode()
         for line in text.splitlines():
@@ -168,34 +181,54 @@ class HostileCampaign(fc.Campaign):
             mon.start()
         op = None
         if during:
-            op = subprocess.Popen(self.op_command("transform", target), stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True, start_new_session=True)
+            op = subprocess.Popen(
+                self.op_command("transform", target),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )
         result = {"victim": victim, "op": "transform", "phase": "during" if during else "after"}
-        body = {"ucx flood": self.ucx_flood, "probe flood": self.probe_flood,
-                "connection flood": self.connection_flood, "special files": self.special_files}[kind]
+        body = {
+            "ucx flood": self.ucx_flood,
+            "probe flood": self.probe_flood,
+            "connection flood": self.connection_flood,
+            "special files": self.special_files,
+            "replay closed": self.replay_closed,
+            "replay recreated": self.replay_recreated,
+            "replay scope": self.replay_scope,
+        }[kind]
         detail = body(victim, result)
         if mon.is_alive():
             mon.stop()
         status = proc_status(self.daemons[victim].proc.pid)
         growth = mon.rss_peak - base if kind != "special files" else 0
-        result.update(trial=n, kind=kind, calls=mon.calls, worst_ms=round(mon.worst * 1000),
-                      rss_base_mib=round(base / 2**20), rss_growth_mib=round(growth / 2**20),
-                      vmhwm_mib=round(status.get("VmHWM", 0) / 2**20))
+        result.update(
+            trial=n,
+            kind=kind,
+            calls=mon.calls,
+            worst_ms=round(mon.worst * 1000),
+            rss_base_mib=round(base / 2**20),
+            rss_growth_mib=round(growth / 2**20),
+            vmhwm_mib=round(status.get("VmHWM", 0) / 2**20),
+        )
         if op is not None:
             out, err, hang = fc.finish(op, fc.OP_DEADLINE)
             rc = op.returncode
         else:
             hang = False
             try:
-                p = subprocess.run(self.op_command("transform", target), capture_output=True, text=True,
-                                   timeout=fc.OP_DEADLINE)
+                p = subprocess.run(
+                    self.op_command("transform", target), capture_output=True, text=True, timeout=fc.OP_DEADLINE
+                )
                 out, rc = p.stdout, p.returncode
             except subprocess.TimeoutExpired:
                 hang, out, rc = True, "", -9
         dead = [i for i, d in enumerate(self.daemons) if d.proc.poll() is not None]
         if dead:
-            result.update(outcome="crash", detail={i: [self.daemons[i].proc.returncode, self.stderr_tail(i)]
-                                                   for i in dead})
+            result.update(
+                outcome="crash", detail={i: [self.daemons[i].proc.returncode, self.stderr_tail(i)] for i in dead}
+            )
             for i in dead:
                 self.daemons[i] = self.start(i)
         elif hang:
@@ -203,8 +236,10 @@ class HostileCampaign(fc.Campaign):
         elif detail:
             result.update(outcome=detail[0], detail=detail[1])
         elif mon.failures or mon.worst > LATENCY_BOUND:
-            result.update(outcome="locked out", detail="%d failed, worst %.2f s: %s" %
-                          (len(mon.failures), mon.worst, mon.failures[:2]))
+            result.update(
+                outcome="locked out",
+                detail="%d failed, worst %.2f s: %s" % (len(mon.failures), mon.worst, mon.failures[:2]),
+            )
         elif growth > RSS_BOUND:
             result.update(outcome="rss", detail="RssAnon grew by %d MiB" % (growth >> 20))
         if "outcome" not in result:
@@ -229,11 +264,21 @@ class HostileCampaign(fc.Campaign):
         for k in self.kinds:
             rs = [r for r in self.results if r["kind"] == k]
             if rs:
-                print("%s: %d trials, RssAnon growth max %d MiB (base %d-%d MiB), VmHWM max %d MiB, "
-                      "%d authenticated calls, worst %d ms" %
-                      (k, len(rs), max(r["rss_growth_mib"] for r in rs), min(r["rss_base_mib"] for r in rs),
-                       max(r["rss_base_mib"] for r in rs), max(r["vmhwm_mib"] for r in rs),
-                       sum(r["calls"] for r in rs), max(r["worst_ms"] for r in rs)), flush=True)
+                print(
+                    "%s: %d trials, RssAnon growth max %d MiB (base %d-%d MiB), VmHWM max %d MiB, "
+                    "%d authenticated calls, worst %d ms"
+                    % (
+                        k,
+                        len(rs),
+                        max(r["rss_growth_mib"] for r in rs),
+                        min(r["rss_base_mib"] for r in rs),
+                        max(r["rss_base_mib"] for r in rs),
+                        max(r["vmhwm_mib"] for r in rs),
+                        sum(r["calls"] for r in rs),
+                        max(r["worst_ms"] for r in rs),
+                    ),
+                    flush=True,
+                )
         # Every daemon must end by its SIGTERM, cleanly (before issue 35's bounds, UCX
         # aborted some at shutdown after a flood): else the last trial counts a crash.
         for i, d in enumerate(self.daemons):
@@ -246,8 +291,9 @@ class HostileCampaign(fc.Campaign):
                     pass
             rc = d.proc.poll()
             if rc != 0 and self.results:
-                self.results[-1].update(outcome="crash", detail="daemon %d at shutdown: exit %r, %s" %
-                                        (i, rc, self.stderr_tail(i)))
+                self.results[-1].update(
+                    outcome="crash", detail="daemon %d at shutdown: exit %r, %s" % (i, rc, self.stderr_tail(i))
+                )
                 print(json.dumps(self.results[-1]), flush=True)
         super().stop()
 
@@ -310,12 +356,26 @@ class HostileCampaign(fc.Campaign):
     def ucx_flood(self, victim, result):
         rng = self.rng
         specs, allowed = [], []
-        for k in range(rng.randint(3, 6)):
+        for _ in range(rng.randint(3, 6)):
             shape = rng.choice([(4096, 4096), (80, 200 << 10), (16384, 200 << 10)])
             mode = rng.choice(["flood", "flood", "batch"])
             threads = 64 if mode == "batch" else rng.choice([4, 8, 16])
-            specs.append(["--mode", mode, "--threads", threads, "--runs", shape[0], "--run-bytes", shape[1],
-                          "--seconds", rng.uniform(3, 6), "--seed", rng.randrange(10**6)])
+            specs.append(
+                [
+                    "--mode",
+                    mode,
+                    "--threads",
+                    threads,
+                    "--runs",
+                    shape[0],
+                    "--run-bytes",
+                    shape[1],
+                    "--seconds",
+                    rng.uniform(3, 6),
+                    "--seed",
+                    rng.randrange(10**6),
+                ]
+            )
             # 16,384 overlapping 200 KiB runs in one request (3.2 GiB: the finding's shape) are
             # over the request bound; the others are in bound, refused only beyond the window.
             allowed.append({"INVALID_ARGUMENT"} if shape[0] == 16384 else {"OK", "RESOURCE_EXHAUSTED"})
@@ -325,18 +385,40 @@ class HostileCampaign(fc.Campaign):
     def probe_flood(self, victim, result):
         rng = self.rng
         specs, allowed = [], []
-        for k in range(rng.randint(3, 6)):
+        for _ in range(rng.randint(3, 6)):
             cap = rng.choice(["none", "forged", "probe"])
             if cap == "probe" or rng.random() < 0.3:  # the size bound is checked before the capability
-                specs.append(["--mode", "oversize", "--capability", cap, "--runs", rng.choice([2, 1024, 16384]),
-                              "--threads", 2, "--seconds", rng.uniform(2, 4)])
+                specs.append(
+                    [
+                        "--mode",
+                        "oversize",
+                        "--capability",
+                        cap,
+                        "--runs",
+                        rng.choice([2, 1024, 16384]),
+                        "--threads",
+                        2,
+                        "--seconds",
+                        rng.uniform(2, 4),
+                    ]
+                )
                 allowed.append({"INVALID_ARGUMENT"})
             else:
-                specs.append(["--mode", "flood", "--capability", cap, "--threads", rng.choice([4, 16]),
-                              "--seconds", rng.uniform(2, 4)])
+                specs.append(
+                    [
+                        "--mode",
+                        "flood",
+                        "--capability",
+                        cap,
+                        "--threads",
+                        rng.choice([4, 16]),
+                        "--seconds",
+                        rng.uniform(2, 4),
+                    ]
+                )
                 allowed.append({"PERMISSION_DENIED"})
         fates = [rng.choice(["run", "run", "kill", "stop+kill"]) for _ in specs]
-        m0 = self.metrics(victim)
+        m0, r0 = self.metrics(victim), refused(self.daemons[victim])
         problem = self.run_clients(specs, fates, allowed, result)
         if problem:
             return problem
@@ -344,6 +426,12 @@ class HostileCampaign(fc.Campaign):
         bounded = self.metrics(victim)["tenplex_fetch_bounded_total"] - m0["tenplex_fetch_bounded_total"]
         if bounded < oversize:
             return "refusal wrong", "%d oversize requests refused, /metrics counted %d" % (oversize, bounded)
+        # Probe reads refused for their capability count in tenplex_fetch_refused_total too.
+        denied = result["codes"].get("PERMISSION_DENIED", 0)
+        counted = sum(refused(self.daemons[victim]).values()) - sum(r0.values())
+        result["refused"] = {"denied": denied, "counted": counted}
+        if counted < denied:
+            return "refusal wrong", "%d probe reads refused, tenplex_fetch_refused_total grew by %d" % (denied, counted)
         return None
 
     # ---- HTTP connection floods --------------------------------------------------------
@@ -354,9 +442,11 @@ class HostileCampaign(fc.Campaign):
         m0 = self.metrics(victim)
         base = rng.randrange(2, 200)
         many = rng.randint(100, 200)
-        floods = [Hostile(port, rng.randint(30, self.own_address - 30), ["127.0.0.1"], False),
-                  Hostile(port, 30, ["127.0.0.1"], True),
-                  Hostile(port, many, ["127.0.%d.%d" % (base, i) for i in range(1, many + 1)], rng.random() < 0.5)]
+        floods = [
+            Hostile(port, rng.randint(30, self.own_address - 30), ["127.0.0.1"], False),
+            Hostile(port, 30, ["127.0.0.1"], True),
+            Hostile(port, many, ["127.0.%d.%d" % (base, i) for i in range(1, many + 1)], rng.random() < 0.5),
+        ]
         for f in floods:
             f.start()
         time.sleep(rng.uniform(3, 6))
@@ -364,8 +454,10 @@ class HostileCampaign(fc.Campaign):
             f.stop.set()
         for f in floods:
             f.join(15)
-        refused = self.metrics(victim)["tenplex_http_connections_refused_total"] - \
-            m0["tenplex_http_connections_refused_total"]
+        refused = (
+            self.metrics(victim)["tenplex_http_connections_refused_total"]
+            - m0["tenplex_http_connections_refused_total"]
+        )
         result["hostile_connections"] = sum(f.opened for f in floods)
         if refused <= 0:
             return "refusal wrong", "no hostile connection closed (tenplex_http_connections_refused_total)"
@@ -431,8 +523,12 @@ def main():
     fc.base_args(ap)
     ap.add_argument("--kinds", default=",".join(KINDS), help="comma-separated fault kinds to draw from")
     ap.add_argument("--client", help="the hostile client (default: tenplex_hostile_client next to tenplex)")
-    ap.add_argument("--own-address", type=int, default=90,
-                    help="at most this many hostile connections from 127.0.0.1 (30 partial, the rest idle; >= 60)")
+    ap.add_argument(
+        "--own-address",
+        type=int,
+        default=90,
+        help="at most this many hostile connections from 127.0.0.1 (30 partial, the rest idle; >= 60)",
+    )
     a = ap.parse_args()
     kinds = a.kinds.split(",")
     unknown = [k for k in kinds if k not in KINDS]
@@ -444,8 +540,9 @@ def main():
     socket.setdefaulttimeout(60)
     if a.own_address < 60:
         ap.error("--own-address must be at least 60")
-    fc.run_campaign(lambda tmp: HostileCampaign(a.tenplex, tmp, a.seed, a.verbose, kinds, client, a.own_address),
-                    a, OUTCOMES)
+    fc.run_campaign(
+        lambda tmp: HostileCampaign(a.tenplex, tmp, a.seed, a.verbose, kinds, client, a.own_address), a, OUTCOMES
+    )
 
 
 if __name__ == "__main__":

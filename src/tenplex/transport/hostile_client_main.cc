@@ -14,8 +14,11 @@
 //    request bound) per Fetch, T threads, for S seconds.
 //  - batch: one Fetch of T requests of N runs of B bytes each (all in flight together).
 // capability: probe (minted with TENPLEX_TOKEN as the key, as the daemon does), none,
-// forged (minted under a wrong key), or a capability's text (tpc...: replayed; with
-// --region a tensor's store path, read from its start). Destinations are reserved, not committed,
+// forged (minted under a wrong key), a capability's text (tpc...: replayed; with
+// --region a tensor's store path, read from its start), or mint:JOB:V:W:INCARNATION
+// (a tensor capability for the transform V -> W of that incarnation of JOB, minted with
+// TENPLEX_TOKEN for 10 minutes, as a participant's prepare does: what a peer that
+// captured one would replay). Destinations are reserved, not committed,
 // memory (MAP_NORESERVE): only what the server really sends is touched.
 //
 // Prints one JSON line per second and one at the end: {"final": bool, "fetches": n,
@@ -30,6 +33,7 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -113,10 +117,34 @@ bool ParseArgs(int argc, char** argv, Args* a) {
   }
   const bool mode_ok = a->mode == "flood" || a->mode == "oversize" || a->mode == "batch";
   const bool cap_ok = a->capability == "probe" || a->capability == "none" ||
-                      a->capability == "forged" || a->capability.rfind("tpc", 0) == 0;
+                      a->capability == "forged" || a->capability.rfind("tpc", 0) == 0 ||
+                      a->capability.rfind("mint:", 0) == 0;
   return argc % 2 == 1 && !a->address.empty() && mode_ok && cap_ok && a->threads > 0 &&
          a->threads <= 256 && a->runs > 0 && a->runs <= 16384 && a->run_bytes > 0 &&
          a->run_bytes <= tp::kProbeRegionBytes;
+}
+
+// The capability of "JOB:V:W:INCARNATION" under `key`, living 10 minutes; nullopt when
+// the text is malformed.
+std::optional<std::string> MintFromSpec(const std::string& spec, const std::string& key) {
+  std::vector<std::string> f;
+  std::size_t at = 0;
+  for (std::size_t c = spec.find(':'); c != std::string::npos; c = spec.find(':', at)) {
+    f.push_back(spec.substr(at, c - at));
+    at = c + 1;
+  }
+  f.push_back(spec.substr(at));
+  if (f.size() != 4 || f[0].empty() || f[3].size() != 16) return std::nullopt;
+  tp::CapabilityGrant g;
+  g.job = f[0];
+  char* end = nullptr;
+  g.from_version = std::strtoull(f[1].c_str(), &end, 10);
+  if (f[1].empty() || *end != '\0') return std::nullopt;
+  g.to_version = std::strtoull(f[2].c_str(), &end, 10);
+  if (f[2].empty() || *end != '\0') return std::nullopt;
+  g.expires = tp::UnixSeconds() + 600;
+  g.incarnation = f[3];
+  return tp::MintCapability(key, g);
 }
 
 // Reserved address space for destinations; nullptr when even that is refused.
@@ -206,10 +234,12 @@ int Flood(const Args& a, tp::Transport& transport, tp::PeerId peer, const std::s
 int main(int argc, char** argv) {
   Args a;
   if (!ParseArgs(argc, argv, &a)) {
-    std::fprintf(stderr,
-                 "usage: %s --address A [--mode flood|oversize|batch] [--threads T] [--runs N] "
-                 "[--run-bytes B] [--seconds S] [--capability probe|none|forged] [--seed X]\n",
-                 argv[0]);
+    std::fprintf(
+        stderr,
+        "usage: %s --address A [--mode flood|oversize|batch] [--threads T] [--runs N] "
+        "[--run-bytes B] [--seconds S] [--capability probe|none|forged|tpc...|mint:J:V:W:I] "
+        "[--seed X] [--region NAME]\n",
+        argv[0]);
     return 2;
   }
   const char* token = std::getenv("TENPLEX_TOKEN");
@@ -217,6 +247,15 @@ int main(int argc, char** argv) {
   if (a.capability == "probe") cap = tp::MintProbeCapability(token ? token : "");
   if (a.capability == "forged") cap = tp::MintProbeCapability("not-the-token");
   if (a.capability.rfind("tpc", 0) == 0) cap = a.capability;  // replayed as it is
+  if (a.capability.rfind("mint:", 0) == 0) {
+    auto minted = MintFromSpec(a.capability.substr(5), token ? token : "");
+    if (!minted) {
+      std::fprintf(stderr, "error: --capability mint:JOB:V:W:INCARNATION, not '%s'\n",
+                   a.capability.c_str());
+      return 2;
+    }
+    cap = *minted;
+  }
   // Greedy: no client-side flow control.
   tp::TransportOptions o;
   o.max_request_bytes = 1ull << 62;
