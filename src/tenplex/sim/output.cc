@@ -116,8 +116,8 @@ std::string SimSummary(const SimResult& r) {
   s += line;
   if (r.prediction.critical_host >= 0) {
     std::snprintf(line, sizeof line,
-                  "per-host plan of the critical host alone (plan::MakeHostPlan, not what the "
-                  "daemons run): %.3f s, %s of heap\n",
+                  "each agent's plan, the critical host's part (plan::MakeHostPlan): %.3f s, "
+                  "%s of heap\n",
                   r.costs.host_plan_s, HumanBytes(r.costs.host_plan_heap).c_str());
     s += line;
   }

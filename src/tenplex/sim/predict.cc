@@ -40,7 +40,7 @@ HostTimes HostPrepare(const std::vector<HostTraffic>& t, int h, const ClusterMod
   const double s = c.Straggler(h);
   HostTimes ht;
   ht.decode = m.decode_s * s;
-  ht.plan = m.plan_s * s;
+  ht.plan = m.host_plan_s * s;
   ht.warm = x.bytes_out / r.map * s;
   ht.alloc = c.presized ? 0 : x.bytes_new / r.mem * s;
   if (x.bytes_in > 0) {

@@ -74,7 +74,8 @@ TEST(Simulate, TimeFormulasByHand) {
   auto r = Simulate(*s);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   MeasuredCosts m;
-  m.plan_s = 0.5;
+  m.plan_s = 0.7;       // the coordinator's whole plan
+  m.host_plan_s = 0.5;  // each agent's own part
   m.digest_s = 0.05;
   m.decode_s = 0.1;
   m.encode_s = 0.01;
@@ -98,12 +99,12 @@ TEST(Simulate, TimeFormulasByHand) {
   // listing, address = 5 rt; the daemons digest their info (100 bytes x 1 ms); the
   // coordinator fetches it once: rt + 100/1000 + 100 x 1 ms.
   EXPECT_NEAR(p.control, 0.020 + 0.1 + 0.204, 1e-9);
-  EXPECT_NEAR(p.coordinator_plan, 0.55, 1e-9);
+  EXPECT_NEAR(p.coordinator_plan, 0.75, 1e-9);
   // Commit: the first participant, then the other: 2 rt.
   EXPECT_NEAR(p.commit, 0.008, 1e-9);
   // Release: the old versions on 2 participants (one round), the lease on 2 hosts (one).
   EXPECT_NEAR(p.release, 0.008, 1e-9);
-  EXPECT_NEAR(p.total, 0.324 + 0.55 + 3.004 + 0.008 + 0.008, 1e-9);
+  EXPECT_NEAR(p.total, 0.324 + 0.75 + 3.004 + 0.008 + 0.008, 1e-9);
 
   // 130 hosts asked, none with new ranks: 3 rounds of 64 per step; the lease's first
   // host alone, then 129 more in 3 rounds: rt x (3 x 3 + 1 + 3) + 3 x 0.1 + 0.204.

@@ -98,9 +98,11 @@ transform::Cluster NamedCluster(int n, int k) {
 
 // The prepare request the coordinator sends to a participant of this transform, at its
 // real size: both infos, every host's data-plane address (a UCX worker address of 256
-// bytes) and same-host offer, both host maps and the plan digest.
+// bytes) and same-host offer, both host maps, and a host's part: its plan digest and the
+// tensors peers read from it.
 transform::PrepareRequest MakeRequest(const Model& model, const Scenario& s, const SimResult& r,
-                                      const std::string& digest, std::string* info_text) {
+                                      int host, const transform::HostPart& part,
+                                      std::string* info_text) {
   const transform::Cluster all = NamedCluster(r.hosts.asked, s.from_gpus_per_host);
   transform::StateInfo info = transform::StateInfo::Make(model, s.from);
   transform::Cluster old = all;
@@ -111,7 +113,7 @@ transform::PrepareRequest MakeRequest(const Model& model, const Scenario& s, con
   q.job = "job";
   q.from_version = 1;
   q.to_version = 2;
-  q.host = r.hosts.participants.empty() ? 0 : r.hosts.participants[0];
+  q.host = host;
   q.info = info.ToJson();
   *info_text = q.info;
   info.set_config(s.to);
@@ -131,17 +133,33 @@ transform::PrepareRequest MakeRequest(const Model& model, const Scenario& s, con
   }
   q.from_hosts = r.from_hosts;
   q.to_hosts = r.to_hosts;
-  q.plan_digest = digest;
+  q.host_plan_digest = part.plan_digest;
+  q.served = part.served;
   return q;
 }
 
-// Digest, request encoding and decoding, JSON parse rate: the real code, timed.
-// p null (sampled hosts): no digest is measured (a placeholder of its length is sent).
+// The coordinator's digests, request encoding and decoding, JSON parse rate: the real
+// code, timed. The digests are every host's part (transform::HostPlanParts); the request
+// measured is the one of the participant with the most tensors served (the longest).
+// p null (sampled hosts): no digests are measured (a placeholder digest, nothing served).
 Status MeasureControl(const Model& model, const Scenario& s, const plan::Plan* p, SimResult& r) {
-  std::string digest(16, '0');
-  if (p != nullptr) r.costs.digest_s = TimeIt([&] { digest = transform::PlanDigest(*p); });
+  transform::HostPart part{std::string(16, '0'), {}};
+  int host = r.hosts.participants.empty() ? 0 : r.hosts.participants[0];
+  if (p != nullptr) {
+    std::vector<transform::HostPart> parts;
+    r.costs.digest_s = TimeIt(
+        [&] { parts = transform::HostPlanParts(*p, r.from_hosts, r.to_hosts, r.hosts.asked); });
+    const std::vector<int>& hosts = r.hosts.participants;
+    auto longest = std::max_element(hosts.begin(), hosts.end(), [&](int x, int y) {
+      return parts[x].served.size() < parts[y].served.size();
+    });
+    if (longest != hosts.end()) {
+      host = *longest;
+      part = std::move(parts[host]);
+    }
+  }
   std::string info_text;
-  const transform::PrepareRequest q = MakeRequest(model, s, r, digest, &info_text);
+  const transform::PrepareRequest q = MakeRequest(model, s, r, host, part, &info_text);
   std::string body;
   r.costs.encode_s = TimeIt([&] { body = transform::EncodePrepare(q); });
   r.costs.request_bytes = static_cast<int64_t>(body.size());
@@ -172,6 +190,8 @@ Status SimulateFull(const Model& model, const Scenario& s, const Layout& from, c
   r.plan = p.stats;
   r.traffic = CountTraffic(p, from, to, r.from_hosts, r.to_hosts, r.hosts.asked);
   TP_RETURN_IF_ERROR(MeasureControl(model, s, &p, r));
+  // The critical host without the agents' plans, whose per-host plan then stands for
+  // every agent's (each plans its own part, agent_plan.h).
   r.prediction = Predict(r.traffic, r.hosts, s.cluster, r.costs);
   p = {};  // freed before the per-host plan is measured
   const int critical = r.prediction.critical_host;
@@ -188,6 +208,7 @@ Status SimulateFull(const Model& model, const Scenario& s, const Layout& from, c
                     " bytes but the full plan sends it " +
                     std::to_string(r.traffic[critical].bytes_in));
   }
+  r.prediction = Predict(r.traffic, r.hosts, s.cluster, r.costs);
   return Status::Ok();
 }
 
@@ -212,9 +233,9 @@ Result<SimResult> Simulate(const Scenario& s) {
     // Per-host plans of one host per kind; the full plan and its digest are not computed.
     TP_RETURN_IF_ERROR(SampleHosts(model, *from, *to, s.max_kinds, r));
     TP_RETURN_IF_ERROR(MeasureControl(model, s, nullptr, r));
-    r.prediction = Predict(r.traffic, r.hosts, s.cluster, r.costs);
     r.costs.host_plan_s = r.costs.plan_s;
     r.costs.host_plan_heap = r.costs.plan_heap;
+    r.prediction = Predict(r.traffic, r.hosts, s.cluster, r.costs);
   } else {
     TP_RETURN_IF_ERROR(SimulateFull(model, s, *from, *to, r));
   }

@@ -7,7 +7,9 @@
 // (With sampled hosts, sample.h: plan::MakeHostPlan of one host per kind instead, the
 // same bytes for every host of the kind; what each host sends is estimated.)
 // The costs that are computation are measured here, by running the code the transform
-// runs: the plan (time and heap memory), its digest (transform::PlanDigest), one
+// runs: the plan (time and heap memory), every host's digest of its part
+// (transform::HostPlanParts), one host's part (plan::MakeHostPlan, what each agent
+// plans), one
 // prepare request of the scenario's real size (transform::EncodePrepare, with the state
 // info, addresses, host maps and same-host peers a cluster of that size sends) and its
 // decoding (transform::DecodePrepare, what every agent does first), and a JSON parse of
@@ -32,13 +34,15 @@
 //             + lost_hosts·lost_detect_s
 // (Before issue 36's fix: 6 requests per host one after the other, 3 of them carrying
 // the info: N·6·rt + N·3·I·(1/B + 1/J), O(N²); `docs/scale.md` shows both.)
-//   coordinator plan = plan_s + digest_s                      (MakePlan, PlanDigest)
-// Prepare round: the coordinator encodes the request once (Q bytes; only "host" differs
-// per participant) and sends every participant its copy, through its one NIC;
+//   coordinator plan = plan_s + digest_s                  (MakePlan, HostPlanParts)
+// Prepare round: the coordinator encodes the request once (Q bytes; only "host" and its
+// part differ per participant) and sends every participant its copy, through its one NIC;
 // participant p starts at
 //   start_p = encode_s + (p + 1)·Q/B + L + R
 // and then, on its own (phases sequential, every one × s_h, as agent.cc runs them):
-//   decode = decode_s;  plan = plan_s (every agent plans the whole transform);
+//   decode = decode_s;  plan = host_plan_s (each agent plans its own part: the critical
+//            host's MakeHostPlan, measured, stands for every host's; before issue 36's
+//            fix every agent planned the whole transform, plan_s);
 //   warm   = out_h / W  (pre-faulting what peers fetch);
 //   alloc  = new_h / M  (first touch of the new tensors; 0 when presized: the pages were
 //            pooled ahead while the old config trained, transform --presize)
@@ -77,16 +81,16 @@ namespace tenplex::sim {
 
 // Costs of computation, measured once (identical on every host but for s_h).
 struct MeasuredCosts {
-  double plan_s = 0;           // MakePlan (or, sampled, the per-host plan)
+  double plan_s = 0;           // MakePlan (or, sampled, the slowest per-host plan)
   int64_t plan_heap = 0;       // heap bytes the live plan holds (mallinfo2)
-  double digest_s = 0;         // PlanDigest of that plan
+  double digest_s = 0;         // HostPlanParts of that plan (every host's digest)
   double encode_s = 0;         // EncodePrepare of one request
   double decode_s = 0;         // DecodePrepare of one request
   int64_t request_bytes = 0;   // one encoded prepare request
   int64_t info_bytes = 0;      // the state info (in the control replies)
   double json_s_per_byte = 0;  // parse of the info text, per byte
-  // Not in the prediction: plan::MakeHostPlan for the critical host alone, what an agent
-  // would spend planning only its own ops (the daemons run MakePlan today).
+  // plan::MakeHostPlan for the critical host (full mode; sampled: the slowest kind's),
+  // what each agent spends planning its own part.
   double host_plan_s = 0;
   int64_t host_plan_heap = 0;
 };
