@@ -7,14 +7,15 @@
 #include <pybind11/stl.h>
 
 #include <memory>
+#include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "bindings.h"
 #include "tenplex/store/client.h"
 #include "tenplex/transform/cluster.h"
 #include "tenplex/transform/job_lease.h"
+#include "tenplex/transform/state_info.h"
 #include "tenplex/transform/two_phase.h"
 
 namespace tenplex::py {
@@ -58,22 +59,6 @@ Result<Hosts> ConnectHosts(const std::vector<std::string>& urls, const std::stri
   return h;
 }
 
-// Phase one's durable half on every host at once: Store::Prepare (manifest and marker
-// written, the version immutable). The first failure, naming its host, or Ok.
-Status PrepareAll(const Hosts& h, const std::string& job, uint64_t version) {
-  std::vector<Status> st(h.clients.size());
-  std::vector<std::thread> threads;
-  for (std::size_t i = 0; i < h.clients.size(); ++i) {
-    threads.emplace_back([&, i] {
-      st[i] =
-          h.clients[i]->Prepare(job, version).WithContext("preparing on " + h.clients[i]->url());
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  for (const Status& s : st) TP_RETURN_IF_ERROR(s);
-  return Status::Ok();
-}
-
 pyb::dict OutcomeDict(const transform::CommitOutcome& c) {
   pyb::dict d;
   d["confirmed"] = c.confirmed;
@@ -82,23 +67,17 @@ pyb::dict OutcomeDict(const transform::CommitOutcome& c) {
   return d;
 }
 
-// Prepares version on every host; when all did, commits it by CommitEverywhere (the
-// decision is durable from the last prepare on: a host that misses its commit rolls
-// forward at the next ResolvePending). A failed prepare aborts the version everywhere
-// (AbortEverywhere) and raises; a host's refused commit raises (DataLoss).
+// The two-phase commit of version on every host (transform::PrepareAndCommit, the one
+// implementation: prepare durable, decide, commit; a failed prepare is aborted
+// everywhere and raises; a commit refused after others committed raises DataLoss and
+// is rolled forward by the next cluster_resolve).
 pyb::dict PrepareCommit(const std::vector<std::string>& urls, const std::string& token,
                         const std::string& job, uint64_t version, bool release, int timeout_s,
                         const std::string& coordinator) {
   Result<transform::CommitOutcome> out = NoGil([&]() -> Result<transform::CommitOutcome> {
     TP_ASSIGN_OR_RETURN(
         Hosts h, ConnectHosts(urls, token, timeout_s, /*allow_lost=*/false, job, coordinator));
-    Status p = PrepareAll(h, job, version);
-    if (!p.ok()) {
-      Status a = transform::AbortEverywhere(h.clients, h.all, job, version);
-      if (a.ok()) return p;
-      return Status(p.code(), p.message() + " (aborting it: " + a.ToString() + ")");
-    }
-    return transform::CommitEverywhere(h.clients, h.all, job, version, release);
+    return transform::PrepareAndCommit(h.clients, h.all, job, version, release);
   });
   return OutcomeDict(Take(std::move(out)));
 }
@@ -169,9 +148,56 @@ class PyJobLease {
   std::unique_ptr<transform::JobLease> lease_;
 };
 
+// tenplex._tenplex.StateInfo: a version's info, parsed and validated by the C++ owner
+// of its fields (transform/state_info.h); Python reads it typed, never by hand.
+void RegisterStateInfo(pyb::module_& m) {
+  using transform::StateInfo;
+  pyb::class_<StateInfo>(m, "StateInfo",
+                         "A version's info (model, config, training fields, placement)")
+      .def_static(
+          "parse", [](const std::string& text) { return Take(StateInfo::Parse(text)); },
+          pyb::arg("text"),
+          "Parses a version's info JSON (InvalidArgumentError naming what is missing)")
+      .def_property_readonly("config", &StateInfo::config, "The parallel config (a Config)")
+      .def_property_readonly("model_json",
+                             [](const StateInfo& s) { return s.field("model").dump(); })
+      .def_property_readonly("step", &StateInfo::step)
+      .def_property_readonly("samples_consumed", &StateInfo::samples_consumed)
+      .def_property_readonly("hosts",
+                             [](const StateInfo& s) {
+                               return s.placement() ? s.placement()->hosts
+                                                    : std::vector<std::string>{};
+                             })
+      .def_property_readonly("host_ids",
+                             [](const StateInfo& s) {
+                               return s.placement() ? s.placement()->host_ids
+                                                    : std::vector<std::string>{};
+                             })
+      .def_property_readonly("gpus_per_host",
+                             [](const StateInfo& s) -> std::optional<int> {
+                               if (!s.placement()) return std::nullopt;
+                               return s.placement()->gpus_per_host;
+                             })
+      .def(
+          "resume_position",
+          [](const StateInfo& s, const std::string& what) {
+            StateInfo::Position p = Take(s.ResumePosition(what));
+            return std::make_pair(p.step, p.samples_consumed);
+          },
+          pyb::arg("what"),
+          "(step, samples_consumed or None) a run continues from; FailedPrecondition "
+          "naming `what` when the info has no step")
+      .def(
+          "field_json",
+          [](const StateInfo& s, const std::string& name) { return s.field(name).dump(); },
+          pyb::arg("name"), "Any field as JSON text ('null' when absent)")
+      .def("to_json", &StateInfo::ToJson, "The JSON text the store keeps");
+}
+
 }  // namespace
 
 void register_cluster(pyb::module_& m) {
+  RegisterStateInfo(m);
   m.def("new_coordinator", &transform::NewCoordinator, pyb::arg("what"),
         "A fresh coordinator name: what@host:pid:random (store/lease.h)");
   pyb::class_<PyJobLease>(m, "JobLease")

@@ -13,7 +13,6 @@
 
 #include <map>
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -21,6 +20,7 @@
 #include "tenplex/ptc/config.h"
 #include "tenplex/ptc/layout.h"
 #include "tenplex/runtime/runner.h"
+#include "tenplex/transform/state_info.h"
 #include "tenplex/util/status.h"
 
 namespace tenplex::runtime {
@@ -33,25 +33,28 @@ class StateBackend {
   // False when work_dir() is removed with the backend (inside a private store
   // directory): the logs of a failed run must then be kept elsewhere.
   virtual bool work_dir_kept() const { return true; }
-  // The job's committed version and its info (the JSON object given to Commit), or
-  // nullopt for a job without one: a run continues from it.
+  // The job's committed version and its info (as given to Commit), or nullopt for a job
+  // without one: a run continues from it. An info that is not a valid StateInfo
+  // (transform/state_info.h) is FailedPrecondition naming the version.
   struct Committed {
     uint64_t version = 0;
-    nlohmann::json info;
+    transform::StateInfo info;
   };
   virtual Result<std::optional<Committed>> Current(const std::string& job) = 0;
   // Opens a new version laid out for `layout`, every tensor allocated (zero-filled),
   // with `info` attached. On error nothing stays open.
   virtual Result<uint64_t> BeginLayout(const std::string& job, const Layout& layout,
-                                       nlohmann::json info) = 0;
+                                       transform::StateInfo info) = 0;
   // The shared-memory file of every tensor of every rank of version v
   // ([rank][name] = file).
   virtual Result<std::vector<std::map<std::string, std::string>>> Files(const std::string& job,
                                                                         uint64_t v,
                                                                         const Layout& layout) = 0;
-  // Attaches `info` to the open version v and commits it.
-  virtual Status Commit(const std::string& job, uint64_t v, const nlohmann::json& info) = 0;
-  // Removes the open version v (best effort).
+  // Attaches `info` to the open version v and commits it. A failed commit may have
+  // committed v on some hosts already (the cluster backend: the decision was commit, and
+  // the next Current() rolls it forward); Drop then leaves it alone.
+  virtual Status Commit(const std::string& job, uint64_t v, const transform::StateInfo& info) = 0;
+  // Removes the open version v (best effort; never a version committed anywhere).
   virtual void Drop(const std::string& job, uint64_t v) = 0;
   struct Moved {
     uint64_t version = 0;

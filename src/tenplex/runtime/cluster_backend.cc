@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <future>
-#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "tenplex/runtime/backend.h"
@@ -19,8 +18,6 @@
 #include "tenplex/util/log.h"
 
 namespace tenplex::runtime {
-
-using nlohmann::json;
 
 namespace {
 
@@ -68,11 +65,9 @@ class ClusterBackend : public StateBackend {
   Result<std::optional<Committed>> Current(const std::string& job) override {
     // Finish or roll back a commit an earlier run left half done (two_phase.h): a
     // prepared version would otherwise refuse this run's next version (fencing).
-    std::vector<store::Client*> raw;
-    for (const auto& c : clients_) raw.push_back(c.get());
     TP_RETURN_IF_ERROR(HoldLease(job));
     TP_ASSIGN_OR_RETURN(transform::Resolution res,
-                        transform::ResolvePending(cluster_.hosts, raw, job, /*owner=*/true));
+                        transform::ResolvePending(cluster_.hosts, Raw(), job, /*owner=*/true));
     for (const std::string& line : res.lines) LogInfo("recovery: %s", line.c_str());
     std::optional<store::VersionInfo> newest;
     for (const auto& c : clients_) {
@@ -82,23 +77,20 @@ class ClusterBackend : public StateBackend {
       if (!newest || v->version > newest->version) newest = *v;
     }
     if (!newest) return std::optional<Committed>();
-    json info = json::parse(newest->info, nullptr, false);
-    if (info.is_discarded() || !info.is_object()) {
-      return DataLoss("version " + std::to_string(newest->version) + " of job " + job +
-                      " has an info that is not a JSON object");
-    }
-    Result<transform::StateInfo> state = transform::StateInfo::Parse(newest->info);
-    from_cluster_ = state.ok() && state->placement() ? *state->placement() : cluster_;
+    TP_ASSIGN_OR_RETURN(transform::StateInfo info,
+                        transform::ParseStateInfo(job, newest->version, newest->info));
+    from_cluster_ = info.placement() ? *info.placement() : cluster_;
     return std::optional<Committed>(Committed{newest->version, std::move(info)});
   }
 
-  Result<uint64_t> BeginLayout(const std::string& job, const Layout& layout, json info) override {
+  Result<uint64_t> BeginLayout(const std::string& job, const Layout& layout,
+                               transform::StateInfo info) override {
     if (layout.world_size() > cluster_.Capacity()) {
       return FailedPrecondition(
           "config " + layout.config.ToString() + " has " + std::to_string(layout.world_size()) +
           " ranks but the cluster has " + std::to_string(cluster_.Capacity()) + " GPUs");
     }
-    info["cluster"] = transform::ClusterJson(transform::WithHostIds(cluster_, clients_));
+    info.set_placement(transform::WithHostIds(cluster_, clients_));
     TP_RETURN_IF_ERROR(HoldLease(job));
     TP_ASSIGN_OR_RETURN(uint64_t v, transform::NextCommonVersion(clients_, job));
     std::vector<std::vector<store::Store::AllocRequest>> reqs(clients_.size());
@@ -111,7 +103,7 @@ class ClusterBackend : public StateBackend {
     Status s;
     for (std::size_t h = 0; h < clients_.size() && s.ok(); ++h) {
       if (reqs[h].empty()) continue;  // hosts without ranks keep their older version
-      Result<uint64_t> b = clients_[h]->BeginVersion(job, v, info.dump());
+      Result<uint64_t> b = clients_[h]->BeginVersion(job, v, info.ToJson());
       if (!b.ok()) {
         s = b.status().WithContext(clients_[h]->url());
         break;
@@ -140,29 +132,24 @@ class ClusterBackend : public StateBackend {
     return out;
   }
 
-  Status Commit(const std::string& job, uint64_t v, const json& info) override {
-    // Every part is written (the workers exited 0): set the info everywhere, then
-    // commit on every host that holds ranks.
-    std::vector<std::size_t> holders;
-    for (std::size_t h = 0; h < clients_.size(); ++h) {
-      if (clients_[h]->Version(job, v).ok()) holders.push_back(h);
-    }
-    json full = info;
-    full["cluster"] = transform::ClusterJson(transform::WithHostIds(cluster_, clients_));
-    for (std::size_t h : holders)
-      TP_RETURN_IF_ERROR(clients_[h]->SetVersionInfo(job, v, full.dump()));
-    // Two-phase (transform/two_phase.h): prepared (durable) on every holder, then
-    // committed on every holder, the old version released once all confirmed.
-    for (std::size_t h : holders) TP_RETURN_IF_ERROR(clients_[h]->Prepare(job, v));
-    std::vector<store::Client*> raw;
-    for (const auto& c : clients_) raw.push_back(c.get());
-    std::vector<int> parts(holders.begin(), holders.end());
-    return transform::CommitEverywhere(raw, parts, job, v).status();
+  Status Commit(const std::string& job, uint64_t v, const transform::StateInfo& info) override {
+    // Every part is written (the workers exited 0): set the info everywhere, then the
+    // two-phase commit on every host that holds ranks (transform::PrepareAndCommit).
+    std::vector<int> holders = Holders(job, v);
+    transform::StateInfo full = info;
+    full.set_placement(transform::WithHostIds(cluster_, clients_));
+    for (int h : holders) TP_RETURN_IF_ERROR(clients_[h]->SetVersionInfo(job, v, full.ToJson()));
+    return transform::PrepareAndCommit(Raw(), holders, job, v).status();
   }
 
+  // Aborts v on the hosts that have it, the first in commit order first: nothing when it
+  // committed v (a commit that failed on a later host is rolled forward by the next
+  // Current's recovery, never aborted; transform/two_phase.h).
   void Drop(const std::string& job, uint64_t v) override {
-    for (const auto& c : clients_)
-      (void)c->Abort(job, v);  // best effort; NotFound where never begun
+    Status s = transform::AbortEverywhere(Raw(), Holders(job, v), job, v);
+    if (!s.ok())
+      LogInfo("version %llu of job %s is not dropped: %s", static_cast<unsigned long long>(v),
+              job.c_str(), s.ToString().c_str());
   }
 
   ~ClusterBackend() override { (void)WaitPresize(); }
@@ -171,12 +158,25 @@ class ClusterBackend : public StateBackend {
   // Held() error once another coordinator took it from a stopped run.
   Status HoldLease(const std::string& job) {
     if (!lease_) {
-      std::vector<store::Client*> raw;
-      for (const auto& c : clients_) raw.push_back(c.get());
       TP_ASSIGN_OR_RETURN(lease_, transform::JobLease::Acquire(
-                                      raw, job, co_, {store::kDefaultLeaseMs, lease_wait_s_}));
+                                      Raw(), job, co_, {store::kDefaultLeaseMs, lease_wait_s_}));
     }
     return lease_->Held();
+  }
+
+  std::vector<store::Client*> Raw() const {
+    std::vector<store::Client*> raw;
+    for (const auto& c : clients_) raw.push_back(c.get());
+    return raw;
+  }
+
+  // The hosts that have version v of job (open, prepared or committed).
+  std::vector<int> Holders(const std::string& job, uint64_t v) const {
+    std::vector<int> holders;
+    for (std::size_t h = 0; h < clients_.size(); ++h) {
+      if (clients_[h]->Version(job, v).ok()) holders.push_back(static_cast<int>(h));
+    }
+    return holders;
   }
 
   void PresizeAhead(const std::string& job, const ParallelConfig& to) override {

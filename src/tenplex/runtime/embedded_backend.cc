@@ -47,16 +47,14 @@ class EmbeddedBackend : public StateBackend {
     Result<store::VersionInfo> v = st_->Version(job, std::nullopt);
     if (!v.ok() && v.status().code() == StatusCode::kNotFound) return std::optional<Committed>();
     if (!v.ok()) return v.status();
-    json info = json::parse(v->info, nullptr, false);
-    if (info.is_discarded() || !info.is_object()) {
-      return DataLoss("version " + std::to_string(v->version) + " of job " + job +
-                      " has an info that is not a JSON object");
-    }
+    TP_ASSIGN_OR_RETURN(transform::StateInfo info,
+                        transform::ParseStateInfo(job, v->version, v->info));
     return std::optional<Committed>(Committed{v->version, std::move(info)});
   }
 
-  Result<uint64_t> BeginLayout(const std::string& job, const Layout& layout, json info) override {
-    TP_ASSIGN_OR_RETURN(uint64_t v, st_->BeginVersion(job, std::nullopt, info.dump()));
+  Result<uint64_t> BeginLayout(const std::string& job, const Layout& layout,
+                               transform::StateInfo info) override {
+    TP_ASSIGN_OR_RETURN(uint64_t v, st_->BeginVersion(job, std::nullopt, info.ToJson()));
     for (const RankLayout& r : layout.ranks) {
       for (const LocalTensor& t : *r.tensors) {
         auto w = st_->Allocate(RankTensorPath(job, v, r.rank, t.name), t.dtype, t.shape);
@@ -82,8 +80,8 @@ class EmbeddedBackend : public StateBackend {
     return out;
   }
 
-  Status Commit(const std::string& job, uint64_t v, const json& info) override {
-    TP_RETURN_IF_ERROR(st_->SetVersionInfo(job, v, info.dump()));
+  Status Commit(const std::string& job, uint64_t v, const transform::StateInfo& info) override {
+    TP_RETURN_IF_ERROR(st_->SetVersionInfo(job, v, info.ToJson()));
     return st_->Commit(job, v);
   }
 

@@ -89,7 +89,9 @@ TEST_F(RunnerTest, RefusesToContinueStateItCannotUse) {
   EXPECT_NE(s.status().message().find("has no step"), std::string::npos) << s.status().message();
   TearDown();
   SetUp();
-  backend_->Preload({{"model", {{"tensors", json::array()}}},
+  json another = json::parse(*ReadFile(o_.model_path));
+  another["name"] = "another-model";
+  backend_->Preload({{"model", another},
                      {"config", "tp=1,pp=1,dp=2"},
                      {"step", 1},
                      {"samples_consumed", 8}});
@@ -189,9 +191,9 @@ TEST_F(RunnerTest, EmbeddedStoreRunContinuesWhereTheLastStopped) {
   EXPECT_EQ(s->steps[0].samples, std::vector<int64_t>{24});
   auto cur = (*st)->Current(o_.job);
   ASSERT_TRUE(cur.ok() && *cur);
-  EXPECT_EQ((**cur).info["step"], 5);
-  EXPECT_EQ((**cur).info["samples_consumed"], 40);
-  EXPECT_EQ((**cur).info["config"], "tp=2,pp=1,dp=1");
+  EXPECT_EQ((**cur).info.step(), 5);
+  EXPECT_EQ((**cur).info.samples_consumed(), 40);
+  EXPECT_EQ((**cur).info.config().ToString(), "tp=2,pp=1,dp=1");
 }
 
 }  // namespace

@@ -99,7 +99,8 @@ class FakeBackend : public StateBackend {
     if (!current_) return std::optional<Committed>();
     return std::optional<Committed>(Committed{*current_, infos_.at(*current_)});
   }
-  Result<uint64_t> BeginLayout(const std::string&, const Layout&, json info) override {
+  Result<uint64_t> BeginLayout(const std::string&, const Layout&,
+                               transform::StateInfo info) override {
     std::lock_guard<std::mutex> l(mu_);
     if (open_) return FailedPrecondition("version " + std::to_string(*open_) + " is still open");
     open_ = ++last_;
@@ -115,7 +116,7 @@ class FakeBackend : public StateBackend {
     }
     return out;
   }
-  Status Commit(const std::string&, uint64_t v, const json& info) override {
+  Status Commit(const std::string&, uint64_t v, const transform::StateInfo& info) override {
     std::lock_guard<std::mutex> l(mu_);
     if (open_ != v)
       return FailedPrecondition("commit of version " + std::to_string(v) + ", which is not open");
@@ -123,8 +124,8 @@ class FakeBackend : public StateBackend {
     infos_[v] = info;
     current_ = v;
     open_.reset();
-    commits.push_back(
-        {v, info["step"].get<int64_t>(), info["samples_consumed"].get<int64_t>(), info["config"]});
+    commits.push_back({v, info.step().value_or(-1), info.samples_consumed().value_or(-1),
+                       info.config().ToString()});
     ++n_commits;
     return Status::Ok();
   }
@@ -137,8 +138,8 @@ class FakeBackend : public StateBackend {
     std::lock_guard<std::mutex> l(mu_);
     if (!current_ || open_)
       return FailedPrecondition("transform without a committed version or with an open one");
-    json info = infos_.at(*current_);
-    info["config"] = to.ToString();
+    transform::StateInfo info = infos_.at(*current_);
+    info.set_config(to);
     current_ = ++last_;
     infos_[*current_] = info;
     transforms.push_back(to.ToString());
@@ -158,14 +159,15 @@ class FakeBackend : public StateBackend {
       presizes.push_back({to.ToString(), -1, ""});
       return;
     }
-    const json& info = infos_.at(*current_);
-    presizes.push_back(
-        {to.ToString(), info["step"].get<int64_t>(), info["config"].get<std::string>()});
+    const transform::StateInfo& info = infos_.at(*current_);
+    presizes.push_back({to.ToString(), info.step().value_or(-1), info.config().ToString()});
   }
-  // Test setup: a committed version as a previous run left it.
+  // Test setup: a committed version as a previous run left it (a valid StateInfo).
   void Preload(const json& info) {
+    Result<transform::StateInfo> parsed = transform::StateInfo::Parse(info.dump());
+    ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
     current_ = ++last_;
-    infos_[*current_] = info;
+    infos_[*current_] = *parsed;
   }
   std::optional<uint64_t> open() const {
     std::lock_guard<std::mutex> l(mu_);
@@ -198,7 +200,7 @@ class FakeBackend : public StateBackend {
   mutable std::mutex mu_;
   uint64_t last_ = 0;
   std::optional<uint64_t> open_, current_;
-  std::map<uint64_t, json> infos_;
+  std::map<uint64_t, transform::StateInfo> infos_;
 };
 
 // The real launcher, recording every command line and reap; fail_spawn = n refuses

@@ -102,7 +102,7 @@ class ScheduleLoop {
     struct stat st;
     if (::stat(o_.log_path.c_str(), &st) == 0) log_offset_ = static_cast<uint64_t>(st.st_size);
     TP_RETURN_IF_ERROR(CreateLog(o_.log_path));
-    model_json_ = json::parse(ModelToJson(model_));
+    model_text_ = ModelToJson(model_);
     return Status::Ok();
   }
 
@@ -116,28 +116,26 @@ class ScheduleLoop {
   Result<bool> Resume() {
     TP_ASSIGN_OR_RETURN(std::optional<StateBackend::Committed> cur, st_.Current(o_.job));
     if (!cur) return false;
-    const json& info = cur->info;
+    const transform::StateInfo& info = cur->info;
     const std::string what =
         "version " + std::to_string(cur->version) + " of job '" + o_.job + "' in the store";
-    for (const char* key : {"step", "samples_consumed"}) {
-      if (!info.contains(key) || !info[key].is_number_integer() || info[key].get<int64_t>() < 0) {
-        return FailedPrecondition(
-            what + " has no " + key +
-            " in its info, so the run cannot continue it: give another --job (or remove the job)");
-      }
+    Result<transform::StateInfo::Position> pos = info.ResumePosition(what);
+    if (pos.ok() && !pos->samples_consumed) {
+      pos = FailedPrecondition(what + " has no samples_consumed in its info");
     }
-    if (!info.contains("config") || !info["config"].is_string())
-      return FailedPrecondition(what + " has no config in its info");
-    if (!info.contains("model") || info["model"] != model_json_) {
+    if (!pos.ok()) {
+      return FailedPrecondition(pos.status().message() +
+                                ", so the run cannot continue it: give another --job (or "
+                                "remove the job)");
+    }
+    if (ModelToJson(info.model()) != model_text_) {
       return FailedPrecondition(
           what + " holds another model than this run's; give another --job (or remove the job)");
     }
-    auto cfg = ParseConfig(info["config"].get<std::string>());
-    if (!cfg.ok()) return cfg.status().WithContext(what);
     committed_ = cur->version;
-    step_ = info["step"].get<int64_t>();
-    samples_ = info["samples_consumed"].get<int64_t>();
-    cfg_ = *cfg;
+    step_ = pos->step;
+    samples_ = *pos->samples_consumed;
+    cfg_ = info.config();
     summary_.resumed_version = cur->version;
     summary_.resumed_step = step_;
     TP_RETURN_IF_ERROR(AppendLogLine(o_.log_path, {{"event", "resume"},
@@ -178,10 +176,9 @@ class ScheduleLoop {
     spec.start = step_;
     spec.end = entries_[i_ + 1].step;
     spec.samples_consumed = samples_;
-    spec.info = {{"model", model_json_},
-                 {"config", cfg_.ToString()},
-                 {"step", step_},
-                 {"samples_consumed", samples_}};
+    spec.info = transform::StateInfo::Make(model_, cfg_);
+    spec.info.set_step(step_);
+    spec.info.set_samples_consumed(samples_);
     spec.committed = committed_;
     spec.commit_every = o_.commit_every;
     spec.slowdown = SlowdownArg(slowdown_);
@@ -422,7 +419,7 @@ class ScheduleLoop {
   RunRecorder recorder_;
   std::optional<WarmPool> pool_;  // declared before env_, which points to it
   SegmentEnv env_;
-  json model_json_;
+  std::string model_text_;  // ModelToJson(model_)
   uint64_t log_offset_ = 0;
   std::optional<uint64_t> committed_;
   int64_t step_ = 0, samples_ = 0;

@@ -40,8 +40,8 @@ Status Segment::WriteHandoff(const std::string& path, const json& h) {
 }
 
 Status Segment::OpenTarget() {
-  json info = spec_.info;
-  info["step"] = targets_[target_].step;
+  transform::StateInfo info = spec_.info;
+  info.set_step(targets_[target_].step);
   TP_ASSIGN_OR_RETURN(uint64_t v,
                       env_.backend->BeginLayout(env_.options->job, *spec_.layout, info));
   open_ = v;
@@ -209,9 +209,9 @@ Status Segment::CommitIfWritten() {
   Result<WorkerResult> res = ReadWorkerResult(targets_[target_]);
   Status s = res.status();
   if (s.ok()) {
-    json info = spec_.info;
-    info["step"] = res->step;
-    info["samples_consumed"] = res->samples_consumed;
+    transform::StateInfo info = spec_.info;
+    info.set_step(res->step);
+    info.set_samples_consumed(res->samples_consumed);
     s = env_.backend->Commit(env_.options->job, *open_, info);
   }
   if (s.ok()) {
@@ -374,9 +374,9 @@ Status Segment::Finish() {
   if (!res.ok()) return Fail(Internal(res.status().message()));
   step_ = res->step;
   samples_ = res->samples_consumed;
-  json info = spec_.info;
-  info["step"] = step_;
-  info["samples_consumed"] = samples_;
+  transform::StateInfo info = spec_.info;
+  info.set_step(step_);
+  info.set_samples_consumed(samples_);
   TP_RETURN_IF_ERROR(env_.backend->Commit(o.job, *open_, info));
   committed_ = *open_;
   open_.reset();

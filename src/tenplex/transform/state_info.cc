@@ -75,6 +75,19 @@ const json& StateInfo::field(const std::string& name) const {
   return it == json_.end() ? null : *it;
 }
 
+Result<StateInfo::Position> StateInfo::ResumePosition(const std::string& what) const {
+  Position p;
+  std::optional<int64_t> at = step();
+  if (!at || *at < 0)
+    return FailedPrecondition(what + " has no step in its info (no training position)");
+  p.step = *at;
+  p.samples_consumed = samples_consumed();
+  if (p.samples_consumed && *p.samples_consumed < 0) {
+    return FailedPrecondition(what + " has a negative samples_consumed in its info");
+  }
+  return p;
+}
+
 void StateInfo::set_config(const ParallelConfig& config) {
   config_ = config;
   json_["config"] = config.ToString();

@@ -52,12 +52,25 @@ class StateInfo {
   // Any field (null when absent).
   const nlohmann::json& field(const std::string& name) const;
 
+  // The training position a run continues from: FailedPrecondition naming `what` (e.g.
+  // "version 3 of job 'j'") when "step" is missing or negative ("... has no step in its
+  // info (no training position)"), or "samples_consumed" is negative.
+  struct Position {
+    int64_t step = 0;
+    std::optional<int64_t> samples_consumed;  // nullopt: not recorded
+  };
+  Result<Position> ResumePosition(const std::string& what) const;
+
   void set_config(const ParallelConfig& config);
   void set_placement(const Cluster& cluster);
+  void set_step(int64_t step) { json_["step"] = step; }
+  void set_samples_consumed(int64_t samples) { json_["samples_consumed"] = samples; }
   void set_field(const std::string& name, nlohmann::json value);
 
   // The JSON text the store keeps.
   std::string ToJson() const { return json_.dump(); }
+  // The same as an object (a hand-off file: the info plus the ranks' files).
+  const nlohmann::json& AsJson() const { return json_; }
   // tenplex.json of a checkpoint of this state (checksums are added by the writer).
   io::CheckpointInfo ToCheckpoint() const;
 

@@ -1,8 +1,10 @@
 #include "tenplex/transform/two_phase.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <optional>
+#include <string_view>
 
 #include "tenplex/transform/revocation.h"
 #include "tenplex/transform/state_info.h"
@@ -43,6 +45,12 @@ Status CommitOne(store::Client* c, const std::string& job, uint64_t v) {
     }
   }
   return last;
+}
+
+// TENPLEX_FAULT_COMMIT (two_phase.h): whether the last participant's commit is refused.
+bool CommitFaultOnLast() {
+  const char* f = std::getenv(kCommitFaultEnv);
+  return f != nullptr && std::string_view(f) == "last";
 }
 
 std::vector<int> Sorted(std::vector<int> v) {
@@ -86,7 +94,13 @@ Result<CommitOutcome> CommitEverywhere(const std::vector<store::Client*>& client
                     ") refused the commit, so no host commits it: " + st[0].ToString());
   }
   if (participants.size() > 1) {
+    const bool fault = CommitFaultOnLast();
     ForEachConcurrently(participants.size() - 1, kControlConcurrency, [&](std::size_t k) {
+      if (fault && k + 2 == participants.size()) {
+        st[k + 1] = FailedPrecondition(std::string("commit refused by fault injection (") +
+                                       kCommitFaultEnv + "=last)");
+        return;
+      }
       st[k + 1] = CommitOne(clients[participants[k + 1]], job, version);
     });
   }
@@ -106,6 +120,30 @@ Result<CommitOutcome> CommitEverywhere(const std::vector<store::Client*>& client
     out.released = true;
   }
   return out;
+}
+
+Result<CommitOutcome> PrepareAndCommit(const std::vector<store::Client*>& clients,
+                                       std::vector<int> participants, const std::string& job,
+                                       uint64_t version, bool release) {
+  participants = Sorted(std::move(participants));
+  std::vector<Status> st(participants.size());
+  ForEachConcurrently(participants.size(), kControlConcurrency, [&](std::size_t i) {
+    store::Client* c = clients[participants[i]];
+    st[i] = c == nullptr ? Unavailable("host " + std::to_string(participants[i]) + " is lost")
+                         : c->Prepare(job, version).WithContext("preparing on " + c->url());
+  });
+  auto failed = std::find_if(st.begin(), st.end(), [](const Status& s) { return !s.ok(); });
+  if (failed != st.end()) {
+    // Decision: abort. Refused (FailedPrecondition) only when the first host committed v.
+    Status a = AbortEverywhere(clients, participants, job, version);
+    if (a.ok()) return *failed;
+    if (a.code() != StatusCode::kFailedPrecondition) {
+      return Status(failed->code(), failed->message() + " (aborting it: " + a.ToString() + ")");
+    }
+    LogInfo("version %llu of job %s: %s", static_cast<unsigned long long>(version), job.c_str(),
+            a.message().c_str());
+  }
+  return CommitEverywhere(clients, participants, job, version, release);
 }
 
 Status AbortEverywhere(const std::vector<store::Client*>& clients, std::vector<int> hosts,

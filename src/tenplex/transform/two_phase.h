@@ -105,6 +105,32 @@ Result<CommitOutcome> CommitEverywhere(const std::vector<store::Client*>& client
                                        std::vector<int> participants, const std::string& job,
                                        uint64_t version, bool release = true);
 
+// The whole protocol for a coordinator that wrote version v of job on every participant
+// (an open version there; its info set): phase one's durable half (Store::Prepare on
+// every participant at once), the decision, phase two and round two (CommitEverywhere;
+// `release` as there). This is the one implementation that the runtime (tenplex run
+// --cluster), the store's load and the Python binding (tenplex.elastic) call; the
+// distributed transform's agents prepare as they copy and it decides with the same
+// AbortEverywhere / CommitEverywhere.
+//  - A participant that does not prepare: the decision is abort (AbortEverywhere, the
+//    first host in commit order first) and the prepare's error is returned (with the
+//    abort's, if that failed too). When the abort finds v committed on the first host
+//    (a resolver rolled it forward: every participant had prepared after all), the
+//    decision is commit.
+//  - Every participant prepared: the decision is commit and stands. CommitEverywhere's
+//    DataLoss (a host refused its commit after others committed) leaves v prepared where
+//    it is not committed; the caller must not abort it (AbortEverywhere refuses to, the
+//    first host having committed): the next ResolvePending rolls it forward everywhere.
+Result<CommitOutcome> PrepareAndCommit(const std::vector<store::Client*>& clients,
+                                       std::vector<int> participants, const std::string& job,
+                                       uint64_t version, bool release = true);
+
+// Failure tests: with the environment variable TENPLEX_FAULT_COMMIT=last,
+// CommitEverywhere of two or more participants does not send the commit to its last
+// participant in commit order and takes it as refused there (FailedPrecondition), after
+// the others committed: the version stays prepared on that host.
+inline constexpr char kCommitFaultEnv[] = "TENPLEX_FAULT_COMMIT";
+
 // Aborts v on the hosts (ascending, the first alone first); hosts without v are fine.
 // FailedPrecondition (and nothing aborted) when the first one already committed v: the
 // caller must roll forward instead.
