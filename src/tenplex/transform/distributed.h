@@ -9,11 +9,12 @@
 //     other host (dead, restarted empty, stale) are plan::kLostHost.
 //  2. Place the new layout: new rank r on the r / K-th live host of the target cluster
 //     (`to`, default the old cluster), K = its gpus_per_host.
-//  3. Plan here too (plan::MakePlan, the same deterministic plan every agent computes):
-//     a state with no surviving replica fails now with DataLoss naming the tensor and
-//     box, before any host changed anything.
+//  3. Plan here (plan::MakePlan; each agent computes its own part of the same
+//     deterministic plan, plan::MakeHostPlan, and checks it against the digest of that
+//     part, control_protocol.h): a state with no surviving replica fails now with
+//     DataLoss naming the tensor and box, before any host changed anything.
 //  4. Phase one: every host with new ranks is sent the same prepare request (with its
-//     host index), all at once; each writes its ranks into an open version v+1 from
+//     host index and its part's digest), all at once; each writes its ranks into an open version v+1 from
 //     its own tensors and, over the data plane, from its peers (host_exec.h).
 //  5. Phase two (two_phase.h): when every prepare succeeded (each participant made v+1
 //     prepared: durable across its restart), v+1 is committed on each of them with the
