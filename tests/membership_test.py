@@ -1,6 +1,6 @@
 """In-process membership on many hosts (issue 37, python/tenplex/membership.py, hostagent.py).
 
-usage: membership_test.py TENPLEX_BIN REPO_ROOT [--quorum | --leave | --netns]
+usage: membership_test.py TENPLEX_BIN REPO_ROOT [--quorum | --leave | --netns | --rendezvous-kill]
 
 --quorum: the quorum alone, against a real etcd server (tests/torchrun_etcd_test.py's Etcd):
 agents (membership.Quorum, TTL 2 s) join, die (their thread stopped, their keys left to
@@ -29,8 +29,11 @@ process of the test left behind. Prints the reconfiguration time of each event, 
 event (the join's registration; the kill or SIGTERM) to the new world's first step, split
 into detection + quorum (until the leader wrote the world), stop (+ commit) or abort,
 re-join (process group), restore (transform + load) and the first step.
+
+--rendezvous-kill: host 2 is killed while the world it joined forms (rendezvous_kill below):
+the survivors must give up that rendezvous and form the next world within RDZV_BOUND s.
 """
-import json
+
 import os
 import signal
 import subprocess
@@ -41,26 +44,50 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"))
 from daemons import Daemon, NetnsBridge  # noqa: E402
-from elastic_run_test import Checks  # noqa: E402
-from torchrun_elastic_test import COMMIT_EVERY, PY, STEPS, TRAIN_ARGS  # noqa: E402
+from elastic_run_test import Checks, check_steps, steps_of  # noqa: E402
+from torchrun_elastic_test import (  # noqa: E402
+    PY,
+    STEPS,
+    check_run,
+    check_steps_and_worlds,
+    finish_agents,
+    lose_host,
+    read_log,
+    scale_up,
+    setup_job,
+    stop_hosts,
+    train_command,
+)
 from torchrun_elastic_test import Host as TorchrunHost  # noqa: E402
-from torchrun_elastic_test import (check_run, check_steps_and_worlds, read_log, scale_up, setup_job,  # noqa: E402
-                                   wait_for)
 from torchrun_etcd_test import Etcd, alive, procs_naming  # noqa: E402
 
 TTL = 2.0
+# --rendezvous-kill: seconds from the kill to the next world's process group, at most: the
+# key's TTL (etcd v2 expires keys on whole seconds: up to TTL + 1), the leader's settle
+# (0.2 s), the abort and the re-join; slack for a loaded 2-core machine.
+RDZV_BOUND = TTL + 4.0
 
 
 # ---- --quorum: the etcd quorum alone ---------------------------------------------------
 
+
 def quorum_case(endpoint: str) -> None:
     from tenplex import membership as mb
+
     check = Checks()
     live = {}
 
     def join(name):
-        q = mb.Quorum(endpoint, "qtest", name, {"store_url": f"http://{name}:1", "addr": name, "nproc": 2},
-                      ttl=TTL, min_hosts=2, max_hosts=3, settle=0.2)
+        q = mb.Quorum(
+            endpoint,
+            "qtest",
+            name,
+            {"store_url": f"http://{name}:1", "addr": name, "nproc": 2},
+            ttl=TTL,
+            min_hosts=2,
+            max_hosts=3,
+            settle=0.2,
+        )
         q.join()
         q.start()
         live[name] = q
@@ -83,8 +110,11 @@ def quorum_case(endpoint: str) -> None:
         w = world_after(epoch - 1)
         ok = w is not None and w.epoch == epoch and w.hosts == hosts and w.lost == list(lost) and w.left == list(left)
         took = f" after {time.time() - since:.2f} s" if since else ""
-        check(ok, f"world {epoch}: hosts {hosts}, lost {list(lost)}, left {list(left)}{took}: "
-              f"{w and (w.epoch, w.hosts, w.lost, w.left)}")
+        check(
+            ok,
+            f"world {epoch}: hosts {hosts}, lost {list(lost)}, left {list(left)}{took}: "
+            f"{w and (w.epoch, w.hosts, w.lost, w.left)}",
+        )
         return w
 
     try:
@@ -133,22 +163,29 @@ def quorum_case(endpoint: str) -> None:
 
 def bad_agent_args(check, endpoint):
     """The host agent refuses bad input with a clear error (no traceback, no worker started)."""
-    env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                                   "python"))
+    env = dict(
+        os.environ, PYTHONPATH=os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python")
+    )
     base = ["--job", "j", "--nproc", "1", "--store-url", "http://127.0.0.1:1"]
-    for args, want in (([*base, "--etcd", endpoint, "train.py"], "'--' is missing"),
-                       ([*base, "--etcd", "127.0.0.1:1", "--", "train.py"], "does not answer"),
-                       ([*base, "--etcd", endpoint, "--nproc", "0", "--", "train.py"], "--nproc must be >= 1"),
-                       ([*base, "--etcd", endpoint, "--min-hosts", "3", "--max-hosts", "2", "--", "train.py"],
-                        "min_hosts <= max_hosts")):
-        p = subprocess.run([PY, "-m", "tenplex.hostagent", *args], capture_output=True, text=True, env=env,
-                           timeout=60)
+    for args, want in (
+        ([*base, "--etcd", endpoint, "train.py"], "'--' is missing"),
+        ([*base, "--etcd", "127.0.0.1:1", "--", "train.py"], "does not answer"),
+        ([*base, "--etcd", endpoint, "--nproc", "0", "--", "train.py"], "--nproc must be >= 1"),
+        (
+            [*base, "--etcd", endpoint, "--min-hosts", "3", "--max-hosts", "2", "--", "train.py"],
+            "min_hosts <= max_hosts",
+        ),
+    ):
+        p = subprocess.run([PY, "-m", "tenplex.hostagent", *args], capture_output=True, text=True, env=env, timeout=60)
         out = p.stdout + p.stderr
-        check(p.returncode != 0 and want in out and "Traceback" not in out,
-              f"hostagent {' '.join(args[6:])}: refused with {want!r} (status {p.returncode}): {out.strip()[-200:]}")
+        check(
+            p.returncode != 0 and want in out and "Traceback" not in out,
+            f"hostagent {' '.join(args[6:])}: refused with {want!r} (status {p.returncode}): {out.strip()[-200:]}",
+        )
 
 
 # ---- the training scenario -------------------------------------------------------------
+
 
 class Host(TorchrunHost):
     """One loopback host: a store daemon and a host agent (kill_all, stop: torchrun_elastic_test's Host's,
@@ -166,15 +203,42 @@ class Host(TorchrunHost):
             self.daemon = Daemon(tenplex)
         self.out = open(os.path.join(tmp, f"host{index}.log"), "w")
         self.events = os.path.join(tmp, f"agent{index}.jsonl")
-        env = dict(os.environ, TENPLEX_BIN=tenplex, PYTHONPATH=os.path.join(repo, "python"),
-                   GLOO_SOCKET_IFNAME=ifname, OMP_NUM_THREADS="1")
-        cmd = [*prefix, PY, "-m", "tenplex.hostagent", "--etcd", etcd, "--job", "gpt", "--nproc", "2",
-               "--store-url", self.daemon.url, "--host-id", f"host{index}", "--min-hosts", "2", "--max-hosts", "3",
-               "--ttl", str(TTL), "--settle", "0.2", "--events", self.events,
-               *(["--register-after", go_file] if go_file else []), "--",
-               os.path.join(repo, "examples/gpt/train.py"), "--elastic", policy, "--job", "gpt", "--model", model,
-               "--steps", str(STEPS), "--commit-every", str(COMMIT_EVERY), "--log", log,
-               "--min-step-seconds", "0.4", "--timeout", "60", *TRAIN_ARGS]
+        env = dict(
+            os.environ,
+            TENPLEX_BIN=tenplex,
+            PYTHONPATH=os.path.join(repo, "python"),
+            GLOO_SOCKET_IFNAME=ifname,
+            OMP_NUM_THREADS="1",
+        )
+        cmd = [
+            *prefix,
+            PY,
+            "-m",
+            "tenplex.hostagent",
+            "--etcd",
+            etcd,
+            "--job",
+            "gpt",
+            "--nproc",
+            "2",
+            "--store-url",
+            self.daemon.url,
+            "--host-id",
+            f"host{index}",
+            "--min-hosts",
+            "2",
+            "--max-hosts",
+            "3",
+            "--ttl",
+            str(TTL),
+            "--settle",
+            "0.2",
+            "--events",
+            self.events,
+            *(["--register-after", go_file] if go_file else []),
+            "--",
+            *train_command(repo, policy, model, "--log", log),
+        ]
         self.agent = subprocess.Popen(cmd, stdout=self.out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
     def agent_events(self):
@@ -216,17 +280,23 @@ def report_event(name, t_event, hosts, log, epoch):
     if "first_step" not in t:
         print(f"{name}: world {epoch} has no first step: {t}")
         return None
-    parts = [("detection+quorum", t_event, written), ("told", written, seen),
-             ("stop+commit" if "stop" in t else "abort", seen, t.get("stop", seen)),
-             ("re-join", t.get("stop", seen), t["world"]), ("restore (transform+load)", t["world"], t["elastic_start"]),
-             ("first step", t["elastic_start"], t["first_step"])]
+    parts = [
+        ("detection+quorum", t_event, written),
+        ("told", written, seen),
+        ("stop+commit" if "stop" in t else "abort", seen, t.get("stop", seen)),
+        ("re-join", t.get("stop", seen), t["world"]),
+        ("restore (transform+load)", t["world"], t["elastic_start"]),
+        ("first step", t["elastic_start"], t["first_step"]),
+    ]
     total = t["first_step"] - t_event
     # the first step's own time (its compute, padded to --min-step-seconds 0.4): ready = when it began
     size = [w["world_size"] for w in worlds_of(log) if w["epoch"] == epoch][0]
     lines = [s for s in read_log(log)[0] if s["step"] == t["first_step_number"] - 1 and s["world_size"] == size]
     step_s = max(lines[-1]["seconds"], 0.4) if lines else 0.0
-    print(f"{name}: reconfiguration {total:.2f} s end to end (to the end of the new world's first step; "
-          f"{total - step_s:.2f} s to its start): " + ", ".join(f"{k} {b - a:.2f} s" for k, a, b in parts))
+    print(
+        f"{name}: reconfiguration {total:.2f} s end to end (to the end of the new world's first step; "
+        f"{total - step_s:.2f} s to its start): " + ", ".join(f"{k} {b - a:.2f} s" for k, a, b in parts)
+    )
     return total
 
 
@@ -238,8 +308,10 @@ def check_pids(check, log, survivors):
             by_host.setdefault(host, {}).setdefault(lr, set()).add(pid)
     for h in survivors:
         pids = by_host.get(f"host{h}", {})
-        check(len(pids) == 2 and all(len(p) == 1 for p in pids.values()),
-              f"host {h}'s workers kept their pids across every world (no restart): {pids}")
+        check(
+            len(pids) == 2 and all(len(p) == 1 for p in pids.values()),
+            f"host {h}'s workers kept their pids across every world (no restart): {pids}",
+        )
 
 
 def scenario(tenplex, repo, endpoint, tmp, leave, net=None):
@@ -253,8 +325,9 @@ def scenario(tenplex, repo, endpoint, tmp, leave, net=None):
     try:
         t0 = time.time()
         go = os.path.join(tmp, "go-host2")
-        hosts = [Host(i, tenplex, repo, tmp, endpoint, model, policy, log, go if i == 2 else None, net)
-                 for i in range(3)]
+        hosts = [
+            Host(i, tenplex, repo, tmp, endpoint, model, policy, log, go if i == 2 else None, net) for i in range(3)
+        ]
         ok, procs = scale_up(hosts, go, log, net, t0)  # step 3 on 2 hosts, host 2 joins (go), a commit on 6 ranks
         if ok:
             reg = [e for e in hosts[2].agent_events() if e["event"] == "registered"]
@@ -265,20 +338,10 @@ def scenario(tenplex, repo, endpoint, tmp, leave, net=None):
                 hosts[1].agent.send_signal(signal.SIGTERM)
             else:
                 print(f"committed on 6 ranks after {time.time() - t0:.1f} s; killing host 1")
-                hosts[1].kill_all()
-                procs = [(n, p) for n, p in procs if n != "agent 1"]
-            ok = wait_for("the agents to finish", lambda: all(p.poll() is not None for _, p in procs), 240, [])
-            for name, p in procs:
-                check(p.returncode == 0, f"{name} finished with status {p.returncode}")
-            print(f"elastic run: {time.time() - t0:.1f} s")
+                procs = lose_host(hosts[1], procs)
+            ok = finish_agents(check, procs, t0)
     finally:
-        for h in hosts:
-            h.stop()
-    check(ok, "the scripted join and loss happened and the job finished")
-    if not ok:
-        for h in hosts:
-            with open(os.path.join(tmp, f"host{h.index}.log")) as f:
-                print(f"---- host {h.index}\n" + "".join(f.readlines()[-80:]))
+        stop_hosts(check, ok, "the scripted join and loss happened and the job finished", tmp, hosts)
     if leave:  # every step, the worlds; both changes stopped at a step boundary with a commit, no step re-run
         events, starts = check_steps_and_worlds(check, static_log, log)
         stops = [e["step"] for e in events if e["event"] == "elastic_stop"]
@@ -287,11 +350,76 @@ def scenario(tenplex, repo, endpoint, tmp, leave, net=None):
     else:  # and the loss: restored from the last commit, host 1's daemon lost, at most COMMIT_EVERY steps re-run
         check_run(check, static_log, log, hosts[1].daemon.url if len(hosts) > 1 else None)
     check_pids(check, log, [0, 2])
+    pre = [e for e in read_log(log)[1] if e["event"] == "presize"]
+    check(
+        any(e["epoch"] == 2 and "error" not in e and e["config"] == "tp=2,pp=1,dp=3" for e in pre),
+        f"rank 0 pre-sized the join's world (tp=2,dp=3) while it formed: {pre}",
+    )
     worlds = [(w["epoch"], w["world_size"]) for w in worlds_of(log)]
     check([s for _, s in worlds] == [4, 6, 4], f"the worlds' sizes 4, 6, 4: {worlds}")
     if t_join is not None:
         report_event("join (host 2 registered)", t_join, hosts, log, 2)
         report_event("leave (SIGTERM)" if leave else f"loss (SIGKILL; TTL {TTL:g} s)", t_loss, hosts, log, 3)
+    return check
+
+
+def rendezvous_kill(tenplex, repo, endpoint, tmp):
+    """--rendezvous-kill: host 2 joins at step 3 and is SIGKILLed as soon as its agent told its
+    workers world 2, before that world's rendezvous can finish (hosts 0 and 1 are still
+    stopping at a step boundary). Its key expires, the leader writes world 3 without it
+    (lost), and hosts 0 and 1 must drop world 2's rendezvous and train on in world 3 within
+    RDZV_BOUND s of the kill, not after the process group's timeout (60 s here)."""
+    check = Checks()
+    model, policy, static_log = setup_job(tenplex, repo, tmp)
+    log = os.path.join(tmp, "elastic.jsonl")
+    hosts, ok, t_kill = [], False, None
+    t0 = time.time()
+    try:
+        go = os.path.join(tmp, "go-host2")
+        hosts = [Host(i, tenplex, repo, tmp, endpoint, model, policy, log, go if i == 2 else None) for i in range(3)]
+        told = (
+            "host 2's workers told world 2",
+            lambda: any(e["event"] == "world" and e["epoch"] == 2 for e in hosts[2].agent_events()),
+        )
+        ok, procs = scale_up(hosts, go, log, None, t0, until=told)
+        if ok:
+            t_kill = time.time()
+            print(f"host 2 told world 2 after {t_kill - t0:.1f} s; killing host 2")
+            ok = finish_agents(check, lose_host(hosts[2], procs), t0)
+    finally:
+        stop_hosts(
+            check, ok, "the scripted join, the kill during its rendezvous and the job's end happened", tmp, hosts
+        )
+    base, _ = steps_of(static_log)
+    got, events = steps_of(log) if os.path.exists(log) else ({}, [])
+    check(sorted(got) == list(range(STEPS)), f"every step logged: {sorted(got)}")
+    check_steps(check, got, base, STEPS)
+    worlds = [(w["epoch"], w["world_size"]) for w in worlds_of(log)]
+    check(worlds == [(1, 4), (3, 4)], f"worlds (epoch, size) (1, 4) then (3, 4): world 2 never formed: {worlds}")
+    aborted = [e for e in events if e["event"] == "rendezvous_aborted"]
+    check([e["epoch"] for e in aborted] == [2], f"world 2's rendezvous aborted (rank 0): {aborted}")
+    stops = [e["step"] for e in events if e["event"] == "elastic_stop"]
+    starts = [e for e in events if e["event"] == "elastic_start"]
+    check(
+        len(starts) == 2 and stops == [starts[1].get("step")],
+        f"stopped at a step boundary with a commit for world 2, world 3 starts there: {stops} / {starts}",
+    )
+    check_pids(check, log, [0, 1])
+    t = event_times(log, 3)
+    if t_kill is not None and "world" in t and aborted:
+        joined = t["world"] - t_kill
+        print(
+            f"kill during world 2's rendezvous: aborted after {aborted[0]['time'] - t_kill:.2f} s "
+            f"(rendezvous waited {aborted[0]['seconds']:.2f} s), world 3 joined after {joined:.2f} s, "
+            f"its first step ended after {t.get('first_step', float('nan')) - t_kill:.2f} s (TTL {TTL:g} s)"
+        )
+        check(
+            joined <= RDZV_BOUND,
+            f"world 3 joined within {RDZV_BOUND:g} s of the kill (TTL {TTL:g} s + "
+            f"settle, quorum and re-join; the process group's timeout is 60 s): {joined:.2f} s",
+        )
+    else:
+        check(False, f"the kill's times: kill {t_kill}, world 3 {t}, aborted {aborted}")
     return check
 
 
@@ -307,7 +435,10 @@ def main():
             etcd = Etcd("127.0.0.1" if net is None else net.subnet + ".1", tmp)
             if "--quorum" in sys.argv[3:]:
                 return quorum_case(etcd.endpoint)
-            check = scenario(tenplex, repo, etcd.endpoint, tmp, "--leave" in sys.argv[3:], net)
+            if "--rendezvous-kill" in sys.argv[3:]:
+                check = rendezvous_kill(tenplex, repo, etcd.endpoint, tmp)
+            else:
+                check = scenario(tenplex, repo, etcd.endpoint, tmp, "--leave" in sys.argv[3:], net)
         finally:
             if etcd is not None:
                 etcd.stop()

@@ -43,6 +43,31 @@ TRAIN_ARGS = ["--global-batch-size", "12", "--micro-batch-size", "2", "--seq-len
 RDZV_TIMEOUTS = "last_call_timeout=1,join_timeout=120,close_timeout=10"  # --rdzv_conf of every backend
 
 
+def train_command(repo, policy, model, log_flag, log):
+    """`train.py --elastic` as these tests run it: the policy, the model, STEPS, a commit every
+    COMMIT_EVERY steps, the step log (log_flag: --step-log or --log), steps padded to 0.4 s."""
+    return [
+        os.path.join(repo, "examples/gpt/train.py"),
+        "--elastic",
+        policy,
+        "--job",
+        "gpt",
+        "--model",
+        model,
+        "--steps",
+        str(STEPS),
+        "--commit-every",
+        str(COMMIT_EVERY),
+        log_flag,
+        log,
+        "--min-step-seconds",
+        "0.4",
+        "--timeout",
+        "60",
+        *TRAIN_ARGS,
+    ]
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -140,24 +165,7 @@ class Host:
             "--rdzv_id=torchrun-test",
             "--monitor_interval=0.5",
             "--max_restarts=3",
-            os.path.join(repo, "examples/gpt/train.py"),
-            "--elastic",
-            policy,
-            "--job",
-            "gpt",
-            "--model",
-            model,
-            "--steps",
-            str(STEPS),
-            "--commit-every",
-            str(COMMIT_EVERY),
-            "--step-log",
-            log,
-            "--min-step-seconds",
-            "0.4",
-            "--timeout",
-            "60",
-            *TRAIN_ARGS,
+            *train_command(repo, policy, model, "--step-log", log),
             *extra,
         ]
         self.agent = subprocess.Popen(cmd, stdout=self.out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -293,9 +301,9 @@ def committed_on_6(log):
     return bool(starts) and any(e["event"] == "commit" for e in events[starts[0] :])
 
 
-def scale_up(hosts, go, log, net, t0):
-    """(ok, [(name, agent)]): hosts 0 and 1 train to step 3, host 2 joins (go), the 6-rank world commits.
-    Exit 77 where the namespaces' daemons cannot be reached."""
+def scale_up(hosts, go, log, net, t0, until=("a commit on 3 hosts", None)):
+    """(ok, [(name, agent)]): hosts 0 and 1 train to step 3, host 2 joins (go), the 6-rank world commits
+    (or until[1]() is true, described by until[0]). Exit 77 where the namespaces' daemons cannot be reached."""
     if net is not None:
         try:  # the bridge may be filtered on some machines: that is the environment, not us
             for h in hosts:
@@ -308,8 +316,33 @@ def scale_up(hosts, go, log, net, t0):
     if ok:
         print(f"2 hosts at step 3 after {time.time() - t0:.1f} s; host 2 joins")
         open(go, "w").close()
-        ok = wait_for("a commit on 3 hosts", lambda: committed_on_6(log), 180, procs)
+        ok = wait_for(until[0], until[1] or (lambda: committed_on_6(log)), 180, procs)
     return ok, procs
+
+
+def lose_host(host, procs):
+    """SIGKILLs every process of `host` (Host.kill_all); the agents left to wait for (procs without its agent)."""
+    host.kill_all()
+    return [(n, p) for n, p in procs if p is not host.agent]
+
+
+def finish_agents(check, procs, t0):
+    """The end of a run: waits (240 s) for every agent of procs [(name, Popen)] to exit and checks
+    that each exited 0; True when all exited."""
+    ok = wait_for("the agents to finish", lambda: all(p.poll() is not None for _, p in procs), 240, [])
+    for name, p in procs:
+        check(p.returncode == 0, f"{name} finished with status {p.returncode}")
+    print(f"elastic run: {time.time() - t0:.1f} s")
+    return ok
+
+
+def stop_hosts(check, ok, what, tmp, hosts):
+    """Stops every host (what still runs is killed), checks `what` by ok, prints the hosts' logs when not."""
+    for h in hosts:
+        h.stop()
+    check(ok, what)
+    if not ok:
+        print_host_logs(tmp, hosts)
 
 
 def print_host_logs(tmp, hosts):
@@ -336,20 +369,9 @@ def run_test(tenplex, repo, net):
             ok, procs = scale_up(hosts, go, log, net, t0)
             if ok:
                 print(f"committed on 3 hosts after {time.time() - t0:.1f} s; killing host 1")
-                hosts[1].kill_all()
-                procs = [(n, p) for n, p in procs if n != "agent 1"]
-                ok = wait_for(
-                    "the survivors' agents to finish", lambda: all(p.poll() is not None for _, p in procs), 240, []
-                )
-                for name, p in procs:
-                    check(p.returncode == 0, f"{name} finished with status {p.returncode}")
-                print(f"elastic run: {time.time() - t0:.1f} s")
+                ok = finish_agents(check, lose_host(hosts[1], procs), t0)
         finally:
-            for h in hosts:
-                h.stop()
-        check(ok, "the scripted scale-up and failure happened and the job finished")
-        if not ok:
-            print_host_logs(tmp, hosts)
+            stop_hosts(check, ok, "the scripted scale-up and failure happened and the job finished", tmp, hosts)
         check_run(check, static_log, log, hosts[1].daemon.url)
     check.finish()
 

@@ -16,6 +16,7 @@ workers take part in the stop and commit, then exit 0. The agent exits 0 when it
 finished the job (or left); a worker that fails otherwise makes it stop the others and
 exit with that worker's status (its host key then disappears: the others lose this host).
 """
+
 import argparse
 import json
 import os
@@ -25,12 +26,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import List, Optional
+from typing import Optional
 
 from . import membership as mb
 
 
-def parse_args(argv: List[str]) -> argparse.Namespace:
+def parse_args(argv: list[str]) -> argparse.Namespace:
     if "--" not in argv:
         raise SystemExit("usage: python -m tenplex.hostagent [options] -- SCRIPT ARGS... (the '--' is missing)")
     i = argv.index("--")
@@ -46,10 +47,14 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     ap.add_argument("--ttl", type=float, default=10.0, help="seconds a dead host stays in the quorum at most")
     ap.add_argument("--settle", type=float, default=0.3, help="seconds the live hosts must be stable for a new world")
     ap.add_argument("--events", help="append this agent's events (JSON lines: registered, world) to FILE")
-    ap.add_argument("--register-after", metavar="FILE", help="register in the quorum only once FILE exists "
-                    "(scripted joins in tests and demos: the workers are started and ready before)")
+    ap.add_argument(
+        "--register-after",
+        metavar="FILE",
+        help="register in the quorum only once FILE exists "
+        "(scripted joins in tests and demos: the workers are started and ready before)",
+    )
     args = ap.parse_args(argv[:i])
-    args.command = argv[i + 1:]
+    args.command = argv[i + 1 :]
     if not args.command:
         ap.error("give the worker's script after '--'")
     if args.nproc < 1:
@@ -67,9 +72,17 @@ class Agent:
         self.dir = tempfile.mkdtemp(prefix="tenplex-member-")
         self.control = mb.Control(self.dir)
         value = {"store_url": args.store_url.rstrip("/"), "addr": self.addr, "nproc": args.nproc}
-        self.quorum = mb.Quorum(args.etcd, args.job, self.host_id, value, ttl=args.ttl, min_hosts=args.min_hosts,
-                                max_hosts=args.max_hosts, settle=args.settle)
-        self.workers: List[subprocess.Popen] = []
+        self.quorum = mb.Quorum(
+            args.etcd,
+            args.job,
+            self.host_id,
+            value,
+            ttl=args.ttl,
+            min_hosts=args.min_hosts,
+            max_hosts=args.max_hosts,
+            settle=args.settle,
+        )
+        self.workers: list[subprocess.Popen] = []
         self.stores = []  # the TCPStores this host serves (the last two epochs)
         self.seen = 0  # the newest epoch told to the workers
         self.member = False  # this host is in the world the workers were last told
@@ -83,12 +96,21 @@ class Agent:
 
     def start_workers(self) -> None:
         for lr in range(self.args.nproc):
-            env = dict(os.environ, **{mb.ENV_DIR: self.dir, mb.ENV_LOCAL_RANK: str(lr), mb.ENV_HOST_ID: self.host_id,
-                                      "LOCAL_RANK": str(lr), "LOCAL_WORLD_SIZE": str(self.args.nproc),
-                                      "TENPLEX_STORE_URL": self.args.store_url})
+            env = dict(
+                os.environ,
+                **{
+                    mb.ENV_DIR: self.dir,
+                    mb.ENV_LOCAL_RANK: str(lr),
+                    mb.ENV_HOST_ID: self.host_id,
+                    "LOCAL_RANK": str(lr),
+                    "LOCAL_WORLD_SIZE": str(self.args.nproc),
+                    "TENPLEX_STORE_URL": self.args.store_url,
+                },
+            )
             env[mb.ENV_ABORT_WAIT] = str(3 * self.args.ttl + self.args.settle + 10)
-            self.workers.append(subprocess.Popen([sys.executable, *self.args.command], env=env,
-                                                 preexec_fn=_die_with_parent))
+            self.workers.append(
+                subprocess.Popen([sys.executable, *self.args.command], env=env, preexec_fn=_die_with_parent)
+            )
 
     def tell(self, w: mb.World) -> None:
         """Tells the workers world w: the world file at once (stop or abort), then the store's address."""
@@ -98,8 +120,9 @@ class Agent:
             return  # a world without this host, which never had it: the workers wait for one with it
         self.control.write_world(w, abort=bool(w.lost) and self.member)
         self.seen, self.member = w.epoch, mine
-        self.event({"event": "world", "epoch": w.epoch, "hosts": w.hosts, "lost": w.lost, "left": w.left,
-                    "world_time": w.time})
+        self.event(
+            {"event": "world", "epoch": w.epoch, "hosts": w.hosts, "lost": w.lost, "left": w.left, "world_time": w.time}
+        )
         if not mine:
             return
         if w.hosts[0] == self.host_id:
@@ -109,6 +132,9 @@ class Agent:
         else:
             address = self.quorum.wait_store(w.epoch, 120)
             if address is None:
+                newer = self.quorum.world()
+                if newer is not None and newer.epoch > w.epoch:
+                    return  # its first host died before serving the store: the loop tells the newer world
                 raise mb.MembershipError(f"no store address for world {w.epoch} from {w.hosts[0]} within 120 s")
         self.control.write_master(w.epoch, address)
 
@@ -188,13 +214,14 @@ def _die_with_parent() -> None:
     """In the worker before exec: SIGKILL when the agent dies (PR_SET_PDEATHSIG), so that a
     killed agent leaves no worker behind (its host is lost for the others then)."""
     import ctypes
+
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
     except OSError:
         pass  # not Linux glibc: the agent's own exit path still stops its workers
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         return Agent(args).run()

@@ -26,24 +26,20 @@ as torchrun's etcd-v2 rendezvous uses it). Under ``/tenplex/<job>/``:
 The agent tells its workers through a control directory (Control): ``world-<e>.json``
 (the world, written as soon as the agent sees it: a stop at the next step boundary, or
 an abort when it lost a host) and ``master-<e>`` (the epoch's store address). A worker
-(Member, used by tenplex.elastic.Job when TENPLEX_MEMBERSHIP names that directory)
+(tenplex.member.Member, used by tenplex.elastic.Job when TENPLEX_MEMBERSHIP names that directory)
 watches for them in a thread: a new epoch raises Job.step_done's stop flag; an abort
 shuts down the process's connected sockets (warm.shutdown_sockets) so that a pending
 gloo collective fails at once; Job.rejoin() then joins the next world.
 """
-import gc
+
 import json
 import logging
 import os
 import socket
-import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Dict, List, Optional, Tuple
-
-from .elastic_cluster import ElasticError
-from .elastic_policy import pick_choice
+from typing import Optional
 
 log = logging.getLogger("tenplex.membership")
 
@@ -57,13 +53,18 @@ class MembershipError(RuntimeError):
     """A membership operation failed (etcd unreachable, bad arguments, no world in time)."""
 
 
+class WorldAborted(MembershipError):
+    """The world being joined was aborted before its rendezvous finished (a host of it was
+    lost meanwhile): join the next one."""
+
+
 @dataclass
 class World:
     epoch: int
-    hosts: List[str]  # host ids in rank order: host i holds ranks i*nproc .. i*nproc+nproc-1
-    info: Dict[str, dict]  # host id -> its registration value (store_url, addr, nproc)
-    lost: List[str] = field(default_factory=list)  # hosts of the previous world that died
-    left: List[str] = field(default_factory=list)  # hosts of the previous world that left (planned)
+    hosts: list[str]  # host ids in rank order: host i holds ranks i*nproc .. i*nproc+nproc-1
+    info: dict[str, dict]  # host id -> its registration value (store_url, addr, nproc)
+    lost: list[str] = field(default_factory=list)  # hosts of the previous world that died
+    left: list[str] = field(default_factory=list)  # hosts of the previous world that left (planned)
     time: float = 0.0  # the leader's wall clock when it wrote the world
 
     def to_json(self) -> str:
@@ -72,12 +73,19 @@ class World:
     @staticmethod
     def from_json(text: str) -> "World":
         d = json.loads(text)
-        return World(int(d["epoch"]), list(d["hosts"]), dict(d["info"]), list(d.get("lost", [])),
-                     list(d.get("left", [])), float(d.get("time", 0.0)))
+        return World(
+            int(d["epoch"]),
+            list(d["hosts"]),
+            dict(d["info"]),
+            list(d.get("lost", [])),
+            list(d.get("left", [])),
+            float(d.get("time", 0.0)),
+        )
 
 
-def next_world(prev: Optional[World], live: Dict[str, dict], order: List[str], min_hosts: int,
-               max_hosts: int) -> Optional[World]:
+def next_world(
+    prev: Optional[World], live: dict[str, dict], order: list[str], min_hosts: int, max_hosts: int
+) -> Optional[World]:
     """The world that follows `prev` for the live hosts ({host id: value}, registered in
     `order`), or None when it is the same or too small. Survivors keep their places,
     new hosts come at the end, at most max_hosts; hosts marked leaving are left out."""
@@ -90,15 +98,24 @@ def next_world(prev: Optional[World], live: Dict[str, dict], order: List[str], m
         return None
     nproc = {live[h].get("nproc") for h in hosts}
     if len(nproc) != 1:
-        raise MembershipError(f"the hosts run different numbers of workers ({sorted(map(str, nproc))}): "
-                              "give every host agent the same --nproc")
+        raise MembershipError(
+            f"the hosts run different numbers of workers ({sorted(map(str, nproc))}): "
+            "give every host agent the same --nproc"
+        )
     gone = [h for h in old if h not in hosts]
-    return World((prev.epoch if prev else 0) + 1, hosts, {h: live[h] for h in hosts},
-                 lost=[h for h in gone if h not in live], left=[h for h in gone if h in live], time=time.time())
+    return World(
+        (prev.epoch if prev else 0) + 1,
+        hosts,
+        {h: live[h] for h in hosts},
+        lost=[h for h in gone if h not in live],
+        left=[h for h in gone if h in live],
+        time=time.time(),
+    )
 
 
 def _client(endpoint: str):
     import etcd  # python-etcd (in the project's .venv)
+
     host, _, port = endpoint.rpartition(":")
     if not host or not port.isdigit():
         raise MembershipError(f"--etcd {endpoint!r} must be HOST:PORT")
@@ -110,13 +127,24 @@ class Quorum:
     holds the leader key, and the worlds. Thread-safety: start() runs a background thread
     (keys refreshed, leader steps); the other methods are called from one thread."""
 
-    def __init__(self, endpoint: str, job: str, host_id: str, value: dict, ttl: float = 10.0, min_hosts: int = 1,
-                 max_hosts: int = 1 << 30, settle: float = 0.3, poll: float = 0.05):
+    def __init__(
+        self,
+        endpoint: str,
+        job: str,
+        host_id: str,
+        value: dict,
+        ttl: float = 10.0,
+        min_hosts: int = 1,
+        max_hosts: int = 1 << 30,
+        settle: float = 0.3,
+        poll: float = 0.05,
+    ):
         if not job or "/" in job or not host_id or "/" in host_id:
             raise MembershipError(f"job {job!r} and host id {host_id!r} must be non-empty without '/'")
         if ttl < 1 or min_hosts < 1 or max_hosts < min_hosts:
-            raise MembershipError(f"need ttl >= 1 (got {ttl}) and 1 <= min_hosts <= max_hosts "
-                                  f"(got {min_hosts}, {max_hosts})")
+            raise MembershipError(
+                f"need ttl >= 1 (got {ttl}) and 1 <= min_hosts <= max_hosts (got {min_hosts}, {max_hosts})"
+            )
         self.endpoint, self.job, self.host_id, self.value = endpoint, job, host_id, dict(value)
         self.ttl, self.min_hosts, self.max_hosts, self.settle, self.poll = ttl, min_hosts, max_hosts, settle, poll
         self.root = f"/tenplex/{job}"
@@ -134,6 +162,7 @@ class Quorum:
         """Registers this host (atomic create: a live host of the same id makes it wait up
         to `timeout` seconds for that key to expire, then fail)."""
         import etcd
+
         deadline = time.monotonic() + max(timeout, 0.0)
         while True:
             try:
@@ -142,8 +171,10 @@ class Quorum:
                 return
             except etcd.EtcdAlreadyExist:
                 if time.monotonic() > deadline:
-                    raise MembershipError(f"host id {self.host_id} is already registered in job {self.job} "
-                                          f"({self.endpoint}): another live agent uses it") from None
+                    raise MembershipError(
+                        f"host id {self.host_id} is already registered in job {self.job} "
+                        f"({self.endpoint}): another live agent uses it"
+                    ) from None
                 time.sleep(0.2)
             except etcd.EtcdException as e:
                 raise MembershipError(f"etcd at {self.endpoint}: registering {self._key}: {e}") from None
@@ -151,13 +182,15 @@ class Quorum:
     def check(self) -> None:
         """MembershipError unless etcd answers (with its v2 API)."""
         import etcd
+
         try:
             self._etcd.read(self.root)
         except etcd.EtcdKeyNotFound:
             pass
         except etcd.EtcdException as e:
-            raise MembershipError(f"etcd at {self.endpoint} does not answer (v2 API; start it with --enable-v2): "
-                                  f"{e}") from None
+            raise MembershipError(
+                f"etcd at {self.endpoint} does not answer (v2 API; start it with --enable-v2): {e}"
+            ) from None
 
     def leave(self) -> None:
         """A planned leave: the host stays registered but marked leaving, so that the next
@@ -173,6 +206,7 @@ class Quorum:
         """Stops the thread and removes this host's key (and the leader key when held);
         remove_keys=False leaves them to expire (what a host that dies does)."""
         import etcd
+
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
@@ -188,6 +222,7 @@ class Quorum:
 
     def world(self) -> Optional[World]:
         import etcd
+
         try:
             return World.from_json(self._etcd.read(f"{self.root}/world").value)
         except etcd.EtcdKeyNotFound:
@@ -197,13 +232,19 @@ class Quorum:
         self._etcd.write(f"{self.root}/epochs/{epoch}/store", address, ttl=24 * 3600)
 
     def wait_store(self, epoch: int, timeout: float) -> Optional[str]:
-        """host:port of epoch's store, or None when it did not appear within timeout."""
+        """host:port of epoch's store; None when it did not appear within timeout or a newer
+        world came first (the first host of `epoch` died before publishing it: the world
+        that counts it lost follows within the TTL)."""
         import etcd
+
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
                 return self._etcd.read(f"{self.root}/epochs/{epoch}/store").value
             except etcd.EtcdKeyNotFound:
+                w = self.world()
+                if w is not None and w.epoch > epoch:
+                    return None
                 time.sleep(0.01)
         return None
 
@@ -212,6 +253,7 @@ class Quorum:
 
     def done(self) -> bool:
         import etcd
+
         try:
             self._etcd.read(f"{self.root}/done")
             return True
@@ -222,9 +264,10 @@ class Quorum:
 
     def _run(self) -> None:
         import etcd
+
         c = _client(self.endpoint)
         next_refresh = 0.0
-        candidate: Tuple[Optional[List[str]], float] = (None, 0.0)  # (hosts, since when they are so)
+        candidate: tuple[Optional[list[str]], float] = (None, 0.0)  # (hosts, since when they are so)
         while not self._stop.is_set():
             now = time.monotonic()
             try:
@@ -257,6 +300,7 @@ class Quorum:
 
     def _take_leader(self, c) -> bool:
         import etcd
+
         try:
             c.write(f"{self.root}/leader", self.host_id, ttl=int(self.ttl), prevExist=False)
             return True
@@ -265,6 +309,7 @@ class Quorum:
 
     def _refresh_leader(self, c) -> bool:
         import etcd
+
         try:
             c.write(f"{self.root}/leader", self.host_id, ttl=int(self.ttl), prevValue=self.host_id)
             return True
@@ -275,6 +320,7 @@ class Quorum:
         """One leader step: reads the live hosts; writes the next world once the set was
         stable for `settle` seconds (compare-and-swap on the previous world)."""
         import etcd
+
         try:
             c.read(f"{self.root}/done")
             return candidate
@@ -314,6 +360,7 @@ class Quorum:
 
 # ---- the control directory between an agent and its workers ---------------------------
 
+
 def _write_atomic(path: str, text: str) -> None:
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w") as f:
@@ -341,7 +388,7 @@ class Control:
     def ready(self, nproc: int) -> bool:
         return all(os.path.exists(os.path.join(self.dir, f"ready-{i}")) for i in range(nproc))
 
-    def newest(self) -> Tuple[int, Optional[dict]]:
+    def newest(self) -> tuple[int, Optional[dict]]:
         """(epoch, world record) of the newest world file, (0, None) when none."""
         epochs = [int(n[6:-5]) for n in os.listdir(self.dir) if n.startswith("world-") and n.endswith(".json")]
         if not epochs:
@@ -363,138 +410,9 @@ def serve_store(addr: str):
     import datetime
 
     import torch.distributed as dist
+
     store = dist.TCPStore(addr, 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=300))
     return store, f"{addr}:{store.port}"
-
-
-# ---- the worker's side ----------------------------------------------------------------
-
-class Member:
-    """A worker's view of its agent's worlds (tenplex.elastic.Job in membership mode)."""
-
-    def __init__(self, directory: str, local_rank: int, host_id: str, timeout: float = 600.0):
-        self.control, self.local_rank, self.host_id, self.timeout = Control(directory), local_rank, host_id, timeout
-        self.epoch = 0  # the world this worker is in (0: none yet)
-        self.world: Optional[dict] = None
-        self.announced = threading.Event()  # a newer world than self.epoch exists
-        self.aborted = threading.Event()  # ... and it lost a host: the segment is aborted
-        self._stop = threading.Event()
-        self._thread: Optional[threading.Thread] = None
-
-    @staticmethod
-    def from_env() -> Optional["Member"]:
-        d = os.environ.get(ENV_DIR)
-        if not d:
-            return None
-        if not os.path.isdir(d) or ENV_LOCAL_RANK not in os.environ or ENV_HOST_ID not in os.environ:
-            raise MembershipError(f"{ENV_DIR}={d!r} needs an existing control directory and {ENV_LOCAL_RANK}, "
-                                  f"{ENV_HOST_ID} (set by python -m tenplex.hostagent)")
-        return Member(d, int(os.environ[ENV_LOCAL_RANK]), os.environ[ENV_HOST_ID])
-
-    def next_world(self) -> Optional[Dict[str, int]]:
-        """Waits for the newest world after self.epoch; torchrun-style numbers of this worker
-        in it ({"WORLD_SIZE", "RANK", ...}), or None when it has no place for this host."""
-        if self.epoch == 0:
-            # What is loaded by now (torch, the client's modules) lives as long as the process: out
-            # of the collector's sight, the collection at each teardown takes milliseconds, not 0.5 s.
-            gc.collect()
-            gc.freeze()
-            self.control.write_ready(self.local_rank)
-        deadline = time.monotonic() + self.timeout
-        while True:  # (the agent writes the worlds that have this host, and the first one without it)
-            e, w = self.control.newest()
-            if e > self.epoch:
-                if self.host_id not in w["hosts"]:
-                    return None
-                break
-            if time.monotonic() > deadline:
-                raise MembershipError(f"no world with host {self.host_id} within {self.timeout:g} s")
-            time.sleep(0.005)
-        self.epoch, self.world = e, w
-        self.announced.clear()
-        self.aborted.clear()
-        nproc = int(w["info"][self.host_id]["nproc"])
-        g = w["hosts"].index(self.host_id)
-        return {"WORLD_SIZE": nproc * len(w["hosts"]), "RANK": g * nproc + self.local_rank,
-                "LOCAL_RANK": self.local_rank, "LOCAL_WORLD_SIZE": nproc, "GROUP_RANK": g}
-
-    def init_process_group(self, backend: str, rank: int, world_size: int, timeout: float) -> None:
-        """Joins this epoch's process group through the first host's TCPStore (a
-        PrefixStore per epoch); then watches for the next world."""
-        import datetime
-
-        import torch.distributed as dist
-
-        from . import warm
-        deadline = time.monotonic() + self.timeout
-        while (address := self.control.master(self.epoch)) is None:
-            if time.monotonic() > deadline:
-                raise MembershipError(f"no store address for world {self.epoch} within {self.timeout:g} s")
-            time.sleep(0.002)
-        host, port = address.rsplit(":", 1)
-        warm.wait_port(host, int(port), timeout)
-        td = datetime.timedelta(seconds=timeout)
-        store = dist.PrefixStore(f"epoch{self.epoch}/", dist.TCPStore(host, int(port), is_master=False, timeout=td))
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=td)
-        self._watch()
-
-    def _watch(self) -> None:
-        from . import warm
-        self._stop.clear()
-
-        def loop():
-            while not self._stop.is_set():
-                e, w = self.control.newest()
-                if e > self.epoch:
-                    if w.get("abort"):
-                        self.aborted.set()
-                        warm.ABORT.set()
-                        warm.shutdown_sockets()  # a pending collective fails at once, here and at the peers
-                    self.announced.set()
-                    return
-                self._stop.wait(0.005)
-
-        self._thread = threading.Thread(target=loop, name="tenplex-member", daemon=True)
-        self._thread.start()
-
-    def failed(self, error: BaseException, wait: float) -> bool:
-        """A step or collective raised `error`: True when the agent aborted the world (a
-        host was lost; waits up to `wait` seconds for that news), else False."""
-        from . import warm
-        warm.shutdown_sockets()  # the peers fail too, instead of waiting for a timeout
-        deadline = time.monotonic() + wait
-        while not self.aborted.is_set() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        return self.aborted.is_set()
-
-    def teardown(self) -> None:
-        import torch.distributed as dist
-
-        from . import warm
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        if dist.is_initialized():
-            try:
-                dist.destroy_process_group()
-            except Exception:  # noqa: BLE001 - a broken world is dropped all the same
-                pass
-        gc.collect()  # the old world's groups and tensors (cycles); what lives on is frozen
-        gc.freeze()
-        warm.ABORT.clear()
-
-
-def env_int(name, default=None):
-    v = os.environ.get(name)
-    if v is None:
-        if default is None:
-            raise ElasticError(f"{name} is not set: run under torchrun")
-        return default
-    try:
-        return int(v)
-    except ValueError:
-        raise ElasticError(f"{name}={v!r} is not an integer") from None
 
 
 def default_host_id(store_url: str) -> str:
@@ -502,66 +420,5 @@ def default_host_id(store_url: str) -> str:
     return f"{socket.gethostname()}-{store_url.rstrip('/').rsplit(':', 1)[-1]}"
 
 
-class MemberJob:
-    """The membership mode of tenplex.elastic.Job (its base class): joining each world
-    in-process. Uses Job's _member, _pg, rank, world_size, _coord, _log_event, _set_world."""
-
-    def _set_world(self, world) -> None:
-        """Rank and sizes from torchrun's environment, or the agent's world (a dict of the same
-        names); the config (and knobs: the Megatron-LM arguments of a suggest: policy's choice)."""
-        get = world.__getitem__ if world else env_int
-        self.world_size, self.rank, self.local_rank, self.local_world_size, self.group_rank = (
-            get(k) for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK"))
-        if self.rank != self.group_rank * self.local_world_size + self.local_rank:
-            raise ElasticError(f"rank {self.rank} is not group_rank {self.group_rank} x {self.local_world_size} + "
-                               f"local_rank {self.local_rank}: every host must run the same --nproc_per_node")
-        self.config, self.knobs = pick_choice(self.policy, self.world_size, self.local_world_size)
-
-    @property
-    def membership(self) -> bool:
-        """True in membership mode (workers stay alive: rejoin()), False under torchrun."""
-        return self._member is not None
-
-    def _join_world(self, times: Optional[Dict[str, float]] = None) -> None:
-        """Joins the process group of the world just read; rank 0 logs it ("world": the
-        epoch, every rank's (host, local rank, pid), the seconds of rejoin's phases)."""
-        import torch.distributed as dist
-        backend, timeout = self._pg
-        t0 = time.perf_counter()
-        self._member.init_process_group(backend, self.rank, self.world_size, timeout)
-        pids = [None] * self.world_size
-        dist.all_gather_object(pids, (self._member.host_id, self.local_rank, os.getpid()))
-        self._first_step = True  # step_done logs the world's first step (its reconfiguration ends there)
-        rec = {"event": "world", "epoch": self._member.epoch, "world_size": self.world_size, "pids": pids}
-        if times:
-            rec.update({k: round(v, 4) for k, v in times.items()}, init_pg_s=round(time.perf_counter() - t0, 4))
-        self._log_event(rec)
-
-    def rejoin(self) -> None:
-        """Membership mode, after step_done returned True or after a failure that aborted()
-        took: the process group down, the next world joined; call restore() next. Exits 0
-        when that world has no place for this worker (its host left)."""
-        if self._member is None:
-            raise RuntimeError("rejoin() needs membership mode (run under python -m tenplex.hostagent)")
-        t0 = time.perf_counter()
-        if self._coord is not None:
-            self._coord.release()
-            self._coord = None
-        self._pending = None
-        t1 = time.perf_counter()
-        self._member.teardown()
-        t2 = time.perf_counter()
-        world = self._member.next_world()
-        if world is None:
-            self._log_event({"event": "elastic_exit", "left": True})
-            sys.stdout.flush()
-            sys.exit(0)
-        self._set_world(world)
-        self.hosts, self._term = None, False
-        self._join_world({"release_s": t1 - t0, "teardown_s": t2 - t1, "wait_world_s": time.perf_counter() - t2})
-
-    def aborted(self, error: BaseException) -> bool:
-        """True when `error` (raised by a step or a collective) came from the agent's abort
-        (a host of the world was lost: rejoin() next), False for a real error (and always
-        under torchrun)."""
-        return self._member is not None and self._member.failed(error, wait=float(os.environ.get(ENV_ABORT_WAIT, 120)))
+# The worker's side (tenplex.member): re-exported, tenplex.elastic.Job uses it through this module.
+from .member import Member, MemberJob, env_int  # noqa: E402,F401

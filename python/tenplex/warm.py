@@ -18,6 +18,7 @@ like after a normal segment. A worker whose own collective fails first (a direct
 the dead one) breaks its connections the same way and waits for the abort; when none
 comes (a real error, not a failure the runner knows), it raises the error.
 """
+
 import gc
 import json
 import os
@@ -48,8 +49,11 @@ def shutdown_sockets():
         except (OSError, ValueError):
             continue
         try:
-            if (s.family in (socket.AF_INET, socket.AF_INET6) and s.type == socket.SOCK_STREAM
-                    and not s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)):
+            if (
+                s.family in (socket.AF_INET, socket.AF_INET6)
+                and s.type == socket.SOCK_STREAM
+                and not s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+            ):
                 s.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
@@ -68,19 +72,38 @@ def _wait_file(path, timeout, what):
         time.sleep(0.002)
 
 
-def wait_port(host, port, timeout):
+def wait_port(host, port, timeout, cancel=None):
     """Waits until rank 0's rendezvous store listens on host:port. (torch's store client
     retries a refused connection only once a second: a warm world that joins in
-    milliseconds would lose a second on it.)"""
+    milliseconds would lose a second on it.) Returns early once cancel() is true (the
+    world was aborted meanwhile: its store's host may be dead)."""
     deadline = time.monotonic() + timeout
     while True:
         try:
             socket.create_connection((host, port), timeout=1).close()
             return
         except OSError:
-            if time.monotonic() > deadline:
-                return  # init_process_group reports it
+            if time.monotonic() > deadline or (cancel is not None and cancel()):
+                return  # init_process_group reports it (or the caller sees the abort)
             time.sleep(0.002)
+
+
+def drop_world(stop, thread):
+    """Ends this process's part in a world: stops its watcher (sets `stop`, joins
+    `thread` when there is one), destroys the default process group (a broken world is
+    dropped all the same), collects the old world's groups and tensors (cycles) and
+    freezes what lives on. Warm workers (Control.park) and membership workers
+    (tenplex.membership.Member.teardown) both end their worlds so."""
+    stop.set()
+    if thread is not None:
+        thread.join()
+    if dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 - a broken world is dropped all the same
+            pass
+    gc.collect()
+    gc.freeze()
 
 
 class Control:
@@ -132,17 +155,8 @@ class Control:
     def park(self):
         """After a segment: drops the process groups, says so and waits for the next
         message; returns it."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        if dist.is_initialized():
-            try:
-                dist.destroy_process_group()
-            except Exception:  # noqa: BLE001 - a broken world is dropped all the same
-                pass
-        gc.collect()  # the old world's groups and tensors (cycles); then the rest lives on
-        gc.freeze()
+        drop_world(self._stop, self._thread)
+        self._thread = None
         with open(self._path("parked"), "w"):
             pass
         self.times["parked"] = time.perf_counter()
@@ -160,9 +174,15 @@ def join_event(times, step):
     """The "warm_join" log event: the seconds of each phase between the last segment's
     state written and this one's state loaded, from perf_counter() stamps (those absent
     are left out)."""
-    phases = [("saved", "parked", "park_s"), ("parked", "message", "wait_s"), ("message", "start", "args_s"),
-              ("start", "pg", "init_pg_s"), ("pg", "trainer", "trainer_s"),
-              ("trainer", "transformed", "wait_in_s"), ("transformed", "loaded", "load_s")]
+    phases = [
+        ("saved", "parked", "park_s"),
+        ("parked", "message", "wait_s"),
+        ("message", "start", "args_s"),
+        ("start", "pg", "init_pg_s"),
+        ("pg", "trainer", "trainer_s"),
+        ("trainer", "transformed", "wait_in_s"),
+        ("transformed", "loaded", "load_s"),
+    ]
     if "transformed" not in times and "trainer" in times:
         times = dict(times, transformed=times["trainer"])  # no --state-in to wait for
     ev = {"event": "warm_join", "step": step}
@@ -174,10 +194,10 @@ def user_args(argv):
     """The worker's own arguments: argv up to the runner's (they start at its last
     --config, or for a spare at --warm-control)."""
     if "--warm-spare" in argv:
-        return argv[:argv.index("--warm-control")]
+        return argv[: argv.index("--warm-control")]
     if "--config" not in argv:
         raise SystemExit("--warm-control needs the runner's arguments (--config ...)")
-    return argv[:len(argv) - 1 - argv[::-1].index("--config")]
+    return argv[: len(argv) - 1 - argv[::-1].index("--config")]
 
 
 def serve(args, argv, parse_args, run_segment):
@@ -199,8 +219,7 @@ def serve(args, argv, parse_args, run_segment):
                 if not control.failed(e):
                     raise
                 control.kept.clear()  # the next state need not come from this segment's stop
-                print(f"warm worker: segment aborted by the runner ({type(e).__name__}: {str(e)[:200]})",
-                      flush=True)
+                print(f"warm worker: segment aborted by the runner ({type(e).__name__}: {str(e)[:200]})", flush=True)
         spare = False
         msg = control.park()
         if msg.get("exit"):

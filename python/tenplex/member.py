@@ -1,0 +1,331 @@
+"""The worker's side of in-process membership (tenplex.membership, issue 37): Member (a
+worker's view of its host agent's worlds, through the control directory) and MemberJob
+(the membership mode of tenplex.elastic.Job: joining each world in-process, rejoin(),
+aborted(), and the pre-sizing of the next world's memory while the old one stops)."""
+
+import gc
+import os
+import sys
+import threading
+import time
+from typing import Callable, Optional
+
+from .elastic_cluster import ElasticError, run_transform
+from .elastic_policy import pick_choice, tenplex_binary
+from .membership import ENV_ABORT_WAIT, ENV_DIR, ENV_HOST_ID, ENV_LOCAL_RANK, Control, MembershipError, WorldAborted
+
+
+class Member:
+    """A worker's view of its agent's worlds (tenplex.elastic.Job in membership mode)."""
+
+    def __init__(self, directory: str, local_rank: int, host_id: str, timeout: float = 600.0):
+        self.control, self.local_rank, self.host_id, self.timeout = Control(directory), local_rank, host_id, timeout
+        self.epoch = 0  # the world this worker is in (0: none yet)
+        self.world: Optional[dict] = None
+        self.announced = threading.Event()  # a newer world than self.epoch exists
+        self.aborted = threading.Event()  # ... and it lost a host: the segment is aborted
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        # Called from the watcher with a newer world's record when no host of this one was lost.
+        self.on_world: Optional[Callable[[dict], None]] = None
+
+    @staticmethod
+    def from_env() -> Optional["Member"]:
+        d = os.environ.get(ENV_DIR)
+        if not d:
+            return None
+        if not os.path.isdir(d) or ENV_LOCAL_RANK not in os.environ or ENV_HOST_ID not in os.environ:
+            raise MembershipError(
+                f"{ENV_DIR}={d!r} needs an existing control directory and {ENV_LOCAL_RANK}, "
+                f"{ENV_HOST_ID} (set by python -m tenplex.hostagent)"
+            )
+        return Member(d, int(os.environ[ENV_LOCAL_RANK]), os.environ[ENV_HOST_ID])
+
+    def next_world(self) -> Optional[dict[str, int]]:
+        """Waits for the newest world after self.epoch; torchrun-style numbers of this worker
+        in it ({"WORLD_SIZE", "RANK", ...}), or None when it has no place for this host."""
+        if self.epoch == 0:
+            # What is loaded by now (torch, the client's modules) lives as long as the process: out
+            # of the collector's sight, the collection at each teardown takes milliseconds, not 0.5 s.
+            gc.collect()
+            gc.freeze()
+            self.control.write_ready(self.local_rank)
+        deadline = time.monotonic() + self.timeout
+        while True:  # (the agent writes the worlds that have this host, and the first one without it)
+            e, w = self.control.newest()
+            if e > self.epoch:
+                if self.host_id not in w["hosts"]:
+                    return None
+                break
+            if time.monotonic() > deadline:
+                raise MembershipError(f"no world with host {self.host_id} within {self.timeout:g} s")
+            time.sleep(0.005)
+        self.epoch, self.world = e, w
+        self.announced.clear()
+        self.aborted.clear()
+        nproc = int(w["info"][self.host_id]["nproc"])
+        g = w["hosts"].index(self.host_id)
+        return {
+            "WORLD_SIZE": nproc * len(w["hosts"]),
+            "RANK": g * nproc + self.local_rank,
+            "LOCAL_RANK": self.local_rank,
+            "LOCAL_WORLD_SIZE": nproc,
+            "GROUP_RANK": g,
+        }
+
+    def init_process_group(self, backend: str, rank: int, world_size: int, timeout: float) -> None:
+        """Joins this epoch's process group through the first host's TCPStore (a
+        PrefixStore per epoch). The watcher for the next world runs from before the
+        rendezvous: a host of this world lost during it (its agent's key expired, the
+        leader wrote a world without it) aborts the rendezvous within about the TTL
+        (WorldAborted, or the store's error once the watcher broke its connection),
+        instead of init_process_group waiting for its timeout."""
+        import datetime
+
+        import torch.distributed as dist
+
+        from . import warm
+
+        self._watch()
+        deadline = time.monotonic() + self.timeout
+        while (address := self.control.master(self.epoch)) is None:
+            if self.aborted.is_set():
+                raise WorldAborted(f"world {self.epoch} aborted before its store's address came")
+            if time.monotonic() > deadline:
+                raise MembershipError(f"no store address for world {self.epoch} within {self.timeout:g} s")
+            time.sleep(0.002)
+        host, port = address.rsplit(":", 1)
+        warm.wait_port(host, int(port), timeout, cancel=self.aborted.is_set)
+        if self.aborted.is_set():
+            raise WorldAborted(f"world {self.epoch} aborted before its rendezvous")
+        td = datetime.timedelta(seconds=timeout)
+        store = dist.PrefixStore(f"epoch{self.epoch}/", dist.TCPStore(host, int(port), is_master=False, timeout=td))
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=td)
+
+    def _watch(self) -> None:
+        from . import warm
+
+        self._stop.clear()
+
+        def loop():
+            while not self._stop.is_set():
+                e, w = self.control.newest()
+                if e > self.epoch:
+                    if w.get("abort"):
+                        self.aborted.set()
+                        warm.ABORT.set()
+                        warm.shutdown_sockets()  # a pending collective fails at once, here and at the peers
+                    self.announced.set()
+                    if self.on_world is not None and not w.get("abort"):
+                        self.on_world(w)
+                    return
+                self._stop.wait(0.005)
+
+        self._thread = threading.Thread(target=loop, name="tenplex-member", daemon=True)
+        self._thread.start()
+
+    def failed(self, error: BaseException, wait: float) -> bool:
+        """A step or collective raised `error`: True when the agent aborted the world (a
+        host was lost; waits up to `wait` seconds for that news), else False."""
+        from . import warm
+
+        warm.shutdown_sockets()  # the peers fail too, instead of waiting for a timeout
+        deadline = time.monotonic() + wait
+        while not self.aborted.is_set() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return self.aborted.is_set()
+
+    def teardown(self) -> None:
+        from . import warm
+
+        warm.drop_world(self._stop, self._thread)
+        self._thread = None
+        warm.ABORT.clear()
+
+
+def env_int(name, default=None):
+    v = os.environ.get(name)
+    if v is None:
+        if default is None:
+            raise ElasticError(f"{name} is not set: run under torchrun")
+        return default
+    try:
+        return int(v)
+    except ValueError:
+        raise ElasticError(f"{name}={v!r} is not an integer") from None
+
+
+ENV_NO_PRESIZE = "TENPLEX_NO_PRESIZE"  # set (to anything but "" or "0"): no pre-sizing (benchmarks' baseline)
+PRESIZE_WAIT = 30.0  # seconds rejoin() waits at most for a pre-size still running (then the transform goes on)
+
+
+class Presize:
+    """`tenplex transform --presize` of the next world, in a background thread: from the
+    job's committed version on `old_cluster` to `config` on `new_cluster`, every host
+    with new ranks fills its page pool with exactly the files its prepare will allocate
+    (docs/transform.md, "Pre-sizing ahead"). Nothing is written or committed: the
+    transform that follows takes those files and writes into warm pages. Best effort:
+    its failure is reported, never raised."""
+
+    def __init__(self, job: str, config: str, old_cluster: dict, new_cluster: dict, token: str, timeout: float = 60.0):
+        self.job, self.config, self.token, self.timeout = job, config, token, timeout
+        self.old_cluster, self.new_cluster = old_cluster, new_cluster
+        self.result: dict = {}
+        self._thread = threading.Thread(target=self._run, name="tenplex-presize", daemon=True)
+
+    def start(self) -> "Presize":
+        self._t0 = time.perf_counter()
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        cmd = [
+            "transform",
+            "--job",
+            self.job,
+            "--to",
+            self.config,
+            "--presize",
+            "--json",
+            "--quiet",
+            "--prepare-timeout",
+            str(int(self.timeout)),
+        ]
+        try:
+            out = run_transform(tenplex_binary(), cmd, self.old_cluster, self.new_cluster, self.token, {})
+            hosts = out.get("presized", [])
+            self.result = {
+                "poolable_bytes": sum(h["poolable_bytes"] for h in hosts),
+                "pooled_bytes": sum(min(h["pooled_bytes"], h["poolable_bytes"]) for h in hosts),
+                "hosts": len(hosts),
+            }
+        except (ElasticError, OSError, ValueError, KeyError) as e:
+            self.result = {"error": str(e)[:300]}
+        self.result["seconds"] = round(time.perf_counter() - self._t0, 4)
+
+    def finish(self, wait: float = PRESIZE_WAIT) -> dict:
+        """Waits up to `wait` s for it; its outcome ({"config", "seconds", "poolable_bytes",
+        "pooled_bytes", "hosts"} or {"error"}), plus "waited_s"."""
+        t0 = time.perf_counter()
+        self._thread.join(wait)
+        rec = dict(self.result) if not self._thread.is_alive() else {"error": f"still running after {wait:g} s"}
+        return dict(rec, config=self.config, waited_s=round(time.perf_counter() - t0, 4))
+
+
+def presize_world(job: str, policy, world: dict, old_cluster: dict, token: str) -> Presize:
+    """Starts pre-sizing `world` (a world record: hosts, info with store_url and nproc) for
+    the job's committed state on old_cluster; its config is the policy's for its size."""
+    nproc = int(world["info"][world["hosts"][0]]["nproc"])
+    urls = [world["info"][h]["store_url"] for h in world["hosts"]]
+    config = pick_choice(policy, nproc * len(urls), nproc)[0]
+    return Presize(job, config, old_cluster, {"hosts": urls, "gpus_per_host": nproc}, token).start()
+
+
+class MemberJob:
+    """The membership mode of tenplex.elastic.Job (its base class): joining each world
+    in-process. Uses Job's _member, _pg, rank, world_size, _coord, cluster, policy, job,
+    token, _log_event, _set_world."""
+
+    _presize: Optional[Presize] = None  # rank 0: the pre-size of the next world, from its announcement
+
+    def _presize_next(self, world: dict) -> None:
+        """Rank 0, from the watcher, when a newer world that lost no host is announced: the
+        plan is known now (the config is the policy's for its size), so the hosts that get
+        new ranks pre-size their pools while this world stops and commits and the next one
+        forms; rejoin() waits for it before the restore's transform."""
+        if self.rank != 0 or self.cluster is None or os.environ.get(ENV_NO_PRESIZE, "0") not in ("", "0"):
+            return
+        try:
+            self._presize = presize_world(self.job, self.policy, world, self.cluster, self.token)
+        except (ElasticError, KeyError, ValueError) as e:  # a policy without this size: the restore says so
+            self._log_event({"event": "presize", "epoch": world.get("epoch"), "error": str(e)[:300]})
+
+    def _set_world(self, world) -> None:
+        """Rank and sizes from torchrun's environment, or the agent's world (a dict of the same
+        names); the config (and knobs: the Megatron-LM arguments of a suggest: policy's choice)."""
+        get = world.__getitem__ if world else env_int
+        self.world_size, self.rank, self.local_rank, self.local_world_size, self.group_rank = (
+            get(k) for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")
+        )
+        if self.rank != self.group_rank * self.local_world_size + self.local_rank:
+            raise ElasticError(
+                f"rank {self.rank} is not group_rank {self.group_rank} x {self.local_world_size} + "
+                f"local_rank {self.local_rank}: every host must run the same --nproc_per_node"
+            )
+        self.config, self.knobs = pick_choice(self.policy, self.world_size, self.local_world_size)
+
+    @property
+    def membership(self) -> bool:
+        """True in membership mode (workers stay alive: rejoin()), False under torchrun."""
+        return self._member is not None
+
+    def _join_world(self, times: Optional[dict[str, float]] = None) -> None:
+        """Joins the process group of the world just read; rank 0 logs it ("world": the
+        epoch, every rank's (host, local rank, pid), the seconds of rejoin's phases). A
+        world aborted during its rendezvous (a host of it lost) is dropped for the next
+        one (rank 0 logs "rendezvous_aborted": the epoch, the seconds it waited)."""
+        import torch.distributed as dist
+
+        backend, timeout = self._pg
+        self._member.on_world = self._presize_next
+        while True:
+            t0 = time.perf_counter()
+            try:
+                self._member.init_process_group(backend, self.rank, self.world_size, timeout)
+                pids = [None] * self.world_size
+                dist.all_gather_object(pids, (self._member.host_id, self.local_rank, os.getpid()))
+                break
+            except Exception as e:  # noqa: BLE001 - a lost peer shows as any error of the rendezvous
+                if not self.aborted(e):
+                    raise
+                self._log_event(
+                    {
+                        "event": "rendezvous_aborted",
+                        "epoch": self._member.epoch,
+                        "seconds": round(time.perf_counter() - t0, 4),
+                        "error": str(e)[:200],
+                    }
+                )
+                self._member.teardown()
+                self._next_world_or_exit()
+        self._first_step = True  # step_done logs the world's first step (its reconfiguration ends there)
+        rec = {"event": "world", "epoch": self._member.epoch, "world_size": self.world_size, "pids": pids}
+        if times:
+            rec.update({k: round(v, 4) for k, v in times.items()}, init_pg_s=round(time.perf_counter() - t0, 4))
+        self._log_event(rec)
+
+    def _next_world_or_exit(self) -> None:
+        """The next world's numbers set; exits 0 when it has no place for this worker (its host left)."""
+        world = self._member.next_world()
+        if world is None:
+            self._log_event({"event": "elastic_exit", "left": True})
+            sys.stdout.flush()
+            sys.exit(0)
+        self._set_world(world)
+
+    def rejoin(self) -> None:
+        """Membership mode, after step_done returned True or after a failure that aborted()
+        took: the process group down, the next world joined; call restore() next. Exits 0
+        when that world has no place for this worker (its host left)."""
+        if self._member is None:
+            raise RuntimeError("rejoin() needs membership mode (run under python -m tenplex.hostagent)")
+        t0 = time.perf_counter()
+        if self._coord is not None:
+            self._coord.release()
+            self._coord = None
+        self._pending = None
+        t1 = time.perf_counter()
+        self._member.teardown()
+        t2 = time.perf_counter()
+        self._next_world_or_exit()
+        self.hosts, self._term = None, False
+        self._join_world({"release_s": t1 - t0, "teardown_s": t2 - t1, "wait_world_s": time.perf_counter() - t2})
+        if self._presize is not None:  # done before the restore's transform takes its files
+            self._log_event({"event": "presize", "epoch": self._member.epoch, **self._presize.finish()})
+            self._presize = None
+
+    def aborted(self, error: BaseException) -> bool:
+        """True when `error` (raised by a step or a collective) came from the agent's abort
+        (a host of the world was lost: rejoin() next), False for a real error (and always
+        under torchrun)."""
+        return self._member is not None and self._member.failed(error, wait=float(os.environ.get(ENV_ABORT_WAIT, 120)))
