@@ -215,6 +215,27 @@ def scale_changes(n_layers: int, dp: int) -> list[tuple[str, str, str, list[int]
     ]
 
 
+def plan_cell(r: dict[str, Any]) -> str:
+    """Coordinator / each agent / the whole plan: sampled runs have no whole plan (its
+    cells are the slowest kind's per-host plan, bracketed)."""
+    m, p = r["measured"], r["prediction"]
+    if r["mode"] == "sample":
+        return "(%.2f) / %.2f / -" % (p["coordinator_plan_seconds"], m["critical_host_plan_seconds"])
+    return "%.2f / %.2f / %.2f" % (
+        p["coordinator_plan_seconds"],
+        m["critical_host_plan_seconds"],
+        m["plan_seconds"],
+    )
+
+
+def heap_cell(r: dict[str, Any]) -> str:
+    m = r["measured"]
+    own = m["critical_host_plan_heap_bytes"] / 2**20
+    if r["mode"] == "sample":
+        return "%.1f / -" % own
+    return "%.1f / %.0f" % (own, m["plan_heap_bytes"] / 2**20)
+
+
 def run_scale(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows = []
     for name in args.models.split(","):
@@ -239,18 +260,26 @@ def run_scale(args: argparse.Namespace) -> list[dict[str, Any]]:
                     flush=True,
                 )
                 rows.append(r)
+    print_scale_table(rows)
+    return rows
+
+
+def print_scale_table(rows: list[dict[str, Any]]) -> None:
+    """The markdown table of docs/scale.md from run_scale's rows (or its --json file)."""
     print(
         "| model | GPUs | change | cross-host TiB | busiest host in / out GiB | control s | last request out s "
+        "| plan s: coordinator (plan + digests) / each agent's own part / the whole plan (agents before) "
+        "| agent's plan heap MiB: own part / whole "
         "| critical host's prepare s (alloc + fetch + seal) | total s "
         "| restart read at 2 TB/s: every rank / once s |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         p, c, ck = r["prediction"], r["critical"], r["checkpoint"]
         print(
             (
-                "| %s | %d -> %d | %s | %.1f | %.0f / %.0f | %.1f | %.1f | %.1f (%.1f + %.1f + %.1f) | %.1f "
-                "| %.1f / %.1f |"
+                "| %s | %d -> %d | %s | %.1f | %.0f / %.0f | %.1f | %.1f | %s | %s "
+                "| %.1f (%.1f + %.1f + %.1f) | %.1f | %.1f / %.1f |"
             )
             % (
                 r["model"],
@@ -262,6 +291,8 @@ def run_scale(args: argparse.Namespace) -> list[dict[str, Any]]:
                 r["max_out"] / 2**30,
                 p["control_seconds"],
                 c["start"],
+                plan_cell(r),
+                heap_cell(r),
                 c["prepare"],
                 c["alloc"],
                 c["fetch"],
@@ -271,7 +302,6 @@ def run_scale(args: argparse.Namespace) -> list[dict[str, Any]]:
                 ck["state_read_seconds"],
             )
         )
-    return rows
 
 
 def main() -> int:
