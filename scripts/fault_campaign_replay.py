@@ -163,12 +163,20 @@ class ReplayKinds:
             return "refusal wrong", "the control read with a good capability failed: %s" % fin
         return None
 
-    def replay_closed(self, victim, result):
-        job, inc = self.make_job(victim)
+    def with_jobs(self, victim, count, act):
+        """Makes `count` jobs on the victim, checks that a capability for the first one's
+        transform 1 -> 2 reads it (the control), runs act(jobs, incarnations) and deletes
+        the jobs again. act's problem, or None."""
+        made = [self.make_job(victim) for _ in range(count)]
+        jobs, incs = [m[0] for m in made], [m[1] for m in made]
         try:
-            problem = self.control(victim, job, inc, 1, 2)
-            if problem:
-                return problem
+            return self.control(victim, jobs[0], incs[0], 1, 2) or act(jobs, incs)
+        finally:
+            self.drop_jobs(victim, jobs)
+
+    def replay_closed(self, victim, result):
+        def act(jobs, incs):
+            job = jobs[0]
             how = self.rng.choice(["close", "close", "commit"])
             result["ended_by"] = how
             if how == "close":
@@ -176,45 +184,37 @@ class ReplayKinds:
             else:
                 self.make_job(victim, version=2, job=job)
             region = "jobs/%s/1/%s" % (job, TENSOR)
-            return self.replay(victim, result, [("mint:%s:1:2:%s" % (job, inc), region)], "expired")
-        finally:
-            self.drop_jobs(victim, [job])
+            return self.replay(victim, result, [("mint:%s:1:2:%s" % (job, incs[0]), region)], "expired")
+
+        return self.with_jobs(victim, 1, act)
 
     def replay_recreated(self, victim, result):
-        job, inc = self.make_job(victim)
-        try:
-            problem = self.control(victim, job, inc, 1, 2)
-            if problem:
-                return problem
+        def act(jobs, incs):
+            job, inc = jobs[0], incs[0]
             http(self.daemons[victim], "DELETE", "/v1/jobs/" + job)
             _, new_inc = self.make_job(victim, job=job)
             if new_inc == inc:
                 return "refusal wrong", "job %s created again kept incarnation %s" % (job, inc)
             region = "jobs/%s/1/%s" % (job, TENSOR)
             return self.replay(victim, result, [("mint:%s:1:2:%s" % (job, inc), region)], "scope")
-        finally:
-            self.drop_jobs(victim, [job])
+
+        return self.with_jobs(victim, 1, act)
 
     def replay_scope(self, victim, result):
-        job, inc = self.make_job(victim)
-        other, other_inc = self.make_job(victim)
-        try:
-            problem = self.control(victim, job, inc, 1, 2)
-            if problem:
-                return problem
-            good = "mint:%s:1:2:%s" % (job, inc)
+        def act(jobs, incs):
+            job, inc, other = jobs[0], incs[0], jobs[1]
             mine, theirs = "jobs/%s/1/%s" % (job, TENSOR), "jobs/%s/1/%s" % (other, TENSOR)
             stranger = secrets.token_hex(8)  # another host's copy of the job
             uses = [
-                (good, theirs),  # another job
+                ("mint:%s:1:2:%s" % (job, inc), theirs),  # another job
                 ("mint:%s:3:4:%s" % (job, inc), mine),  # another window
                 ("mint:%s:1:2:%s" % (job, stranger), mine),  # another incarnation
-                ("probe", mine),
-            ]  # a probe capability
+                ("probe", mine),  # a probe capability
+            ]
             self.rng.shuffle(uses)
             return self.replay(victim, result, uses, "scope")
-        finally:
-            self.drop_jobs(victim, [job, other])
+
+        return self.with_jobs(victim, 2, act)
 
     def drop_jobs(self, victim, jobs):
         for job in jobs:
