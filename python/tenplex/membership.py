@@ -420,5 +420,11 @@ def default_host_id(store_url: str) -> str:
     return f"{socket.gethostname()}-{store_url.rstrip('/').rsplit(':', 1)[-1]}"
 
 
-# The worker's side (tenplex.member): re-exported, tenplex.elastic.Job uses it through this module.
-from .member import Member, MemberJob, env_int  # noqa: E402,F401
+def __getattr__(name: str):
+    """The worker's side lives in tenplex.member (Member, MemberJob, env_int): reached through
+    this module too (tenplex.elastic.Job uses it so), imported on first use (no import cycle)."""
+    if name in ("Member", "MemberJob", "env_int"):
+        from . import member
+
+        return getattr(member, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
