@@ -15,7 +15,12 @@
 //     all together `pending_total`; a newcomer beyond either bound evicts the oldest
 //     pending one (which had the longest to send its request). A client that sends its
 //     request with the connection (every real client) is served at once, whatever
-//     other connections its address holds;
+//     other connections its address holds. The exact bound (http_guard_test.cc): a
+//     connection is closed unserved only if its request line and headers have not
+//     arrived whole within pending_timeout, or while they have not, pending_per_client
+//     newer connections from its address (pending_total from all) were admitted; one
+//     whose request arrived is never evicted (an evictee is peeked first, and served
+//     when its request is whole);
 //   - the request line and headers must arrive within `header_timeout` in total, and
 //     a body within `body_base_timeout` + its length / `min_body_rate` (each single read
 //     also within `read_timeout`); a connection that misses a deadline is closed;
