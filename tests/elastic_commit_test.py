@@ -262,6 +262,43 @@ def commit_fault(model, config, host, rule, action):
         hosts.close()
 
 
+def commit_refused_after_others(model, config):
+    """issue 32 item 2: the commit of step 3 is refused on the last host in commit order
+    after the others committed it (TENPLEX_FAULT_COMMIT=last, transform/two_phase.h): the
+    commit fails on every rank, nothing is aborted, and the restart's recovery rolls the
+    version forward on every host, so step 3 is restored: the outcome of the same fault
+    under the C++ coordinator and the runtime (src/tenplex/runtime/commit_fault_test.cc)."""
+    what = f"{config}, a commit refused on the last host after the others committed"
+    hosts = Hosts(3)
+    try:
+        group, jobs = new_job(hosts.urls, config, request_timeout=3)
+        for step in (1, 2):
+            commit_step(group, jobs, model, step)
+        os.environ["TENPLEX_FAULT_COMMIT"] = "last"
+        try:
+            res = commit_step(group, jobs, model, 3)
+        finally:
+            del os.environ["TENPLEX_FAULT_COMMIT"]
+        errs = [e for _, e in res]
+        told = [str(e) for e in errs if isinstance(e, elastic.ElasticError)]
+        check(
+            all(e is not None for e in errs) and any("fault injection" in t for t in told),
+            f"{what}: the commit fails on every rank ({told[:1]})",
+        )
+        cur = sorted(hosts.current(i) for i in range(3))
+        check(cur[0] + 1 == cur[1] == cur[2], f"{what}: committed on two hosts, not on the last ({cur})")
+        group = ThreadGroup(3)
+        elastic.dist = group
+        jobs = make_jobs(hosts.urls, config, connect_timeout=30)
+        v = check_restored(hosts, restore(group, jobs), 3, what + ": restart")
+        check(v == cur[2], f"{what}: the restart rolled version {cur[2]} forward ({v})")
+        if v is not None:
+            res = commit_step(group, jobs, model, 4)
+            check(all(e is None for _, e in res), f"{what}: the next commit succeeds ({[e for _, e in res if e]})")
+    finally:
+        hosts.close()
+
+
 def down_at_start(model):
     """issue 34 finding 1: the daemon is down when the job restarts; it comes back on the
     same shm dir 2 s later: the job resumes at step 8. With a short connect_timeout the
@@ -485,6 +522,7 @@ def main():
         commit_fault(model, "dp=3", 1, commit, "drop-reply")
         commit_fault(model, "dp=3", 2, commit, "stop-before")
         commit_fault(model, "pp=3", 2, prepare, "kill-before")
+        commit_refused_after_others(model, "dp=3")
     print(f"{'FAILED' if failures else 'passed'}: {len(failures)} failures, {time.time() - t0:.1f} s")
     sys.exit(1 if failures else 0)
 

@@ -32,7 +32,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import uneven  # noqa: E402
 
-from tenplex import checkpoint, handoff, warm  # noqa: E402
+from tenplex import _tenplex, checkpoint, handoff, warm  # noqa: E402
 from tenplex import layout as L  # noqa: E402
 
 DEFAULT_CORPUS = os.path.join(HERE, "data", "corpus.jsonl")
@@ -230,27 +230,29 @@ class Trainer:
         }
 
     def restore(self, what, info, read_tensors):
-        """Loads state described by `info` ({"config", "model", "step", "samples_consumed"})."""
-        if L.Config.parse(info["config"]) != self.cfg:
+        """Loads state described by `info` (a version's info: {"config", "model", "step",
+        "samples_consumed", ...}), typed and validated by tenplex (StateInfo)."""
+        state = _tenplex.StateInfo.parse(json.dumps(info))  # InvalidArgumentError: a ValueError
+        if L.Config.parse(str(state.config)) != self.cfg:
             raise ValueError(
-                f"{what} is in config {info['config']}, this run is {self.cfg}: "
+                f"{what} is in config {state.config}, this run is {self.cfg}: "
                 f"convert it with `tenplex reshard --in DIR --to {self.cfg} --out DIR2`"
             )
-        if info.get("model") != self.model.desc:
+        if json.loads(state.model_json) != self.model.desc:
             raise ValueError(f"{what} holds a different model than --model")
         # The training position must come with the state: assuming step 0 would silently
         # restart the data order and the optimizer's step count.
-        if not isinstance(info.get("step"), int) or info["step"] < 0:
+        try:
+            step, samples = state.resume_position(what)
+        except _tenplex.Error as e:
             raise ValueError(
-                f'{what} has no training position ("step" is {info.get("step")!r}): '
-                "refusing to guess; save it with its step (tenplex store save keeps every field)"
-            )
-        step = info["step"]
+                f"{e}: refusing to guess; save it with its step (tenplex store save keeps every field)"
+            ) from None
         if self.args.start_step is not None and self.args.start_step != step:
             raise ValueError(f"--start-step {self.args.start_step} but {what} is at step {step}")
         self.load_state_tensors(read_tensors())
         self.step = step
-        self.samples_consumed = int(info.get("samples_consumed", step * self.args.global_batch_size))
+        self.samples_consumed = samples if samples is not None else step * self.args.global_batch_size
 
     def load(self, directory):
         self.restore(

@@ -116,14 +116,16 @@ def process_age():
 
 
 class Restored:
-    """The state a worker starts from: the version's info and the rank's tensors."""
+    """The state a worker starts from: the version's info (a dict of its JSON, and
+    ``state_info``: typed, validated by the C++ StateInfo) and the rank's tensors."""
 
-    def __init__(self, version, info, tensors, seconds):
+    def __init__(self, version, info, tensors, seconds, state_info=None):
         self.version, self.info, self.tensors, self.seconds = version, info, tensors, seconds
+        self.state_info = state_info if state_info is not None else _ec.parse_info(json.dumps(info))
 
     @property
-    def step(self):
-        return self.info.get("step")
+    def step(self) -> Optional[int]:
+        return self.state_info.step
 
 
 def _barrier_and_teardown():
@@ -309,10 +311,9 @@ class Job(_mb.MemberJob):
         if found is None:
             return {"version": None, "cluster": cluster}
         version, _, info, everywhere = found
-        old_cluster = _ec.rebase_cluster(info.get("cluster") or {"hosts": urls, "gpus_per_host": self.local_world_size},
-                                         views)
-        rec = {"version": version, "from": info.get("config"), "transformed": False, "cluster": cluster,
-               "step": info.get("step")}
+        old_cluster = _ec.rebase_cluster(info, views, self.local_world_size)
+        rec = {"version": version, "from": str(info.config), "transformed": False, "cluster": cluster,
+               "step": info.step}
         if not (everywhere and _ec.unchanged(info, views, self.config, self.local_world_size)):
             if not everywhere:
                 log.warning("job %s: version %d is not current on every host (%s): re-placing it", self.job,
@@ -375,7 +376,7 @@ class Job(_mb.MemberJob):
             return None
         self.version = rec["version"]
         t1 = time.perf_counter()
-        info, tensors, err = self._load_own(device)
+        infos, tensors, err = self._load_own(device)
         load_s = time.perf_counter() - t1
         errors = [None] * self.world_size
         dist.all_gather_object(errors, err)
@@ -384,16 +385,16 @@ class Job(_mb.MemberJob):
             raise ElasticError("; ".join(errors))
         self._log_event({"event": "elastic_start", "world_size": self.world_size, "config": self.config,
                          "hosts": len(self.hosts), "version": self.version, "from": rec.get("from"),
-                         "step": info.get("step"), "transformed": rec.get("transformed"),
+                         "step": infos[1].step, "transformed": rec.get("transformed"),
                          "lost_hosts": rec.get("lost_hosts", []), "bytes_moved": rec.get("bytes_moved"),
                          "gather_seconds": round(gathered - t0, 4), "transform_seconds": rec["transform_seconds"],
                          "load_seconds": round(load_s, 4), "restart_count": self.restart_count,
                          "process_seconds": round(age, 3)})
-        return Restored(self.version, info, tensors, time.perf_counter() - t0)
+        return Restored(self.version, infos[0], tensors, time.perf_counter() - t0, infos[1])
 
-    def _load_own(self, device) -> Tuple[Optional[dict], Optional[dict], str]:
-        """(info, tensors, "") of this rank from its own daemon, which must have the
-        restored version committed and current; else (None, None, the error)."""
+    def _load_own(self, device) -> Tuple[Optional[tuple], Optional[dict], str]:
+        """((info, typed info), tensors, "") of this rank from its own daemon, which must
+        have the restored version committed and current; else (None, None, the error)."""
         st = self._local_store()
         try:
             cur = st.status(self.job)
@@ -401,9 +402,10 @@ class Job(_mb.MemberJob):
                 return None, None, (f"rank {self.rank}: version {self.version} of job {self.job} is not the "
                                     f"committed version on {self.url} (it has version {cur['version']})")
             info = st.status(self.job, self.version)
-            if info.get("config") != self.config:
-                return None, None, f"version {self.version} is in config {info.get('config')}, not {self.config}"
-            return info, st.load_state(self.job, self.rank, self.version, device=device), ""
+            typed = _ec.parse_info(json.dumps(info))
+            if typed.config != _tenplex.Config.parse(self.config):
+                return None, None, f"version {self.version} is in config {typed.config}, not {self.config}"
+            return (info, typed), st.load_state(self.job, self.rank, self.version, device=device), ""
         except (_tenplex.Error, OSError, ValueError) as e:
             return None, None, f"rank {self.rank}: loading version {self.version} from {self.url}: {e}"
 

@@ -171,24 +171,30 @@ def cluster_record(views: List[HostView], gpus_per_host: int) -> dict:
     return rec
 
 
-def old_hosts(info: dict) -> List[Tuple[str, str]]:
-    """(url, host id) of each host of a version's info "cluster"."""
-    cl = info.get("cluster") or {}
-    hosts = list(cl.get("hosts") or [])
-    ids = list(cl.get("host_ids") or [""] * len(hosts))
+def parse_info(text: str) -> "_tenplex.StateInfo":
+    """A version's info, typed: parsed and validated by its C++ owner (StateInfo,
+    transform/state_info.h); InvalidArgumentError (a ValueError) naming what is wrong."""
+    return _tenplex.StateInfo.parse(text)
+
+
+def old_hosts(info: "_tenplex.StateInfo") -> List[Tuple[str, str]]:
+    """(url, host id) of each host where a version's ranks live (its placement)."""
+    hosts, ids = list(info.hosts), list(info.host_ids)
     return list(zip(hosts, ids + [""] * (len(hosts) - len(ids))))
 
 
-def rebase_cluster(cluster: dict, views: List[HostView]) -> dict:
-    """The cluster record with each host's URL replaced by the one it answers at now
-    (matched by host id): a host reached by another address is not lost."""
-    out = dict(cluster)
-    hosts = []
-    for u, i in old_hosts({"cluster": cluster}):
+def rebase_cluster(info: "_tenplex.StateInfo", views: List[HostView], gpus_per_host: int) -> dict:
+    """The cluster file of a version's placement (its info's "cluster"; these hosts with
+    `gpus_per_host` when it has none) with each host's URL replaced by the one it answers
+    at now (matched by host id): a host reached by another address is not lost."""
+    if info.gpus_per_host is None:
+        return {"hosts": [v.url for v in views], "gpus_per_host": gpus_per_host}
+    out = {"hosts": [], "gpus_per_host": info.gpus_per_host}
+    if info.host_ids:
+        out["host_ids"] = list(info.host_ids)
+    for u, i in old_hosts(info):
         now = [v.url for v in views if i and v.host_id == i]
-        hosts.append(now[0] if now else u)
-    if hosts:
-        out["hosts"] = hosts
+        out["hosts"].append(now[0] if now else u)
     return out
 
 
@@ -199,10 +205,13 @@ def down_error(job: str, views: List[HostView], waited: Optional[float]) -> Elas
     newest = max((v for v in views if v.current is not None), key=lambda v: v.current, default=None)
     held = ""
     if newest is not None:
-        info = json.loads(newest.info or "{}")
-        holders = [u for u, i in old_hosts(info)
-                   if any(same_host(u, i, v.url, v.host_id) for v in views if v.state == "down")]
-        held = (f"; version {newest.current} (step {info.get('step')}) is the newest seen, "
+        try:
+            info = parse_info(newest.info)
+            step, olds = info.step, old_hosts(info)
+        except ValueError:  # not a valid info: its step and hosts are unknown
+            step, olds = None, []
+        holders = [u for u, i in olds if any(same_host(u, i, v.url, v.host_id) for v in views if v.state == "down")]
+        held = (f"; version {newest.current} (step {step}) is the newest seen, "
                 f"held by {holders or 'hosts that answered'}")
     else:
         held = "; no daemon that answered has the job, so whether it has committed state is unknown"
@@ -276,24 +285,24 @@ def roll_back_lost(urls: List[str], job: str, pending: List[int], fallback: int,
     return done
 
 
-def committed_state(views: List[HostView]) -> Optional[Tuple[int, str, dict, bool]]:
+def committed_state(views: List[HostView]) -> Optional[Tuple[int, str, "_tenplex.StateInfo", bool]]:
     """(version, info text, info, held everywhere) of the newest version current on any
     answering host, or None when none has one. Held everywhere: every host of `views`
-    reports it current with the same info (a host that missed a commit is stale)."""
+    reports it current with the same info (a host that missed a commit is stale). An
+    info that is not valid (parse_info) raises InvalidArgumentError."""
     have = [v for v in views if v.state == "job" and v.current is not None]
     if not have:
         return None
     best = max(have, key=lambda v: v.current)
     everywhere = all(v.state == "job" and v.current == best.current and v.info == best.info for v in views)
-    return best.current, best.info, json.loads(best.info or "{}"), everywhere
+    return best.current, best.info, parse_info(best.info), everywhere
 
 
-def unchanged(info: dict, views: List[HostView], config: str, gpus_per_host: int) -> bool:
+def unchanged(info: "_tenplex.StateInfo", views: List[HostView], config: str, gpus_per_host: int) -> bool:
     """True when the version is already in `config` on exactly these hosts (by host id,
     in order) with this many ranks per host: no transform needed."""
-    cl = info.get("cluster") or {}
     olds = old_hosts(info)
-    return (info.get("config") == config and cl.get("gpus_per_host") == gpus_per_host
+    return (info.config == _tenplex.Config.parse(config) and info.gpus_per_host == gpus_per_host
             and len(olds) == len(views)
             and all(same_host(u, i, v.url, v.host_id) for (u, i), v in zip(olds, views)))
 
