@@ -175,18 +175,6 @@ Status BeginEverywhere(const std::vector<store::Client*>& clients, const std::st
   return Status::Ok();
 }
 
-// The first phase of the two-phase commit (two_phase.h): the loaded version prepared
-// (durable) on every host that got ranks.
-Status PrepareEverywhere(const std::vector<store::Client*>& clients, const std::string& job,
-                         std::vector<bool>& begun, uint64_t version) {
-  for (std::size_t h = 0; h < begun.size(); ++h) {
-    Status s = clients[h]->Prepare(job, version);
-    if (s.code() == StatusCode::kUnavailable) begun[h] = false;
-    if (!s.ok()) return s.WithContext("preparing on " + clients[h]->url());
-  }
-  return Status::Ok();
-}
-
 Result<TransferStats> Load(const Cluster& cluster, const std::vector<store::Client*>& clients,
                            const std::string& job, const std::string& dir, bool single,
                            bool verify) {
@@ -229,13 +217,12 @@ Result<TransferStats> Load(const Cluster& cluster, const std::vector<store::Clie
   Status s = BeginEverywhere(clients, job, want, info.ToJson(), begun, stats);
   if (s.ok()) s = WriteRanks(cluster, clients, job, files, single, begun, stats);
   if (s.ok() && single) s = clients[0]->Commit(job, stats.version);
-  if (s.ok() && !single) s = PrepareEverywhere(clients, job, begun, stats.version);
   if (s.ok() && !single) {
-    // Prepared everywhere: committed everywhere with the old version kept until every
-    // host confirmed; a failure from here on is never aborted (recovery finishes it).
+    // The two-phase commit (two_phase.h): a failed prepare is aborted everywhere there; a
+    // failure after the decision is never aborted (recovery rolls it forward).
     std::vector<int> participants;
     for (std::size_t h = 0; h < used; ++h) participants.push_back(static_cast<int>(h));
-    Result<CommitOutcome> c = CommitEverywhere(clients, participants, job, stats.version);
+    Result<CommitOutcome> c = PrepareAndCommit(clients, participants, job, stats.version);
     if (!c.ok()) return c.status().WithContext("loading " + dir + " into job " + job);
     for (int h : c->unconfirmed) stats.unconfirmed_hosts.push_back(cluster.hosts[h]);
   }
