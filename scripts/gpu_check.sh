@@ -17,6 +17,8 @@
 #   e. tests    tests/device_test.py, tests/device_run_test.py (--cuda on a GPU: -> tests.log
 #               their CUDA parts)
 #   f. train    examples/gpt/launch.py --device <dev>, 4 steps                  -> tests.log
+#   g. membership tests/membership_gpu_check.py (issue 37: NCCL groups torn down -> tests.log
+#               and re-made in-process across worlds, an abort, the state on the GPU kept)
 # and summary.txt (every step's result and the benchmark tables): 8 files at most.
 # Without a GPU (a dry run) the benches run small in their cpu mode. Environment:
 #   GPU_CHECK_PY          interpreter (default python3: the GPU machine's torch venv)
@@ -154,6 +156,9 @@ commit_bench() {  # every step, and every GPU_CHECK_EVERY steps (default 4)
   "$PY" bench/device_commit.py --device "$DEV" --out "$OUT" --steps "$COMMIT_STEPS" --every "${GPU_CHECK_EVERY:-4}" \
     --variants baseline,async,async-api
 }
+membership() {  # issue 37: NCCL groups re-made in one process across worlds, the GPU state kept
+  if [[ $DEV == cuda ]]; then "$PY" tests/membership_gpu_check.py; else "$PY" tests/membership_gpu_check.py --cpu; fi
+}
 train() {
   grep -q -- '"--device"' examples/gpt/train.py || { echo "train.py has no --device: skipped"; return 0; }
   "$B/bin/tenplex" model gpt -o /tmp/gpu-check-model.json --num-layers 2 --hidden-size 64 \
@@ -162,7 +167,7 @@ train() {
     --global-batch-size 4 --micro-batch-size 2 --timeout 120 --device "$DEV" --log /tmp/gpu-check-train.jsonl
   cat /tmp/gpu-check-train.jsonl; rm -f /tmp/gpu-check-train.jsonl
 }
-export -f env_info deps build smoke cxx_tests py_tests restore_bench commit_bench train have
+export -f env_info deps build smoke cxx_tests py_tests restore_bench commit_bench membership train have
 
 step env 60 env.txt env_info
 step deps 60 build.log deps
@@ -197,6 +202,7 @@ step device_restore 150 bench.log restore_bench
 step device_commit 150 bench.log commit_bench
 step py_tests 150 tests.log py_tests
 step train 45 tests.log train
+step membership 45 tests.log membership
 # The benchmark tables, and every log cut to its last 4 MiB.
 awk '/^(restore onto|commit every)/{p=1} /^\[device_(restore|commit)\] wrote/{p=0} p' "$OUT/bench.log" \
   >> "$OUT/summary.txt" 2>/dev/null || true

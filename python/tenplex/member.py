@@ -4,6 +4,7 @@ worker's view of its host agent's worlds, through the control directory) and Mem
 aborted(), and the pre-sizing of the next world's memory while the old one stops)."""
 
 import gc
+import logging
 import os
 import sys
 import threading
@@ -13,6 +14,8 @@ from typing import Callable, Optional
 from .elastic_cluster import ElasticError, run_transform
 from .elastic_policy import pick_choice, tenplex_binary
 from .membership import ENV_ABORT_WAIT, ENV_DIR, ENV_HOST_ID, ENV_LOCAL_RANK, Control, MembershipError, WorldAborted
+
+log = logging.getLogger("tenplex.membership")
 
 
 class Member:
@@ -100,7 +103,14 @@ class Member:
             raise WorldAborted(f"world {self.epoch} aborted before its rendezvous")
         td = datetime.timedelta(seconds=timeout)
         store = dist.PrefixStore(f"epoch{self.epoch}/", dist.TCPStore(host, int(port), is_master=False, timeout=td))
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=td)
+        dist.init_process_group(
+            backend,
+            store=store,
+            rank=rank,
+            world_size=world_size,
+            timeout=td,
+            **device_group_args(backend, self.local_rank),
+        )
 
     def _watch(self) -> None:
         from . import warm
@@ -115,6 +125,7 @@ class Member:
                         self.aborted.set()
                         warm.ABORT.set()
                         warm.shutdown_sockets()  # a pending collective fails at once, here and at the peers
+                        abort_device_groups()  # NCCL's own connections: its communicators aborted
                     self.announced.set()
                     if self.on_world is not None and not w.get("abort"):
                         self.on_world(w)
@@ -153,6 +164,36 @@ def env_int(name, default=None):
         return int(v)
     except ValueError:
         raise ElasticError(f"{name}={v!r} is not an integer") from None
+
+
+def device_group_args(backend: str, local_rank: int) -> dict:
+    """init_process_group's arguments for a device backend: with NCCL and CUDA, this worker's
+    GPU (local rank modulo the visible devices) made current and given as device_id (the
+    communicators are made at once, each world anew; the tensors on the GPU stay). Empty
+    for gloo or without CUDA. Not run on a GPU yet: tests/membership_gpu_check.py
+    (scripts/gpu_check.sh) is its check."""
+    import torch
+
+    if "nccl" not in backend or not torch.cuda.is_available():
+        return {}
+    dev = torch.device("cuda", local_rank % torch.cuda.device_count())
+    torch.cuda.set_device(dev)
+    return {"device_id": dev}
+
+
+def abort_device_groups() -> None:
+    """Aborts this process's NCCL communicators (a pending NCCL collective returns with an
+    error: shutting the sockets down reaches gloo only); nothing without CUDA or a group.
+    Called by the watcher on an abort; not run on a GPU yet (tests/membership_gpu_check.py)."""
+    import torch
+    import torch.distributed as dist
+
+    if not torch.cuda.is_available() or not dist.is_initialized() or "nccl" not in str(dist.get_backend()):
+        return
+    try:
+        dist.distributed_c10d._abort_process_group()
+    except (RuntimeError, ValueError) as e:  # already aborted or destroyed: teardown drops it
+        log.warning("aborting the NCCL communicators: %s", e)
 
 
 ENV_NO_PRESIZE = "TENPLEX_NO_PRESIZE"  # set (to anything but "" or "0"): no pre-sizing (benchmarks' baseline)
