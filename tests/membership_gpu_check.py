@@ -68,7 +68,8 @@ def main():
             member.init_process_group(backend, numbers["RANK"], numbers["WORLD_SIZE"], 60)
             x = torch.ones(1024, device=device)
             dist.all_reduce(x)
-            check(float(x.sum()) == 1024.0, f"world {member.epoch}: {backend} all_reduce ({time.perf_counter() - t0:.3f} s)")
+            took = time.perf_counter() - t0
+            check(float(x.sum()) == 1024.0, f"world {member.epoch}: {backend} all_reduce (joined in {took:.3f} s)")
 
         world(1)
         join()
@@ -76,8 +77,10 @@ def main():
         ptr, total = state.data_ptr(), float(state.sum())
 
         def same_state(when):
-            check(state.data_ptr() == ptr and float(state.sum()) == total,
-                  f"{when}: the state tensor is the same {device.type} memory with the same values")
+            check(
+                state.data_ptr() == ptr and float(state.sum()) == total,
+                f"{when}: the state tensor is the same {device.type} memory with the same values",
+            )
 
         world(2)
         deadline = time.time() + 10
