@@ -12,6 +12,7 @@
 #   python-etcd (the etcd client of torchrun's etcd-v2 rendezvous, docs/deploy.md)
 #   kubernetes-validate (the Kubernetes API schemas, bundled, that tests/k8s_schema_test.py
 #   checks deploy/k8s/ against)
+#   torchft (pytorch/torchft, what bench/torchft_bench.py compares in-process membership with)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=.venv
