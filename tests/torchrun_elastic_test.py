@@ -34,6 +34,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from daemons import Daemon, NetnsBridge  # noqa: E402
 from elastic_run_test import Checks, check_steps, steps_of  # noqa: E402
+from elastic_run_testing import small_model  # noqa: E402
 
 PY = sys.executable  # the project interpreter (.venv/bin/python) that runs this file
 STEPS = 24
@@ -244,27 +245,7 @@ def main():
 
 def setup_job(tenplex, repo, tmp):
     """(model, policy, static run's log) in tmp: the model, the policy file and the static tp=1 run."""
-    model = os.path.join(tmp, "model.json")
-    subprocess.run(
-        [
-            tenplex,
-            "model",
-            "gpt",
-            "--num-layers",
-            "2",
-            "--hidden-size",
-            "32",
-            "--num-attention-heads",
-            "4",
-            "--vocab-size",
-            "128",
-            "--max-position-embeddings",
-            "32",
-            "-o",
-            model,
-        ],
-        check=True,
-    )
+    model = small_model(tenplex, tmp)
     policy = os.path.join(tmp, "policy.json")
     with open(policy, "w") as f:
         json.dump(POLICY, f)
