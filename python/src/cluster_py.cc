@@ -117,6 +117,8 @@ pyb::dict Resolve(const std::vector<std::string>& urls, const std::string& token
 
 // tenplex._tenplex.JobLease: a coordinator's lease of a job on the hosts that answer
 // (transform/job_lease.h), renewed in a C++ thread until release() (or the object goes).
+// A negative wait_s (the default) waits TENPLEX_LEASE_WAIT, 60 s unless set
+// (transform::LeaseWaitFromEnv: the one parser of that variable).
 class PyJobLease {
  public:
   PyJobLease(const std::vector<std::string>& urls, const std::string& token, const std::string& job,
@@ -124,9 +126,13 @@ class PyJobLease {
     if (coordinator.empty()) Check(InvalidArgument("a JobLease needs the coordinator's name"));
     lease_ = Take(NoGil([&]() -> Result<std::unique_ptr<transform::JobLease>> {
       // Named coordinator: ConnectHosts takes no lease of its own.
+      double wait = wait_s;
+      if (wait < 0) {
+        TP_ASSIGN_OR_RETURN(wait, transform::LeaseWaitFromEnv(60));
+      }
       TP_ASSIGN_OR_RETURN(
           Hosts h, ConnectHosts(urls, token, timeout_s, /*allow_lost=*/true, job, coordinator));
-      return transform::JobLease::Acquire(h.clients, job, h.options, {ttl_ms, wait_s});
+      return transform::JobLease::Acquire(h.clients, job, h.options, {ttl_ms, wait});
     }));
   }
   std::string holder() const { return lease_ ? lease_->holder() : ""; }
@@ -204,7 +210,7 @@ void register_cluster(pyb::module_& m) {
       .def(pyb::init<const std::vector<std::string>&, const std::string&, const std::string&,
                      const std::string&, int64_t, double, int>(),
            pyb::arg("urls"), pyb::arg("token"), pyb::arg("job"), pyb::arg("coordinator"),
-           pyb::arg("ttl_ms") = store::kDefaultLeaseMs, pyb::arg("wait_s") = 60.0,
+           pyb::arg("ttl_ms") = store::kDefaultLeaseMs, pyb::arg("wait_s") = -1.0,
            pyb::arg("timeout_s") = 30)
       .def_property_readonly("holder", &PyJobLease::holder)
       .def_property_readonly("hosts", &PyJobLease::hosts)

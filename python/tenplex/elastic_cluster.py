@@ -87,11 +87,10 @@ class Coordinator:
         if self._lease is not None and not self._lease.error() and set(urls) <= set(self._lease.hosts):
             return
         self.release()
-        wait = float(os.environ.get("TENPLEX_LEASE_WAIT") or 60)
         t0 = time.monotonic()
-        try:
-            self._lease = _tenplex.JobLease(urls, self.token, self.job, self.name, LEASE_TTL_MS, wait,
-                                            min(self.request_timeout, 30))
+        try:  # wait_s left out: TENPLEX_LEASE_WAIT, parsed (and refused when malformed) in C++
+            self._lease = _tenplex.JobLease(urls, self.token, self.job, self.name, LEASE_TTL_MS,
+                                            timeout_s=min(self.request_timeout, 30))
         except _tenplex.Error as e:
             raise ElasticError(f"job {self.job}: cannot become its coordinator: {e}") from None
         waited = time.monotonic() - t0
