@@ -108,7 +108,7 @@ class IndexBuilder {
           if (id < 0) continue;
           auto& gs = ix_.groups[id];
           auto [it, fresh] = group_of.try_emplace({id, &p.global}, gs.size());
-          if (fresh) gs.push_back({&p.global, {}, -1, -1});
+          if (fresh) gs.push_back({&p.global, {}, -1});
           Group& g = gs[it->second];
           if (!g.sources.empty() && g.sources.back().list == static_cast<int32_t>(l)) {
             return Internal("the old layout's rank " + std::to_string(ranks_of_list_[l]) +

@@ -49,7 +49,6 @@ struct Group {
   const Box* global;
   std::vector<Source> sources;  // ascending list
   int32_t hosts = -1;           // PlanIndex::host_sets: the live hosts holding it
-  int32_t host_set = -1;        // the planner's SendBalance id of those hosts
 };
 
 struct Need {

@@ -12,7 +12,6 @@
 #include "tenplex/plan/box_set.h"
 #include "tenplex/plan/plan_index.h"
 #include "tenplex/plan/regions.h"
-#include "tenplex/plan/send_balance.h"
 
 namespace tenplex::plan {
 namespace {
@@ -24,7 +23,7 @@ struct Landed {
 };
 
 // One step-4 transfer of a host that is only simulated (per-host planning): `bytes`
-// of group `group` from the remote holder the greedy rule picks.
+// of group `group` from a remote holder.
 struct Charge {
   int32_t group;
   int64_t bytes;
@@ -68,18 +67,13 @@ class Planner {
         from_hosts_(from_hosts),
         to_hosts_(to_hosts),
         only_host_(only_host),
-        balance_(ix_.num_hosts),
         recv_(ix_.num_hosts, 0),
         to_me_(ix_.num_hosts, 0),
-        in_place_of_(to.world_size(), nullptr) {
-    std::vector<int32_t> set_of(ix_.host_sets.size(), -1);
-    for (auto& gs : ix_.groups) {
-      for (Group& g : gs) {
-        if (set_of[g.hosts] < 0) set_of[g.hosts] = balance_.SetOf(ix_.host_sets[g.hosts]);
-        g.host_set = set_of[g.hosts];
-      }
-    }
-  }
+        sends_(ix_.host_sets.size(), 0),
+        base_(ix_.host_sets.size(), 0),
+        tensor_sends_(ix_.host_sets.size(), 0),
+        own_before_(ix_.host_sets.size(), 0),
+        in_place_of_(to.world_size(), nullptr) {}
 
   Result<Plan> Run() {
     plan_.tensors = ix_.names;
@@ -87,7 +81,6 @@ class Planner {
     plan_.ops.reserve(ix_.planned_needs);  // usually one op or fewer per need
     HugePages(plan_.ops.data(), plan_.ops.capacity() * sizeof(CopyOp));
     sims_.resize(ix_.kind_hosts.size());
-    if (only_host_ >= 0) MarkRelevant();
     for (std::size_t t = 0; t < ix_.needs.size(); ++t) {
       const auto tid = static_cast<int32_t>(t);
       TP_RETURN_IF_ERROR(only_host_ < 0 ? PlanTensor(tid) : PlanTensorFor(tid));
@@ -97,12 +90,20 @@ class Planner {
   }
 
  private:
-  // The remote holder of group g (not on host h) on the host that has sent the fewest
-  // bytes so far; ties: the lowest host, then its lowest rank. nullptr if none.
+  // The remote holder of group g (not on host h) for the next step-4 send from its
+  // host set: the sets' sends are numbered in plan order (tensor, receiving host, need,
+  // group), and send k goes to the set's host k mod |set| (the next one when that is h),
+  // its lowest rank there.
   Holder PickRemote(const Group& g, int32_t h) const {
-    const int32_t host = balance_.Pick(g.host_set, h);
-    if (host < 0) return {-1, -1, -1, nullptr};
-    return ix_.FirstOn(g, host);
+    const std::vector<int32_t>& hosts = ix_.host_sets[g.hosts];
+    const auto n = static_cast<int64_t>(hosts.size());
+    if (n == 0) return {-1, -1, -1, nullptr};
+    int64_t at = sends_[g.hosts] % n;
+    if (hosts[at] == h) {
+      if (n == 1) return {-1, -1, -1, nullptr};
+      at = (at + 1) % n;
+    }
+    return ix_.FirstOn(g, hosts[at]);
   }
 
   // Where an element of a new local tensor can stay in place: old rank r's local tensor
@@ -251,62 +252,51 @@ class Planner {
     return Status::Ok();
   }
 
-  // Per-host planning: the planned host's ops, and in host order before and after it
-  // what the other hosts' step 4 sends (SimulateKind, once per kind of host on its
-  // representative's needs), so that the greedy choice sees the same history as in the
-  // full plan. Only sends into the planned host's components (MarkRelevant) count, and
-  // only the hosts of kinds that send some are visited, their lists merged in host order.
+  // Per-host planning: the planned host's ops. Its step-4 choices depend only on how
+  // many sends each host set made before it (PickRemote), which is counted from what
+  // each kind of host sends (SimulateKind, once per kind on its representative's needs)
+  // times the number of its hosts before the planned one: no other host is visited.
+  // A host before the planned one that no replica covers fails first, as in MakePlan.
   Status PlanTensorFor(int32_t tid) {
     const std::vector<Need>& ns = ix_.needs[tid];
+    const std::vector<Group>& gs = ix_.groups[tid];
     std::size_t own_i = 0, own_j = 0;
-    cursors_.clear();
+    int32_t failed_host = INT32_MAX, failed_kind = -1;
+    touched_.clear();
     for (std::size_t i = 0; i < ns.size();) {
       const int32_t h = ns[i].host;
       std::size_t j = i;
       while (j < ns.size() && ns[j].host == h) ++j;
       if (h == only_host_) own_i = i, own_j = j;
       const int32_t kind = ix_.kind_of_host[h];
-      if (ix_.kind_hosts[kind][0] == h) {
+      const std::vector<int32_t>& hosts = ix_.kind_hosts[kind];
+      if (hosts[0] == h) {
         const SimResult& sim = SimulateKind(tid, i, j);
-        if (!sim.charges.empty() || sim.failed_need >= 0) cursors_.push_back({kind, 0});
+        if (sim.failed_need >= 0 && h < failed_host) failed_host = h, failed_kind = kind;
+        const auto before =
+            std::lower_bound(hosts.begin(), hosts.end(), only_host_) - hosts.begin();
+        for (const Charge& c : sim.charges) {
+          const int32_t set = gs[c.group].hosts;
+          if (tensor_sends_[set] == 0 && own_before_[set] == 0) touched_.push_back(set);
+          tensor_sends_[set] += static_cast<int64_t>(hosts.size());
+          own_before_[set] += before;
+        }
       }
       i = j;
     }
-    bool own = own_i < own_j;
-    for (;;) {
-      int32_t next = INT32_MAX;
-      std::pair<int32_t, std::size_t>* at = nullptr;
-      for (auto& c : cursors_) {
-        const std::vector<int32_t>& hosts = ix_.kind_hosts[c.first];
-        if (c.second < hosts.size() && hosts[c.second] == only_host_) ++c.second;
-        if (c.second < hosts.size() && hosts[c.second] < next) next = hosts[c.second], at = &c;
-      }
-      if (own && only_host_ < next) {
-        TP_RETURN_IF_ERROR(PlanOwn(tid, own_i, own_j));
-        own = false;
-        continue;
-      }
-      if (at == nullptr) return Status::Ok();
-      ++at->second;
-      TP_RETURN_IF_ERROR(ApplySim(tid, next, sims_[at->first]));
+    for (int32_t set : touched_) sends_[set] = base_[set] + own_before_[set];
+    Status status = Status::Ok();
+    if (own_i < own_j && only_host_ <= failed_host) status = PlanOwn(tid, own_i, own_j);
+    if (status.ok() && failed_kind >= 0 && failed_host != only_host_) {
+      const SimResult& sim = sims_[failed_kind];
+      const std::vector<int32_t> ranks = NeedRanksOf(ix_, to_, to_hosts_, failed_host, tid);
+      status = NotCovered(tid, ranks.at(sim.failed_need), sim.failed_box);
     }
-  }
-
-  // The SendBalance sets whose choices the planned host's step 4 can meet: every set of
-  // a tensor it needs, with its component (a send into another component changes no
-  // choice of these). Sends elsewhere are not simulated.
-  void MarkRelevant() {
-    const std::vector<int32_t> comp = balance_.Components();
-    std::vector<char> on(comp.size(), 0);
-    auto by_host = [](const Need& n, int32_t h) { return n.host < h; };
-    for (std::size_t t = 0; t < ix_.needs.size(); ++t) {
-      const auto& ns = ix_.needs[t];
-      auto it = std::lower_bound(ns.begin(), ns.end(), only_host_, by_host);
-      if (it == ns.end() || it->host != only_host_) continue;
-      for (const Group& g : ix_.groups[t]) on[comp[g.host_set]] = 1;
+    for (int32_t set : touched_) {
+      base_[set] += tensor_sends_[set];
+      tensor_sends_[set] = own_before_[set] = 0;
     }
-    relevant_.resize(comp.size());
-    for (std::size_t x = 0; x < comp.size(); ++x) relevant_[x] = on[comp[x]];
+    return status;
   }
 
   Status NotCovered(int32_t tid, int32_t rank, const Box& box) const {
@@ -359,7 +349,7 @@ class Planner {
         if (pick.rank < 0) continue;
         const Site src = MakeSite(pick.piece->global, pick.piece->local, pick.rank, pick.tensor,
                                   pick.host, false, -1);
-        balance_.Charge(pick.host, CoverFrom(tid, *gs[g].global, src, dst, &fresh_));
+        if (CoverFrom(tid, *gs[g].global, src, dst, &fresh_) > 0) ++sends_[gs[g].hosts];
       }
       landed_.insert(landed_.end(), fresh_.begin(), fresh_.end());
       if (!remaining_.empty()) return NotCovered(tid, need.rank, remaining_[0]);
@@ -368,7 +358,7 @@ class Planner {
   }
 
   // Per-host planning, another host h: only what step 4 of PlanHost would send to h
-  // (the greedy choice of every later transfer depends on it), as boxes, no ops. What
+  // (the number of sends is what step 4 of later hosts needs), as boxes, no ops. What
   // step 4 sends for a need is, as a set, N \ Held(h) \ (what earlier needs of h
   // received), group by group in group order; steps 1-3 only shape the ops. Hosts of
   // one kind (plan_index.h) have the same needs and held groups, so they send the same
@@ -396,8 +386,7 @@ class Planner {
           got.push_back(Intersect(rem, *gs[g].global));
           vol += Volume(got.back());
         }
-        if (vol > 0 && relevant_[gs[g].host_set])
-          sim.charges.push_back({static_cast<int32_t>(g), vol * ix_.elem[tid]});
+        if (vol > 0) sim.charges.push_back({static_cast<int32_t>(g), vol * ix_.elem[tid]});
         if (vol == 0) continue;
         SubtractFrom(remaining_, *gs[g].global);
       }
@@ -407,16 +396,6 @@ class Planner {
       }
     }
     return sim;
-  }
-
-  // Host h (of the kind sim was computed for) sends its step-4 bytes of tensor tid.
-  Status ApplySim(int32_t tid, int32_t h, const SimResult& sim) {
-    const std::vector<Group>& gs = ix_.groups[tid];
-    for (const Charge& c : sim.charges)
-      balance_.Charge(balance_.Pick(gs[c.group].host_set, h), c.bytes);
-    if (sim.failed_need < 0) return Status::Ok();
-    const std::vector<int32_t> ranks = NeedRanksOf(ix_, to_, to_hosts_, h, tid);
-    return NotCovered(tid, ranks.at(sim.failed_need), sim.failed_box);
   }
 
   // |Need(h) \ Held(h)| for one tensor, from union volumes (independent of the cover).
@@ -446,7 +425,7 @@ class Planner {
     PlanStats& s = plan_.stats;
     s.ops = static_cast<int64_t>(plan_.ops.size());
     s.num_hosts = ix_.num_hosts;
-    s.host_send_bytes = only_host_ < 0 ? balance_.sent() : to_me_;
+    s.host_send_bytes = to_me_;
     s.host_recv_bytes = recv_;
     for (int64_t b : s.host_send_bytes) s.max_host_send_bytes = std::max(s.max_host_send_bytes, b);
     for (int64_t b : recv_) s.max_host_recv_bytes = std::max(s.max_host_recv_bytes, b);
@@ -458,17 +437,19 @@ class Planner {
   const std::vector<int>& from_hosts_;
   const std::vector<int>& to_hosts_;
   const int only_host_;  // -1: every host
-  SendBalance balance_;  // the greedy state, all hosts
   // to_me_: of the cross-host bytes each host sent, what the planned host(s) receive;
   // recv_: received per planned host.
   std::vector<int64_t> recv_, to_me_;
+  // Per host set (PlanIndex::host_sets): sends_, its step-4 sends so far (PickRemote);
+  // per-host planning: base_, its sends in the tensors before this one; tensor_sends_,
+  // those in this tensor; own_before_, those of the hosts before the planned one.
+  std::vector<int64_t> sends_, base_, tensor_sends_, own_before_;
+  std::vector<int32_t> touched_;  // the sets with sends in this tensor
   // InPlaceOf: per new rank, and per distinct (old list, new list) pair.
   std::vector<const std::vector<InPlace>*> in_place_of_;
   std::map<std::pair<const void*, const void*>, std::vector<InPlace>> in_place_lists_;
-  std::vector<SimResult> sims_;                           // SimulateKind's, per kind of host
-  std::vector<std::pair<int32_t, std::size_t>> cursors_;  // kinds that send, next host
-  std::vector<char> relevant_;                            // per SendBalance set (MarkRelevant)
-  std::vector<Holder> local_;                             // LocalHolders' of the host at hand
+  std::vector<SimResult> sims_;  // SimulateKind's, per kind of host
+  std::vector<Holder> local_;    // LocalHolders' of the host at hand
   std::vector<Landed> landed_, fresh_;
   std::vector<Box> remaining_, next_;
   std::vector<const Box*> lb_need_, lb_ptrs_;  // LowerBound's scratch

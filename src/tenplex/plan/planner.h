@@ -27,9 +27,12 @@
 //      with src_layout "old".
 //   3. a box an earlier op already delivered to h from another host (the "landed"
 //      list of h): an op with src_layout "new" reading that op's destination.
-//   4. a remote old replica: of the hosts that hold the box, the one that has sent the
-//      fewest bytes so far (ties: lowest host, then its lowest rank). The op lands on
-//      the need's rank and its destination joins h's landed list.
+//   4. a remote old replica, the hosts that hold the box taken in turn: the step-4
+//      sends from one set of holder hosts (ascending) are numbered in plan order, and
+//      send k comes from the set's host k mod |set| (the next one if that is h), its
+//      lowest rank. The op lands on the need's rank and its destination joins h's
+//      landed list. The choice depends on how many sends the set made before, not on
+//      their bytes, so a host can count that without planning the other hosts.
 // Every op is thus a box intersection; no element is ever visited on its own.
 //
 // Why bytes_cross_host == LB. An element e needed on h crosses hosts only in step 4.
@@ -134,16 +137,13 @@ Result<Plan> MakePlan(const Model& model, const Layout& from, const Layout& to,
 // host_recv_bytes only `host`'s entry, the maxima over those entries. Errors as
 // MakePlan (a box no replica holds is named for whichever host meets it first).
 //
-// Cost. The other hosts are simulated only as far as the greedy replica choice needs:
-// what each sends into the host sets that `host` reads from (with every set that shares
-// a sender with them), as amounts, computed once per kind of host (plan_index.h) and
-// charged host by host. The index holds the old layout per distinct tensor list and the
-// new one for `host` and one host per kind. So the plan costs O(ranks) once (placing
-// the ranks, finding kinds) plus O(tensors · kinds · groups) box operations plus one
-// greedy step per transfer into those sets: a TP change, or a host loss, costs about
-// the same at 100k GPUs as at 1k; a DP scale-down, where every host receives from the
-// same stages' replicas, still simulates the sends of the receivers that compete for
-// `host`'s senders (O(world / pp)), because the greedy choice depends on them.
+// Cost. Step 4's choice needs only the number of sends each holder set made before
+// `host`: what one host of each kind (plan_index.h) sends per tensor, computed once per
+// kind, times the number of that kind's hosts before `host` (a binary search). No other
+// host is visited. The index holds the old layout per distinct tensor list and the new
+// one for `host` and one host per kind. So the plan costs O(ranks) once (placing the
+// ranks, finding kinds) plus O(tensors · kinds · groups) box operations: a TP change, a
+// host loss and a DP scale-down cost about the same at 100k GPUs as at 1k.
 Result<Plan> MakeHostPlan(const Model& model, const Layout& from, const Layout& to,
                           const std::vector<int>& from_hosts, const std::vector<int>& to_hosts,
                           int host);

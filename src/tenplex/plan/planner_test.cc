@@ -460,7 +460,7 @@ TEST(PlannerTest, HostDedupSendsEachBoxOnceAndBalances) {
   int64_t from_new = 0;
   for (const CopyOp& op : p->ops) from_new += op.src_new;
   EXPECT_GT(from_new, 0);
-  // Two source hosts with a full replica each: the greedy choice splits the load.
+  // Two source hosts with a full replica each: taking the holders in turn splits the load.
   EXPECT_EQ(p->stats.host_send_bytes[0] + p->stats.host_send_bytes[1], 2 * param_bytes);
   EXPECT_LE(p->stats.max_host_send_bytes, param_bytes + param_bytes / 4);
 }

@@ -6,7 +6,7 @@
 // and the coordinates of every old rank on the host. Then the elements a host needs and
 // does not hold, what it keeps, copies locally and links are the same for every host of
 // the kind: its row is the representative's. What each host sends is not (the planner
-// picks the remote replica with the fewest bytes sent so far): it is estimated as the
+// takes a box's holders in turn, over all receivers): it is estimated as the
 // total received bytes spread evenly over the hosts that hold old ranks, and a host's
 // sources as its representative's, shifted by the distance between the two hosts.
 #pragma once
