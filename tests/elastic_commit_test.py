@@ -46,7 +46,7 @@ import torch  # noqa: E402
 from daemons import Daemon  # noqa: E402
 from fault_proxy import FaultProxy  # noqa: E402
 
-from tenplex import elastic  # noqa: E402
+from tenplex import elastic, elastic_commit  # noqa: E402
 
 TENPLEX = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(HERE), "build", "bin", "tenplex")
 JOB = "j"
@@ -179,10 +179,16 @@ def make_jobs(urls, config, **kw):
     return jobs
 
 
+def use_group(group):
+    """The fake process group for the modules of tenplex.elastic that run collectives."""
+    elastic.dist = group
+    elastic_commit.dist = group
+
+
 def new_job(urls, config, **kw):
     """(group, jobs) of a new job on the hosts, restored (nothing yet)."""
     group = ThreadGroup(len(urls))
-    elastic.dist = group
+    use_group(group)
     jobs = make_jobs(urls, config, connect_timeout=30, **kw)
     restore(group, jobs)
     return group, jobs
@@ -251,7 +257,7 @@ def commit_fault(model, config, host, rule, action):
             hosts.daemons[host].proc.wait(20)  # the SIGKILL lands before revive() looks
         hosts.revive()
         group = ThreadGroup(3)
-        elastic.dist = group
+        use_group(group)
         jobs = make_jobs(hosts.urls, config, connect_timeout=30)
         v = check_restored(hosts, restore(group, jobs), told, what + ": restart")
         if v is not None:
@@ -288,7 +294,7 @@ def commit_refused_after_others(model, config):
         cur = sorted(hosts.current(i) for i in range(3))
         check(cur[0] + 1 == cur[1] == cur[2], f"{what}: committed on two hosts, not on the last ({cur})")
         group = ThreadGroup(3)
-        elastic.dist = group
+        use_group(group)
         jobs = make_jobs(hosts.urls, config, connect_timeout=30)
         v = check_restored(hosts, restore(group, jobs), 3, what + ": restart")
         check(v == cur[2], f"{what}: the restart rolled version {cur[2]} forward ({v})")
@@ -366,7 +372,7 @@ def fatal_loss(model, tmp):
         commit_step(group, jobs, model, 1)
         hosts.daemons[1].kill()
         group = ThreadGroup(1)
-        elastic.dist = group
+        use_group(group)
         jobs = make_jobs(hosts.urls[:1], "tp=1", connect_timeout=30)
         e = restore(group, jobs)[0][1]
         msg = str(e)

@@ -12,31 +12,52 @@ state every N steps; a SIGTERM from torchrun's agent commits at the next step bo
 Each step's line in --log is the same as under `tenplex run` (steps re-run after a
 failure appear again; the last line counts).
 """
+
 import os
 import time
 
 import torch.distributed as dist
 
-from tenplex import checkpoint
-from tenplex import elastic
+from tenplex import checkpoint, elastic
 from tenplex import layout as L
 
 
 def add_args(ap):
     g = ap.add_argument_group("elastic (under torchrun)")
-    g.add_argument("--elastic", metavar="POLICY", help="run under torchrun: POLICY maps world sizes to configs "
-                   "(a JSON file or text, {\"4\": \"tp=2,pp=2\", \"2\": \"tp=2\"}); --steps is the job's last step")
+    g.add_argument(
+        "--elastic",
+        metavar="POLICY",
+        help="run under torchrun: POLICY maps world sizes to configs "
+        '(a JSON file or text, {"4": "tp=2,pp=2", "2": "tp=2"}); --steps is the job\'s last step',
+    )
     g.add_argument("--job", default="gpt", help="job name in the store daemons (with --elastic)")
     g.add_argument("--store-url", help="this host's store daemon (default TENPLEX_STORE_URL)")
-    g.add_argument("--min-step-seconds", type=float, default=0.0,
-                   help="with --elastic: sleep so that every step takes at least this long (demos, tests)")
-    g.add_argument("--disk-checkpoint", metavar="DIR", help="baseline for benchmarks (what torchrun users do "
-                   "today): data parallelism only, the state saved by rank 0 into DIR/step-N on a shared disk and read "
-                   "back by every rank at a restart, instead of the store daemons")
-    g.add_argument("--async-commit", action="store_true", help="with --elastic and --commit-every: write the "
-                   "periodic commits in the background while training goes on (tenplex.elastic.Job(async_commit))")
-    g.add_argument("--term-wait", type=float, default=15.0, help="with --elastic: seconds to wait for torchrun's "
-                   "SIGTERM after stopping for a membership change (then exit 3: a new rendezvous)")
+    g.add_argument(
+        "--min-step-seconds",
+        type=float,
+        default=0.0,
+        help="with --elastic: sleep so that every step takes at least this long (demos, tests)",
+    )
+    g.add_argument(
+        "--disk-checkpoint",
+        metavar="DIR",
+        help="baseline for benchmarks (what torchrun users do "
+        "today): data parallelism only, the state saved by rank 0 into DIR/step-N on a shared disk and read "
+        "back by every rank at a restart, instead of the store daemons",
+    )
+    g.add_argument(
+        "--async-commit",
+        action="store_true",
+        help="with --elastic and --commit-every: write the "
+        "periodic commits in the background while training goes on (tenplex.elastic.Job(async_commit))",
+    )
+    g.add_argument(
+        "--term-wait",
+        type=float,
+        default=15.0,
+        help="with --elastic: seconds to wait for torchrun's "
+        "SIGTERM after stopping for a membership change (then exit 3: a new rendezvous)",
+    )
 
 
 class DiskJob(elastic.Job):
@@ -56,18 +77,35 @@ class DiskJob(elastic.Job):
         self.hosts = []
         latest = os.path.join(self.directory, "latest")
         if not os.path.exists(latest):
-            self._log_event({"event": "elastic_start", "world_size": self.world_size, "config": self.config,
-                             "version": None, "process_seconds": round(age, 3)})
+            self._log_event(
+                {
+                    "event": "elastic_start",
+                    "world_size": self.world_size,
+                    "config": self.config,
+                    "version": None,
+                    "process_seconds": round(age, 3),
+                }
+            )
             return None
         with open(latest) as f:
             d = f.read().strip()
         info = dict(checkpoint.read_info(d), config=self.config)
         tensors = checkpoint.read_rank(d, 0)  # every data-parallel rank holds the same state
         load_s = time.perf_counter() - t0
-        self._log_event({"event": "elastic_start", "world_size": self.world_size, "config": self.config,
-                         "step": info.get("step"), "transformed": False, "transform_seconds": 0.0,
-                         "gather_seconds": 0.0, "load_seconds": round(load_s, 4), "process_seconds": round(age, 3),
-                         "restart_count": self.restart_count})
+        self._log_event(
+            {
+                "event": "elastic_start",
+                "world_size": self.world_size,
+                "config": self.config,
+                "step": info.get("step"),
+                "transformed": False,
+                "transform_seconds": 0.0,
+                "gather_seconds": 0.0,
+                "load_seconds": round(load_s, 4),
+                "process_seconds": round(age, 3),
+                "restart_count": self.restart_count,
+            }
+        )
         return elastic.Restored(None, info, tensors, load_s)
 
     def commit(self, info, tensors):
@@ -91,9 +129,13 @@ def example_policy(args):
     policy = args.elastic
     if not isinstance(policy, str) or not policy.startswith("suggest:"):
         return policy
-    given = policy[len("suggest:"):].split()
-    for flag, value in (("--global-batch", args.global_batch_size), ("--micro-batch", args.micro_batch_size),
-                        ("--seq-length", args.seq_length), ("--virtual-stages", 1)):
+    given = policy[len("suggest:") :].split()
+    for flag, value in (
+        ("--global-batch", args.global_batch_size),
+        ("--micro-batch", args.micro_batch_size),
+        ("--seq-length", args.seq_length),
+        ("--virtual-stages", 1),
+    ):
         if flag not in given:
             policy += f" {flag} {value}"
     if "--sequence-parallel" not in given and "--no-sequence-parallel" not in given:
@@ -106,9 +148,11 @@ def apply_knobs(args, knobs):
     command gave its own."""
     if args.recompute_granularity or args.recompute_activations or not knobs:
         return
-    for flag, attr, kind in (("--recompute-granularity", "recompute_granularity", str),
-                             ("--recompute-method", "recompute_method", str),
-                             ("--recompute-num-layers", "recompute_num_layers", int)):
+    for flag, attr, kind in (
+        ("--recompute-granularity", "recompute_granularity", str),
+        ("--recompute-method", "recompute_method", str),
+        ("--recompute-num-layers", "recompute_num_layers", int),
+    ):
         if flag in knobs:
             setattr(args, attr, kind(knobs[knobs.index(flag) + 1]))
 
@@ -128,8 +172,12 @@ def main(args, trainer_cls, fail):
     it); under `python -m tenplex.hostagent` (membership mode) the worker stays: it
     rejoins the next world and restores the state transformed onto it."""
     try:
-        kw = dict(commit_every=args.commit_every, store_url=args.store_url or "http://unused:1",
-                  term_wait=args.term_wait, log=args.log)
+        kw = dict(
+            commit_every=args.commit_every,
+            store_url=args.store_url or "http://unused:1",
+            term_wait=args.term_wait,
+            log=args.log,
+        )
         if args.disk_checkpoint:
             job = DiskJob(args.disk_checkpoint, args.job, args.elastic, **kw)
         else:
@@ -141,7 +189,9 @@ def main(args, trainer_cls, fail):
         if model.optimizer_states != ["exp_avg", "exp_avg_sq"]:
             raise ValueError("the model must have --optimizer adam (its state is exp_avg and exp_avg_sq)")
         if args.load_dir or args.state_in or args.state_out or args.save_dir:
-            raise ValueError("--elastic keeps the state in the store daemons: no --load-dir, --state-in/out, --save-dir")
+            raise ValueError(
+                "--elastic keeps the state in the store daemons: no --load-dir, --state-in/out, --save-dir"
+            )
         apply_knobs(args, job.knobs)
         cfg = check_config(args, model, job.config)
     except (ValueError, KeyError, OSError, elastic.ElasticError) as e:
@@ -159,8 +209,7 @@ def main(args, trainer_cls, fail):
         except Exception as e:  # noqa: BLE001 - a lost peer shows as any error of a collective
             if not job.aborted(e):
                 raise
-            print(f"rank {job.rank}: world aborted (a host was lost): {type(e).__name__}: {str(e)[:200]}",
-                  flush=True)
+            print(f"rank {job.rank}: world aborted (a host was lost): {type(e).__name__}: {str(e)[:200]}", flush=True)
             stopped = True
         if not stopped:
             break
@@ -191,8 +240,17 @@ def segment(args, job, model, cfg, trainer_cls, device, fail):
         loss, norm, ids = trainer.train_step()
         seconds = time.perf_counter() - t0
         if job.rank == 0:
-            trainer.log_event({"step": step, "loss": loss, "config": str(cfg), "samples": ids, "grad_norm": norm,
-                               "seconds": round(seconds, 4), "world_size": job.world_size})
+            trainer.log_event(
+                {
+                    "step": step,
+                    "loss": loss,
+                    "config": str(cfg),
+                    "samples": ids,
+                    "grad_norm": norm,
+                    "seconds": round(seconds, 4),
+                    "world_size": job.world_size,
+                }
+            )
         if args.min_step_seconds > seconds:
             time.sleep(args.min_step_seconds - seconds)
         if job.step_done(trainer.step, trainer.info, trainer.state_tensors, last=trainer.step == args.steps):

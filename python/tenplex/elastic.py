@@ -78,14 +78,14 @@ step_done's stop flag; ``rejoin()`` (instead of finish()) joins the next world, 
 restore() again; after a lost host, ``aborted(error)`` says the step's failure was the
 agent's abort, and rejoin() restores from the last commit.
 """
+
 import json
 import os
 import signal
 import sys
 import time
-from typing import List, Optional, Tuple
+from typing import Optional
 
-import torch
 import torch.distributed as dist
 
 from . import _tenplex
@@ -93,8 +93,16 @@ from . import elastic_cluster as _ec
 from . import membership as _mb
 from . import store as _store
 from .elastic_cluster import FATAL_EXIT_STATUS, ElasticError, FatalElasticError  # noqa: F401 (the API)
-from .elastic_policy import (SuggestPolicy, pick_choice, pick_config, read_policy,  # noqa: F401 (the API)
-                             suggest_choice, suggest_config, tenplex_binary)
+from .elastic_commit import Commits as _Commits
+from .elastic_policy import (  # noqa: F401 (re-exported: elastic.pick_config etc. are the API)
+    SuggestPolicy,
+    pick_choice,
+    pick_config,
+    read_policy,
+    suggest_choice,
+    suggest_config,
+    tenplex_binary,
+)
 from .layout import Config  # noqa: F401 (elastic.Config)
 
 log = _ec.log
@@ -141,9 +149,21 @@ def _barrier_and_teardown():
     return ""
 
 
-class Job(_mb.MemberJob):
-    def __init__(self, job, policy, commit_every=0, store_url=None, token=None, term_wait=15.0, log=None,
-                 async_commit=False, connect_timeout=None, request_timeout=None, exit_on_fatal=True):
+class Job(_Commits, _mb.MemberJob):
+    def __init__(
+        self,
+        job,
+        policy,
+        commit_every=0,
+        store_url=None,
+        token=None,
+        term_wait=15.0,
+        log=None,
+        async_commit=False,
+        connect_timeout=None,
+        request_timeout=None,
+        exit_on_fatal=True,
+    ):
         """connect_timeout: seconds restore() waits for daemons that do not answer before it
         fails naming them (default TENPLEX_CONNECT_TIMEOUT or 60; -1: forever); never a new
         job on silence. request_timeout: seconds one request of the coordinator may take
@@ -163,12 +183,13 @@ class Job(_mb.MemberJob):
         self._set_world(self._member.next_world() if self._member else None)
         self.url = (store_url or os.environ.get("TENPLEX_STORE_URL") or "").rstrip("/")
         if not self.url.startswith("http://"):
-            raise ElasticError("give this host's store daemon as TENPLEX_STORE_URL=http://host:port "
-                               f"(got {self.url!r}); start it with `tenplex store serve`")
+            raise ElasticError(
+                "give this host's store daemon as TENPLEX_STORE_URL=http://host:port "
+                f"(got {self.url!r}); start it with `tenplex store serve`"
+            )
         self.token = token if token is not None else os.environ.get("TENPLEX_TOKEN", "")
         self.log = log
-        self.connect_timeout = _ec.env_timeout(connect_timeout, "TENPLEX_CONNECT_TIMEOUT",
-                                               _ec.DEFAULT_CONNECT_TIMEOUT)
+        self.connect_timeout = _ec.env_timeout(connect_timeout, "TENPLEX_CONNECT_TIMEOUT", _ec.DEFAULT_CONNECT_TIMEOUT)
         rt = _ec.env_timeout(request_timeout, "TENPLEX_REQUEST_TIMEOUT", _ec.DEFAULT_REQUEST_TIMEOUT)
         self.request_timeout = max(1, int(rt if rt is not None else 24 * 3600))
         self.exit_on_fatal = exit_on_fatal
@@ -198,21 +219,29 @@ class Job(_mb.MemberJob):
 
     def init_process_group(self, backend="gloo", timeout=120.0):
         import datetime
+
         self._pg = (backend, timeout)
         if self._member is not None:
             return self._join_world()
-        dist.init_process_group(backend, init_method="env://", rank=self.rank, world_size=self.world_size,
-                                timeout=datetime.timedelta(seconds=timeout))
+        dist.init_process_group(
+            backend,
+            init_method="env://",
+            rank=self.rank,
+            world_size=self.world_size,
+            timeout=datetime.timedelta(seconds=timeout),
+        )
 
     def _gather_hosts(self):
         mine = (self.group_rank, self.local_rank, self.url)
         every = [None] * self.world_size
         dist.all_gather_object(every, mine)
         by_group = {}
-        for g, lr, url in every:
+        for g, _local_rank, url in every:
             if by_group.setdefault(g, url) != url:
-                raise ElasticError(f"the workers of group rank {g} name different store daemons "
-                                   f"({by_group[g]} and {url}): set one TENPLEX_STORE_URL per host")
+                raise ElasticError(
+                    f"the workers of group rank {g} name different store daemons "
+                    f"({by_group[g]} and {url}): set one TENPLEX_STORE_URL per host"
+                )
         groups = sorted(by_group)
         if groups != list(range(len(groups))):
             raise ElasticError(f"group ranks {groups} are not 0..{len(groups) - 1}")
@@ -232,8 +261,9 @@ class Job(_mb.MemberJob):
         if self._store is None:
             client = self._client(self.url)
             if not client.local:
-                local_url = os.environ.get("TENPLEX_STORE_LOCAL_URL") or \
-                    "http://127.0.0.1:" + self.url.rsplit(":", 1)[1]
+                local_url = (
+                    os.environ.get("TENPLEX_STORE_LOCAL_URL") or "http://127.0.0.1:" + self.url.rsplit(":", 1)[1]
+                )
                 try:
                     lc = self._client(local_url)
                     if lc.local:
@@ -253,10 +283,16 @@ class Job(_mb.MemberJob):
 
     def _transform(self, urls, old_cluster):
         cmd = ["transform", "--job", self.job, "--to", self.config, "--json", "--quiet"]
-        return _ec.run_transform(tenplex_binary(), cmd, old_cluster, {"hosts": urls, "gpus_per_host": self.local_world_size},
-                                 self.token, self._coord.env())
+        return _ec.run_transform(
+            tenplex_binary(),
+            cmd,
+            old_cluster,
+            {"hosts": urls, "gpus_per_host": self.local_world_size},
+            self.token,
+            self._coord.env(),
+        )
 
-    def _views(self, urls: List[str]) -> List[_ec.HostView]:
+    def _views(self, urls: list[str]) -> list[_ec.HostView]:
         """Every daemon's view of the job (retried until connect_timeout); ElasticError
         naming the daemons that still do not answer, or two hosts that are one daemon."""
         views = _ec.probe_hosts(urls, self.job, self.token, self.connect_timeout, self.request_timeout)
@@ -265,8 +301,10 @@ class Job(_mb.MemberJob):
         for i, v in enumerate(views):
             for w in views[:i]:
                 if v.host_id and v.host_id == w.host_id:
-                    raise ElasticError(f"{w.url} and {v.url} are one store daemon (host id {v.host_id}): "
-                                       "set one TENPLEX_STORE_URL per host, each host its own daemon")
+                    raise ElasticError(
+                        f"{w.url} and {v.url} are one store daemon (host id {v.host_id}): "
+                        "set one TENPLEX_STORE_URL per host, each host its own daemon"
+                    )
         return views
 
     def _answers(self, url: str) -> bool:
@@ -291,8 +329,11 @@ class Job(_mb.MemberJob):
         found = _ec.committed_state(views)
         extra = []  # hosts of the newest version outside this world: recovery asks them too
         if found is not None:
-            extra = [u for u, i in _ec.old_hosts(found[2])
-                     if not any(_ec.same_host(u, i, v.url, v.host_id) for v in views) and self._answers(u)]
+            extra = [
+                u
+                for u, i in _ec.old_hosts(found[2])
+                if not any(_ec.same_host(u, i, v.url, v.host_id) for v in views) and self._answers(u)
+            ]
         self._coord = self._coord or _ec.Coordinator(self.job, self.token, self.request_timeout)
         self._coord.hold(urls + extra)  # then read again: nobody else changes the job from here on
         views = self._views(urls)
@@ -302,9 +343,11 @@ class Job(_mb.MemberJob):
             views = self._views(urls)
             found = _ec.committed_state(views)
             if found is None and res["pending"]:
-                raise ElasticError(f"job {self.job}: version(s) {res['pending']} are prepared but undecided "
-                                   f"(a host that took part does not answer) and no version is committed: "
-                                   f"bring that host's daemon back; {'; '.join(res['lines'])}")
+                raise ElasticError(
+                    f"job {self.job}: version(s) {res['pending']} are prepared but undecided "
+                    f"(a host that took part does not answer) and no version is committed: "
+                    f"bring that host's daemon back; {'; '.join(res['lines'])}"
+                )
             if res["pending"]:
                 views, found = self._resolve_lost(urls, extra)
         cluster = _ec.cluster_record(views, self.local_world_size)
@@ -312,12 +355,21 @@ class Job(_mb.MemberJob):
             return {"version": None, "cluster": cluster}
         version, _, info, everywhere = found
         old_cluster = _ec.rebase_cluster(info, views, self.local_world_size)
-        rec = {"version": version, "from": str(info.config), "transformed": False, "cluster": cluster,
-               "step": info.step}
+        rec = {
+            "version": version,
+            "from": str(info.config),
+            "transformed": False,
+            "cluster": cluster,
+            "step": info.step,
+        }
         if not (everywhere and _ec.unchanged(info, views, self.config, self.local_world_size)):
             if not everywhere:
-                log.warning("job %s: version %d is not current on every host (%s): re-placing it", self.job,
-                            version, _ec.by_version(views))
+                log.warning(
+                    "job %s: version %d is not current on every host (%s): re-placing it",
+                    self.job,
+                    version,
+                    _ec.by_version(views),
+                )
             # The cluster file must list the old hosts; those gone stay in it (not answering = lost).
             try:
                 stats = self._transform(urls, old_cluster)
@@ -326,8 +378,13 @@ class Job(_mb.MemberJob):
                     where = list(dict.fromkeys(urls + [u for u, _ in _ec.old_hosts(info)]))
                     raise FatalElasticError(_ec.fatal_message(self.job, version, where, str(e))) from None
                 raise
-            rec.update(version=stats["to_version"], transformed=True, lost_hosts=stats.get("lost_hosts", []),
-                       bytes_moved=stats.get("plan", {}).get("bytes_total"), transform_stats_seconds=stats["seconds"])
+            rec.update(
+                version=stats["to_version"],
+                transformed=True,
+                lost_hosts=stats.get("lost_hosts", []),
+                bytes_moved=stats.get("plan", {}).get("bytes_total"),
+                transform_stats_seconds=stats["seconds"],
+            )
         rec["transform_seconds"] = round(time.perf_counter() - t0, 4)
         return rec
 
@@ -338,8 +395,13 @@ class Job(_mb.MemberJob):
         res = _ec.resolve(urls + extra, self.job, self.token, self.request_timeout, self._coord.name)
         views = self._views(urls)
         found = _ec.committed_state(views)
-        if res["pending"] and found is not None and _ec.roll_back_lost(
-                urls + extra, self.job, res["pending"], found[0], self.token, self.request_timeout, self._coord.name):
+        if (
+            res["pending"]
+            and found is not None
+            and _ec.roll_back_lost(
+                urls + extra, self.job, res["pending"], found[0], self.token, self.request_timeout, self._coord.name
+            )
+        ):
             views = self._views(urls)
             found = _ec.committed_state(views)
         return views, found
@@ -370,9 +432,17 @@ class Job(_mb.MemberJob):
             raise ElasticError(rec["error"])
         self.cluster = rec["cluster"]
         if rec["version"] is None:
-            self._log_event({"event": "elastic_start", "world_size": self.world_size, "config": self.config,
-                             "hosts": len(self.hosts), "version": None, "restart_count": self.restart_count,
-                             "process_seconds": round(age, 3)})
+            self._log_event(
+                {
+                    "event": "elastic_start",
+                    "world_size": self.world_size,
+                    "config": self.config,
+                    "hosts": len(self.hosts),
+                    "version": None,
+                    "restart_count": self.restart_count,
+                    "process_seconds": round(age, 3),
+                }
+            )
             return None
         self.version = rec["version"]
         t1 = time.perf_counter()
@@ -383,24 +453,42 @@ class Job(_mb.MemberJob):
         errors = [e for e in errors if e]
         if errors:
             raise ElasticError("; ".join(errors))
-        self._log_event({"event": "elastic_start", "world_size": self.world_size, "config": self.config,
-                         "hosts": len(self.hosts), "version": self.version, "from": rec.get("from"),
-                         "step": infos[1].step, "transformed": rec.get("transformed"),
-                         "lost_hosts": rec.get("lost_hosts", []), "bytes_moved": rec.get("bytes_moved"),
-                         "gather_seconds": round(gathered - t0, 4), "transform_seconds": rec["transform_seconds"],
-                         "load_seconds": round(load_s, 4), "restart_count": self.restart_count,
-                         "process_seconds": round(age, 3)})
+        self._log_event(
+            {
+                "event": "elastic_start",
+                "world_size": self.world_size,
+                "config": self.config,
+                "hosts": len(self.hosts),
+                "version": self.version,
+                "from": rec.get("from"),
+                "step": infos[1].step,
+                "transformed": rec.get("transformed"),
+                "lost_hosts": rec.get("lost_hosts", []),
+                "bytes_moved": rec.get("bytes_moved"),
+                "gather_seconds": round(gathered - t0, 4),
+                "transform_seconds": rec["transform_seconds"],
+                "load_seconds": round(load_s, 4),
+                "restart_count": self.restart_count,
+                "process_seconds": round(age, 3),
+            }
+        )
         return Restored(self.version, infos[0], tensors, time.perf_counter() - t0, infos[1])
 
-    def _load_own(self, device) -> Tuple[Optional[tuple], Optional[dict], str]:
+    def _load_own(self, device) -> tuple[Optional[tuple], Optional[dict], str]:
         """((info, typed info), tensors, "") of this rank from its own daemon, which must
         have the restored version committed and current; else (None, None, the error)."""
         st = self._local_store()
         try:
             cur = st.status(self.job)
             if cur["version"] != self.version or not cur["committed"]:
-                return None, None, (f"rank {self.rank}: version {self.version} of job {self.job} is not the "
-                                    f"committed version on {self.url} (it has version {cur['version']})")
+                return (
+                    None,
+                    None,
+                    (
+                        f"rank {self.rank}: version {self.version} of job {self.job} is not the "
+                        f"committed version on {self.url} (it has version {cur['version']})"
+                    ),
+                )
             info = st.status(self.job, self.version)
             typed = _ec.parse_info(json.dumps(info))
             if typed.config != _tenplex.Config.parse(self.config):
@@ -416,8 +504,10 @@ class Job(_mb.MemberJob):
         if not recorded:
             _ec.record_fatal(self.job, message)
         if recorded:
-            message += (f"\n(recorded by an earlier round of this run in {_ec.fatal_marker(self.job)}; "
-                        "remove that file to try again)")
+            message += (
+                f"\n(recorded by an earlier round of this run in {_ec.fatal_marker(self.job)}; "
+                "remove that file to try again)"
+            )
         if self.rank == 0 or recorded:
             print(message, file=sys.stderr, flush=True)
         if self._coord is not None:
@@ -427,138 +517,6 @@ class Job(_mb.MemberJob):
                 log.info("job %s: stopped this host's torchrun agent (fatal error)", self.job)
             sys.exit(FATAL_EXIT_STATUS)
         raise FatalElasticError(message)
-
-    # ---- commits ---------------------------------------------------------------------
-
-    def commit(self, info, tensors):
-        """Two-phase commit of every rank's tensors as a new version on all hosts.
-
-        info: the training fields (model, config, step, samples_consumed, ...);
-        tensors: {local name: tensor} of this rank, on the CPU or a CUDA device. Returns
-        the version number."""
-        self.finish_pending()
-        v, info, t0 = self._begin_commit(info)
-        err = ""
-        try:
-            self._local_store().save_state(self.job, v, self.rank, dict(tensors))
-        except (_tenplex.Error, OSError, RuntimeError) as e:
-            err = f"rank {self.rank}: writing into {self.url}: {e}"
-        return self._end_commit(v, info, t0, err)
-
-    def _begin_commit(self, info):
-        """Rank 0 begins the version on every host; (version, info, start time) on all ranks."""
-        if self.hosts is None:
-            raise ElasticError("commit before restore(): the hosts are not known yet")
-        t0 = time.perf_counter()
-        info = dict(info, cluster=self.cluster or {"hosts": self.hosts, "gpus_per_host": self.local_world_size})
-        text = json.dumps(info, sort_keys=True)
-        rec = [None]
-        if self.rank == 0:
-            begun, v = [], None
-            try:
-                views = _ec.probe_hosts(self.hosts, self.job, self.token, 0, self.request_timeout)
-                down = [x.url for x in views if x.state == "down"]
-                if down:
-                    raise ElasticError(f"the store daemons {down} do not answer")
-                self._coord.check()
-                v = _ec.next_version_and_fence(views, self.job, self.version)
-                for u in self.hosts:
-                    _ec.connect(u, self.token, self.request_timeout, self._coord.name).begin_version(self.job, v, text)
-                    begun.append(u)
-                rec[0] = {"version": v}
-            except (ElasticError, _tenplex.Error, OSError) as e:
-                if begun:
-                    _ec.abort(begun, self.job, v, self.token, self.request_timeout, self._coord.name)
-                rec[0] = {"error": f"beginning the commit's version: {e}"}
-        dist.broadcast_object_list(rec, src=0)
-        if "error" in rec[0]:
-            raise ElasticError(rec[0]["error"])
-        return rec[0]["version"], info, t0
-
-    def _end_commit(self, v, info, t0, err):
-        """Phase one (every rank's write done: `err` is this rank's failure or "") and
-        phase two (rank 0 commits on every host, or aborts everywhere)."""
-        flags = [None] * self.world_size
-        dist.all_gather_object(flags, err)  # phase one: every rank's bytes are in its daemon
-        errors = [e for e in flags if e]
-        outcome = [None]
-        if self.rank == 0:
-            outcome[0] = ""
-            if errors:
-                _ec.abort(self.hosts, self.job, v, self.token, self.request_timeout, self._coord.name)
-                outcome[0] = "; ".join(errors)
-            else:
-                try:  # phase two: prepare everywhere (durable), then commit everywhere (C++ 2PC)
-                    _ec.prepare_commit(self.hosts, self.job, v, self.token, self.request_timeout, self._coord.name)
-                except _tenplex.Error as e:  # a failed prepare was aborted everywhere
-                    outcome[0] = f"committing version {v}: {e}"
-        dist.broadcast_object_list(outcome, src=0)
-        if outcome[0]:
-            raise ElasticError(f"commit of step {info.get('step')} failed: {outcome[0]}")
-        self.version = v
-        rec = {"event": "commit", "step": info.get("step"), "version": v, "seconds": round(time.perf_counter() - t0, 4)}
-        if self._pending is not None:
-            rec["async"] = True  # seconds: from the snapshot to the version's commit
-        self._log_event(rec)
-        return v
-
-    def start_commit(self, info, tensors):
-        """The first half of commit() without waiting for the bytes: the version is begun,
-        a snapshot of the tensors taken (on their device) and written in the background
-        (Store.save_state_async); finish_pending() completes the two-phase commit. One
-        in flight: a pending one is finished first."""
-        self.finish_pending()
-        v, info, t0 = self._begin_commit(info)
-        ac = self._local_store().save_state_async(self.job, v, self.rank, dict(tensors))
-        self._pending = (v, info, t0, ac)
-
-    def finish_pending(self):
-        """Completes the asynchronous commit in flight (waits for this rank's write, then
-        the two-phase commit's collectives, here in the calling thread); its version, or
-        None when none was pending."""
-        if self._pending is None:
-            return None
-        v, info, t0, ac = self._pending
-        err = ""
-        try:
-            ac.wait()
-        except (_tenplex.Error, OSError, RuntimeError) as e:
-            err = f"rank {self.rank}: writing into {self.url}: {e}"
-        try:
-            return self._end_commit(v, info, t0, err)
-        finally:
-            self._pending = None
-
-    def step_done(self, step, info_fn, tensors_fn, last=False):
-        """Call after every finished step (`step` = steps done). Commits every
-        commit_every steps, at the last step and when any worker got SIGTERM; returns True
-        when the loop must stop for a membership change (then call finish()).
-
-        With async_commit the periodic commits overlap the next steps: the state is
-        snapshotted here and written in the background; the commit completes at the first
-        step_done where every rank's write is done (the same all-reduce carries that),
-        and at once before a stop, the last step or the next commit."""
-        busy = self._pending is not None and not self._pending[3].done()
-        if self._first_step:  # the first step of a world (membership): its reconfiguration ends here
-            self._first_step = False
-            self._log_event({"event": "first_step", "step": step})
-        announced = self._member is not None and self._member.announced.is_set()
-        flag = torch.tensor([1 if self._term or announced else 0, 1 if busy else 0])
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        stop = flag[0].item() > 0
-        if self._pending is not None and flag[1].item() == 0:
-            self.finish_pending()  # every rank's bytes are written: phase one and two now
-        due = self.commit_every > 0 and step % self.commit_every == 0
-        if stop or last:
-            self.commit(info_fn(), tensors_fn())
-        elif due and self.async_commit:
-            self.start_commit(info_fn(), tensors_fn())
-        elif due:
-            self.commit(info_fn(), tensors_fn())
-        if stop:
-            self._stopping = True
-            self._log_event({"event": "elastic_stop", "step": step, "version": self.version})
-        return stop
 
     def close(self):
         """At the end of the job, after the last step's commit: a barrier, then the
@@ -572,8 +530,12 @@ class Job(_mb.MemberJob):
             self._coord.release()
         err = _barrier_and_teardown()
         if err:
-            print(f"tenplex.elastic: rank {self.rank}: the closing barrier failed after the last commit "
-                  f"(version {self.version}): {err}", file=sys.stderr, flush=True)
+            print(
+                f"tenplex.elastic: rank {self.rank}: the closing barrier failed after the last commit "
+                f"(version {self.version}): {err}",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def finish(self):
         """After step_done returned True: wait for this worker's SIGTERM and exit (0), or

@@ -18,6 +18,7 @@ without a process group.
 - ``FatalElasticError`` and the fatal marker: an unrecoverable loss ends the job once,
   not once per torchrun restart.
 """
+
 import json
 import logging
 import math
@@ -27,7 +28,7 @@ import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Optional
 
 from . import _tenplex
 
@@ -45,6 +46,7 @@ class ElasticError(RuntimeError):
 class FatalElasticError(ElasticError):
     """The job's state cannot be brought onto any world (every replica of some rank is
     gone): restarting the workers cannot help."""
+
     exit_status = FATAL_EXIT_STATUS
 
 
@@ -52,12 +54,13 @@ class FatalElasticError(ElasticError):
 class HostView:
     """One daemon's answer: state "down" (no answer), "none" (answered, no such job) or
     "job" (current: its current version or None, with that version's info text)."""
+
     url: str
     state: str
     host_id: str = ""
     current: Optional[int] = None
     info: str = ""
-    versions: List[dict] = field(default_factory=list)
+    versions: list[dict] = field(default_factory=list)
     error: str = ""
     last: int = 0  # the highest version number the job has had there (rolled back ones too)
 
@@ -81,7 +84,7 @@ class Coordinator:
         self.name = _tenplex.new_coordinator("tenplex-elastic")
         self._lease = None
 
-    def hold(self, urls: List[str]) -> None:
+    def hold(self, urls: list[str]) -> None:
         """Takes the lease on the hosts that answer (waits TENPLEX_LEASE_WAIT, 60 s, for
         another coordinator); the one held already when it covers them."""
         if self._lease is not None and not self._lease.error() and set(urls) <= set(self._lease.hosts):
@@ -89,8 +92,9 @@ class Coordinator:
         self.release()
         t0 = time.monotonic()
         try:  # wait_s left out: TENPLEX_LEASE_WAIT, parsed (and refused when malformed) in C++
-            self._lease = _tenplex.JobLease(urls, self.token, self.job, self.name, LEASE_TTL_MS,
-                                            timeout_s=min(self.request_timeout, 30))
+            self._lease = _tenplex.JobLease(
+                urls, self.token, self.job, self.name, LEASE_TTL_MS, timeout_s=min(self.request_timeout, 30)
+            )
         except _tenplex.Error as e:
             raise ElasticError(f"job {self.job}: cannot become its coordinator: {e}") from None
         waited = time.monotonic() - t0
@@ -109,7 +113,7 @@ class Coordinator:
             self._lease.release()
             self._lease = None
 
-    def env(self) -> Dict[str, str]:
+    def env(self) -> dict[str, str]:
         """For a `tenplex transform` run on behalf of this coordinator (under its lease)."""
         return {"TENPLEX_COORDINATOR": self.name}
 
@@ -124,8 +128,7 @@ def probe(url: str, job: str, token: str, timeout_s: int = DEFAULT_REQUEST_TIMEO
             j = c.job(job)
         except _tenplex.NotFoundError:
             return HostView(url, "none", hid)
-        view = HostView(url, "job", hid, j["current"], versions=list(j["versions"]),
-                        last=int(j.get("last_version", 0)))
+        view = HostView(url, "job", hid, j["current"], versions=list(j["versions"]), last=int(j.get("last_version", 0)))
         for v in view.versions:
             if v["version"] == view.current:
                 view.info = v["info"]
@@ -134,8 +137,14 @@ def probe(url: str, job: str, token: str, timeout_s: int = DEFAULT_REQUEST_TIMEO
         return HostView(url, "down", error=str(e))
 
 
-def probe_hosts(urls: List[str], job: str, token: str, connect_timeout: Optional[float],
-                request_timeout: int = DEFAULT_REQUEST_TIMEOUT, poll: float = 0.5) -> List[HostView]:
+def probe_hosts(
+    urls: list[str],
+    job: str,
+    token: str,
+    connect_timeout: Optional[float],
+    request_timeout: int = DEFAULT_REQUEST_TIMEOUT,
+    poll: float = 0.5,
+) -> list[HostView]:
     """Every daemon's view; the ones that do not answer are asked again until
     connect_timeout seconds passed (None or inf: forever; 0: once)."""
     limit = math.inf if connect_timeout is None else float(connect_timeout)
@@ -145,8 +154,12 @@ def probe_hosts(urls: List[str], job: str, token: str, connect_timeout: Optional
     while any(v.state == "down" for v in views) and time.monotonic() < deadline:
         if not warned:
             down = [v.url for v in views if v.state == "down"]
-            log.warning("job %s: store daemons %s do not answer; retrying for %s s", job, down,
-                        "ever" if limit == math.inf else f"{limit:g}")
+            log.warning(
+                "job %s: store daemons %s do not answer; retrying for %s s",
+                job,
+                down,
+                "ever" if limit == math.inf else f"{limit:g}",
+            )
             warned = True
         time.sleep(min(poll, max(0.0, deadline - time.monotonic())))
         views = [v if v.state != "down" else probe(v.url, job, token, request_timeout) for v in views]
@@ -162,7 +175,7 @@ def same_host(url_a: str, id_a: str, url_b: str, id_b: str) -> bool:
     return url_a.rstrip("/") == url_b.rstrip("/")
 
 
-def cluster_record(views: List[HostView], gpus_per_host: int) -> dict:
+def cluster_record(views: list[HostView], gpus_per_host: int) -> dict:
     """The "cluster" of a version's info: where its ranks live, with the host ids."""
     rec = {"hosts": [v.url for v in views], "gpus_per_host": gpus_per_host}
     if all(v.host_id for v in views):
@@ -176,13 +189,13 @@ def parse_info(text: str) -> "_tenplex.StateInfo":
     return _tenplex.StateInfo.parse(text)
 
 
-def old_hosts(info: "_tenplex.StateInfo") -> List[Tuple[str, str]]:
+def old_hosts(info: "_tenplex.StateInfo") -> list[tuple[str, str]]:
     """(url, host id) of each host where a version's ranks live (its placement)."""
     hosts, ids = list(info.hosts), list(info.host_ids)
     return list(zip(hosts, ids + [""] * (len(hosts) - len(ids))))
 
 
-def rebase_cluster(info: "_tenplex.StateInfo", views: List[HostView], gpus_per_host: int) -> dict:
+def rebase_cluster(info: "_tenplex.StateInfo", views: list[HostView], gpus_per_host: int) -> dict:
     """The cluster file of a version's placement (its info's "cluster"; these hosts with
     `gpus_per_host` when it has none) with each host's URL replaced by the one it answers
     at now (matched by host id): a host reached by another address is not lost."""
@@ -197,7 +210,7 @@ def rebase_cluster(info: "_tenplex.StateInfo", views: List[HostView], gpus_per_h
     return out
 
 
-def down_error(job: str, views: List[HostView], waited: Optional[float]) -> ElasticError:
+def down_error(job: str, views: list[HostView], waited: Optional[float]) -> ElasticError:
     """The refusal to start when daemons of this world do not answer, naming the hosts
     (and those that held the newest version known)."""
     down = [v.url for v in views if v.state == "down"]
@@ -210,19 +223,22 @@ def down_error(job: str, views: List[HostView], waited: Optional[float]) -> Elas
         except ValueError:  # not a valid info: its step and hosts are unknown
             step, olds = None, []
         holders = [u for u, i in olds if any(same_host(u, i, v.url, v.host_id) for v in views if v.state == "down")]
-        held = (f"; version {newest.current} (step {step}) is the newest seen, "
-                f"held by {holders or 'hosts that answered'}")
+        held = (
+            f"; version {newest.current} (step {step}) is the newest seen, held by {holders or 'hosts that answered'}"
+        )
     else:
         held = "; no daemon that answered has the job, so whether it has committed state is unknown"
     wait = "forever" if waited is None else f"{waited:g} s"
     return ElasticError(
         f"job {job}: the store daemons {down} do not answer (waited {wait}){held}. The job does not "
         f"start over from step 0 on silence: start those daemons again (`tenplex store serve` with the "
-        f"same --shm-dir), or wait longer (Job(connect_timeout=...) / TENPLEX_CONNECT_TIMEOUT, -1: forever)")
+        f"same --shm-dir), or wait longer (Job(connect_timeout=...) / TENPLEX_CONNECT_TIMEOUT, -1: forever)"
+    )
 
 
-def run_transform(exe: str, args: List[str], old_cluster: dict, new_cluster: dict, token: str,
-                  env_extra: Dict[str, str]) -> dict:
+def run_transform(
+    exe: str, args: list[str], old_cluster: dict, new_cluster: dict, token: str, env_extra: dict[str, str]
+) -> dict:
     """`tenplex transform` from the old cluster to the new one (on behalf of the job's
     coordinator: env_extra); its --json stats, or ElasticError with its message."""
     with tempfile.TemporaryDirectory(prefix="tenplex-elastic-") as tmp:
@@ -234,20 +250,27 @@ def run_transform(exe: str, args: List[str], old_cluster: dict, new_cluster: dic
         env = dict(os.environ, **env_extra)
         if token:
             env["TENPLEX_TOKEN"] = token
-        p = subprocess.run([exe, args[0], "--cluster", old_path, "--to-cluster", new_path] + args[1:],
-                           capture_output=True, text=True, env=env)
+        p = subprocess.run(
+            [exe, args[0], "--cluster", old_path, "--to-cluster", new_path] + args[1:],
+            capture_output=True,
+            text=True,
+            env=env,
+        )
     if p.returncode != 0:
-        raise ElasticError(f"tenplex transform to {args[args.index('--to') + 1]} failed: "
-                           f"{p.stderr.strip() or p.stdout.strip()}")
+        raise ElasticError(
+            f"tenplex transform to {args[args.index('--to') + 1]} failed: {p.stderr.strip() or p.stdout.strip()}"
+        )
     stats = json.loads(p.stdout)
     if stats.get("new_hosts") not in (None, new_cluster["hosts"]):
-        raise ElasticError(f"tenplex transform placed the state on {stats.get('new_hosts')}, not on "
-                           f"{new_cluster['hosts']}")
+        raise ElasticError(
+            f"tenplex transform placed the state on {stats.get('new_hosts')}, not on {new_cluster['hosts']}"
+        )
     return stats
 
 
-def resolve(urls: List[str], job: str, token: str, request_timeout: int = DEFAULT_REQUEST_TIMEOUT,
-            coordinator: str = "") -> dict:
+def resolve(
+    urls: list[str], job: str, token: str, request_timeout: int = DEFAULT_REQUEST_TIMEOUT, coordinator: str = ""
+) -> dict:
     """Owner recovery (ResolvePending) over the hosts: half-done commits finished or
     rolled back, leftover open versions removed; its lines are logged."""
     r = _tenplex.cluster_resolve(urls, token, job, True, request_timeout, coordinator)
@@ -256,8 +279,15 @@ def resolve(urls: List[str], job: str, token: str, request_timeout: int = DEFAUL
     return r
 
 
-def roll_back_lost(urls: List[str], job: str, pending: List[int], fallback: int, token: str,
-                   request_timeout: int = DEFAULT_REQUEST_TIMEOUT, coordinator: str = "") -> List[int]:
+def roll_back_lost(
+    urls: list[str],
+    job: str,
+    pending: list[int],
+    fallback: int,
+    token: str,
+    request_timeout: int = DEFAULT_REQUEST_TIMEOUT,
+    coordinator: str = "",
+) -> list[int]:
     """Rolls back the versions the recovery left undecided, on hosts that are this world's
     and the old ones that answer (`urls`); the versions rolled back.
 
@@ -277,14 +307,19 @@ def roll_back_lost(urls: List[str], job: str, pending: List[int], fallback: int,
             log.warning("job %s: recovery: version %d was committed meanwhile: kept (rolled forward next)", job, v)
             continue
         done.append(v)
-        log.warning("job %s: recovery: version %d was prepared on the hosts that answer, but its decision record "
-                    "(the first host in commit order) is lost with its coordinator, outside this world, and no "
-                    "live host committed it: rolled back on %s; the job goes on from version %d", job, v, urls,
-                    fallback)
+        log.warning(
+            "job %s: recovery: version %d was prepared on the hosts that answer, but its decision record "
+            "(the first host in commit order) is lost with its coordinator, outside this world, and no "
+            "live host committed it: rolled back on %s; the job goes on from version %d",
+            job,
+            v,
+            urls,
+            fallback,
+        )
     return done
 
 
-def committed_state(views: List[HostView]) -> Optional[Tuple[int, str, "_tenplex.StateInfo", bool]]:
+def committed_state(views: list[HostView]) -> Optional[tuple[int, str, "_tenplex.StateInfo", bool]]:
     """(version, info text, info, held everywhere) of the newest version current on any
     answering host, or None when none has one. Held everywhere: every host of `views`
     reports it current with the same info (a host that missed a commit is stale). An
@@ -297,16 +332,19 @@ def committed_state(views: List[HostView]) -> Optional[Tuple[int, str, "_tenplex
     return best.current, best.info, parse_info(best.info), everywhere
 
 
-def unchanged(info: "_tenplex.StateInfo", views: List[HostView], config: str, gpus_per_host: int) -> bool:
+def unchanged(info: "_tenplex.StateInfo", views: list[HostView], config: str, gpus_per_host: int) -> bool:
     """True when the version is already in `config` on exactly these hosts (by host id,
     in order) with this many ranks per host: no transform needed."""
     olds = old_hosts(info)
-    return (info.config == _tenplex.Config.parse(config) and info.gpus_per_host == gpus_per_host
-            and len(olds) == len(views)
-            and all(same_host(u, i, v.url, v.host_id) for (u, i), v in zip(olds, views)))
+    return (
+        info.config == _tenplex.Config.parse(config)
+        and info.gpus_per_host == gpus_per_host
+        and len(olds) == len(views)
+        and all(same_host(u, i, v.url, v.host_id) for (u, i), v in zip(olds, views))
+    )
 
 
-def next_version_and_fence(views: List[HostView], job: str, restored: Optional[int]) -> int:
+def next_version_and_fence(views: list[HostView], job: str, restored: Optional[int]) -> int:
     """The version number one past any version any host has had (listed, or rolled back
     and gone: a number is not used again for other content), after refusing a commit
     that would release a version newer than `restored` (the version this job's state
@@ -321,23 +359,40 @@ def next_version_and_fence(views: List[HostView], job: str, restored: Optional[i
             raise ElasticError(
                 f"job {job}: refusing to commit: version {v.current} is current on {v.url}, newer than "
                 f"{mine} this job restored from; another coordinator moved the job on (restart the "
-                f"workers to restore version {v.current})")
+                f"workers to restore version {v.current})"
+            )
     return nxt
 
 
-def prepare_commit(urls: List[str], job: str, version: int, token: str,
-                   request_timeout: int = DEFAULT_REQUEST_TIMEOUT, coordinator: str = "") -> dict:
+def prepare_commit(
+    urls: list[str],
+    job: str,
+    version: int,
+    token: str,
+    request_timeout: int = DEFAULT_REQUEST_TIMEOUT,
+    coordinator: str = "",
+) -> dict:
     """Prepare everywhere, then commit everywhere (the C++ 2PC); raises on failure."""
     out = _tenplex.cluster_prepare_commit(urls, token, job, version, True, request_timeout, coordinator)
     if out["unconfirmed"]:
-        log.warning("job %s: version %d committed; hosts %s did not confirm (it is prepared there and "
-                    "is committed by the next restore's recovery)", job, version,
-                    [urls[i] for i in out["unconfirmed"]])
+        log.warning(
+            "job %s: version %d committed; hosts %s did not confirm (it is prepared there and "
+            "is committed by the next restore's recovery)",
+            job,
+            version,
+            [urls[i] for i in out["unconfirmed"]],
+        )
     return out
 
 
-def abort(urls: List[str], job: str, version: int, token: str, request_timeout: int = DEFAULT_REQUEST_TIMEOUT,
-          coordinator: str = "") -> None:
+def abort(
+    urls: list[str],
+    job: str,
+    version: int,
+    token: str,
+    request_timeout: int = DEFAULT_REQUEST_TIMEOUT,
+    coordinator: str = "",
+) -> None:
     """Aborts an unfinished version on every host that answers (best effort: a host that
     does not keeps it open or prepared; the next restore's recovery removes it)."""
     try:
@@ -350,18 +405,20 @@ def abort(urls: List[str], job: str, version: int, token: str, request_timeout: 
 # ---- fatal losses ---------------------------------------------------------------------
 
 
-def fatal_message(job: str, version: Optional[int], hosts: List[str], cause: str) -> str:
+def fatal_message(job: str, version: Optional[int], hosts: list[str], cause: str) -> str:
     """The one message of an unrecoverable loss, with the recovery commands."""
-    return (f"tenplex.elastic: job {job} cannot continue: the state of version {version} cannot be placed "
-            f"on this world: {cause}\nEvery replica of some rank is gone (its hosts are lost); restarting "
-            f"the workers cannot help, so the job stops here (exit status {FATAL_EXIT_STATUS}). To recover:\n"
-            f"  - bring the lost hosts' daemons back (`tenplex store serve --shm-dir` with their old shm "
-            f"dir) and start the job again;\n"
-            f"  - `tenplex store ls {job} --cluster CLUSTER.json` shows the versions left on the hosts "
-            f"({' '.join(hosts)}), and `tenplex transform --recover --cluster CLUSTER.json --job {job}` "
-            f"finishes or rolls back a half-done commit;\n"
-            f"  - or load a checkpoint: `tenplex store load --cluster CLUSTER.json --job {job} --dir CKPT` "
-            f"and start the job again.")
+    return (
+        f"tenplex.elastic: job {job} cannot continue: the state of version {version} cannot be placed "
+        f"on this world: {cause}\nEvery replica of some rank is gone (its hosts are lost); restarting "
+        f"the workers cannot help, so the job stops here (exit status {FATAL_EXIT_STATUS}). To recover:\n"
+        f"  - bring the lost hosts' daemons back (`tenplex store serve --shm-dir` with their old shm "
+        f"dir) and start the job again;\n"
+        f"  - `tenplex store ls {job} --cluster CLUSTER.json` shows the versions left on the hosts "
+        f"({' '.join(hosts)}), and `tenplex transform --recover --cluster CLUSTER.json --job {job}` "
+        f"finishes or rolls back a half-done commit;\n"
+        f"  - or load a checkpoint: `tenplex store load --cluster CLUSTER.json --job {job} --dir CKPT` "
+        f"and start the job again."
+    )
 
 
 def fatal_marker(job: str) -> str:
@@ -437,9 +494,9 @@ def env_timeout(value: Optional[float], name: str, default: float) -> Optional[f
     return None if value < 0 or math.isinf(value) else float(value)
 
 
-def by_version(views: List[HostView]) -> Dict[int, List[str]]:
+def by_version(views: list[HostView]) -> dict[int, list[str]]:
     """current version -> the hosts reporting it (for messages)."""
-    out: Dict[int, List[str]] = {}
+    out: dict[int, list[str]] = {}
     for v in views:
         if v.current is not None:
             out.setdefault(v.current, []).append(v.url)
