@@ -91,10 +91,8 @@ TEST_F(RunnerTest, RefusesToContinueStateItCannotUse) {
   SetUp();
   json another = json::parse(*ReadFile(o_.model_path));
   another["name"] = "another-model";
-  backend_->Preload({{"model", another},
-                     {"config", "tp=1,pp=1,dp=2"},
-                     {"step", 1},
-                     {"samples_consumed", 8}});
+  backend_->Preload(
+      {{"model", another}, {"config", "tp=1,pp=1,dp=2"}, {"step", 1}, {"samples_consumed", 8}});
   s = RunIt(json::parse(R"([{"step": 0, "config": "dp=2"}, {"step": 4, "stop": true}])"));
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.status().message().find("another model"), std::string::npos) << s.status().message();

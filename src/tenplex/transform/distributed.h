@@ -14,8 +14,8 @@
 //     part, control_protocol.h): a state with no surviving replica fails now with
 //     DataLoss naming the tensor and box, before any host changed anything.
 //  4. Phase one: every host with new ranks is sent the same prepare request (with its
-//     host index and its part's digest), all at once; each writes its ranks into an open version v+1 from
-//     its own tensors and, over the data plane, from its peers (host_exec.h).
+//     host index and its part's digest), all at once; each writes its ranks into an open version
+//     v+1 from its own tensors and, over the data plane, from its peers (host_exec.h).
 //  5. Phase two (two_phase.h): when every prepare succeeded (each participant made v+1
 //     prepared: durable across its restart), v+1 is committed on each of them with the
 //     old version kept, and released in a second round once every participant
