@@ -37,8 +37,6 @@ import urllib.error
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
-sys.path.insert(0, os.path.join(HERE, "..", "python"))
-sys.path.insert(0, HERE)
 import cluster_transform_bench as ctb  # noqa: E402
 from daemons import Daemon, write_cluster  # noqa: E402
 

@@ -52,12 +52,10 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fault_campaign as fc  # noqa: E402
 from daemons import Daemon  # noqa: E402
 from fault_campaign_replay import REPLAY_KINDS, ReplayKinds, refused  # noqa: E402
