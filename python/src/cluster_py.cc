@@ -161,9 +161,16 @@ void RegisterStateInfo(pyb::module_& m) {
   pyb::class_<StateInfo>(m, "StateInfo",
                          "A version's info (model, config, training fields, placement)")
       .def_static(
-          "parse", [](const std::string& text) { return Take(StateInfo::Parse(text)); },
-          pyb::arg("text"),
-          "Parses a version's info JSON (InvalidArgumentError naming what is missing)")
+          "parse",
+          [](const std::string& text, bool require_model) {
+            return Take(StateInfo::Parse(text, require_model ? StateInfo::ModelRequired::kYes
+                                                             : StateInfo::ModelRequired::kNo));
+          },
+          pyb::arg("text"), pyb::arg("require_model") = true,
+          "Parses a version's info JSON (InvalidArgumentError naming what is missing); "
+          "require_model=False accepts an info without \"model\" (tenplex.elastic's "
+          "commits of a user's own model)")
+      .def_property_readonly("has_model", &StateInfo::has_model)
       .def_property_readonly("config", &StateInfo::config, "The parallel config (a Config)")
       .def_property_readonly("model_json",
                              [](const StateInfo& s) { return s.field("model").dump(); })

@@ -185,8 +185,9 @@ def cluster_record(views: list[HostView], gpus_per_host: int) -> dict:
 
 def parse_info(text: str) -> "_tenplex.StateInfo":
     """A version's info, typed: parsed and validated by its C++ owner (StateInfo,
-    transform/state_info.h); InvalidArgumentError (a ValueError) naming what is wrong."""
-    return _tenplex.StateInfo.parse(text)
+    transform/state_info.h); InvalidArgumentError (a ValueError) naming what is wrong.
+    The elastic API commits the user's own fields: "model" may be absent (has_model)."""
+    return _tenplex.StateInfo.parse(text, require_model=False)
 
 
 def old_hosts(info: "_tenplex.StateInfo") -> list[tuple[str, str]]:

@@ -17,20 +17,23 @@ constexpr char kShadowed[] = "shadowed_fields";
 
 }  // namespace
 
-Result<StateInfo> StateInfo::Parse(const std::string& text) {
+Result<StateInfo> StateInfo::Parse(const std::string& text, ModelRequired model_required) {
   StateInfo s;
   s.json_ = json::parse(text, nullptr, false);
   if (s.json_.is_discarded() || !s.json_.is_object())
     return InvalidArgument("version info is not a JSON object");
-  if (!s.json_.contains("model") || !s.json_["model"].is_object()) {
+  const bool optional = model_required == ModelRequired::kNo && !s.json_.contains("model");
+  if (!optional && (!s.json_.contains("model") || !s.json_["model"].is_object())) {
     return InvalidArgument("version info has no \"model\" object");
   }
   if (!s.json_.contains("config") || !s.json_["config"].is_string()) {
     return InvalidArgument("version info has no \"config\" string");
   }
-  Result<Model> m = ModelFromJson(s.json_["model"].dump());
-  if (!m.ok()) return m.status().WithContext("version info \"model\"");
-  s.model_ = std::move(m).value();
+  if (!optional) {
+    Result<Model> m = ModelFromJson(s.json_["model"].dump());
+    if (!m.ok()) return m.status().WithContext("version info \"model\"");
+    s.model_ = std::move(m).value();
+  }
   Result<ParallelConfig> c = ParseConfig(s.json_["config"].get<std::string>());
   if (!c.ok()) return c.status().WithContext("version info \"config\"");
   s.config_ = *c;

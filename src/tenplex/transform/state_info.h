@@ -10,7 +10,10 @@
 //    "safetensors": {"rank-00000.safetensors": {"metadata": {...}, "order": [...]}}}
 //
 // "model" and "config" are required; everything else is kept verbatim and carried
-// from version to version (a transform changes only "config" and "cluster").
+// from version to version (a transform changes only "config" and "cluster"). The
+// elastic Python API (tenplex.elastic) also commits infos of a user's own model that
+// have no "model": Parse reads those with ModelRequired::kNo (model() is then empty and
+// has_model() false); whatever needs the model (a transform, a checkpoint) refuses them.
 //
 // A checkpoint directory's tenplex.json (spec §7) holds the same training fields:
 // loading one copies each of its fields (but model, config and checksums) into the
@@ -35,14 +38,18 @@ namespace tenplex::transform {
 
 class StateInfo {
  public:
+  enum class ModelRequired { kYes, kNo };
   // Parses a version's info (InvalidArgument naming what is missing or malformed).
-  static Result<StateInfo> Parse(const std::string& text);
+  static Result<StateInfo> Parse(const std::string& text,
+                                 ModelRequired model_required = ModelRequired::kYes);
   // A new info of a model in a config, with no other fields.
   static StateInfo Make(const Model& model, const ParallelConfig& config);
   // The info of a checkpoint directory's tenplex.json, loaded from `source`.
   static StateInfo FromCheckpoint(const io::CheckpointInfo& checkpoint, const std::string& source);
 
   const Model& model() const { return model_; }
+  // False only for an info parsed with ModelRequired::kNo that has no "model".
+  bool has_model() const { return json_.contains("model"); }
   const ParallelConfig& config() const { return config_; }
   // Where the ranks live (nullopt: not recorded, e.g. a single store).
   const std::optional<Cluster>& placement() const { return placement_; }
