@@ -248,8 +248,13 @@ def test_install(tenplex, repo, tmp, build):
             used is not None and used.group(1).startswith(os.path.realpath(root) + "/"),
             f"{root}: the helper used is the installed one: {used and used.group(1)}",
         )
-    # pip into an environment: the CLI in ENV/bin uses ENV/bin/python3 (here a link to ours).
-    os.symlink(sys.executable, os.path.join(pip, "bin", "python3"))
+    # pip into an environment: the CLI in ENV/bin uses ENV/bin/python3 (here a script that
+    # runs ours: a bare link to it would start the base interpreter outside our venv,
+    # without numpy and torch, wherever the system Python has none).
+    wrapper = os.path.join(pip, "bin", "python3")
+    with open(wrapper, "w") as f:
+        f.write(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    os.chmod(wrapper, 0o755)
     p, _ = export_hf(os.path.join(pip, "bin", "tenplex"), tmp, "venv", dict(env, TENPLEX_PYTHON=""))
     check(
         p.returncode == 0 and f"running {os.path.realpath(pip)}/bin/python3 -m" in p.stderr,
