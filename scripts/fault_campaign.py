@@ -56,7 +56,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -65,6 +64,8 @@ import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 from daemons import Daemon  # noqa: E402
+
+from tenplex.testing import free_port  # noqa: E402
 
 CONFIGS = [
     "tp=2,pp=2,dp=2",
@@ -90,14 +91,6 @@ def canon(config):
         k, v = kv.split("=")
         c[k] = v
     return tuple(sorted(c.items()))
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 class Campaign:

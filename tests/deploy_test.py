@@ -32,6 +32,8 @@ import time
 
 import yaml
 
+from tenplex.testing import free_port
+
 failures = []
 
 
@@ -139,12 +141,6 @@ def check_k8s(repo):
         check(all(w in pol for w in sizes), f"the policy covers every world size {sizes} of min..max x {nproc}")
     except elastic.ElasticError as e:
         check(False, f"the ConfigMap's policy: {e}")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def check_slurm(tenplex, repo):

@@ -42,17 +42,15 @@ def check_job_async(device: str) -> None:
     (step_done), each version equal to the state at its step although the training loop
     updated the tensors in place meanwhile; restore(device=) brings the last one back."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import socket
 
     import torch.distributed as dist
     from daemons import Daemon
 
     from tenplex import elastic
+    from tenplex.testing import free_port
 
     daemon = Daemon(tenplex_bin())
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     env = {
         "WORLD_SIZE": "1",
         "RANK": "0",

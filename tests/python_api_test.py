@@ -6,7 +6,6 @@ usage: python_api_test.py TENPLEX_BIN REPO_ROOT
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ sys.path.insert(0, os.path.join(sys.argv[2], "python"))
 import torch  # noqa: E402
 
 import tenplex  # noqa: E402
+from tenplex.testing import free_port  # noqa: E402
 
 failures = []
 
@@ -159,9 +159,7 @@ def main():
     )
 
     # A daemon on this machine, through the same API.
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     d = subprocess.Popen(
         [tenplex_bin, "store", "serve", "--listen", f"127.0.0.1:{port}"],
         stdout=subprocess.DEVNULL,

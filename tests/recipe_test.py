@@ -39,6 +39,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from daemons import NetnsBridge  # noqa: E402
 
+from tenplex.testing import free_port  # noqa: E402
+
 failures = []
 
 
@@ -53,12 +55,6 @@ def recipes(repo):
     text = open(os.path.join(repo, "docs/deploy.md")).read()
     found = re.findall(r"<!-- recipe: ([\w-]+) -->\n```bash\n(.*?)```", text, re.S)
     return dict(found)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def base_env(home):

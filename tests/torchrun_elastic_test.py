@@ -25,7 +25,6 @@ the bridge.
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,6 +34,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from daemons import Daemon, NetnsBridge  # noqa: E402
 from elastic_run_test import Checks, check_steps, steps_of  # noqa: E402
 from elastic_run_testing import small_model  # noqa: E402
+
+from tenplex.testing import free_port  # noqa: E402
 
 PY = sys.executable  # the project interpreter (.venv/bin/python) that runs this file
 STEPS = 24
@@ -67,12 +68,6 @@ def train_command(repo, policy, model, log_flag, log):
         "60",
         *TRAIN_ARGS,
     ]
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def read_log(path):

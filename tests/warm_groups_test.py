@@ -16,7 +16,6 @@ is joined in the same processes (a warm worker's next segment) and checked again
 
 import datetime
 import os
-import socket
 import sys
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
@@ -29,6 +28,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
 from tenplex import layout as L  # noqa: E402
+from tenplex.testing import free_port  # noqa: E402
 
 WORLD = 4
 CONFIGS = ["tp=2,pp=2", "tp=2,dp=2", "pp=2,dp=2", "dp=4", "tp=4"]
@@ -99,12 +99,6 @@ def worker(rank, ports, queue):
     except Exception as e:  # noqa: BLE001 - reported by the parent
         errors.append(f"rank {rank}: {type(e).__name__}: {e}")
     queue.put((rank, errors))
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main():
