@@ -51,12 +51,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.error
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-from daemons import Daemon, write_cluster  # noqa: E402
+from tenplex.testing import Daemon, probe_daemons, run_tenplex, write_cluster
 
 ARGS = None
 
@@ -66,80 +64,10 @@ def log(*a):
 
 
 def tenplex(*args):
-    p = subprocess.run([ARGS.tenplex, *args], capture_output=True, text=True)
-    if p.returncode != 0:
-        sys.exit("tenplex %s failed:\n%s%s" % (" ".join(args), p.stdout, p.stderr))
-    return p.stdout
+    return run_tenplex(ARGS.tenplex, *args)
 
 
-def probe(daemons):
-    """Two-daemon limits, then the same probe on every daemon at once (daemon i fetching
-    from daemon i+1): the aggregate this machine sustains when all hosts work together."""
-    addrs = [d.call("GET", "/v1/transform/address")["address"] for d in daemons]
-    results = [None] * len(daemons)
-
-    def one(i):
-        results[i] = daemons[i].call(
-            "POST", "/v1/transform/probe", {"address": addrs[(i + 1) % len(daemons)], "bytes": 128 << 20}
-        )
-
-    # All at once first (every daemon also makes its scratch region then), then a pair.
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(daemons))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if any(r is None for r in results):
-        sys.exit("a probe failed (see above)")
-    pair = daemons[0].call("POST", "/v1/transform/probe", {"address": addrs[1], "bytes": 256 << 20})
-    pair["all_fetch_gbps"] = sum(r["fetch_large_gbps"] for r in results)
-    # The probes' fresh writes are short and do not all overlap, so their sum overstates
-    # the machine (by ~1.6x here); the write term uses all daemons' directories written
-    # at the same instant instead.
-    pair["all_write_sum_gbps"] = sum(r["fresh_write_gbps"] for r in results)
-    pair["all_write_gbps"] = fresh_all_at_once([d.get("/v1/health")["shm_dir"] for d in daemons])
-    pair["all_memcpy_gbps"] = sum(r["memcpy_gbps"] for r in results)
-    return pair
-
-
-def _fresh_writer(shm_dir, nbytes, barrier, out):
-    """One daemon's share of fresh_all_at_once: what a transform does for a new tensor
-    (posix_fallocate, mmap MAP_SHARED|MAP_POPULATE, copy from a warm buffer)."""
-    import mmap
-
-    warm = bytearray(b"\x5a") * nbytes
-    path = os.path.join(shm_dir, "tmp", "bench-fresh-%d" % os.getpid())
-    barrier.wait()
-    t0 = time.perf_counter()
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        os.posix_fallocate(fd, 0, nbytes)
-        m = mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
-        m[:] = warm
-        out.put(time.perf_counter() - t0)
-        m.close()
-    finally:
-        os.close(fd)
-        os.unlink(path)
-
-
-def fresh_all_at_once(shm_dirs, nbytes=256 << 20, rounds=2):
-    """GB/s of new shared memory written by one process per daemon directory, all
-    started together (best of `rounds`): the machine's fresh-page limit."""
-    import multiprocessing as mp
-
-    ctx = mp.get_context("fork")
-    best = 0.0
-    for _ in range(rounds):
-        barrier, out = ctx.Barrier(len(shm_dirs)), ctx.Queue()
-        procs = [ctx.Process(target=_fresh_writer, args=(d, nbytes, barrier, out)) for d in shm_dirs]
-        for p in procs:
-            p.start()
-        secs = [out.get(timeout=300) for _ in procs]
-        for p in procs:
-            p.join()
-        best = max(best, len(shm_dirs) * nbytes / max(secs) / 1e9)
-    return best
+probe = probe_daemons  # this machine's limits (tenplex.testing; sim_validate.py measures them so too)
 
 
 class Cluster:

@@ -51,12 +51,12 @@ import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "tests"))
-from bench_csv import write_rows  # noqa: E402
-from daemons import Daemon, write_cluster  # noqa: E402
+from bench_csv import write_rows
 
-from tenplex.runlog import read_run_log  # noqa: E402
+from tenplex.runlog import read_run_log
+from tenplex.testing import Daemon, write_cluster
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 REPO = os.path.abspath(os.path.join(HERE, ".."))
 PY = sys.executable  # the project interpreter (.venv/bin/python) that runs this file

@@ -35,10 +35,11 @@ import tempfile
 import time
 import urllib.error
 
+import cluster_transform_bench as ctb
+
+from tenplex.testing import Daemon, write_cluster
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "tests"))
-import cluster_transform_bench as ctb  # noqa: E402
-from daemons import Daemon, write_cluster  # noqa: E402
 
 POLICY = {"4": "tp=2,pp=2", "6": "tp=2,dp=3"}
 

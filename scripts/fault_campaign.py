@@ -62,10 +62,7 @@ import tempfile
 import time
 import urllib.request
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-from daemons import Daemon  # noqa: E402
-
-from tenplex.testing import free_port  # noqa: E402
+from tenplex.testing import Daemon, free_port
 
 CONFIGS = [
     "tp=2,pp=2,dp=2",

@@ -46,7 +46,6 @@ import http.client
 import json
 import logging
 import mmap
-import multiprocessing as mp
 import os
 import shutil
 import statistics
@@ -59,11 +58,9 @@ import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
 
+from tenplex.testing import Daemon, NetnsBridge, all_at_once, probe_daemons, run_tenplex, write_cluster
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "tests"))
-sys.path.insert(0, os.path.join(HERE, "..", "bench"))
-import cluster_transform_bench as bench  # noqa: E402
-from daemons import Daemon, NetnsBridge, write_cluster  # noqa: E402
 
 log = logging.getLogger("sim_validate")
 PHASES = ["plan", "warm", "alloc", "fetch", "local", "seal"]
@@ -235,14 +232,7 @@ def _touch(shm_dir: str, nbytes: int, barrier: Any, out: Any) -> None:
 def touch_rates(shm_dirs: list[str], nbytes: int = 256 << 20) -> tuple[float, float, float]:
     """Per-daemon GB/s of first touch, of xxh64 and of mapping resident pages, all daemons
     at once (the slowest one's)."""
-    ctx = mp.get_context("fork")
-    barrier, out = ctx.Barrier(len(shm_dirs)), ctx.Queue()
-    procs = [ctx.Process(target=_touch, args=(d, nbytes, barrier, out)) for d in shm_dirs]
-    for p in procs:
-        p.start()
-    secs = [out.get(timeout=300) for _ in procs]
-    for p in procs:
-        p.join()
+    secs = all_at_once(_touch, shm_dirs, nbytes)
     return tuple(nbytes / max(s[i] for s in secs) / 1e9 for i in range(3))  # type: ignore[return-value]
 
 
@@ -270,7 +260,7 @@ def measure_cluster(daemons: list[Daemon], repeats: int = 3) -> dict[str, float]
 
 def probe_cluster(daemons: list[Daemon]) -> dict[str, float]:
     n = len(daemons)
-    p = bench.probe(daemons)
+    p = probe_daemons(daemons)
     first, hashed, mapped = touch_rates([d.get("/v1/health")["shm_dir"] for d in daemons])
     return {
         "nic_gbit_s": 8 * p["all_fetch_gbps"] / n,
@@ -294,11 +284,12 @@ def transform_once(
 ) -> dict[str, Any]:
     """One transform from a fresh load, every cross-host byte over UCX; with `net`, the
     bytes that crossed the daemons' veths during the transform alone."""
-    bench.tenplex("store", "load", "--cluster", cluster_file, "--job", job, "--dir", ckpt)
+    run_tenplex(args.tenplex, "store", "load", "--cluster", cluster_file, "--job", job, "--dir", ckpt)
     pool_before = sum(d.get("/v1/health")["pool_bytes"] for d in daemons)
     before = net.crossed() if net else 0
     s = json.loads(
-        bench.tenplex(
+        run_tenplex(
+            args.tenplex,
             "transform",
             "--cluster",
             cluster_file,
@@ -498,7 +489,7 @@ def run_size(args: argparse.Namespace, tmp: str, n: int, daemons: list[Daemon], 
     results = []
     for rate in args.rates:
         net.shape(rate)
-        probes = [bench.probe(daemons) for _ in range(3)]
+        probes = [probe_daemons(daemons) for _ in range(3)]
         p = {k: statistics.median(q[k] for q in probes) for k in ("all_fetch_gbps", "fetch_large_gbps")}
         log.info(
             "%d hosts shaped to %g Gbit/s: probe (median of 3) %.2f Gbit/s per daemon all at once, "
@@ -552,7 +543,6 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="simval-") as tmp:
         # A copy of the binary: a rebuild in the shared tree must not swap it mid-run.
         args.tenplex = shutil.copy2(args.tenplex, os.path.join(tmp, "tenplex"))
-        bench.ARGS = argparse.Namespace(tenplex=args.tenplex, presize=False)  # what bench.tenplex reads
         for n in sizes:
             if args.netns:
                 net = ShapedNet(args.tenplex, n)

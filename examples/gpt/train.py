@@ -17,23 +17,21 @@ import os
 import sys
 import time
 
+import data
+import elastic_train
+import flextp
+import meter
+import model as gpt
+import optimizer
+import parallel
+import torch
+import torch.distributed as dist
+import uneven
+
+from tenplex import _tenplex, checkpoint, handoff, warm
+from tenplex import layout as L
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
-
-import data  # noqa: E402
-import elastic_train  # noqa: E402
-import flextp  # noqa: E402
-import meter  # noqa: E402
-import model as gpt  # noqa: E402
-import optimizer  # noqa: E402
-import parallel  # noqa: E402
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import uneven  # noqa: E402
-
-from tenplex import _tenplex, checkpoint, handoff, warm  # noqa: E402
-from tenplex import layout as L  # noqa: E402
 
 DEFAULT_CORPUS = os.path.join(HERE, "data", "corpus.jsonl")
 
