@@ -17,6 +17,13 @@ without a process group.
   restored from (another coordinator moved the job on) is refused.
 - ``FatalElasticError`` and the fatal marker: an unrecoverable loss ends the job once,
   not once per torchrun restart.
+- ``run_transform``: the distributed transform, which runs as ``tenplex transform`` in a
+  process of its own on behalf of this coordinator (``TENPLEX_COORDINATOR``: the lease
+  this process holds), not through the native module. Deliberately: the transform moves
+  bytes over UCX, and the binding links no transport (``python/CMakeLists.txt``: no UCX
+  in the training process, whose allocator and signal handlers UCX's would share); a
+  UCX abort under load (docs/reliability.md) then fails the transform with a message
+  instead of killing rank 0 with the job's state in its hands.
 """
 
 import json

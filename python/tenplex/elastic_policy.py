@@ -1,10 +1,18 @@
 """Config policies of tenplex.elastic: which parallel config a job runs in for each
-world size (a table, or ``tenplex config suggest``), and the tenplex CLI it asks."""
+world size (a table, or ``tenplex config suggest``), and the tenplex CLI it asks.
+
+``suggest:`` policies run ``tenplex config suggest`` (a process, not the native module):
+its arguments are the CLI's own option language (``--model``, ``--device-profile``,
+``--recompute``, ...), which lives in the CLI, and the policy module (memory and step-time
+models, device profiles, presets) is not linked into ``_tenplex``; a binding would copy
+the option set. It runs once when the job starts and once per new world size.
+"""
 
 import json
 import os
 import shutil
 import subprocess
+import sys
 
 from . import _tenplex
 from .elastic_cluster import ElasticError
@@ -108,13 +116,18 @@ def pick_config(policy, world_size, gpus_per_host=None):
     return pick_choice(policy, world_size, gpus_per_host)[0]
 
 
-def tenplex_binary():
-    """The tenplex CLI: TENPLEX_BIN, else `tenplex` on PATH, else this checkout's build."""
-    exe = os.environ.get("TENPLEX_BIN") or shutil.which("tenplex")
+def tenplex_binary() -> str:
+    """The tenplex CLI: TENPLEX_BIN, else the `tenplex` beside this interpreter (where
+    `pip install` puts it, docs/install.md), else `tenplex` on PATH. Never a path inside a
+    source checkout: a package does not know where one is (set TENPLEX_BIN to a build's
+    bin/tenplex)."""
+    exe = os.environ.get("TENPLEX_BIN")
     if exe:
         return exe
-    here = os.path.dirname(os.path.abspath(__file__))
-    built = os.path.join(here, "..", "..", "build", "bin", "tenplex")
-    if os.path.exists(built):
-        return os.path.abspath(built)
+    beside = os.path.join(os.path.dirname(sys.executable), "tenplex")
+    if os.access(beside, os.X_OK):
+        return beside
+    found = shutil.which("tenplex")
+    if found:
+        return found
     raise ElasticError("cannot find the tenplex CLI: set TENPLEX_BIN or put tenplex on PATH")
