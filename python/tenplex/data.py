@@ -21,9 +21,13 @@ Command line (the same JSON as `tenplex data batches --json`):
 """
 
 import json
+import logging
 import sys
 
 from . import _tenplex
+from ._cli import cli_logging
+
+log = logging.getLogger("tenplex.data")  # not __name__: "__main__" under python -m
 
 Order = _tenplex.Order  # Order(num_samples, seed, global_batch): step_of(position), batch(step, begin, end)
 
@@ -150,10 +154,11 @@ def _main(argv):
             for i in a.sample:
                 print(index.text(i))
     except (ValueError, LookupError, OSError, _tenplex.Error) as e:
-        print(f"tenplex.data: error: {e}", file=sys.stderr)
+        log.error("tenplex.data: error: %s", e)
         return 2
     return 0
 
 
 if __name__ == "__main__":
+    cli_logging()
     sys.exit(_main(sys.argv[1:]))

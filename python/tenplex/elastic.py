@@ -509,7 +509,7 @@ class Job(_Commits, _mb.MemberJob):
                 "remove that file to try again)"
             )
         if self.rank == 0 or recorded:
-            print(message, file=sys.stderr, flush=True)
+            log.critical("%s", message)
         if self._coord is not None:
             self._coord.release()
         if self.exit_on_fatal:
@@ -530,11 +530,11 @@ class Job(_Commits, _mb.MemberJob):
             self._coord.release()
         err = _barrier_and_teardown()
         if err:
-            print(
-                f"tenplex.elastic: rank {self.rank}: the closing barrier failed after the last commit "
-                f"(version {self.version}): {err}",
-                file=sys.stderr,
-                flush=True,
+            log.warning(
+                "tenplex.elastic: rank %d: the closing barrier failed after the last commit (version %s): %s",
+                self.rank,
+                self.version,
+                err,
             )
 
     def finish(self):

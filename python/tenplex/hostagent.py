@@ -19,6 +19,7 @@ exit with that worker's status (its host key then disappears: the others lose th
 
 import argparse
 import json
+import logging
 import os
 import shutil
 import signal
@@ -29,6 +30,9 @@ import time
 from typing import Optional
 
 from . import membership as mb
+from ._cli import cli_logging
+
+log = logging.getLogger("tenplex.hostagent")  # not __name__: "__main__" under python -m
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -226,9 +230,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         return Agent(args).run()
     except mb.MembershipError as e:
-        print(f"tenplex.hostagent: error: {e}", file=sys.stderr, flush=True)
+        log.error("tenplex.hostagent: error: %s", e)
         return 2
 
 
 if __name__ == "__main__":
+    cli_logging()
     sys.exit(main())

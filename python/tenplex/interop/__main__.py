@@ -13,17 +13,23 @@ overrides it.
 
 import argparse
 import json
+import logging
 import sys
 import time
 
+from .._cli import cli_logging
 from . import dcp, ds, hf, mcore, megatron, ptc
 from .ptc import InteropError
 
 FORMATS = ("dcp", "megatron", "hf", "ds-universal", "mcore")
 
 
-def _log(msg):
-    print("tenplex: " + msg, file=sys.stderr)
+log = logging.getLogger("tenplex.interop")  # not __name__: "__main__" under python -m
+
+
+def _log(msg: str) -> None:
+    """What the conversion tells the user (the format modules' callback), on stderr."""
+    log.warning("%s", msg)
 
 
 def run_import(a):
@@ -112,10 +118,10 @@ def main(argv):
         else:
             n = run_export(a)
     except (InteropError, ptc.ckpt.CheckpointError, ptc.st.SafetensorsError) as err:
-        print(f"tenplex: error: {err}", file=sys.stderr)
+        log.error("error: %s", err)
         return 2
     except OSError as err:  # disk full, permissions: not the input's fault
-        print(f"tenplex: error: {err}", file=sys.stderr)
+        log.error("error: %s", err)
         return 1
     finally:
         ptc.cleanup()
@@ -148,4 +154,5 @@ def _report(a: argparse.Namespace, n: int, seconds: float, step: "int | None") -
 
 
 if __name__ == "__main__":
+    cli_logging("tenplex: %(message)s")
     sys.exit(main(sys.argv[1:]))
