@@ -84,7 +84,7 @@ import os
 import signal
 import sys
 import time
-from typing import Optional
+from typing import Any, Optional
 
 import torch.distributed as dist
 
@@ -231,11 +231,11 @@ class Job(_Commits, _mb.MemberJob):
             timeout=datetime.timedelta(seconds=timeout),
         )
 
-    def _gather_hosts(self):
+    def _gather_hosts(self) -> list[str]:
         mine = (self.group_rank, self.local_rank, self.url)
-        every = [None] * self.world_size
+        every: list[tuple[int, int, str]] = [mine] * self.world_size
         dist.all_gather_object(every, mine)
-        by_group = {}
+        by_group: dict[int, str] = {}
         for g, _local_rank, url in every:
             if by_group.setdefault(g, url) != url:
                 raise ElasticError(
@@ -289,7 +289,7 @@ class Job(_Commits, _mb.MemberJob):
             old_cluster,
             {"hosts": urls, "gpus_per_host": self.local_world_size},
             self.token,
-            self._coord.env(),
+            self._coordinator().env(),
         )
 
     def _views(self, urls: list[str]) -> list[_ec.HostView]:
@@ -392,14 +392,15 @@ class Job(_Commits, _mb.MemberJob):
         """(views, committed state) after versions that the recovery left undecided are decided
         again, now that every daemon of this world answers (_views), and those still undecided,
         which wait on hosts outside this world only (lost), are rolled back (roll_back_lost)."""
-        res = _ec.resolve(urls + extra, self.job, self.token, self.request_timeout, self._coord.name)
+        coord = self._coordinator()
+        res = _ec.resolve(urls + extra, self.job, self.token, self.request_timeout, coord.name)
         views = self._views(urls)
         found = _ec.committed_state(views)
         if (
             res["pending"]
             and found is not None
             and _ec.roll_back_lost(
-                urls + extra, self.job, res["pending"], found[0], self.token, self.request_timeout, self._coord.name
+                urls + extra, self.job, res["pending"], found[0], self.token, self.request_timeout, coord.name
             )
         ):
             views = self._views(urls)
@@ -414,18 +415,18 @@ class Job(_Commits, _mb.MemberJob):
             raise ElasticError("call init_process_group() (or torch.distributed.init_process_group) first")
         t0 = time.perf_counter()
         age = process_age()
-        self.hosts = self._gather_hosts()
+        self.hosts = hosts = self._gather_hosts()
         gathered = time.perf_counter()
-        rec = [None]
+        box: list[dict[str, Any]] = [{}]
         if self.rank == 0:
             try:
-                rec[0] = self._coordinate_restore(self.hosts)
+                box[0] = self._coordinate_restore(hosts)
             except FatalElasticError as e:
-                rec[0] = {"error": str(e), "fatal": True}
+                box[0] = {"error": str(e), "fatal": True}
             except (ElasticError, _tenplex.Error, OSError, ValueError) as e:
-                rec[0] = {"error": str(e)}
-        dist.broadcast_object_list(rec, src=0)
-        rec = rec[0]
+                box[0] = {"error": str(e)}
+        dist.broadcast_object_list(box, src=0)
+        rec = box[0]
         if rec.get("fatal"):
             self._fatal(rec["error"])
         if "error" in rec:
@@ -437,7 +438,7 @@ class Job(_Commits, _mb.MemberJob):
                     "event": "elastic_start",
                     "world_size": self.world_size,
                     "config": self.config,
-                    "hosts": len(self.hosts),
+                    "hosts": len(hosts),
                     "version": None,
                     "restart_count": self.restart_count,
                     "process_seconds": round(age, 3),
@@ -448,17 +449,18 @@ class Job(_Commits, _mb.MemberJob):
         t1 = time.perf_counter()
         infos, tensors, err = self._load_own(device)
         load_s = time.perf_counter() - t1
-        errors = [None] * self.world_size
-        dist.all_gather_object(errors, err)
-        errors = [e for e in errors if e]
+        flags: list[str] = [""] * self.world_size
+        dist.all_gather_object(flags, err)
+        errors = [e for e in flags if e]
         if errors:
             raise ElasticError("; ".join(errors))
+        assert infos is not None and tensors is not None  # err was "" on this rank
         self._log_event(
             {
                 "event": "elastic_start",
                 "world_size": self.world_size,
                 "config": self.config,
-                "hosts": len(self.hosts),
+                "hosts": len(hosts),
                 "version": self.version,
                 "from": rec.get("from"),
                 "step": infos[1].step,

@@ -222,7 +222,7 @@ def down_error(job: str, views: list[HostView], waited: Optional[float]) -> Elas
     """The refusal to start when daemons of this world do not answer, naming the hosts
     (and those that held the newest version known)."""
     down = [v.url for v in views if v.state == "down"]
-    newest = max((v for v in views if v.current is not None), key=lambda v: v.current, default=None)
+    newest = max((v for v in views if v.current is not None), key=lambda v: v.current or 0, default=None)
     held = ""
     if newest is not None:
         try:
@@ -332,12 +332,12 @@ def committed_state(views: list[HostView]) -> Optional[tuple[int, str, "_tenplex
     answering host, or None when none has one. Held everywhere: every host of `views`
     reports it current with the same info (a host that missed a commit is stale). An
     info that is not valid (parse_info) raises InvalidArgumentError."""
-    have = [v for v in views if v.state == "job" and v.current is not None]
+    have = [(v.current, v) for v in views if v.state == "job" and v.current is not None]
     if not have:
         return None
-    best = max(have, key=lambda v: v.current)
-    everywhere = all(v.state == "job" and v.current == best.current and v.info == best.info for v in views)
-    return best.current, best.info, parse_info(best.info), everywhere
+    current, best = max(have, key=lambda p: p[0])
+    everywhere = all(v.state == "job" and v.current == current and v.info == best.info for v in views)
+    return current, best.info, parse_info(best.info), everywhere
 
 
 def unchanged(info: "_tenplex.StateInfo", views: list[HostView], config: str, gpus_per_host: int) -> bool:

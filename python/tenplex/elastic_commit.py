@@ -9,21 +9,32 @@ everywhere, durable, then commit everywhere) or aborts everywhere. A mixin of Jo
 attributes it reads are Job's: hosts, job, token, rank, world_size, version, ...).
 """
 
+from __future__ import annotations
+
 import json
 import time
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from . import _tenplex
 from . import elastic_cluster as _ec
+from ._job_state import JobState
 from .elastic_cluster import ElasticError
 
 
-class Commits:
+class Commits(JobState):
     """Job's commits (a mixin: Job provides the state)."""
 
-    def commit(self, info, tensors):
+    def _coordinator(self) -> _ec.Coordinator:
+        """Rank 0's coordinator of the job (from restore() on)."""
+        if self._coord is None:
+            raise ElasticError("rank 0 is not the job's coordinator before restore()")
+        return self._coord
+
+    def commit(self, info: Mapping[str, Any], tensors: Mapping[str, torch.Tensor]) -> int:
         """Two-phase commit of every rank's tensors as a new version on all hosts.
 
         info: the training fields (model, config, step, samples_consumed, ...);
@@ -38,64 +49,72 @@ class Commits:
             err = f"rank {self.rank}: writing into {self.url}: {e}"
         return self._end_commit(v, info, t0, err)
 
-    def _begin_commit(self, info):
+    def _begin_commit(self, info: Mapping[str, Any]) -> tuple[int, dict[str, Any], float]:
         """Rank 0 begins the version on every host; (version, info, start time) on all ranks."""
-        if self.hosts is None:
+        hosts = self.hosts
+        if hosts is None:
             raise ElasticError("commit before restore(): the hosts are not known yet")
         t0 = time.perf_counter()
-        info = dict(info, cluster=self.cluster or {"hosts": self.hosts, "gpus_per_host": self.local_world_size})
-        text = json.dumps(info, sort_keys=True)
-        rec = [None]
+        full = dict(info, cluster=self.cluster or {"hosts": hosts, "gpus_per_host": self.local_world_size})
+        text = json.dumps(full, sort_keys=True)
+        rec: list[dict[str, Any]] = [{}]
         if self.rank == 0:
-            begun, v = [], None
+            coord = self._coordinator()
+            begun: list[str] = []
+            v = 0
             try:
-                views = _ec.probe_hosts(self.hosts, self.job, self.token, 0, self.request_timeout)
+                views = _ec.probe_hosts(hosts, self.job, self.token, 0, self.request_timeout)
                 down = [x.url for x in views if x.state == "down"]
                 if down:
                     raise ElasticError(f"the store daemons {down} do not answer")
-                self._coord.check()
+                coord.check()
                 v = _ec.next_version_and_fence(views, self.job, self.version)
-                for u in self.hosts:
-                    _ec.connect(u, self.token, self.request_timeout, self._coord.name).begin_version(self.job, v, text)
+                for u in hosts:
+                    _ec.connect(u, self.token, self.request_timeout, coord.name).begin_version(self.job, v, text)
                     begun.append(u)
                 rec[0] = {"version": v}
             except (ElasticError, _tenplex.Error, OSError) as e:
                 if begun:
-                    _ec.abort(begun, self.job, v, self.token, self.request_timeout, self._coord.name)
+                    _ec.abort(begun, self.job, v, self.token, self.request_timeout, coord.name)
                 rec[0] = {"error": f"beginning the commit's version: {e}"}
         dist.broadcast_object_list(rec, src=0)
         if "error" in rec[0]:
             raise ElasticError(rec[0]["error"])
-        return rec[0]["version"], info, t0
+        return rec[0]["version"], full, t0
 
-    def _end_commit(self, v, info, t0, err):
+    def _end_commit(self, v: int, info: Mapping[str, Any], t0: float, err: str) -> int:
         """Phase one (every rank's write done: `err` is this rank's failure or "") and
         phase two (rank 0 commits on every host, or aborts everywhere)."""
-        flags = [None] * self.world_size
+        flags: list[str] = [""] * self.world_size
         dist.all_gather_object(flags, err)  # phase one: every rank's bytes are in its daemon
         errors = [e for e in flags if e]
-        outcome = [None]
+        outcome = [""]
         if self.rank == 0:
-            outcome[0] = ""
+            hosts, coord_name = self.hosts or [], self._coordinator().name
             if errors:
-                _ec.abort(self.hosts, self.job, v, self.token, self.request_timeout, self._coord.name)
+                _ec.abort(hosts, self.job, v, self.token, self.request_timeout, coord_name)
                 outcome[0] = "; ".join(errors)
             else:
                 try:  # phase two: prepare everywhere (durable), then commit everywhere (C++ 2PC)
-                    _ec.prepare_commit(self.hosts, self.job, v, self.token, self.request_timeout, self._coord.name)
+                    _ec.prepare_commit(hosts, self.job, v, self.token, self.request_timeout, coord_name)
                 except _tenplex.Error as e:  # a failed prepare was aborted everywhere
                     outcome[0] = f"committing version {v}: {e}"
         dist.broadcast_object_list(outcome, src=0)
         if outcome[0]:
             raise ElasticError(f"commit of step {info.get('step')} failed: {outcome[0]}")
         self.version = v
-        rec = {"event": "commit", "step": info.get("step"), "version": v, "seconds": round(time.perf_counter() - t0, 4)}
+        rec: dict[str, Any] = {
+            "event": "commit",
+            "step": info.get("step"),
+            "version": v,
+            "seconds": round(time.perf_counter() - t0, 4),
+        }
         if self._pending is not None:
             rec["async"] = True  # seconds: from the snapshot to the version's commit
         self._log_event(rec)
         return v
 
-    def start_commit(self, info, tensors):
+    def start_commit(self, info: Mapping[str, Any], tensors: Mapping[str, torch.Tensor]) -> None:
         """The first half of commit() without waiting for the bytes: the version is begun,
         a snapshot of the tensors taken (on their device) and written in the background
         (Store.save_state_async); finish_pending() completes the two-phase commit. One
@@ -105,7 +124,7 @@ class Commits:
         ac = self._local_store().save_state_async(self.job, v, self.rank, dict(tensors))
         self._pending = (v, info, t0, ac)
 
-    def finish_pending(self):
+    def finish_pending(self) -> int | None:
         """Completes the asynchronous commit in flight (waits for this rank's write, then
         the two-phase commit's collectives, here in the calling thread); its version, or
         None when none was pending."""
@@ -122,7 +141,13 @@ class Commits:
         finally:
             self._pending = None
 
-    def step_done(self, step, info_fn, tensors_fn, last=False):
+    def step_done(
+        self,
+        step: int,
+        info_fn: Callable[[], Mapping[str, Any]],
+        tensors_fn: Callable[[], Mapping[str, torch.Tensor]],
+        last: bool = False,
+    ) -> bool:
         """Call after every finished step (`step` = steps done). Commits every
         commit_every steps, at the last step and when any worker got SIGTERM; returns True
         when the loop must stop for a membership change (then call finish()).
