@@ -9,8 +9,9 @@ import os
 import sys
 import threading
 import time
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
+from ._job_state import JobState
 from .elastic_cluster import ElasticError, run_transform
 from .elastic_policy import pick_choice, tenplex_binary
 from .membership import ENV_ABORT_WAIT, ENV_DIR, ENV_HOST_ID, ENV_LOCAL_RANK, Control, MembershipError, WorldAborted
@@ -56,13 +57,14 @@ class Member:
         deadline = time.monotonic() + self.timeout
         while True:  # (the agent writes the worlds that have this host, and the first one without it)
             e, w = self.control.newest()
-            if e > self.epoch:
+            if e > self.epoch and w is not None:  # (w is None only at epoch 0)
                 if self.host_id not in w["hosts"]:
                     return None
                 break
             if time.monotonic() > deadline:
                 raise MembershipError(f"no world with host {self.host_id} within {self.timeout:g} s")
             time.sleep(0.005)
+        assert w is not None  # the loop left with a world
         self.epoch, self.world = e, w
         self.announced.clear()
         self.aborted.clear()
@@ -120,7 +122,7 @@ class Member:
         def loop():
             while not self._stop.is_set():
                 e, w = self.control.newest()
-                if e > self.epoch:
+                if e > self.epoch and w is not None:
                     if w.get("abort"):
                         self.aborted.set()
                         warm.ABORT.set()
@@ -262,7 +264,7 @@ def presize_world(job: str, policy, world: dict, old_cluster: dict, token: str) 
     return Presize(job, config, old_cluster, {"hosts": urls, "gpus_per_host": nproc}, token).start()
 
 
-class MemberJob:
+class MemberJob(JobState):
     """The membership mode of tenplex.elastic.Job (its base class): joining each world
     in-process. Uses Job's _member, _pg, rank, world_size, _coord, cluster, policy, job,
     token, _log_event, _set_world."""
@@ -308,13 +310,15 @@ class MemberJob:
         import torch.distributed as dist
 
         backend, timeout = self._pg
-        self._member.on_world = self._presize_next
+        member = self._member
+        assert member is not None  # membership mode (init_process_group checked)
+        member.on_world = self._presize_next
         while True:
             t0 = time.perf_counter()
             try:
-                self._member.init_process_group(backend, self.rank, self.world_size, timeout)
-                pids = [None] * self.world_size
-                dist.all_gather_object(pids, (self._member.host_id, self.local_rank, os.getpid()))
+                member.init_process_group(backend, self.rank, self.world_size, timeout)
+                pids: list[Any] = [None] * self.world_size
+                dist.all_gather_object(pids, (member.host_id, self.local_rank, os.getpid()))
                 break
             except Exception as e:  # noqa: BLE001 - a lost peer shows as any error of the rendezvous
                 if not self.aborted(e):
@@ -322,21 +326,22 @@ class MemberJob:
                 self._log_event(
                     {
                         "event": "rendezvous_aborted",
-                        "epoch": self._member.epoch,
+                        "epoch": member.epoch,
                         "seconds": round(time.perf_counter() - t0, 4),
                         "error": str(e)[:200],
                     }
                 )
-                self._member.teardown()
+                member.teardown()
                 self._next_world_or_exit()
         self._first_step = True  # step_done logs the world's first step (its reconfiguration ends there)
-        rec = {"event": "world", "epoch": self._member.epoch, "world_size": self.world_size, "pids": pids}
+        rec = {"event": "world", "epoch": member.epoch, "world_size": self.world_size, "pids": pids}
         if times:
             rec.update({k: round(v, 4) for k, v in times.items()}, init_pg_s=round(time.perf_counter() - t0, 4))
         self._log_event(rec)
 
     def _next_world_or_exit(self) -> None:
         """The next world's numbers set; exits 0 when it has no place for this worker (its host left)."""
+        assert self._member is not None  # membership mode
         world = self._member.next_world()
         if world is None:
             self._log_event({"event": "elastic_exit", "left": True})
