@@ -6,13 +6,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
-# Cheap checks first (seconds): sizes and the module map (docs/structure.md), Python lint
-# and format (ruff, pyproject.toml), C++ format.
+# Cheap checks first (seconds, mypy up to a minute): sizes and the module map
+# (docs/structure.md), Python lint and format (ruff, pyproject.toml), the package's types
+# (mypy, pyproject.toml), C++ format.
 .venv/bin/python scripts/check_structure.py
 RUFF_PATHS=(python tests scripts examples bench setup.py)
 .venv/bin/ruff check -q "${RUFF_PATHS[@]}"
 .venv/bin/ruff format -q --check "${RUFF_PATHS[@]}"
 echo "== ruff: Python lint and format clean"
+# Types of the package (mypy, pinned in requirements.lock, configured in pyproject.toml).
+.venv/bin/python -m mypy
+echo "== mypy: the package's types check"
 bash scripts/format.sh
 bash scripts/build.sh
 ctest --test-dir build --output-on-failure -j2 --timeout 600

@@ -8,6 +8,7 @@ made by scripts/setup-venv.sh), and torch for the store.
 """
 
 import sys as _sys
+import typing as _typing
 
 # The interpreter the native module is built for (CMake's TENPLEX_PY, python/CMakeLists.txt).
 PYTHON = "the project's .venv/bin/python (scripts/setup-venv.sh)"
@@ -28,7 +29,7 @@ except ImportError as e:  # safetensors and checkpoint still work without it
     _import_error = e
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> _typing.Any:
     """A name that needs the native module or torch, when importing them failed: say
     which module is missing and which interpreter has it."""
     if not name.startswith("_"):  # a submodule (`from tenplex import safetensors`) imports as usual

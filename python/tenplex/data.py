@@ -23,6 +23,7 @@ Command line (the same JSON as `tenplex data batches --json`):
 import json
 import logging
 import sys
+from typing import Any
 
 from . import _tenplex
 from ._cli import cli_logging
@@ -49,7 +50,7 @@ def rank_slice(global_batch, dp, rank, dp_weights=None):
     return _tenplex.rank_slice(global_batch, dp, rank, parse_weights(dp_weights))
 
 
-_orders = {}
+_orders: dict[Any, Any] = {}
 
 
 def step_samples(num_samples, seed, global_batch, position, dp, dp_rank, dp_weights=None):

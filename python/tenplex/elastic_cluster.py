@@ -75,7 +75,7 @@ class HostView:
 LEASE_TTL_MS = 10000  # rank 0's job lease: a dead rank 0 holds it up to this long
 
 
-def connect(url: str, token: str, timeout_s: int = DEFAULT_REQUEST_TIMEOUT, coordinator: str = ""):
+def connect(url: str, token: str, timeout_s: int = DEFAULT_REQUEST_TIMEOUT, coordinator: str = "") -> "_tenplex.Store":
     return _tenplex.Store.connect(url, token, timeout_s, coordinator)
 
 

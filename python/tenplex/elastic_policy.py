@@ -13,6 +13,8 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterable
+from typing import Any, Optional, Union
 
 from . import _tenplex
 from .elastic_cluster import ElasticError
@@ -23,11 +25,14 @@ class SuggestPolicy:
     """The config policy (``tenplex config suggest``, docs/policy.md) instead of a table:
     for each world size the best-ranked config that fits and uses every worker."""
 
-    def __init__(self, args):
+    def __init__(self, args: Iterable[str]) -> None:
         self.args = list(args)
 
 
-def read_policy(policy):
+Policy = Union[dict[int, str], SuggestPolicy]  # world size -> config string, or a suggest: policy
+
+
+def read_policy(policy: Union[str, dict[Any, Any]]) -> Policy:
     """{world size: config string} from a policy file path, a JSON text or a dict; or, for
     ``"suggest:ARGS"`` (e.g. ``"suggest:--model m.json --device-profile cpu"``), a
     SuggestPolicy that asks ``tenplex config suggest ARGS`` at start-up."""
@@ -72,7 +77,9 @@ def read_policy(policy):
     return out
 
 
-def suggest_choice(policy, world_size, gpus_per_host=None):
+def suggest_choice(
+    policy: SuggestPolicy, world_size: int, gpus_per_host: Optional[int] = None
+) -> tuple[str, list[str]]:
     """The best config of `tenplex config suggest` that fits and uses all world_size
     workers, and its Megatron-LM arguments (the knobs the policy chose with it:
     micro-batch, recomputation, sequence parallelism, virtual stages)."""
@@ -93,12 +100,12 @@ def suggest_choice(policy, world_size, gpus_per_host=None):
     raise ElasticError(f"tenplex config suggest has no config that fits on {world_size} workers")
 
 
-def suggest_config(policy, world_size, gpus_per_host=None):
+def suggest_config(policy: SuggestPolicy, world_size: int, gpus_per_host: Optional[int] = None) -> str:
     """The config of suggest_choice."""
     return suggest_choice(policy, world_size, gpus_per_host)[0]
 
 
-def pick_choice(policy, world_size, gpus_per_host=None):
+def pick_choice(policy: Policy, world_size: int, gpus_per_host: Optional[int] = None) -> tuple[str, list[str]]:
     """(config, Megatron-LM arguments of its knobs) for world_size: a table policy gives
     no arguments, a suggest: policy those of its choice."""
     if isinstance(policy, SuggestPolicy):
@@ -111,7 +118,7 @@ def pick_choice(policy, world_size, gpus_per_host=None):
     return policy[world_size], []
 
 
-def pick_config(policy, world_size, gpus_per_host=None):
+def pick_config(policy: Policy, world_size: int, gpus_per_host: Optional[int] = None) -> str:
     """The policy's config for world_size, or ElasticError naming the sizes it has."""
     return pick_choice(policy, world_size, gpus_per_host)[0]
 

@@ -119,7 +119,7 @@ def _load(specs, rank, device):
         raw = torch.empty(n * size, dtype=torch.uint8)
         if n:
             with open(path, "rb", buffering=0) as f:
-                view, done = memoryview(raw.numpy()), 0
+                view, done = raw.numpy().data, 0  # a memoryview of the bytes
                 while done < len(view):
                     got = f.readinto(view[done:])
                     if not got:
@@ -221,7 +221,8 @@ class KeptState:
         handed = set()  # storages already given to a new tensor: a second one gets a clone
         for spec in specs:
             name, _, torch_dtype, _, shape, n, path = spec
-            t = by_file.get(_file_key(path)) if n else None
+            key = _file_key(path) if n else None
+            t = by_file.get(key) if key is not None else None
             if t is None or t.dtype != torch_dtype or t.numel() != n or t.device != d:
                 rest.append(spec)
                 continue
@@ -268,14 +269,14 @@ def map_rank(handoff, rank, writable=False):
         if have < n * size:
             raise HandoffError(f"hand-off tensor {name}: {path} has {have} bytes, needs {n * size}")
         np_dtype = np.int16 if dt == "BF16" else torch.empty(0, dtype=torch_dtype).numpy().dtype
-        arr = np.memmap(path, dtype=np_dtype, mode="r+" if writable else "r", shape=(n,))
+        arr: np.ndarray = np.memmap(path, dtype=np_dtype, mode="r+" if writable else "r", shape=(n,))
         if not writable:
             arr = np.array(arr)  # a private copy: read-only maps cannot back torch tensors
         t_ = torch.from_numpy(arr)
         if dt == "BF16":
             t_ = t_.view(torch.bfloat16)
         out[name] = t_.view(shape)
-        out[name]._tenplex_map = arr  # keep the map alive with the tensor
+        setattr(out[name], "_tenplex_map", arr)  # noqa: B010 (keep the map alive with the tensor; Tensor declares no such field)
     return out
 
 

@@ -27,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Optional
+from typing import Any, Optional
 
 from . import membership as mb
 from ._cli import cli_logging
@@ -87,10 +87,10 @@ class Agent:
             settle=args.settle,
         )
         self.workers: list[subprocess.Popen] = []
-        self.stores = []  # the TCPStores this host serves (the last two epochs)
+        self.stores: list[Any] = []  # the TCPStores this host serves (the last two epochs)
         self.seen = 0  # the newest epoch told to the workers
         self.member = False  # this host is in the world the workers were last told
-        self.leaving = False
+        self.leaving: bool | str = False  # True: asked to leave (SIGTERM); "told": the quorum knows
 
     def event(self, rec: dict) -> None:
         if self.args.events:
@@ -209,7 +209,7 @@ class Agent:
                 p.kill()
                 p.wait()
 
-    def _on_term(self, signum, frame) -> None:
+    def _on_term(self, signum: int, frame: Any) -> None:
         if not self.leaving:
             self.leaving = True
 

@@ -132,9 +132,9 @@ def read_header(path):
     metadata = header.pop("__metadata__", None) or {}
     data_size = size - 8 - n
     entries = []
-    for name, e in header.items():
+    for name, ent in header.items():
         try:
-            dt, shape, (b, end) = e["dtype"], e["shape"], e["data_offsets"]
+            dt, shape, (b, end) = ent["dtype"], ent["shape"], ent["data_offsets"]
         except (KeyError, TypeError, ValueError):
             raise SafetensorsError(f"{path}: malformed entry '{name}'") from None
         if dt not in DTYPES:

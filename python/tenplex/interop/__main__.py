@@ -16,6 +16,7 @@ import json
 import logging
 import sys
 import time
+from typing import Any
 
 from .._cli import cli_logging
 from . import dcp, ds, hf, mcore, megatron, ptc
@@ -32,11 +33,11 @@ def _log(msg: str) -> None:
     log.warning("%s", msg)
 
 
-def run_import(a):
+def run_import(a: argparse.Namespace) -> tuple[int, int]:
     with open(a.model_file) as f:
         model = json.load(f)
     lay = ptc.layout(a.tenplex, a.model_file, a.config)
-    extra = {}
+    extra: dict[str, Any] = {}
     w = ptc.Writer(a.out, model, lay, extra)
     try:
         if a.fmt == "dcp":
@@ -65,7 +66,7 @@ def run_import(a):
     return sum(t["bytes"] if "bytes" in t else 0 for t in lay["ranks"]), w.extra["step"]
 
 
-def run_export(a):
+def run_export(a: argparse.Namespace) -> int:
     if a.fmt == "ds-universal":
         raise InteropError(
             "export --to ds-universal is not supported (import only): DeepSpeed loads a "
@@ -87,7 +88,7 @@ def run_export(a):
     return megatron.export(a.tenplex, model_file, reader, a.out, a.config)
 
 
-def main(argv):
+def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m tenplex.interop")
     sub = p.add_subparsers(dest="cmd", required=True)
     i = sub.add_parser("import")

@@ -352,12 +352,12 @@ def import_(src, writer, batch_bytes=1 << 29):
                 raise InteropError(f"{src}: '{k}' holds {type(v).__name__} {v!r}, expected an int")
             writer.extra[k] = v
     if scalar_tensors:
-        chunks = [
+        held = [
             (k, c, torch.empty(list(c.sizes), dtype=meta.state_dict_metadata[k].properties.dtype))
             for k in scalar_tensors
             for c in meta.state_dict_metadata[k].chunks
         ]
-        load_chunks(chunks)
-        for k, _, t in chunks:
+        load_chunks(held)
+        for k, _, t in held:
             writer.extra[k] = int(t.reshape(-1)[0].item())
     return [] if with_optimizer else ["optimizer."]

@@ -101,7 +101,7 @@ def _np(t):
 
 def _names(zero):
     """{global name: folder} of the parameter folders under zero/."""
-    out = {}
+    out: dict[str, str] = {}
     for entry in sorted(os.listdir(zero)):
         if not os.path.isdir(os.path.join(zero, entry)):
             continue

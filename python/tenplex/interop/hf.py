@@ -25,6 +25,7 @@ import json
 import math
 import os
 import shutil
+from typing import Any
 
 import numpy as np
 
@@ -325,7 +326,9 @@ def export(reader, out, max_shard_size):
         dt, shape = globals_[p.src]
         entries.append((p.hf, dt, p.shape(shape)))
     # shards: consecutive tensors up to max_shard_size bytes each (a larger tensor alone)
-    shards, cur, size = [], [], 0
+    shards: list[Any] = []
+    cur: list[Any] = []
+    size = 0
     for e in entries:
         n = math.prod(e[2]) * ptc.DTYPE_SIZE[e[1]]
         if cur and size + n > max_shard_size:
@@ -355,7 +358,7 @@ def export(reader, out, max_shard_size):
             for e in shard:
                 weight_map[e[0]] = name
                 total += math.prod(e[2]) * ptc.DTYPE_SIZE[e[1]]
-        by_src = {}
+        by_src: dict[str, Any] = {}
         for p in parts:
             by_src.setdefault(p.src, []).append(p)
         for src, ps in by_src.items():
@@ -472,7 +475,7 @@ def import_(src, writer, log):
         a = arr.T if p.transpose else arr
         rows = p.rows or [(0, gshape[0])]
         off = 0
-        for b, e in rows:
-            box = [(b, e)] + [(0, n) for n in gshape[1:]]
-            writer.put_param(p.src, box, a[off : off + e - b], dt, derive_fp32=True)
-            off += e - b
+        for b, end in rows:
+            box = [(b, end)] + [(0, n) for n in gshape[1:]]
+            writer.put_param(p.src, box, a[off : off + end - b], dt, derive_fp32=True)
+            off += end - b

@@ -30,6 +30,7 @@ import json
 import os
 import shutil
 import warnings
+from typing import Any
 
 import numpy as np
 
@@ -121,7 +122,7 @@ def _common(src):
 def _expected(writer):
     """{(mcore key, which): [(global name, layer or None, row offset)]} and the model's
     global tensors. `which` is '' or '_w'/'_v' (singleton SwiGLU halves)."""
-    out = {}
+    out: dict[tuple[str, str], list[Any]] = {}
     for name in writer.globals:
         key, layer = mcore_key(name)
         out.setdefault(key, []).append((name, layer))
@@ -151,7 +152,8 @@ def scan(src, md, writer, V):
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     expected = _expected(writer)
-    found, halves = [], {}
+    found: list[Any] = []
+    halves: dict[Any, Any] = {}
     for key, m in md.state_dict_metadata.items():
         if not isinstance(m, TensorStorageMetadata):
             continue  # ShardedObjects: _extra_state, rng state, ...
@@ -273,7 +275,8 @@ def export_state(reader, tp):
     info = _info(model)
     L = int(info["num_layers"])
     gl = ptc.global_tensors(model)
-    keys, total = {}, 0
+    keys: dict[str, Any] = {}
+    total = 0
     for name, (dt, shape) in gl.items():
         key, layer = mcore_key(name)
         entry = keys.setdefault(
@@ -316,7 +319,7 @@ def export(reader, out, config=""):
     try:
         pieces, objects, total = export_state(reader, tp)
         dcp_save(objects, pieces, stage)
-        common = {"checkpoint_version": 3.0, "iteration": int(reader.info.get("step", 0))}
+        common: dict[str, Any] = {"checkpoint_version": 3.0, "iteration": int(reader.info.get("step", 0))}
         if "samples_consumed" in reader.info:
             import argparse
 

@@ -31,6 +31,7 @@ import os
 import shutil
 import struct
 import subprocess
+from typing import Any
 
 import numpy as np
 
@@ -150,8 +151,10 @@ class Reader:
     def __init__(self, lay, open_rank):
         self.layout = lay
         self._open = open_rank
-        self._ranks = {}
-        self.pieces = {}  # global tensor -> [(rank, local name, piece)] distinct global boxes
+        self._ranks: dict[int, Any] = {}
+        self.info: dict[str, Any] = {}  # a checkpoint directory's info (directory())
+        self.model_file = ""  # and its model file
+        self.pieces: dict[str, list[Any]] = {}  # global tensor -> [(rank, local name, piece)] distinct global boxes
         seen = set()
         for r in lay["ranks"]:
             for t in r["tensors"]:
@@ -214,7 +217,7 @@ def _model_file(model):
     return path
 
 
-_TEMP_FILES = []
+_TEMP_FILES: list[str] = []
 
 
 def cleanup():
@@ -296,7 +299,7 @@ class Writer:
         shutil.rmtree(self.stage, ignore_errors=True)
         os.makedirs(self.stage)
         self.globals = global_tensors(model)
-        self.targets = {}  # global tensor -> [(global box, view)]
+        self.targets: dict[str, list[Any]] = {}  # global tensor -> [(global box, view)]
         self.files = []
         self.written = {}  # global tensor -> set of boxes put
         self.covered = {}  # global tensor -> elements put
