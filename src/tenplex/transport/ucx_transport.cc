@@ -1,7 +1,36 @@
 // The UCX transport: lifecycle, the progress loop, UCX operations (ucx_internal.h).
 #include "tenplex/transport/ucx_internal.h"
+#include "tenplex/transport/ucx_version.h"
 
 namespace tenplex::transport::ucx {
+
+std::string UcxRelease::ToString() const {
+  return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(release);
+}
+
+bool UcxRelease::AtLeast(const UcxRelease& other) const {
+  if (major != other.major) return major > other.major;
+  if (minor != other.minor) return minor > other.minor;
+  return release >= other.release;
+}
+
+UcxRelease UcxLibraryRelease() {
+  UcxRelease r;
+  ucp_get_version(&r.major, &r.minor, &r.release);
+  return r;
+}
+
+UcxRelease UcxHeaderRelease() { return UcxRelease{UCP_API_MAJOR, UCP_API_MINOR, 0}; }
+
+Status CheckUcxLibrary(const UcxRelease& library, const UcxRelease& headers) {
+  if (library.major == headers.major && library.minor >= headers.minor) return Status::Ok();
+  return FailedPrecondition("UCX: the loaded library is release " + library.ToString() +
+                            ", built against the headers of " + std::to_string(headers.major) +
+                            "." + std::to_string(headers.minor) +
+                            ": another libucp.so.0 is ahead in the loader's path "
+                            "(LD_LIBRARY_PATH?); tenplex runs with the UCX it was built with "
+                            "(cmake/ucx.cmake)");
+}
 
 UcxTransport::~UcxTransport() {
   if (thread_.joinable()) {
@@ -20,6 +49,7 @@ Status UcxTransport::Init() {
     return InvalidArgument("UCX transport: max_message_bytes must be at least " +
                            std::to_string(kDirectBytes) + " and the request limits positive");
   }
+  TP_RETURN_IF_ERROR(CheckUcxLibrary(UcxLibraryRelease(), UcxHeaderRelease()));
   ucp_config_t* config = nullptr;
   ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
   if (s != UCS_OK) return Unavailable("UCX: cannot read configuration: " + UcsError(s));
