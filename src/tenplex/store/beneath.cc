@@ -11,18 +11,6 @@
 
 namespace tenplex::store {
 
-Fd& Fd::operator=(Fd&& o) noexcept {
-  if (this != &o) {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = o.release();
-  }
-  return *this;
-}
-
-Fd::~Fd() {
-  if (fd_ >= 0) ::close(fd_);
-}
-
 namespace {
 
 Status LinkRefused(const std::string& root, const std::string& path) {

@@ -12,30 +12,12 @@
 #include <string>
 
 #include "tenplex/store/mapping.h"
+#include "tenplex/util/fd.h"
 #include "tenplex/util/status.h"
 
 namespace tenplex::store {
 
-// An owned file descriptor (closed on destruction).
-class Fd {
- public:
-  Fd() = default;
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(Fd&& o) noexcept : fd_(o.release()) {}
-  Fd& operator=(Fd&& o) noexcept;
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd();
-  int get() const { return fd_; }
-  int release() {
-    const int fd = fd_;
-    fd_ = -1;
-    return fd;
-  }
-
- private:
-  int fd_ = -1;
-};
+using ::tenplex::Fd;  // util/fd.h
 
 // Opens `path`, which must lie inside `root` (a prefix "root/"), with open(2) `flags`
 // (O_CLOEXEC added). A symbolic link below root: FailedPrecondition; a path outside

@@ -11,6 +11,8 @@
 #include <thread>
 #include <vector>
 
+#include "tenplex/util/fd.h"
+
 namespace tenplex::transport {
 namespace {
 
@@ -19,14 +21,6 @@ using Clock = std::chrono::steady_clock;
 double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
-
-// Closes a socket on scope exit.
-struct Fd {
-  int fd = -1;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-};
 
 }  // namespace
 
@@ -46,23 +40,23 @@ double MeasureMemcpyBandwidth(uint64_t bytes, int repeats) {
 
 Result<double> MeasureTcpLoopbackBandwidth(uint64_t bytes, int repeats) {
   Fd listener{::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)};
-  if (listener.fd < 0) return ErrnoError("socket", errno);
+  if (!listener.valid()) return ErrnoError("socket", errno);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   socklen_t len = sizeof(addr);
-  if (::bind(listener.fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      ::listen(listener.fd, 1) != 0 ||
-      ::getsockname(listener.fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+  if (::bind(listener.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      ::listen(listener.get(), 1) != 0 ||
+      ::getsockname(listener.get(), reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
     return ErrnoError("tcp loopback listener", errno);
   }
   Fd sender{::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)};
-  if (sender.fd < 0 ||
-      ::connect(sender.fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+  if (!sender.valid() ||
+      ::connect(sender.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     return ErrnoError("tcp loopback connect", errno);
   }
-  Fd receiver{::accept4(listener.fd, nullptr, nullptr, SOCK_CLOEXEC)};
-  if (receiver.fd < 0) return ErrnoError("tcp loopback accept", errno);
+  Fd receiver{::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC)};
+  if (!receiver.valid()) return ErrnoError("tcp loopback accept", errno);
   const int n = std::max(repeats, 1);
   const std::size_t chunk = std::min<uint64_t>(bytes, 4 << 20);
   bool send_failed = false;
@@ -70,7 +64,7 @@ Result<double> MeasureTcpLoopbackBandwidth(uint64_t bytes, int repeats) {
     std::vector<uint8_t> buf(chunk, 7);
     for (uint64_t left = bytes * n; left > 0;) {
       const ssize_t w =
-          ::send(sender.fd, buf.data(), std::min<uint64_t>(left, chunk), MSG_NOSIGNAL);
+          ::send(sender.get(), buf.data(), std::min<uint64_t>(left, chunk), MSG_NOSIGNAL);
       if (w <= 0) {
         send_failed = true;
         return;
@@ -84,7 +78,7 @@ Result<double> MeasureTcpLoopbackBandwidth(uint64_t bytes, int repeats) {
   for (int i = 0; i < n && status.ok(); ++i) {
     const auto t0 = Clock::now();
     for (uint64_t left = bytes; left > 0;) {
-      const ssize_t r = ::recv(receiver.fd, buf.data(), std::min<uint64_t>(left, chunk), 0);
+      const ssize_t r = ::recv(receiver.get(), buf.data(), std::min<uint64_t>(left, chunk), 0);
       if (r <= 0) {
         status = ErrnoError("tcp loopback recv", r < 0 ? errno : ECONNRESET);
         break;
@@ -93,7 +87,7 @@ Result<double> MeasureTcpLoopbackBandwidth(uint64_t bytes, int repeats) {
     }
     best = std::max(best, static_cast<double>(bytes) / Seconds(t0, Clock::now()) / 1e9);
   }
-  if (!status.ok()) ::shutdown(receiver.fd, SHUT_RDWR);
+  if (!status.ok()) ::shutdown(receiver.get(), SHUT_RDWR);
   writer.join();
   if (!status.ok()) return status;
   if (send_failed) return Internal("tcp loopback send failed");
