@@ -16,7 +16,7 @@
 # Included by the top-level CMakeLists.txt (CMAKE_INSTALL_RPATH_USE_LINK_PATH must be set
 # before the executables are made). Only the transport's own sources include
 # <ucp/api/ucp.h>: tp_ucx is linked PRIVATE there, and executables find the wheel's
-# libraries through their RPATH (build and install).
+# libraries through their RPATH (build and install: the checkout's .venv stays where it is).
 set(TENPLEX_UCX "auto" CACHE STRING "Where UCX comes from: auto, wheel (TENPLEX_PY's libucx), system (pkg-config ucx)")
 set_property(CACHE TENPLEX_UCX PROPERTY STRINGS auto wheel system)
 # The first release without the assertion (openucx/ucx pull request 8175).
@@ -54,8 +54,10 @@ if(_tp_ucx_wheel)
                PATHS "${_tp_ucx_wheel}/lib/cmake/ucx" NO_DEFAULT_PATH)
   target_link_libraries(tp_ucx INTERFACE ucx::ucp ucx::uct ucx::ucs)
   # Installed executables (cmake --install) keep the wheel's library folder: without it
-  # they would load the system's libucp.so.0 of the same soname.
-  set(CMAKE_INSTALL_RPATH_USE_LINK_PATH ON)
+  # they would load the system's libucp.so.0 of the same soname (and refuse to start the
+  # data plane, ucx_version.h). CMAKE_INSTALL_RPATH_USE_LINK_PATH would not add it: the
+  # venv is inside the project.
+  list(APPEND CMAKE_INSTALL_RPATH "${_tp_ucx_wheel}/lib")
   message(STATUS "UCX ${ucx_VERSION}: the wheel in ${_tp_ucx_wheel}")
 else()
   pkg_check_modules(TP_UCX REQUIRED IMPORTED_TARGET ucx)
