@@ -13,6 +13,8 @@
 #   kubernetes-validate (the Kubernetes API schemas, bundled, that tests/k8s_schema_test.py
 #   checks deploy/k8s/ against)
 #   torchft (pytorch/torchft, what bench/torchft_bench.py compares in-process membership with)
+#   libucx-cu12 (UCX of the data plane, linked by CMake: cmake/ucx.cmake; install-deps.sh
+#   installs it before the rest)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=.venv
