@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
-# Cheap checks first (seconds, mypy up to a minute): sizes and the module map
+# Cheap checks first (seconds; mypy 1-3 min with a cold cache): sizes and the module map
 # (docs/structure.md), Python lint and format (ruff, pyproject.toml), the package's types
 # (mypy, pyproject.toml), C++ format.
 .venv/bin/python scripts/check_structure.py
