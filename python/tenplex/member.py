@@ -78,20 +78,24 @@ class Member:
             "GROUP_RANK": g,
         }
 
-    def init_process_group(self, backend: str, rank: int, world_size: int, timeout: float) -> None:
+    def init_process_group(self, backend: str, rank: int, world_size: int, timeout: float, attempt: int = 0) -> None:
         """Joins this epoch's process group through the first host's TCPStore (a
-        PrefixStore per epoch). The watcher for the next world runs from before the
-        rendezvous: a host of this world lost during it (its agent's key expired, the
-        leader wrote a world without it) aborts the rendezvous within about the TTL
-        (WorldAborted, or the store's error once the watcher broke its connection),
-        instead of init_process_group waiting for its timeout."""
+        PrefixStore per epoch and attempt). The watcher for the next world runs from before
+        the rendezvous, and every wait of it can be ended by a newer world: a host of this
+        world lost during it (its agent's key expired, the leader wrote a world without it)
+        aborts the rendezvous within about the TTL (WorldAborted, or the store's error once
+        the watcher broke its connection), instead of init_process_group waiting for its
+        timeout. The ranks first meet in the store (arrive(): polled, so an abort ends it);
+        a gloo world then connects a throwaway full mesh under mesh_timeout() (probe_mesh())
+        before the group's own, which has `timeout` for its connect and collectives alike."""
         import datetime
 
         import torch.distributed as dist
 
         from . import warm
 
-        self._watch()
+        if self._thread is None or not self._thread.is_alive():
+            self._watch()
         deadline = time.monotonic() + self.timeout
         while (address := self.control.master(self.epoch)) is None:
             if self.aborted.is_set():
@@ -104,7 +108,11 @@ class Member:
         if self.aborted.is_set():
             raise WorldAborted(f"world {self.epoch} aborted before its rendezvous")
         td = datetime.timedelta(seconds=timeout)
-        store = dist.PrefixStore(f"epoch{self.epoch}/", dist.TCPStore(host, int(port), is_master=False, timeout=td))
+        prefix = f"epoch{self.epoch}/" if attempt == 0 else f"epoch{self.epoch}.{attempt}/"
+        store = dist.PrefixStore(prefix, dist.TCPStore(host, int(port), is_master=False, timeout=td))
+        self.arrive(store, "arrived", rank, world_size, timeout)
+        if backend == "gloo":
+            self.probe_mesh(store, rank, world_size, timeout)
         dist.init_process_group(
             backend,
             store=store,
@@ -113,6 +121,49 @@ class Member:
             timeout=td,
             **device_group_args(backend, self.local_rank),
         )
+
+    def arrive(self, store, tag: str, rank: int, world_size: int, timeout: float) -> None:
+        """Waits until every rank of the world set its key `tag`/<rank> in `store` (polled
+        every 5 ms): WorldAborted as soon as the watcher saw an abort, MembershipError when a
+        rank set `tag`_failed or after `timeout` s."""
+        store.set(f"{tag}/{rank}", str(os.getpid()))
+        keys = [f"{tag}/{r}" for r in range(world_size)]
+        deadline = time.monotonic() + timeout
+        while not store.check(keys):
+            if self.aborted.is_set():
+                raise WorldAborted(f"world {self.epoch} aborted while its ranks met ({tag})")
+            if store.check([f"{tag}_failed"]):
+                who = store.get(f"{tag}_failed").decode()
+                raise MembershipError(f"rank {who} of world {self.epoch} failed ({tag})")
+            if time.monotonic() > deadline:
+                raise MembershipError(f"not every rank of world {self.epoch} met ({tag}) within {timeout:g} s")
+            time.sleep(0.005)
+
+    def probe_mesh(self, store, rank: int, world_size: int, timeout: float) -> None:
+        """Connects a gloo full mesh of the world's ranks under mesh_timeout() and drops it
+        once every rank connected its own (waiting up to `timeout` for that, or a rank's
+        failure, or the abort). A pair whose peer died after publishing its address but
+        before connecting waits on its listening side (the lower address listens), out of
+        the watcher's reach (no socket to shut down), for the group's timeout: gloo gives
+        the probe no less than 10 s whatever mesh_timeout() says, the group (whose
+        point-to-point operations keep the timeout it was made with) the full one. A host
+        lost after the probe, in the milliseconds of the group's own connect, still costs
+        that timeout."""
+        import datetime
+
+        import torch.distributed as dist
+
+        td = datetime.timedelta(seconds=mesh_timeout(world_size))
+        try:
+            probe = dist.ProcessGroupGloo(dist.PrefixStore("probe/", store), rank, world_size, td)
+        except Exception:
+            try:
+                store.set("probed_failed", str(rank))  # the others stop waiting for this rank
+            except Exception:  # noqa: BLE001 - the watcher broke the store's connection: the abort tells them
+                pass
+            raise
+        self.arrive(store, "probed", rank, world_size, timeout)
+        del probe
 
     def _watch(self) -> None:
         from . import warm
@@ -148,12 +199,42 @@ class Member:
             time.sleep(0.01)
         return self.aborted.is_set()
 
+    def rendezvous_failed(self, wait: float) -> bool:
+        """The rendezvous of this world failed (any error: a refused or timed-out connect, a
+        store error, WorldAborted): True when a newer world is announced within `wait`
+        seconds (this one is dropped for it), False when none came (every rank of this
+        world failed too: this process's connections are broken, so that its peers' waits
+        end). Either way the caller tears this world's group down."""
+        from . import warm
+
+        warm.shutdown_sockets()
+        return self.announced.wait(wait)
+
     def teardown(self) -> None:
         from . import warm
 
         warm.drop_world(self._stop, self._thread)
         self._thread = None
         warm.ABORT.clear()
+
+
+ENV_MESH_TIMEOUT = "TENPLEX_MESH_TIMEOUT"  # seconds a gloo world's full-mesh connect may take (default: mesh_timeout)
+RENDEZVOUS_ATTEMPTS = 3  # tries of one world's rendezvous when it fails and no newer world comes
+
+
+def mesh_timeout(world_size: int) -> float:
+    """Seconds a gloo group's full-mesh connect may take once every rank of the world
+    arrived: TENPLEX_MESH_TIMEOUT, else 2 s + 20 ms per rank (milliseconds on loopback;
+    the slack is for loaded machines and long networks)."""
+    v = os.environ.get(ENV_MESH_TIMEOUT)
+    if v:
+        try:
+            if float(v) > 0:
+                return float(v)
+        except ValueError:
+            pass
+        raise MembershipError(f"{ENV_MESH_TIMEOUT}={v!r} must be a number of seconds > 0")
+    return 2.0 + 0.02 * world_size
 
 
 def env_int(name, default=None):
@@ -304,35 +385,48 @@ class MemberJob(JobState):
 
     def _join_world(self, times: Optional[dict[str, float]] = None) -> None:
         """Joins the process group of the world just read; rank 0 logs it ("world": the
-        epoch, every rank's (host, local rank, pid), the seconds of rejoin's phases). A
-        world aborted during its rendezvous (a host of it lost) is dropped for the next
-        one (rank 0 logs "rendezvous_aborted": the epoch, the seconds it waited)."""
+        epoch, every rank's (host, local rank, pid), the seconds of rejoin's phases). Any
+        error of the rendezvous (a host of the world lost during it: a refused connect, a
+        store error, the watcher's abort) makes it wait for a newer world (up to the
+        agent's abort wait, about 3 x TTL + 10 s): it drops this world for that one (rank 0
+        logs "rendezvous_aborted": the epoch, the seconds it waited), or, when none comes,
+        tries this world again (a fresh store prefix; "rendezvous_retry") up to
+        RENDEZVOUS_ATTEMPTS times before it raises the error."""
         import torch.distributed as dist
 
         backend, timeout = self._pg
         member = self._member
         assert member is not None  # membership mode (init_process_group checked)
         member.on_world = self._presize_next
+        wait = float(os.environ.get(ENV_ABORT_WAIT, 120))
+        attempt = 0
         while True:
             t0 = time.perf_counter()
             try:
-                member.init_process_group(backend, self.rank, self.world_size, timeout)
+                member.init_process_group(backend, self.rank, self.world_size, timeout, attempt)
                 pids: list[Any] = [None] * self.world_size
                 dist.all_gather_object(pids, (member.host_id, self.local_rank, os.getpid()))
                 break
             except Exception as e:  # noqa: BLE001 - a lost peer shows as any error of the rendezvous
-                if not self.aborted(e):
-                    raise
+                log.warning("rank %d: world %d's rendezvous failed: %s", self.rank, member.epoch, str(e)[:300])
+                newer = member.rendezvous_failed(wait)
                 self._log_event(
                     {
-                        "event": "rendezvous_aborted",
+                        "event": "rendezvous_aborted" if newer else "rendezvous_retry",
                         "epoch": member.epoch,
+                        "attempt": attempt,
                         "seconds": round(time.perf_counter() - t0, 4),
                         "error": str(e)[:200],
                     }
                 )
                 member.teardown()
-                self._next_world_or_exit()
+                if newer:
+                    attempt = 0
+                    self._next_world_or_exit()
+                elif attempt + 1 < RENDEZVOUS_ATTEMPTS:
+                    attempt += 1
+                else:
+                    raise
         self._first_step = True  # step_done logs the world's first step (its reconfiguration ends there)
         rec = {"event": "world", "epoch": member.epoch, "world_size": self.world_size, "pids": pids}
         if times:

@@ -102,6 +102,13 @@ def drop_world(stop, thread):
             dist.destroy_process_group()
         except Exception:  # noqa: BLE001 - a broken world is dropped all the same
             pass
+    if not dist.is_initialized():
+        # A default group whose rendezvous failed took a name (torch numbers the groups made
+        # since the last default group was destroyed: "0", "1", ...) and was never made, so
+        # nothing reset the count: the next world's ranks would name its group differently
+        # (the ones whose rendezvous failed "1", the others "0") and wait for each other's
+        # store keys in vain.
+        dist.distributed_c10d._world.group_count = 0
     gc.collect()
     gc.freeze()
 
