@@ -84,7 +84,7 @@ import os
 import signal
 import sys
 import time
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import torch.distributed as dist
 
@@ -110,7 +110,7 @@ log = _ec.log
 STOP_EXIT_STATUS = 3  # stopped for a change but no SIGTERM came: ask torchrun for a new round
 
 
-def process_age():
+def process_age() -> float:
     """Seconds since this process started (Linux /proc; 0 where unknown): the share of
     a restart spent before the training script runs (interpreter, imports)."""
     try:
@@ -127,7 +127,14 @@ class Restored:
     """The state a worker starts from: the version's info (a dict of its JSON, and
     ``state_info``: typed, validated by the C++ StateInfo) and the rank's tensors."""
 
-    def __init__(self, version, info, tensors, seconds, state_info=None):
+    def __init__(
+        self,
+        version: int,
+        info: dict[str, Any],
+        tensors: dict[str, Any],
+        seconds: float,
+        state_info: Any = None,
+    ) -> None:
         self.version, self.info, self.tensors, self.seconds = version, info, tensors, seconds
         self.state_info = state_info if state_info is not None else _ec.parse_info(json.dumps(info))
 
@@ -136,7 +143,7 @@ class Restored:
         return self.state_info.step
 
 
-def _barrier_and_teardown():
+def _barrier_and_teardown() -> str:
     """A last barrier and the process group's teardown; returns the error text of a
     failed barrier ("" when it passed or no group exists)."""
     if not dist.is_initialized():
@@ -152,18 +159,18 @@ def _barrier_and_teardown():
 class Job(_Commits, _mb.MemberJob):
     def __init__(
         self,
-        job,
-        policy,
-        commit_every=0,
-        store_url=None,
-        token=None,
-        term_wait=15.0,
-        log=None,
-        async_commit=False,
-        connect_timeout=None,
-        request_timeout=None,
-        exit_on_fatal=True,
-    ):
+        job: str,
+        policy: Union[str, dict[Any, Any]],
+        commit_every: int = 0,
+        store_url: Optional[str] = None,
+        token: Optional[str] = None,
+        term_wait: float = 15.0,
+        log: Optional[str] = None,
+        async_commit: bool = False,
+        connect_timeout: Optional[float] = None,
+        request_timeout: Optional[float] = None,
+        exit_on_fatal: bool = True,
+    ) -> None:
         """connect_timeout: seconds restore() waits for daemons that do not answer before it
         fails naming them (default TENPLEX_CONNECT_TIMEOUT or 60; -1: forever); never a new
         job on silence. request_timeout: seconds one request of the coordinator may take
@@ -202,22 +209,22 @@ class Job(_Commits, _mb.MemberJob):
         self.version = None  # the committed version this worker's state belongs to
         self._term = False
         self._stopping = False
-        self._store = None
+        self._store: Optional[_store.Store] = None
         self._first_step = False
         signal.signal(signal.SIGTERM, self._on_term)
 
     # ---- signals ---------------------------------------------------------------------
 
-    def _on_term(self, signum, frame):
+    def _on_term(self, signum: int, frame: Any) -> None:
         self._term = True
 
     @property
-    def term_requested(self):
+    def term_requested(self) -> bool:
         return self._term
 
     # ---- process group and hosts -----------------------------------------------------
 
-    def init_process_group(self, backend="gloo", timeout=120.0):
+    def init_process_group(self, backend: str = "gloo", timeout: float = 120.0) -> None:
         import datetime
 
         self._pg = (backend, timeout)
@@ -250,10 +257,10 @@ class Job(_Commits, _mb.MemberJob):
             raise ElasticError(f"two hosts name the same store daemon: {urls}")
         return urls
 
-    def _client(self, url):
+    def _client(self, url: str) -> Any:
         return _ec.connect(url, self.token, self.request_timeout)
 
-    def _local_store(self):
+    def _local_store(self) -> _store.Store:
         """This host's daemon for the worker's own tensors: through shared memory when the
         client reaches it by a loopback address. The all-gathered URL is the one other
         hosts use (http://node-ip:port); a daemon listening on 0.0.0.0 is also reached
@@ -275,13 +282,13 @@ class Job(_Commits, _mb.MemberJob):
 
     # ---- coordinator -----------------------------------------------------------------
 
-    def _log_event(self, rec):
+    def _log_event(self, rec: dict[str, Any]) -> None:
         if self.log and self.rank == 0:
             rec["time"] = round(time.time(), 3)
             with open(self.log, "a") as f:
                 f.write(json.dumps(rec) + "\n")
 
-    def _transform(self, urls, old_cluster):
+    def _transform(self, urls: list[str], old_cluster: dict[str, Any]) -> dict[str, Any]:
         cmd = ["transform", "--job", self.job, "--to", self.config, "--json", "--quiet"]
         return _ec.run_transform(
             tenplex_binary(),
@@ -315,7 +322,7 @@ class Job(_Commits, _mb.MemberJob):
         except _tenplex.Error:
             return False
 
-    def _coordinate_restore(self, urls):
+    def _coordinate_restore(self, urls: list[str]) -> dict[str, Any]:
         """Rank 0: brings the committed state onto this world; returns the record to broadcast.
 
         Every daemon of this world must answer (retried until connect_timeout): a job
@@ -388,7 +395,7 @@ class Job(_Commits, _mb.MemberJob):
         rec["transform_seconds"] = round(time.perf_counter() - t0, 4)
         return rec
 
-    def _resolve_lost(self, urls, extra):
+    def _resolve_lost(self, urls: list[str], extra: list[str]) -> tuple[list[_ec.HostView], Any]:
         """(views, committed state) after versions that the recovery left undecided are decided
         again, now that every daemon of this world answers (_views), and those still undecided,
         which wait on hosts outside this world only (lost), are rolled back (roll_back_lost)."""
@@ -407,7 +414,7 @@ class Job(_Commits, _mb.MemberJob):
             found = _ec.committed_state(views)
         return views, found
 
-    def restore(self, device=None):
+    def restore(self, device: Any = None) -> Optional[Restored]:
         """Brings the job's committed state onto this world; None for a new job. With a
         device ("cuda", "cuda:1", "cpu") the tensors are loaded onto it (tenplex.device),
         else they map the store's files."""
@@ -476,7 +483,7 @@ class Job(_Commits, _mb.MemberJob):
         )
         return Restored(self.version, infos[0], tensors, time.perf_counter() - t0, infos[1])
 
-    def _load_own(self, device) -> tuple[Optional[tuple], Optional[dict], str]:
+    def _load_own(self, device: Any) -> tuple[Optional[tuple], Optional[dict], str]:
         """((info, typed info), tensors, "") of this rank from its own daemon, which must
         have the restored version committed and current; else (None, None, the error)."""
         st = self._local_store()
@@ -520,7 +527,7 @@ class Job(_Commits, _mb.MemberJob):
             sys.exit(FATAL_EXIT_STATUS)
         raise FatalElasticError(message)
 
-    def close(self):
+    def close(self) -> None:
         """At the end of the job, after the last step's commit: a barrier, then the
         process group's teardown. Without it the ranks that see the commit's outcome
         first exit and close their connections while a slower rank may still be inside
@@ -539,7 +546,7 @@ class Job(_Commits, _mb.MemberJob):
                 err,
             )
 
-    def finish(self):
+    def finish(self) -> None:
         """After step_done returned True: wait for this worker's SIGTERM and exit (0), or
         exit with STOP_EXIT_STATUS after term_wait seconds without one."""
         self._stopping = True
