@@ -11,10 +11,10 @@
 #include <utility>
 #include <vector>
 
+#include "tenplex/io/state_info.h"
 #include "tenplex/plan/planner.h"
 #include "tenplex/ptc/layout.h"
 #include "tenplex/store/store.h"
-#include "tenplex/transform/state_info.h"
 #include "tenplex/util/status.h"
 
 namespace tenplex::transform {
