@@ -12,11 +12,11 @@
 #include <vector>
 
 #include "bindings.h"
+#include "tenplex/cluster/cluster.h"
+#include "tenplex/cluster/job_lease.h"
+#include "tenplex/cluster/two_phase.h"
+#include "tenplex/io/state_info.h"
 #include "tenplex/store/client.h"
-#include "tenplex/transform/cluster.h"
-#include "tenplex/transform/job_lease.h"
-#include "tenplex/transform/state_info.h"
-#include "tenplex/transform/two_phase.h"
 
 namespace tenplex::py {
 namespace {

@@ -17,12 +17,12 @@
 #include <thread>
 
 #include "tenplex/cli/command.h"
+#include "tenplex/cluster/agent.h"
+#include "tenplex/cluster/checkpoint_transfer.h"
+#include "tenplex/cluster/cluster.h"
+#include "tenplex/cluster/job_lease.h"
 #include "tenplex/store/client.h"
 #include "tenplex/store/server.h"
-#include "tenplex/transform/agent.h"
-#include "tenplex/transform/checkpoint_transfer.h"
-#include "tenplex/transform/cluster.h"
-#include "tenplex/transform/job_lease.h"
 #include "tenplex/transport/netif.h"
 #include "tenplex/util/format.h"
 #include "tenplex/util/log.h"
@@ -256,7 +256,7 @@ bool PrintTransfer(const transform::TransferStats& s, const std::string& job, bo
 }
 
 // `store load|save --cluster`: a checkpoint across the store daemons of a cluster file
-// (transform/cluster.h, docs/transform.md); exactly one of --cluster and --url.
+// (cluster/cluster.h, docs/transform.md); exactly one of --cluster and --url.
 Status ClusterTransfer(bool load, const std::string& cluster_path, const std::string& url,
                        const TokenOptions& token, const std::string& job, const std::string& dir,
                        bool json, bool verify = true) {
@@ -271,7 +271,7 @@ Status ClusterTransfer(bool load, const std::string& cluster_path, const std::st
   co.coordinator = transform::NewCoordinator(load ? "tenplex-store-load" : "tenplex-store-save");
   TP_ASSIGN_OR_RETURN(double wait, transform::LeaseWaitFromEnv(60));
   TP_ASSIGN_OR_RETURN(auto clients, transform::ConnectCluster(cluster, co, /*allow_lost=*/!load));
-  // One coordinator of the job at a time (transform/job_lease.h): a load's recovery and
+  // One coordinator of the job at a time (cluster/job_lease.h): a load's recovery and
   // commit, and a save's roll-forward, never run beside another coordinator's.
   std::vector<store::Client*> raw;
   for (const auto& c : clients) raw.push_back(c.get());

@@ -13,8 +13,8 @@
 #include <set>
 
 #include "tenplex/cli/command.h"
+#include "tenplex/cluster/cluster.h"
 #include "tenplex/store/client.h"
-#include "tenplex/transform/cluster.h"
 #include "tenplex/util/format.h"
 
 namespace tenplex::cli {

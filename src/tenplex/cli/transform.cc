@@ -1,5 +1,5 @@
 // `tenplex transform --cluster C [--to-cluster C2] --job J --to CONFIG [--presize] [--json]`: the
-// distributed state transformation (src/tenplex/transform/distributed.h).
+// distributed state transformation (src/tenplex/cluster/distributed.h).
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -7,10 +7,10 @@
 #include <optional>
 
 #include "tenplex/cli/command.h"
-#include "tenplex/transform/cluster.h"
-#include "tenplex/transform/distributed.h"
-#include "tenplex/transform/job_lease.h"
-#include "tenplex/transform/two_phase.h"
+#include "tenplex/cluster/cluster.h"
+#include "tenplex/cluster/distributed.h"
+#include "tenplex/cluster/job_lease.h"
+#include "tenplex/cluster/two_phase.h"
 #include "tenplex/util/format.h"
 #include "tenplex/util/log.h"
 

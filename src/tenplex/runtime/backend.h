@@ -17,10 +17,10 @@
 #include <string>
 #include <vector>
 
+#include "tenplex/io/state_info.h"
 #include "tenplex/ptc/config.h"
 #include "tenplex/ptc/layout.h"
 #include "tenplex/runtime/runner.h"
-#include "tenplex/transform/state_info.h"
 #include "tenplex/util/status.h"
 
 namespace tenplex::runtime {
@@ -35,7 +35,7 @@ class StateBackend {
   virtual bool work_dir_kept() const { return true; }
   // The job's committed version and its info (as given to Commit), or nullopt for a job
   // without one: a run continues from it. An info that is not a valid StateInfo
-  // (transform/state_info.h) is FailedPrecondition naming the version.
+  // (io/state_info.h) is FailedPrecondition naming the version.
   struct Committed {
     uint64_t version = 0;
     transform::StateInfo info;

@@ -6,15 +6,15 @@
 #include <future>
 #include <thread>
 
+#include "tenplex/cluster/cluster.h"
+#include "tenplex/cluster/distributed.h"
+#include "tenplex/cluster/job_lease.h"
+#include "tenplex/cluster/two_phase.h"
+#include "tenplex/io/state_info.h"
 #include "tenplex/runtime/backend.h"
 #include "tenplex/runtime/process.h"
 #include "tenplex/store/client.h"
 #include "tenplex/store/parse.h"
-#include "tenplex/transform/cluster.h"
-#include "tenplex/transform/distributed.h"
-#include "tenplex/transform/job_lease.h"
-#include "tenplex/transform/state_info.h"
-#include "tenplex/transform/two_phase.h"
 #include "tenplex/util/log.h"
 
 namespace tenplex::runtime {
@@ -36,7 +36,7 @@ class ClusterBackend : public StateBackend {
     b->co_.timeout_s = kControlTimeoutS;
     if (b->co_.token.empty() && std::getenv("TENPLEX_TOKEN") != nullptr)
       b->co_.token = std::getenv("TENPLEX_TOKEN");
-    // The run is the job's coordinator while it lasts (transform/job_lease.h).
+    // The run is the job's coordinator while it lasts (cluster/job_lease.h).
     b->co_.coordinator = transform::NewCoordinator("tenplex-run");
     TP_ASSIGN_OR_RETURN(b->lease_wait_s_, transform::LeaseWaitFromEnv(60));
     TP_ASSIGN_OR_RETURN(b->clients_, transform::ConnectCluster(b->cluster_, b->co_));
@@ -144,7 +144,7 @@ class ClusterBackend : public StateBackend {
 
   // Aborts v on the hosts that have it, the first in commit order first: nothing when it
   // committed v (a commit that failed on a later host is rolled forward by the next
-  // Current's recovery, never aborted; transform/two_phase.h).
+  // Current's recovery, never aborted; cluster/two_phase.h).
   void Drop(const std::string& job, uint64_t v) override {
     Status s = transform::AbortEverywhere(Raw(), Holders(job, v), job, v);
     if (!s.ok())

@@ -1,5 +1,5 @@
 // A host's commit fails after the others committed (TENPLEX_FAULT_COMMIT=last,
-// transform/two_phase.h), under each C++ caller of the one commit protocol: the
+// cluster/two_phase.h), under each C++ caller of the one commit protocol: the
 // distributed transform's coordinator, PrepareAndCommit (what the Python binding's
 // cluster_prepare_commit runs) and the runtime's cluster backend (`tenplex run
 // --cluster`). The outcome is the same for all: the call fails with DataLoss, nothing is
@@ -12,10 +12,10 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "tenplex/cluster/distributed.h"
+#include "tenplex/cluster/test_hosts.h"
+#include "tenplex/cluster/two_phase.h"
 #include "tenplex/runtime/backend.h"
-#include "tenplex/transform/distributed.h"
-#include "tenplex/transform/test_hosts.h"
-#include "tenplex/transform/two_phase.h"
 #include "tenplex/util/file.h"
 
 namespace tenplex::runtime {

@@ -28,7 +28,7 @@
 //
 // With a cluster file (--cluster), the state lives in the store daemons instead: rank r
 // on host r / K, one version number on all hosts, and a config change is the
-// distributed transform (transform/distributed.h).
+// distributed transform (cluster/distributed.h).
 //
 // Continuing a job: when the store (--shm-dir, or the daemons of --cluster) already
 // holds a committed version of the job, the run continues from it: its step, samples

@@ -10,7 +10,7 @@
 //    "sim": {"mode": "auto" | "full" | "sample", "full_max_ranks": 40000,
 //            "max_kinds": 256}}
 //
-// Placement, as `tenplex transform --cluster` places ranks (transform/distributed.h):
+// Placement, as `tenplex transform --cluster` places ranks (cluster/distributed.h):
 // old rank r lives on host r / from.gpus_per_host. The target cluster is hosts
 // 0 .. to.hosts-1 (default: the old hosts, plus as many more as the new config needs);
 // new rank r goes on the (r / to.gpus_per_host)-th of its hosts that is not lost. A lost

@@ -8,9 +8,9 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "tenplex/cluster/control_protocol.h"
+#include "tenplex/io/state_info.h"
 #include "tenplex/sim/sample.h"
-#include "tenplex/transform/control_protocol.h"
-#include "tenplex/transform/state_info.h"
 #include "tenplex/transport/protocol.h"
 
 namespace tenplex::sim {

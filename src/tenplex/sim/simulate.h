@@ -1,4 +1,4 @@
-// Predicts a distributed transform (`tenplex transform --cluster`, transform/distributed.h)
+// Predicts a distributed transform (`tenplex transform --cluster`, cluster/distributed.h)
 // on a cluster we do not have: `tenplex simulate` (docs/scale.md).
 //
 // What is real and what is modelled. The bytes are the planner's: the simulator runs

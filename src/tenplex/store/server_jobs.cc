@@ -48,7 +48,7 @@ Status ListJobs(Store& store, const Target& t, httplib::Response& res) {
 
 // GET and DELETE /v1/jobs/{job}. GET ?info=digest: each version's info as its xxh64
 // ("info_xxh64") instead of the info itself, which holds the placement and grows with
-// the cluster (a coordinator reads every host's listing: transform/job_listing.h): the
+// the cluster (a coordinator reads every host's listing: cluster/job_listing.h): the
 // xxh64 of the info as GET serves it.
 Status JobResource(const JobCall& c) {
   TP_RETURN_IF_ERROR(CheckQueryKeys(c.t.query, {"info"}));

@@ -184,7 +184,7 @@ class Store {
   // The stable identity of this host's store: random hex made once and kept in
   // <shm_dir>/HOST_ID, so a restart on the same directory keeps it (id() changes).
   // Components match hosts by it, never by the URL a host is reached by (a job's
-  // recorded placement, transform/cluster_state.h). Not the machine's boot id
+  // recorded placement, cluster/cluster_state.h). Not the machine's boot id
   // (transport::HostBootId, the control protocol's "local.host_id").
   const std::string& host_id() const;
   // The coordinator leases of this daemon's jobs (lease.h); in memory, not kept across
@@ -227,7 +227,7 @@ class Store {
   // more than any version the job has had; an explicit one must be greater than the
   // current version and not exist yet (hosts of a job agree on a number this way).
   // `info` is a JSON object kept with the version ("" = {}).
-  // Fencing (transform/two_phase.h): beginning v supersedes every open version below
+  // Fencing (cluster/two_phase.h): beginning v supersedes every open version below
   // it (their coordinators lost the race: writing into them, Prepare and Commit fail
   // with "superseded by version v begun by another coordinator", until v is aborted
   // here: DropVersion of an uncommitted v lifts what it superseded); v is refused while
@@ -257,7 +257,7 @@ class Store {
   Status DropVersion(const std::string& job, uint64_t version);
   // Marks the transforms of job to `version` and older as over on this store (a
   // coordinator tells every host of a transform once it committed or aborted it,
-  // transform/revocation.h): JobInfo::closed rises to `version` (never falls), durably.
+  // cluster/revocation.h): JobInfo::closed rises to `version` (never falls), durably.
   // NotFound when the job does not exist here.
   Status CloseTransforms(const std::string& job, uint64_t version);
   // Releases the committed versions older than the current one.

@@ -1,6 +1,6 @@
 // What lets coordinators of a job on several hosts agree (issue 34): the store's
 // stable host id (finding 3), and the fencing of coordinators (finding 7; store.h
-// BeginVersion, transform/two_phase.h): a newer version's begin supersedes the older
+// BeginVersion, cluster/two_phase.h): a newer version's begin supersedes the older
 // open ones, a late begin below an open version is refused, and a prepared version is
 // never superseded (a newer begin waits for its decision).
 #include <gtest/gtest.h>

@@ -1,6 +1,6 @@
 // Data-plane capabilities: what lets a peer read a daemon's tensors over the data plane.
 //
-// A store daemon's data-plane endpoint (transform/agent.h) serves committed tensors by
+// A store daemon's data-plane endpoint (cluster/agent.h) serves committed tensors by
 // store path. Without a check, any process that reaches the endpoint could read any
 // job's state; so every fetch carries a capability, and the server answers only a
 // request whose capability is valid *now* and covers the region it reads.
@@ -29,7 +29,7 @@
 //  - End of the transform: the serving store refuses once its current version is W or
 //    newer (it committed the transform), or once its closed mark (JobInfo::closed) is W
 //    or newer. The coordinator raises the mark on every host of the transform that did
-//    not commit W, after its commit or abort (transform/revocation.h: one small request
+//    not commit W, after its commit or abort (cluster/revocation.h: one small request
 //    per such host), and a store raises it itself when it drops an uncommitted W (an
 //    abort). So a host that got no ranks of W and only gave its tensors away, which
 //    never commits W, refuses the transform's capabilities once it is over (issue 35).
@@ -67,7 +67,7 @@ struct CapabilityGrant {
 };
 
 // The longest a capability may live: a daemon mints them for 15 minutes
-// (transform/agent.h); one whose expiry lies further ahead than this was not minted by
+// (cluster/agent.h); one whose expiry lies further ahead than this was not minted by
 // a daemon (a key holder forging a capability that outlives every transform) and is
 // refused as wrong (issue 35: an expiry in the year 2^40 was accepted).
 inline constexpr int64_t kMaxCapabilityLifetimeSeconds = 3600;

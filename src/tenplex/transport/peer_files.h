@@ -9,7 +9,7 @@
 // of the peer's file into the local destination: one kernel copy, no TCP, no staging.
 // Which files may be read is the peer's decision: it names them (path, size, device
 // and inode) through its authenticated control API after the same capability check a
-// data-plane fetch gets (transform/agent.h); PeerFile::Open then insists on exactly
+// data-plane fetch gets (cluster/agent.h); PeerFile::Open then insists on exactly
 // that file: inside the peer's directory, not a symbolic link (O_NOFOLLOW), a regular
 // file, of the announced size, with the announced device and inode, so that a file
 // swapped in under the same name between the answer and the open is refused.
