@@ -18,8 +18,12 @@ With a daemon on another machine, bytes travel over HTTP instead. A device (load
 engine; CUDA tensors are saved from the device the same way (tenplex.device).
 """
 
+from __future__ import annotations
+
 import json
 import os
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
@@ -30,32 +34,32 @@ from .safetensors import DTYPES
 _NAME_OF = {t: name for name, (t, _) in DTYPES.items()}
 
 
-def _rank_prefix(job, version, rank):
+def _rank_prefix(job: str, version: int, rank: int) -> str:
     return f"jobs/{job}/{version}/rank-{rank:05d}/"
 
 
 class Store:
-    def __init__(self, native, device=None):
+    def __init__(self, native: Any, device: _device.DeviceLike | None = None) -> None:
         self._s = native
         self.device = device  # load_state's default device (None: map the files)
-        self._async = None  # the AsyncCommit of save_state_async
+        self._async: _device.AsyncCommit | None = None  # the AsyncCommit of save_state_async
 
     @property
-    def local(self):
+    def local(self) -> bool:
         """True when tensors can be mapped (embedded, or a daemon on this machine)."""
         return self._s.local
 
-    def begin(self, job, info=None, version=None):
+    def begin(self, job: str, info: Mapping[str, Any] | None = None, version: int | None = None) -> int:
         """Opens a new version of job; returns its number."""
         return self._s.begin_version(job, version, json.dumps(info or {}))
 
-    def commit(self, job, version, keep_old=False):
+    def commit(self, job: str, version: int, keep_old: bool = False) -> None:
         self._s.commit(job, version, keep_old)
 
-    def abort(self, job, version):
+    def abort(self, job: str, version: int) -> None:
         self._s.abort(job, version)
 
-    def status(self, job, version=None):
+    def status(self, job: str, version: int | None = None) -> dict[str, Any]:
         """The version's info ({"config", "step", "samples_consumed", ...}) and number."""
         v = self._s.version(job, version)
         info = json.loads(v["info"] or "{}")
@@ -63,11 +67,11 @@ class Store:
         info["committed"] = v["committed"]
         return info
 
-    def jobs(self):
+    def jobs(self) -> list[str]:
         """Names of the jobs in the store, sorted."""
         return sorted(self._s.jobs())
 
-    def versions(self, job):
+    def versions(self, job: str) -> list[dict[str, Any]]:
         """The job's versions, oldest first: [{"version", "committed", "current", "bytes",
         "tensors", "info": {...}}]; NotFoundError for an unknown job."""
         out = []
@@ -77,7 +81,7 @@ class Store:
             out.append(v)
         return out
 
-    def delete(self, job, version=None):
+    def delete(self, job: str, version: int | None = None) -> None:
         """Removes the job with all its versions, or one version of it (an open one, or
         an old committed one; the current version is only removed with the job)."""
         if version is None:
@@ -85,7 +89,7 @@ class Store:
         else:
             self._s.drop_version(job, version)
 
-    def save_state(self, job, version, rank, tensors):
+    def save_state(self, job: str, version: int, rank: int, tensors: Mapping[str, torch.Tensor]) -> None:
         """Writes {local name: tensor} of a rank into an open version. CUDA tensors go
         from the device into the store's files through the copy engine (tenplex.device)."""
         prefix = _rank_prefix(job, version, rank)
@@ -112,7 +116,9 @@ class Store:
                 raw = t.view(torch.int16) if t.dtype == torch.bfloat16 else t
                 self._s.write(prefix + name, _NAME_OF[t.dtype], list(t.shape), raw.numpy())
 
-    def save_state_async(self, job, version, rank, tensors):
+    def save_state_async(
+        self, job: str, version: int, rank: int, tensors: Mapping[str, torch.Tensor]
+    ) -> _device.AsyncCommit:
         """save_state of a snapshot of `tensors` taken now (on their device), written in
         the background while training goes on: returns the store's AsyncCommit, whose
         wait() the caller calls before committing the version (one write in flight: a
@@ -127,17 +133,19 @@ class Store:
             )
             files = {name: info["file"] for name, info in zip(tensors, infos)}
 
-            def write(snap):
+            def write(snap: dict[str, torch.Tensor]) -> None:
                 _device.commit_files([(name, t, files[name]) for name, t in snap.items()])
         else:
 
-            def write(snap):
+            def write(snap: dict[str, torch.Tensor]) -> None:
                 self.save_state(job, version, rank, snap)
 
         self._async.start(dict(tensors), write)
         return self._async
 
-    def load_state(self, job, rank, version=None, device=None):
+    def load_state(
+        self, job: str, rank: int, version: int | None = None, device: _device.DeviceLike | None = None
+    ) -> dict[str, torch.Tensor]:
         """{local name: tensor} of a rank in a committed version (default: current).
 
         Without a device (and no default from attach(device=)) the tensors map the
@@ -168,7 +176,7 @@ class Store:
         return out
 
 
-def _check_tensors(tensors):
+def _check_tensors(tensors: Mapping[str, Any]) -> None:
     """InvalidArgumentError unless `tensors` maps non-empty names to tensors of a supported dtype."""
     for name, t in tensors.items():
         if not isinstance(name, str) or not name:
@@ -185,7 +193,13 @@ def _check_tensors(tensors):
             )
 
 
-def attach(url=None, shm_dir="", memory_limit=0, token=None, device=None):
+def attach(
+    url: str | None = None,
+    shm_dir: str = "",
+    memory_limit: int = 0,
+    token: str | None = None,
+    device: _device.DeviceLike | None = None,
+) -> Store:
     """A store: the daemon at `url` (bearer `token`, default TENPLEX_TOKEN), or an
     embedded one (in `shm_dir`, default a fresh private directory in /dev/shm removed
     when the store is garbage collected). `device` ("cuda", "cuda:1", "cpu"): where
