@@ -45,6 +45,7 @@ not counted in /metrics).
 """
 
 import argparse
+import importlib.util
 import json
 import os
 import secrets
@@ -54,12 +55,26 @@ import socket
 import subprocess
 import threading
 import time
+import types
 import urllib.request
 
-import fault_campaign as fc  # noqa: E402
-from daemons import Daemon  # noqa: E402
-from fault_campaign_replay import REPLAY_KINDS, ReplayKinds, refused  # noqa: E402
-from store_hardening_test import Hostile  # noqa: E402
+import fault_campaign as fc
+from fault_campaign_replay import REPLAY_KINDS, ReplayKinds, refused
+
+from tenplex.testing import Daemon
+
+
+def _hardening_test() -> types.ModuleType:
+    """tests/store_hardening_test.py (its connection flood, Hostile), loaded by path: the
+    campaign does not put tests/ on sys.path."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "store_hardening_test.py")
+    spec = importlib.util.spec_from_file_location("store_hardening_test", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+Hostile = _hardening_test().Hostile
 
 OUTCOMES = fc.OUTCOMES + ["locked out", "rss", "refusal wrong"]
 KINDS = ["ucx flood", "probe flood", "connection flood", "special files"] + REPLAY_KINDS
