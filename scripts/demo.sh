@@ -17,6 +17,7 @@ stamp "Debian packages installed"
 bash scripts/setup-venv.sh --create
 bash scripts/setup-venv.sh >"$OUT/setup-venv.log" 2>&1 &
 VENV_PID=$!
+export UCX_MEM_MMAP_HOOK_MODE=${UCX_MEM_MMAP_HOOK_MODE:-reloc}  # UCX start-up: docs/transport.md
 bash scripts/build.sh tenplex _tenplex >"$OUT/build.log" 2>&1 || { tail -n 30 "$OUT/build.log"; exit 1; }
 stamp "built build/bin/tenplex and the Python module"
 wait "$VENV_PID" || { cat "$OUT/setup-venv.log"; exit 1; }

@@ -5,6 +5,11 @@
 # UndefinedBehaviorSanitizer and runs them too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The wheel's UCX (cmake/ucx.cmake) installs its memory hooks by patching code ("bistro")
+# when a process loads it: ~0.4 s of system time per process start (`tenplex --version`
+# 0.41 s), which hundreds of CLI and test processes pay. Patching relocation tables gives
+# the same memory events in 0.01 s (docs/transport.md, "UCX").
+export UCX_MEM_MMAP_HOOK_MODE=${UCX_MEM_MMAP_HOOK_MODE:-reloc}
 bash scripts/install-deps.sh
 # Cheap checks first (seconds; mypy 1-3 min with a cold cache): sizes and the module map
 # (docs/structure.md), Python lint and format (ruff, pyproject.toml), the package's types
