@@ -66,6 +66,9 @@ export TENPLEX_TOKEN TENPLEX_BIN=$tenplex PYTHONPATH=$repo/python${PYTHONPATH:+:
 # publishes MASTER_ADDR for a later round, so a node joining a running job waits for it
 # forever (docs/deploy.md): the opt-out keeps scale-up working.
 export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
+# UCX 1.22 (the data plane's wheel) patches code for its memory hooks at every process
+# start (~0.4 s); patching relocations gives the same events at once (docs/transport.md).
+export UCX_MEM_MMAP_HOOK_MODE=${UCX_MEM_MMAP_HOOK_MODE:-reloc}
 # Other nodes use addr:port; this node's workers reach the same daemon on 127.0.0.1
 # (loopback: tensors through shared memory).
 export TENPLEX_STORE_URL="http://$addr:$port"
