@@ -49,6 +49,9 @@ from fault_proxy import FaultProxy  # noqa: E402
 from tenplex import elastic, elastic_commit  # noqa: E402
 
 TENPLEX = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(HERE), "build", "bin", "tenplex")
+# The elastic API runs the distributed transform with the CLI it finds through TENPLEX_BIN
+# (tenplex.elastic_policy.tenplex_binary; never the checkout's build/).
+os.environ["TENPLEX_BIN"] = os.path.abspath(TENPLEX)
 JOB = "j"
 failures = []
 
