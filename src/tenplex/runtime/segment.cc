@@ -171,9 +171,10 @@ Status Segment::Watch() {
           ": workers stopped; the store keeps the last committed version" +
           (committed_ ? " (" + std::to_string(*committed_) + ")" : std::string(" (none)"))));
     }
-    if (alive_ > 0 && aborting_ && Since(t_kill_) > std::min(30.0, o.hang_seconds)) {
+    if (alive_ > 0 && aborting_ && !unparked_killed_ &&
+        Since(t_kill_) > std::min(30.0, o.hang_seconds)) {
       WarnNotParked();
-      KillWorkers();  // survivors that do not park in time are stopped the cold way
+      KillUnparked();  // survivors that do not park in time are stopped the cold way
     }
     if (alive_ > 0 && Since(t_progress_) > o.hang_seconds) {
       KillWorkers();
@@ -422,6 +423,13 @@ void Segment::KillWorkers() {
   for (Worker& x : workers_) {
     if (!x.exited) env_.launcher->Kill(x.pid);
   }
+}
+
+void Segment::KillUnparked() {
+  for (Worker& x : workers_) {
+    if (!x.exited && !x.parked) env_.launcher->Kill(x.pid);
+  }
+  unparked_killed_ = true;
 }
 
 void Segment::StopWorkers() {

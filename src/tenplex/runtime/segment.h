@@ -142,6 +142,9 @@ class Segment {
   // Stops the workers, drops the open version, enters kFailed and returns s.
   Status Fail(Status s);
   void KillWorkers();
+  // Warm: stops the workers that did not park in time after the abort (the parked ones
+  // stay for the next segment, which starts the others cold).
+  void KillUnparked();
   void StopWorkers();
   std::string KeepLog(const std::string& log) const;
 
@@ -162,6 +165,7 @@ class Segment {
   bool kill_scheduled_ = false, killed_ = false, failed_ = false, stopped_ = false;
   bool state_ready_ = false;  // on_state was called
   bool aborting_ = false;     // warm: the kill's survivors (or all, at a stop) were told to park
+  bool unparked_killed_ = false;  // warm: those that did not park in time were stopped
   std::string failure_;
   int64_t last_step_seen_;
   double step_interval_ = 0.4;  // between the last two step lines (a guess until two are seen)
