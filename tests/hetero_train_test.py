@@ -221,6 +221,15 @@ def slowdown(bin_):
     check.finish()
 
 
+def print_worker_logs(work_dir, lines=80):
+    """Prints the end of each worker log of a run (a warm worker that did not park
+    dumps its threads' stacks there, tenplex.warm.NOT_PARKED_DUMP_S after the abort)."""
+    for f in sorted(os.listdir(work_dir)):
+        if f.startswith("worker-"):
+            with open(os.path.join(work_dir, f), errors="replace") as fh:
+                print(f"--- {f} (last {lines} lines)\n" + "".join(fh.readlines()[-lines:]), flush=True)
+
+
 def run(bin_, tmp, name, schedule, model, extra=()):
     sched = os.path.join(tmp, name + ".json")
     with open(sched, "w") as f:
@@ -242,6 +251,7 @@ def run(bin_, tmp, name, schedule, model, extra=()):
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     print(p.stdout)
     if p.returncode != 0:
+        print_worker_logs(os.path.join(tmp, name))
         raise SystemExit(f"tenplex run {name} failed with {p.returncode}:\n{p.stderr[-3000:]}")
     steps, events = read_run_log(log)
     return steps, events, p.stderr
@@ -358,9 +368,7 @@ def rebalance_warm(bin_):
         warm_only = len(logs) == 2 and all(f.startswith("worker-seg0") for f in logs)
         check(warm_only, f"worker starts: {logs}")
         if not warm_only:  # where the workers were when they did not park
-            for f in logs:
-                with open(os.path.join(tmp, "warm", f), errors="replace") as fh:
-                    print(f"--- {f} (last 30 lines)\n" + "".join(fh.readlines()[-30:]), flush=True)
+            print_worker_logs(os.path.join(tmp, "warm"))
         joins = [e for e in events if e["event"] == "warm_join"]
         check(
             len(joins) == 1 + len(reb) and all(j["step"] == e["step"] for j, e in zip(joins[1:], reb)),

@@ -562,6 +562,8 @@ def run_segment(args, control=None):
         n = args.commit_every
         if n > 0 and trainer.step < end and (trainer.step - (end - args.steps)) % n == 0:
             or_fail(rank, trainer.save_handoff, f"{args.commit_prefix}{trainer.step}.json")
+        if control is not None and trainer.step < end and warm.stop_agreed():
+            raise warm.Stopped(f"at step {trainer.step}")
     if args.save_dir and args.save_at in (None, trainer.step):
         or_fail(rank, trainer.save, args.save_dir)
     if args.state_out:

@@ -19,6 +19,7 @@ the dead one) breaks its connections the same way and waits for the abort; when 
 comes (a real error, not a failure the runner knows), it raises the error.
 """
 
+import faulthandler
 import gc
 import json
 import os
@@ -27,16 +28,38 @@ import sys
 import threading
 import time
 
+import torch
 import torch.distributed as dist
 
 from . import handoff
+
+# Seconds after an abort at which a worker that has not parked yet dumps its threads' stacks.
+NOT_PARKED_DUMP_S = 10.0
 
 # Set while the runner has aborted the current segment (read by handoff waits).
 ABORT = threading.Event()
 
 
+# Set once the runner asked for a planned stop of a healthy world (a rebalance).
+STOP = threading.Event()
+
+
 class Aborted(Exception):
     """The runner aborted the segment (a peer failed)."""
+
+
+class Stopped(Exception):
+    """Every rank agreed on the runner's planned stop at the same step boundary."""
+
+
+def stop_agreed():
+    """At a step boundary, on every rank of the world: whether any rank has seen the
+    runner's planned stop (one all-reduce MAX of one int on the default group, so that
+    all ranks stop at the same boundary). A rank that read the stop on its own and parked
+    while a slower one entered the next step's collective broke that collective."""
+    flag = torch.tensor([1 if STOP.is_set() else 0], dtype=torch.int32)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
 
 
 def shutdown_sockets():
@@ -113,6 +136,15 @@ def drop_world(stop, thread):
     gc.freeze()
 
 
+def _planned(path):
+    """Whether the runner's abort file `path` asks for a planned stop ({"stop": true})."""
+    try:
+        with open(path) as f:
+            return bool(json.load(f).get("stop"))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 class Control:
     def __init__(self, prefix, timeout):
         self.prefix, self.timeout, self.seq = prefix, timeout, 0
@@ -131,14 +163,22 @@ class Control:
     def watch(self):
         """Starts watching for the runner's abort of the running segment."""
         ABORT.clear()
+        STOP.clear()
         self._stop.clear()
         path = self._path("abort")
 
         def loop():
             while not self._stop.is_set():
                 if os.path.exists(path):
+                    if _planned(path):  # the ranks park at an agreed step boundary
+                        STOP.set()
+                        return
                     ABORT.set()
                     shutdown_sockets()
+                    # Where this process is when it has not parked 10 s later (the runner
+                    # stops a worker that does not park within 30 s): every thread's stack
+                    # into the worker's log. park() cancels it.
+                    faulthandler.dump_traceback_later(NOT_PARKED_DUMP_S, exit=False)
                     return
                 self._stop.wait(0.003)
 
@@ -163,6 +203,7 @@ class Control:
         """After a segment: drops the process groups, says so and waits for the next
         message; returns it."""
         drop_world(self._stop, self._thread)
+        faulthandler.cancel_dump_traceback_later()
         self._thread = None
         with open(self._path("parked"), "w"):
             pass
@@ -174,6 +215,7 @@ class Control:
         self.times["message"] = time.perf_counter()
         self.seq += 1
         ABORT.clear()
+        STOP.clear()
         return msg
 
 
@@ -222,6 +264,9 @@ def serve(args, argv, parse_args, run_segment):
         if not spare:
             try:
                 run_segment(args, control)
+            except Stopped as e:
+                control.kept.clear()  # the next state comes from the commit before the stop
+                print(f"warm worker: segment stopped by the runner ({e})", flush=True)
             except Exception as e:  # noqa: BLE001 - a failed peer shows as any error
                 if not control.failed(e):
                     raise

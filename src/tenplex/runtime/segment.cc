@@ -231,7 +231,7 @@ Status Segment::CommitIfWritten() {
     stopped_ = true;
     t_stop_begin_ = t_kill_ = Clock::now();
     if (env_.pool) {
-      AbortSurvivors();  // warm: they break off the step in progress and park
+      AbortSurvivors(true);  // warm: they agree on a step boundary and park there
     } else {
       StopWorkers();
     }
@@ -302,11 +302,11 @@ void Segment::ParkIfDone() {
   }
 }
 
-void Segment::AbortSurvivors() {
+void Segment::AbortSurvivors(bool planned) {
   if (aborting_) return;
   aborting_ = true;
   for (Worker& w : workers_) {
-    if (!w.exited && !env_.pool->Abort(w.warm).ok()) env_.launcher->Kill(w.pid);
+    if (!w.exited && !env_.pool->Abort(w.warm, planned).ok()) env_.launcher->Kill(w.pid);
   }
 }
 

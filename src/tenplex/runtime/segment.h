@@ -132,7 +132,8 @@ class Segment {
   Status CommitIfWritten();
   Status StartWorker(int rank, WorkerArgs& args);
   void ParkIfDone();
-  void AbortSurvivors();
+  // Warm: tells the running workers to park (`planned`: a stop of a healthy world).
+  void AbortSurvivors(bool planned = false);
   void ParkSurvivors();
   void WarnNotParked() const;
   void HandToPool();

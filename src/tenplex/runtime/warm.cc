@@ -98,7 +98,9 @@ Status WarmPool::Send(WarmWorker& w, const std::vector<std::string>& args) {
   return Status::Ok();
 }
 
-Status WarmPool::Abort(const WarmWorker& w) { return PublishFile(w.Path("abort"), "{}"); }
+Status WarmPool::Abort(const WarmWorker& w, bool planned) {
+  return PublishFile(w.Path("abort"), planned ? R"({"stop": true})" : "{}");
+}
 
 bool WarmPool::IsParked(const WarmWorker& w) {
   std::error_code ec;

@@ -66,8 +66,10 @@ class WarmPool {
   std::optional<WarmWorker> Take();
   // Sends w its next segment's arguments (message seq + 1) and advances w.seq.
   Status Send(WarmWorker& w, const std::vector<std::string>& args);
-  // Tells the running worker w to stop its segment (a peer failed).
-  Status Abort(const WarmWorker& w);
+  // Tells the running worker w to stop its segment: a peer failed (it breaks off the step
+  // in progress), or with `planned` the runner stops a healthy world (a rebalance): the
+  // ranks agree on a step boundary and park there, their connections intact.
+  Status Abort(const WarmWorker& w, bool planned = false);
   // Whether w wrote the .parked file of its current message.
   static bool IsParked(const WarmWorker& w);
   // Starts workers ahead until `n` spares wait (none when n <= 0): CMD --warm-control P
