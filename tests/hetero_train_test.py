@@ -34,6 +34,7 @@ an independent single-process reference).
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -369,6 +370,19 @@ def rebalance_warm(bin_):
         check(warm_only, f"worker starts: {logs}")
         if not warm_only:  # where the workers were when they did not park
             print_worker_logs(os.path.join(tmp, "warm"))
+        # Each rebalance is a planned stop: every rank stops at the same step boundary
+        # (warm.stop_agreed) and none breaks off a collective (the failure abort's way);
+        # a stop asked for during a segment's last step ends it normally instead.
+        said, aborted = [], 0
+        for f in logs:
+            with open(os.path.join(tmp, "warm", f), errors="replace") as fh:
+                text = fh.read()
+            said.append(sorted(set(re.findall(r"segment stopped by the runner \(at step (\d+)\)", text))))
+            aborted += text.count("aborted by the runner")
+        check(
+            all(s == said[0] for s in said) and 1 <= len(said[0]) <= len(reb) and aborted == 0,
+            f"every rank stopped at the same steps, none aborted: {said}",
+        )
         joins = [e for e in events if e["event"] == "warm_join"]
         check(
             len(joins) == 1 + len(reb) and all(j["step"] == e["step"] for j, e in zip(joins[1:], reb)),

@@ -466,9 +466,9 @@ def run_segment(args, control=None):
         if slowdown and max(slowdown) >= args.world_size:
             raise ValueError(f"--slowdown rank {max(slowdown)} is not a rank of world size {args.world_size}")
         meter.METER.factor = slowdown.get(args.world_rank, 1.0)
-        # (The emulated sleep is not cut short by a warm abort: waking it on warm.ABORT
-        # made the slowed rank miss the park in 1 of ~5 runs of hetero_rebalance_warm;
-        # docs/hetero.md.)
+        # (The emulated sleep is not cut short by a warm abort: a rank woken so entered its
+        # next collective on the connections its watcher had broken, and hung there;
+        # a rebalance's stop is now agreed at a step boundary instead, docs/hetero.md.)
         gpt.Recompute.from_args(args)
         if args.micro_batch_size < 1 or args.seq_length < 1 or args.steps < 0:
             raise ValueError("--micro-batch-size and --seq-length must be >= 1, --steps >= 0")
