@@ -16,8 +16,12 @@ if ! command -v clang++ >/dev/null 2>&1; then
   echo "== fuzzing skipped: clang++ is not installed (scripts/install-deps.sh installs it)"
   exit 0
 fi
-cmake -S . -B "$B" -G Ninja -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
-  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTENPLEX_FUZZ=ON -DTENPLEX_BENCH=OFF -DTENPLEX_PYTHON=OFF >/dev/null
+# A build directory already configured with TENPLEX_FUZZ (scripts/test.sh's sanitized build,
+# which also runs the unit tests) is used as it is; otherwise configure one.
+if ! grep -qx 'TENPLEX_FUZZ:BOOL=ON' "$B/CMakeCache.txt" 2>/dev/null; then
+  cmake -S . -B "$B" -G Ninja -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTENPLEX_FUZZ=ON -DTENPLEX_BENCH=OFF -DTENPLEX_PYTHON=OFF >/dev/null
+fi
 targets=$(ninja -C "$B" -t targets all | sed -n 's/^\(tenplex_[A-Za-z0-9_]*_fuzz\): .*/\1/p' | sort -u)
 if [ -z "$targets" ]; then
   echo "== fuzzing: no *_fuzz.cc targets"
