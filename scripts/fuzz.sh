@@ -29,23 +29,28 @@ if [ -z "$targets" ]; then
 fi
 ninja -C "$B" $targets
 mkdir -p $B/artifacts
-for t in $targets; do
-  echo "== fuzzing $t for ${secs}s"
-  corpus=$B/corpus/$t
+# fuzz_one TARGET: runs it from its corpus and seeds, prints its summary in one piece
+# (targets run TENPLEX_FUZZ_JOBS at a time, default the core count), fails on a finding.
+fuzz_one() {
+  local t=$1 corpus=$B/corpus/$1 log=$B/$1.log rc
   mkdir -p "$corpus"
-  seeds=()
+  local seeds=()
   [ -d "tests/fuzz/$t" ] && seeds=("tests/fuzz/$t")
-  log=$B/$t.log
   set +e
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
     "$B/bin/$t" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -max_len=65536 \
     -seed="${TENPLEX_FUZZ_SEED:-1}" -runs="${TENPLEX_FUZZ_RUNS:-200000}" -artifact_prefix=$B/artifacts/"$t"- -print_final_stats=1 "$corpus" "${seeds[@]}" >"$log" 2>&1
   rc=$?
   set -e
-  grep -E "^#[0-9]+ +DONE|^stat::number_of_executed_units" "$log" || true
   if [ $rc -ne 0 ]; then
-    tail -60 "$log"
-    echo "== fuzz target $t failed (exit $rc); the input is in $B/artifacts/"
-    exit 1
+    { tail -60 "$log"; echo "== fuzz target $t failed (exit $rc); the input is in $B/artifacts/"; } | cat
+    return 1
   fi
-done
+  { echo "== fuzzed $t for ${secs}s"; grep -E "^#[0-9]+ +DONE|^stat::number_of_executed_units" "$log" || true; } | cat
+}
+export -f fuzz_one
+export B secs
+printf '%s\n' $targets | xargs -P "${TENPLEX_FUZZ_JOBS:-$(nproc)}" -I{} bash -c 'set -euo pipefail; fuzz_one {}' || {
+  echo "== fuzzing found something (above)"
+  exit 1
+}
