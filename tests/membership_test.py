@@ -2,11 +2,13 @@
 
 usage: membership_test.py TENPLEX_BIN REPO_ROOT [--quorum | --leave | --netns | --rendezvous-kill[=mesh|told]]
 
---quorum: the quorum alone, against a real etcd server (tests/torchrun_etcd_test.py's Etcd):
-agents (membership.Quorum, TTL 2 s) join, die (their thread stopped, their keys left to
-expire), leave and join again; every world is checked: survivors keep their order, new
-hosts come at the end, the dead are `lost`, the leaving `left`, min/max hosts respected,
-epochs without gaps, a dead leader replaced. No torch.
+--quorum: the quorum alone, against a real etcd server (tests/torchrun_etcd_test.py's Etcd;
+tests/membership_quorum.py): agents (membership.Quorum, TTL 2 s) join, die (their thread
+stopped, their keys left to expire), leave and join again; every world is checked:
+survivors keep their order, new hosts come at the end, the dead are `lost`, the leaving
+`left`, min/max hosts respected, epochs without gaps, a dead leader replaced; a reported
+failure ends a dead host's membership at once (its liveness port refused) but not a
+stalled one's. No torch.
 
 Default: the training scenario. Each loopback "host" is its own store daemon
 (tests/daemons.py) and one `python -m tenplex.hostagent --nproc 2` running `train.py
@@ -14,8 +16,10 @@ Default: the training scenario. Each loopback "host" is its own store daemon
 steps. Hosts 0 and 1 start (tp=2,pp=2); at step 3 host 2 joins (tp=2,dp=3 on 6 ranks:
 its agent registers once its workers are up, the others stop at a step boundary with a
 commit and re-form their process groups in-process); after a commit on 6 ranks every
-process of host 1 (agent, workers, daemon) is SIGKILLed: its key expires (TTL 2 s), the
-leader writes a world without it, the survivors abort the running step and restore from
+process of host 1 (agent, workers, daemon) is SIGKILLed: a survivor's collective fails,
+its agent reports it, the leader's probe of host 1's liveness port is refused, so host 1's
+key is deleted (not left to its TTL, 2 s) and the leader writes a world without it (checked:
+the world's `refused`); the survivors abort the running step and restore from
 the last commit (host 1's ranks re-placed from the data-parallel replicas). With --leave
 host 1 leaves instead (SIGTERM to its agent: a planned leave, no step lost). With --netns
 every host runs in its own network namespace on a bridge (tests/daemons.py's NetnsBridge;
@@ -48,6 +52,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"))
 from daemons import Daemon, NetnsBridge  # noqa: E402
 from elastic_run_test import Checks, check_steps, steps_of  # noqa: E402
+from membership_quorum import TTL, quorum_case  # noqa: E402
 from torchrun_elastic_test import (  # noqa: E402
     PY,
     STEPS,
@@ -64,7 +69,6 @@ from torchrun_elastic_test import (  # noqa: E402
 from torchrun_elastic_test import Host as TorchrunHost  # noqa: E402
 from torchrun_etcd_test import Etcd, alive, procs_naming  # noqa: E402
 
-TTL = 2.0
 # --rendezvous-kill: seconds from the kill to the next world's process group, at most. Killed
 # before its ranks' rendezvous ("told", as it happens): the key's TTL (etcd v2 expires keys
 # on whole seconds: up to TTL + 1), the leader's settle (0.2 s), the abort and the re-join.
@@ -73,122 +77,6 @@ TTL = 2.0
 # timeout (tenplex.member.mesh_timeout), no abort reaches that wait. Slack for a loaded 2-core machine.
 GLOO_CONNECT_FLOOR = 10.0
 RDZV_BOUND = {"told": TTL + 4.0, "mesh": max(TTL + 1.0, GLOO_CONNECT_FLOOR) + 4.0}
-
-
-# ---- --quorum: the etcd quorum alone ---------------------------------------------------
-
-
-def quorum_case(endpoint: str) -> None:
-    from tenplex import membership as mb
-
-    check = Checks()
-    live = {}
-
-    def join(name):
-        q = mb.Quorum(
-            endpoint,
-            "qtest",
-            name,
-            {"store_url": f"http://{name}:1", "addr": name, "nproc": 2},
-            ttl=TTL,
-            min_hosts=2,
-            max_hosts=3,
-            settle=0.2,
-        )
-        q.join()
-        q.start()
-        live[name] = q
-        return q
-
-    def die(name):
-        live.pop(name).close(remove_keys=False)
-
-    def world_after(epoch, timeout=4 * TTL + 5):
-        any_q = next(iter(live.values()))
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            w = any_q.world()
-            if w is not None and w.epoch > epoch:
-                return w
-            time.sleep(0.02)
-        return None
-
-    def expect(epoch, hosts, lost=(), left=(), since=None):
-        w = world_after(epoch - 1)
-        ok = w is not None and w.epoch == epoch and w.hosts == hosts and w.lost == list(lost) and w.left == list(left)
-        took = f" after {time.time() - since:.2f} s" if since else ""
-        check(
-            ok,
-            f"world {epoch}: hosts {hosts}, lost {list(lost)}, left {list(left)}{took}: "
-            f"{w and (w.epoch, w.hosts, w.lost, w.left)}",
-        )
-        return w
-
-    try:
-        join("h0")
-        time.sleep(1.0)
-        check(live["h0"].world() is None, "no world below min_hosts (2)")
-        join("h1")
-        expect(1, ["h0", "h1"])
-        join("h2")
-        expect(2, ["h0", "h1", "h2"])
-        t = time.time()
-        die("h1")
-        expect(3, ["h0", "h2"], lost=["h1"], since=t)
-        join("h3")
-        expect(4, ["h0", "h2", "h3"])
-        leader = [n for n, q in live.items() if q.leader]
-        check(leader == ["h0"], f"the first host leads: {leader}")
-        t = time.time()
-        die("h0")  # the leader dies: another agent takes the leader key after the TTL
-        expect(5, ["h2", "h3"], lost=["h0"], since=t)
-        check(sum(q.leader for q in live.values()) == 1, "one new leader")
-        t = time.time()
-        live["h3"].leave()
-        time.sleep(1.0)
-        check(live["h2"].world().epoch == 5, "a leave that would go below min_hosts waits")
-        join("h4")
-        expect(6, ["h2", "h4"], left=["h3"], since=t)
-        join("h5")
-        expect(7, ["h2", "h4", "h5"])
-        join("h6")
-        time.sleep(1.0)
-        check(live["h2"].world().epoch == 7, "max_hosts (3): no world with a 4th host")
-        live.pop("h5").close()  # an orderly exit removes its key: h6 takes the place
-        expect(8, ["h2", "h4", "h6"], lost=["h5"])
-        try:
-            mb.Quorum(endpoint, "qtest", "a/b", {})
-            check(False, "a host id with '/' is refused")
-        except mb.MembershipError as e:
-            check("'/'" in str(e), f"clear error: {e}")
-    finally:
-        for q in live.values():
-            q.close()
-    bad_agent_args(check, endpoint)
-    check.finish()
-
-
-def bad_agent_args(check, endpoint):
-    """The host agent refuses bad input with a clear error (no traceback, no worker started)."""
-    env = dict(
-        os.environ, PYTHONPATH=os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python")
-    )
-    base = ["--job", "j", "--nproc", "1", "--store-url", "http://127.0.0.1:1"]
-    for args, want in (
-        ([*base, "--etcd", endpoint, "train.py"], "'--' is missing"),
-        ([*base, "--etcd", "127.0.0.1:1", "--", "train.py"], "does not answer"),
-        ([*base, "--etcd", endpoint, "--nproc", "0", "--", "train.py"], "--nproc must be >= 1"),
-        (
-            [*base, "--etcd", endpoint, "--min-hosts", "3", "--max-hosts", "2", "--", "train.py"],
-            "min_hosts <= max_hosts",
-        ),
-    ):
-        p = subprocess.run([PY, "-m", "tenplex.hostagent", *args], capture_output=True, text=True, env=env, timeout=60)
-        out = p.stdout + p.stderr
-        check(
-            p.returncode != 0 and want in out and "Traceback" not in out,
-            f"hostagent {' '.join(args[6:])}: refused with {want!r} (status {p.returncode}): {out.strip()[-200:]}",
-        )
 
 
 # ---- the training scenario -------------------------------------------------------------
@@ -287,8 +175,14 @@ def report_event(name, t_event, hosts, log, epoch):
     if "first_step" not in t:
         print(f"{name}: world {epoch} has no first step: {t}")
         return None
+    reports = [
+        e["time"] for h in hosts for e in h.agent_events() if e["event"] == "suspect" and e["epoch"] == epoch - 1
+    ]
+    detection = [("detection+quorum", t_event, written)]
+    if reports and t_event <= min(reports) <= written:  # a survivor's failed collective reported, the host probed
+        detection = [("detection (report)", t_event, min(reports)), ("quorum (probe)", min(reports), written)]
     parts = [
-        ("detection+quorum", t_event, written),
+        *detection,
         ("told", written, seen),
         ("stop+commit" if "stop" in t else "abort", seen, t.get("stop", seen)),
         ("re-join", t.get("stop", seen), t["world"]),
@@ -356,6 +250,11 @@ def scenario(tenplex, repo, endpoint, tmp, leave, net=None):
         check(len(starts) == 3 and not starts[2].get("lost_hosts"), f"a planned leave loses no host: {starts[-1:]}")
     else:  # and the loss: restored from the last commit, host 1's daemon lost, at most COMMIT_EVERY steps re-run
         check_run(check, static_log, log, hosts[1].daemon.url if len(hosts) > 1 else None)
+        lost = [e for h in hosts[::2] for e in h.agent_events() if e["event"] == "world" and e["lost"]]
+        check(
+            bool(lost) and all(e["refused"] == ["host1"] for e in lost),
+            f"host 1's loss decided by its refused liveness probe after a survivor's report, not its TTL: {lost}",
+        )
     check_pids(check, log, [0, 2])
     pre = [e for e in read_log(log)[1] if e["event"] == "presize"]
     check(

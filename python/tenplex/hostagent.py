@@ -15,6 +15,11 @@ SIGTERM is a planned leave: the host is marked leaving, the next world leaves it
 workers take part in the stop and commit, then exit 0. The agent exits 0 when its workers
 finished the job (or left); a worker that fails otherwise makes it stop the others and
 exit with that worker's status (its host key then disappears: the others lose this host).
+
+The agent listens on a liveness port (tenplex.liveness, registered as "alive"); when a
+worker's collective or rendezvous fails it writes failed-<epoch> in the control directory
+and the agent reports the world to the quorum (suspect): a host whose liveness port
+refuses the leader's probe is counted lost at once instead of after the TTL.
 """
 
 import argparse
@@ -31,6 +36,7 @@ from typing import Any, Optional
 
 from . import membership as mb
 from ._cli import cli_logging
+from .liveness import Liveness
 
 log = logging.getLogger("tenplex.hostagent")  # not __name__: "__main__" under python -m
 
@@ -76,6 +82,12 @@ class Agent:
         self.dir = tempfile.mkdtemp(prefix="tenplex-member-")
         self.control = mb.Control(self.dir)
         value = {"store_url": args.store_url.rstrip("/"), "addr": self.addr, "nproc": args.nproc}
+        self.liveness: Optional[Liveness] = None  # the port other agents probe (tenplex.liveness)
+        try:
+            self.liveness = Liveness(self.addr)
+            value = self.liveness.register(value)
+        except (OSError, ValueError) as e:  # the TTL alone then detects this host's death
+            log.warning("no liveness port on %s (%s): this host's loss is detected by the TTL only", self.addr, e)
         self.quorum = mb.Quorum(
             args.etcd,
             args.job,
@@ -91,6 +103,7 @@ class Agent:
         self.seen = 0  # the newest epoch told to the workers
         self.member = False  # this host is in the world the workers were last told
         self.leaving: bool | str = False  # True: asked to leave (SIGTERM); "told": the quorum knows
+        self.reported = 0  # the newest epoch in which a worker's failure was reported to the quorum
 
     def event(self, rec: dict) -> None:
         if self.args.events:
@@ -125,7 +138,15 @@ class Agent:
         self.control.write_world(w, abort=bool(w.lost) and self.member)
         self.seen, self.member = w.epoch, mine
         self.event(
-            {"event": "world", "epoch": w.epoch, "hosts": w.hosts, "lost": w.lost, "left": w.left, "world_time": w.time}
+            {
+                "event": "world",
+                "epoch": w.epoch,
+                "hosts": w.hosts,
+                "lost": w.lost,
+                "refused": w.refused,
+                "left": w.left,
+                "world_time": w.time,
+            }
         )
         if not mine:
             return
@@ -165,6 +186,8 @@ class Agent:
         finally:
             self._stop_workers()
             self.quorum.close(remove_keys=self.quorum.registered)
+            if self.liveness is not None:
+                self.liveness.close()
             shutil.rmtree(self.dir, ignore_errors=True)
 
     def _loop(self) -> int:
@@ -177,6 +200,10 @@ class Agent:
             w = self.quorum.world()
             if w is not None and w.epoch > self.seen:
                 self.tell(w)
+            if self.member and self.reported < self.seen and self.control.failed(self.seen):
+                self.reported = self.seen  # a worker's collective failed: the leader probes the world's hosts
+                self.quorum.suspect(self.seen)
+                self.event({"event": "suspect", "epoch": self.seen})
             if not self.member and time.monotonic() > next_done:
                 next_done = time.monotonic() + 1.0
                 if self.quorum.done():  # the job finished without this host (or after it left)

@@ -194,12 +194,23 @@ class Member:
         from . import warm
 
         warm.shutdown_sockets()  # the peers fail too, instead of waiting for a timeout
+        self.report(error)
         deadline = time.monotonic() + wait
         while not self.aborted.is_set() and time.monotonic() < deadline:
             time.sleep(0.01)
         return self.aborted.is_set()
 
-    def rendezvous_failed(self, wait: float) -> bool:
+    def report(self, error: BaseException) -> None:
+        """Tells the agent that this world's collective or rendezvous failed (failed-<epoch>):
+        it reports the world to the quorum, whose leader probes the world's hosts' liveness
+        ports and counts a dead one lost at once (tenplex.liveness). Any error is reported:
+        the probe, not the error, decides."""
+        try:
+            self.control.write_failed(self.epoch, self.local_rank, f"{type(error).__name__}: {error}")
+        except OSError as e:  # the control directory is gone: the agent died (this worker dies with it)
+            log.warning("reporting the failure of world %d: %s", self.epoch, e)
+
+    def rendezvous_failed(self, wait: float, error: BaseException) -> bool:
         """The rendezvous of this world failed (any error: a refused or timed-out connect, a
         store error, WorldAborted): True when a newer world is announced within `wait`
         seconds (this one is dropped for it), False when none came (every rank of this
@@ -208,6 +219,7 @@ class Member:
         from . import warm
 
         warm.shutdown_sockets()
+        self.report(error)
         return self.announced.wait(wait)
 
     def teardown(self) -> None:
@@ -409,7 +421,7 @@ class MemberJob(JobState):
                 break
             except Exception as e:  # noqa: BLE001 - a lost peer shows as any error of the rendezvous
                 log.warning("rank %d: world %d's rendezvous failed: %s", self.rank, member.epoch, str(e)[:300])
-                newer = member.rendezvous_failed(wait)
+                newer = member.rendezvous_failed(wait, e)
                 self._log_event(
                     {
                         "event": "rendezvous_aborted" if newer else "rendezvous_retry",

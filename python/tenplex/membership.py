@@ -7,8 +7,10 @@ No consensus of ours: etcd's atomic operations only (the v2 API, through python-
 as torchrun's etcd-v2 rendezvous uses it). Under ``/tenplex/<job>/``:
 
   hosts/<host id>   one TTL key per live host (value: {"store_url", "addr", "nproc",
-                    "leaving"}), refreshed every TTL/3 by its agent; a host that dies
-                    loses it after at most TTL seconds.
+                    "alive", "leaving"}), refreshed every TTL/3 by its agent; a host that
+                    dies loses it after at most TTL seconds, or at once when a survivor
+                    reported a failed collective and its agent's liveness port refuses
+                    (`suspect` below).
   leader            the host id of the agent that decides worlds: taken by an atomic
                     create (prevExist=False) with a TTL, refreshed by compare-and-swap on
                     its own value; a dead leader's key expires and another agent takes it.
@@ -21,6 +23,17 @@ as torchrun's etcd-v2 rendezvous uses it). Under ``/tenplex/<job>/``:
                     is `lost` (its workers died with it: the others abort their step).
   epochs/<e>/store  host:port of the TCPStore the first host's agent serves for epoch e
                     (the workers' rendezvous; a fresh one per world).
+  suspect           the epoch of a world in which a worker's collective or rendezvous
+                    failed (written by that worker's agent, TTL as the hosts' keys). The
+                    leader then probes the liveness port ("alive": Liveness) of every host
+                    of that world every PROBE_EVERY s: a host whose port refuses the
+                    connect has no agent process any more (a live process's kernel
+                    completes the handshake however stalled the process is), so its key
+                    is deleted (compare-and-delete on its modifiedIndex) and the next
+                    world counts it lost without waiting for its TTL (World.refused). A
+                    connect that succeeds, times out or fails otherwise proves nothing:
+                    the TTL decides as before. A non-leader that reported probes the
+                    leader so, and deletes the leader key of a dead one.
   done              written when the job finished: no world after it.
 
 The agent tells its workers through a control directory (Control): ``world-<e>.json``
@@ -40,6 +53,8 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Optional
+
+from .liveness import PROBE_EVERY, probe_target, refused_hosts
 
 log = logging.getLogger("tenplex.membership")
 
@@ -66,6 +81,7 @@ class World:
     lost: list[str] = field(default_factory=list)  # hosts of the previous world that died
     left: list[str] = field(default_factory=list)  # hosts of the previous world that left (planned)
     time: float = 0.0  # the leader's wall clock when it wrote the world
+    refused: list[str] = field(default_factory=list)  # lost hosts found dead by the probe (not the TTL)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -80,6 +96,7 @@ class World:
             list(d.get("lost", [])),
             list(d.get("left", [])),
             float(d.get("time", 0.0)),
+            list(d.get("refused", [])),
         )
 
 
@@ -155,6 +172,9 @@ class Quorum:
         self.leader = False
         self.registered = False  # join() succeeded (close() then removes the key)
         self.error = ""  # the background thread's last failure ("" while fine)
+        self.probes = 0  # rounds of liveness probes this agent made (after reported failures)
+        self._suspected: Optional[tuple[int, float]] = None  # (epoch, monotonic time) of this host's last report
+        self._next_probe = 0.0  # the leader's next probe of a suspected world, not before (monotonic)
 
     # ---- this host ---------------------------------------------------------------
 
@@ -197,6 +217,18 @@ class Quorum:
         world leaves it out without counting it lost."""
         self.value["leaving"] = True
         self._etcd.write(self._key, json.dumps(self.value), ttl=int(self.ttl), prevExist=True)
+
+    def suspect(self, epoch: int) -> None:
+        """A worker of world `epoch` on this host saw a collective or its rendezvous fail:
+        the leader probes that world's hosts (this agent the leader: a dead leader's key is
+        deleted). Best effort: an etcd error is logged, the TTL still decides."""
+        import etcd
+
+        self._suspected = (epoch, time.monotonic())
+        try:
+            self._etcd.write(f"{self.root}/suspect", str(epoch), ttl=int(self.ttl))
+        except etcd.EtcdException as e:
+            log.warning("job %s: reporting a failure in world %d: %s", self.job, epoch, e)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="tenplex-quorum", daemon=True)
@@ -266,7 +298,7 @@ class Quorum:
         import etcd
 
         c = _client(self.endpoint)
-        next_refresh = 0.0
+        next_refresh = next_probe = 0.0
         candidate: tuple[Optional[list[str]], float] = (None, 0.0)  # (hosts, since when they are so)
         while not self._stop.is_set():
             now = time.monotonic()
@@ -283,6 +315,9 @@ class Quorum:
                         log.info("host %s leads job %s", self.host_id, self.job)
                 if self.leader:
                     candidate = self._lead(c, candidate)
+                elif self._suspected is not None and now - self._suspected[1] < self.ttl and now >= next_probe:
+                    next_probe = now + PROBE_EVERY
+                    self._check_leader(c)
                 self.error = ""
             except etcd.EtcdKeyNotFound:
                 # our key expired (a stall longer than the TTL): register again; the world that
@@ -332,30 +367,95 @@ class Quorum:
         except etcd.EtcdKeyNotFound:
             nodes = []
         nodes.sort(key=lambda n: n.createdIndex)
-        live = {n.key.rsplit("/", 1)[1]: json.loads(n.value) for n in nodes}
-        order = list(live)
         try:
             node = c.read(f"{self.root}/world")
             prev, index = World.from_json(node.value), node.modifiedIndex
         except etcd.EtcdKeyNotFound:
             prev, index = None, None
+        dead = self._probe_suspects(c, prev, nodes) if prev is not None else set()
+        live = {n.key.rsplit("/", 1)[1]: json.loads(n.value) for n in nodes}
+        live = {h: v for h, v in live.items() if h not in dead}
+        order = list(live)
         w = next_world(prev, live, order, self.min_hosts, self.max_hosts)
         if w is None:
             return (None, 0.0)
         now = time.monotonic()
-        if candidate[0] != w.hosts:
-            return (w.hosts, now)
-        if now - candidate[1] < self.settle:
-            return candidate
+        w.refused = sorted(dead & set(w.lost))
+        if not dead:  # (a proven death needs no settling)
+            if candidate[0] != w.hosts:
+                return (w.hosts, now)
+            if now - candidate[1] < self.settle:
+                return candidate
         try:
             if index is None:
                 c.write(f"{self.root}/world", w.to_json(), prevExist=False)
             else:
                 c.write(f"{self.root}/world", w.to_json(), prevIndex=index)
-            log.info("job %s: world %d: %s (lost %s, left %s)", self.job, w.epoch, w.hosts, w.lost, w.left)
+            log.info(
+                "job %s: world %d: %s (lost %s, refused %s, left %s)",
+                self.job,
+                w.epoch,
+                w.hosts,
+                w.lost,
+                w.refused,
+                w.left,
+            )
         except (etcd.EtcdCompareFailed, etcd.EtcdAlreadyExist):
             pass  # another leader wrote one meanwhile: the next step starts from it
         return (None, 0.0)
+
+    def _probe_suspects(self, c, prev: World, nodes) -> set[str]:
+        """The leader, when a failure in world `prev` was reported (the suspect key): the
+        hosts of it whose liveness port refuses a connect, their keys deleted (compare-and-
+        delete on the modifiedIndex read: a key refreshed meanwhile stays). At most one
+        probe per PROBE_EVERY s while the report stands (its key expires after the TTL)."""
+        import etcd
+
+        if time.monotonic() < self._next_probe:
+            return set()
+        try:
+            if int(c.read(f"{self.root}/suspect").value) != prev.epoch:
+                return set()
+        except (etcd.EtcdKeyNotFound, ValueError):
+            return set()
+        self._next_probe = time.monotonic() + PROBE_EVERY
+        by_name = {n.key.rsplit("/", 1)[1]: n for n in nodes}
+        targets = {}
+        for h in prev.hosts:
+            if h != self.host_id and h in by_name and (t := probe_target(json.loads(by_name[h].value))):
+                targets[h] = t
+        self.probes += 1
+        dead = set()
+        for h in sorted(refused_hosts(targets)):
+            try:
+                c.delete(by_name[h].key, prevIndex=by_name[h].modifiedIndex)
+            except (etcd.EtcdCompareFailed, etcd.EtcdKeyNotFound):
+                continue  # refreshed meanwhile (alive after all), or gone already
+            dead.add(h)
+            log.warning(
+                "job %s: host %s refused its liveness probe after a failure in world %d: lost", self.job, h, prev.epoch
+            )
+        return dead
+
+    def _check_leader(self, c) -> None:
+        """A non-leader whose worker reported a failure: probes the leader's liveness port and
+        deletes the leader key of a dead leader (compare-and-delete on its value), so that an
+        agent takes it on its next round instead of after the TTL."""
+        import etcd
+
+        try:
+            leader = c.read(f"{self.root}/leader").value
+            target = probe_target(json.loads(c.read(f"{self.root}/hosts/{leader}").value))
+        except etcd.EtcdKeyNotFound:
+            return
+        self.probes += 1
+        if leader == self.host_id or target is None or not refused_hosts({leader: target}):
+            return
+        try:
+            c.delete(f"{self.root}/leader", prevValue=leader)
+            log.warning("job %s: the leader %s refused its liveness probe: its leader key deleted", self.job, leader)
+        except (etcd.EtcdCompareFailed, etcd.EtcdKeyNotFound):
+            pass
 
 
 # ---- the control directory between an agent and its workers ---------------------------
@@ -369,7 +469,7 @@ def _write_atomic(path: str, text: str) -> None:
 
 
 class Control:
-    """The files of one host's control directory: world-<e>.json, master-<e>, ready-<local rank>."""
+    """The files of one host's control directory: world-<e>.json, master-<e>, ready-<local rank>, failed-<e>."""
 
     def __init__(self, directory: str):
         self.dir = directory
@@ -384,6 +484,13 @@ class Control:
 
     def write_ready(self, local_rank: int) -> None:
         _write_atomic(os.path.join(self.dir, f"ready-{local_rank}"), str(os.getpid()))
+
+    def write_failed(self, epoch: int, local_rank: int, error: str) -> None:
+        """A worker's collective or rendezvous of world `epoch` failed (the agent reports it)."""
+        _write_atomic(os.path.join(self.dir, f"failed-{epoch}"), f"local rank {local_rank}: {error[:300]}")
+
+    def failed(self, epoch: int) -> bool:
+        return os.path.exists(os.path.join(self.dir, f"failed-{epoch}"))
 
     def ready(self, nproc: int) -> bool:
         return all(os.path.exists(os.path.join(self.dir, f"ready-{i}")) for i in range(nproc))
