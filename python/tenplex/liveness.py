@@ -18,7 +18,9 @@ import threading
 import time
 from typing import Optional
 
-PROBE_EVERY = 0.25  # seconds between two probes of a suspected world's hosts
+# Seconds between two probes of a suspected world's hosts: a SIGKILLed agent's socket closes
+# only once its exit has torn its memory down (tens to hundreds of ms after the kill).
+PROBE_EVERY = 0.05
 PROBE_TIMEOUT = 0.2  # seconds a probe's connect may take (then it proves nothing)
 UNSPECIFIED = ("", "0.0.0.0", "::")  # addresses no other host can probe
 
