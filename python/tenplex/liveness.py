@@ -88,13 +88,13 @@ def refused_hosts(targets: dict[str, tuple[str, int]], timeout: float = PROBE_TI
         deadline = time.monotonic() + timeout
         while pending and (left := deadline - time.monotonic()) > 0:
             for key, _ in sel.select(left):
-                s = key.fileobj
-                assert isinstance(s, socket.socket)
-                if s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == errno.ECONNREFUSED:
-                    out.add(pending[s])
-                sel.unregister(s)
-                s.close()
-                del pending[s]
+                ready = key.fileobj
+                assert isinstance(ready, socket.socket)
+                if ready.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == errno.ECONNREFUSED:
+                    out.add(pending[ready])
+                sel.unregister(ready)
+                ready.close()
+                del pending[ready]
     finally:
         for s in pending:
             s.close()
