@@ -35,8 +35,9 @@ bash scripts/build.sh
 stage "built"
 ctest --test-dir build --output-on-failure -j2 --timeout 600
 stage "integration tests passed"
-# One sanitized build serves the unit tests (all of them: label "unit") and the fuzz targets: clang, ASan+UBSan, the
-# libFuzzer instrumentation (TENPLEX_FUZZ), -O0 with assertions on, warnings are errors
+# One sanitized build serves the unit tests (all of them: label "unit") and the fuzz
+# targets: clang, ASan+UBSan, the libFuzzer instrumentation (TENPLEX_FUZZ), -O0 with
+# assertions on, warnings are errors
 # (clang's, besides g++'s above). Two builds (g++ ASan, clang fuzz -O2) took ~29 min of
 # CI's 90 on 2 cores. -O0: half the compile time of -O1 (cli/run.cc 15.6 s vs 29 s of
 # CPU), but the compute-heavy modules' tests ran ~3x longer (20 min for all unit tests),

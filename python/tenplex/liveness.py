@@ -12,7 +12,9 @@ the TTL. The port is only trusted on the address the host registered as its own 
 one the others reach its TCPStore and store daemon at), never on an unspecified one.
 """
 
+import errno
 import ipaddress
+import selectors
 import socket
 import threading
 import time
@@ -63,9 +65,6 @@ def refused_hosts(targets: dict[str, tuple[str, int]], timeout: float = PROBE_TI
     """The names of `targets` ({name: (addr, port)}) whose connect is refused (ECONNREFUSED:
     nothing listens there), all connected at once, waiting up to `timeout` s. A connect
     that succeeds, times out or fails otherwise (unreachable, ...) does not count."""
-    import errno
-    import selectors
-
     out: set[str] = set()
     pending: dict[socket.socket, str] = {}
     sel = selectors.DefaultSelector()
