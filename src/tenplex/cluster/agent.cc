@@ -62,7 +62,7 @@ Status Agent::Impl::Authorize(std::string_view name, std::string_view capability
 // Peers read committed tensors only, by store path, with a capability; the probe
 // regions (fixed patterns) with a probe capability (issue 35: they were open to all).
 Result<transport::Region> Agent::Impl::Lookup(std::string_view name, std::string_view capability) {
-  if (name == AgentProber::kScratchRegion) return prober.Scratch(capability);
+  if (name == AgentProber::kScratchRegion) return prober.Scratch(capability, metrics.refusals());
   TP_RETURN_IF_ERROR(Authorize(name, capability));
   TP_ASSIGN_OR_RETURN(std::shared_ptr<const store::TensorRef> ref, maps.Get(std::string(name)));
   return transport::Region{ref->data(), ref->size(), ref};

@@ -70,7 +70,7 @@ std::string AgentMetrics::Text(const transport::Transport& transport, uint64_t p
                  transport::CapabilityRefusal::kExpired, transport::CapabilityRefusal::kScope}) {
     o += "tenplex_fetch_refused_total{reason=\"" +
          std::string(transport::CapabilityRefusalName(r)) + "\"} " +
-         std::to_string(refused_[static_cast<int>(r)].load() + transport.ProbeRefused(r)) + "\n";
+         std::to_string(refused_.Get(r) + transport.ProbeRefused(r)) + "\n";
   }
   return o;
 }

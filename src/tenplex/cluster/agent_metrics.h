@@ -20,7 +20,9 @@ class AgentMetrics {
   void CountPrepare(bool ok, int64_t bytes_fetched, int64_t bytes_local, int64_t bytes_linked,
                     int64_t bytes_fetched_shm, double seconds);
   void CountLocated(uint64_t files) { files_located_ += files; }
-  void CountRefused(transport::CapabilityRefusal why) { ++refused_[static_cast<int>(why)]; }
+  void CountRefused(transport::CapabilityRefusal why) { refused_.Add(why); }
+  // Where checks that are not the agent's own (the scratch region's) count refusals.
+  transport::RefusalCounter* refusals() { return &refused_; }
 
   // The text, with the transport's own counters and the plans reused (PlanCache).
   std::string Text(const transport::Transport& transport, uint64_t plans_reused);
@@ -33,7 +35,7 @@ class AgentMetrics {
   double prepare_seconds_ = 0;                                       // guarded by mu_
   std::atomic<uint64_t> files_located_{0};  // files named to same-host peers
   // Fetches refused for their capability, by transport::CapabilityRefusal.
-  std::atomic<uint64_t> refused_[5] = {0, 0, 0, 0, 0};
+  transport::RefusalCounter refused_;
 };
 
 }  // namespace tenplex::transform

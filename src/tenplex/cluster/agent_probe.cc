@@ -20,8 +20,9 @@ namespace tenplex::transform {
 
 using nlohmann::json;
 
-Result<transport::Region> AgentProber::Scratch(std::string_view capability) {
-  TP_RETURN_IF_ERROR(transport::CheckProbeCapability(capability_key_, capability));
+Result<transport::Region> AgentProber::Scratch(std::string_view capability,
+                                               transport::RefusalCounter* refused) {
+  TP_RETURN_IF_ERROR(transport::CheckProbeCapability(capability_key_, capability, refused));
   std::lock_guard<std::mutex> lock(mu_);
   if (!scratch_)
     return NotFound("this daemon has no probe scratch region yet (it makes one when probed)");

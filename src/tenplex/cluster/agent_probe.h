@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "tenplex/store/store.h"
+#include "tenplex/transport/capability.h"
 #include "tenplex/transport/transport.h"
 #include "tenplex/util/status.h"
 
@@ -33,8 +34,10 @@ class AgentProber {
   void set_transport(transport::Transport* t) { transport_ = t; }
 
   // The scratch region for a peer's probe (a probe capability, as the transport's
-  // probe region); NotFound until this daemon was probed itself.
-  Result<transport::Region> Scratch(std::string_view capability);
+  // probe region; a refusal is counted in `refused` by reason); NotFound until this
+  // daemon was probed itself.
+  Result<transport::Region> Scratch(std::string_view capability,
+                                    transport::RefusalCounter* refused);
   // Drops the scratch region (and its reservation) until the next probe makes it again:
   // 512 MiB a daemon, which a transform on a full machine needs (8 daemons of one
   // machine kept 4 GiB of it). A fetch in flight keeps its region alive (Region's owner).

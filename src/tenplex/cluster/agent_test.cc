@@ -9,6 +9,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "tenplex/cluster/agent_probe.h"
 #include "tenplex/store/parse.h"
 #include "tenplex/transport/capability.h"
 
@@ -116,6 +117,23 @@ TEST_P(AgentCapabilityTest, FetchesNeedAValidCapability) {
             StatusCode::kPermissionDenied);
   ASSERT_TRUE(read_probe(transport::MintProbeCapability("the-token")).ok());
   EXPECT_EQ(probe[5], transport::ProbeByte(5));
+  // The agent's scratch region (agent_probe.h) is checked the same way, before it is
+  // looked for, and its refusals are counted by reason (they were not).
+  auto read_scratch = [&](const std::string& capability) {
+    return client_->Fetch(
+        peer_, {{std::string(AgentProber::kScratchRegion), {{0, 64, probe.data()}}, capability}});
+  };
+  for (const Case& c :
+       std::vector<Case>{{"none", "", "missing"},
+                         {"a job's", good, "scope"},
+                         {"another key's", transport::MintProbeCapability("a-guess"), "wrong"}}) {
+    const std::string before = agent->metrics();
+    EXPECT_EQ(read_scratch(c.capability).code(), StatusCode::kPermissionDenied) << c.what;
+    EXPECT_EQ(Counter(agent->metrics(), c.reason), Counter(before, c.reason) + 1) << c.what;
+  }
+  // Admitted, it is not there until this daemon was probed itself.
+  EXPECT_EQ(read_scratch(transport::MintProbeCapability("the-token")).code(),
+            StatusCode::kNotFound);
   // Once this daemon committed the transform's new version, its capability is dead.
   ASSERT_TRUE(st->BeginVersion("j", 2).ok());
   ASSERT_TRUE(st->Commit("j", 2, /*keep_old=*/true).ok());
