@@ -14,6 +14,7 @@
 
 #include "tenplex/cli/command.h"
 #include "tenplex/cluster/cluster.h"
+#include "tenplex/io/state_info.h"
 #include "tenplex/store/client.h"
 #include "tenplex/util/format.h"
 
@@ -66,13 +67,18 @@ Result<std::vector<Host>> Connect(const AdminOpts& o) {
   return hosts;
 }
 
+// The fields of a version's info that `store ls` shows (InfoFields' keys).
+constexpr const char* kInfoColumns[] = {"config", "step", "samples_consumed"};
+
+// Those fields, read by the info's typed owner; none when the info is not a version
+// info (empty, or written by something other than tenplex), "-" in the table.
 json InfoFields(const std::string& info_text) {
-  json info = json::parse(info_text, nullptr, false);
   json out = json::object();
-  if (!info.is_object()) return out;
-  for (const char* k : {"config", "step", "samples_consumed"}) {
-    if (info.contains(k)) out[k] = info[k];
-  }
+  Result<io::StateInfo> info = io::StateInfo::Parse(info_text, io::StateInfo::ModelRequired::kNo);
+  if (!info.ok()) return out;
+  out["config"] = info->config().ToString();
+  if (info->step()) out["step"] = *info->step();
+  if (info->samples_consumed()) out["samples_consumed"] = *info->samples_consumed();
   return out;
 }
 
@@ -154,7 +160,7 @@ Status List(const AdminOpts& o) {
       for (const json& v : j["versions"]) {
         if (!j["current"].is_number() || v["version"] != j["current"]) continue;
         row["bytes"] = v["bytes"];
-        for (const char* k : {"config", "step", "samples_consumed"}) {
+        for (const char* k : kInfoColumns) {
           if (v.contains(k)) row[k] = v[k];
         }
       }

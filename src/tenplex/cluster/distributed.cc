@@ -162,7 +162,7 @@ Result<Round> PlanRound(const HostSet& hs, const Cluster& target, const Parallel
                         ClusterTransformStats& stats) {
   Round round;
   round.from_version = cs.version;
-  round.info = json::parse(cs.info_text);
+  round.info = cs.info.AsJson();
   round.to_config = to;
   round.from_hosts = cs.rank_hosts;
   TP_ASSIGN_OR_RETURN(stats.new_hosts, PlaceRanks(hs, target, to, to_layout.world_size(),
