@@ -42,6 +42,7 @@ told its workers the world (wherever their rendezvous is by then).
 """
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -404,6 +405,9 @@ def main():
             left = [p for p in procs_naming(tmp) if alive(p) and p != os.getpid()]
             for p in left:
                 os.kill(p, signal.SIGKILL)
+        keep = os.environ.get("MEMBERSHIP_KEEP")  # a directory: the run's logs are copied there
+        if keep:
+            shutil.copytree(tmp, keep, dirs_exist_ok=True, ignore=shutil.ignore_patterns("etcd*", "store*", "daemon*"))
         check(not left, f"no process of the test left behind: {left}")
         check.finish()
 

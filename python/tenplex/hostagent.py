@@ -125,6 +125,10 @@ class Agent:
                 },
             )
             env[mb.ENV_ABORT_WAIT] = str(3 * self.args.ttl + self.args.settle + 10)
+            # UCX's memory hooks patch code at each load of UCX (0.4 s of system time per
+            # process: every `tenplex transform` of a restore); relocation patching keeps the
+            # same memory events at 0.01 s (docs/transport.md, "Which UCX"), as node.sh does
+            env.setdefault("UCX_MEM_MMAP_HOOK_MODE", "reloc")
             self.workers.append(
                 subprocess.Popen([sys.executable, *self.args.command], env=env, preexec_fn=_die_with_parent)
             )

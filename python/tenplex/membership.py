@@ -381,7 +381,10 @@ class Quorum:
             return (None, 0.0)
         now = time.monotonic()
         w.refused = sorted(dead & set(w.lost))
-        if not dead:  # (a proven death needs no settling)
+        # A proven death needs no settling, nor a planned leave (the leaving hosts marked
+        # themselves; no host joins or is lost): the settle only batches hosts still registering.
+        planned = prev is not None and not w.lost and set(w.hosts) <= set(prev.hosts)
+        if not dead and not planned:
             if candidate[0] != w.hosts:
                 return (w.hosts, now)
             if now - candidate[1] < self.settle:
