@@ -90,6 +90,30 @@ Status Recover(const TransformOpts& o, const transform::Cluster& cluster) {
   return Status::Ok();
 }
 
+// The participants of the last round as `--json` lists them ("hosts"): each one's
+// prepare reply's bytes and phases.
+nlohmann::json HostsJson(const transform::ClusterTransformStats& s) {
+  nlohmann::json hosts = nlohmann::json::array();
+  for (const transform::HostTransformReport& h : s.hosts) {
+    const transform::PrepareReply& p = h.prepare;
+    hosts.push_back({{"url", h.url},
+                     {"ranks", h.ranks},
+                     {"bytes_kept", p.bytes_kept},
+                     {"bytes_linked", p.bytes_linked},
+                     {"bytes_local", p.bytes_local},
+                     {"bytes_fetched", p.bytes_fetched},
+                     {"bytes_fetched_shm", p.bytes_fetched_shm},
+                     {"seconds", p.seconds},
+                     {"plan_seconds", p.plan_seconds},
+                     {"warm_seconds", p.warm_seconds},
+                     {"alloc_seconds", p.alloc_seconds},
+                     {"local_seconds", p.local_seconds},
+                     {"fetch_seconds", p.fetch_seconds},
+                     {"seal_seconds", p.seal_seconds}});
+  }
+  return hosts;
+}
+
 Status Transform(const TransformOpts& o) {
   TP_ASSIGN_OR_RETURN(transform::Cluster cluster, transform::ReadClusterFile(o.cluster));
   if (o.presize && (o.central || o.recover))
@@ -136,23 +160,6 @@ Status Transform(const TransformOpts& o) {
     std::printf("%s\n", transform::ClusterTransformSummary(s).c_str());
     return Status::Ok();
   }
-  nlohmann::json hosts = nlohmann::json::array();
-  for (const transform::HostTransformReport& h : s.hosts) {
-    hosts.push_back({{"url", h.url},
-                     {"ranks", h.ranks},
-                     {"bytes_kept", h.bytes_kept},
-                     {"bytes_linked", h.bytes_linked},
-                     {"bytes_local", h.bytes_local},
-                     {"bytes_fetched", h.bytes_fetched},
-                     {"bytes_fetched_shm", h.bytes_fetched_shm},
-                     {"seconds", h.seconds},
-                     {"plan_seconds", h.plan_seconds},
-                     {"warm_seconds", h.warm_seconds},
-                     {"alloc_seconds", h.alloc_seconds},
-                     {"local_seconds", h.local_seconds},
-                     {"fetch_seconds", h.fetch_seconds},
-                     {"seal_seconds", h.seal_seconds}});
-  }
   nlohmann::json j = {{"from_version", s.from_version},
                       {"to_version", s.to_version},
                       {"from", s.from_config},
@@ -179,7 +186,7 @@ Status Transform(const TransformOpts& o) {
                         {"hosts", s.all_hosts},
                         {"host_send_bytes", s.plan.host_send_bytes},
                         {"host_recv_bytes", s.plan.host_recv_bytes}}},
-                      {"hosts", hosts}};
+                      {"hosts", HostsJson(s)}};
   std::printf("%s\n", j.dump(2).c_str());
   return Status::Ok();
 }

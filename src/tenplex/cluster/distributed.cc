@@ -399,11 +399,12 @@ Result<ClusterTransformStats> TransformCluster(const Cluster& from, const std::s
 std::string ClusterTransformSummary(const ClusterTransformStats& s) {
   int64_t kept = 0, linked = 0, local = 0, fetched = 0, busiest = 0;
   for (const HostTransformReport& h : s.hosts) {
-    kept += h.bytes_kept;
-    linked += h.bytes_linked;
-    local += h.bytes_local;
-    fetched += h.bytes_fetched;
-    busiest = std::max(busiest, h.bytes_fetched);
+    const PrepareReply& p = h.prepare;
+    kept += p.bytes_kept;
+    linked += p.bytes_linked;
+    local += p.bytes_local;
+    fetched += p.bytes_fetched;
+    busiest = std::max(busiest, p.bytes_fetched);
   }
   const double total = static_cast<double>(kept + linked + local + fetched);
   char buf[512];

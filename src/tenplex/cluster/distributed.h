@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "tenplex/cluster/cluster.h"
+#include "tenplex/cluster/control_replies.h"
 #include "tenplex/plan/planner.h"
 #include "tenplex/ptc/config.h"
 #include "tenplex/store/client.h"
@@ -90,16 +91,12 @@ struct HostPresizeReport {
   double seconds = 0;
 };
 
+// A participant of the last round: its prepare's reply (bytes by how they came, the
+// phases' seconds: control_replies.h) and where it is.
 struct HostTransformReport {
   std::string url;
   int ranks = 0;  // new ranks placed on it
-  int64_t bytes_kept = 0, bytes_linked = 0, bytes_local = 0, bytes_fetched = 0;
-  int64_t bytes_fetched_shm = 0;  // the part of bytes_fetched read from same-host peers' files
-  double seconds = 0, fetch_seconds = 0, local_seconds = 0, alloc_seconds = 0;
-  double plan_seconds = 0;  // the host's own plan (the prepare's first phase)
-  // Before the allocation: pre-faulting what peers fetch over the transport and mapping
-  // the sources; after the copies: checksums of the new tensors, manifest and marker.
-  double warm_seconds = 0, seal_seconds = 0;
+  PrepareReply prepare;
 };
 
 struct ClusterTransformStats {

@@ -46,26 +46,6 @@ uint64_t PreparedBytes(const std::string& reply) {
   return n;
 }
 
-// A participant's report from its prepare reply.
-HostTransformReport HostReport(const std::string& url, int ranks, const PrepareReply& p) {
-  HostTransformReport rep;
-  rep.url = url;
-  rep.ranks = ranks;
-  rep.bytes_kept = p.bytes_kept;
-  rep.bytes_linked = p.bytes_linked;
-  rep.bytes_local = p.bytes_local;
-  rep.bytes_fetched = p.bytes_fetched;
-  rep.bytes_fetched_shm = p.bytes_fetched_shm;
-  rep.seconds = p.seconds;
-  rep.fetch_seconds = p.fetch_seconds;
-  rep.local_seconds = p.local_seconds;
-  rep.alloc_seconds = p.alloc_seconds;
-  rep.plan_seconds = p.plan_seconds;
-  rep.warm_seconds = p.warm_seconds;
-  rep.seal_seconds = p.seal_seconds;
-  return rep;
-}
-
 // Phase one on every participant, all at once, each on a connection of its own (a
 // prepare may take long) while the coordinator watches them: a participant whose
 // /v1/health does not answer for options.silent_s (stopped, hung, its machine gone)
@@ -264,7 +244,7 @@ RoundResult RunRound(std::vector<Host>& hosts, const std::string& job, const Rou
     }
     const int ranks =
         static_cast<int>(std::count(r.to_hosts.begin(), r.to_hosts.end(), participants[i]));
-    out.hosts.push_back(HostReport(h.url, ranks, *p));
+    out.hosts.push_back({h.url, ranks, *p});
     // Its incarnation of the job, which it may have just created: the next round (the
     // central strategy's) fetches from it.
     if (!p->incarnation.empty()) h.incarnation = p->incarnation;

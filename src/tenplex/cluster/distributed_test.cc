@@ -61,7 +61,8 @@ TEST_F(DistributedTest, SameHostReadsAndTheDataPlaneGiveTheSameState) {
     ASSERT_TRUE(s.ok()) << to << ": " << s.status().ToString();
     Verify(*s, to, 2);
     int64_t fetched = 0, shm = 0;
-    for (const HostTransformReport& r : s->hosts) {
+    for (const HostTransformReport& h : s->hosts) {
+      const PrepareReply& r = h.prepare;
       fetched += r.bytes_fetched;
       shm += r.bytes_fetched_shm;
       // The phases are parts of the host's time, one after another (local copies
@@ -69,9 +70,9 @@ TEST_F(DistributedTest, SameHostReadsAndTheDataPlaneGiveTheSameState) {
       EXPECT_LE(
           r.plan_seconds + r.warm_seconds + r.alloc_seconds + r.fetch_seconds + r.seal_seconds,
           r.seconds + 1e-3)
-          << r.url;
-      if (r.ranks > 0) {
-        EXPECT_GT(r.seal_seconds, 0) << r.url;
+          << h.url;
+      if (h.ranks > 0) {
+        EXPECT_GT(r.seal_seconds, 0) << h.url;
       }
     }
     EXPECT_GT(fetched, 0) << to;
@@ -100,7 +101,7 @@ TEST_F(DistributedTest, UnchangedTensorsAreLinkedNotCopied) {
       TransformCluster(c, "j", *ParseConfig("tp=2,pp=2,dp=2,zero=1"), {});
   ASSERT_TRUE(s.ok()) << s.status().ToString();
   int64_t linked = 0;
-  for (const HostTransformReport& h : s->hosts) linked += h.bytes_linked;
+  for (const HostTransformReport& h : s->hosts) linked += h.prepare.bytes_linked;
   // A new rank with the (tp, pp) coordinates of the old rank of the same number (the
   // same device) keeps its parameters; optimizer state is resharded (zero=1).
   Layout from = *MakeLayout(model_, *ParseConfig("tp=2,pp=2"));

@@ -153,7 +153,7 @@ class HostsFixture : public ::testing::Test {
           << s.new_hosts[h];
     }
     int64_t fetched = 0;
-    for (const HostTransformReport& r : s.hosts) fetched += r.bytes_fetched;
+    for (const HostTransformReport& r : s.hosts) fetched += r.prepare.bytes_fetched;
     EXPECT_EQ(fetched, s.plan.bytes_cross_host);
     EXPECT_EQ(s.plan.bytes_cross_host, s.plan.cross_host_lower_bound);
   }

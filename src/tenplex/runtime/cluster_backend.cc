@@ -225,8 +225,8 @@ class ClusterBackend : public StateBackend {
       m.presize_error = ahead->error;
     }
     for (const transform::HostTransformReport& h : ts.hosts) {
-      m.bytes_moved += h.bytes_kept + h.bytes_local + h.bytes_fetched;
-      m.bytes_cross_host += h.bytes_fetched;
+      m.bytes_moved += h.prepare.bytes_kept + h.prepare.bytes_local + h.prepare.bytes_fetched;
+      m.bytes_cross_host += h.prepare.bytes_fetched;
     }
     m.cross_host_lower_bound = ts.plan.cross_host_lower_bound;
     return m;
