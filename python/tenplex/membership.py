@@ -381,10 +381,12 @@ class Quorum:
             return (None, 0.0)
         now = time.monotonic()
         w.refused = sorted(dead & set(w.lost))
-        # A proven death needs no settling, nor a planned leave (the leaving hosts marked
-        # themselves; no host joins or is lost): the settle only batches hosts still registering.
+        # The settle only batches hosts still registering: a proven death needs none, nor a
+        # planned leave (the leaving hosts marked themselves; no host joins or is lost), nor
+        # a world of max_hosts without a loss (no further host could come into it).
         planned = prev is not None and not w.lost and set(w.hosts) <= set(prev.hosts)
-        if not dead and not planned:
+        full = not w.lost and len(w.hosts) == self.max_hosts
+        if not dead and not planned and not full:
             if candidate[0] != w.hosts:
                 return (w.hosts, now)
             if now - candidate[1] < self.settle:
