@@ -179,6 +179,10 @@ Result<std::string> Agent::Handle(const std::string& method, const std::string& 
     if (method != "POST") return InvalidArgument(method + " is not allowed on " + path);
     return impl_->Presize(body);
   }
+  if (path == "/v1/transform/warm") {
+    if (method != "POST") return InvalidArgument(method + " is not allowed on " + path);
+    return impl_->Warm(body);
+  }
   if (path == "/v1/transform/probe") {
     if (method != "POST") return InvalidArgument(method + " is not allowed on " + path);
     return impl_->prober.Probe(body);

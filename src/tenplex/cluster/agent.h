@@ -30,8 +30,13 @@
 //                                "wanted_bytes", "poolable_bytes" (those not too small
 //                                to pool), "pooled_bytes" (the job's pool now),
 //                                "pool_limit", "seconds"}
-// The replies of address, prepare, probe and presize are the typed structs of
-// control_replies.h (AddressReply, PrepareReply, ProbeReply, PresizeReply), which
+//   POST /v1/transform/warm      the body of a prepare, to a host that holds old ranks
+//                                but gets no new ones: maps and pre-faults the old
+//                                tensors its peers will fetch ("served"), as a
+//                                prepare does; writes nothing; {"host", "tensors",
+//                                "seconds"}
+// The replies of address, prepare, probe, presize and warm are the typed structs of
+// control_replies.h (AddressReply, PrepareReply, ProbeReply, PresizeReply, WarmReply), which
 // encode them here and decode them in the coordinator.
 // Phase two uses the store's own endpoints: .../versions/<v>/commit or /abort, and
 // .../versions/<v>/close on the hosts that did not commit v (cluster/revocation.h).

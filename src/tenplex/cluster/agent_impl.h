@@ -43,7 +43,7 @@ struct Agent::Impl {
   Impl(store::Store& s, AgentOptions o);
   ~Impl();
 
-  std::string MetricsText() { return metrics.Text(*transport, plans.reused()); }
+  std::string MetricsText() { return metrics.Text(*transport, plans.reused(), maps); }
 
   // The capability of this host's fetches from host `peer` in the transform r: for the
   // peer's incarnation of the job, as the coordinator learned it.
@@ -55,12 +55,14 @@ struct Agent::Impl {
 
   Result<std::string> Prepare(const std::string& body, const std::string& coordinator);
   Result<std::string> Presize(const std::string& body);
+  Result<std::string> Warm(const std::string& body);
   Result<std::string> Locate(const std::string& body);
   std::string AddressReply(const std::string& job = "");
 
  private:
   // Prepare's parts (agent_prepare.cc).
-  void WarmServed(const PrepareRequest& r, const Layout& from);
+  // The number of tensors warmed.
+  std::size_t WarmServed(const PrepareRequest& r, const Layout& from);
   HostExecInput ExecInput(const PrepareRequest& r, const plan::Plan& p, const Layout& from,
                           const Layout& to, const MappedSources& src, const MappedDests& dst,
                           const std::set<std::pair<int, int>>& linked,

@@ -38,10 +38,16 @@ Result<std::shared_ptr<const store::TensorRef>> ServedMaps::Get(const std::strin
     auto it = cache_.find(path);
     if (it != cache_.end() && it->second->info().file == meta.file) return it->second;
   }
-  return Warm(path);
+  ++on_fetch_;
+  return MapAndCache(path);
 }
 
 Result<std::shared_ptr<const store::TensorRef>> ServedMaps::Warm(const std::string& path) {
+  ++ahead_;
+  return MapAndCache(path);
+}
+
+Result<std::shared_ptr<const store::TensorRef>> ServedMaps::MapAndCache(const std::string& path) {
   TP_ASSIGN_OR_RETURN(store::TensorRef ref, store_.Get(path));
   if (!ref.info().committed) return NotFound(path + " is not committed");
   ref.Prefault();

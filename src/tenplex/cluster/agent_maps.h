@@ -14,6 +14,7 @@
 // Thread-safety: every method may be called from any thread.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -35,9 +36,11 @@ class ServedMaps {
   ServedMaps& operator=(const ServedMaps&) = delete;
 
   // The committed tensor `path`: its cached map if it is still the store's file, else
-  // mapped, pre-faulted and cached now. NotFound if it is not committed.
+  // mapped, pre-faulted and cached now (counted in prefaulted_on_fetch: a prepare that
+  // warmed what peers read leaves none). NotFound if it is not committed.
   Result<std::shared_ptr<const store::TensorRef>> Get(const std::string& path);
-  // Maps, pre-faults and caches the committed tensor `path` (replacing an entry).
+  // Maps, pre-faults and caches the committed tensor `path` (replacing an entry), ahead
+  // of the fetches (counted in prefaulted_ahead).
   Result<std::shared_ptr<const store::TensorRef>> Warm(const std::string& path);
   // Holds a reference to the committed tensor `path` (file `file`) in the cache, so that
   // while it is cached the store's page pool never recycles the file under a same-host
@@ -49,12 +52,18 @@ class ServedMaps {
   // reaper unmaps them.
   void Purge(const std::string* job = nullptr);
 
+  // Tensors mapped and pre-faulted by Warm, and by Get on a fetch that found no map.
+  uint64_t prefaulted_ahead() const { return ahead_.load(); }
+  uint64_t prefaulted_on_fetch() const { return on_fetch_.load(); }
+
  private:
   void ReapLoop();
+  Result<std::shared_ptr<const store::TensorRef>> MapAndCache(const std::string& path);
 
   store::Store& store_;
   std::mutex mu_;
   std::unordered_map<std::string, std::shared_ptr<const store::TensorRef>> cache_;  // mu_
+  std::atomic<uint64_t> ahead_{0}, on_fetch_{0};
 
   std::mutex reap_mu_;
   std::condition_variable reap_cv_;

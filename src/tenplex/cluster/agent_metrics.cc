@@ -19,7 +19,8 @@ void AgentMetrics::CountPrepare(bool ok, int64_t bytes_fetched, int64_t bytes_lo
   prepare_seconds_ += seconds;
 }
 
-std::string AgentMetrics::Text(const transport::Transport& transport, uint64_t plans_reused) {
+std::string AgentMetrics::Text(const transport::Transport& transport, uint64_t plans_reused,
+                               const ServedMaps& maps) {
   std::lock_guard<std::mutex> lock(mu_);
   auto num = [](double v) {
     char b[64];
@@ -72,6 +73,13 @@ std::string AgentMetrics::Text(const transport::Transport& transport, uint64_t p
          std::string(transport::CapabilityRefusalName(r)) + "\"} " +
          std::to_string(refused_.Get(r) + transport.ProbeRefused(r)) + "\n";
   }
+  o += "# HELP tenplex_served_maps_prefaulted_total Old tensors mapped and pre-faulted for "
+       "peers' fetches: at the prepare (those the coordinator says peers read) or at a fetch "
+       "that found no map.\n# TYPE tenplex_served_maps_prefaulted_total counter\n"
+       "tenplex_served_maps_prefaulted_total{when=\"prepare\"} " +
+       std::to_string(maps.prefaulted_ahead()) +
+       "\ntenplex_served_maps_prefaulted_total{when=\"fetch\"} " +
+       std::to_string(maps.prefaulted_on_fetch()) + "\n";
   return o;
 }
 

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <string>
 
+#include "tenplex/cluster/agent_maps.h"
 #include "tenplex/transport/capability.h"
 #include "tenplex/transport/transport.h"
 
@@ -24,8 +25,10 @@ class AgentMetrics {
   // Where checks that are not the agent's own (the scratch region's) count refusals.
   transport::RefusalCounter* refusals() { return &refused_; }
 
-  // The text, with the transport's own counters and the plans reused (PlanCache).
-  std::string Text(const transport::Transport& transport, uint64_t plans_reused);
+  // The text, with the transport's own counters, the plans reused (PlanCache) and the
+  // served tensors pre-faulted (ServedMaps).
+  std::string Text(const transport::Transport& transport, uint64_t plans_reused,
+                   const ServedMaps& maps);
 
  private:
   std::mutex mu_;

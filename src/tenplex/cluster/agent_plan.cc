@@ -20,7 +20,8 @@ std::string PlanKey(const DecodedPrepare& d) {
   return key;
 }
 
-// InvalidArgument unless every "served" entry names a local tensor of its old rank.
+}  // namespace
+
 Status CheckServed(const PrepareRequest& r, const Layout& from) {
   for (const ServedTensor& s : r.served) {
     if (static_cast<std::size_t>(s.tensor) >= from.ranks.at(s.rank).tensors->size()) {
@@ -30,8 +31,6 @@ Status CheckServed(const PrepareRequest& r, const Layout& from) {
   }
   return Status::Ok();
 }
-
-}  // namespace
 
 Result<plan::Plan> CoordinatorsHostPlan(const Model& model, const PrepareRequest& r,
                                         const Layout& from, const Layout& to) {

@@ -41,6 +41,10 @@ struct PlannedRequest {
   std::shared_ptr<const PlanCore> core;
 };
 
+// InvalidArgument unless every "served" entry of r names a local tensor of its old rank
+// in `from`.
+Status CheckServed(const PrepareRequest& r, const Layout& from);
+
 // This host's part of the plan of r, which must have the coordinator's digest
 // (FailedPrecondition otherwise).
 Result<plan::Plan> CoordinatorsHostPlan(const Model& model, const PrepareRequest& r,

@@ -67,7 +67,7 @@ std::string EncodeReply(uint64_t v, int host, const HostExecStats& ex, int64_t b
 // same-host reads and it is a daemon of this machine that we see, as it sees us): it
 // preads the files, so mapping and touching them here would only take CPU from its
 // copies.
-void Agent::Impl::WarmServed(const PrepareRequest& r, const Layout& from) {
+std::size_t Agent::Impl::WarmServed(const PrepareRequest& r, const Layout& from) {
   maps.Purge();
   // reads_files[h]: host h reads our files (both sides offered, each sees the other).
   std::vector<bool> reads_files(r.local_peers.size(), false);
@@ -86,6 +86,7 @@ void Agent::Impl::WarmServed(const PrepareRequest& r, const Layout& from) {
     (void)maps.Warm(store::TensorPathOf(r.job, r.from_version, warm[i].first,
                                         (*from.ranks[warm[i].first].tensors)[warm[i].second].name));
   });
+  return warm.size();
 }
 
 // What ExecuteHostPart needs for this host's part of r (p: MakeHostPlan's); it points
@@ -249,6 +250,22 @@ Result<std::string> Agent::Impl::Presize(const std::string& body) {
   reply.pool_limit = store.page_pool_limit();
   reply.seconds = SecondsSince(t0);
   return EncodePresizeReply(reply);
+}
+
+// A host that holds old ranks but gets no new ones only serves the transform, so it is
+// sent no prepare: the coordinator sends it the same body here, and it maps and
+// pre-faults what its peers will fetch from it as a prepare would (WarmServed). It
+// writes nothing and plans nothing: the old layout comes from the request's info.
+Result<std::string> Agent::Impl::Warm(const std::string& body) {
+  const auto t0 = std::chrono::steady_clock::now();
+  TP_ASSIGN_OR_RETURN(DecodedPrepare d, DecodePrepare(body));
+  TP_ASSIGN_OR_RETURN(Layout from, MakeLayout(d.from.model(), d.from.config()));
+  TP_RETURN_IF_ERROR(CheckServed(d.request, from));
+  WarmReply reply;
+  reply.host = d.request.host;
+  reply.tensors = static_cast<int64_t>(WarmServed(d.request, from));
+  reply.seconds = SecondsSince(t0);
+  return EncodeWarmReply(reply);
 }
 
 }  // namespace tenplex::transform

@@ -10,6 +10,7 @@
 #include <numeric>
 
 #include "tenplex/cluster/agent_probe.h"
+#include "tenplex/cluster/test_hosts.h"
 #include "tenplex/store/parse.h"
 #include "tenplex/transport/capability.h"
 
@@ -17,10 +18,7 @@ namespace tenplex::transform {
 namespace {
 
 uint64_t Counter(const std::string& metrics, const std::string& reason) {
-  const std::string key = "tenplex_fetch_refused_total{reason=\"" + reason + "\"} ";
-  const std::size_t at = metrics.find(key);
-  if (at == std::string::npos) return ~uint64_t{0};
-  return std::stoull(metrics.substr(at + key.size()));
+  return test_hosts::MetricValue(metrics, "tenplex_fetch_refused_total{reason=\"" + reason + "\"}");
 }
 
 // A store with version 1 of job j (tensor `path_`) and an agent serving it under the key

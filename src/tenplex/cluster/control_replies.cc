@@ -155,6 +155,13 @@ void PresizeFields(V& v, R& r) {
 }
 
 template <class V, class R>
+void WarmFields(V& v, R& r) {
+  v.Index("host", r.host);
+  v.Count("tensors", r.tensors);
+  v.Seconds("seconds", r.seconds);
+}
+
+template <class V, class R>
 void ProbeFields(V& v, R& r) {
   v.Unsigned("bytes", r.bytes);
   v.Gbps("fetch_gbps", r.fetch_gbps);
@@ -212,6 +219,13 @@ std::string EncodePresizeReply(const PresizeReply& r) {
 }
 Result<PresizeReply> DecodePresizeReply(std::string_view body) {
   return Decode<PresizeReply>(body, "presize reply", [](auto& v, auto& x) { PresizeFields(v, x); });
+}
+
+std::string EncodeWarmReply(const WarmReply& r) {
+  return Encode(r, [](auto& v, auto& x) { WarmFields(v, x); });
+}
+Result<WarmReply> DecodeWarmReply(std::string_view body) {
+  return Decode<WarmReply>(body, "warm reply", [](auto& v, auto& x) { WarmFields(v, x); });
 }
 
 std::string EncodeProbeReply(const ProbeReply& r) {

@@ -5,6 +5,7 @@
 //
 //   POST /v1/transform/prepare   PrepareReply
 //   POST /v1/transform/presize   PresizeReply
+//   POST /v1/transform/warm      WarmReply
 //   POST /v1/transform/probe     ProbeReply
 //   GET|POST /v1/transform/address  AddressReply
 //   POST /v1/transform/locate    LocateReply (to a same-host peer, local_peer.h)
@@ -53,6 +54,15 @@ struct PresizeReply {
   bool operator==(const PresizeReply&) const = default;
 };
 
+// The reply to a warm: the old tensors this host mapped and pre-faulted for its peers'
+// fetches, and the seconds it took.
+struct WarmReply {
+  int host = 0;
+  int64_t tensors = 0;
+  double seconds = 0;
+  bool operator==(const WarmReply&) const = default;
+};
+
 // The reply to a bandwidth probe (GB/s of each measurement, agent_probe.h).
 struct ProbeReply {
   uint64_t bytes = 0;
@@ -91,12 +101,14 @@ struct LocateReply {
 
 std::string EncodePrepareReply(const PrepareReply& reply);
 std::string EncodePresizeReply(const PresizeReply& reply);
+std::string EncodeWarmReply(const WarmReply& reply);
 std::string EncodeProbeReply(const ProbeReply& reply);
 std::string EncodeAddressReply(const AddressReply& reply);
 std::string EncodeLocateReply(const LocateReply& reply);
 
 Result<PrepareReply> DecodePrepareReply(std::string_view body);
 Result<PresizeReply> DecodePresizeReply(std::string_view body);
+Result<WarmReply> DecodeWarmReply(std::string_view body);
 Result<ProbeReply> DecodeProbeReply(std::string_view body);
 Result<AddressReply> DecodeAddressReply(std::string_view body);
 Result<LocateReply> DecodeLocateReply(std::string_view body);

@@ -57,6 +57,9 @@ TEST(ControlRepliesTest, EveryReplyRoundTrips) {
   PresizeReply z{3, 12, 1 << 20, 1 << 19, 1 << 18, ~uint64_t{0}, 0.1};
   EXPECT_EQ(*DecodePresizeReply(EncodePresizeReply(z)), z);
 
+  WarmReply m{1 << 30, int64_t{1} << 62, 1.0 / 7};
+  EXPECT_EQ(*DecodeWarmReply(EncodeWarmReply(m)), m);
+
   ProbeReply b{256ull << 20, 3.2, 3.3, 2.9, 1.1, 5.5, 20.25};
   EXPECT_EQ(*DecodeProbeReply(EncodeProbeReply(b)), b);
 
@@ -127,6 +130,11 @@ TEST(ControlRepliesTest, HostileRepliesAreRefusedNamingTheField) {
   auto presize = [](std::string_view b) { return DecodePresizeReply(b); };
   EXPECT_NE(Refusal(presize, R"({"pool_limit": -1})").find("\"pool_limit\""), std::string::npos);
   EXPECT_NE(Refusal(presize, R"({"tensors": {}})").find("\"tensors\""), std::string::npos);
+
+  auto warm = [](std::string_view b) { return DecodeWarmReply(b); };
+  EXPECT_NE(Refusal(warm, R"({"tensors": -3})").find("warm reply: \"tensors\""), std::string::npos);
+  EXPECT_NE(Refusal(warm, R"({"host": -1})").find("\"host\""), std::string::npos);
+  EXPECT_NE(Refusal(warm, R"({"seconds": "soon"})").find("\"seconds\""), std::string::npos);
 
   auto address = [](std::string_view b) { return DecodeAddressReply(b); };
   EXPECT_NE(Refusal(address, R"({"kind": "ucx"})").find("no \"address\""), std::string::npos);

@@ -10,6 +10,7 @@
 
 #include "tenplex/cluster/control_replies.h"
 #include "tenplex/cluster/revocation.h"
+#include "tenplex/cluster/served_warm.h"
 #include "tenplex/cluster/two_phase.h"
 #include "tenplex/util/log.h"
 #include "tenplex/util/thread_pool.h"
@@ -63,7 +64,7 @@ struct PrepareWatch {
 };
 
 void PreparePhase(std::vector<Host>& hosts, const std::vector<int>& participants,
-                  const PrepareRequest& req, const std::vector<HostPart>& parts,
+                  std::shared_ptr<const std::string> shared, const std::vector<HostPart>& parts,
                   const store::ClientOptions& client_options,
                   const ClusterTransformOptions& options, RoundResult& out,
                   std::vector<Result<std::string>>& replies) {
@@ -78,7 +79,6 @@ void PreparePhase(std::vector<Host>& hosts, const std::vector<int>& participants
   long_opts.timeout_s = options.prepare_timeout_s;
   store::ClientOptions short_opts = client_options;
   short_opts.timeout_s = options.silent_s;
-  const auto shared = std::make_shared<const std::string>(EncodeSharedPrepare(req));
   for (std::size_t i = 0; i < n; ++i) {
     std::thread([w, i, shared, host = participants[i], part = parts[participants[i]],
                  url = hosts[participants[i]].url, long_opts] {
@@ -141,6 +141,23 @@ void PreparePhase(std::vector<Host>& hosts, const std::vector<int>& participants
         Unavailable("host(s) " + who + " did not answer for " + std::to_string(options.silent_s) +
                     " s during the prepare (stopped or hung): treated as lost");
   }
+}
+
+// Sends the hosts that only serve this round their warm (served_warm.h), with the
+// prepares' body.
+ServedWarming WarmServers(const std::vector<Host>& hosts, const std::vector<int>& participants,
+                          std::shared_ptr<const std::string> shared,
+                          const std::vector<HostPart>& parts,
+                          const store::ClientOptions& client_options,
+                          const ClusterTransformOptions& options) {
+  std::vector<std::string> urls, addresses;
+  for (const Host& h : hosts) {
+    urls.push_back(h.url);
+    addresses.push_back(h.client ? h.address : "");
+  }
+  store::ClientOptions short_opts = client_options;
+  short_opts.timeout_s = options.silent_s;
+  return ServedWarming::Start(urls, addresses, participants, std::move(shared), parts, short_opts);
 }
 
 // The hosts with new ranks in r, in order.
@@ -226,7 +243,11 @@ RoundResult RunRound(std::vector<Host>& hosts, const std::string& job, const Rou
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<Result<std::string>> replies(participants.size(),
                                            Unavailable("no reply (given up on)"));
-  PreparePhase(hosts, participants, req, r.parts, client_options, options, out, replies);
+  const auto shared = std::make_shared<const std::string>(EncodeSharedPrepare(req));
+  ServedWarming warming =
+      WarmServers(hosts, participants, shared, r.parts, client_options, options);
+  PreparePhase(hosts, participants, shared, r.parts, client_options, options, out, replies);
+  warming.Wait(std::chrono::seconds(1));  // long done: they are quick, the prepares read them
   out.prepare_seconds = Since(t0);
   for (std::size_t i = 0; i < participants.size(); ++i) {
     Host& h = hosts[participants[i]];

@@ -26,6 +26,15 @@ using nlohmann::json;
 
 inline constexpr uint64_t kSeed = 11;
 
+// The value of the Prometheus series `series` (name and labels) in a metrics text;
+// ~0 when the text has none.
+inline uint64_t MetricValue(const std::string& metrics, const std::string& series) {
+  const std::string key = series + " ";
+  const std::size_t at = metrics.find(key);
+  if (at == std::string::npos) return ~uint64_t{0};
+  return std::stoull(metrics.substr(at + key.size()));
+}
+
 struct TestHost {
   std::unique_ptr<store::Store> store;
   std::unique_ptr<store::Server> server;

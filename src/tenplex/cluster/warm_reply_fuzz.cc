@@ -1,0 +1,13 @@
+// libFuzzer target for the control-plane warm reply decoder (control_replies.h), which
+// reads what a daemon's agent answers (reply_fuzzing.h: round trip of accepted input).
+#include <cstddef>
+#include <cstdint>
+
+#include "tenplex/cluster/control_replies.h"
+#include "tenplex/cluster/reply_fuzzing.h"
+
+namespace tt = tenplex::transform;
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  return tt::FuzzReplyRoundTrip(data, size, tt::DecodeWarmReply, tt::EncodeWarmReply);
+}
