@@ -34,6 +34,9 @@ event (the join's registration; the kill or SIGTERM) to the new world's first st
 into detection + quorum (until the leader wrote the world), stop (+ commit) or abort,
 re-join (process group), restore (transform + load) and the first step.
 
+MEMBERSHIP_KEEP=DIR in the environment: the run's logs (the job's, the agents' events, the
+hosts' output) are copied into DIR.
+
 --rendezvous-kill: host 2 is killed while the world it joined forms (rendezvous_kill below):
 the survivors must give up that rendezvous and form the next world within RDZV_BOUND[phase] s.
 =mesh (the default) kills it once its ranks published their gloo addresses (the survivors'

@@ -55,7 +55,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--min-hosts", type=int, default=1)
     ap.add_argument("--max-hosts", type=int, default=1 << 30)
     ap.add_argument("--ttl", type=float, default=10.0, help="seconds a dead host stays in the quorum at most")
-    ap.add_argument("--settle", type=float, default=0.3, help="seconds the live hosts must be stable for a new world")
+    ap.add_argument(
+        "--settle",
+        type=float,
+        default=0.3,
+        help="seconds the live hosts must be stable for a new world (none for a planned leave or a full world)",
+    )
     ap.add_argument("--events", help="append this agent's events (JSON lines: registered, world) to FILE")
     ap.add_argument(
         "--register-after",

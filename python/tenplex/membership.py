@@ -17,7 +17,8 @@ as torchrun's etcd-v2 rendezvous uses it). Under ``/tenplex/<job>/``:
   world             the current world (World.to_json): written by the leader with
                     compare-and-swap on the previous world's modifiedIndex (a stale
                     leader's write fails), once the live hosts were stable for `settle`
-                    seconds and there are at least min_hosts: survivors keep their order,
+                    seconds (none for a proven death, a planned leave or a world of
+                    max_hosts) and there are at least min_hosts: survivors keep their order,
                     new hosts come at the end (in registration order) up to max_hosts,
                     a host marked leaving is left out (planned), a host whose key is gone
                     is `lost` (its workers died with it: the others abort their step).
