@@ -22,14 +22,15 @@ if ! grep -qx 'TENPLEX_FUZZ:BOOL=ON' "$B/CMakeCache.txt" 2>/dev/null; then
   cmake -S . -B "$B" -G Ninja -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTENPLEX_FUZZ=ON -DTENPLEX_BENCH=OFF -DTENPLEX_PYTHON=OFF >/dev/null
 fi
-targets=$(ninja -C "$B" -t targets all | sed -n 's/^\(tenplex_[A-Za-z0-9_]*_fuzz\): .*/\1/p' | sort -u)
+. scripts/ninja_targets.sh
+targets=$(ninja_targets "$B" fuzz)
 if [ -z "$targets" ]; then
   echo "== fuzzing: no *_fuzz.cc targets"
   exit 0
 fi
 ninja -C "$B" $targets
 mkdir -p $B/artifacts
-# fuzz_one TARGET: runs it from its corpus and seeds, prints its summary in one piece
+# fuzz_one TARGET: runs it from its corpus and seeds, writes its summary to $B/TARGET.summary
 # (targets run TENPLEX_FUZZ_JOBS at a time, default the core count), fails on a finding.
 fuzz_one() {
   local t=$1 corpus=$B/corpus/$1 log=$B/$1.log rc
@@ -42,15 +43,20 @@ fuzz_one() {
     -seed="${TENPLEX_FUZZ_SEED:-1}" -runs="${TENPLEX_FUZZ_RUNS:-200000}" -artifact_prefix=$B/artifacts/"$t"- -print_final_stats=1 "$corpus" "${seeds[@]}" >"$log" 2>&1
   rc=$?
   set -e
+  # The summary goes to a file, printed after every job ended: jobs never interleave.
   if [ $rc -ne 0 ]; then
-    { tail -60 "$log"; echo "== fuzz target $t failed (exit $rc); the input is in $B/artifacts/"; } | cat
+    { tail -60 "$log"; echo "== fuzz target $t failed (exit $rc); the input is in $B/artifacts/"; } >"$B/$t.summary"
     return 1
   fi
-  { echo "== fuzzed $t for ${secs}s"; grep -E "^#[0-9]+ +DONE|^stat::number_of_executed_units" "$log" || true; } | cat
+  { echo "== fuzzed $t for ${secs}s"; grep -E "^#[0-9]+ +DONE|^stat::number_of_executed_units" "$log" || true; } >"$B/$t.summary"
 }
 export -f fuzz_one
 export B secs
-printf '%s\n' $targets | xargs -P "${TENPLEX_FUZZ_JOBS:-$(nproc)}" -I{} bash -c 'set -euo pipefail; fuzz_one {}' || {
+for t in $targets; do rm -f "$B/$t.summary"; done
+rc=0
+printf '%s\n' $targets | xargs -P "${TENPLEX_FUZZ_JOBS:-$(nproc)}" -I{} bash -c 'set -euo pipefail; fuzz_one {}' || rc=$?
+for t in $targets; do cat "$B/$t.summary" 2>/dev/null || echo "== fuzz target $t: no summary"; done
+if [ $rc -ne 0 ]; then
   echo "== fuzzing found something (above)"
   exit 1
-}
+fi

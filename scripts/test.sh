@@ -55,7 +55,8 @@ else
 fi
 # Only the unit tests and fuzz targets (with their libraries and the transport's peer
 # process): not the CLI, which no unit test runs (~20% of this build).
-ninja -C $SAN $(ninja -C $SAN -t targets all | sed -n 's/^\(tenplex_[A-Za-z0-9_]*_\(test\|fuzz\)\): phony$/\1/p' | sort -u)
+. scripts/ninja_targets.sh
+ninja -C $SAN $(ninja_targets $SAN 'test\|fuzz')
 stage "sanitized build (unit tests, fuzz targets) built"
 # Not the reloc hook mode here: its patched relocations fight ASan's interceptors (the UCX
 # tests abort under ASan with it, pass with UCX's default).
