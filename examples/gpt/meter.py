@@ -22,6 +22,7 @@ the slow ranks); on a lent GPU a real slower device needs no emulation.
 
 import contextlib
 import time
+from collections.abc import Callable
 
 
 def parse_slowdown(specs):
@@ -49,6 +50,11 @@ class Meter:
         self.waited = 0.0  # this step's time inside communication calls
         self._mark = time.perf_counter()
         self._depth = 0
+        # Called before each outermost communication call: raises to keep the rank out of
+        # a collective its world can no longer finish (train.py: the runner's abort, whose
+        # watcher has shut this process's connections; a gloo collective entered on them
+        # can hang instead of failing).
+        self.before_comm: Callable[[], None] | None = None
 
     def start_step(self):
         self.compute = self.waited = 0.0
@@ -68,6 +74,8 @@ class Meter:
     def comm(self):
         """Wraps one communication call: time inside it is waiting, not compute."""
         if self._depth == 0:
+            if self.before_comm is not None:
+                self.before_comm()
             self._close_stretch()
         self._depth += 1
         t0 = time.perf_counter()

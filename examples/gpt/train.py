@@ -392,6 +392,14 @@ def fail(msg):
     sys.exit(2)
 
 
+def raise_if_aborted():
+    """Before a collective: a warm worker whose segment the runner aborted (a peer
+    failed) stops here instead of entering the collective on the connections its
+    watcher has shut (warm.py), where gloo could wait forever."""
+    if warm.ABORT.is_set():
+        raise warm.Aborted("the runner aborted the segment (before a collective)")
+
+
 def or_fail(rank, fn, arg):
     """Runs fn(arg); bad state (missing or mis-shaped tensors, wrong config) exits 2."""
     try:
@@ -466,6 +474,7 @@ def run_segment(args, control=None):
         if slowdown and max(slowdown) >= args.world_size:
             raise ValueError(f"--slowdown rank {max(slowdown)} is not a rank of world size {args.world_size}")
         meter.METER.factor = slowdown.get(args.world_rank, 1.0)
+        meter.METER.before_comm = raise_if_aborted
         # (The emulated sleep is not cut short by a warm abort: a rank woken so entered its
         # next collective on the connections its watcher had broken, and hung there;
         # a rebalance's stop is now agreed at a step boundary instead, docs/hetero.md.)
