@@ -216,7 +216,13 @@ class RecordingLauncher : public ProcessLauncher {
     pids.push_back(pid);
     return pid;
   }
-  void Kill(pid_t pid) override { real_->Kill(pid); }
+  void Kill(pid_t pid) override {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      killed.push_back(pid);
+    }
+    real_->Kill(pid);
+  }
   std::optional<int> TryWait(pid_t pid) override {
     std::optional<int> s = real_->TryWait(pid);
     std::lock_guard<std::mutex> l(mu_);
@@ -253,6 +259,7 @@ class RecordingLauncher : public ProcessLauncher {
   int fail_spawn = -1;
   std::vector<std::vector<std::string>> argvs;
   std::vector<pid_t> pids;
+  std::vector<pid_t> killed;  // every Kill, in order
   std::set<pid_t> reaped;
 
  private:

@@ -66,9 +66,14 @@ class RecordingBackend : public StateBackend {
 // "pid"} and writes each .result; the others wait for it, train.py's barrier), then,
 // with --warm-control P: P<n>.parked, wait for P<n>.json, exit on {"exit": true} or
 // run the next segment with its arguments. While it waits for a step or a barrier,
-// P<n>.abort (a peer failed) parks it at once.
+// P<n>.abort (a peer failed) parks it at once (but the rank $TENPLEX_TEST_STUCK_RANK).
 constexpr char kWarmWorker[] = R"SH(
 n=1
+# A rank named by TENPLEX_TEST_STUCK_RANK never sees an abort (as one stuck in a
+# collective on its broken connections would not).
+aborted() {
+  [ -n "$ctl" ] && [ -f "$ctl$n.abort" ] && [ "$rank" != "${TENPLEX_TEST_STUCK_RANK:--1}" ]
+}
 segment() {
   rank=0; start=0; steps=0; log=; out=; cfg=; in=; ctl=
   while [ $# -gt 0 ]; do
@@ -92,7 +97,7 @@ segment() {
   step=$start; end=$((start + steps))
   while [ $step -lt $end ]; do
     for _ in 1 2 3 4 5 6 7 8 9 10; do
-      if [ -n "$ctl" ] && [ -f "$ctl$n.abort" ]; then return 1; fi
+      if aborted; then return 1; fi
       sleep 0.02
     done
     if [ "$rank" = 0 ]; then
@@ -107,7 +112,7 @@ segment() {
     mv "$out.result.tmp" "$out.result"
   else
     while [ ! -f "$out.result" ]; do
-      if [ -n "$ctl" ] && [ -f "$ctl$n.abort" ]; then return 1; fi
+      if aborted; then return 1; fi
       sleep 0.005
     done
   fi
@@ -288,6 +293,37 @@ TEST_F(WarmRunTest, SurvivorsOfAKillParkAndGoOn) {
   ASSERT_EQ(s->reconfigurations.size(), 1u);
   EXPECT_TRUE(s->reconfigurations[0].after_failure);
   EXPECT_EQ(Events("recovered").size(), 1u);
+  EXPECT_TRUE(AllReaped());
+}
+
+// A survivor that does not park after the abort (stuck, as in a collective on its
+// shut connections) is killed alone once the park deadline (min(30 s, hang_seconds))
+// passed; the survivors that parked stay alive and make the next world with one new
+// worker in the stuck one's place.
+TEST_F(WarmRunTest, OnlyTheSurvivorThatDoesNotParkIsKilled) {
+  o_.hang_seconds = 3;
+  ASSERT_EQ(setenv("TENPLEX_TEST_STUCK_RANK", "3", 1), 0);
+  auto s = RunIt(json::parse(
+      R"([{"step": 0, "config": "dp=4"}, {"step": 4, "config": "dp=3", "kill_ranks": [1]},
+          {"step": 6, "stop": true}])"));
+  unsetenv("TENPLEX_TEST_STUCK_RANK");
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  ASSERT_GE(launcher_.pids.size(), 4u);
+  // Killed: rank 1 (the schedule), then rank 3 (did not park); never ranks 0 and 2.
+  ASSERT_GE(launcher_.killed.size(), 2u);
+  EXPECT_EQ(launcher_.killed[0], launcher_.pids[1]);
+  EXPECT_EQ(launcher_.killed[1], launcher_.pids[3]);
+  for (pid_t k : launcher_.killed) {
+    EXPECT_NE(k, launcher_.pids[0]);
+    EXPECT_NE(k, launcher_.pids[2]);
+  }
+  // One worker started for the next world (dp=3: the two that parked and it).
+  EXPECT_EQ(launcher_.pids.size(), 5u);
+  std::map<int64_t, json> steps = Steps();
+  ASSERT_EQ(steps.size(), 6u);
+  for (int64_t k = 0; k < 6; ++k) EXPECT_EQ(steps[k]["samples"], json::array({8 * k}));
+  EXPECT_EQ(steps[5]["config"], "tp=1,pp=1,dp=3");
+  EXPECT_EQ(steps[5]["pid"].get<int64_t>(), launcher_.pids.at(0));
   EXPECT_TRUE(AllReaped());
 }
 
