@@ -4,7 +4,7 @@ directories loaded into the store daemon and saved back are byte-identical, thro
 memory and over HTTP; bad checksums are refused without leaving a version behind; every
 field of a version's info survives.
 
-Usage: store_checkpoint_test.py TENPLEX_BIN
+Usage: TENPLEX_BIN=build/bin/tenplex python -m pytest tests/store_checkpoint_test.py (pytest)
 
 The references are independent of the C++ code: safetensors files are written and read
 here by hand, checksums come from the pure-Python XXH64 of store_testing.py.
@@ -15,9 +15,11 @@ import os
 import shutil
 import struct
 import subprocess
+import sys
 import tempfile
 
-from store_testing import ELEM, TENPLEX, Daemon, begin, check, commit, jget, put, rand_bytes, request, xxh64
+import pytest
+from store_testing import ELEM, Daemon, begin, check, commit, jget, put, rand_bytes, request, xxh64
 
 
 # ---------------------------------------------------------------- checkpoints
@@ -38,11 +40,11 @@ def write_safetensors(path, tensors, metadata=None):
             f.write(data)
 
 
-def make_checkpoint(ckpt, config, reorder=False):
+def make_checkpoint(tenplex, ckpt, config, reorder=False):
     model_path = os.path.join(os.path.dirname(ckpt), "model.json")
     subprocess.run(
         [
-            TENPLEX,
+            tenplex,
             "model",
             "gpt",
             "--num-layers",
@@ -62,7 +64,7 @@ def make_checkpoint(ckpt, config, reorder=False):
     )
     layout = json.loads(
         subprocess.run(
-            [TENPLEX, "layout", "--model", model_path, "--config", config, "--json"], check=True, capture_output=True
+            [tenplex, "layout", "--model", model_path, "--config", config, "--json"], check=True, capture_output=True
         ).stdout
     )
     os.makedirs(ckpt)
@@ -88,8 +90,8 @@ def make_checkpoint(ckpt, config, reorder=False):
     return layout
 
 
-def run(*args, ok=True):
-    p = subprocess.run([TENPLEX, *args], capture_output=True, text=True, timeout=120)
+def run(tenplex, *args, ok=True):
+    p = subprocess.run([tenplex, *args], capture_output=True, text=True, timeout=120)
     if ok:
         check(p.returncode == 0, "%s failed: %s %s" % (args, p.stdout, p.stderr))
     return p
@@ -123,14 +125,14 @@ def read_safetensors(path):
     return out
 
 
-def check_info_fields(d, tmp):
+def check_info_fields(tenplex, d, tmp):
     """Every field of a version's info survives `store save` and `store load` (issue 16 bug 1).
 
     A version as `tenplex run` commits it (step, samples_consumed and other training
     fields at the top of its info) is saved: tenplex.json must carry every field; loaded
     back, the new version's info must carry them again, where the runner reads them."""
     src = os.path.join(tmp, "fields-src")
-    layout = make_checkpoint(src, "tp=2,pp=1,dp=1")
+    layout = make_checkpoint(tenplex, src, "tp=2,pp=1,dp=1")
     with open(os.path.join(src, "tenplex.json")) as f:
         meta = json.load(f)
     fields = {"step": 24, "samples_consumed": 192, "seed": 5, "global_batch_size": 8, "note": {"a": [1, 2]}}
@@ -142,13 +144,13 @@ def check_info_fields(d, tmp):
             put(d.url, "jobs/run/%d/rank-%05d/%s" % (v, rank["rank"], t), dtype, shape, data)
     commit(d.url, "run", v)
     out = os.path.join(tmp, "fields-out")
-    run("store", "save", "--url", d.url, "--job", "run", "--out", out)
+    run(tenplex, "store", "save", "--url", d.url, "--job", "run", "--out", out)
     with open(os.path.join(out, "tenplex.json")) as f:
         saved = json.load(f)
     for k, want in fields.items():
         check(saved.get(k) == want, "store save lost info field %s: %r in tenplex.json" % (k, saved.get(k)))
     check(saved["config"] == "tp=2,pp=1,dp=1" and saved["model"] == meta["model"], "model/config changed")
-    run("store", "load", "--url", d.url, "--job", "run2", "--dir", out)
+    run(tenplex, "store", "load", "--url", d.url, "--job", "run2", "--dir", out)
     back = jget(d.url, "/v1/jobs/run2/versions/current")["info"]
     for k, want in fields.items():
         check(back.get(k) == want, "store load lost tenplex.json field %s: %r in the info" % (k, back.get(k)))
@@ -159,61 +161,61 @@ def check_info_fields(d, tmp):
     meta["source"] = [1, 2]
     with open(os.path.join(src, "tenplex.json"), "w") as f:
         json.dump(meta, f)
-    run("store", "load", "--url", d.url, "--job", "run3", "--dir", src)
+    run(tenplex, "store", "load", "--url", d.url, "--job", "run3", "--dir", src)
     out2 = os.path.join(tmp, "fields-out2")
-    run("store", "save", "--url", d.url, "--job", "run3", "--out", out2)
+    run(tenplex, "store", "save", "--url", d.url, "--job", "run3", "--out", out2)
     with open(os.path.join(out2, "tenplex.json")) as f:
         saved = json.load(f)
     for k in ("cluster", "source", "step"):
         check(saved.get(k) == meta[k], "field %s: %r after a round trip, %r before" % (k, saved.get(k), meta[k]))
 
 
-def test_checkpoint():
+def test_checkpoint(tenplex):
     tmp = tempfile.mkdtemp(prefix="tenplex-store-ckpt-")
-    d = Daemon()
+    d = Daemon(tenplex)
     try:
         for config, reorder in [("tp=2,pp=2,dp=1", False), ("tp=1,pp=2,dp=2,zero=1", True)]:
             ck = os.path.join(tmp, "ck-" + config.replace(",", "_"))
             os.makedirs(ck)
             src = os.path.join(ck, "src")
-            make_checkpoint(src, config, reorder)
+            make_checkpoint(tenplex, src, config, reorder)
             job = "j" + str(len(config))
-            p = run("store", "load", "--url", d.url, "--job", job, "--dir", src)
+            p = run(tenplex, "store", "load", "--url", d.url, "--job", job, "--dir", src)
             check("shared memory" in p.stdout and "checksums verified" in p.stdout, p.stdout)
             out = os.path.join(ck, "out-shm")
-            p = run("store", "save", "--url", d.url, "--job", job, "--out", out)
+            p = run(tenplex, "store", "save", "--url", d.url, "--job", job, "--out", out)
             check("shared memory" in p.stdout, p.stdout)
             same_checkpoint(src, out)
             # The same through HTTP bodies, into a second job.
-            p = run("store", "load", "--url", d.url, "--job", job + "h", "--dir", src, "--http")
+            p = run(tenplex, "store", "load", "--url", d.url, "--job", job + "h", "--dir", src, "--http")
             check("via HTTP" in p.stdout, p.stdout)
             out2 = os.path.join(ck, "out-http")
-            p = run("store", "save", "--url", d.url, "--job", job + "h", "--out", out2, "--http")
+            p = run(tenplex, "store", "save", "--url", d.url, "--job", job + "h", "--out", out2, "--http")
             check("via HTTP" in p.stdout, p.stdout)
             same_checkpoint(src, out2)
             # Saving onto an existing checkpoint is refused.
-            p = run("store", "save", "--url", d.url, "--job", job, "--out", out, ok=False)
+            p = run(tenplex, "store", "save", "--url", d.url, "--job", job, "--out", out, ok=False)
             check(p.returncode != 0 and "already exists" in p.stderr, p.stderr)
-        check_info_fields(d, tmp)
+        check_info_fields(tenplex, d, tmp)
         # A corrupted rank file: the recorded checksum does not match, the load fails
         # and leaves no version behind.
         bad = os.path.join(tmp, "bad")
-        make_checkpoint(bad, "tp=2,pp=1,dp=1")
+        make_checkpoint(tenplex, bad, "tp=2,pp=1,dp=1")
         fn = os.path.join(bad, "rank-00001.safetensors")
         with open(fn, "r+b") as f:
             f.seek(-5, 2)
             c = f.read(1)
             f.seek(-5, 2)
             f.write(bytes([c[0] ^ 0xFF]))
-        p = run("store", "load", "--url", d.url, "--job", "bad", "--dir", bad, ok=False)
+        p = run(tenplex, "store", "load", "--url", d.url, "--job", "bad", "--dir", bad, ok=False)
         check(p.returncode != 0 and "does not match" in p.stderr, p.stderr)
         status, _, body = request(d.url, "GET", "/v1/jobs/bad")
         check(status == 404 or json.loads(body)["versions"] == [], (status, body))
-        p = run("store", "load", "--url", d.url, "--job", "bad", "--dir", os.path.join(tmp, "nope"), ok=False)
+        p = run(tenplex, "store", "load", "--url", d.url, "--job", "bad", "--dir", os.path.join(tmp, "nope"), ok=False)
         check(p.returncode != 0 and "tenplex.json" in p.stderr, p.stderr)
-        p = run("store", "save", "--url", d.url, "--job", "nojob", "--out", os.path.join(tmp, "o"), ok=False)
+        p = run(tenplex, "store", "save", "--url", d.url, "--job", "nojob", "--out", os.path.join(tmp, "o"), ok=False)
         check(p.returncode != 0 and "nojob" in p.stderr, p.stderr)
-        p = run("store", "load", "--url", "http://127.0.0.1:1", "--job", "x", "--dir", bad, ok=False)
+        p = run(tenplex, "store", "load", "--url", "http://127.0.0.1:1", "--job", "x", "--dir", bad, ok=False)
         check(p.returncode != 0 and "cannot reach" in p.stderr, p.stderr)
     finally:
         rc, err = d.stop()
@@ -222,5 +224,4 @@ def test_checkpoint():
 
 
 if __name__ == "__main__":
-    test_checkpoint()
-    print("store_test checkpoint: ok")
+    sys.exit(pytest.main([os.path.abspath(__file__), "-q", "-p", "no:cacheprovider", *sys.argv[1:]]))

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Integration tests of the tensor store daemon (`tenplex store serve|load|save`).
 
-Usage: store_test.py TENPLEX_BIN PART, PART one of
+pytest; ctest runs one part, test_PART, with the binary in TENPLEX_BIN:
+  TENPLEX_BIN=build/bin/tenplex python -m pytest tests/store_test.py::test_api
+PART one of
   api        every endpoint, every bad request of the issue, then the daemon still
              serves and no stored byte changed
   auth       tokens (missing/wrong/right) and the non-loopback rule
@@ -27,8 +29,8 @@ import subprocess
 import sys
 import tempfile
 
+import pytest
 from store_testing import (
-    TENPLEX,
     Daemon,
     begin,
     check,
@@ -44,12 +46,10 @@ from store_testing import (
     xxh64,
 )
 
-PART = sys.argv[2]
-
 
 # ---------------------------------------------------------------- parts
-def test_api():
-    d = Daemon("--memory-limit", "64M", "--max-body", "1M")
+def test_api(tenplex):
+    d = Daemon(tenplex, "--memory-limit", "64M", "--max-body", "1M")
     url, port = d.url, d.port
     try:
         h = jget(url, "/v1/health")
@@ -346,12 +346,12 @@ def test_api():
     check(rc == 0, "daemon exit code %s: %s" % (rc, err))
 
 
-def test_auth():
+def test_auth(tenplex):
     tmp = tempfile.mkdtemp(prefix="tenplex-auth-")
     token_file = os.path.join(tmp, "token")
     with open(os.open(token_file, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
         f.write("s3cret\n")
-    d = Daemon("--token-file", token_file)
+    d = Daemon(tenplex, "--token-file", token_file)
     try:
         for hdrs, what in [
             ({}, "missing token"),
@@ -374,13 +374,13 @@ def test_auth():
         rc, err = d.stop(signal.SIGINT)
     check(rc == 0, "SIGINT exit %s %s" % (rc, err))
     # Non-loopback without a token is refused before anything listens.
-    p = subprocess.run([TENPLEX, "store", "serve", "--listen", "0.0.0.0:0"], capture_output=True, text=True, timeout=20)
+    p = subprocess.run([tenplex, "store", "serve", "--listen", "0.0.0.0:0"], capture_output=True, text=True, timeout=20)
     check(p.returncode != 0 and "--token-file" in p.stderr, (p.returncode, p.stderr))
     shutil.rmtree(tmp)
-    p = subprocess.run([TENPLEX, "store", "serve", "--listen", "127.0.0.1"], capture_output=True, text=True, timeout=20)
+    p = subprocess.run([tenplex, "store", "serve", "--listen", "127.0.0.1"], capture_output=True, text=True, timeout=20)
     check(p.returncode != 0 and "host:port" in p.stderr, (p.returncode, p.stderr))
     p = subprocess.run(
-        [TENPLEX, "store", "serve", "--memory-limit", "lots"], capture_output=True, text=True, timeout=20
+        [tenplex, "store", "serve", "--memory-limit", "lots"], capture_output=True, text=True, timeout=20
     )
     check(p.returncode != 0 and "byte count" in p.stderr, (p.returncode, p.stderr))
 
@@ -405,8 +405,8 @@ time.sleep(600)
 """
 
 
-def test_shm():
-    d = Daemon()
+def test_shm(tenplex):
+    d = Daemon(tenplex)
     try:
         v = begin(d.url, "train")
         specs = [("jobs/train/%d/rank-%05d/state" % (v, r), 4096 * 3 + r, 100 + r) for r in range(3)]
@@ -446,11 +446,11 @@ def test_shm():
     check(rc == 0, err)
 
 
-def test_restart():
+def test_restart(tenplex):
     tmp = tempfile.mkdtemp(prefix="tenplex-store-restart-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
     shm = os.path.join(tmp, "store")
     try:
-        a = Daemon("--shm-dir", shm)
+        a = Daemon(tenplex, "--shm-dir", shm)
         data = {
             ("jobs/j/1/rank-%05d/p%d" % (r, i)): rand_bytes(1000 + 17 * i + r, r * 10 + i)
             for r in range(2)
@@ -463,7 +463,7 @@ def test_restart():
         check(begin(a.url, "j") == 2, "v2")
         put(a.url, "jobs/j/2/rank-00000/p0", "U8", [3], b"new")  # open at shutdown: dropped
         # A second daemon on the same directory is refused with a clear message.
-        b = Daemon("--shm-dir", shm, expect_fail=True)
+        b = Daemon(tenplex, "--shm-dir", shm, expect_fail=True)
         rc = b.proc.wait(timeout=20)
         err = b.proc.stderr.read().decode()
         b.proc.stdout.close()
@@ -473,7 +473,7 @@ def test_restart():
         check(rc == 0, err)
         check(os.path.isdir(shm), "persistent shm dir removed")
 
-        a2 = Daemon("--shm-dir", shm)
+        a2 = Daemon(tenplex, "--shm-dir", shm)
         try:
             for p, b in data.items():
                 _, body = get(a2.url, p.replace("/1/", "/current/"))
@@ -490,7 +490,7 @@ def test_restart():
             check(begin(a2.url, "j") == 2, "numbering after restart")
         finally:
             rc, err = a2.stop(signal.SIGKILL)  # a crash: committed state must survive this too
-        a3 = Daemon("--shm-dir", shm)
+        a3 = Daemon(tenplex, "--shm-dir", shm)
         try:
             for p, b in data.items():
                 check(get(a3.url, p)[1] == b, "state lost after SIGKILL of the daemon")
@@ -502,7 +502,7 @@ def test_restart():
 
     # Four daemons (four "hosts") at once: private directories, independent state,
     # each removed on SIGTERM.
-    ds = [Daemon() for _ in range(4)]
+    ds = [Daemon(tenplex) for _ in range(4)]
     try:
         check(len({d.shm_dir for d in ds}) == 4, "shared shm dirs")
         for i, d in enumerate(ds):
@@ -518,5 +518,4 @@ def test_restart():
 
 
 if __name__ == "__main__":
-    {"api": test_api, "auth": test_auth, "shm": test_shm, "restart": test_restart}[PART]()
-    print("store_test %s: ok" % PART)
+    sys.exit(pytest.main([os.path.abspath(__file__), "-q", "-p", "no:cacheprovider", *sys.argv[1:]]))

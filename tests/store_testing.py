@@ -3,7 +3,8 @@ store_checkpoint_test.py, store_security_test.py): an independent pure-Python XX
 daemon started on a free port, HTTP requests (and raw bytes) to it, and the reference
 slicer of a row-major tensor.
 
-The `tenplex` binary is the first command-line argument of the test script.
+The tests take the `tenplex` binary from the `tenplex` fixture (tests/conftest.py) and
+pass it to `Daemon`.
 """
 
 import json
@@ -15,12 +16,10 @@ import signal
 import socket
 import struct
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
 
-TENPLEX = sys.argv[1]
 ELEM = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
 
 
@@ -89,9 +88,9 @@ def xxh64(data, seed=0):
 
 # ---------------------------------------------------------------- daemon helpers
 class Daemon:
-    def __init__(self, *args, expect_fail=False):
+    def __init__(self, tenplex, *args, expect_fail=False):
         self.proc = subprocess.Popen(
-            [TENPLEX, "store", "serve", "--listen", "127.0.0.1:0", *args],
+            [tenplex, "store", "serve", "--listen", "127.0.0.1:0", *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
         )
