@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Daemon-side security and integrity of the store (issue 19, docs/reliability.md).
 
-Usage: store_security_test.py TENPLEX_BIN PART, PART one of
+pytest; ctest runs one part, test_PART, with the binary in TENPLEX_BIN:
+  TENPLEX_BIN=build/bin/tenplex python -m pytest tests/store_security_test.py::test_token
+PART one of
   token       the token never on the command line: --token refused (exit 2, naming
               --token-file and TENPLEX_TOKEN), --token-file with bad permissions / a
               missing file / a directory / an empty file refused; a daemon served with
@@ -29,19 +31,19 @@ import tempfile
 import urllib.error
 import urllib.request
 
-from daemons import Daemon, check
+import pytest
+from daemons import Daemon
+from store_testing import check, xxh64
 
-TENPLEX = sys.argv[1]
-PART = sys.argv[2]
 TOKEN = "tok-3f9c1d27a8e44b6d"
 
 
-def run(*args, env=None, timeout=300):
+def run(tenplex, *args, env=None, timeout=300):
     """`tenplex ARGS`; a command still running after `timeout` s (a daemon that should
     have refused to start) is killed and reported as exit -9 with stderr "timeout"."""
     try:
         return subprocess.run(
-            [TENPLEX, *args],
+            [tenplex, *args],
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -82,7 +84,7 @@ def refused(p, *words):
     check("Traceback" not in p.stderr and "terminate" not in p.stderr, p.stderr)
 
 
-def test_token():
+def test_token(tenplex):
     tmp = tempfile.mkdtemp(prefix="tenplex-token-")
     try:
         tf = os.path.join(tmp, "token")
@@ -96,30 +98,42 @@ def test_token():
             ["store", "load", "--url", "http://127.0.0.1:1", "--job", "j", "--dir", tmp],
             ["transform", "--cluster", tmp + "/c.json", "--job", "j", "--to", "tp=1"],
         ):
-            refused(run(*cmd, "--token", TOKEN, timeout=20), "--token-file", "TENPLEX_TOKEN")
+            refused(run(tenplex, *cmd, "--token", TOKEN, timeout=20), "--token-file", "TENPLEX_TOKEN")
         # Bad token files.
         loose = os.path.join(tmp, "loose")
         write_token(loose, TOKEN, 0o644)
-        refused(run("store", "serve", "--listen", "127.0.0.1:0", "--token-file", loose, timeout=20), loose, "chmod 600")
-        write_token(loose, TOKEN, 0o620)
-        refused(run("store", "ls", "--token-file", loose), "group or others")
         refused(
-            run("store", "serve", "--listen", "127.0.0.1:0", "--token-file", tmp + "/missing", timeout=20),
+            run(tenplex, "store", "serve", "--listen", "127.0.0.1:0", "--token-file", loose, timeout=20),
+            loose,
+            "chmod 600",
+        )
+        write_token(loose, TOKEN, 0o620)
+        refused(run(tenplex, "store", "ls", "--token-file", loose), "group or others")
+        refused(
+            run(tenplex, "store", "serve", "--listen", "127.0.0.1:0", "--token-file", tmp + "/missing", timeout=20),
             "no such file",
         )
-        refused(run("store", "serve", "--listen", "127.0.0.1:0", "--token-file", tmp, timeout=20), "not a regular file")
+        refused(
+            run(tenplex, "store", "serve", "--listen", "127.0.0.1:0", "--token-file", tmp, timeout=20),
+            "not a regular file",
+        )
         empty = os.path.join(tmp, "empty")
         write_token(empty, "\n")
-        refused(run("store", "serve", "--listen", "127.0.0.1:0", "--token-file", empty, timeout=20), "empty token")
+        refused(
+            run(tenplex, "store", "serve", "--listen", "127.0.0.1:0", "--token-file", empty, timeout=20), "empty token"
+        )
         spaced = os.path.join(tmp, "spaced")
         write_token(spaced, "two words")
-        refused(run("store", "serve", "--listen", "127.0.0.1:0", "--token-file", spaced, timeout=20), "visible ASCII")
+        refused(
+            run(tenplex, "store", "serve", "--listen", "127.0.0.1:0", "--token-file", spaced, timeout=20),
+            "visible ASCII",
+        )
 
         # A daemon with --token-file: no token in argv, and it is enforced.
         for how in ("file", "env"):
             env = {"TENPLEX_TOKEN": TOKEN} if how == "env" else {}
             args = ("--token-file", tf) if how == "file" else ()
-            d = Daemon(TENPLEX, env=env, args=args)
+            d = Daemon(tenplex, env=env, args=args)
             try:
                 with open("/proc/%d/cmdline" % d.proc.pid, "rb") as f:
                     argv = f.read().split(b"\0")
@@ -134,14 +148,14 @@ def test_token():
                 status, body = request(d.url, "GET", "/v1/jobs", token=TOKEN)
                 check(status == 200 and json.loads(body) == {"jobs": []}, (how, status, body))
                 # Clients: the file, or the environment; without either, 401.
-                p = run("store", "ls", "--url", d.url, "--token-file", tf, "--json", env={})
+                p = run(tenplex, "store", "ls", "--url", d.url, "--token-file", tf, "--json", env={})
                 check(p.returncode == 0, p.stderr)
-                p = run("store", "ls", "--url", d.url, "--json", env={"TENPLEX_TOKEN": TOKEN})
+                p = run(tenplex, "store", "ls", "--url", d.url, "--json", env={"TENPLEX_TOKEN": TOKEN})
                 check(p.returncode == 0, p.stderr)
                 env_without = dict(os.environ)
                 env_without.pop("TENPLEX_TOKEN", None)
                 p = subprocess.run(
-                    [TENPLEX, "store", "ls", "--url", d.url],
+                    [tenplex, "store", "ls", "--url", d.url],
                     capture_output=True,
                     text=True,
                     timeout=60,
@@ -154,7 +168,7 @@ def test_token():
         env_without = dict(os.environ)
         env_without.pop("TENPLEX_TOKEN", None)
         p = subprocess.run(
-            [TENPLEX, "store", "serve", "--listen", "0.0.0.0:0"],
+            [tenplex, "store", "serve", "--listen", "0.0.0.0:0"],
             capture_output=True,
             text=True,
             timeout=30,
@@ -207,9 +221,9 @@ def other_addresses():
     return out
 
 
-def test_ucx():
+def test_ucx(tenplex):
     env = {"UCX_TLS": "tcp"}
-    d = Daemon(TENPLEX, env=env)
+    d = Daemon(tenplex, env=env)
     try:
         socks = listening(d.proc.pid)
         http_port = int(d.url.rsplit(":", 1)[1])
@@ -224,7 +238,7 @@ def test_ucx():
         print("note: no non-loopback interface here; --data-listen all not checked")
         return
     # Told otherwise: the data plane listens on the other interfaces too.
-    d = Daemon(TENPLEX, env=env, args=("--data-listen", "all"))
+    d = Daemon(tenplex, env=env, args=("--data-listen", "all"))
     try:
         socks = listening(d.proc.pid)
         check(any(not ip.is_loopback for ip, _ in socks), "--data-listen all: %r" % socks)
@@ -232,10 +246,11 @@ def test_ucx():
         d.stop()
 
 
-def make_checkpoint(tmp, seed):
+def make_checkpoint(tenplex, tmp, seed):
     model = os.path.join(tmp, "m.json")
     if not os.path.exists(model):
         p = run(
+            tenplex,
             "model",
             "gpt",
             "--num-layers",
@@ -255,7 +270,7 @@ def make_checkpoint(tmp, seed):
         )
         check(p.returncode == 0, p.stderr)
     out = os.path.join(tmp, "ckpt-%d" % seed)
-    p = run("ckpt", "init", "--model", model, "--config", "tp=2", "--out", out, "--seed", str(seed))
+    p = run(tenplex, "ckpt", "init", "--model", model, "--config", "tp=2", "--out", out, "--seed", str(seed))
     check(p.returncode == 0, p.stderr)
     return out
 
@@ -269,22 +284,22 @@ def rank_files(d):
     return out
 
 
-def test_quarantine():
+def test_quarantine(tenplex):
     tmp = tempfile.mkdtemp(prefix="tenplex-quarantine-")
     shm = os.path.join(tmp, "shm")  # beside the checkpoints, on disk: --allow-disk
     try:
-        ck = {j: make_checkpoint(tmp, s) for j, s in (("good", 1), ("bad", 2), ("other", 3))}
-        d = Daemon(TENPLEX, args=("--shm-dir", shm, "--allow-disk"))
+        ck = {j: make_checkpoint(tenplex, tmp, s) for j, s in (("good", 1), ("bad", 2), ("other", 3))}
+        d = Daemon(tenplex, args=("--shm-dir", shm, "--allow-disk"))
         try:
             for job, dirname in ck.items():
-                p = run("store", "load", "--url", d.url, "--job", job, "--dir", dirname)
+                p = run(tenplex, "store", "load", "--url", d.url, "--job", job, "--dir", dirname)
                 check(p.returncode == 0, p.stderr)
         finally:
             d.stop()
         manifest = os.path.join(shm, "jobs", "bad", "1", "MANIFEST.json")
         with open(manifest, "r+b") as f:
             f.truncate(os.path.getsize(manifest) // 2)  # truncated mid-JSON
-        d = Daemon(TENPLEX, args=("--shm-dir", shm, "--allow-disk"))
+        d = Daemon(tenplex, args=("--shm-dir", shm, "--allow-disk"))
         try:
             health = d.get("/v1/health")
             q = health.get("quarantined")
@@ -304,20 +319,20 @@ def test_quarantine():
             # The other jobs are served byte for byte.
             for job in ("good", "other"):
                 out = os.path.join(tmp, "out-" + job)
-                p = run("store", "save", "--url", d.url, "--job", job, "--out", out)
+                p = run(tenplex, "store", "save", "--url", d.url, "--job", job, "--out", out)
                 check(p.returncode == 0, p.stderr)
                 check(rank_files(out) == rank_files(ck[job]), "%s changed" % job)
         finally:
             d.stop()
         # Still quarantined after another restart; rm forgets it; the name is usable again.
-        d = Daemon(TENPLEX, args=("--shm-dir", shm, "--allow-disk"))
+        d = Daemon(tenplex, args=("--shm-dir", shm, "--allow-disk"))
         try:
             check([e["job"] for e in d.get("/v1/health")["quarantined"]] == ["bad"], "forgotten on restart")
-            p = run("store", "rm", "bad", "--url", d.url)
+            p = run(tenplex, "store", "rm", "bad", "--url", d.url)
             check(p.returncode == 0, p.stderr)
             check(d.get("/v1/health")["quarantined"] == [], "rm did not forget it")
             check(os.listdir(os.path.join(shm, "quarantine")) == [], os.listdir(os.path.join(shm, "quarantine")))
-            p = run("store", "load", "--url", d.url, "--job", "bad", "--dir", ck["bad"])
+            p = run(tenplex, "store", "load", "--url", d.url, "--job", "bad", "--dir", ck["bad"])
             check(p.returncode == 0, p.stderr)
         finally:
             d.stop()
@@ -325,27 +340,14 @@ def test_quarantine():
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def xxh64_ref():
-    """The pure-Python XXH64 of store_test.py (independent of the C++ code)."""
-    saved = sys.argv
-    sys.argv = [saved[0], TENPLEX, "-"]
-    try:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        import store_test
-    finally:
-        sys.argv = saved
-    return store_test.xxh64
-
-
-def test_checksum():
-    xxh64 = xxh64_ref()
+def test_checksum(tenplex):
     tmp = tempfile.mkdtemp(prefix="tenplex-checksum-")
     shm = os.path.join(tmp, "shm")
     try:
-        ck = make_checkpoint(tmp, 5)
-        d = Daemon(TENPLEX, args=("--shm-dir", shm, "--allow-disk"))
+        ck = make_checkpoint(tenplex, tmp, 5)
+        d = Daemon(tenplex, args=("--shm-dir", shm, "--allow-disk"))
         try:
-            p = run("store", "load", "--url", d.url, "--job", "j", "--dir", ck)
+            p = run(tenplex, "store", "load", "--url", d.url, "--job", "j", "--dir", ck)
             check(p.returncode == 0, p.stderr)
             listed = d.get("/v1/list/jobs/j/current/?detail=1")
             with open(os.path.join(shm, "jobs", "j", "1", "MANIFEST.json")) as f:
@@ -356,7 +358,7 @@ def test_checksum():
                     want = xxh64(f.read())
                 key = t["path"].split("/", 3)[3]
                 check(t["xxh64"] == want == manifest[key]["xxh64"], (t, want, manifest[key]))
-            p = run("store", "save", "--url", d.url, "--job", "j", "--out", os.path.join(tmp, "ok"))
+            p = run(tenplex, "store", "save", "--url", d.url, "--job", "j", "--out", os.path.join(tmp, "ok"))
             check(p.returncode == 0, "save before the flip: " + p.stderr)
             # Flip one byte of the largest committed tensor behind the store's back.
             victim = max(listed, key=lambda t: t["bytes"])
@@ -367,7 +369,7 @@ def test_checksum():
                 f.write(bytes([b[0] ^ 0x10]))
             for extra in ([], ["--http"]):
                 out = os.path.join(tmp, "flipped" + "".join(extra))
-                p = run("store", "save", "--url", d.url, "--job", "j", "--out", out, *extra)
+                p = run(tenplex, "store", "save", "--url", d.url, "--job", "j", "--out", out, *extra)
                 check(p.returncode != 0, "save of a flipped tensor succeeded %s" % extra)
                 check(victim["path"] in p.stderr and "corrupt" in p.stderr, p.stderr)
                 check(not os.path.exists(os.path.join(out, "tenplex.json")), "a checkpoint was written")
@@ -383,5 +385,4 @@ def test_checksum():
 
 
 if __name__ == "__main__":
-    {"token": test_token, "ucx": test_ucx, "quarantine": test_quarantine, "checksum": test_checksum}[PART]()
-    print("store_security_test %s: ok" % PART)
+    sys.exit(pytest.main([os.path.abspath(__file__), "-q", "-p", "no:cacheprovider", *sys.argv[1:]]))
