@@ -9,7 +9,7 @@ every request for a (and b's linked tensor) with an error that names the link, k
 serving b's other requests and its health, write nothing outside, delete a (the link
 only) on request, and exit 0 on SIGTERM. Before the fix it followed the links.
 
-usage: store_links_swap_test.py path/to/tenplex
+usage: TENPLEX_BIN=path/to/tenplex python -m pytest tests/store_links_swap_test.py (pytest)
 """
 
 import os
@@ -21,8 +21,9 @@ import time
 import urllib.error
 import urllib.request
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from daemons import Daemon, check  # noqa: E402
+import pytest
+from daemons import Daemon
+from store_testing import check
 
 SECRET = b"S" * 64
 TENSOR = "1/rank-00000/x"
@@ -54,8 +55,7 @@ def tree(root: str) -> list:
     return sorted(out)
 
 
-def main() -> None:
-    tenplex = sys.argv[1]
+def test_links_swap(tenplex: str) -> None:
     tmp = tempfile.mkdtemp(prefix="tenplex-links-swap-", dir="/dev/shm")  # the store needs tmpfs
     shm, outside = os.path.join(tmp, "shm"), os.path.join(tmp, "outside")
     args = ("--transport", "none", "--shm-dir", shm)
@@ -125,4 +125,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(pytest.main([os.path.abspath(__file__), "-q", "-p", "no:cacheprovider", *sys.argv[1:]]))
