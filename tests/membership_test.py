@@ -16,11 +16,13 @@ Default: the training scenario. Each loopback "host" is its own store daemon
 steps. Hosts 0 and 1 start (tp=2,pp=2); at step 3 host 2 joins (tp=2,dp=3 on 6 ranks:
 its agent registers once its workers are up, the others stop at a step boundary with a
 commit and re-form their process groups in-process); after a commit on 6 ranks every
-process of host 1 (agent, workers, daemon) is SIGKILLed: a survivor's collective fails,
-its agent reports it, the leader's probe of host 1's liveness port is refused, so host 1's
-key is deleted (not left to its TTL, 2 s) and the leader writes a world without it (checked:
-the world's `refused`); the survivors abort the running step and restore from
-the last commit (host 1's ranks re-placed from the data-parallel replicas). With --leave
+process of the host that holds rank 0 (host 0 or 1, whichever registered first; its agent,
+workers, daemon) is SIGKILLed: a survivor's collective fails, its agent reports it, the
+leader's probe of its liveness port is refused, so its key is deleted (not left to its TTL,
+2 s) and the leader writes a world without it (checked: the world's `refused`); the
+survivors abort the running step, the new rank 0 releases the dead rank 0's job lease (not
+left to its 10 s TTL; checked: the "lease_released" event) and restores from the last
+commit (the dead host's ranks re-placed from the data-parallel replicas). With --leave
 host 1 leaves instead (SIGTERM to its agent: a planned leave, no step lost). With --netns
 every host runs in its own network namespace on a bridge (tests/daemons.py's NetnsBridge;
 exit 77 = skipped where unavailable): daemons on the namespace's address with a token,
@@ -227,6 +229,7 @@ def scenario(tenplex, repo, endpoint, tmp, leave, net=None):
     hosts = []
     ok = False
     t_join = t_loss = None
+    victim = 1  # the host that leaves or dies
     try:
         t0 = time.time()
         go = os.path.join(tmp, "go-host2")
@@ -242,8 +245,10 @@ def scenario(tenplex, repo, endpoint, tmp, leave, net=None):
                 print(f"committed on 6 ranks after {time.time() - t0:.1f} s; host 1 leaves (SIGTERM)")
                 hosts[1].agent.send_signal(signal.SIGTERM)
             else:
-                print(f"committed on 6 ranks after {time.time() - t0:.1f} s; killing host 1")
-                procs = lose_host(hosts[1], procs)
+                first = [w for w in worlds_of(log) if w["epoch"] == 2][0]["pids"][0][0]  # "host0" | "host1"
+                victim = int(first[len("host") :])
+                print(f"committed on 6 ranks after {time.time() - t0:.1f} s; killing host {victim} (rank 0's)")
+                procs = lose_host(hosts[victim], procs)
             ok = finish_agents(check, procs, t0)
     finally:
         stop_hosts(check, ok, "the scripted join and loss happened and the job finished", tmp, hosts)
@@ -252,14 +257,20 @@ def scenario(tenplex, repo, endpoint, tmp, leave, net=None):
         stops = [e["step"] for e in events if e["event"] == "elastic_stop"]
         check(stops == [s["step"] for s in starts[1:]], f"join and leave stopped at step boundaries: {stops}")
         check(len(starts) == 3 and not starts[2].get("lost_hosts"), f"a planned leave loses no host: {starts[-1:]}")
-    else:  # and the loss: restored from the last commit, host 1's daemon lost, at most COMMIT_EVERY steps re-run
-        check_run(check, static_log, log, hosts[1].daemon.url if len(hosts) > 1 else None)
-        lost = [e for h in hosts[::2] for e in h.agent_events() if e["event"] == "world" and e["lost"]]
+    else:  # and the loss: restored from the last commit, its daemon lost, at most COMMIT_EVERY steps re-run
+        check_run(check, static_log, log, hosts[victim].daemon.url if len(hosts) > victim else None)
+        survivors = [h for i, h in enumerate(hosts) if i != victim]
+        lost = [e for h in survivors for e in h.agent_events() if e["event"] == "world" and e["lost"]]
         check(
-            bool(lost) and all(e["refused"] == ["host1"] for e in lost),
-            f"host 1's loss decided by its refused liveness probe after a survivor's report, not its TTL: {lost}",
+            bool(lost) and all(e["refused"] == [f"host{victim}"] for e in lost),
+            f"host {victim}'s loss decided by its refused liveness probe after a report, not its TTL: {lost}",
         )
-    check_pids(check, log, [0, 2])
+        released = [e for e in read_log(log)[1] if e["event"] == "lease_released"]
+        check(
+            len(released) == 1 and all(f"tenplex-member.host{victim}@" in h for h in released[0]["holders"]),
+            f"the new rank 0 released the dead rank 0's job lease on the survivors' daemons: {released}",
+        )
+    check_pids(check, log, [i for i in range(3) if i != victim])
     pre = [e for e in read_log(log)[1] if e["event"] == "presize"]
     check(
         any(e["epoch"] == 2 and "error" not in e and e["config"] == "tp=2,pp=1,dp=3" for e in pre),

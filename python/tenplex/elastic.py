@@ -341,7 +341,10 @@ class Job(_Commits, _mb.MemberJob):
                 for u, i in _ec.old_hosts(found[2])
                 if not any(_ec.same_host(u, i, v.url, v.host_id) for v in views) and self._answers(u)
             ]
-        self._coord = self._coord or _ec.Coordinator(self.job, self.token, self.request_timeout)
+        self._coord = self._coord or _ec.Coordinator(
+            self.job, self.token, self.request_timeout, self._coordinator_what()
+        )
+        self._break_dead_leases(urls + extra)  # membership mode: a dead host's rank 0 held it
         self._coord.hold(urls + extra)  # then read again: nobody else changes the job from here on
         views = self._views(urls)
         found = _ec.committed_state(views)

@@ -34,6 +34,8 @@ import signal
 import subprocess
 import tempfile
 import time
+import urllib.parse
+import urllib.request
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -86,9 +88,9 @@ class Coordinator:
     job (an operator's `tenplex transform`, a stale rank 0) waits or is refused; a rank 0
     that dies leaves the lease to expire after LEASE_TTL_MS."""
 
-    def __init__(self, job: str, token: str, request_timeout: int):
+    def __init__(self, job: str, token: str, request_timeout: int, what: str = "tenplex-elastic"):
         self.job, self.token, self.request_timeout = job, token, request_timeout
-        self.name = _tenplex.new_coordinator("tenplex-elastic")
+        self.name = _tenplex.new_coordinator(what)
         self._lease = None
 
     def hold(self, urls: list[str]) -> None:
@@ -123,6 +125,38 @@ class Coordinator:
     def env(self) -> dict[str, str]:
         """For a `tenplex transform` run on behalf of this coordinator (under its lease)."""
         return {"TENPLEX_COORDINATOR": self.name}
+
+
+def _lease_call(url: str, method: str, job: str, token: str, timeout_s: float, holder: str = "") -> dict:
+    """One request to a daemon's /v1/jobs/{job}/lease (store/lease.h); its JSON reply ({} for none)."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    if holder:
+        headers["X-Tenplex-Coordinator"] = holder
+    req = urllib.request.Request(
+        f"{url}/v1/jobs/{urllib.parse.quote(job, safe='')}/lease", method=method, headers=headers
+    )
+    with urllib.request.urlopen(req, timeout=timeout_s) as r:
+        body = r.read()
+    return json.loads(body) if body else {}
+
+
+def break_leases(urls: list[str], job: str, token: str, dead: list[str], timeout_s: float = 10) -> list[str]:
+    """Releases the job's lease on each daemon of `urls` whose holder's name starts with one of
+    `dead` (coordinator names of processes known to be dead: the caller's proof, not a
+    deadline), so that the next coordinator takes it at once instead of after LEASE_TTL_MS;
+    a live coordinator's lease is never touched (a daemon releases only the holder named).
+    Returns "url: holder" of each lease released; a daemon that does not answer is skipped
+    (the lease's deadline decides there)."""
+    released = []
+    for url in urls:
+        try:
+            holder = _lease_call(url, "GET", job, token, timeout_s).get("holder")
+            if isinstance(holder, str) and any(holder.startswith(p) for p in dead):
+                _lease_call(url, "DELETE", job, token, timeout_s, holder)
+                released.append(f"{url}: {holder}")
+        except (OSError, ValueError) as e:
+            log.warning("job %s: the lease of a dead coordinator stays on %s until it expires: %s", job, url, e)
+    return released
 
 
 def probe(url: str, job: str, token: str, timeout_s: int = DEFAULT_REQUEST_TIMEOUT) -> HostView:

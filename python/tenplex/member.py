@@ -11,8 +11,9 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
+from . import _tenplex
 from ._job_state import JobState
-from .elastic_cluster import ElasticError, run_transform
+from .elastic_cluster import ElasticError, break_leases, run_transform
 from .elastic_policy import pick_choice, tenplex_binary
 from .membership import ENV_ABORT_WAIT, ENV_DIR, ENV_HOST_ID, ENV_LOCAL_RANK, Control, MembershipError, WorldAborted
 
@@ -357,6 +358,19 @@ def presize_world(job: str, policy, world: dict, old_cluster: dict, token: str) 
     return Presize(job, config, old_cluster, {"hosts": urls, "gpus_per_host": nproc}, token).start()
 
 
+def coordinator_what(host_id: str) -> str:
+    """What rank 0 on host `host_id` names itself by in membership mode (its coordinator name
+    is "<this>@<machine>:<pid>:<random>", job_lease.h)."""
+    return f"tenplex-member.{host_id}"
+
+
+def coordinator_prefix(host_id: str) -> str:
+    """The start of the coordinator name of any rank 0 on host `host_id` in membership mode, up
+    to and with its "@" (so that host1's does not match host10's), in the characters a lease
+    holder may have (NewCoordinator's)."""
+    return _tenplex.new_coordinator(coordinator_what(host_id)).rsplit("@", 1)[0] + "@"
+
+
 class MemberJob(JobState):
     """The membership mode of tenplex.elastic.Job (its base class): joining each world
     in-process. Uses Job's _member, _pg, rank, world_size, _coord, cluster, policy, job,
@@ -389,6 +403,26 @@ class MemberJob(JobState):
                 f"local_rank {self.local_rank}: every host must run the same --nproc_per_node"
             )
         self.config, self.knobs = pick_choice(self.policy, self.world_size, self.local_world_size)
+
+    def _coordinator_what(self) -> str:
+        """The start of rank 0's coordinator name (elastic_cluster.Coordinator): in membership
+        mode it names this host, so that the next world's rank 0 can tell a dead host's lease."""
+        return "tenplex-elastic" if self._member is None else coordinator_what(self._member.host_id)
+
+    def _break_dead_leases(self, urls: list[str]) -> None:
+        """Rank 0 in membership mode, before it takes the job's lease: a host whose liveness port
+        refused the quorum's probe (the world's "refused": its agent is gone, and its workers with
+        it, PR_SET_PDEATHSIG) may have held the lease as the last world's rank 0. Its lease is
+        released on every daemon now instead of after its TTL (10 s; a loss whose dead host held
+        rank 0 waited it out). Hosts lost by their key's TTL alone keep theirs: they may only be
+        stalled, and the deadline decides for them (store/lease.h)."""
+        if self._member is None or not self._member.world:
+            return
+        dead = [coordinator_prefix(h) for h in self._member.world.get("refused", [])]
+        if dead:
+            released = break_leases(urls, self.job, self.token, dead)
+            if released:
+                self._log_event({"event": "lease_released", "epoch": self._member.epoch, "holders": released})
 
     @property
     def membership(self) -> bool:
