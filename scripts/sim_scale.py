@@ -3,7 +3,7 @@
 
     .venv/bin/python scripts/sim_scale.py paper [--json F]   the paper's Fig. 14 changes on 16 GPUs
     .venv/bin/python scripts/sim_scale.py scale [--sizes 1024,16384,100352] [--models gpt3-175b,llama3-405b]
-        [--repeats 2] [--json F]                            lose a host, -10 %, TP change at each size
+        [--repeats 2] [--mode auto|full|sample] [--json F]  lose a host, -10 %, TP change at each size
 
 Each scenario is written to a temporary file and run through `tenplex simulate --json`; the
 script prints a markdown table and writes every result (scenario, prediction, critical host,
@@ -249,7 +249,7 @@ def run_scale(args: argparse.Namespace) -> list[dict[str, Any]]:
                     "from": {"config": frm, "gpus_per_host": 8},
                     "to": {"config": to, "gpus_per_host": 8},
                     "cluster": dict(SCALE_HW, lost_hosts=lost),
-                    "sim": {"mode": "auto"},
+                    "sim": {"mode": args.mode},
                 }
                 reps = args.repeats if gpus <= 40000 else 1  # a sampled 100k run takes minutes
                 r = summary({"model": name, "gpus": gpus, "change": change}, scen, simulate(args.tenplex, scen, reps))
@@ -311,6 +311,13 @@ def main() -> int:
     ap.add_argument("--sizes", default="1024,16384,100352")
     ap.add_argument("--models", default="gpt3-175b,llama3-405b")
     ap.add_argument("--repeats", type=int, default=2, help="runs per scenario up to 40k GPUs: the fastest counts")
+    ap.add_argument(
+        "--mode",
+        choices=["auto", "full", "sample"],
+        default="auto",
+        help="`scale`: the simulator's sim.mode (auto samples hosts above 40k ranks, which leaves out "
+        "the coordinator's whole plan; full runs it: about 2 min and 6 GB at 100k GPUs)",
+    )
     ap.add_argument("--json")
     args = ap.parse_args()
     scale_models = [m for m in MODELS if not m.endswith("fp16")]  # the fp16 ones are the paper's
