@@ -1,6 +1,7 @@
-"""Integration tests of `tenplex data` (issue 6), run with /usr/bin/python3:
+"""Integration tests of `tenplex data` (issue 6), under pytest (issue 32 §4):
 
-    data_test.py CASE        CASE in: cli, python_order, megatron, fuse, dp_weights
+    python -m pytest tests/data_test.py::test_CASE   CASE in: cli, python_order, megatron,
+                                                     fuse, dp_weights (ctest data_CASE)
 
 TENPLEX_BIN is the CLI under test; tests/reference/data_ref.py (an independent
 pure-Python implementation of the order and the index readers) is the reference, and
@@ -19,6 +20,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TENPLEX = os.environ.get("TENPLEX_BIN", os.path.join(ROOT, "build", "bin", "tenplex"))
@@ -27,8 +31,7 @@ DATA_PY = os.path.join(ROOT, "tests", "reference", "data_ref.py")
 _spec = importlib.util.spec_from_file_location("tenplex_data_ref", DATA_PY)
 pydata = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(pydata)
-sys.path.insert(0, os.path.join(ROOT, "python"))
-from tenplex import data as tdata  # noqa: E402  (the package: native order and readers)
+from tenplex import data as tdata  # noqa: E402  (the package, from the venv: native order and readers)
 
 
 def run(*args, ok=True):
@@ -573,19 +576,19 @@ def test_dp_weights(tmp):
     m.wait()
 
 
-def main():
-    case = sys.argv[1]
-    tmp = tempfile.mkdtemp(prefix=f"tenplex-data-{case}-")
+@pytest.fixture
+def tmp(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A directory of the test's own, removed after it (FUSE mounts left in it unmounted first)."""
+    d = tempfile.mkdtemp(prefix=f"tenplex-{request.node.name}-")
     try:
-        globals()["test_" + case](tmp)
+        yield d
     finally:
-        for d in os.listdir(tmp):
-            p = os.path.join(tmp, d)
+        for e in os.listdir(d):
+            p = os.path.join(d, e)
             if os.path.isdir(p) and mounted(p):
                 subprocess.run(["fusermount3", "-u", "-z", p])
-        shutil.rmtree(tmp, ignore_errors=True)
-    print(f"data_test {case}: ok")
+        shutil.rmtree(d, ignore_errors=True)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(pytest.main([os.path.abspath(__file__), "-q", "-p", "no:cacheprovider", *sys.argv[1:]]))
