@@ -2,7 +2,9 @@
 load leaves no job, `--json` and `-q/-v`, progress lines only on a terminal, the
 canonical safetensors header of the Python writer, and installing into a prefix.
 
-usage: ops_test.py TENPLEX_BIN REPO_ROOT PART     PART in: store, output, install
+Under pytest (issue 32 §4): python -m pytest tests/ops_test.py::test_PART, PART in: store,
+output, install (ctest ops_PART), with TENPLEX_BIN (the CLI under test) and, for install,
+TENPLEX_BUILD_DIR (its CMake build, default the checkout's build/) in the environment.
 """
 
 import json
@@ -12,8 +14,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 
-TENPLEX, ROOT, PART = sys.argv[1], sys.argv[2], sys.argv[3]
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TENPLEX = os.environ.get("TENPLEX_BIN", "")
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 from daemons import Daemon, check, run_cli  # noqa: E402
 
@@ -315,9 +321,7 @@ def test_output(tmp):
 
 
 def test_install(tmp):
-    build = os.path.join(ROOT, "build")
-    if len(sys.argv) > 4:
-        build = sys.argv[4]
+    build = os.environ.get("TENPLEX_BUILD_DIR", os.path.join(ROOT, "build"))
     prefix = os.path.join(tmp, "prefix")
     subprocess.run(["cmake", "--install", build, "--prefix", prefix], check=True, capture_output=True)
     binary = os.path.join(prefix, "bin", "tenplex")
@@ -379,13 +383,21 @@ def test_install(tmp):
     print("ops install: ok (cmake --install and pip install --target, imported outside the checkout)")
 
 
-def main():
-    tmp = tempfile.mkdtemp(prefix=f"tenplex-ops-{PART}-")
+@pytest.fixture
+def tmp(request: pytest.FixtureRequest) -> Iterator[str]:
+    d = tempfile.mkdtemp(prefix=f"tenplex-{request.node.name}-")
     try:
-        globals()["test_" + PART](tmp)
+        yield d
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _cli_under_test(tenplex: str) -> None:
+    """The module's helpers call TENPLEX: the tenplex fixture's (tests/conftest.py)."""
+    global TENPLEX
+    TENPLEX = tenplex
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(pytest.main([os.path.abspath(__file__), "-q", "-p", "no:cacheprovider", *sys.argv[1:]]))
