@@ -144,17 +144,15 @@ void PreparePhase(std::vector<Host>& hosts, const std::vector<int>& participants
 }
 
 // Sends the hosts that only serve this round their warm (served_warm.h), with the
-// prepares' body.
+// prepares' body; `addresses` are the request's ("" for a lost host).
 ServedWarming WarmServers(const std::vector<Host>& hosts, const std::vector<int>& participants,
+                          const std::vector<std::string>& addresses,
                           std::shared_ptr<const std::string> shared,
                           const std::vector<HostPart>& parts,
                           const store::ClientOptions& client_options,
                           const ClusterTransformOptions& options) {
-  std::vector<std::string> urls, addresses;
-  for (const Host& h : hosts) {
-    urls.push_back(h.url);
-    addresses.push_back(h.client ? h.address : "");
-  }
+  std::vector<std::string> urls;
+  for (const Host& h : hosts) urls.push_back(h.url);
   store::ClientOptions short_opts = client_options;
   short_opts.timeout_s = options.silent_s;
   return ServedWarming::Start(urls, addresses, participants, std::move(shared), parts, short_opts);
@@ -245,7 +243,7 @@ RoundResult RunRound(std::vector<Host>& hosts, const std::string& job, const Rou
                                            Unavailable("no reply (given up on)"));
   const auto shared = std::make_shared<const std::string>(EncodeSharedPrepare(req));
   ServedWarming warming =
-      WarmServers(hosts, participants, shared, r.parts, client_options, options);
+      WarmServers(hosts, participants, req.addresses, shared, r.parts, client_options, options);
   PreparePhase(hosts, participants, shared, r.parts, client_options, options, out, replies);
   warming.Wait(std::chrono::seconds(1));  // long done: they are quick, the prepares read them
   out.prepare_seconds = Since(t0);

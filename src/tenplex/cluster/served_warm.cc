@@ -13,7 +13,7 @@ namespace tenplex::transform {
 struct ServedWarming::State {
   std::mutex mu;
   std::condition_variable cv;
-  std::size_t sent = 0, pending = 0, ok = 0;  // guarded by mu
+  std::size_t pending = 0;  // guarded by mu
 };
 
 ServedWarming ServedWarming::Start(const std::vector<std::string>& urls,
@@ -31,7 +31,6 @@ ServedWarming ServedWarming::Start(const std::vector<std::string>& urls,
       continue;
     {
       std::lock_guard<std::mutex> lock(w.state_->mu);
-      ++w.state_->sent;
       ++w.state_->pending;
     }
     std::thread([state = w.state_, shared_prepare, host, part = parts[h], url = urls[h],
@@ -48,7 +47,6 @@ ServedWarming ServedWarming::Start(const std::vector<std::string>& urls,
             url.c_str(), reply.status().ToString().c_str());
       }
       std::lock_guard<std::mutex> lock(state->mu);
-      state->ok += reply.ok() ? 1 : 0;
       --state->pending;
       state->cv.notify_all();
     }).detach();
@@ -56,15 +54,9 @@ ServedWarming ServedWarming::Start(const std::vector<std::string>& urls,
   return w;
 }
 
-std::size_t ServedWarming::sent() const {
-  std::lock_guard<std::mutex> lock(state_->mu);
-  return state_->sent;
-}
-
-std::size_t ServedWarming::Wait(std::chrono::milliseconds within) {
+void ServedWarming::Wait(std::chrono::milliseconds within) {
   std::unique_lock<std::mutex> lock(state_->mu);
   state_->cv.wait_for(lock, within, [&] { return state_->pending == 0; });
-  return state_->ok;
 }
 
 }  // namespace tenplex::transform

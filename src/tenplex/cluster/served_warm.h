@@ -14,7 +14,6 @@
 #pragma once
 
 #include <chrono>
-#include <cstddef>
 #include <memory>
 #include <string>
 #include <vector>
@@ -35,10 +34,8 @@ class ServedWarming {
                              std::shared_ptr<const std::string> shared_prepare,
                              const std::vector<HostPart>& parts,
                              const store::ClientOptions& client_options);
-  // The hosts sent a warm.
-  std::size_t sent() const;
-  // Waits until every warm answered, or `within` passed; the number that answered ok.
-  std::size_t Wait(std::chrono::milliseconds within);
+  // Waits until every warm answered, or `within` passed.
+  void Wait(std::chrono::milliseconds within);
 
  private:
   struct State;

@@ -69,7 +69,7 @@ class ServedWarmTest : public test_hosts::HostsFixture {
   }
 };
 
-TEST_F(ServedWarmTest, EachAgentPrefaultsWhatPeersFetchAndNoFetchMapsATensor) {
+TEST_F(ServedWarmTest, EachAgentPrefaultsWhatPeersFetch) {
   const Cluster four = ClusterOf({0, 1, 2, 3}, 2), two = ClusterOf({2, 3}, 2);
   Load(four, "tp=2,pp=2");  // ranks 0-3 on hosts 0 and 1
   struct Step {
