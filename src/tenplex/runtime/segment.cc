@@ -425,11 +425,14 @@ void Segment::KillWorkers() {
   }
 }
 
+// The hang clock restarts here: the parked survivors must not be taken for hung while
+// the killed ones die (a slow death under load once let the hang check kill them all).
 void Segment::KillUnparked() {
   for (Worker& x : workers_) {
     if (!x.exited && !x.parked) env_.launcher->Kill(x.pid);
   }
   unparked_killed_ = true;
+  t_progress_ = Clock::now();
 }
 
 void Segment::StopWorkers() {
