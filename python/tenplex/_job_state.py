@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .elastic_cluster import Coordinator
     from .elastic_policy import SuggestPolicy
-    from .member import Member, Presize
+    from .member import EarlyRestore, Member, Presize
     from .store import Store
 
 
@@ -36,6 +36,7 @@ class JobState:
     _coord: Coordinator | None  # rank 0: the job's coordinator, from restore() on
     _member: Member | None  # in-process membership; None under torchrun
     _presize: Presize | None
+    _early: EarlyRestore | None  # rank 0 in membership mode: the restore started in rejoin()
     _pending: tuple[int, dict[str, Any], float, Any] | None  # an asynchronous commit (its AsyncCommit last)
     _pg: tuple[str, float]  # init_process_group's backend and timeout
     _term: bool
@@ -47,3 +48,5 @@ class JobState:
         def _log_event(self, rec: dict[str, Any]) -> None: ...
 
         def _local_store(self) -> Store: ...
+
+        def _guarded_restore(self, urls: list[str]) -> dict[str, Any]: ...

@@ -398,6 +398,16 @@ class Job(_Commits, _mb.MemberJob):
         rec["transform_seconds"] = round(time.perf_counter() - t0, 4)
         return rec
 
+    def _guarded_restore(self, urls: list[str]) -> dict[str, Any]:
+        """Rank 0: _coordinate_restore's record, or its error as one ({"error"}, "fatal": True
+        for a loss that ends the job)."""
+        try:
+            return self._coordinate_restore(urls)
+        except FatalElasticError as e:
+            return {"error": str(e), "fatal": True}
+        except (ElasticError, _tenplex.Error, OSError, ValueError) as e:
+            return {"error": str(e)}
+
     def _resolve_lost(self, urls: list[str], extra: list[str]) -> tuple[list[_ec.HostView], Any]:
         """(views, committed state) after versions that the recovery left undecided are decided
         again, now that every daemon of this world answers (_views), and those still undecided,
@@ -429,12 +439,8 @@ class Job(_Commits, _mb.MemberJob):
         gathered = time.perf_counter()
         box: list[dict[str, Any]] = [{}]
         if self.rank == 0:
-            try:
-                box[0] = self._coordinate_restore(hosts)
-            except FatalElasticError as e:
-                box[0] = {"error": str(e), "fatal": True}
-            except (ElasticError, _tenplex.Error, OSError, ValueError) as e:
-                box[0] = {"error": str(e)}
+            early = self._early_record(hosts)  # membership mode: started by rejoin()
+            box[0] = early if early is not None else self._guarded_restore(hosts)
         dist.broadcast_object_list(box, src=0)
         rec = box[0]
         if rec.get("fatal"):

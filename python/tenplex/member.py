@@ -349,6 +349,48 @@ class Presize:
         return dict(rec, config=self.config, waited_s=round(time.perf_counter() - t0, 4))
 
 
+ENV_NO_EARLY_RESTORE = "TENPLEX_NO_EARLY_RESTORE"  # set (not "" or "0"): restore() coordinates (A/B baseline)
+
+
+class EarlyRestore:
+    """Rank 0 of a new world, from rejoin(): the restore's coordination (the recovery, the
+    job's lease, the transform onto the world's daemons; Job._guarded_restore) in a
+    background thread while the process group forms, instead of after it. The world
+    record names every host's daemon in group-rank order, so nothing of it needs the
+    group; restore() takes the record if the daemons it gathers are those (else it
+    coordinates again). A pending pre-size is finished first, as rejoin() did."""
+
+    def __init__(self, job: JobState, epoch: int, urls: list[str], presize: Optional[Presize]):
+        self.urls, self.epoch, self._presize = urls, epoch, presize
+        self.record: dict = {}
+        self.seconds = 0.0
+        self._error: Optional[BaseException] = None
+        self._thread = threading.Thread(target=self._run, args=(job,), name="tenplex-early-restore", daemon=True)
+        self._t0 = time.perf_counter()
+        self._thread.start()
+
+    def _run(self, job: JobState) -> None:
+        try:
+            if self._presize is not None:  # done before the transform takes its files
+                job._log_event({"event": "presize", "epoch": self.epoch, **self._presize.finish()})
+            self.record = job._guarded_restore(self.urls)
+        except BaseException as e:  # noqa: BLE001 - raised again in the main thread (result())
+            self._error = e
+        self.seconds = time.perf_counter() - self._t0
+
+    def wait(self) -> float:
+        """Waits for the thread; the seconds waited."""
+        t0 = time.perf_counter()
+        self._thread.join()
+        return time.perf_counter() - t0
+
+    def result(self) -> dict:
+        """The record (after wait()); what the coordination raised beyond its errors, raised."""
+        if self._error is not None:
+            raise self._error
+        return self.record
+
+
 def presize_world(job: str, policy, world: dict, old_cluster: dict, token: str) -> Presize:
     """Starts pre-sizing `world` (a world record: hosts, info with store_url and nproc) for
     the job's committed state on old_cluster; its config is the policy's for its size."""
@@ -377,6 +419,38 @@ class MemberJob(JobState):
     token, _log_event, _set_world."""
 
     _presize: Optional[Presize] = None  # rank 0: the pre-size of the next world, from its announcement
+    _early: Optional[EarlyRestore] = None  # rank 0: the restore started by rejoin()
+
+    def _start_early_restore(self) -> None:
+        """Rank 0 of the world just read (rejoin()): the restore's coordination starts now."""
+        world = self._member.world if self._member is not None else None
+        if self.rank != 0 or not world or os.environ.get(ENV_NO_EARLY_RESTORE, "0") not in ("", "0"):
+            return
+        urls = [world["info"][h]["store_url"] for h in world["hosts"]]
+        presize, self._presize = self._presize, None
+        self._early = EarlyRestore(self, self._member.epoch if self._member else 0, urls, presize)
+
+    def _settle_early(self) -> None:
+        """Waits for the early restore, if one runs, and drops it: the world may change after this."""
+        early, self._early = self._early, None
+        if early is not None:
+            early.wait()
+
+    def _early_record(self, hosts: list[str]) -> Optional[dict]:
+        """restore(), rank 0: the early restore's record when it coordinated for `hosts` (the
+        daemons the workers gathered), else None (restore() coordinates itself)."""
+        early = self._early
+        if early is None:
+            return None
+        waited = early.wait()
+        self._early = None
+        if early.urls != hosts:
+            log.warning(
+                "job %s: the world named daemons %s, the workers %s: restoring again", self.job, early.urls, hosts
+            )
+            return None
+        self._log_event({"event": "early_restore", "seconds": round(early.seconds, 4), "waited_s": round(waited, 4)})
+        return early.result()
 
     def _presize_next(self, world: dict) -> None:
         """Rank 0, from the watcher, when a newer world that lost no host is announced: the
@@ -482,6 +556,7 @@ class MemberJob(JobState):
     def _next_world_or_exit(self) -> None:
         """The next world's numbers set; exits 0 when it has no place for this worker (its host left)."""
         assert self._member is not None  # membership mode
+        self._settle_early()  # (an early restore for a world given up: its version stays committed)
         world = self._member.next_world()
         if world is None:
             self._log_event({"event": "elastic_exit", "left": True})
@@ -510,6 +585,7 @@ class MemberJob(JobState):
         t2 = time.perf_counter()
         self._next_world_or_exit()
         self.hosts, self._term = None, False
+        self._start_early_restore()
         self._join_world({"release_s": t1 - t0, "teardown_s": t2 - t1, "wait_world_s": time.perf_counter() - t2})
         if self._presize is not None:  # done before the restore's transform takes its files
             self._log_event({"event": "presize", "epoch": self._member.epoch, **self._presize.finish()})
