@@ -1,8 +1,9 @@
-#!/usr/bin/env python3
 """Warm workers' process groups (examples/gpt/parallel.py, members_only=True): each rank
 creates only its own tp/dp/mp/embed groups, without torch's world-wide barrier per group.
 
-  warm_groups_test.py [WORLD]
+Under pytest (issue 32 §4), ctest warm_groups:
+
+    python -m pytest tests/warm_groups_test.py::test_warm_groups
 
 Four processes (a gloo world on loopback) build the groups of several configs both ways
 (members only, and torch's new_group for every group) and check each against an
@@ -12,33 +13,38 @@ definition), an all-reduce over the group sums exactly those ranks' values, an
 all-gather returns them in rank order, and a broadcast from the group's last member
 (torch must know the group's ranks for that) reaches every member. Then a second world
 is joined in the same processes (a warm worker's next segment) and checked again.
+
+examples/gpt is not a package: the fixture `gpt_example` puts it on the path for the test
+(pytest's monkeypatch, undone afterwards); the spawned workers get the parent's path.
 """
 
+from __future__ import annotations
+
 import datetime
+import logging
 import os
-import sys
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from tenplex import layout as L
+from tenplex.testing import free_port
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
-sys.path.insert(0, os.path.join(ROOT, "examples", "gpt"))
-sys.path.insert(0, os.path.join(ROOT, "python"))
-
-import parallel  # noqa: E402
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
-
-from tenplex import layout as L  # noqa: E402
-from tenplex.testing import free_port  # noqa: E402
+_log = logging.getLogger(__name__)
 
 WORLD = 4
 CONFIGS = ["tp=2,pp=2", "tp=2,dp=2", "pp=2,dp=2", "dp=4", "tp=4"]
 
 
-def oracle(tp, dp, pp, rank):
+def oracle(tp: int, dp: int, pp: int, rank: int) -> dict[str, list[int]]:
     """{kind: sorted member ranks} of `rank`'s groups, from the rank formula."""
     t, d, p = rank % tp, (rank // tp) % dp, rank // (tp * dp)
 
-    def r(t_, d_, p_):
+    def r(t_: int, d_: int, p_: int) -> int:
         return t_ + tp * (d_ + dp * p_)
 
     out = {
@@ -51,11 +57,13 @@ def oracle(tp, dp, pp, rank):
     return out
 
 
-def check_groups(rank, cfg_text, members_only):
+def check_groups(rank: int, cfg_text: str, members_only: bool) -> list[str]:
+    import parallel  # examples/gpt (the gpt_example fixture)
+
     cfg = L.Config.parse(cfg_text)
     g = parallel.Groups(cfg, rank, tied_embeddings=True, members_only=members_only, timeout=60)
     want = oracle(cfg.tp, cfg.dp, cfg.pp, rank)
-    errors = []
+    errors: list[str] = []
     for kind, members in want.items():
         group, ranks = getattr(g, kind), getattr(g, kind + "_ranks")
         if sorted(ranks) != members:
@@ -80,9 +88,9 @@ def check_groups(rank, cfg_text, members_only):
     return errors
 
 
-def worker(rank, ports, queue):
+def worker(rank: int, ports: list[int], queue: Any) -> None:
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-    errors = []
+    errors: list[str] = []
     try:
         for port in ports:  # a world, then the next one in the same process
             dist.init_process_group(
@@ -101,7 +109,13 @@ def worker(rank, ports, queue):
     queue.put((rank, errors))
 
 
-def main():
+@pytest.fixture
+def gpt_example(monkeypatch: pytest.MonkeyPatch) -> None:
+    """examples/gpt on the path (its parallel.py imports meter.py beside it)."""
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "examples", "gpt"))
+
+
+def test_warm_groups(gpt_example: None) -> None:
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     ports = [free_port(), free_port()]
@@ -114,12 +128,6 @@ def main():
     errors = [e for r in sorted(results) for e in results[r]]
     errors += [f"rank {r} exited {p.exitcode}" for r, p in enumerate(procs) if p.exitcode != 0]
     for e in errors:
-        print("FAIL", e)
-    if errors:
-        return 1
-    print(f"ok: {len(CONFIGS)} configs x 2 ways x 2 worlds, {WORLD} ranks")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        _log.error("FAIL %s", e)
+    assert not errors, "\n".join(errors)
+    _log.info("ok: %d configs x 2 ways x 2 worlds, %d ranks", len(CONFIGS), WORLD)
