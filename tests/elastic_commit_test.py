@@ -1,7 +1,10 @@
 """tenplex.elastic's commit and restore against real store daemons, without torchrun.
 
-usage: elastic_commit_test.py TENPLEX_BIN [commit|restore|all]   (commit: the fault cases of
-finding 6; restore: the others; all: both, the default)
+Under pytest (issue 32 §4), TENPLEX_BIN the CLI under test:
+
+    python -m pytest tests/elastic_commit_test.py::test_commit    (ctest elastic_commit:
+                                                                   the fault cases of finding 6)
+    python -m pytest tests/elastic_commit_test.py::test_restore   (ctest elastic_restore: the others)
 
 The Job of every rank runs in a thread of this process over a fake process group
 (ThreadGroup: the collectives of torch.distributed that elastic.py uses, by barrier);
@@ -29,37 +32,38 @@ each of 3 "hosts" is a `tenplex store serve --shm-dir` daemon behind a fault pro
   message naming the recovery commands, and the next restart stops at once (exit 76).
 """
 
+from __future__ import annotations
+
 import json
+import logging
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 import types
+from collections.abc import Callable, Iterator
+from typing import Any
+from unittest import mock
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))
-import torch  # noqa: E402
-from daemons import Daemon  # noqa: E402
-from fault_proxy import FaultProxy  # noqa: E402
+import pytest
+import torch
+from elastic_run_testing import Checks
+from fault_proxy import FaultProxy
 
-from tenplex import elastic, elastic_commit  # noqa: E402
+from tenplex import elastic, elastic_commit
+from tenplex.testing import Daemon
 
-TENPLEX = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(HERE), "build", "bin", "tenplex")
-# The elastic API runs the distributed transform with the CLI it finds through TENPLEX_BIN
-# (tenplex.elastic_policy.tenplex_binary; never the checkout's build/).
-os.environ["TENPLEX_BIN"] = os.path.abspath(TENPLEX)
+_log = logging.getLogger(__name__)
+
+# The CLI under test and the test's check list: set for each test by the autouse fixture
+# `_each_test` (from the tenplex fixture, tests/conftest.py).
+TENPLEX = ""
+check = Checks()
 JOB = "j"
-failures = []
-
-
-def check(cond, what):
-    print(("ok: " if cond else "FAIL: ") + what, flush=True)
-    if not cond:
-        failures.append(what)
+Model = dict[str, Any]
+Results = list[tuple[Any, Any]]
 
 
 class ThreadGroup:
@@ -68,38 +72,38 @@ class ThreadGroup:
 
     ReduceOp = types.SimpleNamespace(MIN="min", MAX="max")
 
-    def __init__(self, n):
+    def __init__(self, n: int) -> None:
         self.n, self.slots, self.local = n, [None] * n, threading.local()
         self.barrier = threading.Barrier(n, timeout=120)
 
-    def _exchange(self, obj):
+    def _exchange(self, obj: Any) -> list[Any]:
         self.slots[self.local.rank] = obj
         self.barrier.wait()
         out = list(self.slots)
         self.barrier.wait()
         return out
 
-    def is_initialized(self):
+    def is_initialized(self) -> bool:
         return True
 
-    def all_gather_object(self, out, obj):
+    def all_gather_object(self, out: list[Any], obj: Any) -> None:
         out[:] = self._exchange(obj)
 
-    def broadcast_object_list(self, lst, src=0):
+    def broadcast_object_list(self, lst: list[Any], src: int = 0) -> None:
         lst[:] = self._exchange(list(lst))[src]
 
-    def all_reduce(self, t, op):
+    def all_reduce(self, t: torch.Tensor, op: str) -> None:
         vals = torch.stack(self._exchange(t.clone()))
         t.copy_(vals.min(0).values if op == "min" else vals.max(0).values)
 
-    def barrier_(self):
+    def barrier_(self) -> None:
         self._exchange(None)
 
-    def run(self, jobs, fn):
+    def run(self, jobs: list[elastic.Job], fn: Callable[[elastic.Job], Any]) -> Results:
         """fn(job) on every rank's thread; [(result, exception)] by rank."""
-        out = [(None, None)] * self.n
+        out: Results = [(None, None)] * self.n
 
-        def body(r):
+        def body(r: int) -> None:
             self.local.rank = r
             try:
                 out[r] = (fn(jobs[r]), None)
@@ -119,7 +123,7 @@ class ThreadGroup:
 class Hosts:
     """n daemons, each with its own shm dir, each behind a fault proxy (its stable URL)."""
 
-    def __init__(self, n):
+    def __init__(self, n: int) -> None:
         self.shm = [tempfile.mkdtemp(prefix="tenplex-ecommit-", dir="/dev/shm") for _ in range(n)]
         self.daemons = [Daemon(TENPLEX, args=("--shm-dir", d)) for d in self.shm]
         self.proxies = [FaultProxy() for _ in range(n)]
@@ -127,22 +131,22 @@ class Hosts:
             p.point_at(d)
         self.urls = [p.url for p in self.proxies]
 
-    def restart(self, i):
+    def restart(self, i: int) -> None:
         self.daemons[i].kill()
         self.daemons[i] = Daemon(TENPLEX, args=("--shm-dir", self.shm[i]))
         self.proxies[i].point_at(self.daemons[i])
 
-    def revive(self):
+    def revive(self) -> None:
         """Restarts every daemon that died (on its shm dir)."""
         for i, d in enumerate(self.daemons):
             if d.proc.poll() is not None:
                 self.restart(i)
 
-    def current(self, i):
+    def current(self, i: int) -> int:
         j = self.daemons[i].get("/v1/jobs/" + JOB)
         return j["current"]
 
-    def close(self):
+    def close(self) -> None:
         for d in self.daemons:
             d.kill()
         for p in self.proxies:
@@ -151,10 +155,10 @@ class Hosts:
             shutil.rmtree(s, ignore_errors=True)
 
 
-LIVE = []  # the Jobs of the newest incarnation
+LIVE: list[elastic.Job] = []  # the Jobs of the newest incarnation
 
 
-def retire():
+def retire() -> None:
     """The workers of the newest incarnation exit (their threads here): their rank 0
     gives up the job's lease, as its process would at exit."""
     for j in LIVE:
@@ -163,7 +167,7 @@ def retire():
     LIVE.clear()
 
 
-def make_jobs(urls, config, **kw):
+def make_jobs(urls: list[str], config: str, **kw: Any) -> list[elastic.Job]:
     """One Job per host (1 rank per host) as torchrun's environment would make them,
     after the incarnation before exited."""
     retire()
@@ -182,13 +186,13 @@ def make_jobs(urls, config, **kw):
     return jobs
 
 
-def use_group(group):
+def use_group(group: Any) -> None:
     """The fake process group for the modules of tenplex.elastic that run collectives."""
     elastic.dist = group
     elastic_commit.dist = group
 
 
-def new_job(urls, config, **kw):
+def new_job(urls: list[str], config: str, **kw: Any) -> tuple[ThreadGroup, list[elastic.Job]]:
     """(group, jobs) of a new job on the hosts, restored (nothing yet)."""
     group = ThreadGroup(len(urls))
     use_group(group)
@@ -197,20 +201,20 @@ def new_job(urls, config, **kw):
     return group, jobs
 
 
-def state(step, rank):
+def state(step: int, rank: int) -> dict[str, torch.Tensor]:
     return {"w": torch.full((64,), float(step * 10 + rank)), "b": torch.arange(8, dtype=torch.float32) + step}
 
 
-def commit_step(group, jobs, model, step):
+def commit_step(group: ThreadGroup, jobs: list[elastic.Job], model: Model, step: int) -> Results:
     """Every rank commits step's state; [(version, exception)] by rank."""
     return group.run(jobs, lambda j: j.commit({"model": model, "config": j.config, "step": step}, state(step, j.rank)))
 
 
-def restore(group, jobs):
+def restore(group: ThreadGroup, jobs: list[elastic.Job]) -> Results:
     return group.run(jobs, lambda j: j.restore())
 
 
-def check_restored(hosts, got, told, what):
+def check_restored(hosts: Hosts, got: Results, told: int, what: str) -> int | None:
     """got: restore's [(Restored, exc)]: one step's state on every rank, not older than
     told (the last step the workers were told was committed), and the version current
     with that step on every daemon."""
@@ -236,7 +240,7 @@ def check_restored(hosts, got, told, what):
     return version
 
 
-def commit_fault(model, config, host, rule, action):
+def commit_fault(model: Model, config: str, host: int, rule: str, action: str) -> None:
     """issue 34 finding 6: a fault on one host's request of the commit of step 3 (a
     stopped daemon is killed and restarted after the commit gave up on it)."""
     what = f"{config}, {action} of {rule} on host {host}"
@@ -271,7 +275,7 @@ def commit_fault(model, config, host, rule, action):
         hosts.close()
 
 
-def commit_refused_after_others(model, config):
+def commit_refused_after_others(model: Model, config: str) -> None:
     """issue 32 item 2: the commit of step 3 is refused on the last host in commit order
     after the others committed it (TENPLEX_FAULT_COMMIT=last, transform/two_phase.h): the
     commit fails on every rank, nothing is aborted, and the restart's recovery rolls the
@@ -308,7 +312,7 @@ def commit_refused_after_others(model, config):
         hosts.close()
 
 
-def down_at_start(model):
+def down_at_start(model: Model) -> None:
     """issue 34 finding 1: the daemon is down when the job restarts; it comes back on the
     same shm dir 2 s later: the job resumes at step 8. With a short connect_timeout the
     job fails naming the daemon."""
@@ -340,7 +344,9 @@ def down_at_start(model):
             # job's commit is refused (it no longer holds the lease; the version fence
             # below would refuse it too)
             other = elastic._ec.connect(hosts.daemons[0].url, "")
-            jobs[0]._coord._lease.release()
+            coord = jobs[0]._coord  # rank 0 coordinates
+            assert coord is not None and coord._lease is not None, "rank 0 holds the job's lease"
+            coord._lease.release()
             nv = other.begin_version(JOB, None, json.dumps({"model": model, "config": "tp=1,pp=1,dp=1", "step": 100}))
             other.commit(JOB, nv, False)
             res = commit_step(group, jobs, model, 9)
@@ -349,7 +355,7 @@ def down_at_start(model):
                 isinstance(e, elastic.ElasticError) and "no longer holds the job's lease" in str(e),
                 f"a commit after the lease was lost is refused ({e})",
             )
-            jobs[0]._coord.hold(hosts.urls)  # the lease again (none holds it): the version fence refuses
+            coord.hold(hosts.urls)  # the lease again (none holds it): the version fence refuses
             res = commit_step(group, jobs, model, 9)
             e = res[0][1]
             check(
@@ -362,7 +368,7 @@ def down_at_start(model):
         hosts.close()
 
 
-def fatal_loss(model, tmp):
+def fatal_loss(model: Model, tmp: str) -> None:
     """issue 34 finding 4: pp=2 on 2 hosts, host 1 lost for good: the transform onto
     host 0 alone fails for data loss. The job ends with one message naming the recovery
     commands and a marker that makes the next restart stop at once (FatalElasticError
@@ -408,7 +414,7 @@ def fatal_loss(model, tmp):
         hosts.close()
 
 
-def renamed_host(model):
+def renamed_host(model: Model) -> None:
     """issue 34 finding 3: a job committed with its daemons reached through proxies
     restarts with the daemons' own URLs: the same hosts by host id, so the version is
     used as it is (no transform); two URLs of one daemon in a world are refused."""
@@ -417,7 +423,7 @@ def renamed_host(model):
         group, jobs = new_job(hosts.urls, "pp=2")
         v = commit_step(group, jobs, model, 5)[0][0]
         if not elastic._ec.connect(hosts.urls[0], "").host_id:
-            print("skip: the daemons serve no host id (an older tenplex)")
+            _log.warning("skip: the daemons serve no host id (an older tenplex)")
             return
         for p in hosts.proxies:
             p.close()
@@ -440,7 +446,7 @@ def renamed_host(model):
         hosts.close()
 
 
-def layout_state(model, config, step, rank):
+def layout_state(model: Model, config: str, step: int, rank: int) -> dict[str, torch.Tensor]:
     """The rank's real tensors of the model in a data-parallel config (the transform
     reads them): replicas equal, each tensor step + its index / 1000, padding 0 (a
     parameter's optimizer companions share its padding)."""
@@ -458,7 +464,7 @@ def layout_state(model, config, step, rank):
     return out
 
 
-def stale_holder(model):
+def stale_holder(model: Model) -> None:
     """issue 34 finding 6: config and hosts unchanged, but one host lost the job (its
     daemon emptied): the restore re-places its ranks from the replicas (a transform)
     instead of mapping a version that host does not have."""
@@ -489,52 +495,71 @@ def stale_holder(model):
         hosts.close()
 
 
-def main():
-    part = sys.argv[2] if len(sys.argv) > 2 else "all"
-    if part not in ("commit", "restore", "all"):
-        raise SystemExit(f"usage: {sys.argv[0]} TENPLEX_BIN [commit|restore|all], not {part!r}")
-    t0 = time.time()
-    with tempfile.TemporaryDirectory() as tmp:
-        mpath = os.path.join(tmp, "m.json")
-        subprocess.run(
-            [
-                TENPLEX,
-                "model",
-                "gpt",
-                "--num-layers",
-                "6",
-                "--hidden-size",
-                "32",
-                "--num-attention-heads",
-                "4",
-                "--vocab-size",
-                "64",
-                "-o",
-                mpath,
-            ],
-            check=True,
-        )
-        with open(mpath) as f:
-            model = json.load(f)
+@pytest.fixture(autouse=True)
+def _each_test(tenplex: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The CLI under test in TENPLEX (the elastic API runs the distributed transform with
+    the CLI it finds through TENPLEX_BIN: tenplex.elastic_policy.tenplex_binary), a fresh
+    check list, and afterwards the environment (make_jobs sets torchrun's) and the
+    modules' process groups (use_group) as they were."""
+    global TENPLEX, check
+    TENPLEX, check = tenplex, Checks()
+    monkeypatch.setattr(elastic, "dist", elastic.dist)  # undone after the test, whatever use_group set
+    monkeypatch.setattr(elastic_commit, "dist", elastic_commit.dist)
+    with mock.patch.dict(os.environ, TENPLEX_BIN=os.path.abspath(tenplex)):
         os.environ.pop("TENPLEX_FATAL_FILE", None)
-        if part in ("restore", "all"):
-            fatal_loss(model, tmp)
-            renamed_host(model)
-            stale_holder(model)
-            down_at_start(model)
-    if part in ("commit", "all"):
-        commit = r"/versions/\d+/commit"
-        prepare = r"/versions/\d+/prepare"
-        for config in ("dp=3", "pp=3"):
-            commit_fault(model, config, 1, commit, "kill-before")
-        commit_fault(model, "pp=3", 0, commit, "kill-before")
-        commit_fault(model, "dp=3", 1, commit, "drop-reply")
-        commit_fault(model, "dp=3", 2, commit, "stop-before")
-        commit_fault(model, "pp=3", 2, prepare, "kill-before")
-        commit_refused_after_others(model, "dp=3")
-    print(f"{'FAILED' if failures else 'passed'}: {len(failures)} failures, {time.time() - t0:.1f} s")
-    sys.exit(1 if failures else 0)
+        try:
+            yield
+        finally:
+            LIVE.clear()  # the daemons are gone: nothing to release
 
 
-if __name__ == "__main__":
-    main()
+@pytest.fixture
+def model(tmp: str) -> Model:
+    """The test model (6 layers, so that pp=3 splits it)."""
+    mpath = os.path.join(tmp, "m.json")
+    subprocess.run(
+        [
+            TENPLEX,
+            "model",
+            "gpt",
+            "--num-layers",
+            "6",
+            "--hidden-size",
+            "32",
+            "--num-attention-heads",
+            "4",
+            "--vocab-size",
+            "64",
+            "-o",
+            mpath,
+        ],
+        check=True,
+    )
+    with open(mpath) as f:
+        m: Model = json.load(f)
+    return m
+
+
+def test_restore(model: Model, tmp: str) -> None:
+    t0 = time.time()
+    fatal_loss(model, tmp)
+    renamed_host(model)
+    stale_holder(model)
+    down_at_start(model)
+    _log.info("restore: %.1f s", time.time() - t0)
+    check.finish()
+
+
+def test_commit(model: Model) -> None:
+    t0 = time.time()
+    commit = r"/versions/\d+/commit"
+    prepare = r"/versions/\d+/prepare"
+    for config in ("dp=3", "pp=3"):
+        commit_fault(model, config, 1, commit, "kill-before")
+    commit_fault(model, "pp=3", 0, commit, "kill-before")
+    commit_fault(model, "dp=3", 1, commit, "drop-reply")
+    commit_fault(model, "dp=3", 2, commit, "stop-before")
+    commit_fault(model, "pp=3", 2, prepare, "kill-before")
+    commit_refused_after_others(model, "dp=3")
+    _log.info("commit: %.1f s", time.time() - t0)
+    check.finish()
