@@ -21,14 +21,14 @@
 namespace tenplex::py {
 namespace {
 
-// One client per URL (transform::ConnectCluster); with allow_lost a host that cannot be
+// One client per URL (cluster::ConnectCluster); with allow_lost a host that cannot be
 // reached gets a null client.
 struct Hosts {
   std::vector<std::unique_ptr<store::Client>> owned;
   std::vector<store::Client*> clients;
   std::vector<int> all;
-  store::ClientOptions options;                // every client's (token, timeout, coordinator)
-  std::unique_ptr<transform::JobLease> lease;  // taken for the call when it named no coordinator
+  store::ClientOptions options;              // every client's (token, timeout, coordinator)
+  std::unique_ptr<cluster::JobLease> lease;  // taken for the call when it named no coordinator
 };
 
 // coordinator: the caller's name, whose job lease it holds (a JobLease below); "" makes
@@ -41,25 +41,25 @@ Result<Hosts> ConnectHosts(const std::vector<std::string>& urls, const std::stri
   store::ClientOptions o;
   o.token = token;
   o.timeout_s = timeout_s;
-  o.coordinator = coordinator.empty() ? transform::NewCoordinator("tenplex-elastic") : coordinator;
-  transform::Cluster cluster;
+  o.coordinator = coordinator.empty() ? cluster::NewCoordinator("tenplex-elastic") : coordinator;
+  io::Cluster cluster;
   cluster.hosts = urls;
   Hosts h;
   h.options = o;
-  TP_ASSIGN_OR_RETURN(h.owned, transform::ConnectCluster(cluster, o, allow_lost));
+  TP_ASSIGN_OR_RETURN(h.owned, cluster::ConnectCluster(cluster, o, allow_lost));
   for (std::size_t i = 0; i < h.owned.size(); ++i) {
     h.clients.push_back(h.owned[i].get());
     h.all.push_back(static_cast<int>(i));
   }
   if (coordinator.empty()) {
-    TP_ASSIGN_OR_RETURN(double wait, transform::LeaseWaitFromEnv(60));
+    TP_ASSIGN_OR_RETURN(double wait, cluster::LeaseWaitFromEnv(60));
     TP_ASSIGN_OR_RETURN(
-        h.lease, transform::JobLease::Acquire(h.clients, job, o, {store::kDefaultLeaseMs, wait}));
+        h.lease, cluster::JobLease::Acquire(h.clients, job, o, {store::kDefaultLeaseMs, wait}));
   }
   return h;
 }
 
-pyb::dict OutcomeDict(const transform::CommitOutcome& c) {
+pyb::dict OutcomeDict(const cluster::CommitOutcome& c) {
   pyb::dict d;
   d["confirmed"] = c.confirmed;
   d["unconfirmed"] = c.unconfirmed;
@@ -67,17 +67,17 @@ pyb::dict OutcomeDict(const transform::CommitOutcome& c) {
   return d;
 }
 
-// The two-phase commit of version on every host (transform::PrepareAndCommit, the one
+// The two-phase commit of version on every host (cluster::PrepareAndCommit, the one
 // implementation: prepare durable, decide, commit; a failed prepare is aborted
 // everywhere and raises; a commit refused after others committed raises DataLoss and
 // is rolled forward by the next cluster_resolve).
 pyb::dict PrepareCommit(const std::vector<std::string>& urls, const std::string& token,
                         const std::string& job, uint64_t version, bool release, int timeout_s,
                         const std::string& coordinator) {
-  Result<transform::CommitOutcome> out = NoGil([&]() -> Result<transform::CommitOutcome> {
+  Result<cluster::CommitOutcome> out = NoGil([&]() -> Result<cluster::CommitOutcome> {
     TP_ASSIGN_OR_RETURN(
         Hosts h, ConnectHosts(urls, token, timeout_s, /*allow_lost=*/false, job, coordinator));
-    return transform::PrepareAndCommit(h.clients, h.all, job, version, release);
+    return cluster::PrepareAndCommit(h.clients, h.all, job, version, release);
   });
   return OutcomeDict(Take(std::move(out)));
 }
@@ -90,7 +90,7 @@ bool AbortAll(const std::vector<std::string>& urls, const std::string& token,
   Status s = NoGil([&]() -> Status {
     TP_ASSIGN_OR_RETURN(
         Hosts h, ConnectHosts(urls, token, timeout_s, /*allow_lost=*/true, job, coordinator));
-    return transform::AbortEverywhere(h.clients, h.all, job, version);
+    return cluster::AbortEverywhere(h.clients, h.all, job, version);
   });
   if (s.code() == StatusCode::kFailedPrecondition) return false;
   Check(s);
@@ -101,10 +101,10 @@ bool AbortAll(const std::vector<std::string>& urls, const std::string& token,
 pyb::dict Resolve(const std::vector<std::string>& urls, const std::string& token,
                   const std::string& job, bool owner, int timeout_s,
                   const std::string& coordinator) {
-  transform::Resolution res = Take(NoGil([&]() -> Result<transform::Resolution> {
+  cluster::Resolution res = Take(NoGil([&]() -> Result<cluster::Resolution> {
     TP_ASSIGN_OR_RETURN(
         Hosts h, ConnectHosts(urls, token, timeout_s, /*allow_lost=*/true, job, coordinator));
-    return transform::ResolvePending(urls, h.clients, job, owner);
+    return cluster::ResolvePending(urls, h.clients, job, owner);
   }));
   pyb::dict d;
   d["committed"] = res.committed;
@@ -118,21 +118,21 @@ pyb::dict Resolve(const std::vector<std::string>& urls, const std::string& token
 // tenplex._tenplex.JobLease: a coordinator's lease of a job on the hosts that answer
 // (transform/job_lease.h), renewed in a C++ thread until release() (or the object goes).
 // A negative wait_s (the default) waits TENPLEX_LEASE_WAIT, 60 s unless set
-// (transform::LeaseWaitFromEnv: the one parser of that variable).
+// (cluster::LeaseWaitFromEnv: the one parser of that variable).
 class PyJobLease {
  public:
   PyJobLease(const std::vector<std::string>& urls, const std::string& token, const std::string& job,
              const std::string& coordinator, int64_t ttl_ms, double wait_s, int timeout_s) {
     if (coordinator.empty()) Check(InvalidArgument("a JobLease needs the coordinator's name"));
-    lease_ = Take(NoGil([&]() -> Result<std::unique_ptr<transform::JobLease>> {
+    lease_ = Take(NoGil([&]() -> Result<std::unique_ptr<cluster::JobLease>> {
       // Named coordinator: ConnectHosts takes no lease of its own.
       double wait = wait_s;
       if (wait < 0) {
-        TP_ASSIGN_OR_RETURN(wait, transform::LeaseWaitFromEnv(60));
+        TP_ASSIGN_OR_RETURN(wait, cluster::LeaseWaitFromEnv(60));
       }
       TP_ASSIGN_OR_RETURN(
           Hosts h, ConnectHosts(urls, token, timeout_s, /*allow_lost=*/true, job, coordinator));
-      return transform::JobLease::Acquire(h.clients, job, h.options, {ttl_ms, wait});
+      return cluster::JobLease::Acquire(h.clients, job, h.options, {ttl_ms, wait});
     }));
   }
   std::string holder() const { return lease_ ? lease_->holder() : ""; }
@@ -146,18 +146,18 @@ class PyJobLease {
     return s.ok() ? "" : s.ToString();
   }
   void Release() {
-    std::unique_ptr<transform::JobLease> l = std::move(lease_);
+    std::unique_ptr<cluster::JobLease> l = std::move(lease_);
     NoGil([&] { l.reset(); });
   }
 
  private:
-  std::unique_ptr<transform::JobLease> lease_;
+  std::unique_ptr<cluster::JobLease> lease_;
 };
 
 // tenplex._tenplex.StateInfo: a version's info, parsed and validated by the C++ owner
 // of its fields (transform/state_info.h); Python reads it typed, never by hand.
 void RegisterStateInfo(pyb::module_& m) {
-  using transform::StateInfo;
+  using io::StateInfo;
   pyb::class_<StateInfo>(m, "StateInfo",
                          "A version's info (model, config, training fields, placement)")
       .def_static(
@@ -211,7 +211,7 @@ void RegisterStateInfo(pyb::module_& m) {
 
 void register_cluster(pyb::module_& m) {
   RegisterStateInfo(m);
-  m.def("new_coordinator", &transform::NewCoordinator, pyb::arg("what"),
+  m.def("new_coordinator", &cluster::NewCoordinator, pyb::arg("what"),
         "A fresh coordinator name: what@host:pid:random (store/lease.h)");
   pyb::class_<PyJobLease>(m, "JobLease")
       .def(pyb::init<const std::vector<std::string>&, const std::string&, const std::string&,

@@ -178,10 +178,10 @@ Status Serve(const ServeOpts& o) {
   store::Server server(*st, sv);
   // The transform agent: a data-plane endpoint serving this store's tensors to peer
   // daemons, and the /v1/transform/ endpoints (docs/transform.md).
-  std::unique_ptr<transform::Agent> agent;
+  std::unique_ptr<cluster::Agent> agent;
   std::string data_plane = "none";
   if (o.transport != "none") {
-    transform::AgentOptions ao;
+    cluster::AgentOptions ao;
     ao.transport = o.transport;
     TP_ASSIGN_OR_RETURN(auto devices, DataPlaneDevices(o, hp.host));
     ao.transport_options.ucx_net_devices = devices.first;
@@ -190,7 +190,7 @@ Status Serve(const ServeOpts& o) {
     ao.peer_token = sv.token;
     ao.local_peer_reads = !o.no_local_reads;
     if (const char* fault = std::getenv("TENPLEX_FAULT")) ao.fault = fault;
-    TP_ASSIGN_OR_RETURN(agent, transform::Agent::Create(*st, ao));
+    TP_ASSIGN_OR_RETURN(agent, cluster::Agent::Create(*st, ao));
     agent->Install(server);
   }
   TP_ASSIGN_OR_RETURN(int port, server.Bind(hp.host, hp.port));
@@ -225,7 +225,7 @@ Result<std::unique_ptr<Client>> ConnectFor(const std::string& url, const TokenOp
   return Client::Connect(url, co);
 }
 
-std::string Describe(const transform::TransferStats& s) {
+std::string Describe(const cluster::TransferStats& s) {
   char buf[256];
   std::snprintf(buf, sizeof(buf), "%zu tensors (%s) of %d ranks via %s in %.2f s (%.2f GB/s)",
                 s.tensors, HumanBytes(static_cast<int64_t>(s.bytes)).c_str(), s.ranks,
@@ -236,7 +236,7 @@ std::string Describe(const transform::TransferStats& s) {
 
 // --json: the statistics as JSON; -q: nothing. Returns true when it printed (or
 // should stay silent) so that the caller skips its sentence.
-bool PrintTransfer(const transform::TransferStats& s, const std::string& job, bool json) {
+bool PrintTransfer(const cluster::TransferStats& s, const std::string& job, bool json) {
   if (json) {
     nlohmann::json j = {{"job", job},
                         {"version", s.version},
@@ -262,28 +262,28 @@ Status ClusterTransfer(bool load, const std::string& cluster_path, const std::st
                        bool json, bool verify = true) {
   if (cluster_path.empty() == url.empty())
     return InvalidArgument("give exactly one of --url and --cluster");
-  TP_ASSIGN_OR_RETURN(transform::Cluster cluster, transform::ReadClusterFile(cluster_path));
+  TP_ASSIGN_OR_RETURN(io::Cluster cluster, io::ReadClusterFile(cluster_path));
   ClientOptions co;
   TP_ASSIGN_OR_RETURN(co.token, ResolveToken(token));
   // A daemon that stops answering (stopped, hung) fails the request after 30 s of
   // silence instead of the default 10 minutes.
   co.timeout_s = 30;
-  co.coordinator = transform::NewCoordinator(load ? "tenplex-store-load" : "tenplex-store-save");
-  TP_ASSIGN_OR_RETURN(double wait, transform::LeaseWaitFromEnv(60));
-  TP_ASSIGN_OR_RETURN(auto clients, transform::ConnectCluster(cluster, co, /*allow_lost=*/!load));
+  co.coordinator = cluster::NewCoordinator(load ? "tenplex-store-load" : "tenplex-store-save");
+  TP_ASSIGN_OR_RETURN(double wait, cluster::LeaseWaitFromEnv(60));
+  TP_ASSIGN_OR_RETURN(auto clients, cluster::ConnectCluster(cluster, co, /*allow_lost=*/!load));
   // One coordinator of the job at a time (cluster/job_lease.h): a load's recovery and
   // commit, and a save's roll-forward, never run beside another coordinator's.
   std::vector<store::Client*> raw;
   for (const auto& c : clients) raw.push_back(c.get());
   TP_ASSIGN_OR_RETURN(auto lease,
-                      transform::JobLease::Acquire(raw, job, co, {store::kDefaultLeaseMs, wait}));
+                      cluster::JobLease::Acquire(raw, job, co, {store::kDefaultLeaseMs, wait}));
   Progress progress(load ? "store load" : "store save");
-  Result<transform::TransferStats> r =
-      load ? transform::LoadCheckpointToCluster(cluster, clients, job, dir, verify)
-           : transform::SaveCheckpointFromCluster(cluster, clients, job, dir);
+  Result<cluster::TransferStats> r =
+      load ? cluster::LoadCheckpointToCluster(cluster, clients, job, dir, verify)
+           : cluster::SaveCheckpointFromCluster(cluster, clients, job, dir);
   progress.Done();
   if (!r.ok()) return r.status();
-  const transform::TransferStats& s = *r;
+  const cluster::TransferStats& s = *r;
   if (PrintTransfer(s, job, json)) return Status::Ok();
   if (load) {
     std::printf(
@@ -379,7 +379,7 @@ void AddLoad(CLI::App* cmd, Context& ctx) {
     auto c = ConnectFor(lo->url, lo->token, lo->http);
     if (!c.ok()) return Finish(ctx, c.status());
     Progress progress("store load");
-    auto s = transform::LoadCheckpoint(**c, lo->job, lo->dir, !lo->no_verify);
+    auto s = cluster::LoadCheckpoint(**c, lo->job, lo->dir, !lo->no_verify);
     progress.Done();
     if (!s.ok()) return Finish(ctx, s.status());
     if (PrintTransfer(*s, lo->job, lo->json)) return Finish(ctx, Status::Ok());
@@ -411,7 +411,7 @@ void AddSave(CLI::App* cmd, Context& ctx) {
     auto c = ConnectFor(vo->url, vo->token, vo->http);
     if (!c.ok()) return Finish(ctx, c.status());
     Progress progress("store save");
-    auto s = transform::SaveCheckpoint(**c, vo->job, vo->dir);
+    auto s = cluster::SaveCheckpoint(**c, vo->job, vo->dir);
     progress.Done();
     if (!s.ok()) return Finish(ctx, s.status());
     if (PrintTransfer(*s, vo->job, vo->json)) return Finish(ctx, Status::Ok());

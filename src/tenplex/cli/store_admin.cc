@@ -46,7 +46,7 @@ Result<std::vector<Host>> Connect(const AdminOpts& o) {
   co.use_shm = false;  // control calls only
   std::vector<std::string> urls;
   if (!o.cluster.empty()) {
-    TP_ASSIGN_OR_RETURN(transform::Cluster c, transform::ReadClusterFile(o.cluster));
+    TP_ASSIGN_OR_RETURN(io::Cluster c, io::ReadClusterFile(o.cluster));
     urls = c.hosts;
   } else {
     urls.push_back(o.url.empty() ? kDefaultUrl : o.url);

@@ -33,10 +33,10 @@ struct TransformOpts {
 };
 
 // `tenplex transform --presize`: each host's line (or JSON) of what its pool now holds.
-Status PrintPresized(const TransformOpts& o, const transform::ClusterTransformStats& s) {
+Status PrintPresized(const TransformOpts& o, const cluster::ClusterTransformStats& s) {
   if (o.json) {
     nlohmann::json hosts = nlohmann::json::array();
-    for (const transform::HostPresizeReport& h : s.presized) {
+    for (const cluster::HostPresizeReport& h : s.presized) {
       hosts.push_back({{"url", h.url},
                        {"wanted_bytes", h.wanted_bytes},
                        {"poolable_bytes", h.poolable_bytes},
@@ -49,7 +49,7 @@ Status PrintPresized(const TransformOpts& o, const transform::ClusterTransformSt
     std::printf("%s\n", j.dump(2).c_str());
     return Status::Ok();
   }
-  for (const transform::HostPresizeReport& h : s.presized) {
+  for (const cluster::HostPresizeReport& h : s.presized) {
     std::printf(
         "%s: pool %s for the %s this transform allocates there (%s in files large enough "
         "to pool) (%.2f s)\n",
@@ -63,19 +63,19 @@ Status PrintPresized(const TransformOpts& o, const transform::ClusterTransformSt
 }
 
 // `tenplex transform --recover`: finish or roll back what a crash left half done.
-Status Recover(const TransformOpts& o, const transform::Cluster& cluster) {
+Status Recover(const TransformOpts& o, const io::Cluster& cluster) {
   TP_ASSIGN_OR_RETURN(store::ClientOptions co, ClusterClientOptions(o.token));
   co.timeout_s = o.control_timeout;
-  co.coordinator = transform::NewCoordinator("tenplex-transform-recover");
-  TP_ASSIGN_OR_RETURN(double wait, transform::LeaseWaitFromEnv(60));
-  TP_ASSIGN_OR_RETURN(auto clients, transform::ConnectCluster(cluster, co, /*allow_lost=*/true));
+  co.coordinator = cluster::NewCoordinator("tenplex-transform-recover");
+  TP_ASSIGN_OR_RETURN(double wait, cluster::LeaseWaitFromEnv(60));
+  TP_ASSIGN_OR_RETURN(auto clients, cluster::ConnectCluster(cluster, co, /*allow_lost=*/true));
   std::vector<store::Client*> raw;
   for (const auto& c : clients) raw.push_back(c.get());
   // Never decide beside a live coordinator of the job (job_lease.h).
   TP_ASSIGN_OR_RETURN(auto lease,
-                      transform::JobLease::Acquire(raw, o.job, co, {store::kDefaultLeaseMs, wait}));
-  TP_ASSIGN_OR_RETURN(transform::Resolution r,
-                      transform::ResolvePending(cluster.hosts, raw, o.job, /*owner=*/true));
+                      cluster::JobLease::Acquire(raw, o.job, co, {store::kDefaultLeaseMs, wait}));
+  TP_ASSIGN_OR_RETURN(cluster::Resolution r,
+                      cluster::ResolvePending(cluster.hosts, raw, o.job, /*owner=*/true));
   if (o.json) {
     nlohmann::json j = {{"job", o.job},         {"committed", r.committed}, {"aborted", r.aborted},
                         {"pending", r.pending}, {"released", r.released},   {"lines", r.lines}};
@@ -92,10 +92,10 @@ Status Recover(const TransformOpts& o, const transform::Cluster& cluster) {
 
 // The participants of the last round as `--json` lists them ("hosts"): each one's
 // prepare reply's bytes and phases.
-nlohmann::json HostsJson(const transform::ClusterTransformStats& s) {
+nlohmann::json HostsJson(const cluster::ClusterTransformStats& s) {
   nlohmann::json hosts = nlohmann::json::array();
-  for (const transform::HostTransformReport& h : s.hosts) {
-    const transform::PrepareReply& p = h.prepare;
+  for (const cluster::HostTransformReport& h : s.hosts) {
+    const cluster::PrepareReply& p = h.prepare;
     hosts.push_back({{"url", h.url},
                      {"ranks", h.ranks},
                      {"bytes_kept", p.bytes_kept},
@@ -115,18 +115,18 @@ nlohmann::json HostsJson(const transform::ClusterTransformStats& s) {
 }
 
 Status Transform(const TransformOpts& o) {
-  TP_ASSIGN_OR_RETURN(transform::Cluster cluster, transform::ReadClusterFile(o.cluster));
+  TP_ASSIGN_OR_RETURN(io::Cluster cluster, io::ReadClusterFile(o.cluster));
   if (o.presize && (o.central || o.recover))
     return InvalidArgument(
         "--presize is for the distributed transform: not with --central or --recover");
   if (o.recover) return Recover(o, cluster);
   if (o.to.empty()) return InvalidArgument("--to is required (unless --recover)");
-  transform::ClusterTransformOptions opts;
+  cluster::ClusterTransformOptions opts;
   opts.control_timeout_s = o.control_timeout;
   opts.silent_s = o.silent_timeout;
   opts.prepare_timeout_s = o.prepare_timeout;
   if (!o.to_cluster.empty()) {
-    TP_ASSIGN_OR_RETURN(opts.to, transform::ReadClusterFile(o.to_cluster));
+    TP_ASSIGN_OR_RETURN(opts.to, io::ReadClusterFile(o.to_cluster));
   }
   Result<ParallelConfig> to = ParseConfig(o.to);
   if (!to.ok()) return to.status().WithContext("--to");
@@ -134,7 +134,7 @@ Status Transform(const TransformOpts& o) {
   opts.central = o.central;
   opts.local_peer_reads = !o.no_local_reads;
   opts.presize_only = o.presize;
-  TP_ASSIGN_OR_RETURN(opts.lease_wait_s, transform::LeaseWaitFromEnv(opts.lease_wait_s));
+  TP_ASSIGN_OR_RETURN(opts.lease_wait_s, cluster::LeaseWaitFromEnv(opts.lease_wait_s));
   TP_ASSIGN_OR_RETURN(store::ClientOptions co, ClusterClientOptions(o.token));
   // Run on behalf of a coordinator that holds the job's lease (the rank 0 of a torchrun
   // job, tenplex.elastic): its name, and no lease of our own (job_lease.h).
@@ -150,14 +150,14 @@ Status Transform(const TransformOpts& o) {
   // Bytes of the new version, as each host's prepare reports them done.
   std::optional<Progress> progress;
   if (!o.quiet) progress.emplace("transform");
-  Result<transform::ClusterTransformStats> r =
-      transform::TransformCluster(cluster, o.job, *to, co, opts);
+  Result<cluster::ClusterTransformStats> r =
+      cluster::TransformCluster(cluster, o.job, *to, co, opts);
   if (progress) progress->Done();
   if (!r.ok()) return r.status();
-  const transform::ClusterTransformStats& s = *r;
+  const cluster::ClusterTransformStats& s = *r;
   if (o.presize) return PrintPresized(o, s);
   if (!o.json) {
-    std::printf("%s\n", transform::ClusterTransformSummary(s).c_str());
+    std::printf("%s\n", cluster::ClusterTransformSummary(s).c_str());
     return Status::Ok();
   }
   nlohmann::json j = {{"from_version", s.from_version},

@@ -6,8 +6,8 @@
 #include "tenplex/cluster/control_replies.h"
 #include "tenplex/cluster/reply_fuzzing.h"
 
-namespace tt = tenplex::transform;
+namespace tc = tenplex::cluster;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  return tt::FuzzReplyRoundTrip(data, size, tt::DecodeAddressReply, tt::EncodeAddressReply);
+  return tc::FuzzReplyRoundTrip(data, size, tc::DecodeAddressReply, tc::EncodeAddressReply);
 }

@@ -12,7 +12,7 @@
 #include "tenplex/transport/peer_files.h"
 #include "tenplex/util/json_value.h"
 
-namespace tenplex::transform {
+namespace tenplex::cluster {
 
 using nlohmann::json;
 
@@ -103,14 +103,14 @@ Result<std::string> Agent::Impl::Locate(const std::string& body) {
 // POST names a job ({"job": J}): the reply adds this store's incarnation of it, if any
 // (the coordinator's capabilities name it: transport/capability.h).
 std::string Agent::Impl::AddressReply(const std::string& job) {
-  transform::AddressReply reply;  // the struct (control_replies.h), not this method
+  cluster::AddressReply reply;  // the struct (control_replies.h), not this method
   reply.address = transport->LocalAddress();
   reply.kind = std::string(transport->kind());
   if (Result<store::JobInfo> j = store.Job(job); !job.empty() && j.ok())
     reply.incarnation = j->incarnation;
   if (options.local_peer_reads && !transport::HostBootId().empty())
     reply.local =
-        transform::AddressReply::Local{transport::HostBootId(), store.shm_dir(), store.id()};
+        cluster::AddressReply::Local{transport::HostBootId(), store.shm_dir(), store.id()};
   return EncodeAddressReply(reply);
 }
 
@@ -190,4 +190,4 @@ Result<std::string> Agent::Handle(const std::string& method, const std::string& 
   return NotFound("no endpoint " + method + " " + path + " (see docs/transform.md)");
 }
 
-}  // namespace tenplex::transform
+}  // namespace tenplex::cluster

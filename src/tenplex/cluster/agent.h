@@ -73,7 +73,7 @@
 #include "tenplex/transport/transport.h"
 #include "tenplex/util/status.h"
 
-namespace tenplex::transform {
+namespace tenplex::cluster {
 
 struct AgentOptions {
   std::string transport = "ucx";  // "ucx" or "inproc" (tests within one process)
@@ -127,4 +127,4 @@ class Agent {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace tenplex::transform
+}  // namespace tenplex::cluster

@@ -8,7 +8,7 @@
 #include "tenplex/util/json_depth.h"
 #include "tenplex/util/status.h"
 
-namespace tenplex::transform {
+namespace tenplex::cluster {
 
 inline double SecondsSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -23,4 +23,4 @@ inline Result<nlohmann::json> ParseRequestBody(const std::string& body) {
   return j;
 }
 
-}  // namespace tenplex::transform
+}  // namespace tenplex::cluster

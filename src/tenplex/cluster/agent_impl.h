@@ -23,7 +23,7 @@
 #include "tenplex/transform/store_tensors.h"
 #include "tenplex/transport/transport.h"
 
-namespace tenplex::transform {
+namespace tenplex::cluster {
 
 struct Agent::Impl {
   store::Store& store;
@@ -63,13 +63,15 @@ struct Agent::Impl {
   // Prepare's parts (agent_prepare.cc).
   // The number of tensors warmed.
   std::size_t WarmServed(const PrepareRequest& r, const Layout& from);
-  HostExecInput ExecInput(const PrepareRequest& r, const plan::Plan& p, const Layout& from,
-                          const Layout& to, const MappedSources& src, const MappedDests& dst,
-                          const std::set<std::pair<int, int>>& linked,
-                          std::atomic<int64_t>& shm_bytes, std::atomic<int>& shm_peers);
+  transform::HostExecInput ExecInput(const PrepareRequest& r, const plan::Plan& p,
+                                     const Layout& from, const Layout& to,
+                                     const transform::MappedSources& src,
+                                     const transform::MappedDests& dst,
+                                     const std::set<std::pair<int, int>>& linked,
+                                     std::atomic<int64_t>& shm_bytes, std::atomic<int>& shm_peers);
   Status FetchFrom(const PrepareRequest& r, int peer,
                    const std::vector<transport::ReadRequest>& reqs, std::atomic<int64_t>& shm_bytes,
                    std::atomic<int>& shm_peers);
 };
 
-}  // namespace tenplex::transform
+}  // namespace tenplex::cluster

@@ -2,7 +2,7 @@
 
 #include "tenplex/store/parse.h"
 
-namespace tenplex::transform {
+namespace tenplex::cluster {
 
 ServedMaps::ServedMaps(store::Store& store) : store_(store) {
   reaper_ = std::thread([this] { ReapLoop(); });
@@ -100,4 +100,4 @@ void ServedMaps::Purge(const std::string* job) {
   reap_cv_.notify_one();
 }
 
-}  // namespace tenplex::transform
+}  // namespace tenplex::cluster

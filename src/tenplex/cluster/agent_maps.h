@@ -26,7 +26,7 @@
 #include "tenplex/store/store.h"
 #include "tenplex/util/status.h"
 
-namespace tenplex::transform {
+namespace tenplex::cluster {
 
 class ServedMaps {
  public:
@@ -72,4 +72,4 @@ class ServedMaps {
   std::thread reaper_;
 };
 
-}  // namespace tenplex::transform
+}  // namespace tenplex::cluster

@@ -2,7 +2,7 @@
 
 #include <cstdio>
 
-namespace tenplex::transform {
+namespace tenplex::cluster {
 
 void AgentMetrics::CountPrepare(bool ok, int64_t bytes_fetched, int64_t bytes_local,
                                 int64_t bytes_linked, int64_t bytes_fetched_shm, double seconds) {
@@ -83,4 +83,4 @@ std::string AgentMetrics::Text(const transport::Transport& transport, uint64_t p
   return o;
 }
 
-}  // namespace tenplex::transform
+}  // namespace tenplex::cluster

@@ -13,7 +13,7 @@
 #include "tenplex/transport/capability.h"
 #include "tenplex/transport/transport.h"
 
-namespace tenplex::transform {
+namespace tenplex::cluster {
 
 class AgentMetrics {
  public:
@@ -41,4 +41,4 @@ class AgentMetrics {
   transport::RefusalCounter refused_;
 };
 
-}  // namespace tenplex::transform
+}  // namespace tenplex::cluster

@@ -4,7 +4,7 @@
 
 #include "tenplex/model/model.h"
 
-namespace tenplex::transform {
+namespace tenplex::cluster {
 namespace {
 
 // What determines a request's layouts and plan: the model, both configs, where the
@@ -73,4 +73,4 @@ Result<PlannedRequest> PlanCache::Get(const std::string& body) {
   return q;
 }
 
-}  // namespace tenplex::transform
+}  // namespace tenplex::cluster

@@ -26,7 +26,7 @@
 #include "tenplex/ptc/layout.h"
 #include "tenplex/util/status.h"
 
-namespace tenplex::transform {
+namespace tenplex::cluster {
 
 // The layouts of a request and this host's part of its plan.
 struct PlanCore {
@@ -65,4 +65,4 @@ class PlanCache {
   std::atomic<uint64_t> reused_{0};
 };
 
-}  // namespace tenplex::transform
+}  // namespace tenplex::cluster

@@ -9,7 +9,19 @@
 #include "tenplex/store/parse.h"
 #include "tenplex/transform/local.h"
 
-namespace tenplex::transform {
+namespace tenplex::cluster {
+
+using transform::AllocateDests;
+using transform::ExecuteHostPart;
+using transform::HostExecInput;
+using transform::HostExecStats;
+using transform::LinkUnchanged;
+using transform::MappedDests;
+using transform::MappedSources;
+using transform::MapSources;
+using transform::NewTensorBytes;
+using transform::SourcesReadHere;
+using transform::UnchangedTensors;
 
 namespace {
 
@@ -268,4 +280,4 @@ Result<std::string> Agent::Impl::Warm(const std::string& body) {
   return EncodeWarmReply(reply);
 }
 
-}  // namespace tenplex::transform
+}  // namespace tenplex::cluster

@@ -16,7 +16,7 @@
 #include "tenplex/transport/capability.h"
 #include "tenplex/util/thread_pool.h"
 
-namespace tenplex::transform {
+namespace tenplex::cluster {
 
 using nlohmann::json;
 
@@ -172,4 +172,4 @@ Result<std::string> AgentProber::Probe(const std::string& body) {
   return EncodeProbeReply(reply);
 }
 
-}  // namespace tenplex::transform
+}  // namespace tenplex::cluster

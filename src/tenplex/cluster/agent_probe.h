@@ -21,7 +21,7 @@
 #include "tenplex/transport/transport.h"
 #include "tenplex/util/status.h"
 
-namespace tenplex::transform {
+namespace tenplex::cluster {
 
 class AgentProber {
  public:
@@ -59,4 +59,4 @@ class AgentProber {
   std::shared_ptr<void> scratch_reservation_;      // guarded by mu_ (Store::Reserve)
 };
 
-}  // namespace tenplex::transform
+}  // namespace tenplex::cluster

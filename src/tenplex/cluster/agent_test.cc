@@ -14,7 +14,7 @@
 #include "tenplex/store/parse.h"
 #include "tenplex/transport/capability.h"
 
-namespace tenplex::transform {
+namespace tenplex::cluster {
 namespace {
 
 uint64_t Counter(const std::string& metrics, const std::string& reason) {
@@ -187,4 +187,4 @@ TEST_P(AgentCapabilityTest, RecreatedJobsAndClosedTransformsRefuse) {
 INSTANTIATE_TEST_SUITE_P(Kinds, AgentCapabilityTest, ::testing::Values("inproc", "ucx"));
 
 }  // namespace
-}  // namespace tenplex::transform
+}  // namespace tenplex::cluster

@@ -21,7 +21,7 @@
 #include "tenplex/util/log.h"
 #include "tenplex/util/thread_pool.h"
 
-namespace tenplex::transform {
+namespace tenplex::cluster {
 
 using nlohmann::json;
 
@@ -376,7 +376,7 @@ Status RebuildLostRanks(const plan::Plan& rebuild, const Layout& layout, const C
                         const std::vector<store::Client*>& clients, const std::string& job,
                         const std::vector<std::vector<void*>>& dst) {
   const std::vector<std::vector<const void*>> src(layout.world_size());  // saver: no old rank
-  HostExecInput in;
+  transform::HostExecInput in;
   in.plan = &rebuild;
   in.from = &layout;
   in.to = &layout;
@@ -406,7 +406,7 @@ Status RebuildLostRanks(const plan::Plan& rebuild, const Layout& layout, const C
     }
     return Status::Ok();
   };
-  return ExecuteHostPart(in).status();
+  return transform::ExecuteHostPart(in).status();
 }
 
 Result<TransferStats> Save(const Cluster& cluster, const std::vector<store::Client*>& clients,
@@ -490,4 +490,4 @@ Result<TransferStats> SaveCheckpointFromCluster(
   return Save(cluster, Raw(clients), job, out, /*single=*/false);
 }
 
-}  // namespace tenplex::transform
+}  // namespace tenplex::cluster

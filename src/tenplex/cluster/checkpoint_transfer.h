@@ -34,7 +34,7 @@
 #include "tenplex/store/client.h"
 #include "tenplex/util/status.h"
 
-namespace tenplex::transform {
+namespace tenplex::cluster {
 
 struct TransferStats {
   uint64_t version = 0;
@@ -70,4 +70,4 @@ Result<TransferStats> SaveCheckpointFromCluster(
     const Cluster& cluster, const std::vector<std::unique_ptr<store::Client>>& clients,
     const std::string& job, const std::string& out);
 
-}  // namespace tenplex::transform
+}  // namespace tenplex::cluster

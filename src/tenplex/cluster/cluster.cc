@@ -10,7 +10,7 @@
 #include "tenplex/store/parse.h"
 #include "tenplex/util/thread_pool.h"
 
-namespace tenplex::transform {
+namespace tenplex::cluster {
 
 using nlohmann::json;
 
@@ -122,4 +122,4 @@ Result<uint64_t> NextCommonVersion(const std::vector<store::Client*>& clients,
   return listing.NextVersion();
 }
 
-}  // namespace tenplex::transform
+}  // namespace tenplex::cluster

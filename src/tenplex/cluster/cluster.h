@@ -29,7 +29,7 @@
 #include "tenplex/store/client.h"
 #include "tenplex/util/status.h"
 
-namespace tenplex::transform {
+namespace tenplex::cluster {
 
 // One client per host, connected in host order. With allow_lost, a host that cannot
 // be reached gets a null client instead of failing the whole call. Two URLs that reach
@@ -72,4 +72,4 @@ Result<uint64_t> NextCommonVersion(const std::vector<std::unique_ptr<store::Clie
 Result<uint64_t> NextCommonVersion(const std::vector<store::Client*>& clients,
                                    const JobListing& listing);
 
-}  // namespace tenplex::transform
+}  // namespace tenplex::cluster

@@ -5,7 +5,7 @@
 
 #include "tenplex/plan/planner.h"
 
-namespace tenplex::transform {
+namespace tenplex::cluster {
 
 int CommittedState::lost_ranks() const {
   return static_cast<int>(std::count(rank_hosts.begin(), rank_hosts.end(), plan::kLostHost));
@@ -77,4 +77,4 @@ Result<CommittedState> FindCommittedState(const std::vector<std::string>& urls,
   return out;
 }
 
-}  // namespace tenplex::transform
+}  // namespace tenplex::cluster

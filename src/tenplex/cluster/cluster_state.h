@@ -26,7 +26,7 @@
 #include "tenplex/store/client.h"
 #include "tenplex/util/status.h"
 
-namespace tenplex::transform {
+namespace tenplex::cluster {
 
 struct CommittedState {
   uint64_t version = 0;
@@ -50,4 +50,4 @@ Result<CommittedState> FindCommittedState(const std::vector<std::string>& urls,
                                           const std::string& job, const Cluster& fallback,
                                           const JobListing& listing);
 
-}  // namespace tenplex::transform
+}  // namespace tenplex::cluster

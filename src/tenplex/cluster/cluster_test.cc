@@ -2,7 +2,7 @@
 
 #include <gtest/gtest.h>
 
-namespace tenplex::transform {
+namespace tenplex::cluster {
 namespace {
 
 TEST(ClusterTest, ParsesAndMapsRanks) {
@@ -48,4 +48,4 @@ TEST(ClusterTest, HostIdsRoundTrip) {
 }
 
 }  // namespace
-}  // namespace tenplex::transform
+}  // namespace tenplex::cluster

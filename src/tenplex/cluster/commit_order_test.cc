@@ -11,7 +11,7 @@
 #include "tenplex/cluster/test_hosts.h"
 #include "tenplex/cluster/two_phase.h"
 
-namespace tenplex::transform {
+namespace tenplex::cluster {
 namespace {
 
 class CommitOrderTest : public test_hosts::HostsFixture {
@@ -115,4 +115,4 @@ TEST_F(CommitOrderTest, TheFirstHostByIdIsTheDecisionRecord) {
 }
 
 }  // namespace
-}  // namespace tenplex::transform
+}  // namespace tenplex::cluster

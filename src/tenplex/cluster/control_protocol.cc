@@ -9,7 +9,7 @@
 #include "tenplex/store/parse.h"
 #include "tenplex/util/hash.h"
 
-namespace tenplex::transform {
+namespace tenplex::cluster {
 
 using nlohmann::json;
 
@@ -342,4 +342,4 @@ std::vector<HostPart> HostPlanParts(const plan::Plan& plan, const std::vector<in
   return parts;
 }
 
-}  // namespace tenplex::transform
+}  // namespace tenplex::cluster

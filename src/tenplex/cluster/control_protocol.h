@@ -56,7 +56,7 @@
 #include "tenplex/ptc/config.h"
 #include "tenplex/util/status.h"
 
-namespace tenplex::transform {
+namespace tenplex::cluster {
 
 inline constexpr uint32_t kControlProtocolVersion = 3;
 
@@ -131,4 +131,4 @@ std::string PlanDigest(const plan::Plan& plan);
 std::vector<HostPart> HostPlanParts(const plan::Plan& plan, const std::vector<int>& from_hosts,
                                     const std::vector<int>& to_hosts, std::size_t hosts);
 
-}  // namespace tenplex::transform
+}  // namespace tenplex::cluster

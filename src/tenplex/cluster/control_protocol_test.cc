@@ -15,7 +15,7 @@
 #include "tenplex/plan/planner_testing.h"
 #include "tenplex/ptc/layout.h"
 
-namespace tenplex::transform {
+namespace tenplex::cluster {
 namespace {
 
 using nlohmann::json;
@@ -275,4 +275,4 @@ TEST(ControlProtocol, HostPlanPartsAreEachHostsOwnPlan) {
 }
 
 }  // namespace
-}  // namespace tenplex::transform
+}  // namespace tenplex::cluster

@@ -7,7 +7,7 @@
 
 #include "tenplex/util/json_depth.h"
 
-namespace tenplex::transform {
+namespace tenplex::cluster {
 
 using nlohmann::json;
 
@@ -294,4 +294,4 @@ Result<LocateReply> DecodeLocateReply(std::string_view body) {
   return reply;
 }
 
-}  // namespace tenplex::transform
+}  // namespace tenplex::cluster

@@ -28,7 +28,7 @@
 
 #include "tenplex/util/status.h"
 
-namespace tenplex::transform {
+namespace tenplex::cluster {
 
 // The reply to a prepare that wrote version `version` on host `host` (agent.h).
 struct PrepareReply {
@@ -113,4 +113,4 @@ Result<ProbeReply> DecodeProbeReply(std::string_view body);
 Result<AddressReply> DecodeAddressReply(std::string_view body);
 Result<LocateReply> DecodeLocateReply(std::string_view body);
 
-}  // namespace tenplex::transform
+}  // namespace tenplex::cluster

@@ -6,7 +6,7 @@
 #include <string>
 #include <string_view>
 
-namespace tenplex::transform {
+namespace tenplex::cluster {
 namespace {
 
 using nlohmann::json;
@@ -156,4 +156,4 @@ TEST(ControlRepliesTest, HostileRepliesAreRefusedNamingTheField) {
 }
 
 }  // namespace
-}  // namespace tenplex::transform
+}  // namespace tenplex::cluster

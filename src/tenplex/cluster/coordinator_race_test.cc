@@ -11,7 +11,7 @@
 
 #include "tenplex/cluster/test_hosts.h"
 
-namespace tenplex::transform {
+namespace tenplex::cluster {
 namespace {
 
 class CoordinatorRaceTest : public test_hosts::HostsFixture {};
@@ -73,4 +73,4 @@ TEST_F(CoordinatorRaceTest, TwoTransformsAtOnceRunOneAfterTheOther) {
 }
 
 }  // namespace
-}  // namespace tenplex::transform
+}  // namespace tenplex::cluster

@@ -22,7 +22,7 @@
 #include "tenplex/util/log.h"
 #include "tenplex/util/thread_pool.h"
 
-namespace tenplex::transform {
+namespace tenplex::cluster {
 
 using coordinator::Host;
 using coordinator::MarkLost;
@@ -425,4 +425,4 @@ std::string ClusterTransformSummary(const ClusterTransformStats& s) {
   return out;
 }
 
-}  // namespace tenplex::transform
+}  // namespace tenplex::cluster

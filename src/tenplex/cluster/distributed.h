@@ -48,7 +48,7 @@
 #include "tenplex/store/client.h"
 #include "tenplex/util/status.h"
 
-namespace tenplex::transform {
+namespace tenplex::cluster {
 
 struct ClusterTransformOptions {
   std::optional<Cluster> to;  // the target hosts; default: the old cluster
@@ -125,4 +125,4 @@ Result<ClusterTransformStats> TransformCluster(const Cluster& from, const std::s
 // "kept 1.2 GiB, local 300 MiB, cross-host 2.1 GiB (busiest host 600 MiB) in 3.4 s ..."
 std::string ClusterTransformSummary(const ClusterTransformStats& s);
 
-}  // namespace tenplex::transform
+}  // namespace tenplex::cluster

@@ -15,7 +15,7 @@
 #include "tenplex/util/log.h"
 #include "tenplex/util/thread_pool.h"
 
-namespace tenplex::transform::coordinator {
+namespace tenplex::cluster::coordinator {
 
 double Since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -300,4 +300,4 @@ RoundResult RunRound(std::vector<Host>& hosts, const std::string& job, const Rou
   return out;
 }
 
-}  // namespace tenplex::transform::coordinator
+}  // namespace tenplex::cluster::coordinator

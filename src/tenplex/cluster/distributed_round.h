@@ -17,7 +17,7 @@
 #include "tenplex/store/client.h"
 #include "tenplex/util/status.h"
 
-namespace tenplex::transform::coordinator {
+namespace tenplex::cluster::coordinator {
 
 struct Host {
   std::string url;
@@ -62,4 +62,4 @@ RoundResult RunRound(std::vector<Host>& hosts, const std::string& job, const Rou
                      const store::ClientOptions& client_options,
                      const ClusterTransformOptions& options);
 
-}  // namespace tenplex::transform::coordinator
+}  // namespace tenplex::cluster::coordinator

@@ -21,7 +21,7 @@
 #include "tenplex/store/server.h"
 #include "tenplex/transform/local.h"
 
-namespace tenplex::transform {
+namespace tenplex::cluster {
 namespace {
 
 using nlohmann::json;
@@ -538,4 +538,4 @@ TEST_F(DistributedTest, AgentRejectsMalformedRequests) {
 }
 
 }  // namespace
-}  // namespace tenplex::transform
+}  // namespace tenplex::cluster

@@ -12,7 +12,7 @@
 #include "tenplex/cluster/test_hosts.h"
 #include "tenplex/cluster/two_phase.h"
 
-namespace tenplex::transform {
+namespace tenplex::cluster {
 namespace {
 
 bool Says(const Status& s, const std::string& text) {
@@ -120,4 +120,4 @@ TEST_F(FencingTest, ABeginMadeFromAnOlderVersionIsRefused) {
 }
 
 }  // namespace
-}  // namespace tenplex::transform
+}  // namespace tenplex::cluster

@@ -9,7 +9,7 @@
 #include "tenplex/cluster/cluster_state.h"
 #include "tenplex/cluster/test_hosts.h"
 
-namespace tenplex::transform {
+namespace tenplex::cluster {
 namespace {
 
 class HostIdentityTest : public test_hosts::HostsFixture {
@@ -98,4 +98,4 @@ TEST_F(HostIdentityTest, OneDaemonUnderTwoUrlsIsRefused) {
 }
 
 }  // namespace
-}  // namespace tenplex::transform
+}  // namespace tenplex::cluster

@@ -16,7 +16,7 @@
 #include "tenplex/util/log.h"
 #include "tenplex/util/thread_pool.h"
 
-namespace tenplex::transform {
+namespace tenplex::cluster {
 namespace {
 
 // Every request of a lease (take, renew, release) gives up after this long.
@@ -217,4 +217,4 @@ Status JobLease::Held() const {
   return impl_->held;
 }
 
-}  // namespace tenplex::transform
+}  // namespace tenplex::cluster

@@ -26,7 +26,7 @@
 #include "tenplex/store/client.h"
 #include "tenplex/util/status.h"
 
-namespace tenplex::transform {
+namespace tenplex::cluster {
 
 struct JobLeaseOptions {
   int64_t ttl_ms = store::kDefaultLeaseMs;
@@ -67,4 +67,4 @@ class JobLease {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace tenplex::transform
+}  // namespace tenplex::cluster

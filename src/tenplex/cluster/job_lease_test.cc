@@ -14,7 +14,7 @@
 
 #include "tenplex/cluster/test_hosts.h"
 
-namespace tenplex::transform {
+namespace tenplex::cluster {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -252,4 +252,4 @@ TEST_F(JobLeaseTest, ATransformRefusesOneDaemonUnderTwoUrls) {
 }
 
 }  // namespace
-}  // namespace tenplex::transform
+}  // namespace tenplex::cluster

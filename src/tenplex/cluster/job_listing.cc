@@ -7,7 +7,7 @@
 #include "tenplex/util/hash.h"
 #include "tenplex/util/thread_pool.h"
 
-namespace tenplex::transform {
+namespace tenplex::cluster {
 
 const ListedVersion* JobListing::Find(std::size_t h, uint64_t v) const {
   if (h >= hosts.size()) return nullptr;
@@ -99,4 +99,4 @@ JobListing ReadJobListing(const std::vector<store::Client*>& clients, const std:
   return out;
 }
 
-}  // namespace tenplex::transform
+}  // namespace tenplex::cluster

@@ -26,7 +26,7 @@
 #include "tenplex/store/client.h"
 #include "tenplex/util/status.h"
 
-namespace tenplex::transform {
+namespace tenplex::cluster {
 
 struct ListedVersion {
   uint64_t version = 0;
@@ -56,4 +56,4 @@ struct JobListing {
 
 JobListing ReadJobListing(const std::vector<store::Client*>& clients, const std::string& job);
 
-}  // namespace tenplex::transform
+}  // namespace tenplex::cluster

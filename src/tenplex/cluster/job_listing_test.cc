@@ -13,7 +13,7 @@
 #include "tenplex/store/server.h"
 #include "tenplex/util/hash.h"
 
-namespace tenplex::transform {
+namespace tenplex::cluster {
 namespace {
 
 using nlohmann::json;
@@ -114,4 +114,4 @@ TEST(JobListingTest, DaemonListsInfoDigests) {
 }
 
 }  // namespace
-}  // namespace tenplex::transform
+}  // namespace tenplex::cluster

@@ -15,7 +15,7 @@
 #include "tenplex/util/json_depth.h"
 #include "tenplex/util/json_value.h"
 
-namespace tenplex::transform {
+namespace tenplex::cluster {
 
 using nlohmann::json;
 
@@ -139,4 +139,4 @@ Result<uint64_t> ReadFromLocalPeer(const LocalPeer& peer,
   return read;
 }
 
-}  // namespace tenplex::transform
+}  // namespace tenplex::cluster

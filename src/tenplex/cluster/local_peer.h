@@ -30,7 +30,7 @@
 #include "tenplex/util/status.h"
 #include "tenplex/util/thread_pool.h"
 
-namespace tenplex::transform {
+namespace tenplex::cluster {
 
 // True when this process can read `peer`'s files directly (see above).
 bool LocallyReadable(const LocalPeer& peer);
@@ -52,4 +52,4 @@ Result<uint64_t> ReadFromLocalPeer(const LocalPeer& peer,
                                    const std::vector<transport::ReadRequest>& requests,
                                    const LocalReadOptions& options, ThreadPool* pool);
 
-}  // namespace tenplex::transform
+}  // namespace tenplex::cluster

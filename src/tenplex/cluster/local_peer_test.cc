@@ -18,7 +18,7 @@
 #include "tenplex/transport/capability.h"
 #include "tenplex/transport/peer_files.h"
 
-namespace tenplex::transform {
+namespace tenplex::cluster {
 namespace {
 
 constexpr char kKey[] = "test-key";
@@ -240,4 +240,4 @@ TEST_F(LocalPeerTest, APeerThatDiesFailsTheRead) {
 }
 
 }  // namespace
-}  // namespace tenplex::transform
+}  // namespace tenplex::cluster

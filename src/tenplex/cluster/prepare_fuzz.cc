@@ -10,18 +10,18 @@
 #include "tenplex/cluster/control_protocol.h"
 #include "tenplex/util/fuzz.h"
 
-namespace tt = tenplex::transform;
+namespace tc = tenplex::cluster;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view in(reinterpret_cast<const char*>(data), size);
-  auto d = tt::DecodePrepare(in);
+  auto d = tc::DecodePrepare(in);
   if (!d.ok()) return 0;
-  const tt::PrepareRequest& r = d->request;
+  const tc::PrepareRequest& r = d->request;
   const int hosts = static_cast<int>(r.addresses.size());
   tenplex::FuzzRequire(r.host >= 0 && r.host < hosts && r.to_version > r.from_version);
   for (int h : r.from_hosts) tenplex::FuzzRequire(h >= -1 && h < hosts);
   for (int h : r.to_hosts) tenplex::FuzzRequire(h >= 0 && h < hosts && !r.addresses[h].empty());
-  auto again = tt::DecodePrepare(tt::EncodePrepare(r));
+  auto again = tc::DecodePrepare(tc::EncodePrepare(r));
   tenplex::FuzzRequire(again.ok());
   tenplex::FuzzRequire(
       again->request.job == r.job && again->request.from_hosts == r.from_hosts &&
@@ -29,7 +29,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       again->request.to_config == r.to_config &&
       again->request.host_plan_digest == r.host_plan_digest && again->request.served == r.served &&
       again->from.config() == d->from.config());
-  for (const tt::ServedTensor& s : r.served) {
+  for (const tc::ServedTensor& s : r.served) {
     tenplex::FuzzRequire(s.rank >= 0 && s.rank < static_cast<int>(r.from_hosts.size()) &&
                          r.from_hosts[s.rank] == r.host && s.reader >= 0 && s.reader < hosts &&
                          s.reader != r.host && s.tensor >= 0);

@@ -10,7 +10,7 @@
 
 #include "tenplex/util/fuzz.h"
 
-namespace tenplex::transform {
+namespace tenplex::cluster {
 
 template <class Decode, class Encode>
 int FuzzReplyRoundTrip(const uint8_t* data, size_t size, Decode decode, Encode encode) {
@@ -22,4 +22,4 @@ int FuzzReplyRoundTrip(const uint8_t* data, size_t size, Decode decode, Encode e
   return 0;
 }
 
-}  // namespace tenplex::transform
+}  // namespace tenplex::cluster

@@ -5,7 +5,7 @@
 
 #include "tenplex/util/thread_pool.h"
 
-namespace tenplex::transform {
+namespace tenplex::cluster {
 
 int CloseTransform(const std::vector<store::Client*>& clients, std::vector<int> hosts,
                    const std::string& job, uint64_t version) {
@@ -34,4 +34,4 @@ std::vector<int> HostsExcept(std::size_t n, const std::vector<int>& except) {
   return out;
 }
 
-}  // namespace tenplex::transform
+}  // namespace tenplex::cluster

@@ -17,7 +17,7 @@
 
 #include "tenplex/store/client.h"
 
-namespace tenplex::transform {
+namespace tenplex::cluster {
 
 // Tells `hosts` (indexes into clients; null clients and repeats skipped) that the
 // transforms of job to `version` and older are over. Best effort: a host that does not
@@ -29,4 +29,4 @@ int CloseTransform(const std::vector<store::Client*>& clients, std::vector<int> 
 // The hosts among 0..n-1 that are not in `except`.
 std::vector<int> HostsExcept(std::size_t n, const std::vector<int>& except);
 
-}  // namespace tenplex::transform
+}  // namespace tenplex::cluster

@@ -9,7 +9,7 @@
 #include "tenplex/cluster/two_phase.h"
 #include "tenplex/transport/capability.h"
 
-namespace tenplex::transform {
+namespace tenplex::cluster {
 namespace {
 
 class RevocationTest : public test_hosts::HostsFixture {
@@ -98,4 +98,4 @@ TEST(RevocationHostsTest, HostsExceptAndSkippedClients) {
 }
 
 }  // namespace
-}  // namespace tenplex::transform
+}  // namespace tenplex::cluster

@@ -8,7 +8,7 @@
 #include "tenplex/cluster/control_replies.h"
 #include "tenplex/util/log.h"
 
-namespace tenplex::transform {
+namespace tenplex::cluster {
 
 struct ServedWarming::State {
   std::mutex mu;
@@ -59,4 +59,4 @@ void ServedWarming::Wait(std::chrono::milliseconds within) {
   state_->cv.wait_for(lock, within, [&] { return state_->pending == 0; });
 }
 
-}  // namespace tenplex::transform
+}  // namespace tenplex::cluster

@@ -21,7 +21,7 @@
 #include "tenplex/cluster/control_protocol.h"
 #include "tenplex/store/client.h"
 
-namespace tenplex::transform {
+namespace tenplex::cluster {
 
 class ServedWarming {
  public:
@@ -42,4 +42,4 @@ class ServedWarming {
   std::shared_ptr<State> state_;
 };
 
-}  // namespace tenplex::transform
+}  // namespace tenplex::cluster

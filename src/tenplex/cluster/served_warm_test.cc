@@ -17,7 +17,7 @@
 #include "tenplex/cluster/test_hosts.h"
 #include "tenplex/plan/planner.h"
 
-namespace tenplex::transform {
+namespace tenplex::cluster {
 namespace {
 
 // tenplex_served_maps_prefaulted_total{when=`when`} in an agent's metrics text.
@@ -134,4 +134,4 @@ TEST_F(ServedWarmTest, MalformedWarmsAreRefused) {
 }
 
 }  // namespace
-}  // namespace tenplex::transform
+}  // namespace tenplex::cluster

@@ -4,7 +4,7 @@
 
 #include "tenplex/cluster/test_hosts.h"
 
-namespace tenplex::transform {
+namespace tenplex::cluster {
 namespace {
 
 // A version info of the elastic API: the user's own fields, no "model".
@@ -46,4 +46,4 @@ TEST(StateInfoTest, APresentModelIsCheckedEitherWay) {
 }
 
 }  // namespace
-}  // namespace tenplex::transform
+}  // namespace tenplex::cluster

@@ -20,7 +20,7 @@
 #include "tenplex/store/parse.h"
 #include "tenplex/store/server.h"
 
-namespace tenplex::transform::test_hosts {
+namespace tenplex::cluster::test_hosts {
 
 using nlohmann::json;
 
@@ -171,4 +171,4 @@ class HostsFixture : public ::testing::Test {
   std::vector<std::unique_ptr<TestHost>> hosts_;
 };
 
-}  // namespace tenplex::transform::test_hosts
+}  // namespace tenplex::cluster::test_hosts

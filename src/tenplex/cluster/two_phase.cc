@@ -12,7 +12,7 @@
 #include "tenplex/util/log.h"
 #include "tenplex/util/thread_pool.h"
 
-namespace tenplex::transform {
+namespace tenplex::cluster {
 
 namespace {
 
@@ -470,4 +470,4 @@ Result<Resolution> ResolvePending(const std::vector<std::string>& urls,
   return Resolver(urls, clients, job, owner, listing).Run();
 }
 
-}  // namespace tenplex::transform
+}  // namespace tenplex::cluster

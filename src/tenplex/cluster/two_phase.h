@@ -88,7 +88,7 @@
 #include "tenplex/store/client.h"
 #include "tenplex/util/status.h"
 
-namespace tenplex::transform {
+namespace tenplex::cluster {
 
 struct CommitOutcome {
   std::vector<int> confirmed;    // participants that report v committed
@@ -159,4 +159,4 @@ Result<Resolution> ResolvePending(const std::vector<std::string>& urls,
                                   const std::vector<store::Client*>& clients,
                                   const std::string& job, bool owner, const JobListing& listing);
 
-}  // namespace tenplex::transform
+}  // namespace tenplex::cluster

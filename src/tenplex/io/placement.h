@@ -37,10 +37,10 @@ Result<Cluster> ReadClusterFile(const std::string& path);
 
 }  // namespace tenplex::io
 
-// The names the transform and cluster code use (they live in tenplex::transform).
-namespace tenplex::transform {
+// The names the cluster code uses unqualified (it lives in tenplex::cluster).
+namespace tenplex::cluster {
 using io::Cluster;
 using io::ClusterJson;
 using io::ParseCluster;
 using io::ReadClusterFile;
-}  // namespace tenplex::transform
+}  // namespace tenplex::cluster

@@ -95,8 +95,13 @@ Result<StateInfo> ParseStateInfo(const std::string& job, uint64_t version, const
 
 }  // namespace tenplex::io
 
-// The names the transform and cluster code use (they live in tenplex::transform).
+// The names the transform and cluster code use unqualified (they live in tenplex::transform
+// and tenplex::cluster).
 namespace tenplex::transform {
 using io::ParseStateInfo;
 using io::StateInfo;
 }  // namespace tenplex::transform
+namespace tenplex::cluster {
+using io::ParseStateInfo;
+using io::StateInfo;
+}  // namespace tenplex::cluster

@@ -38,13 +38,13 @@ class StateBackend {
   // (io/state_info.h) is FailedPrecondition naming the version.
   struct Committed {
     uint64_t version = 0;
-    transform::StateInfo info;
+    io::StateInfo info;
   };
   virtual Result<std::optional<Committed>> Current(const std::string& job) = 0;
   // Opens a new version laid out for `layout`, every tensor allocated (zero-filled),
   // with `info` attached. On error nothing stays open.
   virtual Result<uint64_t> BeginLayout(const std::string& job, const Layout& layout,
-                                       transform::StateInfo info) = 0;
+                                       io::StateInfo info) = 0;
   // The shared-memory file of every tensor of every rank of version v
   // ([rank][name] = file).
   virtual Result<std::vector<std::map<std::string, std::string>>> Files(const std::string& job,
@@ -53,7 +53,7 @@ class StateBackend {
   // Attaches `info` to the open version v and commits it. A failed commit may have
   // committed v on some hosts already (the cluster backend: the decision was commit, and
   // the next Current() rolls it forward); Drop then leaves it alone.
-  virtual Status Commit(const std::string& job, uint64_t v, const transform::StateInfo& info) = 0;
+  virtual Status Commit(const std::string& job, uint64_t v, const io::StateInfo& info) = 0;
   // Removes the open version v (best effort; never a version committed anywhere).
   virtual void Drop(const std::string& job, uint64_t v) = 0;
   struct Moved {

@@ -28,7 +28,7 @@ class ClusterBackend : public StateBackend {
  public:
   static Result<std::unique_ptr<StateBackend>> Open(const RunOptions& o) {
     auto b = std::make_unique<ClusterBackend>();
-    TP_ASSIGN_OR_RETURN(b->cluster_, transform::ReadClusterFile(o.cluster_path));
+    TP_ASSIGN_OR_RETURN(b->cluster_, io::ReadClusterFile(o.cluster_path));
     b->co_.token = o.token;
     // Every request of the backend is a control call (versions, infos, 2PC): bounded as
     // tenplex transform's, so a stopped daemon ends the run within this many seconds
@@ -37,9 +37,9 @@ class ClusterBackend : public StateBackend {
     if (b->co_.token.empty() && std::getenv("TENPLEX_TOKEN") != nullptr)
       b->co_.token = std::getenv("TENPLEX_TOKEN");
     // The run is the job's coordinator while it lasts (cluster/job_lease.h).
-    b->co_.coordinator = transform::NewCoordinator("tenplex-run");
-    TP_ASSIGN_OR_RETURN(b->lease_wait_s_, transform::LeaseWaitFromEnv(60));
-    TP_ASSIGN_OR_RETURN(b->clients_, transform::ConnectCluster(b->cluster_, b->co_));
+    b->co_.coordinator = cluster::NewCoordinator("tenplex-run");
+    TP_ASSIGN_OR_RETURN(b->lease_wait_s_, cluster::LeaseWaitFromEnv(60));
+    TP_ASSIGN_OR_RETURN(b->clients_, cluster::ConnectCluster(b->cluster_, b->co_));
     for (const auto& c : b->clients_) {
       if (!c->local()) {
         return FailedPrecondition(
@@ -66,8 +66,8 @@ class ClusterBackend : public StateBackend {
     // Finish or roll back a commit an earlier run left half done (two_phase.h): a
     // prepared version would otherwise refuse this run's next version (fencing).
     TP_RETURN_IF_ERROR(HoldLease(job));
-    TP_ASSIGN_OR_RETURN(transform::Resolution res,
-                        transform::ResolvePending(cluster_.hosts, Raw(), job, /*owner=*/true));
+    TP_ASSIGN_OR_RETURN(cluster::Resolution res,
+                        cluster::ResolvePending(cluster_.hosts, Raw(), job, /*owner=*/true));
     for (const std::string& line : res.lines) LogInfo("recovery: %s", line.c_str());
     std::optional<store::VersionInfo> newest;
     for (const auto& c : clients_) {
@@ -77,22 +77,21 @@ class ClusterBackend : public StateBackend {
       if (!newest || v->version > newest->version) newest = *v;
     }
     if (!newest) return std::optional<Committed>();
-    TP_ASSIGN_OR_RETURN(transform::StateInfo info,
-                        transform::ParseStateInfo(job, newest->version, newest->info));
+    TP_ASSIGN_OR_RETURN(io::StateInfo info, io::ParseStateInfo(job, newest->version, newest->info));
     from_cluster_ = info.placement() ? *info.placement() : cluster_;
     return std::optional<Committed>(Committed{newest->version, std::move(info)});
   }
 
   Result<uint64_t> BeginLayout(const std::string& job, const Layout& layout,
-                               transform::StateInfo info) override {
+                               io::StateInfo info) override {
     if (layout.world_size() > cluster_.Capacity()) {
       return FailedPrecondition(
           "config " + layout.config.ToString() + " has " + std::to_string(layout.world_size()) +
           " ranks but the cluster has " + std::to_string(cluster_.Capacity()) + " GPUs");
     }
-    info.set_placement(transform::WithHostIds(cluster_, clients_));
+    info.set_placement(cluster::WithHostIds(cluster_, clients_));
     TP_RETURN_IF_ERROR(HoldLease(job));
-    TP_ASSIGN_OR_RETURN(uint64_t v, transform::NextCommonVersion(clients_, job));
+    TP_ASSIGN_OR_RETURN(uint64_t v, cluster::NextCommonVersion(clients_, job));
     std::vector<std::vector<store::Store::AllocRequest>> reqs(clients_.size());
     for (const RankLayout& r : layout.ranks) {
       for (const LocalTensor& t : *r.tensors) {
@@ -132,21 +131,21 @@ class ClusterBackend : public StateBackend {
     return out;
   }
 
-  Status Commit(const std::string& job, uint64_t v, const transform::StateInfo& info) override {
+  Status Commit(const std::string& job, uint64_t v, const io::StateInfo& info) override {
     // Every part is written (the workers exited 0): set the info everywhere, then the
-    // two-phase commit on every host that holds ranks (transform::PrepareAndCommit).
+    // two-phase commit on every host that holds ranks (cluster::PrepareAndCommit).
     std::vector<int> holders = Holders(job, v);
-    transform::StateInfo full = info;
-    full.set_placement(transform::WithHostIds(cluster_, clients_));
+    io::StateInfo full = info;
+    full.set_placement(cluster::WithHostIds(cluster_, clients_));
     for (int h : holders) TP_RETURN_IF_ERROR(clients_[h]->SetVersionInfo(job, v, full.ToJson()));
-    return transform::PrepareAndCommit(Raw(), holders, job, v).status();
+    return cluster::PrepareAndCommit(Raw(), holders, job, v).status();
   }
 
   // Aborts v on the hosts that have it, the first in commit order first: nothing when it
   // committed v (a commit that failed on a later host is rolled forward by the next
   // Current's recovery, never aborted; cluster/two_phase.h).
   void Drop(const std::string& job, uint64_t v) override {
-    Status s = transform::AbortEverywhere(Raw(), Holders(job, v), job, v);
+    Status s = cluster::AbortEverywhere(Raw(), Holders(job, v), job, v);
     if (!s.ok())
       LogInfo("version %llu of job %s is not dropped: %s", static_cast<unsigned long long>(v),
               job.c_str(), s.ToString().c_str());
@@ -158,7 +157,7 @@ class ClusterBackend : public StateBackend {
   // Held() error once another coordinator took it from a stopped run.
   Status HoldLease(const std::string& job) {
     if (!lease_) {
-      TP_ASSIGN_OR_RETURN(lease_, transform::JobLease::Acquire(
+      TP_ASSIGN_OR_RETURN(lease_, cluster::JobLease::Acquire(
                                       Raw(), job, co_, {store::kDefaultLeaseMs, lease_wait_s_}));
     }
     return lease_->Held();
@@ -183,14 +182,14 @@ class ClusterBackend : public StateBackend {
     (void)WaitPresize();  // one at a time; an older one's outcome is superseded
     presize_ = std::async(std::launch::async,
                           [from = from_cluster_, live = cluster_, co = co_, job, to]() -> Presized {
-                            transform::ClusterTransformOptions opts;
+                            cluster::ClusterTransformOptions opts;
                             opts.to = live;
                             opts.presize_only = true;
                             // Bounded, so that a run that ends meanwhile does not wait long for it.
                             opts.prepare_timeout_s = kPresizeTimeoutS;
                             const auto t0 = Clock::now();
-                            Result<transform::ClusterTransformStats> ts =
-                                transform::TransformCluster(from, job, to, co, opts);
+                            Result<cluster::ClusterTransformStats> ts =
+                                cluster::TransformCluster(from, job, to, co, opts);
                             Presized p;
                             p.to = to;
                             p.seconds = Since(t0);
@@ -198,7 +197,7 @@ class ClusterBackend : public StateBackend {
                               p.error = ts.status().ToString();
                               return p;
                             }
-                            for (const transform::HostPresizeReport& h : ts->presized) {
+                            for (const cluster::HostPresizeReport& h : ts->presized) {
                               p.poolable += h.poolable_bytes;
                               p.pooled += std::min(h.pooled_bytes, h.poolable_bytes);
                             }
@@ -209,12 +208,12 @@ class ClusterBackend : public StateBackend {
   Result<Moved> Transform(const std::string& job, const ParallelConfig& to) override {
     std::optional<Presized> ahead = WaitPresize();
     if (ahead && ahead->to != to) ahead.reset();  // made for another target
-    transform::ClusterTransformOptions opts;
+    cluster::ClusterTransformOptions opts;
     opts.to = cluster_;  // the live hosts (all of them unless some were killed)
     TP_RETURN_IF_ERROR(HoldLease(job));
     opts.lease_held = true;
-    TP_ASSIGN_OR_RETURN(transform::ClusterTransformStats ts,
-                        transform::TransformCluster(from_cluster_, job, to, co_, opts));
+    TP_ASSIGN_OR_RETURN(cluster::ClusterTransformStats ts,
+                        cluster::TransformCluster(from_cluster_, job, to, co_, opts));
     from_cluster_ = cluster_;
     Moved m{ts.to_version, 0, ts.plan.bytes_total, ts.plan.bytes_in_place};
     if (ahead) {
@@ -224,7 +223,7 @@ class ClusterBackend : public StateBackend {
       m.presize_seconds = ahead->seconds;
       m.presize_error = ahead->error;
     }
-    for (const transform::HostTransformReport& h : ts.hosts) {
+    for (const cluster::HostTransformReport& h : ts.hosts) {
       m.bytes_moved += h.prepare.bytes_kept + h.prepare.bytes_local + h.prepare.bytes_fetched;
       m.bytes_cross_host += h.prepare.bytes_fetched;
     }
@@ -296,13 +295,13 @@ class ClusterBackend : public StateBackend {
     return presize_.get();
   }
 
-  transform::Cluster cluster_;       // the live hosts
-  transform::Cluster from_cluster_;  // where the committed version was placed (incl. lost hosts)
+  io::Cluster cluster_;       // the live hosts
+  io::Cluster from_cluster_;  // where the committed version was placed (incl. lost hosts)
   std::vector<std::string> file_hosts_;
   store::ClientOptions co_;
   std::vector<std::unique_ptr<store::Client>> clients_;
   double lease_wait_s_ = 60;
-  std::unique_ptr<transform::JobLease> lease_;  // HoldLease's, for the whole run
+  std::unique_ptr<cluster::JobLease> lease_;  // HoldLease's, for the whole run
   std::string work_;
   std::future<Presized> presize_;  // PresizeAhead's, until Transform or KillHosts takes it
 };

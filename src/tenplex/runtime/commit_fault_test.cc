@@ -21,20 +21,20 @@
 namespace tenplex::runtime {
 namespace {
 
+using io::Cluster;
 using nlohmann::json;
-using transform::Cluster;
 
 // Sets TENPLEX_FAULT_COMMIT=last for its lifetime.
 class CommitFault {
  public:
-  CommitFault() { ::setenv(transform::kCommitFaultEnv, "last", 1); }
-  ~CommitFault() { ::unsetenv(transform::kCommitFaultEnv); }
+  CommitFault() { ::setenv(cluster::kCommitFaultEnv, "last", 1); }
+  ~CommitFault() { ::unsetenv(cluster::kCommitFaultEnv); }
 };
 
-class CommitFaultTest : public transform::test_hosts::HostsFixture {
+class CommitFaultTest : public cluster::test_hosts::HostsFixture {
  protected:
   std::vector<std::unique_ptr<store::Client>> Connect(const Cluster& c) {
-    auto clients = transform::ConnectCluster(c, {});
+    auto clients = cluster::ConnectCluster(c, {});
     EXPECT_TRUE(clients.ok()) << clients.status().ToString();
     if (!clients.ok()) return {};
     return std::move(*clients);
@@ -68,8 +68,8 @@ class CommitFaultTest : public transform::test_hosts::HostsFixture {
     EXPECT_EQ(before.committed, static_cast<int>(c.hosts.size()) - 1);
     EXPECT_EQ(before.prepared, 1);
     auto clients = Connect(c);
-    Result<transform::Resolution> r =
-        transform::ResolvePending(c.hosts, Raw(clients), "j", /*owner=*/true);
+    Result<cluster::Resolution> r =
+        cluster::ResolvePending(c.hosts, Raw(clients), "j", /*owner=*/true);
     ASSERT_TRUE(r.ok()) << r.status().ToString();
     EXPECT_EQ(r->committed, std::vector<uint64_t>{v});
     EXPECT_TRUE(r->aborted.empty());
@@ -88,18 +88,18 @@ class CommitFaultTest : public transform::test_hosts::HostsFixture {
 TEST_F(CommitFaultTest, TheCoordinatorsFailedCommitIsRolledForward) {
   Cluster c = ClusterOf({0, 1, 2}, 2);
   Load(c, "tp=2,dp=3");
-  transform::ClusterTransformOptions o;
+  cluster::ClusterTransformOptions o;
   o.max_attempts = 1;
   auto fault = std::make_unique<CommitFault>();
-  Result<transform::ClusterTransformStats> s =
-      transform::TransformCluster(c, "j", *ParseConfig("pp=2,dp=3"), {}, o);
+  Result<cluster::ClusterTransformStats> s =
+      cluster::TransformCluster(c, "j", *ParseConfig("pp=2,dp=3"), {}, o);
   fault.reset();
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.status().code(), StatusCode::kDataLoss) << s.status().ToString();
   ExpectRolledForward(c, 2);
   Result<store::VersionInfo> cur = StoreOf(c.hosts[0])->Version("j", std::nullopt);
   ASSERT_TRUE(cur.ok());
-  EXPECT_EQ(transform::StateInfo::Parse(cur->info)->config().ToString(), "tp=1,pp=2,dp=3");
+  EXPECT_EQ(io::StateInfo::Parse(cur->info)->config().ToString(), "tp=1,pp=2,dp=3");
 }
 
 TEST_F(CommitFaultTest, PrepareAndCommitsFailedCommitIsRolledForward) {
@@ -108,13 +108,12 @@ TEST_F(CommitFaultTest, PrepareAndCommitsFailedCommitIsRolledForward) {
   Write(c, "tp=2,dp=3", 2);
   auto clients = Connect(c);
   auto fault = std::make_unique<CommitFault>();
-  Result<transform::CommitOutcome> out =
-      transform::PrepareAndCommit(Raw(clients), {0, 1, 2}, "j", 2);
+  Result<cluster::CommitOutcome> out = cluster::PrepareAndCommit(Raw(clients), {0, 1, 2}, "j", 2);
   fault.reset();
   ASSERT_FALSE(out.ok());
   EXPECT_EQ(out.status().code(), StatusCode::kDataLoss) << out.status().ToString();
   // A caller that aborts after the failure aborts nothing: the first host committed.
-  Status a = transform::AbortEverywhere(Raw(clients), {0, 1, 2}, "j", 2);
+  Status a = cluster::AbortEverywhere(Raw(clients), {0, 1, 2}, "j", 2);
   EXPECT_EQ(a.code(), StatusCode::kFailedPrecondition) << a.ToString();
   ExpectRolledForward(c, 2);
 }
@@ -127,7 +126,7 @@ TEST_F(CommitFaultTest, TheRuntimesFailedCommitIsRolledForward) {
   RunOptions o;
   o.cluster_path = dir + "/cluster.json";
   o.work_dir = dir + "/work";
-  ASSERT_TRUE(WriteFileAtomic(o.cluster_path, transform::ClusterJson(c).dump()).ok());
+  ASSERT_TRUE(WriteFileAtomic(o.cluster_path, io::ClusterJson(c).dump()).ok());
   uint64_t v = 0;
   {
     Result<std::unique_ptr<StateBackend>> b = OpenClusterBackend(o);
@@ -135,7 +134,7 @@ TEST_F(CommitFaultTest, TheRuntimesFailedCommitIsRolledForward) {
     Result<std::optional<StateBackend::Committed>> cur = (*b)->Current("j");
     ASSERT_TRUE(cur.ok() && cur->has_value()) << cur.status().ToString();
     EXPECT_EQ((*cur)->version, 1u);
-    transform::StateInfo info = (*cur)->info;
+    io::StateInfo info = (*cur)->info;
     info.set_step(7);
     info.set_samples_consumed(56);
     Layout layout = *MakeLayout(model_, info.config());

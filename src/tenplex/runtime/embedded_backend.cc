@@ -47,13 +47,12 @@ class EmbeddedBackend : public StateBackend {
     Result<store::VersionInfo> v = st_->Version(job, std::nullopt);
     if (!v.ok() && v.status().code() == StatusCode::kNotFound) return std::optional<Committed>();
     if (!v.ok()) return v.status();
-    TP_ASSIGN_OR_RETURN(transform::StateInfo info,
-                        transform::ParseStateInfo(job, v->version, v->info));
+    TP_ASSIGN_OR_RETURN(io::StateInfo info, io::ParseStateInfo(job, v->version, v->info));
     return std::optional<Committed>(Committed{v->version, std::move(info)});
   }
 
   Result<uint64_t> BeginLayout(const std::string& job, const Layout& layout,
-                               transform::StateInfo info) override {
+                               io::StateInfo info) override {
     TP_ASSIGN_OR_RETURN(uint64_t v, st_->BeginVersion(job, std::nullopt, info.ToJson()));
     for (const RankLayout& r : layout.ranks) {
       for (const LocalTensor& t : *r.tensors) {
@@ -80,7 +79,7 @@ class EmbeddedBackend : public StateBackend {
     return out;
   }
 
-  Status Commit(const std::string& job, uint64_t v, const transform::StateInfo& info) override {
+  Status Commit(const std::string& job, uint64_t v, const io::StateInfo& info) override {
     TP_RETURN_IF_ERROR(st_->SetVersionInfo(job, v, info.ToJson()));
     return st_->Commit(job, v);
   }

@@ -31,7 +31,7 @@ std::vector<Target> SegmentTargets(const SegmentFiles& files, int64_t start, int
 }
 
 Result<json> HandoffJson(StateBackend& st, const std::string& job, uint64_t v, const Layout& layout,
-                         const transform::StateInfo& info) {
+                         const io::StateInfo& info) {
   TP_ASSIGN_OR_RETURN(auto files, st.Files(job, v, layout));
   json j = info.AsJson();
   json ranks = json::array();

@@ -54,7 +54,7 @@ std::vector<Target> SegmentTargets(const SegmentFiles& files, int64_t start, int
 
 // The hand-off JSON of version v: `info` plus every rank's tensors and their files.
 Result<nlohmann::json> HandoffJson(StateBackend& st, const std::string& job, uint64_t v,
-                                   const Layout& layout, const transform::StateInfo& info);
+                                   const Layout& layout, const io::StateInfo& info);
 
 // What rank 0 wrote into <target>.result: DataLoss when it is malformed or for
 // another step.

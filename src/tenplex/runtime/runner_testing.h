@@ -99,8 +99,7 @@ class FakeBackend : public StateBackend {
     if (!current_) return std::optional<Committed>();
     return std::optional<Committed>(Committed{*current_, infos_.at(*current_)});
   }
-  Result<uint64_t> BeginLayout(const std::string&, const Layout&,
-                               transform::StateInfo info) override {
+  Result<uint64_t> BeginLayout(const std::string&, const Layout&, io::StateInfo info) override {
     std::lock_guard<std::mutex> l(mu_);
     if (open_) return FailedPrecondition("version " + std::to_string(*open_) + " is still open");
     open_ = ++last_;
@@ -116,7 +115,7 @@ class FakeBackend : public StateBackend {
     }
     return out;
   }
-  Status Commit(const std::string&, uint64_t v, const transform::StateInfo& info) override {
+  Status Commit(const std::string&, uint64_t v, const io::StateInfo& info) override {
     std::lock_guard<std::mutex> l(mu_);
     if (open_ != v)
       return FailedPrecondition("commit of version " + std::to_string(v) + ", which is not open");
@@ -138,7 +137,7 @@ class FakeBackend : public StateBackend {
     std::lock_guard<std::mutex> l(mu_);
     if (!current_ || open_)
       return FailedPrecondition("transform without a committed version or with an open one");
-    transform::StateInfo info = infos_.at(*current_);
+    io::StateInfo info = infos_.at(*current_);
     info.set_config(to);
     current_ = ++last_;
     infos_[*current_] = info;
@@ -159,12 +158,12 @@ class FakeBackend : public StateBackend {
       presizes.push_back({to.ToString(), -1, ""});
       return;
     }
-    const transform::StateInfo& info = infos_.at(*current_);
+    const io::StateInfo& info = infos_.at(*current_);
     presizes.push_back({to.ToString(), info.step().value_or(-1), info.config().ToString()});
   }
   // Test setup: a committed version as a previous run left it (a valid StateInfo).
   void Preload(const json& info) {
-    Result<transform::StateInfo> parsed = transform::StateInfo::Parse(info.dump());
+    Result<io::StateInfo> parsed = io::StateInfo::Parse(info.dump());
     ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
     current_ = ++last_;
     infos_[*current_] = *parsed;
@@ -200,7 +199,7 @@ class FakeBackend : public StateBackend {
   mutable std::mutex mu_;
   uint64_t last_ = 0;
   std::optional<uint64_t> open_, current_;
-  std::map<uint64_t, transform::StateInfo> infos_;
+  std::map<uint64_t, io::StateInfo> infos_;
 };
 
 // The real launcher, recording every command line and reap; fail_spawn = n refuses

@@ -116,10 +116,10 @@ class ScheduleLoop {
   Result<bool> Resume() {
     TP_ASSIGN_OR_RETURN(std::optional<StateBackend::Committed> cur, st_.Current(o_.job));
     if (!cur) return false;
-    const transform::StateInfo& info = cur->info;
+    const io::StateInfo& info = cur->info;
     const std::string what =
         "version " + std::to_string(cur->version) + " of job '" + o_.job + "' in the store";
-    Result<transform::StateInfo::Position> pos = info.ResumePosition(what);
+    Result<io::StateInfo::Position> pos = info.ResumePosition(what);
     if (pos.ok() && !pos->samples_consumed) {
       pos = FailedPrecondition(what + " has no samples_consumed in its info");
     }
@@ -176,7 +176,7 @@ class ScheduleLoop {
     spec.start = step_;
     spec.end = entries_[i_ + 1].step;
     spec.samples_consumed = samples_;
-    spec.info = transform::StateInfo::Make(model_, cfg_);
+    spec.info = io::StateInfo::Make(model_, cfg_);
     spec.info.set_step(step_);
     spec.info.set_samples_consumed(samples_);
     spec.committed = committed_;

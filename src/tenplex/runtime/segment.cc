@@ -40,7 +40,7 @@ Status Segment::WriteHandoff(const std::string& path, const json& h) {
 }
 
 Status Segment::OpenTarget() {
-  transform::StateInfo info = spec_.info;
+  io::StateInfo info = spec_.info;
   info.set_step(targets_[target_].step);
   TP_ASSIGN_OR_RETURN(uint64_t v,
                       env_.backend->BeginLayout(env_.options->job, *spec_.layout, info));
@@ -210,7 +210,7 @@ Status Segment::CommitIfWritten() {
   Result<WorkerResult> res = ReadWorkerResult(targets_[target_]);
   Status s = res.status();
   if (s.ok()) {
-    transform::StateInfo info = spec_.info;
+    io::StateInfo info = spec_.info;
     info.set_step(res->step);
     info.set_samples_consumed(res->samples_consumed);
     s = env_.backend->Commit(env_.options->job, *open_, info);
@@ -375,7 +375,7 @@ Status Segment::Finish() {
   if (!res.ok()) return Fail(Internal(res.status().message()));
   step_ = res->step;
   samples_ = res->samples_consumed;
-  transform::StateInfo info = spec_.info;
+  io::StateInfo info = spec_.info;
   info.set_step(step_);
   info.set_samples_consumed(samples_);
   TP_RETURN_IF_ERROR(env_.backend->Commit(o.job, *open_, info));

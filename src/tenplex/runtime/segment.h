@@ -59,7 +59,7 @@ struct SegmentSpec {
   const Layout* layout = nullptr;
   int64_t start = 0, end = 0;  // the steps [start, end)
   int64_t samples_consumed = 0;
-  transform::StateInfo info;          // the versions' info: model, config, ...
+  io::StateInfo info;                 // the versions' info: model, config, ...
   std::optional<uint64_t> committed;  // the version the workers load, if any
   std::vector<int> kill_ranks;        // killed in the step before `end`
   std::vector<int> kill_hosts;

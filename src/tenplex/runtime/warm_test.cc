@@ -36,14 +36,14 @@ class RecordingBackend : public StateBackend {
     return st_->Current(job);
   }
   Result<uint64_t> BeginLayout(const std::string& job, const Layout& layout,
-                               transform::StateInfo info) override {
+                               io::StateInfo info) override {
     return st_->BeginLayout(job, layout, std::move(info));
   }
   Result<std::vector<std::map<std::string, std::string>>> Files(const std::string& job, uint64_t v,
                                                                 const Layout& layout) override {
     return st_->Files(job, v, layout);
   }
-  Status Commit(const std::string& job, uint64_t v, const transform::StateInfo& info) override {
+  Status Commit(const std::string& job, uint64_t v, const io::StateInfo& info) override {
     return st_->Commit(job, v, info);
   }
   void Drop(const std::string& job, uint64_t v) override { st_->Drop(job, v); }

@@ -83,8 +83,8 @@ Status Place(const Scenario& s, int from_world, int to_world, SimResult& r) {
 }
 
 // A cluster of `n` hosts as the coordinator records it: URLs and host ids of real lengths.
-transform::Cluster NamedCluster(int n, int k) {
-  transform::Cluster c;
+io::Cluster NamedCluster(int n, int k) {
+  io::Cluster c;
   c.gpus_per_host = k;
   char buf[64];
   for (int h = 0; h < n; ++h) {
@@ -100,16 +100,16 @@ transform::Cluster NamedCluster(int n, int k) {
 // real size: both infos, every host's data-plane address (a UCX worker address of 256
 // bytes) and same-host offer, both host maps, and a host's part: its plan digest and the
 // tensors peers read from it.
-transform::PrepareRequest MakeRequest(const Model& model, const Scenario& s, const SimResult& r,
-                                      int host, const transform::HostPart& part,
-                                      std::string* info_text) {
-  const transform::Cluster all = NamedCluster(r.hosts.asked, s.from_gpus_per_host);
-  transform::StateInfo info = transform::StateInfo::Make(model, s.from);
-  transform::Cluster old = all;
+cluster::PrepareRequest MakeRequest(const Model& model, const Scenario& s, const SimResult& r,
+                                    int host, const cluster::HostPart& part,
+                                    std::string* info_text) {
+  const io::Cluster all = NamedCluster(r.hosts.asked, s.from_gpus_per_host);
+  io::StateInfo info = io::StateInfo::Make(model, s.from);
+  io::Cluster old = all;
   old.hosts.resize((r.from_ranks + s.from_gpus_per_host - 1) / s.from_gpus_per_host);
   old.host_ids.resize(old.hosts.size());
   info.set_placement(old);
-  transform::PrepareRequest q;
+  cluster::PrepareRequest q;
   q.job = "job";
   q.from_version = 1;
   q.to_version = 2;
@@ -117,7 +117,7 @@ transform::PrepareRequest MakeRequest(const Model& model, const Scenario& s, con
   q.info = info.ToJson();
   *info_text = q.info;
   info.set_config(s.to);
-  transform::Cluster neu;
+  io::Cluster neu;
   neu.gpus_per_host = s.to_gpus_per_host;
   for (int h : r.hosts.participants) {
     neu.hosts.push_back(all.hosts[h]);
@@ -139,16 +139,16 @@ transform::PrepareRequest MakeRequest(const Model& model, const Scenario& s, con
 }
 
 // The coordinator's digests, request encoding and decoding, JSON parse rate: the real
-// code, timed. The digests are every host's part (transform::HostPlanParts); the request
+// code, timed. The digests are every host's part (cluster::HostPlanParts); the request
 // measured is the one of the participant with the most tensors served (the longest).
 // p null (sampled hosts): no digests are measured (a placeholder digest, nothing served).
 Status MeasureControl(const Model& model, const Scenario& s, const plan::Plan* p, SimResult& r) {
-  transform::HostPart part{std::string(16, '0'), {}};
+  cluster::HostPart part{std::string(16, '0'), {}};
   int host = r.hosts.participants.empty() ? 0 : r.hosts.participants[0];
   if (p != nullptr) {
-    std::vector<transform::HostPart> parts;
+    std::vector<cluster::HostPart> parts;
     r.costs.digest_s = TimeIt(
-        [&] { parts = transform::HostPlanParts(*p, r.from_hosts, r.to_hosts, r.hosts.asked); });
+        [&] { parts = cluster::HostPlanParts(*p, r.from_hosts, r.to_hosts, r.hosts.asked); });
     const std::vector<int>& hosts = r.hosts.participants;
     auto longest = std::max_element(hosts.begin(), hosts.end(), [&](int x, int y) {
       return parts[x].served.size() < parts[y].served.size();
@@ -159,14 +159,14 @@ Status MeasureControl(const Model& model, const Scenario& s, const plan::Plan* p
     }
   }
   std::string info_text;
-  const transform::PrepareRequest q = MakeRequest(model, s, r, host, part, &info_text);
+  const cluster::PrepareRequest q = MakeRequest(model, s, r, host, part, &info_text);
   std::string body;
-  r.costs.encode_s = TimeIt([&] { body = transform::EncodePrepare(q); });
+  r.costs.encode_s = TimeIt([&] { body = cluster::EncodePrepare(q); });
   r.costs.request_bytes = static_cast<int64_t>(body.size());
   r.costs.info_bytes = static_cast<int64_t>(info_text.size());
   Status decoded = Status::Ok();
   r.costs.decode_s = TimeIt([&] {
-    auto d = transform::DecodePrepare(body);
+    auto d = cluster::DecodePrepare(body);
     if (!d.ok()) decoded = d.status();
   });
   if (!decoded.ok()) return decoded.WithContext("simulate: the modelled prepare request");

@@ -8,11 +8,11 @@
 // same bytes for every host of the kind; what each host sends is estimated.)
 // The costs that are computation are measured here, by running the code the transform
 // runs: the plan (time and heap memory), every host's digest of its part
-// (transform::HostPlanParts), one host's part (plan::MakeHostPlan, what each agent
+// (cluster::HostPlanParts), one host's part (plan::MakeHostPlan, what each agent
 // plans), one
-// prepare request of the scenario's real size (transform::EncodePrepare, with the state
+// prepare request of the scenario's real size (cluster::EncodePrepare, with the state
 // info, addresses, host maps and same-host peers a cluster of that size sends) and its
-// decoding (transform::DecodePrepare, what every agent does first), and a JSON parse of
+// decoding (cluster::DecodePrepare, what every agent does first), and a JSON parse of
 // the state info (the replies of the control requests carry it). Only the hardware is
 // modelled, by the cluster description (scenario.h) and these formulas:
 //
