@@ -1,7 +1,8 @@
-#!/usr/bin/env python3
 """Integration test of `tenplex store load|save --cluster` with 4 store daemons as 4 hosts.
 
-Usage: cluster_store_test.py TENPLEX_BIN
+Under pytest (issue 32 §4), ctest cluster_store, TENPLEX_BIN the CLI under test:
+
+    python -m pytest tests/cluster_store_test.py::test_cluster_store
 
 - a synthetic checkpoint (`tenplex ckpt init`, every element a function of its global
   index) is loaded onto 4 daemons with 2 GPUs per host; each daemon must hold exactly
@@ -18,25 +19,29 @@ Usage: cluster_store_test.py TENPLEX_BIN
   identical output) or, with ZeRO-1 (no replica of the optimizer shards), fails.
 """
 
+from __future__ import annotations
+
 import json
+import logging
 import os
 import re
-import shutil
-import sys
-import tempfile
 import urllib.error
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from daemons import Daemon, check, run_cli  # noqa: E402
+import pytest
+from cli_testing import Cli
 
-TENPLEX = sys.argv[1]
+from tenplex.testing import Daemon
+
+_log = logging.getLogger(__name__)
+run = Cli()  # the CLI under test, bound to the tenplex fixture's by _cli_under_test
 
 
-def run(*args, expect_ok=True):
-    return run_cli(TENPLEX, *args, expect_ok=expect_ok)
+@pytest.fixture(autouse=True)
+def _cli_under_test(tenplex: str) -> None:
+    run.binary = tenplex
 
 
-def holds(d, job):
+def holds(d: Daemon, job: str) -> bool:
     try:
         return bool(d.get("/v1/list/jobs/%s/" % job))
     except urllib.error.HTTPError as e:
@@ -45,17 +50,16 @@ def holds(d, job):
         raise
 
 
-def same_ranks(a, b):
+def same_ranks(a: str, b: str) -> None:
     names = sorted(n for n in os.listdir(a) if n.endswith(".safetensors"))
-    check(names == sorted(n for n in os.listdir(b) if n.endswith(".safetensors")), "rank files differ")
+    assert names == sorted(n for n in os.listdir(b) if n.endswith(".safetensors")), "rank files differ"
     for name in names:
         with open(os.path.join(a, name), "rb") as x, open(os.path.join(b, name), "rb") as y:
-            check(x.read() == y.read(), "%s differs after the round trip" % name)
+            assert x.read() == y.read(), "%s differs after the round trip" % name
 
 
-def main():
-    tmp = tempfile.mkdtemp(prefix="tenplex-cluster-test-")
-    daemons = [Daemon(TENPLEX) for _ in range(4)]
+def test_cluster_store(tmp: str) -> None:
+    daemons = [Daemon(run.binary) for _ in range(4)]
     try:
         cluster = os.path.join(tmp, "cluster.json")
         with open(cluster, "w") as f:
@@ -89,39 +93,39 @@ def main():
         )
         run("ckpt", "init", "--model", model, "--config", "tp=2,pp=2,dp=2,zero=1", "--out", ckpt, "--seed", "7")
         p = run("store", "load", "--cluster", cluster, "--job", "j", "--dir", ckpt)
-        print(p.stdout.strip())
+        _log.info("%s", p.stdout.strip())
         for h, d in enumerate(daemons):
             v = d.get("/v1/jobs/j/versions/current")
-            check(v["version"] == 1 and v["state"] == "committed", "host %d: %r" % (h, v))
-            ranks = set()
+            assert v["version"] == 1 and v["state"] == "committed", "host %d: %r" % (h, v)
+            ranks: set[int] = set()
             for path in d.get("/v1/list/jobs/j/current/"):
                 m = re.search(r"/rank-(\d+)/", path)
-                check(m, "odd path %s" % path)
+                assert m, "odd path %s" % path
                 ranks.add(int(m.group(1)))
-            check(ranks == {2 * h, 2 * h + 1}, "host %d holds ranks %s" % (h, sorted(ranks)))
+            assert ranks == {2 * h, 2 * h + 1}, "host %d holds ranks %s" % (h, sorted(ranks))
         out = os.path.join(tmp, "out")
-        print(run("store", "save", "--cluster", cluster, "--job", "j", "--out", out).stdout.strip())
+        _log.info("%s", run("store", "save", "--cluster", cluster, "--job", "j", "--out", out).stdout.strip())
         run("ckpt", "verify", "--in", out)
         for name in sorted(os.listdir(ckpt)):
             if name.endswith(".safetensors"):
                 with open(os.path.join(ckpt, name), "rb") as a, open(os.path.join(out, name), "rb") as b:
-                    check(a.read() == b.read(), "%s differs after the round trip" % name)
+                    assert a.read() == b.read(), "%s differs after the round trip" % name
         run("store", "load", "--cluster", cluster, "--job", "j", "--dir", ckpt)
         for d in daemons:
-            check(d.get("/v1/jobs/j/versions/current")["version"] == 2, "second load is not version 2")
+            assert d.get("/v1/jobs/j/versions/current")["version"] == 2, "second load is not version 2"
 
         # A layout smaller than the cluster: only the hosts that get ranks hold the
         # version, and the report names them (issue 16 bug 5).
         small = os.path.join(tmp, "small")
         run("ckpt", "init", "--model", model, "--config", "tp=2,pp=2,dp=1", "--out", small, "--seed", "3")
         p = run("store", "load", "--cluster", cluster, "--job", "s", "--dir", small)
-        check("onto 2 hosts" in p.stdout, "load report: " + p.stdout)
+        assert "onto 2 hosts" in p.stdout, "load report: " + p.stdout
         for h, d in enumerate(daemons):
             has = holds(d, "s")
-            check(has == (h < 2), "host %d %s job s" % (h, "holds" if has else "lacks"))
+            assert has == (h < 2), "host %d %s job s" % (h, "holds" if has else "lacks")
         out_s = os.path.join(tmp, "out-s")
         p = run("store", "save", "--cluster", cluster, "--job", "s", "--out", out_s)
-        check("from 2 hosts" in p.stdout, "save report: " + p.stdout)
+        assert "from 2 hosts" in p.stdout, "save report: " + p.stdout
         same_ranks(small, out_s)
 
         # dp replicas on other hosts (tp=2,pp=2,dp=2 without ZeRO: host 3's ranks 6, 7
@@ -148,30 +152,23 @@ def main():
         daemons[3].stop()
         run("store", "load", "--cluster", cluster, "--job", "j", "--dir", ckpt, expect_ok=False)
         run("store", "save", "--cluster", cluster, "--job", "j", "--out", os.path.join(tmp, "o2"), expect_ok=False)
-        check(
-            not os.path.exists(os.path.join(tmp, "o2")) or not os.listdir(os.path.join(tmp, "o2")),
-            "a failed save left files",
+        assert not os.path.exists(os.path.join(tmp, "o2")) or not os.listdir(os.path.join(tmp, "o2")), (
+            "a failed save left files"
         )
         # With a dead host, save reads the lost ranks from surviving replicas (issue 19),
         # and reports the 3 hosts it used and the lost one (issue 16 bug 5).
         out_r = os.path.join(tmp, "out-r")
         p = run("store", "save", "--cluster", cluster, "--job", "r", "--out", out_r)
-        print(p.stdout.strip())
-        check(
-            "from 3 hosts" in p.stdout and daemons[3].url in p.stdout and "2 ranks rebuilt" in p.stdout,
-            "save report: " + p.stdout,
+        _log.info("%s", p.stdout.strip())
+        assert "from 3 hosts" in p.stdout and daemons[3].url in p.stdout and "2 ranks rebuilt" in p.stdout, (
+            "save report: " + p.stdout
         )
         run("ckpt", "verify", "--in", out_r)
         same_ranks(rep, out_r)
         for d in daemons[:3]:
             v = d.get("/v1/jobs/j/versions/current")
-            check(v["version"] == 2 and v["state"] == "committed", "survivor changed: %r" % v)
-            check(all(x["version"] <= 2 for x in d.get("/v1/jobs/j")["versions"]), "survivor kept a new version")
-        print("PASS")
+            assert v["version"] == 2 and v["state"] == "committed", "survivor changed: %r" % v
+            assert all(x["version"] <= 2 for x in d.get("/v1/jobs/j")["versions"]), "survivor kept a new version"
     finally:
         for d in daemons:
             d.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-main()

@@ -1,10 +1,13 @@
-#!/usr/bin/env python3
 """Regression tests of the two-phase commit of `tenplex transform --cluster` (issue 19
 §2): 4 store daemons on loopback with persistent --shm-dir (a restart keeps state),
 2 GPUs each, one of them behind a fault proxy (fault_proxy.py) that acts at exactly
 the moment a chosen request arrives.
 
-Usage: fault_2pc_test.py TENPLEX_BIN [--case hung|lost-reply|commit-window|coordinators|all]
+Under pytest (issue 32 §4), ctest fault_2pc, TENPLEX_BIN the CLI under test:
+
+    python -m pytest tests/fault_2pc_test.py::test_fault_2pc
+
+The cases run in this order on one cluster, each on the state the one before left:
 
 - hung: the daemon of host 1 is SIGSTOPped when its prepare request arrives.
   The transform must not wait for it (the coordinator's HTTP timeout used to be
@@ -32,35 +35,44 @@ Every state is checked element by element with `tenplex ckpt verify` after
 `store save --cluster`.
 """
 
+from __future__ import annotations
+
 import json
+import logging
 import os
 import shutil
 import signal
 import subprocess
-import sys
-import tempfile
 import time
 import urllib.error
+from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from daemons import Daemon, check  # noqa: E402
-from fault_proxy import FaultProxy  # noqa: E402
+import pytest
+from cli_testing import Cli
+from fault_proxy import FaultProxy
 
-TENPLEX = sys.argv[1]
-CASE = sys.argv[sys.argv.index("--case") + 1] if "--case" in sys.argv else "all"
+from tenplex.testing import Daemon
+
+_log = logging.getLogger(__name__)
+CLI = Cli()  # the CLI under test, bound to the tenplex fixture's by _cli_under_test
 
 
-def run(*args, expect_ok=True, timeout=300):
+@pytest.fixture(autouse=True)
+def _cli_under_test(tenplex: str) -> None:
+    CLI.binary = tenplex
+
+
+def run(*args: str, expect_ok: bool = True, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     try:
-        p = subprocess.run([TENPLEX, *args], capture_output=True, text=True, timeout=timeout)
+        p = subprocess.run([CLI.binary, *args], capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        check(False, "%s hung for more than %d s" % (" ".join(args), timeout))
+        raise AssertionError("%s hung for more than %d s" % (" ".join(args), timeout)) from None
     if expect_ok:
-        check(p.returncode == 0, "%s failed: %s%s" % (" ".join(args), p.stdout, p.stderr))
+        assert p.returncode == 0, "%s failed: %s%s" % (" ".join(args), p.stdout, p.stderr)
     return p
 
 
-def canon(config):
+def canon(config: str) -> dict[str, str]:
     c = {"tp": "1", "pp": "1", "dp": "1", "zero": "0"}
     for kv in config.split(","):
         k, v = kv.split("=")
@@ -69,17 +81,17 @@ def canon(config):
 
 
 class Cluster:
-    def __init__(self, tmp):
+    def __init__(self, tmp: str) -> None:
         self.tmp = tmp
         self.shm = [os.path.join("/dev/shm", "tenplex-2pc-%d-%d" % (os.getpid(), i)) for i in range(4)]
         self.daemons = [self.start(i) for i in range(4)]
-        self.proxies = {}
+        self.proxies: dict[int, FaultProxy] = {}
         self.path = os.path.join(tmp, "cluster.json")
 
-    def start(self, i):
-        return Daemon(TENPLEX, args=("--shm-dir", self.shm[i]))
+    def start(self, i: int) -> Daemon:
+        return Daemon(CLI.binary, args=("--shm-dir", self.shm[i]))
 
-    def proxy(self, i):
+    def proxy(self, i: int) -> FaultProxy:
         """Puts host i behind a fault proxy (its URL in the cluster file)."""
         p = self.proxies.get(i) or FaultProxy()
         p.point_at(self.daemons[i])
@@ -87,24 +99,24 @@ class Cluster:
         self.write()
         return p
 
-    def url(self, i):
+    def url(self, i: int) -> str:
         return self.proxies[i].url if i in self.proxies else self.daemons[i].url
 
-    def write(self):
+    def write(self) -> None:
         with open(self.path, "w") as f:
             json.dump({"hosts": [self.url(i) for i in range(4)], "gpus_per_host": 2}, f)
 
-    def restart(self, i):
+    def restart(self, i: int) -> None:
         self.daemons[i].kill()
         self.daemons[i] = self.start(i)
         if i in self.proxies:
             self.proxies[i].point_at(self.daemons[i])
 
-    def versions(self, i):
+    def versions(self, i: int) -> tuple[int, dict[int, str]]:
         j = self.daemons[i].get("/v1/jobs/j")
         return j["current"], {v["version"]: v["state"] for v in j["versions"]}
 
-    def stop(self):
+    def stop(self) -> None:
         for d in self.daemons:
             if d.proc.poll() is None:
                 os.kill(d.proc.pid, signal.SIGCONT)
@@ -115,11 +127,11 @@ class Cluster:
             shutil.rmtree(s, ignore_errors=True)
 
 
-def transform(c, to, *extra, timeout=300):
+def transform(c: Cluster, to: str, *extra: str, timeout: float = 300) -> tuple[dict[str, Any], float]:
     t0 = time.time()
     p = run("transform", "--cluster", c.path, "--job", "j", "--to", to, "--json", *extra, timeout=timeout)
     s = json.loads(p.stdout)
-    print(
+    _log.info(
         "%s -> %s: v%d, %d attempt(s), lost %s, unconfirmed %s, %.1f s"
         % (
             s["from"],
@@ -134,17 +146,17 @@ def transform(c, to, *extra, timeout=300):
     return s, time.time() - t0
 
 
-def verify(c, config):
+def verify(c: Cluster, config: str) -> None:
     out = os.path.join(c.tmp, "out")
     shutil.rmtree(out, ignore_errors=True)
     run("store", "save", "--cluster", c.path, "--job", "j", "--out", out)
     with open(os.path.join(out, "tenplex.json")) as f:
         saved = json.load(f)
-    check(canon(saved["config"]) == canon(config), "saved config %r, expected %r" % (saved["config"], config))
+    assert canon(saved["config"]) == canon(config), "saved config %r, expected %r" % (saved["config"], config)
     run("ckpt", "verify", "--in", out)
 
 
-def load(c, config):
+def load(c: Cluster, config: str) -> None:
     model = os.path.join(c.tmp, "m.json")
     run(
         "model",
@@ -175,15 +187,15 @@ def load(c, config):
     run("store", "load", "--cluster", c.path, "--job", "j", "--dir", ckpt)
 
 
-def case_hung(c):
+def case_hung(c: Cluster) -> None:
     load(c, "tp=2,pp=2,dp=2")
     p = c.proxy(1)
     p.arm("POST", r"^/v1/transform/prepare$", "stop-before")
     s, seconds = transform(c, "tp=2,dp=3", timeout=120)
-    check(p.hits, "the prepare of host 1 never arrived")
-    check(seconds < 60, "the transform took %.1f s with a stopped participant" % seconds)
-    check(s["attempts"] == 2 and p.url in s["lost_hosts"], "no re-plan around the stopped host: %r" % s)
-    check(p.url not in s["new_hosts"], "the stopped host got ranks: %r" % s["new_hosts"])
+    assert p.hits, "the prepare of host 1 never arrived"
+    assert seconds < 60, "the transform took %.1f s with a stopped participant" % seconds
+    assert s["attempts"] == 2 and p.url in s["lost_hosts"], "no re-plan around the stopped host: %r" % s
+    assert p.url not in s["new_hosts"], "the stopped host got ranks: %r" % s["new_hosts"]
     os.kill(c.daemons[1].proc.pid, signal.SIGCONT)
     verify(c, "tp=2,dp=3")
     # Host 1 runs its stale prepare once continued (and fails or prepares a version the
@@ -194,50 +206,51 @@ def case_hung(c):
         if all(st == "committed" for vs in left.values() for st in vs.values()):
             break
         time.sleep(1)
-    check(attempt < 19, "open or prepared versions left after --recover: %r" % left)
+    assert attempt < 19, "open or prepared versions left after --recover: %r" % left
 
 
-def case_lost_reply(c):
+def case_lost_reply(c: Cluster) -> None:
     p = c.proxy(2)
     p.arm("POST", r"/versions/\d+/commit", "drop-reply")
     s, _ = transform(c, "tp=2,pp=2,dp=2")
-    check(p.hits, "the commit of host 2 never arrived")
-    check(s["attempts"] == 1 and not s["lost_hosts"], "unexpected retry: %r" % s)
+    assert p.hits, "the commit of host 2 never arrived"
+    assert s["attempts"] == 1 and not s["lost_hosts"], "unexpected retry: %r" % s
     for i in range(4):
-        check(c.versions(i)[0] == s["to_version"], "host %d is not at version %d" % (i, s["to_version"]))
+        assert c.versions(i)[0] == s["to_version"], "host %d is not at version %d" % (i, s["to_version"])
     verify(c, "tp=2,pp=2,dp=2")
 
 
-def case_commit_window(c):
+def case_commit_window(c: Cluster) -> None:
     p = c.proxy(3)
     p.arm("POST", r"/versions/\d+/commit", "kill-before")
     t = run("transform", "--cluster", c.path, "--job", "j", "--to", "tp=4,pp=2", "--json", expect_ok=False)
-    check(p.hits, "the commit of host 3 never arrived")
+    assert p.hits, "the commit of host 3 never arrived"
     v = c.versions(0)[0]  # host 0 commits first
     c.restart(3)
     cur, vs = c.versions(3)
     out = os.path.join(c.tmp, "out")
     shutil.rmtree(out, ignore_errors=True)
     save = run("store", "save", "--cluster", c.path, "--job", "j", "--out", out, expect_ok=False)
-    print(
+    _log.info(
         "transform rc %d; host 0 at version %d; restarted host 3: current %r, versions %r; save rc %d %s"
         % (t.returncode, v, cur, vs, save.returncode, save.stderr.strip()[-200:])
     )
-    check(
-        vs.get(v) in ("prepared", "committed"),
-        "restarted host 3 lost its prepared version %d: %r (current %r)" % (v, vs, cur),
+    assert vs.get(v) in ("prepared", "committed"), "restarted host 3 lost its prepared version %d: %r (current %r)" % (
+        v,
+        vs,
+        cur,
     )
-    check(t.returncode == 0, "the transform failed although every host prepared: %s" % t.stderr)
+    assert t.returncode == 0, "the transform failed although every host prepared: %s" % t.stderr
     s = json.loads(t.stdout)
-    check(s["to_version"] == v and s.get("unconfirmed_hosts") == [p.url], "host 3 should be unconfirmed: %r" % s)
-    check(save.returncode == 0, "save after the restart failed: %s" % save.stderr)
+    assert s["to_version"] == v and s.get("unconfirmed_hosts") == [p.url], "host 3 should be unconfirmed: %r" % s
+    assert save.returncode == 0, "save after the restart failed: %s" % save.stderr
     verify(c, "tp=4,pp=2")
     for i in range(4):
         cur, vs = c.versions(i)
-        check(cur == v and list(vs) == [v], "host %d: current %r, versions %r (want only %d)" % (i, cur, vs, v))
+        assert cur == v and list(vs) == [v], "host %d: current %r, versions %r (want only %d)" % (i, cur, vs, v)
 
 
-def case_coordinators(c):
+def case_coordinators(c: Cluster) -> None:
     """issue 34 finding 7: a second coordinator begins version N on every daemon while a
     transform runs (between its recovery and its begin). The transform holds the job's
     lease (store/lease.h): the other's begin is refused on every daemon (409, naming the
@@ -258,50 +271,30 @@ def case_coordinators(c):
     p = c.proxy(1)
     p.arm("GET", r"^/v1/jobs/j(\?|$)", other_coordinator)  # the transform reads the job's state
     s, _ = transform(c, "tp=2,dp=4")
-    check(len(refused) == 4, "the hook never ran (%r)" % refused)
+    assert len(refused) == 4, "the hook never ran (%r)" % refused
     n = refused[0][0]
     for i, (_, code, body) in enumerate(refused):
-        check(
-            code == 409 and "is being changed by another coordinator: tenplex-transform@" in body,
-            "host %d: the other coordinator's begin: HTTP %d %s" % (i, code, body[:300]),
+        assert code == 409 and "is being changed by another coordinator: tenplex-transform@" in body, (
+            "host %d: the other coordinator's begin: HTTP %d %s" % (i, code, body[:300])
         )
-    check(s["to_version"] == n, "the transform committed %d, expected %d" % (s["to_version"], n))
+    assert s["to_version"] == n, "the transform committed %d, expected %d" % (s["to_version"], n)
     run("transform", "--cluster", c.path, "--job", "j", "--recover")
     verify(c, "tp=2,dp=4")
     for i in range(4):
         cur, vs = c.versions(i)
-        check(cur == n and list(vs) == [n], "host %d: current %r, versions %r" % (i, cur, vs))
+        assert cur == n and list(vs) == [n], "host %d: current %r, versions %r" % (i, cur, vs)
         lease = c.daemons[i].get("/v1/jobs/j/lease")
-        check(lease["holder"] is None, "host %d: the transform left its lease: %r" % (i, lease))
+        assert lease["holder"] is None, "host %d: the transform left its lease: %r" % (i, lease)
 
 
-def main():
-    tmp = tempfile.mkdtemp(prefix="tenplex-2pc-test-")
-    c = None
+def test_fault_2pc(tmp: str) -> None:
+    c = Cluster(tmp)
     try:
-        c = Cluster(tmp)
         for i in (1, 2, 3):  # behind fault proxies from the start (the URLs the state records)
             c.proxy(i)
-        if CASE in ("hung", "all"):
-            case_hung(c)
-        if CASE in ("lost-reply", "all"):
-            if CASE != "all":
-                load(c, "tp=2,pp=2,dp=2")
-            case_lost_reply(c)
-        if CASE in ("commit-window", "all"):
-            if CASE != "all":
-                load(c, "tp=2,pp=2,dp=2")
-            case_commit_window(c)
-        if CASE in ("coordinators", "all"):
-            if CASE != "all":
-                load(c, "tp=2,pp=2,dp=2")
-            case_coordinators(c)
-        print("PASS")
+        case_hung(c)
+        case_lost_reply(c)
+        case_commit_window(c)
+        case_coordinators(c)
     finally:
-        if c:
-            c.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-if __name__ == "__main__":
-    main()
+        c.stop()

@@ -1,9 +1,10 @@
-#!/usr/bin/env python3
 """Integration test of same-host reads between store daemons (docs/transport.md,
 "Same-host peers"): daemons on this machine read each other's committed tensors
 through their shared-memory files instead of UCX.
 
-Usage: local_peer_test.py TENPLEX_BIN
+Under pytest (issue 32 §4), ctest cluster_transform_local_peer, TENPLEX_BIN the CLI under test:
+
+    python -m pytest tests/local_peer_test.py::test_local_peer
 
 - two daemons as two hosts (2 GPUs each) hold a synthetic tp=2,pp=2 checkpoint; a TP
   change moves boxes between them: every fetched byte went through the peers' files
@@ -22,51 +23,56 @@ Usage: local_peer_test.py TENPLEX_BIN
   verified (no data lost).
 """
 
+from __future__ import annotations
+
 import json
+import logging
 import os
 import shutil
-import sys
-import tempfile
+from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from daemons import Daemon, check, run_cli, write_cluster  # noqa: E402
+import pytest
+from cli_testing import Cli
 
-TENPLEX = sys.argv[1]
+from tenplex.testing import Daemon, write_cluster
 
-
-def run(*args, expect_ok=True):
-    return run_cli(TENPLEX, *args, expect_ok=expect_ok)
+_log = logging.getLogger(__name__)
+run = Cli()  # the CLI under test, bound to the tenplex fixture's by _cli_under_test
 
 
-def counters(daemons):
+@pytest.fixture(autouse=True)
+def _cli_under_test(tenplex: str) -> None:
+    run.binary = tenplex
+
+
+def counters(daemons: list[Daemon]) -> list[tuple[int, int]]:
     return [
         (d.metric("tenplex_transform_fetched_shm_bytes_total"), d.metric("tenplex_fetch_served_bytes_total"))
         for d in daemons
     ]
 
 
-def transform(cluster, job, to, *extra):
+def transform(cluster: str, job: str, to: str, *extra: str) -> tuple[dict[str, Any], int, int]:
     p = run("transform", "--cluster", cluster, "--job", job, "--to", to, "--json", *extra)
-    s = json.loads(p.stdout)
+    s: dict[str, Any] = json.loads(p.stdout)
     fetched = sum(h["bytes_fetched"] for h in s["hosts"])
     shm = sum(h["bytes_fetched_shm"] for h in s["hosts"])
-    check(s["attempts"] == 1 and fetched == s["plan"]["bytes_cross_host"] > 0, "unexpected: %r" % s)
-    print(
+    assert s["attempts"] == 1 and fetched == s["plan"]["bytes_cross_host"] > 0, "unexpected: %r" % s
+    _log.info(
         "%s -> %s: %.3f s, fetched %d B, %d B through peers' files" % (s["from"], s["to"], s["seconds"], fetched, shm)
     )
     return s, fetched, shm
 
 
-def verify(tmp, cluster, job):
+def verify(tmp: str, cluster: str, job: str) -> None:
     out = os.path.join(tmp, "out")
     shutil.rmtree(out, ignore_errors=True)
     run("store", "save", "--cluster", cluster, "--job", job, "--out", out)
     run("ckpt", "verify", "--in", out)
 
 
-def main():
-    tmp = tempfile.mkdtemp(prefix="tenplex-local-peer-test-")
-    daemons = []
+def test_local_peer(tmp: str) -> None:
+    daemons: list[Daemon] = []
     try:
         model = os.path.join(tmp, "m.json")
         run(
@@ -91,9 +97,9 @@ def main():
         )
         ckpt = os.path.join(tmp, "in")
         run("ckpt", "init", "--model", model, "--config", "tp=2,pp=2", "--out", ckpt, "--seed", "3")
-        a, b = Daemon(TENPLEX), Daemon(TENPLEX)
+        a, b = Daemon(run.binary), Daemon(run.binary)
         daemons += [a, b]
-        check("local" in a.get("/v1/transform/address"), "no same-host offer by default")
+        assert "local" in a.get("/v1/transform/address"), "no same-host offer by default"
         cluster = os.path.join(tmp, "ab.json")
         write_cluster(cluster, [a, b], 2)
         run("store", "load", "--cluster", cluster, "--job", "j", "--dir", ckpt)
@@ -102,69 +108,62 @@ def main():
         before = counters([a, b])
         s, fetched, shm = transform(cluster, "j", "tp=4")
         after = counters([a, b])
-        check(shm == fetched, "not every byte went through the files: %r" % s["hosts"])
-        check(sum(x[0] - y[0] for x, y in zip(after, before)) == fetched, "shm metric %r %r" % (before, after))
-        check(all(x[1] == y[1] for x, y in zip(after, before)), "UCX served bytes: %r %r" % (before, after))
-        check(a.metric("tenplex_peer_files_located_total") > 0, "a located no file for b")
+        assert shm == fetched, "not every byte went through the files: %r" % s["hosts"]
+        assert sum(x[0] - y[0] for x, y in zip(after, before)) == fetched, "shm metric %r %r" % (before, after)
+        assert all(x[1] == y[1] for x, y in zip(after, before)), "UCX served bytes: %r %r" % (before, after)
+        assert a.metric("tenplex_peer_files_located_total") > 0, "a located no file for b"
         verify(tmp, cluster, "j")
 
         # The same daemons with the data plane only.
         before = counters([a, b])
         s, fetched, shm = transform(cluster, "j", "tp=2,pp=2", "--no-local-peer-reads")
         after = counters([a, b])
-        check(shm == 0, "bytes through files with --no-local-peer-reads: %r" % s["hosts"])
-        check(sum(x[1] - y[1] for x, y in zip(after, before)) == fetched, "UCX served %r %r" % (before, after))
+        assert shm == 0, "bytes through files with --no-local-peer-reads: %r" % s["hosts"]
+        assert sum(x[1] - y[1] for x, y in zip(after, before)) == fetched, "UCX served %r %r" % (before, after)
         verify(tmp, cluster, "j")
 
         # A daemon that turned them off neither offers nor uses them; b still offers.
-        c = Daemon(TENPLEX, args=("--no-local-peer-reads",))
+        c = Daemon(run.binary, args=("--no-local-peer-reads",))
         daemons.append(c)
-        check("local" not in c.get("/v1/transform/address"), "c offers same-host reads")
+        assert "local" not in c.get("/v1/transform/address"), "c offers same-host reads"
         bc = os.path.join(tmp, "bc.json")
         write_cluster(bc, [b, c], 2)
         p = run("transform", "--cluster", cluster, "--to-cluster", bc, "--job", "j", "--to", "tp=4", "--json")
         s = json.loads(p.stdout)
         hosts = {h["url"]: h for h in s["hosts"]}
-        check(
-            hosts[c.url]["bytes_fetched"] > 0 and hosts[c.url]["bytes_fetched_shm"] == 0,
-            "c used same-host reads: %r" % hosts[c.url],
+        assert hosts[c.url]["bytes_fetched"] > 0 and hosts[c.url]["bytes_fetched_shm"] == 0, (
+            "c used same-host reads: %r" % hosts[c.url]
         )
-        check(
-            hosts[b.url]["bytes_fetched_shm"] == hosts[b.url]["bytes_fetched"] > 0,
-            "b did not read a's files: %r" % hosts[b.url],
+        assert hosts[b.url]["bytes_fetched_shm"] == hosts[b.url]["bytes_fetched"] > 0, (
+            "b did not read a's files: %r" % hosts[b.url]
         )
         verify(tmp, bc, "j")
 
         # A peer that dies as its peer is about to read its files: no replica, so the
         # transform fails; the survivor keeps version 1; restarted, the state is whole.
         fdir = os.path.join("/dev/shm", os.path.basename(tmp) + "-f")
-        f = Daemon(TENPLEX, {"TENPLEX_FAULT": "exit-in-locate"}, args=("--shm-dir", fdir))
+        f = Daemon(run.binary, {"TENPLEX_FAULT": "exit-in-locate"}, args=("--shm-dir", fdir))
         daemons.append(f)
         af = os.path.join(tmp, "af.json")
         write_cluster(af, [a, f], 2)
         run("store", "load", "--cluster", af, "--job", "k", "--dir", ckpt)
         p = run("transform", "--cluster", af, "--job", "k", "--to", "tp=4", expect_ok=False)
-        check(f.proc.poll() is not None, "the faulty daemon did not exit")
+        assert f.proc.poll() is not None, "the faulty daemon did not exit"
         # a's read of f's files failed (f died as a asked where they are), the round
         # was aborted, and without f the new layout does not fit / has no replica.
-        check("fetching from host 1" in p.stderr, "a did not see f die: %r" % p.stderr)
-        check("lost: 1 hosts" in p.stderr or "no surviving replica" in p.stderr, "unclear error: %r" % p.stderr)
+        assert "fetching from host 1" in p.stderr, "a did not see f die: %r" % p.stderr
+        assert "lost: 1 hosts" in p.stderr or "no surviving replica" in p.stderr, "unclear error: %r" % p.stderr
         j = a.get("/v1/jobs/k")
-        check(j["current"] == 1 and all(v["version"] <= 1 for v in j["versions"]), "survivor changed: %r" % j)
+        assert j["current"] == 1 and all(v["version"] <= 1 for v in j["versions"]), "survivor changed: %r" % j
         port = f.url.rsplit(":", 1)[1]
-        f2 = Daemon(TENPLEX, listen="127.0.0.1:" + port, args=("--shm-dir", fdir))
+        f2 = Daemon(run.binary, listen="127.0.0.1:" + port, args=("--shm-dir", fdir))
         daemons.append(f2)
         s, fetched, shm = transform(af, "k", "tp=4")
-        check(shm == fetched, "not through the files after the restart: %r" % s["hosts"])
+        assert shm == fetched, "not through the files after the restart: %r" % s["hosts"]
         verify(tmp, af, "k")
-        print("PASS")
     finally:
         for d in daemons:
             d.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
-        for d in os.listdir("/dev/shm"):
-            if d.startswith(os.path.basename(tmp)):
-                shutil.rmtree(os.path.join("/dev/shm", d), ignore_errors=True)
-
-
-main()
+        for name in os.listdir("/dev/shm"):
+            if name.startswith(os.path.basename(tmp)):
+                shutil.rmtree(os.path.join("/dev/shm", name), ignore_errors=True)
