@@ -101,7 +101,8 @@ def test_policy_cli(tenplex: str, tmp: str) -> None:
     )
     # the knobs fixed as in the hand-checked case below (selective recompute, SP, no chunks)
     fixed = ["--recompute", "selective", "--sequence-parallel", "--virtual-stages", "1"]
-    p = suggest(
+    # 8 GPUs of 16 GiB on one host, the training shape of the hand-checked case, every fitting config
+    shape = [
         "--model",
         model,
         "--gpus",
@@ -118,9 +119,8 @@ def test_policy_cli(tenplex: str, tmp: str) -> None:
         "2048",
         "--top",
         "0",
-        "--json",
-        *fixed,
-    )
+    ]
+    p = suggest(*shape, "--json", *fixed)
     check(p.returncode == 0, f"suggest --json exits 0 ({p.stderr.strip()})")
     j = json.loads(p.stdout)
     cfgs = j["configs"]
@@ -160,27 +160,7 @@ def test_policy_cli(tenplex: str, tmp: str) -> None:
     check("tp=1,pp=1,dp=8" not in names, "dp=8 without ZeRO does not fit in 16 GiB")
     check(names[0] == "tp=1,pp=1,dp=8,zero=1", f"dp=8,zero=1 ranks first: {names[:3]}")
     # --all lists the configs that do not fit, after those that do.
-    p = suggest(
-        "--model",
-        model,
-        "--gpus",
-        "8",
-        "--gpus-per-host",
-        "8",
-        "--gpu-memory",
-        "16GiB",
-        "--global-batch",
-        "32",
-        "--micro-batch",
-        "4",
-        "--seq-length",
-        "2048",
-        "--top",
-        "0",
-        "--all",
-        "--json",
-        *fixed,
-    )
+    p = suggest(*shape, "--all", "--json", *fixed)
     allc = json.loads(p.stdout)["configs"]
     fits = [c["fits"] for c in allc]
     check(fits == sorted(fits, reverse=True) and not fits[-1], "--all: unfit configs listed last")

@@ -31,6 +31,35 @@ MEMORY = "600KiB"
 EXAMPLE_KNOBS = ["--no-sequence-parallel", "--virtual-stages", "1"]
 
 
+def suggest(tenplex: str, model: str, gpus: int, memory: str) -> subprocess.CompletedProcess[str]:
+    """`tenplex config suggest --json` for `gpus` GPUs of `memory` each, in the workers' shape."""
+    return subprocess.run(
+        [
+            tenplex,
+            "config",
+            "suggest",
+            "--model",
+            model,
+            "--gpus",
+            str(gpus),
+            "--device-profile",
+            "cpu",
+            "--gpu-memory",
+            memory,
+            "--global-batch",
+            "8",
+            "--micro-batch",
+            "2",
+            "--seq-length",
+            "32",
+            *EXAMPLE_KNOBS,
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+    )
+
+
 def test_policy_run(tenplex: str, tmp: str) -> None:
     repo = REPO
     check = Checks()
@@ -62,31 +91,7 @@ def test_policy_run(tenplex: str, tmp: str) -> None:
     want: dict[int, Any] = {}
     want_rc: dict[int, Any] = {}
     for gpus in (2, 4):
-        p = subprocess.run(
-            [
-                tenplex,
-                "config",
-                "suggest",
-                "--model",
-                model,
-                "--gpus",
-                str(gpus),
-                "--device-profile",
-                "cpu",
-                "--gpu-memory",
-                MEMORY,
-                "--global-batch",
-                "8",
-                "--micro-batch",
-                "2",
-                "--seq-length",
-                "32",
-                *EXAMPLE_KNOBS,
-                "--json",
-            ],
-            capture_output=True,
-            text=True,
-        )
+        p = suggest(tenplex, model, gpus, MEMORY)
         check(p.returncode == 0, f"config suggest for {gpus} GPUs: {p.stderr.strip()}")
         first = json.loads(p.stdout)["configs"][0] if p.returncode == 0 else {}
         want[gpus] = first.get("config")
@@ -102,31 +107,7 @@ def test_policy_run(tenplex: str, tmp: str) -> None:
         {"step": n, "stop": True},
     ]
     # 1 GPU with 1 MiB: the whole model fits, the policy must choose tp=1.
-    p = subprocess.run(
-        [
-            tenplex,
-            "config",
-            "suggest",
-            "--model",
-            model,
-            "--gpus",
-            "1",
-            "--device-profile",
-            "cpu",
-            "--gpu-memory",
-            "1MiB",
-            "--global-batch",
-            "8",
-            "--micro-batch",
-            "2",
-            "--seq-length",
-            "32",
-            *EXAMPLE_KNOBS,
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-    )
+    p = suggest(tenplex, model, 1, "1MiB")
     want[1] = json.loads(p.stdout)["configs"][0]["config"]
     want_rc[1] = json.loads(p.stdout)["configs"][0]["recompute"]
     log, out = run(tenplex, repo, tmp, "gpus", sched, model, baseline=static_log)
