@@ -7,9 +7,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ._early_restore import EarlyRestore
     from .elastic_cluster import Coordinator
     from .elastic_policy import SuggestPolicy
-    from .member import EarlyRestore, Member, Presize
+    from .member import Member, Presize
     from .store import Store
 
 

@@ -12,6 +12,7 @@ import time
 from typing import Any, Callable, Optional
 
 from . import _tenplex
+from ._early_restore import ENV_NO_EARLY_RESTORE, EarlyRestore, finish_presize
 from ._job_state import JobState
 from .elastic_cluster import ElasticError, break_leases, run_transform
 from .elastic_policy import pick_choice, tenplex_binary
@@ -349,48 +350,6 @@ class Presize:
         return dict(rec, config=self.config, waited_s=round(time.perf_counter() - t0, 4))
 
 
-ENV_NO_EARLY_RESTORE = "TENPLEX_NO_EARLY_RESTORE"  # set (not "" or "0"): restore() coordinates (A/B baseline)
-
-
-class EarlyRestore:
-    """Rank 0 of a new world, from rejoin(): the restore's coordination (the recovery, the
-    job's lease, the transform onto the world's daemons; Job._guarded_restore) in a
-    background thread while the process group forms, instead of after it. The world
-    record names every host's daemon in group-rank order, so nothing of it needs the
-    group; restore() takes the record if the daemons it gathers are those (else it
-    coordinates again). A pending pre-size is finished first, as rejoin() did."""
-
-    def __init__(self, job: JobState, epoch: int, urls: list[str], presize: Optional[Presize]):
-        self.urls, self.epoch, self._presize = urls, epoch, presize
-        self.record: dict = {}
-        self.seconds = 0.0
-        self._error: Optional[BaseException] = None
-        self._thread = threading.Thread(target=self._run, args=(job,), name="tenplex-early-restore", daemon=True)
-        self._t0 = time.perf_counter()
-        self._thread.start()
-
-    def _run(self, job: JobState) -> None:
-        try:
-            if self._presize is not None:  # done before the transform takes its files
-                job._log_event({"event": "presize", "epoch": self.epoch, **self._presize.finish()})
-            self.record = job._guarded_restore(self.urls)
-        except BaseException as e:  # noqa: BLE001 - raised again in the main thread (result())
-            self._error = e
-        self.seconds = time.perf_counter() - self._t0
-
-    def wait(self) -> float:
-        """Waits for the thread; the seconds waited."""
-        t0 = time.perf_counter()
-        self._thread.join()
-        return time.perf_counter() - t0
-
-    def result(self) -> dict:
-        """The record (after wait()); what the coordination raised beyond its errors, raised."""
-        if self._error is not None:
-            raise self._error
-        return self.record
-
-
 def presize_world(job: str, policy, world: dict, old_cluster: dict, token: str) -> Presize:
     """Starts pre-sizing `world` (a world record: hosts, info with store_url and nproc) for
     the job's committed state on old_cluster; its config is the policy's for its size."""
@@ -423,27 +382,28 @@ class MemberJob(JobState):
 
     def _start_early_restore(self) -> None:
         """Rank 0 of the world just read (rejoin()): the restore's coordination starts now."""
-        world = self._member.world if self._member is not None else None
-        if self.rank != 0 or not world or os.environ.get(ENV_NO_EARLY_RESTORE, "0") not in ("", "0"):
+        member = self._member
+        if self.rank != 0 or member is None or not member.world:
             return
-        urls = [world["info"][h]["store_url"] for h in world["hosts"]]
+        if os.environ.get(ENV_NO_EARLY_RESTORE, "0") not in ("", "0"):
+            return
+        urls = [member.world["info"][h]["store_url"] for h in member.world["hosts"]]
         presize, self._presize = self._presize, None
-        self._early = EarlyRestore(self, self._member.epoch if self._member else 0, urls, presize)
+        self._early = EarlyRestore(self, member.epoch, urls, presize)
 
-    def _settle_early(self) -> None:
-        """Waits for the early restore, if one runs, and drops it: the world may change after this."""
+    def _settle_early(self) -> Optional[tuple[EarlyRestore, float]]:
+        """Waits for the early restore, if one runs, and drops it (the world may change after
+        this): it and the seconds waited, or None."""
         early, self._early = self._early, None
-        if early is not None:
-            early.wait()
+        return None if early is None else (early, early.wait())
 
     def _early_record(self, hosts: list[str]) -> Optional[dict]:
         """restore(), rank 0: the early restore's record when it coordinated for `hosts` (the
         daemons the workers gathered), else None (restore() coordinates itself)."""
-        early = self._early
-        if early is None:
+        settled = self._settle_early()
+        if settled is None:
             return None
-        waited = early.wait()
-        self._early = None
+        early, waited = settled
         if early.urls != hosts:
             log.warning(
                 "job %s: the world named daemons %s, the workers %s: restoring again", self.job, early.urls, hosts
@@ -588,7 +548,7 @@ class MemberJob(JobState):
         self._start_early_restore()
         self._join_world({"release_s": t1 - t0, "teardown_s": t2 - t1, "wait_world_s": time.perf_counter() - t2})
         if self._presize is not None:  # done before the restore's transform takes its files
-            self._log_event({"event": "presize", "epoch": self._member.epoch, **self._presize.finish()})
+            finish_presize(self, self._presize, self._member.epoch)
             self._presize = None
 
     def aborted(self, error: BaseException) -> bool:
