@@ -1,6 +1,8 @@
 """deploy/k8s/ validated against the Kubernetes API schemas of the versions docs/deploy.md claims.
 
-usage: k8s_schema_test.py REPO_ROOT
+Under pytest (issue 32 §4), ctest k8s_schema:
+
+    python -m pytest tests/k8s_schema_test.py::test_k8s_schema
 
 Every built-in object of every manifest (Secret, DaemonSet, ConfigMap, ...) is validated,
 strictly (an unknown field is an error, as `kubectl apply`'s default strict field
@@ -14,20 +16,24 @@ mutated manifests (a misspelt field, a wrong type, a missing required field, ...
 rejected with an error that names the field, so that the validation can fail.
 """
 
+from __future__ import annotations
+
 import copy
+import logging
 import os
-import sys
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import yaml
+from elastic_run_testing import Checks
 
 try:
     import jsonschema
     import kubernetes_validate
 except ImportError as e:
-    print(f"FAIL: {e}: kubernetes-validate is in requirements.lock; run scripts/setup-venv.sh")
-    sys.exit(1)
+    raise ImportError(f"{e}: kubernetes-validate is in requirements.lock; run scripts/setup-venv.sh") from e
+
+_log = logging.getLogger(__name__)
 
 # docs/deploy.md, "Kubernetes": every minor version from 1.30 to 1.37.
 CLAIMED = [f"1.{minor}" for minor in range(30, 38)]
@@ -142,21 +148,13 @@ PYTORCHJOB_V1: dict[str, Any] = {
     },
 }
 
-failures: list[str] = []
-
-
-def check(cond: bool, what: str) -> None:
-    print(("ok: " if cond else "FAIL: ") + what)
-    if not cond:
-        failures.append(what)
-
 
 def describe(e: jsonschema.ValidationError) -> str:
     """The error as `kubectl` would name it: the field's path, then what is wrong."""
     return f"{'.'.join(str(p) for p in e.absolute_path) or '<top>'}: {e.message}"
 
 
-def k8s_errors(obj: dict[str, Any], version: str) -> tuple[list[str], Optional[str]]:
+def k8s_errors(obj: dict[str, Any], version: str) -> tuple[list[str], str | None]:
     """The errors of a built-in object against the strict schemas of `version`, and the
     version whose schemas were used (kubernetes-validate falls back to an older one)."""
     try:
@@ -199,7 +197,7 @@ def load(repo: str) -> list[tuple[str, dict[str, Any]]]:
     return docs
 
 
-def check_manifests(docs: list[tuple[str, dict[str, Any]]]) -> None:
+def check_manifests(check: Checks, docs: list[tuple[str, dict[str, Any]]]) -> None:
     for name, obj in docs:
         what = f"{name}: {obj.get('kind')} {obj.get('metadata', {}).get('name')}"
         bad = {v: errors_of(obj, v) for v in CLAIMED}
@@ -356,7 +354,7 @@ MUTATIONS: list[tuple[str, str, Mutation, list[str]]] = [
 ]
 
 
-def check_mutations(docs: list[tuple[str, dict[str, Any]]]) -> None:
+def check_mutations(check: Checks, docs: list[tuple[str, dict[str, Any]]]) -> None:
     by_kind = {obj["kind"]: obj for _, obj in docs}
     for kind, what, mutate, expect in MUTATIONS:
         obj = copy.deepcopy(by_kind[kind])
@@ -371,17 +369,14 @@ def check_mutations(docs: list[tuple[str, dict[str, Any]]]) -> None:
             check(bool(named), f"{kind} with {what} is rejected in {version}: {named[:1] or errs}")
 
 
-def main() -> None:
-    repo = os.path.abspath(sys.argv[1])
-    print(f"kubernetes-validate {kubernetes_validate.__version__}, claimed Kubernetes versions {CLAIMED}")
+def test_k8s_schema(repo: str) -> None:
+    _log.info("kubernetes-validate %s, claimed Kubernetes versions %s", kubernetes_validate.__version__, CLAIMED)
+    check = Checks()
     t0 = time.time()
     docs = load(repo)
-    check_manifests(docs)
-    check_mutations(docs)
-    print(f"{len(docs)} objects x {len(CLAIMED)} versions and {len(MUTATIONS)} mutations in {time.time() - t0:.1f} s")
-    print(f"{'FAILED' if failures else 'passed'}: {len(failures)} failures")
-    sys.exit(1 if failures else 0)
-
-
-if __name__ == "__main__":
-    main()
+    check_manifests(check, docs)
+    check_mutations(check, docs)
+    _log.info(
+        "%d objects x %d versions and %d mutations in %.1f s", len(docs), len(CLAIMED), len(MUTATIONS), time.time() - t0
+    )
+    check.finish()

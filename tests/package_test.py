@@ -1,7 +1,9 @@
 """The tenplex package as a library (issue 32 §4): its facade, where it finds the CLI,
 what its entry points log, and the shared test helpers.
 
-usage: package_test.py TENPLEX_BIN   (pytest; ctest package)
+Under pytest, ctest package (every test of the file), TENPLEX_BIN the CLI under test:
+
+    python -m pytest tests/package_test.py
 """
 
 from __future__ import annotations
@@ -10,10 +12,9 @@ import os
 import stat
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
-
-TENPLEX = os.environ.get("TENPLEX_BIN", "")
 
 
 def test_all_names_resolve_and_elastic_loads_on_first_use() -> None:
@@ -44,7 +45,7 @@ def _fake_cli(directory: str) -> str:
 
 
 def test_cli_is_found_by_env_beside_interpreter_path_never_checkout(
-    tmp_path: object, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """TENPLEX_BIN first, then the tenplex beside the interpreter, then PATH; without any,
     a clear error (not the checkout's build/, which this test's checkout has)."""
@@ -71,7 +72,7 @@ def test_cli_is_found_by_env_beside_interpreter_path_never_checkout(
         ep.tenplex_binary()
 
 
-def test_entry_points_log_their_errors_as_they_printed_them(tmp_path: object) -> None:
+def test_entry_points_log_their_errors_as_they_printed_them(tmp_path: Path, tenplex: str) -> None:
     """python -m tenplex.data and tenplex.interop: the error line on stderr, exit 2."""
     missing = os.path.join(str(tmp_path), "none")
     p = subprocess.run(
@@ -87,7 +88,7 @@ def test_entry_points_log_their_errors_as_they_printed_them(tmp_path: object) ->
         f.write("{}")
     p = subprocess.run(
         [sys.executable, "-m", "tenplex.interop", "import", "--from", "hf", "--model-file", model]
-        + ["--config", "tp=1", missing, "--out", os.path.join(str(tmp_path), "out"), "--tenplex", TENPLEX],
+        + ["--config", "tp=1", missing, "--out", os.path.join(str(tmp_path), "out"), "--tenplex", tenplex],
         capture_output=True,
         text=True,
     )
@@ -104,24 +105,17 @@ def test_library_logs_reach_stderr_without_configuration() -> None:
     assert p.stderr == "job gpt cannot continue: x\n", p.stderr
 
 
-def test_run_tenplex_and_daemon() -> None:
+def test_run_tenplex_and_daemon(tenplex: str) -> None:
     """tenplex.testing: the CLI's output or SystemExit with it; a daemon announces its URL."""
     from tenplex.testing import Daemon, run_tenplex
 
-    assert run_tenplex(TENPLEX, "--version").startswith("tenplex ")
+    assert run_tenplex(tenplex, "--version").startswith("tenplex ")
     with pytest.raises(SystemExit, match="tenplex no-such-command failed"):
-        run_tenplex(TENPLEX, "no-such-command")
-    d = Daemon(TENPLEX)
+        run_tenplex(tenplex, "no-such-command")
+    d = Daemon(tenplex)
     try:
         assert d.url.startswith("http://127.0.0.1:")
         assert "shm_dir" in d.get("/v1/health")
     finally:
         d.stop()
     assert d.proc.returncode is not None
-
-
-if __name__ == "__main__":
-    if len(sys.argv) > 1:
-        os.environ["TENPLEX_BIN"] = os.path.abspath(sys.argv[1])
-        TENPLEX = os.environ["TENPLEX_BIN"]
-    sys.exit(pytest.main([os.path.abspath(__file__), "-q", "-p", "no:cacheprovider"]))

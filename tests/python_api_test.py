@@ -1,8 +1,12 @@
 """The Python package over the native module: state hand-off through an embedded store
 and through a daemon, zero-copy loading, errors as Python exceptions.
 
-usage: python_api_test.py TENPLEX_BIN REPO_ROOT
+Under pytest (issue 32 §4), ctest python_api, TENPLEX_BIN the CLI under test:
+
+    python -m pytest tests/python_api_test.py::test_python_api
 """
+
+from __future__ import annotations
 
 import json
 import os
@@ -10,23 +14,16 @@ import subprocess
 import sys
 import time
 import urllib.request
+from typing import Any, Callable
 
-sys.path.insert(0, os.path.join(sys.argv[2], "python"))
-import torch  # noqa: E402
+import torch
+from elastic_run_testing import Checks
 
-import tenplex  # noqa: E402
-from tenplex.testing import free_port  # noqa: E402
-
-failures = []
-
-
-def check(cond, what):
-    print(("ok: " if cond else "FAIL: ") + what)
-    if not cond:
-        failures.append(what)
+import tenplex
+from tenplex.testing import free_port
 
 
-def raises(exc, fn, what):
+def raises(check: Checks, exc: type[BaseException], fn: Callable[[], Any], what: str) -> None:
     try:
         fn()
     except exc as e:
@@ -38,7 +35,7 @@ def raises(exc, fn, what):
     check(False, f"{what}: no exception")
 
 
-def state(seed):
+def state(seed: int) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return {
         "decoder.layers.0.mlp.linear_fc1.weight": torch.randn(8, 4, generator=g),
@@ -49,7 +46,7 @@ def state(seed):
     }
 
 
-def round_trip(st, label):
+def round_trip(check: Checks, st: Any, label: str) -> int:
     want = {r: state(r) for r in range(3)}
     v = st.begin("job", info={"config": "dp=3", "step": 12, "samples_consumed": 96})
     for r, s in want.items():
@@ -70,8 +67,10 @@ def round_trip(st, label):
                 f"{label}: rank {r} {k} equal",
             )
     # Committed versions are immutable.
-    raises(tenplex.Error, lambda: st.save_state("job", v, 0, state(9)), f"{label}: write into a committed version")
-    raises(tenplex.NotFoundError, lambda: st.load_state("nojob", 0), f"{label}: unknown job")
+    raises(
+        check, tenplex.Error, lambda: st.save_state("job", v, 0, state(9)), f"{label}: write into a committed version"
+    )
+    raises(check, tenplex.NotFoundError, lambda: st.load_state("nojob", 0), f"{label}: unknown job")
     # Issue 16 bug 6: a value that is not a tensor is a tenplex error naming key and type
     # (it was AttributeError: 'int' object has no attribute 'detach'), and nothing is written.
     v2 = st.begin("job")
@@ -91,7 +90,7 @@ def round_trip(st, label):
     return v
 
 
-def admin(st, label):
+def admin(check: Checks, st: Any, label: str) -> None:
     """Store.jobs(), versions(), delete() against the store's own view."""
     st.commit("adm", st.begin("adm", info={"config": "tp=1", "step": 1}))
     st.save_state("adm", st.begin("adm", info={"step": 2}), 0, {"w": torch.ones(4)})  # open version 2
@@ -109,24 +108,31 @@ def admin(st, label):
     st.delete("adm", 2)
     st.delete("adm", 1)
     check([v["version"] for v in st.versions("adm")] == [3], f"{label}: delete(job, version)")
-    raises(tenplex.Error, lambda: st.delete("adm", 3), f"{label}: the current version is not deleted alone")
+    raises(check, tenplex.Error, lambda: st.delete("adm", 3), f"{label}: the current version is not deleted alone")
     st.delete("adm")
     check("adm" not in st.jobs(), f"{label}: delete(job) removes it")
-    raises(tenplex.NotFoundError, lambda: st.versions("adm"), f"{label}: versions of a deleted job")
+    raises(check, tenplex.NotFoundError, lambda: st.versions("adm"), f"{label}: versions of a deleted job")
     # Issue 16 bug 9: aborting the only version (a failed load) leaves no job behind.
     st.abort("gone", st.begin("gone"))
     check("gone" not in st.jobs(), f"{label}: a job whose only version was aborted is not listed")
 
 
-def main():
-    tenplex_bin, repo = sys.argv[1], sys.argv[2]
+def test_python_api(tenplex: str, repo: str) -> None:
+    check = Checks()
+    python_api(check, tenplex, repo)
+    check.finish()
+
+
+def python_api(check: Checks, tenplex_bin: str, repo: str) -> None:
+    """The embedded store, zero copy, the native helpers, the import without torch, a daemon."""
     st = tenplex.attach()
     check(st.local, "embedded store is local")
-    round_trip(st, "embedded")
-    admin(st, "embedded")
+    round_trip(check, st, "embedded")
+    admin(check, st, "embedded")
     # Zero copy: the loaded tensor maps the store's file; writing to it copies on write.
     t = st.load_state("job", 1)["decoder.layers.0.mlp.linear_fc1.weight"]
-    maps = open("/proc/self/maps").read()
+    with open("/proc/self/maps") as f:
+        maps = f.read()
     check("rank-00001/decoder.layers.0.mlp.linear_fc1.weight" in maps, "loaded tensor maps the store's shm file")
     t.add_(1)
     check(
@@ -136,8 +142,8 @@ def main():
         ),
         "writes to a loaded tensor do not reach the store",
     )
-    raises(ValueError, lambda: tenplex.parse_config("tp=0"), "bad config is a ValueError")
-    raises(ValueError, lambda: tenplex.layout_json("gpt3-125m", "tp=5"), "impossible layout is a ValueError")
+    raises(check, ValueError, lambda: tenplex.parse_config("tp=0"), "bad config is a ValueError")
+    raises(check, ValueError, lambda: tenplex.layout_json("gpt3-125m", "tp=5"), "impossible layout is a ValueError")
     lay = json.loads(tenplex.layout_json("gpt3-125m", "tp=2,pp=2"))
     check(lay["world_size"] == 4, "layout_json gives the spec's JSON")
 
@@ -174,14 +180,8 @@ def main():
             except Exception:  # noqa: BLE001
                 time.sleep(0.1)
         ds = tenplex.attach(url=url)
-        round_trip(ds, "daemon")
-        admin(ds, "daemon")
+        round_trip(check, ds, "daemon")
+        admin(check, ds, "daemon")
     finally:
         d.terminate()
         d.wait(timeout=20)
-    print(f"{1 if not failures else 0} passed, {len(failures)} failed")
-    sys.exit(1 if failures else 0)
-
-
-if __name__ == "__main__":
-    main()

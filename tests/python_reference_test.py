@@ -3,34 +3,39 @@ module, one implementation shared with the CLI) against the independent pure-Pyt
 references in tests/reference (issue 20: the package and examples/gpt use the native
 code; a second implementation lives only here, as the oracle).
 
-usage: python_reference_test.py TENPLEX_BIN REPO_ROOT
+Under pytest (issue 32 §4), ctest python_reference, TENPLEX_BIN the CLI under test:
+
+    python -m pytest tests/python_reference_test.py::test_python_reference
+
+The references come from the `references` fixture (tests/conftest.py). The first check
+that fails ends the test, naming what differs.
 """
 
+from __future__ import annotations
+
+import logging
 import os
 import random
 import subprocess
-import sys
-import tempfile
+from types import ModuleType
+from typing import Any
 
-ROOT = sys.argv[2]
-sys.path.insert(0, os.path.join(ROOT, "python"))
-sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
-import data_ref  # noqa: E402
-import layout_ref  # noqa: E402
-import torch  # noqa: E402
+import torch
 
-from tenplex import _tenplex, data, layout  # noqa: E402
+from tenplex import _tenplex, data, layout
 
-TENPLEX = sys.argv[1]
-checks = 0
+_log = logging.getLogger(__name__)
 
 
-def check(cond, what):
-    global checks
-    checks += 1
-    if not cond:
-        print("FAIL:", what)
-        sys.exit(1)
+class Counted:
+    """check(cond, what): an AssertionError naming `what` when cond is false; `count` checks made."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self, cond: object, what: str) -> None:
+        self.count += 1
+        assert cond, what
 
 
 MODELS = {
@@ -124,10 +129,10 @@ CONFIGS = [
 ]
 
 
-def compare_layouts(tmp):
+def compare_layouts(check: Counted, tenplex: str, tmp: str, layout_ref: ModuleType) -> None:
     for name, args in MODELS.items():
         path = os.path.join(tmp, name + ".json")
-        subprocess.run([TENPLEX, "model", "gpt", *args, "-o", path], check=True)
+        subprocess.run([tenplex, "model", "gpt", *args, "-o", path], check=True)
         ours, ref = layout.Model.load(path), layout_ref.Model.load(path)
         for text in CONFIGS:
             try:
@@ -187,7 +192,7 @@ def compare_layouts(tmp):
             )
 
 
-def compare_orders():
+def compare_orders(check: Counted, data_ref: ModuleType) -> None:
     rng = random.Random(20)
     cases = [(45, 0, 1), (45, 7, 8), (100, (1 << 64) - 1, 10), (1, 3, 1), (1000, 12345678901234567890, 64)]
     cases += [(rng.randrange(1, 500), rng.getrandbits(64), 0) for _ in range(20)]
@@ -224,12 +229,8 @@ def compare_orders():
             check(False, f"{m.__name__} accepted a bad order")
 
 
-def main():
-    with tempfile.TemporaryDirectory(prefix="tenplex-ref-") as tmp:
-        compare_layouts(tmp)
-    compare_orders()
-    print(f"python_reference: {checks} checks passed")
-
-
-if __name__ == "__main__":
-    main()
+def test_python_reference(tenplex: str, tmp: str, references: Any) -> None:
+    check = Counted()
+    compare_layouts(check, tenplex, tmp, references.layout_ref)
+    compare_orders(check, references.data_ref)
+    _log.info("python_reference: %d checks passed", check.count)
