@@ -1,12 +1,13 @@
-#!/usr/bin/env python3
 """Checkpoint writers on a full disk, and stale staging directories (issue 19 §2).
 
-  ckpt_full_disk_test.py TENPLEX_BIN
+Under pytest (issue 32 §4), ctest ckpt_full_disk, TENPLEX_BIN the CLI under test:
 
-The test re-runs itself in a private mount namespace (`unshare -m`) with an 8 MiB
-tmpfs as the output file system. Every command that writes a checkpoint through a
-memory map or pwrite (`ckpt init`, `store save --url`, `store save --cluster`,
-`reshard` streamed and `--mmap-output`) writes a 39 MiB checkpoint into it and must
+    python -m pytest tests/ckpt_full_disk_test.py::test_ckpt_full_disk
+
+The test runs its body (`in_namespace`) in a private mount namespace (`unshare -m`, a
+Python of its own) with an 8 MiB tmpfs as the output file system. Every command that
+writes a checkpoint through a memory map or pwrite (`ckpt init`, `store save --url`,
+`store save --cluster`, `reshard` streamed and `--mmap-output`) writes a 39 MiB checkpoint into it and must
 fail by itself (exit 1, not a signal: before, the first touch of an unbacked page was
 a SIGBUS, exit 135) with an error that says the disk is full, leaving nothing behind
 (no output, no `*.partial-*`). A checkpoint that fits is written and verified on the
@@ -20,60 +21,70 @@ The dead writer's directory fills 5 of the 8 MiB, so the next 5.4 MiB checkpoint
 only fits because it was removed first.
 
 Without root or mount namespaces, the same commands run under RLIMIT_FSIZE (8 MiB,
-SIGXFSZ ignored) instead and the test exits 77 (skipped: the tmpfs part did not run).
+SIGXFSZ ignored) instead and the test is skipped after them (the tmpfs part did not run).
 """
 
+from __future__ import annotations
+
 import json
+import logging
 import os
 import resource
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from daemons import Daemon, check  # noqa: E402
+import pytest
+from elastic_run_testing import small_model
 
-TENPLEX = None
+from tenplex.testing import Daemon
+
+_log = logging.getLogger(__name__)
 LIMIT = 8 << 20
 
 
-def run(args, ok=True, limit=False):
-    def preexec():
-        if limit:
-            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-            resource.setrlimit(resource.RLIMIT_FSIZE, (LIMIT, LIMIT))
+class Tenplex:
+    """run(args, ok=..., limit=...): the CLI under test, under RLIMIT_FSIZE when `limit`;
+    with ok, a failure is an AssertionError with its output."""
 
-    p = subprocess.run([TENPLEX, *args], capture_output=True, text=True, timeout=120, preexec_fn=preexec)
-    if ok:
-        check(p.returncode == 0, "%s failed: %s%s" % (" ".join(args), p.stdout, p.stderr))
-    return p
+    def __init__(self, binary: str) -> None:
+        self.binary = binary
+
+    def __call__(self, args: list[str], ok: bool = True, limit: bool = False) -> subprocess.CompletedProcess[str]:
+        def preexec() -> None:
+            if limit:
+                signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+                resource.setrlimit(resource.RLIMIT_FSIZE, (LIMIT, LIMIT))
+
+        p = subprocess.run([self.binary, *args], capture_output=True, text=True, timeout=120, preexec_fn=preexec)
+        if ok:
+            assert p.returncode == 0, "%s failed: %s%s" % (" ".join(args), p.stdout, p.stderr)
+        return p
 
 
-def expect_full(what, args, where, limit):
+def expect_full(run: Tenplex, what: str, args: list[str], where: str, limit: bool) -> None:
     p = run(args, ok=False, limit=limit)
-    check(
-        0 < p.returncode < 128,
-        "%s: exit %d (a signal?), want a clean failure: %s" % (what, p.returncode, p.stderr[-400:]),
+    assert 0 < p.returncode < 128, "%s: exit %d (a signal?), want a clean failure: %s" % (
+        what,
+        p.returncode,
+        p.stderr[-400:],
     )
-    check(
-        "tenplex: error:" in p.stderr and ("disk is full" in p.stderr or "File too large" in p.stderr),
-        "%s: no clear full-disk error: %r" % (what, p.stderr[-400:]),
+    assert "tenplex: error:" in p.stderr and ("disk is full" in p.stderr or "File too large" in p.stderr), (
+        "%s: no clear full-disk error: %r" % (what, p.stderr[-400:])
     )
     left = os.listdir(where)
-    check(not left, "%s left %s behind in %s" % (what, left, where))
-    print("%s: exit %d: %s" % (what, p.returncode, p.stderr.strip().splitlines()[-1][:160]))
+    assert not left, "%s left %s behind in %s" % (what, left, where)
+    _log.info("%s: exit %d: %s", what, p.returncode, p.stderr.strip().splitlines()[-1][:160])
 
 
-def process_start(pid):
+def process_start(pid: int) -> str:
     with open("/proc/%d/stat" % pid) as f:
         text = f.read()
     return text[text.rindex(")") + 2 :].split()[19]
 
 
-def stage(parent, name, host, pid, start, fill=0):
+def stage(parent: str, name: str, host: str | None, pid: int, start: str, fill: int = 0) -> str:
     d = os.path.join(parent, name)
     os.makedirs(d)
     if host is not None:
@@ -84,65 +95,35 @@ def stage(parent, name, host, pid, start, fill=0):
     return d
 
 
-def body(tmp, full, limit):
-    model = os.path.join(tmp, "m.json")
-    run(
-        [
-            "model",
-            "gpt",
-            "--num-layers",
-            "4",
-            "--hidden-size",
-            "256",
-            "--num-attention-heads",
-            "4",
-            "--vocab-size",
-            "1024",
-            "--max-position-embeddings",
-            "64",
-            "-o",
-            model,
-        ]
-    )
-    small = os.path.join(tmp, "small.json")
-    run(
-        [
-            "model",
-            "gpt",
-            "--num-layers",
-            "2",
-            "--hidden-size",
-            "128",
-            "--num-attention-heads",
-            "4",
-            "--vocab-size",
-            "512",
-            "--max-position-embeddings",
-            "64",
-            "-o",
-            small,
-        ]
-    )
+def body(tenplex: str, tmp: str, full: str, limit: bool) -> None:
+    run = Tenplex(tenplex)
+    model = small_model(tenplex, tmp, "m.json", layers=4, hidden=256, vocab=1024, seq=64)
+    small = small_model(tenplex, tmp, "small.json", hidden=128, vocab=512, seq=64)
     good = os.path.join(tmp, "good")
     run(["ckpt", "init", "--model", model, "--config", "tp=2", "--out", good, "--seed", "5"])
 
     expect_full(
+        run,
         "ckpt init",
         ["ckpt", "init", "--model", model, "--config", "tp=2", "--out", os.path.join(full, "ck")],
         full,
         limit,
     )
-    expect_full("reshard", ["reshard", "--in", good, "--to", "tp=1", "--out", os.path.join(full, "rs")], full, limit)
     expect_full(
+        run, "reshard", ["reshard", "--in", good, "--to", "tp=1", "--out", os.path.join(full, "rs")], full, limit
+    )
+    expect_full(
+        run,
         "reshard --mmap-output",
         ["reshard", "--in", good, "--to", "tp=1", "--mmap-output", "--out", os.path.join(full, "rs")],
         full,
         limit,
     )
-    daemon = Daemon(TENPLEX, args=("--transport", "none"))
+    daemon = Daemon(tenplex, args=("--transport", "none"))
     try:
         run(["store", "load", "--url", daemon.url, "--job", "j", "--dir", good])
         expect_full(
+            run,
             "store save",
             ["store", "save", "--url", daemon.url, "--job", "j", "--out", os.path.join(full, "saved")],
             full,
@@ -152,12 +133,13 @@ def body(tmp, full, limit):
         with open(cluster, "w") as f:
             json.dump({"hosts": [daemon.url], "gpus_per_host": 2}, f)
         expect_full(
+            run,
             "store save --cluster",
             ["store", "save", "--cluster", cluster, "--job", "j", "--out", os.path.join(full, "saved")],
             full,
             limit,
         )
-        check(daemon.proc.poll() is None, "the daemon died")
+        assert daemon.proc.poll() is None, "the daemon died"
     finally:
         daemon.stop()
 
@@ -174,46 +156,43 @@ def body(tmp, full, limit):
     out = os.path.join(full, "fits")
     run(["ckpt", "init", "--model", small, "--config", "tp=2", "--out", out, "--seed", "2"], limit=limit)
     run(["ckpt", "verify", "--in", out])
-    check(not os.path.exists(stale), "the dead writer's staging directory is still there")
-    check(not os.path.exists(reused), "the staging directory of a reused pid is still there")
+    assert not os.path.exists(stale), "the dead writer's staging directory is still there"
+    assert not os.path.exists(reused), "the staging directory of a reused pid is still there"
     for d in (live, other, unrecorded):
-        check(os.path.exists(d), "%s (not a dead writer's of this host) was removed" % d)
-    check(not any(n.startswith(".tenplex-writer") for n in os.listdir(out)), "the writer record is in the output")
-    print(
+        assert os.path.exists(d), "%s (not a dead writer's of this host) was removed" % d
+    assert not any(n.startswith(".tenplex-writer") for n in os.listdir(out)), "the writer record is in the output"
+    _log.info(
         "stale staging: the dead writer's and the reused pid's removed; live, other host's, unrecorded kept; "
         "a 5.4 MiB checkpoint fits after the cleanup"
     )
 
 
-def main():
-    global TENPLEX
-    if len(sys.argv) < 2:
-        sys.exit(__doc__)
-    TENPLEX = os.path.abspath(sys.argv[1])
-    if len(sys.argv) == 4 and sys.argv[2] == "--inner":
-        tmp = sys.argv[3]
-        full = os.path.join(tmp, "full")
-        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=%d" % LIMIT, "tmpfs", full], check=True)
-        body(tmp, full, limit=False)
-        print("ckpt_full_disk: OK (8 MiB tmpfs)")
+def in_namespace(tenplex: str, tmp: str) -> None:
+    """The body on an 8 MiB tmpfs mounted on tmp/full; run by test_ckpt_full_disk in a
+    private mount namespace (the mount goes with it)."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    full = os.path.join(tmp, "full")
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=%d" % LIMIT, "tmpfs", full], check=True)
+    body(tenplex, tmp, full, limit=False)
+    _log.info("ckpt_full_disk: OK (8 MiB tmpfs)")
+
+
+def test_ckpt_full_disk(tenplex: str, tmp: str) -> None:
+    full = os.path.join(tmp, "full")
+    os.makedirs(full)
+    probe = subprocess.run(
+        ["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs '%s'" % full], capture_output=True
+    )
+    if probe.returncode == 0:
+        # A Python of its own in the namespace, importing this module from tests/ (its cwd).
+        code = "import ckpt_full_disk_test as t; t.in_namespace(%r, %r)" % (tenplex, tmp)
+        here = os.path.dirname(os.path.abspath(__file__))
+        p = subprocess.run(["unshare", "-m", sys.executable, "-c", code], cwd=here)
+        assert p.returncode == 0, "the test in the mount namespace failed (exit %d): its output above" % p.returncode
         return
-    tmp = tempfile.mkdtemp(prefix="tenplex-fulldisk-")
-    try:
-        os.makedirs(os.path.join(tmp, "full"))
-        probe = subprocess.run(
-            ["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs '%s'" % os.path.join(tmp, "full")],
-            capture_output=True,
-        )
-        if probe.returncode == 0:
-            p = subprocess.run(["unshare", "-m", sys.executable, os.path.abspath(__file__), TENPLEX, "--inner", tmp])
-            sys.exit(p.returncode)
-        print("no tmpfs in a private mount namespace (%s); RLIMIT_FSIZE instead" % probe.stderr.decode().strip())
-        body(tmp, os.path.join(tmp, "full"), limit=True)
-        print("ckpt_full_disk: fallback OK; the tmpfs part is skipped")
-        sys.exit(77)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-if __name__ == "__main__":
-    main()
+    why = probe.stderr.decode().strip()
+    _log.info("no tmpfs in a private mount namespace (%s); RLIMIT_FSIZE instead", why)
+    body(tenplex, tmp, full, limit=True)
+    pytest.skip(
+        "no tmpfs in a private mount namespace (%s): the RLIMIT_FSIZE fallback passed, the tmpfs part skipped" % why
+    )

@@ -1,7 +1,8 @@
-#!/usr/bin/env python3
 """Hostile checkpoint files (issue 19 §2) against every command that reads one.
 
-  ckpt_hostile_test.py TENPLEX_BIN
+Under pytest (issue 32 §4), ctest ckpt_hostile, TENPLEX_BIN the CLI under test:
+
+    python -m pytest tests/ckpt_hostile_test.py::test_ckpt_hostile
 
 A good synthetic checkpoint (`tenplex ckpt init`, tp=2,pp=2: 4 rank files with
 checksums) is copied and broken in one way per case: the file system (a symbolic link
@@ -23,24 +24,25 @@ without checksums (the explicit way out).
 """
 
 import json
+import logging
 import os
 import shutil
 import subprocess
-import sys
-import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from daemons import Daemon, check  # noqa: E402
+import pytest
+from cli_testing import Cli
+from elastic_run_testing import small_model
 
-TENPLEX = None
+from tenplex.testing import Daemon
+
+_log = logging.getLogger(__name__)
+run = Cli()  # the CLI under test, bound to the tenplex fixture's by _cli_under_test
 TIMEOUT = 30
 
 
-def run(args, ok=True):
-    p = subprocess.run([TENPLEX, *args], capture_output=True, text=True, timeout=300)
-    if ok:
-        check(p.returncode == 0, "%s failed: %s%s" % (" ".join(args), p.stdout, p.stderr))
-    return p
+@pytest.fixture(autouse=True)
+def _cli_under_test(tenplex: str) -> None:
+    run.binary = tenplex
 
 
 def rank(d, r=0):
@@ -117,8 +119,7 @@ def reshape_with_checksum(d):
     h[name]["shape"] = [b, a] if a != b else [a * b]
     text = json.dumps(h, separators=(",", ":")).encode()
     text += b" " * ((-len(text) - 8) % 8)
-    if len(text) > n:
-        sys.exit("FAIL: test setup: the edited header grew")
+    assert len(text) <= n, "test setup: the edited header grew"
     text += b" " * (n - len(text))
     new = data[:8] + text + data[8 + n :]
     with open(rank(d), "wb") as f:
@@ -230,7 +231,7 @@ def commands(d, out, url, cluster):
 def judge(label, args, expect, out, failures, timeout=TIMEOUT):
     """Runs one command that must fail cleanly; records what went wrong."""
     try:
-        p = subprocess.run([TENPLEX, *args], capture_output=True, text=True, timeout=timeout, errors="replace")
+        p = subprocess.run([run.binary, *args], capture_output=True, text=True, timeout=timeout, errors="replace")
     except subprocess.TimeoutExpired:
         failures.append("%s: HANG (no exit within %d s)" % (label, timeout))
         return "hang"
@@ -254,116 +255,103 @@ def judge(label, args, expect, out, failures, timeout=TIMEOUT):
     return "ok"
 
 
-def main():
-    global TENPLEX
-    if len(sys.argv) != 2:
-        sys.exit(__doc__)
-    TENPLEX = os.path.abspath(sys.argv[1])
-    tmp = tempfile.mkdtemp(prefix="tenplex-hostile-")
-    daemon = Daemon(TENPLEX, args=("--transport", "none"))
+def test_ckpt_hostile(tmp: str) -> None:
+    daemon = Daemon(run.binary, args=("--transport", "none"))
     try:
-        model = os.path.join(tmp, "m.json")
-        run(
-            [
-                "model",
-                "gpt",
-                "--num-layers",
-                "2",
-                "--hidden-size",
-                "16",
-                "--num-attention-heads",
-                "4",
-                "--vocab-size",
-                "64",
-                "--make-vocab-size-divisible-by",
-                "8",
-                "--max-position-embeddings",
-                "8",
-                "-o",
-                model,
-            ]
+        model = small_model(
+            run.binary, tmp, "m.json", hidden=16, vocab=64, seq=8, extra=("--make-vocab-size-divisible-by", "8")
         )
         good = os.path.join(tmp, "good")
-        run(["ckpt", "init", "--model", model, "--config", "tp=2,pp=2", "--out", good, "--seed", "3"])
+        run("ckpt", "init", "--model", model, "--config", "tp=2,pp=2", "--out", good, "--seed", "3")
         cluster = os.path.join(tmp, "cluster.json")
         with open(cluster, "w") as f:
             json.dump({"hosts": [daemon.url], "gpus_per_host": 4}, f)
         out = os.path.join(tmp, "out")
         # The control: the intact checkpoint passes every command.
-        for _i, (_name, args) in enumerate(commands(good, out, daemon.url, cluster)):
-            args = [a if a not in ("h", "hc") else a + "-good" for a in args]
-            run(args)
+        for _name, args in commands(good, out, daemon.url, cluster):
+            run(*[a if a not in ("h", "hc") else a + "-good" for a in args])
             shutil.rmtree(out, ignore_errors=True)
         hf = os.path.join(tmp, "hf")
-        run(["export", "--to", "hf", good, "--out", hf])
+        run("export", "--to", "hf", good, "--out", hf)
         imp = ["import", "--from", "hf", None, "--model", model, "--config", "tp=2", "--out", out]
-        run([a if a is not None else hf for a in imp])
+        run(*[a if a is not None else hf for a in imp])
         shutil.rmtree(out)
 
-        failures, counts, runs = [], {}, 0
-        for name, breaker, expect in CASES:
-            d = os.path.join(tmp, "case")
-            shutil.rmtree(d, ignore_errors=True)
-            shutil.copytree(good, d)
-            breaker(d)
-            for cmd, args in commands(d, out, daemon.url, cluster):
-                r = judge("%s / %s" % (name, cmd), args, expect, out, failures)
-                counts[r] = counts.get(r, 0) + 1
-                runs += 1
-                shutil.rmtree(out, ignore_errors=True)
-            # a FIFO must not be left for rmtree to trip over
-        for name, kind in HF_CASES:
-            s = os.path.join(tmp, "hfcase")
-            shutil.rmtree(s, ignore_errors=True)
-            shutil.copytree(hf, s)
-            p = os.path.join(s, "model.safetensors")
-            if kind in ("loop", "fifo", "dir"):
-                os.unlink(p)
-                {
-                    "loop": lambda: os.symlink("model.safetensors", p),
-                    "fifo": lambda: os.mkfifo(p),
-                    "dir": lambda: os.mkdir(p),
-                }[kind]()
-            else:
-                with open(p, "rb") as f:
-                    data = f.read()
-                data = data[: len(data) // 2] if kind == "truncate" else (1 << 63).to_bytes(8, "little") + data[8:]
-                with open(p, "wb") as f:
-                    f.write(data)
-            # import starts Python and torch first: seconds on a loaded machine, so a longer limit
-            r = judge(
-                "%s / import" % name,
-                [a if a is not None else s for a in imp],
-                "model.safetensors",
-                out,
-                failures,
-                timeout=4 * TIMEOUT,
-            )
-            counts[r] = counts.get(r, 0) + 1
-            runs += 1
-            shutil.rmtree(out, ignore_errors=True)
-
-        print(
-            "%d cases x commands = %d runs: %s"
-            % (len(CASES) + len(HF_CASES), runs, ", ".join("%s %d" % kv for kv in sorted(counts.items())))
+        failures: list[str] = []
+        counts: dict[str, int] = {}
+        runs = broken_checkpoints(tmp, good, out, daemon.url, cluster, failures, counts)
+        runs += broken_hf_sources(tmp, hf, imp, out, failures, counts)
+        _log.info(
+            "%d cases x commands = %d runs: %s",
+            len(CASES) + len(HF_CASES),
+            runs,
+            ", ".join("%s %d" % kv for kv in sorted(counts.items())),
         )
         for f in failures:
-            print("FAIL:", f)
-        check(daemon.proc.poll() is None, "the store daemon died")
-        check(not failures, "%d of %d runs did not fail cleanly" % (len(failures), runs))
+            _log.error("FAIL: %s", f)
+        assert daemon.proc.poll() is None, "the store daemon died"
+        assert not failures, "%d of %d runs did not fail cleanly:\n%s" % (len(failures), runs, "\n".join(failures))
         # The explicit way out: --no-verify loads a checkpoint without checksums.
         d = os.path.join(tmp, "nosums")
         shutil.copytree(good, d)
         edit_info(lambda j: j.pop("checksums"))(d)
-        run(["store", "load", "--url", daemon.url, "--job", "nosums", "--dir", d, "--no-verify"])
-        run(["reshard", "--in", d, "--to", "tp=1,pp=2", "--out", os.path.join(tmp, "nosums-out"), "--no-verify"])
-        run(["ckpt", "verify", "--in", os.path.join(tmp, "nosums-out")])  # the output has checksums again
-
-        print("ckpt_hostile: OK")
+        run("store", "load", "--url", daemon.url, "--job", "nosums", "--dir", d, "--no-verify")
+        run("reshard", "--in", d, "--to", "tp=1,pp=2", "--out", os.path.join(tmp, "nosums-out"), "--no-verify")
+        run("ckpt", "verify", "--in", os.path.join(tmp, "nosums-out"))  # the output has checksums again
     finally:
         daemon.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
-if __name__ == "__main__":
-    main()
+def broken_checkpoints(
+    tmp: str, good: str, out: str, url: str, cluster: str, failures: list[str], counts: dict[str, int]
+) -> int:
+    """Every case of CASES against every command; the number of runs."""
+    runs = 0
+    for name, breaker, expect in CASES:
+        d = os.path.join(tmp, "case")
+        shutil.rmtree(d, ignore_errors=True)
+        shutil.copytree(good, d)
+        breaker(d)
+        for cmd, args in commands(d, out, url, cluster):
+            r = judge("%s / %s" % (name, cmd), args, expect, out, failures)
+            counts[r] = counts.get(r, 0) + 1
+            runs += 1
+            shutil.rmtree(out, ignore_errors=True)
+        # a FIFO must not be left for rmtree to trip over
+    return runs
+
+
+def broken_hf_sources(tmp: str, hf: str, imp: list, out: str, failures: list[str], counts: dict[str, int]) -> int:
+    """Every case of HF_CASES against `import --from hf`; the number of runs."""
+    runs = 0
+    for name, kind in HF_CASES:
+        s = os.path.join(tmp, "hfcase")
+        shutil.rmtree(s, ignore_errors=True)
+        shutil.copytree(hf, s)
+        p = os.path.join(s, "model.safetensors")
+        if kind in ("loop", "fifo", "dir"):
+            os.unlink(p)
+            {
+                "loop": lambda: os.symlink("model.safetensors", p),
+                "fifo": lambda: os.mkfifo(p),
+                "dir": lambda: os.mkdir(p),
+            }[kind]()
+        else:
+            with open(p, "rb") as f:
+                data = f.read()
+            data = data[: len(data) // 2] if kind == "truncate" else (1 << 63).to_bytes(8, "little") + data[8:]
+            with open(p, "wb") as f:
+                f.write(data)
+        # import starts Python and torch first: seconds on a loaded machine, so a longer limit
+        r = judge(
+            "%s / import" % name,
+            [a if a is not None else s for a in imp],
+            "model.safetensors",
+            out,
+            failures,
+            timeout=4 * TIMEOUT,
+        )
+        counts[r] = counts.get(r, 0) + 1
+        runs += 1
+        shutil.rmtree(out, ignore_errors=True)
+    return runs

@@ -123,23 +123,38 @@ def run(
     return log, p.stdout
 
 
-def small_model(tenplex: str, tmp: str) -> str:
-    model = os.path.join(tmp, "model.json")
+def small_model(
+    tenplex: str,
+    tmp: str,
+    name: str = "model.json",
+    *,
+    layers: int = 2,
+    hidden: int = 32,
+    heads: int = 4,
+    vocab: int = 128,
+    seq: int = 32,
+    extra: Sequence[str] = (),
+) -> str:
+    """`tenplex model gpt` of the tests' small GPT into tmp/name: 2 layers, hidden size 32,
+    4 heads, vocabulary 128, 32 positions unless overridden; `extra`: more flags (e.g.
+    --num-query-groups 2 --swiglu, --make-vocab-size-divisible-by 16). Its path."""
+    model = os.path.join(tmp, name)
     subprocess.run(
         [
             tenplex,
             "model",
             "gpt",
             "--num-layers",
-            "2",
+            str(layers),
             "--hidden-size",
-            "32",
+            str(hidden),
             "--num-attention-heads",
-            "4",
+            str(heads),
             "--vocab-size",
-            "128",
+            str(vocab),
             "--max-position-embeddings",
-            "32",
+            str(seq),
+            *extra,
             "-o",
             model,
         ],
