@@ -1,6 +1,8 @@
 """The deployment files (deploy/, docs/deploy.md) checked offline.
 
-usage: deploy_test.py TENPLEX_BIN REPO_ROOT
+Under pytest (issue 32 §4), ctest deploy, TENPLEX_BIN the CLI under test:
+
+    python -m pytest tests/deploy_test.py::test_deploy
 
 Kubernetes (deploy/k8s/*.yaml, parsed with PyYAML; their schemas: k8s_schema_test.py),
 how the objects fit together: every document has apiVersion, kind
@@ -21,41 +23,44 @@ state in SHM_DIR; node.sh without one of its required variables fails naming it,
 exits 76 repeating the message when a worker recorded a fatal loss (a stand-in python).
 """
 
+from __future__ import annotations
+
 import json
+import logging
 import os
 import socket
 import stat
 import subprocess
-import sys
 import tempfile
 import time
+from typing import Any
 
 import yaml
+from elastic_run_testing import Checks, small_model
 
+from tenplex import elastic
 from tenplex.testing import free_port
 
-failures = []
+_log = logging.getLogger(__name__)
 
 
-def check(cond, what):
-    print(("ok: " if cond else "FAIL: ") + what)
-    if not cond:
-        failures.append(what)
+def test_deploy(tenplex: str, repo: str, tmp: str) -> None:
+    check = Checks()
+    check_k8s(check, repo)
+    check_slurm(check, tenplex, repo, tmp)
+    check.finish()
 
 
-def env_of(container):
+def env_of(container: dict[str, Any]) -> dict[str, Any]:
     return {e["name"]: e for e in container.get("env", [])}
 
 
-def mounts_of(pod, container):
+def mounts_of(pod: dict[str, Any], container: dict[str, Any]) -> dict[str, Any]:
     vols = {v["name"]: v for v in pod.get("volumes", [])}
     return {m["mountPath"]: vols.get(m["name"], {}) for m in container.get("volumeMounts", [])}
 
 
-def check_k8s(repo):
-    sys.path.insert(0, os.path.join(repo, "python"))
-    from tenplex import elastic
-
+def check_k8s(check: Checks, repo: str) -> None:
     docs = []
     for name in sorted(os.listdir(os.path.join(repo, "deploy/k8s"))):
         if name.endswith(".yaml"):
@@ -71,7 +76,7 @@ def check_k8s(repo):
     secret = by_kind.get("Secret", {})
     secret_keys = set(secret.get("stringData", {})) | set(secret.get("data", {}))
 
-    def token_ok(container):
+    def token_ok(container: dict[str, Any]) -> bool:
         ref = env_of(container).get("TENPLEX_TOKEN", {}).get("valueFrom", {}).get("secretKeyRef", {})
         return ref.get("name") == secret.get("metadata", {}).get("name") and ref.get("key") in secret_keys
 
@@ -143,154 +148,113 @@ def check_k8s(repo):
         check(False, f"the ConfigMap's policy: {e}")
 
 
-def check_slurm(tenplex, repo):
+def sbatch_script(sdir: str, cwd: str, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """deploy/slurm's sbatch script run by bash (the stand-ins for srun and scontrol on PATH)."""
+    return subprocess.run(
+        ["bash", os.path.join(sdir, "tenplex-torchrun.sbatch")],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def check_slurm(check: Checks, tenplex: str, repo: str, tmp: str) -> None:
     sdir = os.path.join(repo, "deploy/slurm")
     for name in ("tenplex-torchrun.sbatch", "node.sh"):
         p = subprocess.run(["bash", "-n", os.path.join(sdir, name)], capture_output=True, text=True)
         check(p.returncode == 0, f"bash -n {name} {p.stderr.strip()}")
-    with tempfile.TemporaryDirectory() as tmp:
-        fake = os.path.join(tmp, "bin")
-        os.makedirs(fake)
-        host = socket.gethostname().split(".")[0]
-        stubs = {
-            "scontrol": f"#!/bin/sh\n[ \"$1 $2\" = 'show hostnames' ] && echo {host}\n",
-            # srun on one node: run the command once, as its task 0
-            "srun": '#!/bin/sh\nwhile [ "${1#-}" != "$1" ]; do shift; done\nSLURM_NODEID=0 exec "$@"\n',
-        }
-        for name, text in stubs.items():
-            path = os.path.join(fake, name)
-            with open(path, "w") as f:
-                f.write(text)
-            os.chmod(path, stat.S_IRWXU)
-        token = os.path.join(tmp, "token")
-        with open(token, "w") as f:
-            f.write("test-token-123")
-        model, log = os.path.join(tmp, "model.json"), os.path.join(tmp, "log.jsonl")
-        subprocess.run(
-            [
-                tenplex,
-                "model",
-                "gpt",
-                "--num-layers",
-                "2",
-                "--hidden-size",
-                "32",
-                "--num-attention-heads",
-                "4",
-                "--vocab-size",
-                "128",
-                "--max-position-embeddings",
-                "32",
-                "-o",
-                model,
-            ],
-            check=True,
-        )
-        port = free_port()
-        shm = tempfile.mkdtemp(prefix="tenplex-deploy-", dir="/dev/shm")
-        env = dict(
-            os.environ,
-            SHM_DIR=shm,
-            PATH=fake + ":" + os.environ["PATH"],
-            TENPLEX_TOKEN_FILE=token,
-            SLURM_JOB_NODELIST=host,
-            SLURM_JOB_NUM_NODES="1",
-            SLURM_JOB_ID="4242",
-            NPROC="2",
-            STORE_PORT=str(port),
-            RDZV_PORT=str(free_port()),
-            POLICY='{"2": "tp=2"}',
-            NODE_ADDR="127.0.0.1",
-            TENPLEX_REPO=repo,
-            TENPLEX=tenplex,
-            GLOO_SOCKET_IFNAME="lo",
-            MONITOR_INTERVAL="0.5",
-            LAST_CALL="1",
-            TRAIN_ARGS=f"--model {model} --steps 4 --commit-every 4 --step-log {log} --seq-length 32",
-        )
-        env.pop("TENPLEX_TOKEN", None)
-        t0 = time.time()
+    fake = os.path.join(tmp, "bin")
+    os.makedirs(fake)
+    host = socket.gethostname().split(".")[0]
+    stubs = {
+        "scontrol": f"#!/bin/sh\n[ \"$1 $2\" = 'show hostnames' ] && echo {host}\n",
+        # srun on one node: run the command once, as its task 0
+        "srun": '#!/bin/sh\nwhile [ "${1#-}" != "$1" ]; do shift; done\nSLURM_NODEID=0 exec "$@"\n',
+    }
+    for name, text in stubs.items():
+        path = os.path.join(fake, name)
+        with open(path, "w") as f:
+            f.write(text)
+        os.chmod(path, stat.S_IRWXU)
+    token = os.path.join(tmp, "token")
+    with open(token, "w") as f:
+        f.write("test-token-123")
+    model, log = small_model(tenplex, tmp), os.path.join(tmp, "log.jsonl")
+    port = free_port()
+    shm = tempfile.mkdtemp(prefix="tenplex-deploy-", dir="/dev/shm")
+    env = dict(
+        os.environ,
+        SHM_DIR=shm,
+        PATH=fake + ":" + os.environ["PATH"],
+        TENPLEX_TOKEN_FILE=token,
+        SLURM_JOB_NODELIST=host,
+        SLURM_JOB_NUM_NODES="1",
+        SLURM_JOB_ID="4242",
+        NPROC="2",
+        STORE_PORT=str(port),
+        RDZV_PORT=str(free_port()),
+        POLICY='{"2": "tp=2"}',
+        NODE_ADDR="127.0.0.1",
+        TENPLEX_REPO=repo,
+        TENPLEX=tenplex,
+        GLOO_SOCKET_IFNAME="lo",
+        MONITOR_INTERVAL="0.5",
+        LAST_CALL="1",
+        TRAIN_ARGS=f"--model {model} --steps 4 --commit-every 4 --step-log {log} --seq-length 32",
+    )
+    env.pop("TENPLEX_TOKEN", None)
+    t0 = time.time()
+    p = sbatch_script(sdir, tmp, env, timeout=240)
+    _log.info("sbatch script ran in %.1f s", time.time() - t0)
+    check(
+        p.returncode == 0,
+        f"the sbatch script with stand-in srun/scontrol exits 0 ({p.returncode}): {p.stderr[-800:]}",
+    )
+    lines = [json.loads(x) for x in open(log)] if os.path.exists(log) else []
+    steps = sorted(x["step"] for x in lines if "loss" in x)
+    check(
+        steps == [0, 1, 2, 3] and all(x["config"] == "tp=2,pp=1,dp=1" for x in lines if "loss" in x),
+        f"4 steps of tp=2 trained: {steps}",
+    )
+    check(any(x.get("event") == "commit" and x["step"] == 4 for x in lines), "the last step was committed")
+    with socket.socket() as s:
+        check(s.connect_ex(("127.0.0.1", port)) != 0, "the node's daemon stopped with the job")
+    check(len(os.listdir(shm)) > 0, "the daemon kept the job's state in SHM_DIR (--shm-dir)")
+    subprocess.run(["rm", "-rf", shm])
+    # node.sh by hand without a required variable: an error naming it, before a daemon
+    # starts (issue 34: TRAIN_ARGS was needed but undocumented, an "unbound variable").
+    for name in ("TENPLEX_TOKEN", "RDZV_ENDPOINT", "RDZV_ID", "POLICY", "TRAIN_ARGS"):
+        hand = dict(env, TENPLEX_TOKEN="t", RDZV_ENDPOINT="127.0.0.1:1", RDZV_ID="x")
+        hand.pop(name)
         p = subprocess.run(
-            ["bash", os.path.join(sdir, "tenplex-torchrun.sbatch")],
-            cwd=tmp,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=240,
-        )
-        print(f"sbatch script ran in {time.time() - t0:.1f} s")
-        check(
-            p.returncode == 0,
-            f"the sbatch script with stand-in srun/scontrol exits 0 ({p.returncode}): {p.stderr[-800:]}",
-        )
-        lines = [json.loads(x) for x in open(log)] if os.path.exists(log) else []
-        steps = sorted(x["step"] for x in lines if "loss" in x)
-        check(
-            steps == [0, 1, 2, 3] and all(x["config"] == "tp=2,pp=1,dp=1" for x in lines if "loss" in x),
-            f"4 steps of tp=2 trained: {steps}",
-        )
-        check(any(x.get("event") == "commit" and x["step"] == 4 for x in lines), "the last step was committed")
-        with socket.socket() as s:
-            check(s.connect_ex(("127.0.0.1", port)) != 0, "the node's daemon stopped with the job")
-        check(len(os.listdir(shm)) > 0, "the daemon kept the job's state in SHM_DIR (--shm-dir)")
-        subprocess.run(["rm", "-rf", shm])
-        # node.sh by hand without a required variable: an error naming it, before a daemon
-        # starts (issue 34: TRAIN_ARGS was needed but undocumented, an "unbound variable").
-        for name in ("TENPLEX_TOKEN", "RDZV_ENDPOINT", "RDZV_ID", "POLICY", "TRAIN_ARGS"):
-            hand = dict(env, TENPLEX_TOKEN="t", RDZV_ENDPOINT="127.0.0.1:1", RDZV_ID="x")
-            hand.pop(name)
-            p = subprocess.run(
-                ["bash", os.path.join(sdir, "node.sh")], env=hand, capture_output=True, text=True, timeout=30
-            )
-            check(
-                p.returncode != 0 and f"set {name}" in p.stderr and "docs/deploy.md" in p.stderr,
-                f"node.sh without {name}: a clear error {p.stderr.strip()[-200:]!r}",
-            )
-        # A worker's unrecoverable loss (tenplex.elastic writes TENPLEX_FATAL_FILE and stops
-        # the agent): node.sh exits 76 and repeats the message (issue 34 finding 4).
-        stub = os.path.join(fake, "python-fatal")
-        with open(stub, "w") as f:
-            f.write(
-                '#!/bin/sh\necho "tenplex: fatal: every old rank is on a lost host" > "$TENPLEX_FATAL_FILE"\nexit 1\n'
-            )
-        os.chmod(stub, stat.S_IRWXU)
-        hand = dict(
-            env,
-            TENPLEX_TOKEN="t",
-            RDZV_ENDPOINT="127.0.0.1:1",
-            RDZV_ID="x",
-            PYTHON=stub,
-            SHM_DIR=tempfile.mkdtemp(prefix="tenplex-deploy-", dir="/dev/shm"),
-        )
-        p = subprocess.run(
-            ["bash", os.path.join(sdir, "node.sh")], env=hand, capture_output=True, text=True, timeout=60
-        )
-        subprocess.run(["rm", "-rf", hand["SHM_DIR"]])
-        check(
-            p.returncode == 76 and "unrecoverable loss" in p.stderr and "every old rank" in p.stderr,
-            f"node.sh reports a fatal loss with exit 76: {p.returncode} {p.stderr.strip()[-300:]!r}",
-        )
-        env["TENPLEX_TOKEN_FILE"] = os.path.join(tmp, "missing")
-        p = subprocess.run(
-            ["bash", os.path.join(sdir, "tenplex-torchrun.sbatch")],
-            cwd=tmp,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
+            ["bash", os.path.join(sdir, "node.sh")], env=hand, capture_output=True, text=True, timeout=30
         )
         check(
-            p.returncode == 2 and "no token file" in p.stderr, f"no token file: exit 2 with a clear error {p.stderr!r}"
+            p.returncode != 0 and f"set {name}" in p.stderr and "docs/deploy.md" in p.stderr,
+            f"node.sh without {name}: a clear error {p.stderr.strip()[-200:]!r}",
         )
-
-
-def main():
-    tenplex, repo = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
-    check_k8s(repo)
-    check_slurm(tenplex, repo)
-    print(f"{'FAILED' if failures else 'passed'}: {len(failures)} failures")
-    sys.exit(1 if failures else 0)
-
-
-if __name__ == "__main__":
-    main()
+    # A worker's unrecoverable loss (tenplex.elastic writes TENPLEX_FATAL_FILE and stops
+    # the agent): node.sh exits 76 and repeats the message (issue 34 finding 4).
+    stub = os.path.join(fake, "python-fatal")
+    with open(stub, "w") as f:
+        f.write('#!/bin/sh\necho "tenplex: fatal: every old rank is on a lost host" > "$TENPLEX_FATAL_FILE"\nexit 1\n')
+    os.chmod(stub, stat.S_IRWXU)
+    hand = dict(
+        env,
+        TENPLEX_TOKEN="t",
+        RDZV_ENDPOINT="127.0.0.1:1",
+        RDZV_ID="x",
+        PYTHON=stub,
+        SHM_DIR=tempfile.mkdtemp(prefix="tenplex-deploy-", dir="/dev/shm"),
+    )
+    p = subprocess.run(["bash", os.path.join(sdir, "node.sh")], env=hand, capture_output=True, text=True, timeout=60)
+    subprocess.run(["rm", "-rf", hand["SHM_DIR"]])
+    check(
+        p.returncode == 76 and "unrecoverable loss" in p.stderr and "every old rank" in p.stderr,
+        f"node.sh reports a fatal loss with exit 76: {p.returncode} {p.stderr.strip()[-300:]!r}",
+    )
+    env["TENPLEX_TOKEN_FILE"] = os.path.join(tmp, "missing")
+    p = sbatch_script(sdir, tmp, env, timeout=60)
+    check(p.returncode == 2 and "no token file" in p.stderr, f"no token file: exit 2 with a clear error {p.stderr!r}")
