@@ -4,9 +4,9 @@ examples/gpt/train.py --device, a warm worker's kept state (handoff.KeptState: w
 version links unchanged is reused, the rest read) and `tenplex run --warm` of examples/gpt
 keeping tensors with the static run's losses.
 
-  device_run_test.py         pytest (ctest device_run_python): on the CPU (the CUDA tests
-                             skip without a GPU; the runs need the CLI: TENPLEX_BIN or
-                             build/bin/tenplex)
+  python -m pytest tests/device_run_test.py   (ctest device_run_python, issue 32 §4): on
+                             the CPU (the CUDA tests skip without a GPU; the runs need the
+                             CLI: TENPLEX_BIN or build/bin/tenplex)
   device_run_test.py --cuda  only the CUDA tests, against the CPU reference (GPU machines:
                              `python3 tests/device_run_test.py --cuda`; fails when no CUDA
                              device is usable)
@@ -23,16 +23,15 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tests/ is not a package
+import device_testing  # (puts python/ on sys.path: script mode on GPU machines)
+import torch
+from device_testing import HAVE_CUDA, NAME_OF, ROOT, cuda_only, fresh_cpu_engine, log, raw_bytes, ref_read, same, state
+from elastic_run_testing import small_model
 
-import device_testing  # noqa: E402  (puts python/ on sys.path)
-import torch  # noqa: E402
-from device_testing import HAVE_CUDA, NAME_OF, ROOT, cuda_only, fresh_cpu_engine, log, raw_bytes, ref_read, same, state  # noqa: E402
-
-import tenplex  # noqa: E402
-from tenplex import device as tdev  # noqa: E402
-from tenplex import handoff  # noqa: E402
-from tenplex.safetensors import DTYPES  # noqa: E402
+import tenplex
+from tenplex import device as tdev
+from tenplex import handoff
+from tenplex.safetensors import DTYPES
 
 # ---- tenplex.elastic.Job(async_commit=True) -----------------------------------------------
 
@@ -41,8 +40,6 @@ def check_job_async(device: str) -> None:
     """A one-rank elastic job over a store daemon: periodic commits in the background
     (step_done), each version equal to the state at its step although the training loop
     updated the tensors in place meanwhile; restore(device=) brings the last one back."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
     import torch.distributed as dist
     from daemons import Daemon
 
@@ -125,26 +122,7 @@ def train_losses(tmp_path: Path, config: str, device: str, extra: list[str]) -> 
     """Losses of examples/gpt/launch.py running train.py in `config` on `device`."""
     model = tmp_path / "model.json"
     if not model.exists():
-        subprocess.run(
-            [
-                tenplex_bin(),
-                "model",
-                "gpt",
-                "-o",
-                str(model),
-                "--num-layers",
-                "2",
-                "--hidden-size",
-                "64",
-                "--num-attention-heads",
-                "4",
-                "--vocab-size",
-                "250",
-                "--max-position-embeddings",
-                "64",
-            ],
-            check=True,
-        )
+        small_model(tenplex_bin(), str(tmp_path), hidden=64, vocab=250, seq=64)
     logf = tmp_path / f"{config}-{device}.jsonl"
     if logf.exists():
         logf.unlink()
@@ -441,27 +419,7 @@ def warm_run(
 
 
 def check_warm_run(tmp: Path, device: str) -> None:
-    model = tmp / "model.json"
-    subprocess.run(
-        [
-            tenplex_bin(),
-            "model",
-            "gpt",
-            "--num-layers",
-            "2",
-            "--hidden-size",
-            "32",
-            "--num-attention-heads",
-            "4",
-            "--vocab-size",
-            "128",
-            "--max-position-embeddings",
-            "32",
-            "-o",
-            str(model),
-        ],
-        check=True,
-    )
+    model = Path(small_model(tenplex_bin(), str(tmp)))
     n = 6
     static = warm_run(tmp, "static", [{"step": 0, "config": "tp=1"}, {"step": n, "stop": True}], model, [], device)
     warm = warm_run(

@@ -3,10 +3,10 @@
 the copy engine, restore_files/commit_files, Store.load_state/save_state(_async), AsyncCommit
 and the hand-off.
 
-  device_test.py            pytest (ctest device_python): the CPU backend of the copy engine
-                            (the CUDA tests skip without a GPU)
-  device_test.py --cuda     only the CUDA tests, each against the CPU reference (GPU machines;
-                            fails when no CUDA device is usable)
+  python -m pytest tests/device_test.py   (ctest device_python, issue 32 §4): the CPU
+                            backend of the copy engine (the CUDA tests skip without a GPU)
+  device_test.py --cuda     only the CUDA tests, each against the CPU reference (GPU machines,
+                            scripts/gpu_check.sh; fails when no CUDA device is usable)
 
 The reference (tests/device_testing.py) is plain file reads and writes: bytes equal for many
 tensors of mixed dtypes (bf16 too), sizes around the engine's chunk boundaries (chunk_bytes
@@ -18,17 +18,14 @@ Runs without pytest too (device_testing's small runner), for GPU machines that l
 """
 
 import logging
-import os
 import sys
 import threading
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tests/ is not a package
-
-import device_testing  # noqa: E402  (puts python/ on sys.path)
-import torch  # noqa: E402
-from device_testing import (  # noqa: E402
+import device_testing  # (puts python/ on sys.path: script mode on GPU machines)
+import torch
+from device_testing import (
     CHUNK,
     NAME_OF,
     Records,
@@ -43,12 +40,12 @@ from device_testing import (  # noqa: E402
     state,
 )
 
-import tenplex  # noqa: E402
+import tenplex
 from tenplex import (
-    _tenplex,  # noqa: E402
-    handoff,  # noqa: E402
+    _tenplex,
+    handoff,
 )
-from tenplex import device as tdev  # noqa: E402
+from tenplex import device as tdev
 
 # ---- the engine itself ------------------------------------------------------------------
 

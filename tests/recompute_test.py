@@ -1,8 +1,12 @@
-#!/usr/bin/env python3
 """Activation recomputation in the reference client (train.py --recompute-*, model.Recompute).
 
-  recompute_test.py [TENPLEX_BIN]     pytest (ctest gpt_recompute); TENPLEX_BIN defaults to
-                                      $TENPLEX_BIN, then build/bin/tenplex
+Under pytest (issue 32 §4), ctest gpt_recompute (every test of the file), TENPLEX_BIN the
+CLI under test:
+
+    python -m pytest tests/recompute_test.py
+
+examples/gpt is importable through the `examples_gpt` fixture (tests/conftest.py), for this
+process and, by PYTHONPATH, for the ranks it launches (this file run as a script, one rank).
 
 test_sweep: in tp=1, tp=2 and pp=2, one launch (launch.py's, this file as each rank's
 script) trains the same steps once without recomputation and once per recompute setting
@@ -19,6 +23,7 @@ test_cli: train.py's own main (argument checks, run_segment) through launch.py w
 test_bad_*: Megatron's rules (ValueError naming the argument); train.py exits 2 with it.
 """
 
+import importlib
 import json
 import logging
 import math
@@ -26,21 +31,14 @@ import os
 import subprocess
 import sys
 from datetime import timedelta
+from types import SimpleNamespace
 from typing import Any, Optional
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
-GPT = os.path.join(ROOT, "examples", "gpt")
-sys.path.insert(0, GPT)
-sys.path.insert(0, os.path.join(ROOT, "python"))
+import pytest
+import torch
+import torch.distributed as dist
 
-import launch  # noqa: E402
-import model as gpt  # noqa: E402
-import pytest  # noqa: E402
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import train  # noqa: E402
-
-from tenplex import layout as L  # noqa: E402
+from tenplex import layout as L
 
 log = logging.getLogger("recompute_test")
 
@@ -145,6 +143,9 @@ class _Held:
 
 def run_mode(argv: list[str], flags: list[str], model: L.Model, cfg: L.Config) -> tuple[Result, dict]:
     """Trains --steps steps from fresh weights with `flags`; the result and the final state."""
+    import model as gpt  # examples/gpt: on a rank's PYTHONPATH (run_ranks)
+    import train
+
     args = train.parse_args(argv + flags)
     trainer = train.Trainer(args, model, cfg, args.world_rank)
     before = dict(gpt.CALLS)
@@ -168,6 +169,8 @@ def run_mode(argv: list[str], flags: list[str], model: L.Model, cfg: L.Config) -
 
 def sweep_worker(argv: list[str], out: str) -> None:
     """Every mode of MODES in one process group; writes OUT/sweep-RANK.json."""
+    import train
+
     base = train.parse_args(argv)
     torch.set_num_threads(base.threads)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -196,6 +199,9 @@ def sweep_worker(argv: list[str], out: str) -> None:
 
 def cli_worker(argv: list[str], out: str) -> None:
     """train.py's main; then writes model.CALLS to OUT/cli-RANK.json."""
+    import model as gpt
+    import train
+
     train.main(argv)
     rank = train.parse_args(argv).world_rank
     with open(os.path.join(out, f"cli-{rank}.json"), "w") as f:
@@ -205,22 +211,25 @@ def cli_worker(argv: list[str], out: str) -> None:
 # ---- the test ------------------------------------------------------------------------
 
 
-def tenplex_bin() -> str:
-    return os.environ.get("TENPLEX_BIN") or os.path.join(ROOT, "build", "bin", "tenplex")
+@pytest.fixture(scope="module")
+def ex(examples_gpt: str) -> SimpleNamespace:
+    """examples/gpt's modules: ex.launch, ex.model, ex.train, ex.elastic_train; ex.dir."""
+    names = ("launch", "model", "train", "elastic_train")
+    return SimpleNamespace(dir=examples_gpt, **{n: importlib.import_module(n) for n in names})
 
 
-def make_model(directory: str, name: str, args: list[str]) -> str:
+def make_model(tenplex: str, directory: str, name: str, args: list[str]) -> str:
     path = os.path.join(directory, name + ".json")
     if not os.path.exists(path):
-        subprocess.run([tenplex_bin(), "model", "gpt", "-o", path] + args, check=True)
+        subprocess.run([tenplex, "model", "gpt", "-o", path] + args, check=True)
     return path
 
 
-def run_ranks(kind: str, config: str, args: list[str], out: str) -> None:
+def run_ranks(ex: SimpleNamespace, kind: str, config: str, args: list[str], out: str) -> None:
     """Runs every rank of `config` as this file in worker mode `kind`."""
     os.environ[WORKER_ENV] = f"{kind}:{out}"
     try:
-        rc = launch.launch(config, args, python=sys.executable, script=os.path.abspath(__file__), timeout=300)
+        rc = ex.launch.launch(config, args, python=sys.executable, script=os.path.abspath(__file__), timeout=300)
     finally:
         del os.environ[WORKER_ENV]
     assert rc == 0, f"{kind} {config}: a rank exited with {rc}"
@@ -271,14 +280,14 @@ def tmp(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(tmp_path_factory.mktemp("recompute"))
 
 
-def sweep(tmp: str, config: str) -> list[dict[str, Result]]:
+def sweep(ex: SimpleNamespace, tenplex: str, tmp: str, config: str) -> list[dict[str, Result]]:
     """Every rank's results of the sweep in `config` (run once)."""
     if config not in _swept:
         name = SWEEPS[config]
-        model = make_model(tmp, name, LLAMA if name == "llama" else GPT2)
+        model = make_model(tenplex, tmp, name, LLAMA if name == "llama" else GPT2)
         out = os.path.join(tmp, f"sweep-{config}")
         os.makedirs(out)
-        run_ranks("sweep", config, ["--model", model] + TRAIN, out)
+        run_ranks(ex, "sweep", config, ["--model", model] + TRAIN, out)
         _swept[config] = []
         for rank in range(L.Config.parse(config).world_size):
             with open(os.path.join(out, f"sweep-{rank}.json")) as f:
@@ -287,8 +296,8 @@ def sweep(tmp: str, config: str) -> list[dict[str, Result]]:
 
 
 @pytest.mark.parametrize("config", list(SWEEPS))
-def test_sweep(tmp: str, config: str) -> None:
-    results = sweep(tmp, config)
+def test_sweep(ex: SimpleNamespace, tenplex: str, tmp: str, config: str) -> None:
+    results = sweep(ex, tenplex, tmp, config)
     for rank, res in enumerate(results):
         check_rank(config, rank, res, L.Config.parse(config).pp)
     log.info(
@@ -300,15 +309,15 @@ def test_sweep(tmp: str, config: str) -> None:
     )
 
 
-def test_cli(tmp: str) -> None:
+def test_cli(ex: SimpleNamespace, tenplex: str, tmp: str) -> None:
     """train.py's main with --recompute-activations in tp=2: the losses without recomputation,
     and every attention core run twice."""
-    base = sweep(tmp, "tp=2")[0]["none"]
+    base = sweep(ex, tenplex, tmp, "tp=2")[0]["none"]
     out = os.path.join(tmp, "cli")
     os.makedirs(out)
     step_log = os.path.join(out, "steps.jsonl")
-    model = make_model(tmp, "llama", LLAMA)
-    run_ranks("cli", "tp=2", ["--model", model, "--log", step_log, "--recompute-activations"] + TRAIN, out)
+    model = make_model(tenplex, tmp, "llama", LLAMA)
+    run_ranks(ex, "cli", "tp=2", ["--model", model, "--log", step_log, "--recompute-activations"] + TRAIN, out)
     with open(step_log) as f:
         losses = [json.loads(line)["loss"] for line in f]
     assert losses == base["losses"], f"train.py --recompute-activations: losses {losses} != {base['losses']}"
@@ -332,21 +341,21 @@ BAD = [  # (train.py flags, the argument the message must name)
 
 
 @pytest.mark.parametrize("flags,argument", BAD)
-def test_bad_combination_checked(flags: list[str], argument: str) -> None:
+def test_bad_combination_checked(ex: SimpleNamespace, flags: list[str], argument: str) -> None:
     with pytest.raises(ValueError, match=argument):
-        gpt.Recompute.from_args(train.parse_args(["--config", "tp=1"] + flags))
+        ex.model.Recompute.from_args(ex.train.parse_args(["--config", "tp=1"] + flags))
 
 
-def test_bad_choice(capsys: pytest.CaptureFixture) -> None:
+def test_bad_choice(ex: SimpleNamespace, capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as e:
-        train.parse_args(["--config", "tp=1", "--recompute-granularity", "partial"])
+        ex.train.parse_args(["--config", "tp=1", "--recompute-granularity", "partial"])
     assert e.value.code == 2 and "--recompute-granularity" in capsys.readouterr().err
 
 
-def test_bad_combinations_exit(tmp: str) -> None:
+def test_bad_combinations_exit(ex: SimpleNamespace, tenplex: str, tmp: str) -> None:
     """train.py exits 2 with one line naming the argument, before joining a process group
     (the last run under --elastic, whose checks are its own)."""
-    model = make_model(tmp, "gpt2", GPT2)
+    model = make_model(tenplex, tmp, "gpt2", GPT2)
     runs = [
         (["--config", "tp=1", "--model", model] + BAD[0][0], BAD[0][1]),
         (["--config", "tp=1", "--model", model] + BAD[3][0], BAD[3][1]),
@@ -354,7 +363,7 @@ def test_bad_combinations_exit(tmp: str) -> None:
     ]
     procs = [
         subprocess.Popen(
-            [sys.executable, os.path.join(GPT, "train.py")] + args,
+            [sys.executable, os.path.join(ex.dir, "train.py")] + args,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -369,11 +378,10 @@ def test_bad_combinations_exit(tmp: str) -> None:
         log.info("train.py %s: %s", " ".join(args[-4:]), err.strip().splitlines()[-1])
 
 
-def test_torchrun_policy_knobs() -> None:
+def test_torchrun_policy_knobs(ex: SimpleNamespace) -> None:
     """Under torchrun a suggest: policy is asked with this example's limits fixed, and its
     chosen recomputation reaches the trainer's arguments unless the command set one."""
-    import elastic_train
-
+    elastic_train, gpt, train = ex.elastic_train, ex.model, ex.train
     args = train.parse_args(["--elastic", "suggest:--model m.json --device-profile cpu", "--micro-batch-size", "2"])
     policy = elastic_train.example_policy(args)
     assert policy.split()[-9:] == [
@@ -408,24 +416,9 @@ def test_torchrun_policy_knobs() -> None:
 
 
 if __name__ == "__main__":
+    # One rank of run_ranks' launch (its argv train.py's, examples/gpt on its PYTHONPATH).
     worker = os.environ.get(WORKER_ENV)
-    if worker:
-        kind, directory = worker.split(":", 1)
-        (sweep_worker if kind == "sweep" else cli_worker)(sys.argv[1:], directory)
-    else:
-        if len(sys.argv) > 1:
-            os.environ["TENPLEX_BIN"] = os.path.abspath(sys.argv[1])
-        sys.exit(
-            pytest.main(
-                [
-                    os.path.abspath(__file__),
-                    "-q",
-                    "-p",
-                    "no:cacheprovider",
-                    "-o",
-                    "log_cli=true",
-                    "--log-cli-level=INFO",
-                    "--durations=0",
-                ]
-            )
-        )
+    if not worker:
+        sys.exit("recompute_test.py is a pytest module: python -m pytest tests/recompute_test.py")
+    kind, directory = worker.split(":", 1)
+    (sweep_worker if kind == "sweep" else cli_worker)(sys.argv[1:], directory)
