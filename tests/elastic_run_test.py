@@ -113,31 +113,11 @@ def elastic(tenplex: str, tmp: str, use_cluster: bool, commit_every: int, warm: 
         daemons = [Daemon(tenplex) for _ in range(2)]
         cluster = os.path.join(tmp, "cluster.json")
         write_cluster(cluster, daemons, 1)
-    model = os.path.join(tmp, "model.json")
-    subprocess.run(
-        [
-            tenplex,
-            "model",
-            "gpt",
-            "--num-layers",
-            "2",
-            "--hidden-size",
-            "32",
-            "--num-attention-heads",
-            "4",
-            "--num-query-groups",
-            "2",
-            "--swiglu",
-            "--vocab-size",
-            "200",
-            "--make-vocab-size-divisible-by",
-            "16",
-            "--max-position-embeddings",
-            "32",
-            "-o",
-            model,
-        ],
-        check=True,
+    model = small_model(
+        tenplex,
+        tmp,
+        vocab=200,
+        extra=("--num-query-groups", "2", "--swiglu", "--make-vocab-size-divisible-by", "16"),
     )
     n = 6
     static_log, _ = run(tenplex, repo, tmp, "static", [{"step": 0, "config": "tp=1"}, {"step": n, "stop": True}], model)
@@ -447,27 +427,7 @@ def presize(tenplex: str, tmp: str) -> None:
     try:
         # Embeddings of 2048 x 128 fp32 (512 KiB per tp=2 slice, with Adam's states):
         # large enough to pool; the layers' tensors are not.
-        model = os.path.join(tmp, "model.json")
-        subprocess.run(
-            [
-                tenplex,
-                "model",
-                "gpt",
-                "--num-layers",
-                "2",
-                "--hidden-size",
-                "128",
-                "--num-attention-heads",
-                "4",
-                "--vocab-size",
-                "2048",
-                "--max-position-embeddings",
-                "32",
-                "-o",
-                model,
-            ],
-            check=True,
-        )
+        model = small_model(tenplex, tmp, hidden=128, vocab=2048)
         n = 4
         static_log, _ = run(
             tenplex, repo, tmp, "static", [{"step": 0, "config": "tp=1"}, {"step": n, "stop": True}], model

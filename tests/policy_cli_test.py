@@ -20,7 +20,7 @@ import os
 import subprocess
 from collections.abc import Callable
 
-from elastic_run_testing import Checks
+from elastic_run_testing import Checks, small_model
 
 Suggest = Callable[..., "subprocess.CompletedProcess[str]"]
 
@@ -182,27 +182,7 @@ def test_policy_cli(tenplex: str, tmp: str) -> None:
         f"text table: bf16 header, 3 rows, footer says 3 shown:\n{p.stdout}",
     )
     # One layer and 2 GPUs per host: only TP shards it further, so what fits crosses hosts.
-    one = os.path.join(tmp, "one.json")
-    subprocess.run(
-        [
-            tenplex,
-            "model",
-            "gpt",
-            "--num-layers",
-            "1",
-            "--hidden-size",
-            "64",
-            "--num-attention-heads",
-            "8",
-            "--vocab-size",
-            "256",
-            "--max-position-embeddings",
-            "32",
-            "-o",
-            one,
-        ],
-        check=True,
-    )
+    one = small_model(tenplex, tmp, "one.json", layers=1, hidden=64, heads=8, vocab=256)
     xa = [
         "--model",
         one,

@@ -22,7 +22,7 @@ import subprocess
 import sys
 from typing import Any
 
-from elastic_run_testing import REPO, Checks, run, steps_of
+from elastic_run_testing import REPO, Checks, run, small_model, steps_of
 
 _log = logging.getLogger(__name__)
 
@@ -63,30 +63,8 @@ def suggest(tenplex: str, model: str, gpus: int, memory: str) -> subprocess.Comp
 def test_policy_run(tenplex: str, tmp: str) -> None:
     repo = REPO
     check = Checks()
-    model = os.path.join(tmp, "model.json")
-    subprocess.run(
-        [
-            tenplex,
-            "model",
-            "gpt",
-            "--num-layers",
-            "2",
-            "--hidden-size",
-            "32",
-            "--num-attention-heads",
-            "4",
-            "--num-query-groups",
-            "2",
-            "--vocab-size",
-            "200",
-            "--make-vocab-size-divisible-by",
-            "16",
-            "--max-position-embeddings",
-            "32",
-            "-o",
-            model,
-        ],
-        check=True,
+    model = small_model(
+        tenplex, tmp, vocab=200, extra=("--num-query-groups", "2", "--make-vocab-size-divisible-by", "16")
     )
     want: dict[int, Any] = {}
     want_rc: dict[int, Any] = {}
