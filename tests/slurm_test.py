@@ -1,12 +1,14 @@
 """deploy/slurm/ on a real Slurm cluster: a job grows by a second allocation, loses a
 node, finishes, and every step matches a static run.
 
-usage: slurm_test.py TENPLEX_BIN REPO_ROOT
+Under pytest (issue 32 §4), ctest slurm, TENPLEX_BIN the CLI under test:
+
+    python -m pytest tests/slurm_test.py::test_slurm
 
 A Slurm cluster of 3 nodes on this machine (tests/slurm_cluster.py: munged, slurmctld,
 one slurmd per node, each node in its own network, UTS and mount namespace on a bridge;
-as root, exit 77 where that is unavailable). In a fresh HOME and job folder, as
-docs/deploy.md tells users: the token file, gpt.json and policy.json, then
+as root; the test is skipped where that is unavailable: the cluster's SystemExit(77)).
+In a fresh HOME and job folder, as docs/deploy.md tells users: the token file, gpt.json and policy.json, then
 
     MIN_NODES=2 MAX_NODES=3 NPROC=2 TRAIN_ARGS="--job gpt --model gpt.json ..." \
         sbatch --nodes=2 $REPO/deploy/slurm/tenplex-torchrun.sbatch
@@ -24,20 +26,24 @@ stdout files), the worlds of the step log are 4, 6, 4, every step's loss is with
 a static tp=1 run with the same samples, and no process is left in any namespace.
 """
 
+from __future__ import annotations
+
 import json
+import logging
 import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
+from collections.abc import Iterator
 from typing import Callable
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from elastic_run_test import Checks  # noqa: E402
-from slurm_cluster import SlurmCluster  # noqa: E402
-from torchrun_elastic_test import POLICY, TRAIN_ARGS, check_steps_and_worlds, free_port, read_log  # noqa: E402
+import pytest
+from elastic_run_testing import Checks, small_model
+from slurm_cluster import SlurmCluster
+from torchrun_elastic_test import POLICY, TRAIN_ARGS, check_steps_and_worlds, free_port, read_log
 
+_log = logging.getLogger(__name__)
 PY = sys.executable
 STEPS = 30
 COMMIT_EVERY = 2
@@ -53,10 +59,10 @@ def wait_for(what: str, pred: Callable[[], bool], timeout: float, cluster: Slurm
         for j in jobs:
             state = cluster.job(j)["JobState"]
             if state not in ACTIVE:
-                print(f"FAIL: job {j} ended ({state}) while waiting for {what}")
+                _log.error("FAIL: job %s ended (%s) while waiting for %s", j, state, what)
                 return False
         time.sleep(0.5)
-    print(f"FAIL: timed out ({timeout} s) waiting for {what}")
+    _log.error("FAIL: timed out (%s s) waiting for %s", timeout, what)
     return False
 
 
@@ -74,26 +80,7 @@ def prepare(tenplex: str, tmp: str) -> tuple[str, str]:
         env=dict(os.environ, HOME=home),
         check=True,
     )
-    subprocess.run(
-        [
-            tenplex,
-            "model",
-            "gpt",
-            "--num-layers",
-            "2",
-            "--hidden-size",
-            "32",
-            "--num-attention-heads",
-            "4",
-            "--vocab-size",
-            "128",
-            "--max-position-embeddings",
-            "32",
-            "-o",
-            os.path.join(jobdir, "gpt.json"),
-        ],
-        check=True,
-    )
+    small_model(tenplex, jobdir, "gpt.json")
     with open(os.path.join(jobdir, "policy.json"), "w") as f:
         json.dump(POLICY, f)
     return home, jobdir
@@ -122,7 +109,7 @@ def static_run(repo: str, jobdir: str) -> str:
         capture_output=True,
         timeout=300,
     )
-    print(f"static run: {time.time() - t0:.1f} s")
+    _log.info("static run: %.1f s", time.time() - t0)
     return log
 
 
@@ -158,16 +145,16 @@ def scenario(
     t0 = time.time()
     first = cluster.sbatch(["--nodes=2", sbatch], env, jobdir)
     jobs = [first]
-    print(f"job {first} submitted")
+    _log.info("job %s submitted", first)
     if not wait_for("step 2 on 2 nodes", lambda: any(s["step"] >= 2 for s in read_log(log)[0]), 120, cluster, jobs):
         return jobs, False
-    print(f"2 nodes at step 2 after {time.time() - t0:.1f} s; a third joins")
+    _log.info("2 nodes at step 2 after %.1f s; a third joins", time.time() - t0)
     join_env = dict(env, RDZV_ENDPOINT="node0:29400", RDZV_ID=str(first))
     jobs.append(cluster.sbatch(["--nodes=1", sbatch], join_env, jobdir))
-    print(f"job {jobs[1]} submitted")
+    _log.info("job %s submitted", jobs[1])
     if not wait_for("a commit on 3 nodes", lambda: committed_on(log, 6), 120, cluster, jobs):
         return jobs, False
-    print(f"committed on 3 nodes after {time.time() - t0:.1f} s; killing node1")
+    _log.info("committed on 3 nodes after %.1f s; killing node1", time.time() - t0)
     check(
         cluster.job(first)["NodeList"] == "node[0-1]" and cluster.job(jobs[1])["NodeList"] == "node2",
         "the first job runs on node0 and node1, the joining one on node2",
@@ -177,10 +164,10 @@ def scenario(
     ok = wait_for(
         "both jobs to end", lambda: all(cluster.job(j)["JobState"] not in ACTIVE for j in jobs), 120, cluster, []
     )
-    print(f"jobs ended {time.time() - t_kill:.1f} s after the kill; elastic run: {time.time() - t0:.1f} s")
+    _log.info("jobs ended %.1f s after the kill; elastic run: %.1f s", time.time() - t_kill, time.time() - t0)
     after = [e for e in read_log(log)[1] if e["event"] == "elastic_start" and e.get("time", 0) > t_kill]
     if after:  # keep-alive (KEEP_ALIVE_INTERVAL x 3) + restart + transform
-        print(f"restored on {after[0]['world_size']} ranks {after[0]['time'] - t_kill:.1f} s after the kill")
+        _log.info("restored on %d ranks %.1f s after the kill", after[0]["world_size"], after[0]["time"] - t_kill)
     state = cluster.nodes().get("node1", "")
     check(state.startswith("down"), f"Slurm marked node1 down: {state}")
     return jobs, ok
@@ -192,7 +179,7 @@ def check_jobs(cluster: SlurmCluster, check: Checks, jobs: list[int], jobdir: st
         out_file = info.get("StdOut", os.path.join(jobdir, f"slurm-{j}.out"))
         with open(out_file, errors="replace") as f:
             out = f.read()
-        print(
+        _log.info(
             f"---- job {j}: {info['JobState']} exit {info['ExitCode']} on {info['NodeList']}; "
             f"{out_file}{':' if not ok else ', last lines:'}\n" + "".join(out.splitlines(True)[-25 if ok else 0 :])
         )
@@ -211,44 +198,58 @@ def check_jobs(cluster: SlurmCluster, check: Checks, jobs: list[int], jobdir: st
             )
 
 
-def main() -> None:
-    # ctest's timeout: stop the cluster (finally) rather than leave its daemons behind.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    tenplex, repo = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+@pytest.fixture
+def sigterm_exits() -> Iterator[None]:
+    """ctest's timeout (SIGTERM): stop the cluster (finally) rather than leave its daemons behind."""
+    old = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def start_cluster(tmp: str, capsys: pytest.CaptureFixture[str]) -> SlurmCluster:
+    """3 nodes; the test is skipped where SlurmCluster cannot make them (its SystemExit(77)
+    after it printed why)."""
+    try:
+        return SlurmCluster(tmp, count=3, slurmd_timeout=10)
+    except SystemExit as e:
+        if e.code != 77:
+            raise
+        why = capsys.readouterr().out.strip().splitlines()
+        pytest.skip(why[-1] if why else "no Slurm cluster here (root, namespaces, Slurm and munge needed)")
+
+
+def test_slurm(tenplex: str, repo: str, tmp: str, sigterm_exits: None, capsys: pytest.CaptureFixture[str]) -> None:
     check = Checks()
-    with tempfile.TemporaryDirectory(prefix="tenplex-slurm-") as tmp:
-        home, jobdir = prepare(tenplex, tmp)
-        static_log = static_run(repo, jobdir)
-        t0 = time.time()
-        cluster = SlurmCluster(tmp, count=3, slurmd_timeout=10)
-        print(f"Slurm cluster up in {time.time() - t0:.1f} s: {cluster.nodes()}")
-        ok, jobs = False, []
-        try:
-            jobs, ok = scenario(cluster, check, tenplex, repo, home, jobdir)
-            check(ok, "the scripted scale-up and failure happened and both jobs ended")
-            check_jobs(cluster, check, jobs, jobdir, ok)
-        finally:
-            if not ok:
-                for n in ("slurmctld", *cluster.names):
-                    print(cluster.tail(n))
-            cluster.close()
-        node1_url = f"http://{cluster.net.addr(1)}:7480"
-        left = cluster.left
-        check(not left, f"no process left in the namespaces or of the daemons: {left}")
-        log = os.path.join(jobdir, "steps.jsonl")
-        _, starts = check_steps_and_worlds(check, static_log, log, STEPS)
-        if [e["world_size"] for e in starts] == [4, 6, 4]:
-            up, down = starts[1], starts[2]
-            check(up["transformed"] and up["config"] == "tp=2,pp=1,dp=3", f"scale-up to tp=2,dp=3: {up}")
-            check(
-                down["transformed"]
-                and down["config"] == "tp=2,pp=2,dp=1"
-                and len(down["lost_hosts"]) == 1
-                and down["lost_hosts"][0] == node1_url,
-                f"after the kill: node1's daemon lost, re-planned: {down}",
-            )
+    home, jobdir = prepare(tenplex, tmp)
+    static_log = static_run(repo, jobdir)
+    t0 = time.time()
+    cluster = start_cluster(tmp, capsys)
+    _log.info("Slurm cluster up in %.1f s: %s", time.time() - t0, cluster.nodes())
+    ok, jobs = False, []
+    try:
+        jobs, ok = scenario(cluster, check, tenplex, repo, home, jobdir)
+        check(ok, "the scripted scale-up and failure happened and both jobs ended")
+        check_jobs(cluster, check, jobs, jobdir, ok)
+    finally:
+        if not ok:
+            for n in ("slurmctld", *cluster.names):
+                _log.info("%s", cluster.tail(n))
+        cluster.close()
+    node1_url = f"http://{cluster.net.addr(1)}:7480"
+    left = cluster.left
+    check(not left, f"no process left in the namespaces or of the daemons: {left}")
+    log = os.path.join(jobdir, "steps.jsonl")
+    _, starts = check_steps_and_worlds(check, static_log, log, STEPS)
+    if [e["world_size"] for e in starts] == [4, 6, 4]:
+        up, down = starts[1], starts[2]
+        check(up["transformed"] and up["config"] == "tp=2,pp=1,dp=3", f"scale-up to tp=2,dp=3: {up}")
+        check(
+            down["transformed"]
+            and down["config"] == "tp=2,pp=2,dp=1"
+            and len(down["lost_hosts"]) == 1
+            and down["lost_hosts"][0] == node1_url,
+            f"after the kill: node1's daemon lost, re-planned: {down}",
+        )
     check.finish()
-
-
-if __name__ == "__main__":
-    main()
