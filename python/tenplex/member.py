@@ -14,6 +14,7 @@ from typing import Any, Callable, Optional
 from . import _tenplex
 from ._early_restore import ENV_NO_EARLY_RESTORE, EarlyRestore, finish_presize
 from ._job_state import JobState
+from ._torch_warm import warm_backward
 from .elastic_cluster import ElasticError, break_leases, run_transform
 from .elastic_policy import pick_choice, tenplex_binary
 from .membership import ENV_ABORT_WAIT, ENV_DIR, ENV_HOST_ID, ENV_LOCAL_RANK, Control, MembershipError, WorldAborted
@@ -51,6 +52,7 @@ class Member:
         """Waits for the newest world after self.epoch; torchrun-style numbers of this worker
         in it ({"WORLD_SIZE", "RANK", ...}), or None when it has no place for this host."""
         if self.epoch == 0:
+            warm_backward()  # torch's lazy imports of a backward with a gradient: not in a reconfiguration
             # What is loaded by now (torch, the client's modules) lives as long as the process: out
             # of the collector's sight, the collection at each teardown takes milliseconds, not 0.5 s.
             gc.collect()
