@@ -10,6 +10,9 @@ BIN=${BIN:-build/bin}
 OUT=${OUT:-docs/benchmarks}
 QUICK=()
 if [[ "${1:-}" == "--quick" ]]; then QUICK=(--quick); fi
+# UCX 1.22 (the wheel the CLI links) patches code at every process start unless this is set:
+# 0.4 s of each CLI call (docs/transport.md, "Which UCX"); scripts/test.sh and demo.sh set it too.
+export UCX_MEM_MMAP_HOOK_MODE=${UCX_MEM_MMAP_HOOK_MODE:-reloc}
 PY=${TENPLEX_PYTHON:-$(cd "$(dirname "$0")/.." && pwd)/.venv/bin/python}
 for b in tenplex plan_bench; do
   [[ -x "$BIN/$b" ]] || { echo "run_all: $BIN/$b missing (set BIN= or build it)" >&2; exit 1; }
