@@ -352,6 +352,15 @@ def run_test(tenplex, repo, net):
     check.finish()
 
 
+def check_replanned(check, down, lost_url, what):
+    """The world after a host's loss: transformed back to tp=2,pp=2,dp=1 from the replicas,
+    with exactly the lost host's daemon named lost (`what` says which loss)."""
+    check(
+        down["transformed"] and down["config"] == "tp=2,pp=2,dp=1" and down["lost_hosts"] == [lost_url],
+        f"{what}: {down}",
+    )
+
+
 def check_steps_and_worlds(check, static_log, log, steps=STEPS):
     """Every one of `steps` steps logged with the static run's samples and losses, and the
     starts' worlds 4, 6 (scale-up), 4 (a host lost); (events, starts) of the log."""
@@ -382,12 +391,8 @@ def check_run(check, static_log, log, lost_url):
             up["transformed"] and up["from"] == "tp=2,pp=2,dp=1" and up["config"] == "tp=2,pp=1,dp=3",
             f"scale-up transformed tp=2,pp=2 -> tp=2,dp=3: {up}",
         )
-        check(
-            down["transformed"]
-            and down["config"] == "tp=2,pp=2,dp=1"
-            and len(down["lost_hosts"]) == 1
-            and down["lost_hosts"][0] == lost_url,
-            f"after the failure: the killed host's daemon lost, re-planned from replicas: {down}",
+        check_replanned(
+            check, down, lost_url, "after the failure: the killed host's daemon lost, re-planned from replicas"
         )
         commits = [e["step"] for e in events if e["event"] == "commit"]
         before = [c for c in commits if c <= down["step"]]
