@@ -4,12 +4,15 @@
 // process's peak RSS, and limit_ratio = plan seconds / goal_s (below 1 meets the goal):
 // 1 s, and 0.5 s at 384 layers (issue 15 §5: 384 layers x 1984 ranks under 0.5 s).
 // Then growth with the number of layers (world size fixed) and with the world size
-// (dp scaled, model fixed). Layout construction is timed on its own.
+// (dp scaled, model fixed), all on one thread; then the whole plan on every hardware
+// thread against one. Layout construction is timed on its own.
 #include <benchmark/benchmark.h>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <chrono>
 #include <ctime>
+#include <thread>
 
 #include "tenplex/model/gpt.h"
 #include "tenplex/plan/planner.h"
@@ -84,6 +87,7 @@ void TimePlans(benchmark::State& state, int world, double goal_s, MakeFn make) {
   state.counters["at_lower_bound"] = at_bound ? 1 : 0;
 }
 
+// On one thread: the goals are per core (MakePlan's default would use every core).
 void RunPlan(benchmark::State& state, const Model& m, const std::string& from_cfg,
              const std::string& to_cfg, double goal_s = 1.0) {
   const Layout from = *tenplex::MakeLayout(m, *tenplex::ParseConfig(from_cfg));
@@ -91,7 +95,7 @@ void RunPlan(benchmark::State& state, const Model& m, const std::string& from_cf
   const auto fh = tenplex::plan::DefaultHosts(from.world_size(), 8);
   const auto th = tenplex::plan::DefaultHosts(to.world_size(), 8);
   TimePlans(state, from.world_size() + to.world_size(), goal_s,
-            [&] { return tenplex::plan::MakePlan(m, from, to, fh, th); });
+            [&] { return tenplex::plan::MakePlan(m, from, to, fh, th, 1); });
 }
 
 void BM_Plan175b(benchmark::State& state) {
@@ -128,6 +132,39 @@ void BM_PlanWorld(benchmark::State& state) {
           "tp=8,pp=12,dp=" + std::to_string(dp * 5 / 4));
 }
 BENCHMARK(BM_PlanWorld)->Arg(4)->Arg(8)->Arg(16)->Arg(32)->Unit(benchmark::kMillisecond);
+
+// The whole plan on every hardware thread against one (planner.h, "Parallel"), in the same
+// iteration: gpt3-175b at 8,192 GPUs scaled down by 10 % of dp (tp=8,pp=16,dp=64 ->
+// dp=57), 8 GPUs per host. speedup = one thread's seconds / all threads'; efficiency =
+// speedup / threads (1: the limit, every thread busy for the whole plan).
+void BM_PlanThreads(benchmark::State& state) {
+  static const Model m = Gpt175b(96);
+  const Layout from = *tenplex::MakeLayout(m, *tenplex::ParseConfig("tp=8,pp=16,dp=64"));
+  const Layout to = *tenplex::MakeLayout(m, *tenplex::ParseConfig("tp=8,pp=16,dp=57"));
+  const auto fh = tenplex::plan::DefaultHosts(from.world_size(), 8);
+  const auto th = tenplex::plan::DefaultHosts(to.world_size(), 8);
+  const int threads = static_cast<int>(std::max(1U, std::thread::hardware_concurrency()));
+  double one = 0, all = 0;
+  for (auto _ : state) {
+    for (int t : {1, threads}) {
+      const auto t0 = std::chrono::steady_clock::now();
+      auto p = tenplex::plan::MakePlan(m, from, to, fh, th, t);
+      (t == 1 ? one : all) +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (!p.ok()) {
+        state.SkipWithError(p.status().message().c_str());
+        return;
+      }
+    }
+  }
+  const auto n = static_cast<double>(state.iterations());
+  state.counters["threads"] = threads;
+  state.counters["one_thread_s"] = one / n;
+  state.counters["all_threads_s"] = all / n;
+  state.counters["speedup"] = one / all;
+  state.counters["efficiency"] = one / all / threads;
+}
+BENCHMARK(BM_PlanThreads)->Unit(benchmark::kMillisecond)->Iterations(3);
 
 // Per-host planning at 16,384 GPUs: gpt3-175b from tp=8,pp=16,dp=128 (16,384 ranks,
 // 2,048 hosts) to tp=8,pp=12,dp=160 (15,360 ranks); one host's plan (MakeHostPlan),

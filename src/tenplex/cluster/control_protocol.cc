@@ -4,10 +4,12 @@
 
 #include <algorithm>
 #include <memory>
+#include <thread>
 #include <nlohmann/json.hpp>
 
 #include "tenplex/store/parse.h"
 #include "tenplex/util/hash.h"
+#include "tenplex/util/thread_pool.h"
 
 namespace tenplex::cluster {
 
@@ -307,38 +309,73 @@ std::string PlanDigest(const plan::Plan& plan) {
   return d.Hex();
 }
 
-std::vector<HostPart> HostPlanParts(const plan::Plan& plan, const std::vector<int>& from_hosts,
-                                    const std::vector<int>& to_hosts, std::size_t hosts) {
-  std::vector<int64_t> ops(hosts, 0), kept(hosts, 0);
-  for (const plan::CopyOp& op : plan.ops) ++ops[to_hosts[op.dst_rank]];
-  for (const plan::CopyOp& op : plan.kept) ++kept[to_hosts[op.dst_rank]];
-  const std::string names = TensorNames(plan);
-  std::vector<DigestStream> digests(hosts);
-  for (std::size_t h = 0; h < hosts; ++h) {
-    digests[h].Bytes(names);
-    digests[h].Count(ops[h]);
+namespace {
+
+// HostPlanParts for the hosts [lo, hi): their digests (ops and kept regions whose
+// destination is there) and served lists (ops whose source is there). Each call reads
+// the whole plan and writes only its hosts' parts and `local` entries.
+void PartsOfHosts(const plan::Plan& plan, const std::vector<int>& from_hosts,
+                  const std::vector<int>& to_hosts, const std::string& names, int lo, int hi,
+                  std::vector<int32_t>& local, std::vector<HostPart>& parts) {
+  const auto mine = [&](int h) { return h >= lo && h < hi; };
+  std::vector<int64_t> ops(hi - lo, 0), kept(hi - lo, 0);
+  for (const plan::CopyOp& op : plan.ops) {
+    if (const int h = to_hosts[op.dst_rank]; mine(h)) ++ops[h - lo];
   }
-  std::vector<HostPart> parts(hosts);
-  // local[i]: op i's index among its host's ops, which a per-host plan's `after` uses.
-  std::vector<int32_t> local(plan.ops.size());
-  std::vector<int32_t> next(hosts, 0);
+  for (const plan::CopyOp& op : plan.kept) {
+    if (const int h = to_hosts[op.dst_rank]; mine(h)) ++kept[h - lo];
+  }
+  std::vector<DigestStream> digests(hi - lo);
+  for (int h = lo; h < hi; ++h) {
+    digests[h - lo].Bytes(names);
+    digests[h - lo].Count(ops[h - lo]);
+  }
+  // local[i]: op i's index among its host's ops, which a per-host plan's `after` uses
+  // (an op reading the new layout reads an op of its own host).
+  std::vector<int32_t> next(hi - lo, 0);
   for (std::size_t i = 0; i < plan.ops.size(); ++i) {
     const plan::CopyOp& op = plan.ops[i];
     const int h = to_hosts[op.dst_rank];
-    local[i] = next[h]++;
-    digests[h].Op(op, op.src_new ? int64_t{local[op.after]} : op.after);
     const int src = op.src_new ? h : from_hosts[op.src_rank];
-    if (src != h && src != plan::kLostHost)
+    if (mine(h)) {
+      local[i] = next[h - lo]++;
+      digests[h - lo].Op(op, op.src_new ? int64_t{local[op.after]} : op.after);
+    }
+    if (src != h && src != plan::kLostHost && mine(src))
       parts[src].served.push_back({op.src_rank, op.src_tensor, h});
   }
-  for (std::size_t h = 0; h < hosts; ++h) digests[h].Count(kept[h]);
-  for (const plan::CopyOp& op : plan.kept) digests[to_hosts[op.dst_rank]].Op(op, op.after);
-  for (std::size_t h = 0; h < hosts; ++h) {
-    parts[h].plan_digest = digests[h].Hex();
+  for (int h = lo; h < hi; ++h) digests[h - lo].Count(kept[h - lo]);
+  for (const plan::CopyOp& op : plan.kept) {
+    if (const int h = to_hosts[op.dst_rank]; mine(h)) digests[h - lo].Op(op, op.after);
+  }
+  for (int h = lo; h < hi; ++h) {
+    parts[h].plan_digest = digests[h - lo].Hex();
     std::vector<ServedTensor>& s = parts[h].served;
     std::sort(s.begin(), s.end());
     s.erase(std::unique(s.begin(), s.end()), s.end());
   }
+}
+
+}  // namespace
+
+std::vector<HostPart> HostPlanParts(const plan::Plan& plan, const std::vector<int>& from_hosts,
+                                    const std::vector<int>& to_hosts, std::size_t hosts,
+                                    int threads) {
+  if (threads <= 0) {
+    threads = plan.ops.size() < (std::size_t{1} << 16)
+                  ? 1
+                  : static_cast<int>(std::max(1U, std::thread::hardware_concurrency()));
+  }
+  threads = static_cast<int>(std::min<std::size_t>(threads, std::max<std::size_t>(hosts, 1)));
+  const std::string names = TensorNames(plan);
+  std::vector<HostPart> parts(hosts);
+  std::vector<int32_t> local(plan.ops.size());
+  const auto n = static_cast<int64_t>(hosts);
+  ForEachConcurrently(threads, threads, [&](std::size_t w) {
+    const auto k = static_cast<int64_t>(w);
+    PartsOfHosts(plan, from_hosts, to_hosts, names, static_cast<int>(n * k / threads),
+                 static_cast<int>(n * (k + 1) / threads), local, parts);
+  });
   return parts;
 }
 

@@ -127,8 +127,11 @@ std::string PlanDigest(const plan::Plan& plan);
 // rank is on it, in order, `after` renumbered to indices of its ops, which is what
 // plan::MakeHostPlan returns for it) and the old tensors on it that ops of other hosts
 // read. REQUIRES: the host maps are the plan's, with hosts in [0, hosts) (from_hosts
-// may hold plan::kLostHost).
+// may hold plan::kLostHost). threads: the hosts are split into that many ranges, each
+// digested on its own thread; 0: one per hardware thread for 65,536 ops or more, else
+// one. Every count gives the same parts.
 std::vector<HostPart> HostPlanParts(const plan::Plan& plan, const std::vector<int>& from_hosts,
-                                    const std::vector<int>& to_hosts, std::size_t hosts);
+                                    const std::vector<int>& to_hosts, std::size_t hosts,
+                                    int threads = 0);
 
 }  // namespace tenplex::cluster

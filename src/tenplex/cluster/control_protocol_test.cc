@@ -245,8 +245,11 @@ TEST(ControlProtocol, HostPlanPartsAreEachHostsOwnPlan) {
     int hosts = 0;
     for (int h : fh) hosts = std::max(hosts, h + 1);
     for (int h : th) hosts = std::max(hosts, h + 1);
-    const std::vector<HostPart> parts = HostPlanParts(*full, fh, th, hosts);
+    const std::vector<HostPart> parts = HostPlanParts(*full, fh, th, hosts, 1);
     ASSERT_EQ(parts.size(), static_cast<std::size_t>(hosts));
+    // The hosts split into ranges on threads: the same parts.
+    const std::vector<HostPart> threaded = HostPlanParts(*full, fh, th, hosts, 3);
+    ASSERT_EQ(threaded.size(), parts.size());
     std::set<std::string> distinct;
     int with_ops = 0;
     for (int h = 0; h < hosts; ++h) {
@@ -254,6 +257,8 @@ TEST(ControlProtocol, HostPlanPartsAreEachHostsOwnPlan) {
       const plan::Plan mine = FilteredByHand(*full, th, h);
       EXPECT_EQ(parts[h].plan_digest, PlanDigest(mine));
       EXPECT_EQ(parts[h].served, ServedByHand(*full, fh, th, h));
+      EXPECT_EQ(threaded[h].plan_digest, parts[h].plan_digest);
+      EXPECT_EQ(threaded[h].served, parts[h].served);
       served += static_cast<int>(parts[h].served.size());
       if (!mine.ops.empty() || !mine.kept.empty()) {
         ++with_ops;

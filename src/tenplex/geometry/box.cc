@@ -53,13 +53,17 @@ Box BoxOf(const Shape& shape) {
   return b;
 }
 
+void IntersectInto(const Box& a, const Box& b, Box& out) {
+  out.dims.resize(a.rank());
+  for (std::size_t i = 0; i < a.rank(); ++i) {
+    out.dims[i].begin = std::max(a[i].begin, b[i].begin);
+    out.dims[i].end = std::max(out.dims[i].begin, std::min(a[i].end, b[i].end));
+  }
+}
+
 Box Intersect(const Box& a, const Box& b) {
   Box r;
-  r.dims.resize(a.rank());
-  for (std::size_t i = 0; i < a.rank(); ++i) {
-    r.dims[i].begin = std::max(a[i].begin, b[i].begin);
-    r.dims[i].end = std::max(r.dims[i].begin, std::min(a[i].end, b[i].end));
-  }
+  IntersectInto(a, b, r);
   return r;
 }
 

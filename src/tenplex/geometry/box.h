@@ -46,6 +46,8 @@ bool IsEmpty(const Box& box);
 Box BoxOf(const Shape& shape);
 // The intersection; empty (some dim with end <= begin) when disjoint. Same rank required.
 Box Intersect(const Box& a, const Box& b);
+// The same into out, reusing its storage (a loop's scratch box).
+void IntersectInto(const Box& a, const Box& b, Box& out);
 // True when inner lies inside outer (an empty inner is contained everywhere).
 bool Contains(const Box& outer, const Box& inner);
 // box translated by delta per dimension.

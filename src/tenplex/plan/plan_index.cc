@@ -184,8 +184,8 @@ class IndexBuilder {
     return it->second;
   }
 
-  // Per-host planning: the kind of each host with new ranks (plan_index.h) and one
-  // representative per kind, the lowest host.
+  // The kind of each host with new ranks (plan_index.h) and one representative per
+  // kind, the lowest host.
   void IndexKinds() {
     std::vector<std::string> key(ix_.num_hosts);
     for (const RankLayout& r : to_.ranks) {
@@ -211,8 +211,8 @@ class IndexBuilder {
   // first, so that each list is allocated once at its size.
   Status IndexNew() {
     std::vector<char> wanted(ix_.num_hosts, only_host_ < 0 ? 1 : 0);
+    IndexKinds();  // MakePlan's parallel pass counts sends per kind too
     if (only_host_ >= 0) {
-      IndexKinds();
       wanted[only_host_] = 1;
       for (const std::vector<int32_t>& hosts : ix_.kind_hosts) wanted[hosts[0]] = 1;
     }

@@ -79,8 +79,8 @@ struct PlanIndex {
   std::vector<std::vector<std::pair<int32_t, int32_t>>> lists_on_host;
   std::vector<std::vector<int32_t>> host_sets;  // distinct ascending host sets of groups
 
-  // Per-host planning: each host's kind (-1: no new ranks) and each kind's hosts,
-  // ascending (the first is its representative). Empty when planning every host.
+  // Each host's kind (-1: no new ranks) and each kind's hosts, ascending (the first is
+  // its representative).
   std::vector<int32_t> kind_of_host;
   std::vector<std::vector<int32_t>> kind_hosts;
 

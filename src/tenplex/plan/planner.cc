@@ -1,17 +1,19 @@
 #include "tenplex/plan/planner.h"
 
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <unordered_map>
 
 #include "tenplex/plan/box_set.h"
 #include "tenplex/plan/plan_index.h"
+#include "tenplex/plan/plan_lists.h"
 #include "tenplex/plan/regions.h"
+#include "tenplex/util/thread_pool.h"
 
 namespace tenplex::plan {
 namespace {
@@ -37,31 +39,18 @@ struct SimResult {
   Box failed_box;
 };
 
-// A hint for a large array written once (the op lists of a large plan): back it with
-// transparent huge pages, so that it faults in 2 MiB steps rather than 4 KiB ones
-// (page faults dominate on virtual machines). The whole 2 MiB pages inside it only.
-void HugePages(const void* data, std::size_t bytes) {
-  constexpr uintptr_t kHuge = uintptr_t{2} << 20;
-  const uintptr_t begin = (reinterpret_cast<uintptr_t>(data) + kHuge - 1) & ~(kHuge - 1);
-  const uintptr_t end = (reinterpret_cast<uintptr_t>(data) + bytes) & ~(kHuge - 1);
-  if (end > begin) (void)::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
-}
+// Parallel planning: per tensor, each host set of its groups with the number of step-4
+// sends it made in the tensors before (what PickRemote counts from).
+using SetBases = std::vector<std::pair<int32_t, int64_t>>;
 
-// a ∩ b into out, reusing out's storage.
-void IntersectInto(const Box& a, const Box& b, Box& out) {
-  out.dims.resize(a.rank());
-  for (std::size_t k = 0; k < a.rank(); ++k) {
-    out[k].begin = std::max(a[k].begin, b[k].begin);
-    out[k].end = std::max(out[k].begin, std::min(a[k].end, b[k].end));
-  }
-}
+
 
 // Steps 1-4 of planner.h over an index, tensor by tensor and host by host.
 class Planner {
  public:
-  Planner(PlanIndex ix, const Layout& from, const Layout& to, const std::vector<int>& from_hosts,
+  Planner(const PlanIndex& ix, const Layout& from, const Layout& to, const std::vector<int>& from_hosts,
           const std::vector<int>& to_hosts, int only_host)
-      : ix_(std::move(ix)),
+      : ix_(ix),
         from_(from),
         to_(to),
         from_hosts_(from_hosts),
@@ -87,6 +76,64 @@ class Planner {
     }
     Finalize();
     return std::move(plan_);
+  }
+
+  // Parallel planning, pass 1 (planner.h, "Parallel"): every tensor's SetBases, counted
+  // from what each kind of host sends (as per-host planning counts them). False when a
+  // need is not covered: the caller then plans serially, which names it.
+  bool CountSends(std::vector<SetBases>& bases) {
+    sims_.resize(ix_.kind_hosts.size());
+    bases.resize(ix_.needs.size());
+    for (std::size_t t = 0; t < ix_.needs.size(); ++t) {
+      const auto tid = static_cast<int32_t>(t);
+      for (const Group& g : ix_.groups[t]) {
+        if (std::none_of(bases[t].begin(), bases[t].end(),
+                         [&](const auto& b) { return b.first == g.hosts; }))
+          bases[t].emplace_back(g.hosts, sends_[g.hosts]);
+      }
+      const std::vector<Need>& ns = ix_.needs[t];
+      for (std::size_t i = 0; i < ns.size();) {
+        const int32_t h = ns[i].host;
+        std::size_t j = i;
+        while (j < ns.size() && ns[j].host == h) ++j;
+        const std::vector<int32_t>& hosts = ix_.kind_hosts[ix_.kind_of_host[h]];
+        if (hosts[0] == h) {
+          const SimResult& sim = SimulateKind(tid, i, j);
+          if (sim.failed_need >= 0) return false;
+          for (const Charge& c : sim.charges)
+            sends_[ix_.groups[t][c.group].hosts] += static_cast<int64_t>(hosts.size());
+        }
+        i = j;
+      }
+    }
+    return true;
+  }
+
+  // Pass 2: tensor tid's ops and kept regions, `after` indexing `ops`, as MakePlan's
+  // serial loop makes them when its sends so far are `bases`; the statistics add up in
+  // this planner (TakeStats).
+  Status PlanOneTensor(int32_t tid, const SetBases& bases, std::vector<CopyOp>& ops,
+                       std::vector<CopyOp>& kept) {
+    for (const auto& [set, sends] : bases) sends_[set] = sends;
+    plan_.ops.clear();
+    plan_.ops.reserve(ix_.needs[tid].size());  // as Run reserves for every tensor
+    HugePages(plan_.ops.data(), plan_.ops.capacity() * sizeof(CopyOp));
+    plan_.kept.clear();
+    Status status = PlanTensor(tid);
+    ops = std::move(plan_.ops);
+    kept = std::move(plan_.kept);
+    return status;
+  }
+
+  // This planner's statistics of the tensors it planned, added into `into`.
+  void AddStats(PlanStats& into, std::vector<int64_t>& recv, std::vector<int64_t>& to_me) const {
+    const PlanStats& s = plan_.stats;
+    into.bytes_in_place += s.bytes_in_place;
+    into.bytes_host_local += s.bytes_host_local;
+    into.bytes_cross_host += s.bytes_cross_host;
+    into.cross_host_lower_bound += s.cross_host_lower_bound;
+    into.cross_host_ops += s.cross_host_ops;
+    for (std::size_t h = 0; h < recv.size(); ++h) recv[h] += recv_[h], to_me[h] += to_me_[h];
   }
 
  private:
@@ -421,17 +468,9 @@ class Planner {
     return UnionVolume(lb_need_) - UnionVolume(lb_ptrs_);
   }
 
-  void Finalize() {
-    PlanStats& s = plan_.stats;
-    s.ops = static_cast<int64_t>(plan_.ops.size());
-    s.num_hosts = ix_.num_hosts;
-    s.host_send_bytes = to_me_;
-    s.host_recv_bytes = recv_;
-    for (int64_t b : s.host_send_bytes) s.max_host_send_bytes = std::max(s.max_host_send_bytes, b);
-    for (int64_t b : recv_) s.max_host_recv_bytes = std::max(s.max_host_recv_bytes, b);
-  }
+  void Finalize() { FinalizeStats(plan_, ix_.num_hosts, to_me_, recv_); }
 
-  PlanIndex ix_;
+  const PlanIndex& ix_;
   const Layout& from_;
   const Layout& to_;
   const std::vector<int>& from_hosts_;
@@ -462,7 +501,43 @@ Result<Plan> Run(const Model& model, const Layout& from, const Layout& to,
                  int only_host) {
   TP_ASSIGN_OR_RETURN(PlanIndex ix,
                       BuildPlanIndex(model, from, to, from_hosts, to_hosts, only_host));
-  return Planner(std::move(ix), from, to, from_hosts, to_hosts, only_host).Run();
+  return Planner(ix, from, to, from_hosts, to_hosts, only_host).Run();
+}
+
+
+// Below this many needs MakePlan's default is one thread (threads would cost more).
+constexpr std::size_t kParallelNeeds = std::size_t{1} << 16;
+
+// MakePlan on `threads` threads (planner.h, "Parallel"): each tensor's starting sends
+// counted, the tensors planned on the threads, their ops joined in tensor order.
+Result<Plan> RunParallel(const Model& model, const Layout& from, const Layout& to,
+                         const std::vector<int>& from_hosts, const std::vector<int>& to_hosts,
+                         int threads) {
+  TP_ASSIGN_OR_RETURN(PlanIndex ix, BuildPlanIndex(model, from, to, from_hosts, to_hosts, -1));
+  if (threads == 0 && ix.planned_needs >= kParallelNeeds)
+    threads = static_cast<int>(std::thread::hardware_concurrency());
+  std::vector<SetBases> bases;
+  if (threads <= 1 || !Planner(ix, from, to, from_hosts, to_hosts, -1).CountSends(bases))
+    return Planner(ix, from, to, from_hosts, to_hosts, -1).Run();
+  const std::size_t n = ix.needs.size();
+  std::vector<std::vector<CopyOp>> ops(n), kept(n);
+  std::vector<Status> status(n, Status::Ok());
+  std::vector<std::unique_ptr<Planner>> workers;
+  for (int w = 0; w < threads; ++w)
+    workers.push_back(std::make_unique<Planner>(ix, from, to, from_hosts, to_hosts, -1));
+  ForEachConcurrently(n, threads, [&](std::size_t w, std::size_t t) {
+    status[t] = workers[w]->PlanOneTensor(static_cast<int32_t>(t), bases[t], ops[t], kept[t]);
+  });
+  for (const Status& s : status) TP_RETURN_IF_ERROR(s);
+  Plan plan;
+  plan.tensors = ix.names;
+  plan.stats.bytes_total = ix.bytes_total;
+  JoinInOrder(ops, threads, true, plan.ops);
+  JoinInOrder(kept, threads, false, plan.kept);
+  std::vector<int64_t> recv(ix.num_hosts, 0), sent(ix.num_hosts, 0);
+  for (const auto& w : workers) w->AddStats(plan.stats, recv, sent);
+  FinalizeStats(plan, ix.num_hosts, std::move(sent), std::move(recv));
+  return plan;
 }
 
 }  // namespace
@@ -475,8 +550,10 @@ std::vector<int> DefaultHosts(int world_size, int gpus_per_host) {
 }
 
 Result<Plan> MakePlan(const Model& model, const Layout& from, const Layout& to,
-                      const std::vector<int>& from_hosts, const std::vector<int>& to_hosts) {
-  return Run(model, from, to, from_hosts, to_hosts, -1);
+                      const std::vector<int>& from_hosts, const std::vector<int>& to_hosts,
+                      int threads) {
+  if (threads < 0) return InvalidArgument("threads " + std::to_string(threads) + " is negative");
+  return RunParallel(model, from, to, from_hosts, to_hosts, threads);
 }
 
 Result<Plan> MakeHostPlan(const Model& model, const Layout& from, const Layout& to,

@@ -55,6 +55,14 @@
 // O(n_t · groups_t) box intersections; the plan is O(total pieces · replicas-groups),
 // independent of tensor sizes. Nothing is per element.
 //
+// Parallel. Tensors are planned independently except for step 4's send numbers, which
+// run on across tensors. MakePlan therefore counts first, on one thread, each host
+// set's sends before every tensor, from what one host of each kind sends per tensor
+// times the kind's hosts (as MakeHostPlan counts, with every host counted), and then
+// plans the tensors on several threads, each starting from its counted numbers; the
+// tensors' ops are joined in tensor order. The plan is the serial one, op for op. A
+// need no replica covers stops the count, and the serial loop then names it.
+//
 // Determinism: inputs are visited in fixed orders (global tensor order of the model,
 // host, rank, local tensor, piece) and ties are broken by host then rank, so every
 // host computes the same plan.
@@ -103,6 +111,7 @@ struct PlanStats {
   int num_hosts = 0;
   std::vector<int64_t> host_send_bytes;  // per host, cross-host only
   std::vector<int64_t> host_recv_bytes;
+  friend bool operator==(const PlanStats&, const PlanStats&) = default;
 };
 
 struct Plan {
@@ -124,8 +133,11 @@ inline constexpr int kLostHost = -1;
 // host of old rank r, to_hosts[r] that of new rank r. Fails (InvalidArgument) when a
 // layout does not belong to the model or a host map has the wrong size or a negative
 // host, and (Internal) if the old layout does not hold an element the new one needs.
+// threads: how many plan the tensors ("Parallel"); 0: one per hardware thread for a
+// plan of 65,536 needs or more, else one. Every count gives the same plan.
 Result<Plan> MakePlan(const Model& model, const Layout& from, const Layout& to,
-                      const std::vector<int>& from_hosts, const std::vector<int>& to_hosts);
+                      const std::vector<int>& from_hosts, const std::vector<int>& to_hosts,
+                      int threads = 0);
 
 // Per-host planning: the part of MakePlan's plan that host `host` (of to_hosts)
 // executes, computed without the other hosts' ops. Its ops are exactly the ops of

@@ -13,9 +13,11 @@ namespace tenplex::plan {
 namespace {
 
 using testing::kRandomCases;
+using testing::ManyHostCases;
 using testing::ModelSpec;
-using testing::RandomConfig;
-using testing::RandomHosts;
+using testing::PlanCase;
+using testing::RandomCase;
+using testing::SmallGpt;
 using testing::Specs;
 using testing::Tiny;
 
@@ -92,37 +94,14 @@ void ExpectHostPlansFilterFullPlan(const Model& m, const Layout& from, const Lay
   EXPECT_EQ(lower_bound, full->stats.cross_host_lower_bound);
 }
 
-// gpt3-175b's shape with `layers` layers of width `hidden` and `heads` heads.
-Model SmallGpt(int layers, int64_t hidden, int64_t heads, bool tied) {
-  auto args = *GptPreset("gpt3-175b");
-  args.num_layers = layers;
-  args.hidden_size = hidden;
-  args.num_attention_heads = heads;
-  args.num_query_groups = heads;
-  args.ffn_hidden_size = 2 * hidden;
-  args.vocab_size = 4 * hidden;
-  args.untie_embeddings_and_output_weights = !tied;
-  return *MakeGpt(args);
-}
-
 TEST(PlannerTest, HostPlansAreTheFullPlanFilteredByHost) {
   std::mt19937 rng(20261123);
   std::vector<Model> models;
   for (const ModelSpec& s : Specs()) models.push_back(Tiny(s));
   for (int n = 0; n < kRandomCases / 3; ++n) {
-    const std::size_t mi = rng() % models.size();
-    const int64_t groups = Specs()[mi].groups;
-    auto from = MakeLayout(models[mi], RandomConfig(rng, groups));
-    auto to = MakeLayout(models[mi], RandomConfig(rng, groups));
-    ASSERT_TRUE(from.ok() && to.ok());
-    const int gpus = 1 + static_cast<int>(rng() % 4);
-    const bool shuffled = rng() % 3 == 0;
-    std::vector<int> fh = RandomHosts(rng, from->world_size(), gpus, shuffled);
-    std::vector<int> th = RandomHosts(rng, to->world_size(), gpus, shuffled);
-    if (rng() % 4 == 0) fh[rng() % fh.size()] = kLostHost;
-    SCOPED_TRACE("case " + std::to_string(n) + ": " + from->config.ToString() + " -> " +
-                 to->config.ToString() + ", " + std::to_string(gpus) + " GPUs per host");
-    ExpectHostPlansFilterFullPlan(models[mi], *from, *to, fh, th);
+    const PlanCase c = RandomCase(rng, models, 4);
+    SCOPED_TRACE("case " + std::to_string(n) + ": " + c.label);
+    ExpectHostPlansFilterFullPlan(models[c.model], c.from, c.to, c.fh, c.th);
     if (HasFatalFailure()) return;
   }
   // A larger case where many hosts are alike (dp replicas): the per-kind shortcut.
@@ -139,54 +118,14 @@ TEST(PlannerTest, HostPlansAreTheFullPlanFilteredByHost) {
 }
 
 // Per-host planning simulates other hosts once per kind and only where they compete for
-// the planned host's senders (planner.h, "Cost"). Cases with many hosts of each kind,
-// where that matters: DP scale-downs (every host receives from the same stages'
-// replicas), a lost host re-planned from replicas, TP and PP changes, uneven stages,
-// uneven TP and DP splits (spec §9), ZeRO-1, tied embeddings (their group spans the first and last
-// stage, joining those stages' senders), hosts holding part of a stage, and shuffled placements;
-// every host's plan against the full plan filtered to it.
+// the planned host's senders (planner.h, "Cost"): cases with many hosts of each kind
+// (ManyHostCases; tied embeddings join the first and last stage's senders), every host's
+// plan against the full plan filtered to it.
 TEST(PlannerTest, HostPlansOfManyHostsAreTheFullPlanFilteredByHost) {
-  struct Case {
-    bool tied;
-    const char* from;
-    const char* to;
-    int gpus;
-    int lost;  // a host of the old layout, or -1
-    bool shuffled;
-  };
-  const Case cases[] = {
-      {false, "tp=2,pp=4,dp=8", "tp=2,pp=4,dp=7", 2, -1, false},
-      {true, "tp=2,pp=4,dp=8", "tp=2,pp=4,dp=6", 4, -1, false},
-      {true, "tp=2,pp=4,dp=8", "tp=2,pp=4,dp=7", 2, 3, false},
-      {false, "tp=2,pp=4,dp=6", "tp=1,pp=8,dp=6", 2, -1, false},
-      {true, "tp=2,pp=3,layers=3+3+2,dp=6", "tp=2,pp=4,layers=1+3+3+1,dp=5", 2, -1, false},
-      {false, "tp=2,pp=2,dp=6,zero=1", "tp=2,pp=4,dp=3", 4, 1, false},
-      {true, "tp=2,pp=4,dp=4", "tp=4,pp=2,dp=5,zero=1", 3, -1, false},
-      {true, "tp=2,pp=4,dp=6", "tp=2,pp=4,dp=5", 2, -1, true},
-      {true, "tp=2,pp=4,dp=6", "tp=2,tp_weights=2+1,pp=4,dp=5", 2, -1, false},
-      {false, "tp=2,tp_weights=1+3,pp=2,dp=6,dp_weights=2+1+1+1+1+1,zero=1",
-       "tp=4,tp_weights=1+1+1+2,pp=2,dp=3", 4, 2, false},
-  };
   std::mt19937 rng(36);
-  for (const Case& c : cases) {
-    Model m = SmallGpt(8, 32, 4, c.tied);
-    auto from = MakeLayout(m, *ParseConfig(c.from));
-    auto to = MakeLayout(m, *ParseConfig(c.to));
-    ASSERT_TRUE(from.ok() && to.ok())
-        << c.from << " -> " << c.to << ": " << (from.ok() ? to.status() : from.status()).ToString();
-    SCOPED_TRACE(std::string(c.from) + " -> " + c.to + ", " + std::to_string(c.gpus) +
-                 " GPUs per host, lost host " + std::to_string(c.lost));
-    std::vector<int> fh = RandomHosts(rng, from->world_size(), c.gpus, c.shuffled);
-    std::vector<int> th = RandomHosts(rng, to->world_size(), c.gpus, c.shuffled);
-    if (c.lost >= 0) {
-      // As the coordinator places: new rank r on the (r / gpus)-th live host.
-      for (int& h : fh) h = h == c.lost ? kLostHost : h;
-      for (int r = 0; r < to->world_size(); ++r) {
-        const int slot = r / c.gpus;
-        th[r] = slot < c.lost ? slot : slot + 1;
-      }
-    }
-    ExpectHostPlansFilterFullPlan(m, *from, *to, fh, th);
+  for (const PlanCase& c : ManyHostCases(rng)) {
+    SCOPED_TRACE(c.label);
+    ExpectHostPlansFilterFullPlan(c.own, c.from, c.to, c.fh, c.th);
     if (HasFatalFailure()) return;
   }
 }

@@ -72,16 +72,21 @@ void ThreadPool::ParallelFor(std::size_t n, const std::function<void(std::size_t
 }
 
 void ForEachConcurrently(std::size_t n, std::size_t max_threads,
-                         const std::function<void(std::size_t)>& fn) {
+                         const std::function<void(std::size_t, std::size_t)>& fn) {
   std::atomic<std::size_t> next{0};
-  auto run = [&] {
-    for (std::size_t i = next++; i < n; i = next++) fn(i);
+  auto run = [&](std::size_t worker) {
+    for (std::size_t i = next++; i < n; i = next++) fn(worker, i);
   };
   const std::size_t threads = std::min(n, std::max<std::size_t>(1, max_threads));
   std::vector<std::thread> helpers;
-  for (std::size_t t = 1; t < threads; ++t) helpers.emplace_back(run);
-  run();
+  for (std::size_t t = 1; t < threads; ++t) helpers.emplace_back(run, t);
+  run(0);
   for (std::thread& t : helpers) t.join();
+}
+
+void ForEachConcurrently(std::size_t n, std::size_t max_threads,
+                         const std::function<void(std::size_t)>& fn) {
+  ForEachConcurrently(n, max_threads, [&](std::size_t, std::size_t i) { fn(i); });
 }
 
 ThreadPool& ThreadPool::Default() {

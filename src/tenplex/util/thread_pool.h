@@ -73,6 +73,10 @@ class ThreadPool {
 // phase asks thousands of hosts at once this way instead of one after the other.
 void ForEachConcurrently(std::size_t n, std::size_t max_threads,
                          const std::function<void(std::size_t)>& fn);
+// The same with fn(worker, i), worker in [0, threads) naming the thread (the caller is 0),
+// for computation that keeps per-thread state (the planner's tensors, planner.h).
+void ForEachConcurrently(std::size_t n, std::size_t max_threads,
+                         const std::function<void(std::size_t, std::size_t)>& fn);
 
 // How many control requests a coordinator has in flight at once (ForEachConcurrently).
 inline constexpr std::size_t kControlConcurrency = 64;
