@@ -47,6 +47,9 @@ SCALE_HW = {
     "memory_gbyte_s": 20,
     "map_gbyte_s": 50,
     "pfs_gbyte_s": 2000,
+    # The coordinator plans on 64 threads (a GPU host has 2 x 56 cores, e.g. a DGX H100):
+    # the simulator fits one thread's time and this machine's to that (simulate.h).
+    "coordinator_threads": 64,
 }
 # `tenplex model gpt` arguments of each model, and its layers.
 LLAMA3_405B = [
@@ -216,15 +219,15 @@ def scale_changes(n_layers: int, dp: int) -> list[tuple[str, str, str, list[int]
 
 
 def plan_cell(r: dict[str, Any]) -> str:
-    """Coordinator / each agent / the whole plan: sampled runs have no whole plan (its
-    cells are the slowest kind's per-host plan, bracketed)."""
+    """Coordinator (on its threads) / each agent / the whole plan on one thread: sampled
+    runs have no whole plan (its cells are the slowest kind's per-host plan, bracketed)."""
     m, p = r["measured"], r["prediction"]
     if r["mode"] == "sample":
         return "(%.2f) / %.2f / -" % (p["coordinator_plan_seconds"], m["critical_host_plan_seconds"])
     return "%.2f / %.2f / %.2f" % (
         p["coordinator_plan_seconds"],
         m["critical_host_plan_seconds"],
-        m["plan_seconds"],
+        m.get("plan_seconds_one_thread") or m.get("plan_seconds_here") or m["plan_seconds"],
     )
 
 

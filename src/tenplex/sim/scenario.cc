@@ -98,6 +98,7 @@ Result<ClusterModel> ParseCluster(const json& c) {
   TP_ASSIGN_OR_RETURN(m.json_gbyte_s, Number(c, w, "json_gbyte_s", 0, false));
   TP_ASSIGN_OR_RETURN(m.pfs_gbyte_s, Number(c, w, "pfs_gbyte_s", 0, false));
   TP_ASSIGN_OR_RETURN(m.lost_detect_s, Number(c, w, "lost_detect_s", 0, false, 86400));
+  TP_ASSIGN_OR_RETURN(m.coordinator_threads, Int(c, w, "coordinator_threads", 0, 0, 4096));
   if (auto it = c.find("presized"); it != c.end()) {
     if (!it->is_boolean()) return InvalidArgument("cluster.presized must be true or false");
     m.presized = it->get<bool>();

@@ -42,6 +42,9 @@ struct ClusterModel {
   double pfs_gbyte_s = 0;         // aggregate parallel-FS read bandwidth; 0: no comparison
   double lost_detect_s = 0;       // per lost host, before it is given up (0: refused at once)
   bool presized = false;          // new tensors pre-sized in the page pools (transform --presize)
+  // Threads the coordinator plans and digests on (MakePlan and HostPlanParts split their
+  // work: planner.h, "Parallel"); 0: this machine's hardware threads, measured as is.
+  int coordinator_threads = 0;
   double Straggler(int host) const {
     return host >= 0 && static_cast<std::size_t>(host) < straggler.size() ? straggler[host] : 1.0;
   }

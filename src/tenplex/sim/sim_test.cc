@@ -3,6 +3,7 @@
 // link decision, the lost-host re-plan, and bad scenarios.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 
 #include "tenplex/plan/planner_testing.h"
@@ -284,6 +285,42 @@ TEST(Simulate, SampledHostsHaveTheFullPlansBytes) {
       << r.status().ToString();
 }
 
+// The coordinator's plan and digests on another number of threads than this machine's
+// (simulate.h): measured on one thread and on this machine's, and fitted. On one thread
+// the fit is the one-thread measurement; on this machine's, this machine's; in between
+// and beyond, serial + parallel / threads, between the serial part and both
+// measurements. Without coordinator_threads, what was measured here.
+TEST(Simulate, CoordinatorThreadsFitTheMeasurements) {
+  auto run = [](int threads) {
+    std::string cluster = threads < 0 ? "{}" : R"({"coordinator_threads": )" +
+                                                   std::to_string(threads) + "}";
+    auto s = ParseScenario(GptScenario("tp=2,pp=2,dp=4", "tp=2,pp=2,dp=3", 4, cluster));
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    auto r = Simulate(*s);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r->costs;
+  };
+  const MeasuredCosts as_is = run(-1);
+  EXPECT_GE(as_is.threads, 1);
+  EXPECT_EQ(as_is.plan_s, as_is.plan_here_s);
+  EXPECT_EQ(as_is.digest_s, as_is.digest_here_s);
+  EXPECT_EQ(as_is.plan_one_s, 0);
+  if (as_is.threads == 1) GTEST_SKIP() << "one hardware thread: nothing to fit against";
+  const MeasuredCosts one = run(1);
+  EXPECT_GT(one.plan_one_s, 0);
+  EXPECT_EQ(one.plan_s, one.plan_one_s);
+  EXPECT_EQ(one.digest_s, one.digest_one_s);
+  const MeasuredCosts many = run(64);
+  EXPECT_GT(many.plan_one_s, 0);
+  EXPECT_LE(many.plan_s, std::max(many.plan_here_s, many.plan_one_s) + 1e-12);
+  EXPECT_LE(many.digest_s, std::min(many.digest_here_s, many.digest_one_s) + 1e-12);
+  EXPECT_GE(many.plan_s, 0);
+  const double n = many.threads;
+  const double par =
+      std::clamp((many.plan_one_s - many.plan_here_s) * n / (n - 1), 0.0, many.plan_one_s);
+  EXPECT_NEAR(many.plan_s, many.plan_one_s - par + par / 64, 1e-12);
+}
+
 TEST(Scenario, BadInputIsNamed) {
   struct Case {
     std::string text, needle;
@@ -304,6 +341,10 @@ TEST(Scenario, BadInputIsNamed) {
        "factor must be >= 1"},
       {GptScenario("tp=1", "tp=2", 8, R"({"stragglers": [{"factor": 2}]})"), "has no host"},
       {GptScenario("tp=1", "tp=2", 8, R"({"lost_hosts": [-1]})"), "is not a host index"},
+      {GptScenario("tp=1", "tp=2", 8, R"({"coordinator_threads": 1.5})"),
+       "cluster.coordinator_threads must be an integer"},
+      {GptScenario("tp=1", "tp=2", 8, R"({"coordinator_threads": 5000})"),
+       "cluster.coordinator_threads must be in [0, 4096]"},
       {GptScenario("tp=1", "tp=2", 0, "{}"), "from.gpus_per_host must be in [1, 1024]"},
       {GptScenario("tp=1", "tp=2", 8, "{}").substr(0, 10) + "}", "not valid JSON"},
       {R"({"model": "gpt3-125m", "from": {"config": "tp=1"}, "to": {"config": "tp=1"},

@@ -7,6 +7,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <thread>
 
 #include "tenplex/cluster/control_protocol.h"
 #include "tenplex/io/state_info.h"
@@ -138,6 +139,22 @@ cluster::PrepareRequest MakeRequest(const Model& model, const Scenario& s, const
   return q;
 }
 
+// Whether the coordinator's threads differ from this machine's (that can be fitted): its
+// plan and digests are then measured on one thread too.
+bool Fitted(const Scenario& s, const MeasuredCosts& c) {
+  const int want = s.cluster.coordinator_threads;
+  return want > 0 && want != c.threads && c.threads > 1;
+}
+
+// A time measured on this machine's threads (`here`) and, when Fitted, on one (`one`),
+// on the coordinator's threads: serial + parallel / threads (simulate.h).
+double OnCoordinator(const Scenario& s, const MeasuredCosts& c, double here, double one) {
+  if (!Fitted(s, c)) return here;
+  const double n = c.threads;
+  const double parallel = std::clamp((one - here) * n / (n - 1), 0.0, one);
+  return (one - parallel) + parallel / s.cluster.coordinator_threads;
+}
+
 // The coordinator's digests, request encoding and decoding, JSON parse rate: the real
 // code, timed. The digests are every host's part (cluster::HostPlanParts); the request
 // measured is the one of the participant with the most tensors served (the longest).
@@ -147,8 +164,14 @@ Status MeasureControl(const Model& model, const Scenario& s, const plan::Plan* p
   int host = r.hosts.participants.empty() ? 0 : r.hosts.participants[0];
   if (p != nullptr) {
     std::vector<cluster::HostPart> parts;
-    r.costs.digest_s = TimeIt(
-        [&] { parts = cluster::HostPlanParts(*p, r.from_hosts, r.to_hosts, r.hosts.asked); });
+    auto digest = [&](int threads) {
+      return TimeIt([&] {
+        parts = cluster::HostPlanParts(*p, r.from_hosts, r.to_hosts, r.hosts.asked, threads);
+      });
+    };
+    r.costs.digest_here_s = digest(r.costs.threads);
+    if (Fitted(s, r.costs)) r.costs.digest_one_s = digest(1);
+    r.costs.digest_s = OnCoordinator(s, r.costs, r.costs.digest_here_s, r.costs.digest_one_s);
     const std::vector<int>& hosts = r.hosts.participants;
     auto longest = std::max_element(hosts.begin(), hosts.end(), [&](int x, int y) {
       return parts[x].served.size() < parts[y].served.size();
@@ -182,11 +205,19 @@ Status MeasureControl(const Model& model, const Scenario& s, const plan::Plan* p
 Status SimulateFull(const Model& model, const Scenario& s, const Layout& from, const Layout& to,
                     SimResult& r) {
   r.mode = "full";
+  r.costs.threads = static_cast<int>(std::max(1U, std::thread::hardware_concurrency()));
+  if (Fitted(s, r.costs)) {  // one thread first, freed before the plan that is kept
+    const auto t0 = Clock::now();
+    TP_RETURN_IF_ERROR(plan::MakePlan(model, from, to, r.from_hosts, r.to_hosts, 1).status());
+    r.costs.plan_one_s = Since(t0);
+  }
   const int64_t heap0 = HeapBytes();
   const auto t0 = Clock::now();
-  TP_ASSIGN_OR_RETURN(plan::Plan p, plan::MakePlan(model, from, to, r.from_hosts, r.to_hosts));
-  r.costs.plan_s = Since(t0);
+  TP_ASSIGN_OR_RETURN(plan::Plan p, plan::MakePlan(model, from, to, r.from_hosts, r.to_hosts,
+                                                   r.costs.threads));
+  r.costs.plan_here_s = Since(t0);
   r.costs.plan_heap = std::max<int64_t>(0, HeapBytes() - heap0);
+  r.costs.plan_s = OnCoordinator(s, r.costs, r.costs.plan_here_s, r.costs.plan_one_s);
   r.plan = p.stats;
   r.traffic = CountTraffic(p, from, to, r.from_hosts, r.to_hosts, r.hosts.asked);
   TP_RETURN_IF_ERROR(MeasureControl(model, s, &p, r));

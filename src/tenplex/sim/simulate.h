@@ -35,6 +35,8 @@
 // (Before issue 36's fix: 6 requests per host one after the other, 3 of them carrying
 // the info: N·6·rt + N·3·I·(1/B + 1/J), O(N²); `docs/scale.md` shows both.)
 //   coordinator plan = plan_s + digest_s                  (MakePlan, HostPlanParts)
+//            on the coordinator's threads: measured on this machine's, and fitted from
+//            one thread and this machine's when the scenario names another number
 // Prepare round: the coordinator encodes the request once (Q bytes; only "host" and its
 // part differ per participant) and sends every participant its copy, through its one NIC;
 // participant p starts at
@@ -81,9 +83,17 @@ namespace tenplex::sim {
 
 // Costs of computation, measured once (identical on every host but for s_h).
 struct MeasuredCosts {
-  double plan_s = 0;           // MakePlan (or, sampled, the slowest per-host plan)
-  int64_t plan_heap = 0;       // heap bytes the live plan holds (mallinfo2)
-  double digest_s = 0;         // HostPlanParts of that plan (every host's digest)
+  // MakePlan on the coordinator's threads (or, sampled, the slowest per-host plan), and
+  // HostPlanParts of that plan (every host's digest); from the measurements below.
+  double plan_s = 0;
+  int64_t plan_heap = 0;  // heap bytes the live plan holds (mallinfo2)
+  double digest_s = 0;
+  // Full mode, measured here on `threads` (this machine's hardware threads) and, when
+  // the coordinator has another number, on one: the coordinator's time is then
+  //   serial + parallel / coordinator_threads,  serial + parallel = one-thread time,
+  //   serial + parallel / threads = the time on `threads` (Amdahl, fitted).
+  int threads = 1;
+  double plan_here_s = 0, plan_one_s = 0, digest_here_s = 0, digest_one_s = 0;
   double encode_s = 0;         // EncodePrepare of one request
   double decode_s = 0;         // DecodePrepare of one request
   int64_t request_bytes = 0;   // one encoded prepare request
