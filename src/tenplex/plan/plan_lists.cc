@@ -3,7 +3,9 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <utility>
 
 #include "tenplex/util/thread_pool.h"
@@ -43,6 +45,40 @@ void JoinInOrder(std::vector<std::vector<CopyOp>>& lists, int threads, bool shif
     }
     std::vector<CopyOp>().swap(lists[t]);
   });
+}
+
+void PackInOrder(const std::vector<std::size_t>& slot, const std::vector<std::size_t>& count,
+                 std::vector<std::vector<CopyOp>>& spill, int threads, std::vector<CopyOp>& ops) {
+  const std::size_t n = count.size();
+  bool spilled = false;
+  for (std::size_t t = 0; t < n; ++t) spilled = spilled || count[t] > slot[t + 1] - slot[t];
+  if (spilled) {  // rare (a need cut into several ops): per-tensor lists, joined
+    std::vector<std::vector<CopyOp>> lists(n);
+    for (std::size_t t = 0; t < n; ++t) {
+      if (count[t] > slot[t + 1] - slot[t]) {
+        lists[t] = std::move(spill[t]);
+        continue;
+      }
+      const auto first = ops.begin() + static_cast<std::ptrdiff_t>(slot[t]);
+      lists[t].assign(std::make_move_iterator(first),
+                      std::make_move_iterator(first + static_cast<std::ptrdiff_t>(count[t])));
+    }
+    std::vector<CopyOp>().swap(ops);
+    JoinInOrder(lists, threads, true, ops);
+    return;
+  }
+  // Every tensor moves to the front or stays: in tensor order, each op's new place is
+  // before its old one and no longer holds an op still to move.
+  std::size_t at = 0;
+  for (std::size_t t = 0; t < n; ++t) {
+    for (std::size_t i = 0; i < count[t]; ++i) {
+      CopyOp& op = ops[slot[t] + i];
+      if (op.src_new) op.after += static_cast<int64_t>(at);
+      if (at + i != slot[t] + i) ops[at + i] = std::move(op);
+    }
+    at += count[t];
+  }
+  ops.resize(at);
 }
 
 }  // namespace tenplex::plan

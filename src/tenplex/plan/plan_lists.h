@@ -25,4 +25,10 @@ void FinalizeStats(Plan& plan, int num_hosts, std::vector<int64_t> sent,
 void JoinInOrder(std::vector<std::vector<CopyOp>>& lists, int threads, bool shift,
                  std::vector<CopyOp>& out);
 
+// Tensor t's count[t] ops at ops[slot[t] ..), or, when they did not fit there (more than
+// slot[t + 1] - slot[t]), in spill[t], packed in tensor order at the front of `ops`
+// (`after` shifted by the ops before), which keeps only them.
+void PackInOrder(const std::vector<std::size_t>& slot, const std::vector<std::size_t>& count,
+                 std::vector<std::vector<CopyOp>>& spill, int threads, std::vector<CopyOp>& ops);
+
 }  // namespace tenplex::plan

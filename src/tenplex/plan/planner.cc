@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <string>
@@ -109,19 +110,25 @@ class Planner {
     return true;
   }
 
-  // Pass 2: tensor tid's ops and kept regions, `after` indexing `ops`, as MakePlan's
-  // serial loop makes them when its sends so far are `bases`; the statistics add up in
-  // this planner (TakeStats).
-  Status PlanOneTensor(int32_t tid, const SetBases& bases, std::vector<CopyOp>& ops,
+  // Pass 2: tensor tid's ops and kept regions, `after` indexing its ops, as MakePlan's
+  // serial loop makes them when its sends so far are `bases`. The ops go to slot[0,
+  // room) when they fit (count: how many), else to `spill`; the statistics add up in
+  // this planner (AddStats). Its op list is a scratch buffer reused from tensor to tensor.
+  Status PlanOneTensor(int32_t tid, const SetBases& bases, CopyOp* slot, std::size_t room,
+                       std::size_t& count, std::vector<CopyOp>& spill,
                        std::vector<CopyOp>& kept) {
     for (const auto& [set, sends] : bases) sends_[set] = sends;
     plan_.ops.clear();
-    plan_.ops.reserve(ix_.needs[tid].size());  // as Run reserves for every tensor
-    HugePages(plan_.ops.data(), plan_.ops.capacity() * sizeof(CopyOp));
     plan_.kept.clear();
     Status status = PlanTensor(tid);
-    ops = std::move(plan_.ops);
-    kept = std::move(plan_.kept);
+    count = plan_.ops.size();
+    if (count <= room) {
+      std::move(plan_.ops.begin(), plan_.ops.end(), slot);
+    } else {
+      spill = std::move(plan_.ops);
+    }
+    kept.assign(std::make_move_iterator(plan_.kept.begin()),
+                std::make_move_iterator(plan_.kept.end()));
     return status;
   }
 
@@ -519,20 +526,29 @@ Result<Plan> RunParallel(const Model& model, const Layout& from, const Layout& t
   std::vector<SetBases> bases;
   if (threads <= 1 || !Planner(ix, from, to, from_hosts, to_hosts, -1).CountSends(bases))
     return Planner(ix, from, to, from_hosts, to_hosts, -1).Run();
+  // Each tensor's ops go to a slot of the plan's list as large as its needs (the serial
+  // loop reserves as much), then are packed in tensor order.
   const std::size_t n = ix.needs.size();
-  std::vector<std::vector<CopyOp>> ops(n), kept(n);
+  std::vector<std::size_t> slot(n + 1, 0), count(n, 0);
+  for (std::size_t t = 0; t < n; ++t) slot[t + 1] = slot[t] + ix.needs[t].size();
+  Plan plan;
+  plan.tensors = ix.names;
+  plan.stats.bytes_total = ix.bytes_total;
+  plan.ops.reserve(slot[n]);
+  HugePages(plan.ops.data(), plan.ops.capacity() * sizeof(CopyOp));
+  plan.ops.resize(slot[n]);
+  std::vector<std::vector<CopyOp>> spill(n), kept(n);
   std::vector<Status> status(n, Status::Ok());
   std::vector<std::unique_ptr<Planner>> workers;
   for (int w = 0; w < threads; ++w)
     workers.push_back(std::make_unique<Planner>(ix, from, to, from_hosts, to_hosts, -1));
   ForEachConcurrently(n, threads, [&](std::size_t w, std::size_t t) {
-    status[t] = workers[w]->PlanOneTensor(static_cast<int32_t>(t), bases[t], ops[t], kept[t]);
+    status[t] = workers[w]->PlanOneTensor(static_cast<int32_t>(t), bases[t],
+                                          plan.ops.data() + slot[t], slot[t + 1] - slot[t],
+                                          count[t], spill[t], kept[t]);
   });
   for (const Status& s : status) TP_RETURN_IF_ERROR(s);
-  Plan plan;
-  plan.tensors = ix.names;
-  plan.stats.bytes_total = ix.bytes_total;
-  JoinInOrder(ops, threads, true, plan.ops);
+  PackInOrder(slot, count, spill, threads, plan.ops);
   JoinInOrder(kept, threads, false, plan.kept);
   std::vector<int64_t> recv(ix.num_hosts, 0), sent(ix.num_hosts, 0);
   for (const auto& w : workers) w->AddStats(plan.stats, recv, sent);

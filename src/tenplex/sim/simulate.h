@@ -89,9 +89,10 @@ struct MeasuredCosts {
   int64_t plan_heap = 0;  // heap bytes the live plan holds (mallinfo2)
   double digest_s = 0;
   // Full mode, measured here on `threads` (this machine's hardware threads) and, when
-  // the coordinator has another number, on one: the coordinator's time is then
-  //   serial + parallel / coordinator_threads,  serial + parallel = one-thread time,
-  //   serial + parallel / threads = the time on `threads` (Amdahl, fitted).
+  // the coordinator has another number, on one (alternated, the fastest of two or three
+  // each, after an untimed plan: simulate.cc, TimePlanThreads); the coordinator's time is
+  //   serial + parallel / coordinator_threads, where serial + parallel = one-thread time
+  //   and serial + parallel / threads = the time on `threads` (Amdahl, fitted).
   int threads = 1;
   double plan_here_s = 0, plan_one_s = 0, digest_here_s = 0, digest_one_s = 0;
   double encode_s = 0;         // EncodePrepare of one request
