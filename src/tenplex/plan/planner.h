@@ -59,9 +59,11 @@
 // run on across tensors. MakePlan therefore counts first, on one thread, each host
 // set's sends before every tensor, from what one host of each kind sends per tensor
 // times the kind's hosts (as MakeHostPlan counts, with every host counted), and then
-// plans the tensors on several threads, each starting from its counted numbers; the
-// tensors' ops are joined in tensor order. The plan is the serial one, op for op. A
-// need no replica covers stops the count, and the serial loop then names it.
+// plans the tensors on several threads, each starting from its counted numbers. Each
+// tensor's ops go to a slot of the plan's op list as large as its needs (the serial loop
+// reserves as much), and are then packed in tensor order, so the parallel plan touches
+// no more memory than the serial one. The plan is the serial one, op for op. A need no
+// replica covers stops the count, and the serial loop then names it.
 //
 // Determinism: inputs are visited in fixed orders (global tensor order of the model,
 // host, rank, local tensor, piece) and ties are broken by host then rank, so every
