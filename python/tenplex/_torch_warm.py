@@ -10,7 +10,8 @@ earlier one would pay it inside the new world's first step, i.e. inside the
 reconfiguration (the leave of `membership_leave` spent 0.8 s of its 1.34 s first step
 there). Running the same call once on a one-element tensor before the worker reports
 ready moves that cost to the worker's start, before its host registers, where the
-imports of torch itself already are.
+imports of torch itself already are. Warm workers of ``tenplex run --warm``
+(``tenplex.warm.serve``) do the same when they start, for the same reason.
 """
 
 import logging

@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from . import handoff
+from ._torch_warm import warm_backward
 
 # Seconds after an abort at which a worker that has not parked yet dumps its threads' stacks.
 NOT_PARKED_DUMP_S = 10.0
@@ -254,6 +255,9 @@ def serve(args, argv, parse_args, run_segment):
     (--warm-spare, started ahead of the world that needs it) parks first."""
     control = Control(args.warm_control, args.timeout)
     base = user_args(list(argv))
+    # A warm worker may move from the last stage to an earlier one in a later segment:
+    # the imports of its first backward with a gradient are paid here, not there.
+    warm_backward()
     # What is loaded by now (torch, the client's modules) lives as long as the process:
     # out of the collector's sight, a full collection (each park, and the automatic
     # ones during steps) takes a millisecond instead of 0.1-0.4 s.
