@@ -1,56 +1,51 @@
-#!/usr/bin/env python3
 """Integration tests of the reference GPT client (examples/gpt).
 
-  gpt_train_test.py TENPLEX_BIN equivalence   same steps in many parallel configs give the
-                                              losses and samples of an independent
-                                              single-process reference; every saved
-                                              checkpoint matches `tenplex layout --json`
-                                              (names, dtypes, shapes), padding is zero and
-                                              replicas agree
-  gpt_train_test.py TENPLEX_BIN resume        save in config A at step k, convert (with
-                                              `tenplex reshard` when it exists, and always
-                                              with the re-slicer below), load in config B,
-                                              continue: the losses of an uninterrupted run
-  gpt_train_test.py TENPLEX_BIN errors        bad input is a clear error, never a hang
+Under pytest (issue 32 §4), ctests gpt_train_equivalence, gpt_train_resume and
+gpt_train_errors, each one test function, TENPLEX_BIN the CLI under test:
+
+    python -m pytest tests/gpt_train_test.py::test_equivalence
+
+test_equivalence  same steps in many parallel configs give the losses and samples of an
+                  independent single-process reference; every saved checkpoint matches
+                  `tenplex layout --json` (names, dtypes, shapes), padding is zero and
+                  replicas agree
+test_resume       save in config A at step k, convert (with `tenplex reshard` when it
+                  exists, and always with the re-slicer below), load in config B,
+                  continue: the losses of an uninterrupted run
+test_errors       bad input is a clear error, never a hang
 
 The reference (`reference_losses`) is written independently of the client: global
 tensors, plain torch ops, F.cross_entropy, torch.optim.AdamW and clip_grad_norm_. It
 shares only the inputs with the client: the initial values (model.init_global) and the
 data (data.step_samples, data.Corpus). The re-slicer works from the C++ layout's pieces.
-Both, and the checkpoint and hand-off checks, are in tests/gpt_train_testing.py.
+Both, and the checkpoint and hand-off checks, are in tests/gpt_train_testing.py, which
+imports examples/gpt: the `client` fixture imports it once the `examples_gpt` fixture
+(tests/conftest.py) has put examples/gpt on the path, and sets its BIN to the CLI under
+test; tests/reference's data_ref comes from the `references` fixture.
 """
 
+from __future__ import annotations
+
+import dataclasses
+import importlib
 import json
+import logging
 import os
 import shutil
 import subprocess
 import sys
-import tempfile
+from collections.abc import Iterator, Sequence
+from types import ModuleType, SimpleNamespace
+from typing import Any
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
-GPT = os.path.join(ROOT, "examples", "gpt")
-sys.path.insert(0, GPT)
-sys.path.insert(0, os.path.join(ROOT, "python"))
-sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
+import pytest
+import torch
 
-import data  # noqa: E402
-import data_ref  # noqa: E402  (independent pure-Python sample order)
-import gpt_train_testing  # noqa: E402  (tests/: the reference and the checkpoint checks)
-import torch  # noqa: E402
-from gpt_train_testing import (  # noqa: E402
-    check,
-    gather_globals,
-    handoff_to_checkpoint,
-    make_handoff,
-    reference_losses,
-    reslice,
-)
+from tenplex import checkpoint, safetensors
 
-from tenplex import checkpoint, safetensors  # noqa: E402
+_log = logging.getLogger(__name__)
 
-PY = sys.executable  # the project interpreter (.venv/bin/python) that runs this file
-BIN = None
-TMP = None
+Step = dict[str, Any]
 STEPS = 4
 CONFIG_TOL = 1e-5  # relative, between parallel configs (measured: ~1e-7)
 REFERENCE_TOL = 1e-4  # relative, client vs single-process reference (measured: ~1e-6)
@@ -107,21 +102,31 @@ BF16 = [
 TRAIN = ["--global-batch-size", "8", "--micro-batch-size", "2", "--seq-length", "48"]
 
 
-def make_model(name, args):
-    path = os.path.join(TMP, name + ".json")
-    subprocess.run([BIN, "model", "gpt", "-o", path] + args, check=True)
-    return path
+@dataclasses.dataclass
+class Client:
+    """The CLI under test, the test's directory, examples/gpt (`dir`, its `data` module)
+    and the references (`testing`: gpt_train_testing, `data_ref`)."""
 
+    tenplex: str
+    tmp: str
+    dir: str
+    data: ModuleType
+    testing: ModuleType
+    data_ref: ModuleType
 
-def train(config, model, steps, tag, extra=()):
-    """Runs the client through launch.py; returns the log records."""
-    log = os.path.join(TMP, f"{tag}.jsonl")
-    if os.path.exists(log):
-        os.unlink(log)
-    args = (
-        [
-            PY,
-            os.path.join(GPT, "launch.py"),
+    def model(self, name: str, args: list[str]) -> str:
+        path = os.path.join(self.tmp, name + ".json")
+        subprocess.run([self.tenplex, "model", "gpt", "-o", path] + args, check=True)
+        return path
+
+    def train(self, config: str, model: str | None, steps: int, tag: str, extra: Sequence[str] = ()) -> list[Step]:
+        """Runs the client through launch.py; returns the log records."""
+        log = os.path.join(self.tmp, f"{tag}.jsonl")
+        if os.path.exists(log):
+            os.unlink(log)
+        args = [
+            sys.executable,
+            os.path.join(self.dir, "launch.py"),
             "--config",
             config,
             "--timeout",
@@ -130,88 +135,97 @@ def train(config, model, steps, tag, extra=()):
             str(steps),
             "--log",
             log,
+            *TRAIN,
+            *extra,
         ]
-        + TRAIN
-        + list(extra)
-    )
-    if model:
-        args += ["--model", model]
-    r = subprocess.run(args, capture_output=True, text=True)
-    check(r.returncode == 0, f"{tag}: train failed ({r.returncode}):\n{r.stderr[-3000:]}")
-    for line in r.stderr.splitlines():
-        if "s/step" in line:
-            print(f"  {tag}: {line.split(': ', 1)[1]}", flush=True)
-    with open(log) as f:
-        return [j for j in map(json.loads, f) if "event" not in j]  # steps, not checkpoint events
+        if model:
+            args += ["--model", model]
+        r = subprocess.run(args, capture_output=True, text=True)
+        assert r.returncode == 0, f"{tag}: train failed ({r.returncode}):\n{r.stderr[-3000:]}"
+        for line in r.stderr.splitlines():
+            if "s/step" in line:
+                _log.info("  %s: %s", tag, line.split(": ", 1)[1])
+        with open(log) as f:
+            return [j for j in map(json.loads, f) if "event" not in j]  # steps, not checkpoint events
+
+    def has_command(self, name: str) -> bool:
+        r = subprocess.run([self.tenplex, "--help"], capture_output=True, text=True)
+        return any(line.split()[:1] == [name] for line in r.stdout.splitlines())
 
 
-def rel(a, b):
+@pytest.fixture
+def client(examples_gpt: str, tenplex: str, tmp: str, references: SimpleNamespace) -> Iterator[Client]:
+    """The test's Client; torch on one thread (the reference's) for the test."""
+    testing = importlib.import_module("gpt_train_testing")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(testing, "BIN", os.path.abspath(tenplex))
+            yield Client(tenplex, tmp, examples_gpt, importlib.import_module("data"), testing, references.data_ref)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def rel(a: float, b: float) -> float:
     return abs(a - b) / max(abs(b), 1e-12)
 
 
-def compare(tag, got, want, tol, first_step=0):
-    check(len(got) == len(want), f"{tag}: {len(got)} steps logged, expected {len(want)}")
+def compare(tag: str, got: list[Step], want: list[Step], tol: float) -> float:
+    assert len(got) == len(want), f"{tag}: {len(got)} steps logged, expected {len(want)}"
     worst = 0.0
     for g, w in zip(got, want):
-        check(g["step"] == w["step"], f"{tag}: step {g['step']} where {w['step']} was expected")
-        check(g["samples"] == w["samples"], f"{tag}: step {g['step']} samples {g['samples']} != {w['samples']}")
+        assert g["step"] == w["step"], f"{tag}: step {g['step']} where {w['step']} was expected"
+        assert g["samples"] == w["samples"], f"{tag}: step {g['step']} samples {g['samples']} != {w['samples']}"
         worst = max(worst, rel(g["loss"], w["loss"]))
-        check(
-            rel(g["loss"], w["loss"]) <= tol,
-            f"{tag}: step {g['step']} loss {g['loss']!r} vs {w['loss']!r} (relative {rel(g['loss'], w['loss']):.2e})",
+        assert rel(g["loss"], w["loss"]) <= tol, (
+            f"{tag}: step {g['step']} loss {g['loss']!r} vs {w['loss']!r} (relative {rel(g['loss'], w['loss']):.2e})"
         )
-    print(f"  {tag}: {len(got)} steps, largest relative loss difference {worst:.2e}", flush=True)
+    _log.info("  %s: %d steps, largest relative loss difference %.2e", tag, len(got), worst)
     return worst
 
 
-def test_handoff(full):
+def check_handoff(c: Client, full: list[Step]) -> None:
     """The `tenplex run` protocol: --state-out into store files, --state-in from them
     (`full`: an uninterrupted run of the llama model in tp=2,dp=2,zero=1)."""
-    model = make_model("llama", LLAMA)
-    c, k = "tp=2,dp=2,zero=1", 2
-    out = make_handoff(model, c, os.path.join(TMP, "shm-0"), 0, 0)
-    first = train(c, None, k, "handoff_first", ["--state-out", out, "--model", "no-such-file", "--start-step", "0"])
+    model = c.model("llama", LLAMA)
+    cfg, k = "tp=2,dp=2,zero=1", 2
+    out = c.testing.make_handoff(model, cfg, os.path.join(c.tmp, "shm-0"), 0, 0)
+    first = c.train(cfg, None, k, "handoff_first", ["--state-out", out, "--model", "no-such-file", "--start-step", "0"])
     compare("hand-off: first steps", first, full[:k], 0.0)
     with open(out + ".result") as f:
         res = json.load(f)
-    check(res == {"step": k, "samples_consumed": k * 8}, f"{out}.result is {res}")
+    assert res == {"step": k, "samples_consumed": k * 8}, f"{out}.result is {res}"
     with open(out) as f:  # the runner commits the version with the result's position
         h = json.load(f)
     h.update(res)
     with open(out, "w") as f:
         json.dump(h, f)
-    ck = os.path.join(TMP, "handoff_ck")
-    handoff_to_checkpoint(out, ck)
-    gather_globals(ck, model)  # layout, padding and replicas of what the workers wrote
-    rest = train(c, model, STEPS - k, "handoff_rest", ["--state-in", out, "--start-step", str(k)])
-    compare(f"hand-off {c}: --state-out at step {k}, --state-in", rest, full[k:], 0.0)
+    ck = os.path.join(c.tmp, "handoff_ck")
+    c.testing.handoff_to_checkpoint(out, ck)
+    c.testing.gather_globals(ck, model)  # layout, padding and replicas of what the workers wrote
+    rest = c.train(cfg, model, STEPS - k, "handoff_rest", ["--state-in", out, "--start-step", str(k)])
+    compare(f"hand-off {cfg}: --state-out at step {k}, --state-in", rest, full[k:], 0.0)
 
 
-def has_command(name):
-    r = subprocess.run([BIN, "--help"], capture_output=True, text=True)
-    return any(line.split()[:1] == [name] for line in r.stdout.splitlines())
-
-
-def has_reshard():
-    return has_command("reshard")
-
-
-def check_order_against_cli():
+def check_order_against_cli(c: Client) -> None:
     """The client's sample order (data.step_samples) equals `tenplex data batches`."""
-    if not has_command("data"):
-        print("  sample order: `tenplex data` not in this binary, not compared", flush=True)
+    if not c.has_command("data"):
+        _log.info("  sample order: `tenplex data` not in this binary, not compared")
         return
-    corpus = os.path.join(GPT, "data", "corpus.jsonl")
-    index = os.path.join(TMP, "corpus-index")
+    corpus = os.path.join(c.dir, "data", "corpus.jsonl")
+    index = os.path.join(c.tmp, "corpus-index")
     subprocess.run(
-        [BIN, "data", "index", "--input", corpus, "--format", "jsonl", "-o", index], check=True, capture_output=True
+        [c.tenplex, "data", "index", "--input", corpus, "--format", "jsonl", "-o", index],
+        check=True,
+        capture_output=True,
     )
-    n = len(data.Corpus(corpus, 256, 8))
+    n = len(c.data.Corpus(corpus, 256, 8))
     for seed, batch, dp, start, steps in [(1234, 8, 1, 0, 60), (1234, 8, 3, 392, 4), (7, 24, 5, 360, 3)]:
         for rank in range(dp):
             out = subprocess.run(
                 [
-                    BIN,
+                    c.tenplex,
                     "data",
                     "batches",
                     "--index",
@@ -235,66 +249,64 @@ def check_order_against_cli():
                 check=True,
             )
             got = [st["samples"] for st in json.loads(out.stdout)["steps"]]
-            want = [data.step_samples(n, seed, batch, start + i * batch, dp, rank)[1] for i in range(steps)]
-            check(
-                got == want,
+            want = [c.data.step_samples(n, seed, batch, start + i * batch, dp, rank)[1] for i in range(steps)]
+            assert got == want, (
                 f"sample order differs from `tenplex data batches` (seed {seed}, B {batch}, "
-                f"dp {dp}, rank {rank}, start {start}): {got[:2]} vs {want[:2]}",
+                f"dp {dp}, rank {rank}, start {start}): {got[:2]} vs {want[:2]}"
             )
             # The independent pure-Python order (tests/reference) agrees with both.
-            ref = [data_ref.step_samples(n, seed, batch, start + i * batch, dp, rank)[1] for i in range(steps)]
-            check(
-                ref == want,
+            ref = [c.data_ref.step_samples(n, seed, batch, start + i * batch, dp, rank)[1] for i in range(steps)]
+            assert ref == want, (
                 f"sample order differs from the reference (seed {seed}, B {batch}, dp {dp}, "
-                f"rank {rank}, start {start}): {ref[:2]} vs {want[:2]}",
+                f"rank {rank}, start {start}): {ref[:2]} vs {want[:2]}"
             )
-    print(
+    _log.info(
         "  sample order: equal to `tenplex data batches` and to the pure-Python reference "
-        "(3 cases, across epochs, uneven dp)",
-        flush=True,
+        "(3 cases, across epochs, uneven dp)"
     )
 
 
 # ---- tests ---------------------------------------------------------------------
 
 
-def test_equivalence():
-    check_order_against_cli()
+def test_equivalence(client: Client) -> None:
+    c = client
+    check_order_against_cli(c)
     cases = [
         (
-            make_model("small", SMALL),
+            c.model("small", SMALL),
             ["tp=1", "tp=2", "pp=2", "dp=3", "tp=2,pp=2", "dp=2,zero=1", "tp=2,pp=2,dp=2,zero=1"],
         ),
-        (make_model("llama", LLAMA), ["tp=1", "tp=2,pp=2", "tp=2,dp=2,zero=1", "pp=3,layers=1+2+1"]),
-        (make_model("bf16", BF16), ["tp=1", "tp=2,dp=2,zero=1"]),
+        (c.model("llama", LLAMA), ["tp=1", "tp=2,pp=2", "tp=2,dp=2,zero=1", "pp=3,layers=1+2+1"]),
+        (c.model("bf16", BF16), ["tp=1", "tp=2,dp=2,zero=1"]),
     ]
     for model, configs in cases:
         name = os.path.basename(model)[:-5]
         # The reference computes in fp32; bf16 weights are compared between configs only.
-        ref = reference_losses(model, STEPS, seq=48) if name != "bf16" else None
+        ref = c.testing.reference_losses(model, STEPS, seq=48) if name != "bf16" else None
         base = None
-        for c in configs:
-            tag = f"{name} {c}"
-            ck = os.path.join(TMP, f"ck-{name}-{c.replace(',', '_').replace('=', '')}")
-            got = train(c, model, STEPS, tag.replace(" ", "_"), ["--save-dir", ck])
+        for cfg in configs:
+            tag = f"{name} {cfg}"
+            ck = os.path.join(c.tmp, f"ck-{name}-{cfg.replace(',', '_').replace('=', '')}")
+            got = c.train(cfg, model, STEPS, tag.replace(" ", "_"), ["--save-dir", ck])
             if ref:
                 compare(f"{tag} vs reference", got, ref, REFERENCE_TOL)
             if base is None:
                 base = got
             else:
                 compare(f"{tag} vs {configs[0]}", got, base, CONFIG_TOL)
-            info, _ = gather_globals(ck, model)
-            check(
-                info["step"] == STEPS and info["samples_consumed"] == STEPS * 8,
-                f"{ck}: step {info['step']} samples_consumed {info['samples_consumed']}",
+            info, _ = c.testing.gather_globals(ck, model)
+            assert info["step"] == STEPS and info["samples_consumed"] == STEPS * 8, (
+                f"{ck}: step {info['step']} samples_consumed {info['samples_consumed']}"
             )
-            print(f"  {tag}: checkpoint matches `tenplex layout`, padding zero, replicas equal", flush=True)
+            _log.info("  %s: checkpoint matches `tenplex layout`, padding zero, replicas equal", tag)
 
 
-def test_resume():
-    reshard = has_reshard()
-    print(
-        f"  converter: {'tenplex reshard + Python re-slicer' if reshard else 'Python re-slicer (no tenplex reshard)'}"
+def test_resume(client: Client) -> None:
+    c = client
+    reshard = c.has_command("reshard")
+    _log.info(
+        "  converter: %s", "tenplex reshard + Python re-slicer" if reshard else "Python re-slicer (no tenplex reshard)"
     )
     k = 2
     fulls = {}
@@ -304,46 +316,43 @@ def test_resume():
         ("llama", LLAMA, "tp=2,dp=2,zero=1", "pp=2"),
         ("bf16", BF16, "dp=2,zero=1", "tp=2"),
     ]:
-        model = make_model(name, args)
+        model = c.model(name, args)
         tag = f"{name}_{a}_to_{b}".replace(",", "_").replace("=", "")
-        ck_a = os.path.join(TMP, tag + "_A")
-        full = train(a, model, STEPS, tag + "_full", ["--save-dir", ck_a, "--save-at", str(k)])
-        ck_b = os.path.join(TMP, tag + "_B")
-        reslice(ck_a, model, b, ck_b)
+        ck_a = os.path.join(c.tmp, tag + "_A")
+        full = c.train(a, model, STEPS, tag + "_full", ["--save-dir", ck_a, "--save-at", str(k)])
+        ck_b = os.path.join(c.tmp, tag + "_B")
+        c.testing.reslice(ck_a, model, b, ck_b)
         load = ck_b
         if reshard:
-            ck_c = os.path.join(TMP, tag + "_C")
-            subprocess.run([BIN, "reshard", "--in", ck_a, "--to", b, "--out", ck_c, "-q"], check=True)
-            _, mine = gather_globals(ck_b, model)
-            _, theirs = gather_globals(ck_c, model)
-            check(
-                mine.keys() == theirs.keys() and all(torch.equal(mine[n], theirs[n]) for n in mine),
-                f"tenplex reshard and the Python re-slicer disagree on {ck_a} -> {b}",
+            ck_c = os.path.join(c.tmp, tag + "_C")
+            subprocess.run([c.tenplex, "reshard", "--in", ck_a, "--to", b, "--out", ck_c, "-q"], check=True)
+            _, mine = c.testing.gather_globals(ck_b, model)
+            _, theirs = c.testing.gather_globals(ck_c, model)
+            assert mine.keys() == theirs.keys() and all(torch.equal(mine[n], theirs[n]) for n in mine), (
+                f"tenplex reshard and the Python re-slicer disagree on {ck_a} -> {b}"
             )
             info_c = checkpoint.read_info(ck_c)
-            check(
-                info_c.get("step") == k and info_c.get("samples_consumed") == k * 8,
-                f"tenplex reshard dropped step/samples_consumed: {info_c.get('step')}, "
-                f"{info_c.get('samples_consumed')}",
+            assert info_c.get("step") == k and info_c.get("samples_consumed") == k * 8, (
+                f"tenplex reshard dropped step/samples_consumed: {info_c.get('step')}, {info_c.get('samples_consumed')}"
             )
             load = ck_c
-        rest = train(b, None, STEPS - k, tag + "_rest", ["--load-dir", load])
+        rest = c.train(b, None, STEPS - k, tag + "_rest", ["--load-dir", load])
         compare(f"{name} {a} -> {b} at step {k}", rest, full[k:], CONFIG_TOL)
         fulls[(name, a)] = full
-    test_handoff(fulls[("llama", "tp=2,dp=2,zero=1")])
+    check_handoff(c, fulls[("llama", "tp=2,dp=2,zero=1")])
 
 
-def expect_fail(args, want, tag):
-    r = subprocess.run([PY] + args, capture_output=True, text=True, timeout=300)
-    check(r.returncode != 0, f"{tag}: succeeded, expected an error")
-    check(want in r.stderr, f"{tag}: error does not mention {want!r}:\n{r.stderr[-2000:]}")
-    check("Traceback" not in r.stderr, f"{tag}: crashed with a traceback:\n{r.stderr[-2000:]}")
-    print(f"  {tag}: clear error", flush=True)
+def expect_fail(args: list[str], want: str, tag: str) -> None:
+    r = subprocess.run([sys.executable] + args, capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0, f"{tag}: succeeded, expected an error"
+    assert want in r.stderr, f"{tag}: error does not mention {want!r}:\n{r.stderr[-2000:]}"
+    assert "Traceback" not in r.stderr, f"{tag}: crashed with a traceback:\n{r.stderr[-2000:]}"
+    _log.info("  %s: clear error", tag)
 
 
-def test_safetensors():
+def check_safetensors(tmp: str) -> None:
     """Round trip of every dtype, and malformed files rejected with a clear error."""
-    path = os.path.join(TMP, "t.safetensors")
+    path = os.path.join(tmp, "t.safetensors")
     g = torch.Generator().manual_seed(1)
     tensors = [
         ("f32", torch.randn(3, 5, generator=g)),
@@ -356,12 +365,13 @@ def test_safetensors():
     ]
     safetensors.save(path, tensors, {"k": "v"})
     back, meta = safetensors.load(path, with_metadata=True)
-    check(list(back) == [n for n, _ in tensors] and meta == {"k": "v"}, "safetensors: names or metadata lost")
+    assert list(back) == [n for n, _ in tensors] and meta == {"k": "v"}, "safetensors: names or metadata lost"
     for n, t in tensors:
-        check(back[n].dtype == t.dtype and torch.equal(back[n], t), f"safetensors: {n} changed in a round trip")
-    raw = open(path, "rb").read()
+        assert back[n].dtype == t.dtype and torch.equal(back[n], t), f"safetensors: {n} changed in a round trip"
+    with open(path, "rb") as f:
+        raw = f.read()
     header_len = int.from_bytes(raw[:8], "little")
-    check((8 + header_len) % 8 == 0, "safetensors: header not padded to 8 bytes")
+    assert (8 + header_len) % 8 == 0, "safetensors: header not padded to 8 bytes"
     bad = {
         "truncated": raw[:-3],
         "short": raw[:5],
@@ -381,21 +391,22 @@ def test_safetensors():
         try:
             safetensors.load(path)
         except safetensors.SafetensorsError as e:
-            check(path in str(e), f"safetensors {what}: error does not name the file: {e}")
+            assert path in str(e), f"safetensors {what}: error does not name the file: {e}"
         else:
             raise AssertionError(f"safetensors: {what} file accepted")
-    print("  safetensors: round trip of all dtypes, malformed files rejected", flush=True)
+    _log.info("  safetensors: round trip of all dtypes, malformed files rejected")
 
 
-def _st(header, data_bytes):
+def _st(header: bytes, data_bytes: int) -> bytes:
     return len(header).to_bytes(8, "little") + header + b"\0" * data_bytes
 
 
-def test_errors():
-    test_safetensors()
-    model = make_model("small", SMALL)
-    launch = os.path.join(GPT, "launch.py")
-    trainpy = os.path.join(GPT, "train.py")
+def test_errors(client: Client) -> None:
+    c = client
+    check_safetensors(c.tmp)
+    model = c.model("small", SMALL)
+    launch = os.path.join(c.dir, "launch.py")
+    trainpy = os.path.join(c.dir, "train.py")
     expect_fail([launch, "--config", "tp=3", "--model", model], "tp=3 does not divide", "tp does not divide heads")
     expect_fail([launch, "--config", "pp=3", "--model", model], "L % pp", "pp does not divide layers")
     expect_fail([launch, "--config", "tp=2,tq=1", "--model", model], "unknown key", "unknown config key")
@@ -407,8 +418,8 @@ def test_errors():
         "max_position_embeddings",
         "sequence longer than positions",
     )
-    ck = os.path.join(TMP, "err_ck")
-    train("tp=2", model, 1, "err_save", ["--save-dir", ck])
+    ck = os.path.join(c.tmp, "err_ck")
+    c.train("tp=2", model, 1, "err_save", ["--save-dir", ck])
     expect_fail(
         [launch, "--config", "tp=1", "--load-dir", ck, "--steps", "1"], "tenplex reshard", "load in another config"
     )
@@ -416,9 +427,10 @@ def test_errors():
         [launch, "--config", "tp=2", "--model", model, "--save-dir", ck], "not overwritten", "save over a checkpoint"
     )
     # State without a step is refused, not trained from step 0 (issue 16 bug 1).
-    nostep = os.path.join(TMP, "err_nostep")
+    nostep = os.path.join(c.tmp, "err_nostep")
     shutil.copytree(ck, nostep)
-    info = json.load(open(os.path.join(nostep, "tenplex.json")))
+    with open(os.path.join(nostep, "tenplex.json")) as f:
+        info = json.load(f)
     del info["step"]
     with open(os.path.join(nostep, "tenplex.json"), "w") as f:
         json.dump(info, f)
@@ -427,28 +439,14 @@ def test_errors():
         "no training position",
         "checkpoint without a step",
     )
-    broken = os.path.join(TMP, "err_broken")
+    broken = os.path.join(c.tmp, "err_broken")
     os.makedirs(broken)
+    with open(model) as f:
+        model_desc = json.load(f)
     with open(os.path.join(broken, "tenplex.json"), "w") as f:
-        f.write(json.dumps({"model": json.load(open(model)), "config": "tp=1,pp=1,dp=1", "step": 1}))
+        f.write(json.dumps({"model": model_desc, "config": "tp=1,pp=1,dp=1", "step": 1}))
     with open(os.path.join(broken, checkpoint.rank_file(0)), "wb") as f:
         f.write(b'\x10\x00\x00\x00\x00\x00\x00\x00{"a": 1}')
     expect_fail(
         [launch, "--config", "tp=1", "--load-dir", broken, "--steps", "1"], "header length", "truncated rank file"
     )
-
-
-def main():
-    global BIN, TMP
-    if len(sys.argv) != 3 or sys.argv[2] not in ("equivalence", "resume", "errors"):
-        sys.exit("usage: gpt_train_test.py TENPLEX_BIN equivalence|resume|errors")
-    BIN = gpt_train_testing.BIN = os.path.abspath(sys.argv[1])
-    torch.set_num_threads(1)
-    with tempfile.TemporaryDirectory(prefix="tenplex-gpt-") as tmp:
-        TMP = tmp
-        {"equivalence": test_equivalence, "resume": test_resume, "errors": test_errors}[sys.argv[2]]()
-    print(f"gpt_train_test {sys.argv[2]}: OK")
-
-
-if __name__ == "__main__":
-    main()
