@@ -4,8 +4,8 @@
 
 #include <algorithm>
 #include <memory>
-#include <thread>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "tenplex/store/parse.h"
 #include "tenplex/util/hash.h"

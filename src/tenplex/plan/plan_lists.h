@@ -17,8 +17,7 @@ void HugePages(const void* data, std::size_t bytes);
 
 // The plan's op count and per-host statistics from the bytes each host sent (to the
 // planned hosts) and received.
-void FinalizeStats(Plan& plan, int num_hosts, std::vector<int64_t> sent,
-                   std::vector<int64_t> recv);
+void FinalizeStats(Plan& plan, int num_hosts, std::vector<int64_t> sent, std::vector<int64_t> recv);
 
 // The lists of every tensor, joined in tensor order into `out` on the threads (each list
 // goes to the lists before it; with `shift`, `after` moves by that much), each freed.

@@ -44,13 +44,11 @@ struct SimResult {
 // sends it made in the tensors before (what PickRemote counts from).
 using SetBases = std::vector<std::pair<int32_t, int64_t>>;
 
-
-
 // Steps 1-4 of planner.h over an index, tensor by tensor and host by host.
 class Planner {
  public:
-  Planner(const PlanIndex& ix, const Layout& from, const Layout& to, const std::vector<int>& from_hosts,
-          const std::vector<int>& to_hosts, int only_host)
+  Planner(const PlanIndex& ix, const Layout& from, const Layout& to,
+          const std::vector<int>& from_hosts, const std::vector<int>& to_hosts, int only_host)
       : ix_(ix),
         from_(from),
         to_(to),
@@ -115,8 +113,7 @@ class Planner {
   // room) when they fit (count: how many), else to `spill`; the statistics add up in
   // this planner (AddStats). Its op list is a scratch buffer reused from tensor to tensor.
   Status PlanOneTensor(int32_t tid, const SetBases& bases, CopyOp* slot, std::size_t room,
-                       std::size_t& count, std::vector<CopyOp>& spill,
-                       std::vector<CopyOp>& kept) {
+                       std::size_t& count, std::vector<CopyOp>& spill, std::vector<CopyOp>& kept) {
     for (const auto& [set, sends] : bases) sends_[set] = sends;
     plan_.ops.clear();
     plan_.kept.clear();
@@ -511,7 +508,6 @@ Result<Plan> Run(const Model& model, const Layout& from, const Layout& to,
   return Planner(ix, from, to, from_hosts, to_hosts, only_host).Run();
 }
 
-
 // Below this many needs MakePlan's default is one thread (threads would cost more).
 constexpr std::size_t kParallelNeeds = std::size_t{1} << 16;
 
@@ -543,9 +539,9 @@ Result<Plan> RunParallel(const Model& model, const Layout& from, const Layout& t
   for (int w = 0; w < threads; ++w)
     workers.push_back(std::make_unique<Planner>(ix, from, to, from_hosts, to_hosts, -1));
   ForEachConcurrently(n, threads, [&](std::size_t w, std::size_t t) {
-    status[t] = workers[w]->PlanOneTensor(static_cast<int32_t>(t), bases[t],
-                                          plan.ops.data() + slot[t], slot[t + 1] - slot[t],
-                                          count[t], spill[t], kept[t]);
+    status[t] =
+        workers[w]->PlanOneTensor(static_cast<int32_t>(t), bases[t], plan.ops.data() + slot[t],
+                                  slot[t + 1] - slot[t], count[t], spill[t], kept[t]);
   });
   for (const Status& s : status) TP_RETURN_IF_ERROR(s);
   PackInOrder(slot, count, spill, threads, plan.ops);

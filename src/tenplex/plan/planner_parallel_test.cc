@@ -37,7 +37,7 @@ void ExpectSameOps(const std::vector<CopyOp>& a, const std::vector<CopyOp>& b) {
 // The plan on 1 thread against 2, 3 and 5; returns how many ops the plan has (-1: no
 // plan, the same error on every thread count).
 int64_t ExpectSamePlanOnThreads(const Model& m, const Layout& from, const Layout& to,
-                                    const std::vector<int>& fh, const std::vector<int>& th) {
+                                const std::vector<int>& fh, const std::vector<int>& th) {
   auto serial = MakePlan(m, from, to, fh, th, 1);
   for (int threads : {2, 3, 5}) {
     SCOPED_TRACE(std::to_string(threads) + " threads");

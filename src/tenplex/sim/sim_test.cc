@@ -292,8 +292,8 @@ TEST(Simulate, SampledHostsHaveTheFullPlansBytes) {
 // measurements. Without coordinator_threads, what was measured here.
 TEST(Simulate, CoordinatorThreadsFitTheMeasurements) {
   auto run = [](int threads) {
-    std::string cluster = threads < 0 ? "{}" : R"({"coordinator_threads": )" +
-                                                   std::to_string(threads) + "}";
+    std::string cluster =
+        threads < 0 ? "{}" : R"({"coordinator_threads": )" + std::to_string(threads) + "}";
     auto s = ParseScenario(GptScenario("tp=2,pp=2,dp=4", "tp=2,pp=2,dp=3", 4, cluster));
     EXPECT_TRUE(s.ok()) << s.status().ToString();
     auto r = Simulate(*s);

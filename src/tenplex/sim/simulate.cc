@@ -208,8 +208,7 @@ Status MeasureControl(const Model& model, const Scenario& s, const plan::Plan* p
 // the fastest of two each (plan_one_s, plan_here_s), after an untimed one: on this VM the
 // first touch of memory costs up to 8x a later one (docs/scale.md), which would favour
 // whichever plan runs later.
-Status TimePlanThreads(const Model& model, const Layout& from, const Layout& to,
-                       SimResult& r) {
+Status TimePlanThreads(const Model& model, const Layout& from, const Layout& to, SimResult& r) {
   const std::vector<int> counts = {r.costs.threads, 1, r.costs.threads, 1, r.costs.threads};
   for (std::size_t k = 0; k < counts.size(); ++k) {
     const auto t0 = Clock::now();
@@ -232,10 +231,10 @@ Status SimulateFull(const Model& model, const Scenario& s, const Layout& from, c
   if (Fitted(s, r.costs)) TP_RETURN_IF_ERROR(TimePlanThreads(model, from, to, r));
   const int64_t heap0 = HeapBytes();
   const auto t0 = Clock::now();
-  TP_ASSIGN_OR_RETURN(plan::Plan p, plan::MakePlan(model, from, to, r.from_hosts, r.to_hosts,
-                                                   r.costs.threads));
-  r.costs.plan_here_s = r.costs.plan_here_s > 0 ? std::min(r.costs.plan_here_s, Since(t0))
-                                                : Since(t0);
+  TP_ASSIGN_OR_RETURN(plan::Plan p,
+                      plan::MakePlan(model, from, to, r.from_hosts, r.to_hosts, r.costs.threads));
+  r.costs.plan_here_s =
+      r.costs.plan_here_s > 0 ? std::min(r.costs.plan_here_s, Since(t0)) : Since(t0);
   r.costs.plan_heap = std::max<int64_t>(0, HeapBytes() - heap0);
   r.costs.plan_s = OnCoordinator(s, r.costs, r.costs.plan_here_s, r.costs.plan_one_s);
   r.plan = p.stats;
