@@ -8,9 +8,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <random>
 
 #include "tenplex/util/file.h"
 
@@ -76,22 +79,51 @@ std::string DescribeExit(int status) {
 
 bool ExitedOk(int status) { return WIFEXITED(status) && WEXITSTATUS(status) == 0; }
 
-Result<int> FreePort() {
+namespace {
+
+// Binds a TCP socket to `port` on every interface (0: any free one) and returns the port
+// it got, or -1 with errno set.
+int BindOnce(int port) {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return ErrnoError("socket", errno);
+  if (fd < 0) return -1;
   sockaddr_in a{};
   a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
+  a.sin_addr.s_addr = htonl(INADDR_ANY);
+  a.sin_port = htons(static_cast<uint16_t>(port));
   socklen_t len = sizeof(a);
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    int err = errno;
-    ::close(fd);
-    return ErrnoError("bind a free port", err);
-  }
+  int got = -1;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
+    got = ntohs(a.sin_port);
+  const int err = errno;
   ::close(fd);
-  return static_cast<int>(ntohs(a.sin_port));
+  errno = err;
+  return got;
+}
+
+// The lowest port the kernel hands to outgoing connections (ip_local_port_range).
+int EphemeralLow() {
+  std::ifstream f("/proc/sys/net/ipv4/ip_local_port_range");
+  int lo = 0, hi = 0;
+  return f >> lo >> hi && lo > 4096 ? lo : 32768;
+}
+
+}  // namespace
+
+Result<int> FreePort() {
+  // Below the ephemeral range: between this check and the workers' bind, no outgoing
+  // connection on this machine can be given the port as its local one. Inside the range
+  // that happened under load (the rendezvous failed with EADDRINUSE).
+  const int hi = EphemeralLow();
+  const int lo = std::max(1024, hi - 16384);
+  std::mt19937 rng(std::random_device{}());
+  for (int attempt = 0; attempt < 64; ++attempt) {
+    const int port = lo + static_cast<int>(rng() % static_cast<unsigned>(hi - lo));
+    if (BindOnce(port) == port) return port;
+  }
+  const int any = BindOnce(0);  // the range below is full: any free port
+  if (any < 0) return ErrnoError("bind a free port", errno);
+  return any;
 }
 
 InterruptGuard::InterruptGuard() {

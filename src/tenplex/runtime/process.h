@@ -53,7 +53,8 @@ std::unique_ptr<ProcessLauncher> NewProcessLauncher();
 std::string DescribeExit(int wait_status);
 bool ExitedOk(int wait_status);
 
-// A TCP port on the loopback interface that was free a moment ago.
+// A TCP port that was free a moment ago on every interface, below the kernel's ephemeral
+// range where it can (an outgoing connection cannot take it before the workers bind it).
 Result<int> FreePort();
 
 // While alive, SIGINT and SIGTERM set a flag instead of ending the process (workers
