@@ -390,9 +390,10 @@ def rendezvous_kill(tenplex, repo, endpoint, tmp, phase, net=None):
     return check
 
 
-def main():
-    tenplex, repo = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
-    net = None
+def attempt(tenplex, repo):
+    """One run of the case the arguments name, in its own directory, etcd and (--netns)
+    namespaces: (its checks, whether a --rendezvous-kill came after world 2 formed)."""
+    net, raced = None, False
     if "--netns" in sys.argv[3:]:
         net = NetnsBridge(3, name_prefix="tm")
         os.environ["TENPLEX_TOKEN"] = "membership-netns-token"  # daemons off loopback require one
@@ -401,13 +402,16 @@ def main():
         try:
             etcd = Etcd("127.0.0.1" if net is None else net.subnet + ".1", tmp)
             if "--quorum" in sys.argv[3:]:
-                return quorum_case(etcd.endpoint)
+                return quorum_case(etcd.endpoint), False
             kill = [a for a in sys.argv[3:] if a.startswith("--rendezvous-kill")]
             if kill:
                 phase = kill[0].partition("=")[2] or "mesh"
                 if phase not in RDZV_BOUND:
                     sys.exit(f"--rendezvous-kill={phase}: the phase must be one of {sorted(RDZV_BOUND)}")
                 check = rendezvous_kill(tenplex, repo, etcd.endpoint, tmp, phase, net)
+                log = os.path.join(tmp, "elastic.jsonl")
+                formed = [w["epoch"] for w in worlds_of(log)] if os.path.exists(log) else []
+                raced = 2 in formed
             else:
                 check = scenario(tenplex, repo, etcd.endpoint, tmp, "--leave" in sys.argv[3:], net)
         finally:
@@ -423,6 +427,20 @@ def main():
         if keep:
             shutil.copytree(tmp, keep, dirs_exist_ok=True, ignore=shutil.ignore_patterns("etcd*", "store*", "daemon*"))
         check(not left, f"no process of the test left behind: {left}")
+    return check, raced
+
+
+def main():
+    tenplex, repo = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+    # --rendezvous-kill: the kill is timed from outside, so on a fast machine world 2 can
+    # form before it lands (all of its ranks connected first); that run did not test the
+    # case, so it runs again (at most 3 times).
+    for tries in range(1, 4):
+        check, raced = attempt(tenplex, repo)
+        if not raced:
+            break
+        print(f"try {tries}: host 2 was killed after world 2 formed, not during its rendezvous; again")
+    if check is not None:  # --quorum asserts on its own
         check.finish()
 
 
