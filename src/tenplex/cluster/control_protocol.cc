@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <thread>
 
 #include "tenplex/store/parse.h"
 #include "tenplex/util/hash.h"
@@ -361,11 +360,7 @@ void PartsOfHosts(const plan::Plan& plan, const std::vector<int>& from_hosts,
 std::vector<HostPart> HostPlanParts(const plan::Plan& plan, const std::vector<int>& from_hosts,
                                     const std::vector<int>& to_hosts, std::size_t hosts,
                                     int threads) {
-  if (threads <= 0) {
-    threads = plan.ops.size() < (std::size_t{1} << 16)
-                  ? 1
-                  : static_cast<int>(std::max(1U, std::thread::hardware_concurrency()));
-  }
+  if (threads <= 0) threads = ThreadsFor(plan.ops.size());
   threads = static_cast<int>(std::min<std::size_t>(threads, std::max<std::size_t>(hosts, 1)));
   const std::string names = TensorNames(plan);
   std::vector<HostPart> parts(hosts);

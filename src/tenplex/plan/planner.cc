@@ -7,7 +7,6 @@
 #include <memory>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <unordered_map>
 
 #include "tenplex/plan/box_set.h"
@@ -90,20 +89,17 @@ class Planner {
                          [&](const auto& b) { return b.first == g.hosts; }))
           bases[t].emplace_back(g.hosts, sends_[g.hosts]);
       }
-      const std::vector<Need>& ns = ix_.needs[t];
-      for (std::size_t i = 0; i < ns.size();) {
-        const int32_t h = ns[i].host;
-        std::size_t j = i;
-        while (j < ns.size() && ns[j].host == h) ++j;
+      bool covered = true;
+      ForEachHostRun(ix_.needs[t], [&](int32_t h, std::size_t i, std::size_t j) {
         const std::vector<int32_t>& hosts = ix_.kind_hosts[ix_.kind_of_host[h]];
-        if (hosts[0] == h) {
-          const SimResult& sim = SimulateKind(tid, i, j);
-          if (sim.failed_need >= 0) return false;
-          for (const Charge& c : sim.charges)
-            sends_[ix_.groups[t][c.group].hosts] += static_cast<int64_t>(hosts.size());
-        }
-        i = j;
-      }
+        if (hosts[0] != h) return true;
+        const SimResult& sim = SimulateKind(tid, i, j);
+        covered = sim.failed_need < 0;
+        for (const Charge& c : sim.charges)
+          sends_[ix_.groups[t][c.group].hosts] += static_cast<int64_t>(hosts.size());
+        return covered;
+      });
+      if (!covered) return false;
     }
     return true;
   }
@@ -281,17 +277,27 @@ class Planner {
     for (std::size_t g = 0; g < gs.size(); ++g) local[g] = ix_.FirstOn(gs[g], h);
   }
 
-  // Every host plans its needs, in host order.
-  Status PlanTensor(int32_t tid) {
-    const std::vector<Need>& ns = ix_.needs[tid];
+  // fn(h, i, j) for each host h's needs [i, j) of `ns` (sorted by host), in host order,
+  // until fn returns false.
+  template <typename Fn>
+  static void ForEachHostRun(const std::vector<Need>& ns, Fn&& fn) {
     for (std::size_t i = 0; i < ns.size();) {
       const int32_t h = ns[i].host;
       std::size_t j = i;
       while (j < ns.size() && ns[j].host == h) ++j;
-      TP_RETURN_IF_ERROR(PlanOwn(tid, i, j));
+      if (!fn(h, i, j)) return;
       i = j;
     }
-    return Status::Ok();
+  }
+
+  // Every host plans its needs, in host order.
+  Status PlanTensor(int32_t tid) {
+    Status status = Status::Ok();
+    ForEachHostRun(ix_.needs[tid], [&](int32_t, std::size_t i, std::size_t j) {
+      status = PlanOwn(tid, i, j);
+      return status.ok();
+    });
+    return status;
   }
 
   // The ops of needs [i, j) of tensor tid, all on one planned host, and its lower bound.
@@ -314,10 +320,7 @@ class Planner {
     std::size_t own_i = 0, own_j = 0;
     int32_t failed_host = INT32_MAX, failed_kind = -1;
     touched_.clear();
-    for (std::size_t i = 0; i < ns.size();) {
-      const int32_t h = ns[i].host;
-      std::size_t j = i;
-      while (j < ns.size() && ns[j].host == h) ++j;
+    ForEachHostRun(ns, [&](int32_t h, std::size_t i, std::size_t j) {
       if (h == only_host_) own_i = i, own_j = j;
       const int32_t kind = ix_.kind_of_host[h];
       const std::vector<int32_t>& hosts = ix_.kind_hosts[kind];
@@ -333,8 +336,8 @@ class Planner {
           own_before_[set] += before;
         }
       }
-      i = j;
-    }
+      return true;
+    });
     for (int32_t set : touched_) sends_[set] = base_[set] + own_before_[set];
     Status status = Status::Ok();
     if (own_i < own_j && only_host_ <= failed_host) status = PlanOwn(tid, own_i, own_j);
@@ -508,17 +511,13 @@ Result<Plan> Run(const Model& model, const Layout& from, const Layout& to,
   return Planner(ix, from, to, from_hosts, to_hosts, only_host).Run();
 }
 
-// Below this many needs MakePlan's default is one thread (threads would cost more).
-constexpr std::size_t kParallelNeeds = std::size_t{1} << 16;
-
 // MakePlan on `threads` threads (planner.h, "Parallel"): each tensor's starting sends
 // counted, the tensors planned on the threads, their ops joined in tensor order.
 Result<Plan> RunParallel(const Model& model, const Layout& from, const Layout& to,
                          const std::vector<int>& from_hosts, const std::vector<int>& to_hosts,
                          int threads) {
   TP_ASSIGN_OR_RETURN(PlanIndex ix, BuildPlanIndex(model, from, to, from_hosts, to_hosts, -1));
-  if (threads == 0 && ix.planned_needs >= kParallelNeeds)
-    threads = static_cast<int>(std::thread::hardware_concurrency());
+  if (threads == 0) threads = ThreadsFor(ix.planned_needs);
   std::vector<SetBases> bases;
   if (threads <= 1 || !Planner(ix, from, to, from_hosts, to_hosts, -1).CountSends(bases))
     return Planner(ix, from, to, from_hosts, to_hosts, -1).Run();

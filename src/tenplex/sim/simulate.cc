@@ -7,12 +7,12 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <set>
-#include <thread>
 
 #include "tenplex/cluster/control_protocol.h"
 #include "tenplex/io/state_info.h"
 #include "tenplex/sim/sample.h"
 #include "tenplex/transport/protocol.h"
+#include "tenplex/util/thread_pool.h"
 
 namespace tenplex::sim {
 namespace {
@@ -227,7 +227,7 @@ Status TimePlanThreads(const Model& model, const Layout& from, const Layout& to,
 Status SimulateFull(const Model& model, const Scenario& s, const Layout& from, const Layout& to,
                     SimResult& r) {
   r.mode = "full";
-  r.costs.threads = static_cast<int>(std::max(1U, std::thread::hardware_concurrency()));
+  r.costs.threads = HardwareThreads();
   if (Fitted(s, r.costs)) TP_RETURN_IF_ERROR(TimePlanThreads(model, from, to, r));
   const int64_t heap0 = HeapBytes();
   const auto t0 = Clock::now();

@@ -89,6 +89,12 @@ void ForEachConcurrently(std::size_t n, std::size_t max_threads,
   ForEachConcurrently(n, max_threads, [&](std::size_t, std::size_t i) { fn(i); });
 }
 
+int HardwareThreads() {
+  return static_cast<int>(std::max(1U, std::thread::hardware_concurrency()));
+}
+
+int ThreadsFor(std::size_t items) { return items < (std::size_t{1} << 16) ? 1 : HardwareThreads(); }
+
 ThreadPool& ThreadPool::Default() {
   static ThreadPool* pool = new ThreadPool(0);
   return *pool;

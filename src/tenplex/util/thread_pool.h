@@ -78,6 +78,13 @@ void ForEachConcurrently(std::size_t n, std::size_t max_threads,
 void ForEachConcurrently(std::size_t n, std::size_t max_threads,
                          const std::function<void(std::size_t, std::size_t)>& fn);
 
+// This machine's hardware threads (at least 1).
+int HardwareThreads();
+// How many threads computation over `items` items uses by default (MakePlan's needs,
+// HostPlanParts' ops): every hardware thread from 65,536 items up, one below, where
+// starting threads would cost more than they save.
+int ThreadsFor(std::size_t items);
+
 // How many control requests a coordinator has in flight at once (ForEachConcurrently).
 inline constexpr std::size_t kControlConcurrency = 64;
 
