@@ -330,7 +330,8 @@ def rendezvous_kill(tenplex, repo, endpoint, tmp, phase, net=None):
     address) comes from the ports the ranks happen to get: a survivor that listens for a
     rank of host 2 that had not connected yet waits for gloo's connect floor (the CI
     failure's case, about every second run), one that connects is refused at once. net:
-    every host in its own namespace (by hand: --rendezvous-kill --netns)."""
+    every host in its own namespace (by hand: --rendezvous-kill --netns). Returns the
+    checks and whether world 2 formed anyway (the kill came after its rendezvous)."""
     check = Checks()
     model, policy, static_log = setup_job(tenplex, repo, tmp)
     log = os.path.join(tmp, "elastic.jsonl")
@@ -387,7 +388,7 @@ def rendezvous_kill(tenplex, repo, endpoint, tmp, phase, net=None):
         )
     else:
         check(False, f"the kill's times: kill {t_kill}, world 3 {t}, aborted {aborted}")
-    return check
+    return check, any(epoch == 2 for epoch, _ in worlds)  # world 2 formed: the kill came late
 
 
 def attempt(tenplex, repo):
@@ -408,10 +409,7 @@ def attempt(tenplex, repo):
                 phase = kill[0].partition("=")[2] or "mesh"
                 if phase not in RDZV_BOUND:
                     sys.exit(f"--rendezvous-kill={phase}: the phase must be one of {sorted(RDZV_BOUND)}")
-                check = rendezvous_kill(tenplex, repo, etcd.endpoint, tmp, phase, net)
-                log = os.path.join(tmp, "elastic.jsonl")
-                formed = [w["epoch"] for w in worlds_of(log)] if os.path.exists(log) else []
-                raced = 2 in formed
+                check, raced = rendezvous_kill(tenplex, repo, etcd.endpoint, tmp, phase, net)
             else:
                 check = scenario(tenplex, repo, etcd.endpoint, tmp, "--leave" in sys.argv[3:], net)
         finally:
