@@ -83,14 +83,8 @@ Result<int64_t> Bytes(const json& j, const char* key) {
                          "' must be a byte count such as \"80GiB\"");
 }
 
-}  // namespace
-
-std::vector<std::string> ProfilePresetNames() { return {"a100", "h100", "cpu"}; }
-
-Result<DeviceProfile> DeviceProfileFromJson(const std::string& text) {
-  json j = json::parse(text, nullptr, false);
-  if (j.is_discarded() || !j.is_object())
-    return InvalidArgument("device profile is not a JSON object");
+// A field the profile does not know is refused (a typo would silently keep the base's value).
+Status CheckKnownFields(const json& j) {
   static const char* kKnown[] = {"name",
                                  "base",
                                  "peak_tflops",
@@ -112,17 +106,11 @@ Result<DeviceProfile> DeviceProfileFromJson(const std::string& text) {
     for (const char* n : kKnown) ok |= k == n;
     if (!ok) return InvalidArgument("device profile: unknown field '" + k + "'");
   }
-  std::string base = "a100";
-  if (j.contains("base")) {
-    if (!j["base"].is_string())
-      return InvalidArgument("device profile: 'base' must be a preset name");
-    base = j["base"].get<std::string>();
-  }
-  TP_ASSIGN_OR_RETURN(DeviceProfile p, Preset(base));
-  if (j.contains("name")) {
-    if (!j["name"].is_string()) return InvalidArgument("device profile: 'name' must be a string");
-    p.name = j["name"].get<std::string>();
-  }
+  return Status::Ok();
+}
+
+// The device itself: peak FLOP/s, efficiency, memory, GPUs a host.
+Status ReadCompute(const json& j, DeviceProfile& p) {
   if (j.contains("peak_tflops")) {
     TP_ASSIGN_OR_RETURN(p.peak_flops, Positive(j, "peak_tflops", 1e12));
   }
@@ -140,6 +128,11 @@ Result<DeviceProfile> DeviceProfileFromJson(const std::string& text) {
     }
     p.gpus_per_host = j["gpus_per_host"].get<int>();
   }
+  return Status::Ok();
+}
+
+// The links: bandwidth and latency within a host and between hosts.
+Status ReadLinks(const json& j, DeviceProfile& p) {
   if (j.contains("intra_host_gbps")) {
     TP_ASSIGN_OR_RETURN(p.intra_bw, Positive(j, "intra_host_gbps", 1e9));
   }
@@ -152,6 +145,12 @@ Result<DeviceProfile> DeviceProfileFromJson(const std::string& text) {
   if (j.contains("inter_host_latency_us")) {
     TP_ASSIGN_OR_RETURN(p.inter_latency, Positive(j, "inter_host_latency_us", 1e-6));
   }
+  return Status::Ok();
+}
+
+// The memory the framework keeps for itself, and how much communication hides behind
+// compute (overlaps, the per-layer overhead).
+Status ReadReserveAndOverlap(const json& j, DeviceProfile& p) {
   if (j.contains("reserve")) {
     TP_ASSIGN_OR_RETURN(p.reserve_bytes, Bytes(j, "reserve"));
   }
@@ -170,6 +169,32 @@ Result<DeviceProfile> DeviceProfileFromJson(const std::string& text) {
       return InvalidArgument("device profile: 'layer_overhead_us' must be a number in [0, 1e6]");
     p.layer_overhead = v.get<double>() * 1e-6;
   }
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::vector<std::string> ProfilePresetNames() { return {"a100", "h100", "cpu"}; }
+
+Result<DeviceProfile> DeviceProfileFromJson(const std::string& text) {
+  json j = json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object())
+    return InvalidArgument("device profile is not a JSON object");
+  TP_RETURN_IF_ERROR(CheckKnownFields(j));
+  std::string base = "a100";
+  if (j.contains("base")) {
+    if (!j["base"].is_string())
+      return InvalidArgument("device profile: 'base' must be a preset name");
+    base = j["base"].get<std::string>();
+  }
+  TP_ASSIGN_OR_RETURN(DeviceProfile p, Preset(base));
+  if (j.contains("name")) {
+    if (!j["name"].is_string()) return InvalidArgument("device profile: 'name' must be a string");
+    p.name = j["name"].get<std::string>();
+  }
+  TP_RETURN_IF_ERROR(ReadCompute(j, p));
+  TP_RETURN_IF_ERROR(ReadLinks(j, p));
+  TP_RETURN_IF_ERROR(ReadReserveAndOverlap(j, p));
   return p;
 }
 

@@ -131,6 +131,80 @@ int PreadvFully(int fd, struct iovec* iov, int n, uint64_t offset, uint64_t tota
   return 0;
 }
 
+// Every run names a destination and lies inside its file.
+Status CheckRuns(const std::vector<PeerFileRuns>& files) {
+  for (const PeerFileRuns& f : files) {
+    for (const ReadRun& r : *f.runs) {
+      if (r.length == 0) continue;
+      if (r.dest == nullptr) return InvalidArgument("null destination reading " + f.file->name());
+      if (r.offset > f.file->size() || r.length > f.file->size() - r.offset) {
+        return OutOfRange("run [" + std::to_string(r.offset) + ", +" + std::to_string(r.length) +
+                          ") is past the end of " + f.file->name() + " (" +
+                          std::to_string(f.file->size()) + " bytes)");
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+// The runs cut into pieces, close short pieces joined into spans, and the spans grouped
+// into tasks of about kTaskBytes (a span never crosses a task): task t is spans
+// [task_begin[t], task_begin[t + 1]). `total`: the runs' bytes, gaps not counted.
+struct SpanTasks {
+  std::vector<Span> spans;
+  std::vector<std::size_t> task_begin{0};
+  uint64_t total = 0;
+};
+
+SpanTasks CutIntoSpans(const std::vector<PeerFileRuns>& files) {
+  SpanTasks st;
+  uint64_t in_task = 0;
+  Piece prev{};
+  PieceAt cursor;
+  for (bool more = Settle(files, cursor); more; more = NextPiece(files, cursor)) {
+    const Piece p = PieceOf(files, cursor);
+    if (st.task_begin.back() != st.spans.size() &&
+        Joinable(prev, p, st.spans.back().pieces, st.spans.back().bytes)) {
+      const uint64_t gap = p.offset - (prev.offset + prev.length);
+      st.spans.back().pieces += 1;
+      st.spans.back().bytes += gap + p.length;
+      in_task += gap;
+    } else {
+      st.spans.push_back({cursor, 1, p.length});
+    }
+    prev = p;
+    in_task += p.length;
+    st.total += p.length;
+    if (in_task >= kTaskBytes) {
+      st.task_begin.push_back(st.spans.size());
+      in_task = 0;
+    }
+  }
+  if (st.task_begin.back() != st.spans.size()) st.task_begin.push_back(st.spans.size());
+  return st;
+}
+
+// One preadv: the span's pieces with the gaps between them (into `scratch`). `iov` and
+// `scratch` are the caller's, reused from span to span. Returns PreadvFully's result.
+int ReadSpan(const std::vector<PeerFileRuns>& files, const Span& sp, std::vector<struct iovec>& iov,
+             std::vector<uint8_t>& scratch) {
+  iov.clear();
+  PieceAt c = sp.first;
+  const Piece first = PieceOf(files, c);
+  uint64_t end = first.offset;
+  for (std::size_t k = 0; k < sp.pieces; ++k) {
+    const Piece q = PieceOf(files, c);
+    if (q.offset > end) {
+      if (scratch.empty()) scratch.resize(kSpanGapBytes);
+      iov.push_back({scratch.data(), q.offset - end});
+    }
+    iov.push_back({q.dest, q.length});
+    end = q.offset + q.length;
+    NextPiece(files, c);
+  }
+  return PreadvFully(first.fd, iov.data(), static_cast<int>(iov.size()), first.offset, sp.bytes);
+}
+
 }  // namespace
 
 const std::string& HostBootId() {
@@ -203,74 +277,21 @@ Result<FileIdentity> IdentifyFile(const std::string& file) {
 
 Result<uint64_t> ReadPeerFiles(const std::vector<PeerFileRuns>& files, ThreadPool* pool,
                                const std::atomic<bool>* cancel) {
-  // Check every run first, then cut them into pieces, join close short pieces into
-  // spans, and group the spans into tasks (a span never crosses a task).
-  for (const PeerFileRuns& f : files) {
-    for (const ReadRun& r : *f.runs) {
-      if (r.length == 0) continue;
-      if (r.dest == nullptr) return InvalidArgument("null destination reading " + f.file->name());
-      if (r.offset > f.file->size() || r.length > f.file->size() - r.offset) {
-        return OutOfRange("run [" + std::to_string(r.offset) + ", +" + std::to_string(r.length) +
-                          ") is past the end of " + f.file->name() + " (" +
-                          std::to_string(f.file->size()) + " bytes)");
-      }
-    }
-  }
-  std::vector<Span> spans;
-  std::vector<std::size_t> task_begin{0};  // tasks: ranges of spans
-  uint64_t total = 0, in_task = 0;
-  Piece prev{};
-  PieceAt cursor;
-  for (bool more = Settle(files, cursor); more; more = NextPiece(files, cursor)) {
-    const Piece p = PieceOf(files, cursor);
-    if (task_begin.back() != spans.size() &&
-        Joinable(prev, p, spans.back().pieces, spans.back().bytes)) {
-      const uint64_t gap = p.offset - (prev.offset + prev.length);
-      spans.back().pieces += 1;
-      spans.back().bytes += gap + p.length;
-      in_task += gap;
-    } else {
-      spans.push_back({cursor, 1, p.length});
-    }
-    prev = p;
-    in_task += p.length;
-    total += p.length;
-    if (in_task >= kTaskBytes) {
-      task_begin.push_back(spans.size());
-      in_task = 0;
-    }
-  }
-  if (task_begin.back() != spans.size()) task_begin.push_back(spans.size());
-  const std::size_t tasks = task_begin.size() - 1;
+  TP_RETURN_IF_ERROR(CheckRuns(files));
+  const SpanTasks st = CutIntoSpans(files);
+  const std::size_t tasks = st.task_begin.size() - 1;
   std::atomic<int> err{0};  // errno, or -1: a short read (the file shrank)
   std::atomic<bool> stopped{false};
   auto run = [&](std::size_t t) {
     std::vector<struct iovec> iov;
     std::vector<uint8_t> scratch;  // the gaps' bytes, dropped
-    for (std::size_t i = task_begin[t]; i < task_begin[t + 1]; ++i) {
+    for (std::size_t i = st.task_begin[t]; i < st.task_begin[t + 1]; ++i) {
       if (err != 0) return;
       if (cancel != nullptr && cancel->load(std::memory_order_relaxed)) {
         stopped = true;
         return;
       }
-      // One preadv: the span's pieces with the gaps between them.
-      const Span& sp = spans[i];
-      iov.clear();
-      PieceAt c = sp.first;
-      const Piece first = PieceOf(files, c);
-      uint64_t end = first.offset;
-      for (std::size_t k = 0; k < sp.pieces; ++k) {
-        const Piece q = PieceOf(files, c);
-        if (q.offset > end) {
-          if (scratch.empty()) scratch.resize(kSpanGapBytes);
-          iov.push_back({scratch.data(), q.offset - end});
-        }
-        iov.push_back({q.dest, q.length});
-        end = q.offset + q.length;
-        NextPiece(files, c);
-      }
-      const int e =
-          PreadvFully(first.fd, iov.data(), static_cast<int>(iov.size()), first.offset, sp.bytes);
+      const int e = ReadSpan(files, st.spans[i], iov, scratch);
       if (e != 0) {
         err = e;
         return;
@@ -285,7 +306,7 @@ Result<uint64_t> ReadPeerFiles(const std::vector<PeerFileRuns>& files, ThreadPoo
   if (err == -1) return DataLoss("a peer file ended before its announced size");
   if (err != 0) return ErrnoError("reading a peer file", err);
   if (stopped) return Aborted("the read from the peer's files was cancelled");
-  return total;
+  return st.total;
 }
 
 }  // namespace tenplex::transport
