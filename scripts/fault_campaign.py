@@ -58,39 +58,28 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 
+from fault_campaign_common import (
+    CONFIGS,
+    GOOD,
+    OP_DEADLINE,
+    TRANSFORM_FLAGS,
+    base_args,
+    canon,
+    dir_bytes,
+    finish,
+    holders_of,
+    run_campaign,
+    signal_record,
+)
+from fault_campaign_trials import RunAndDiskTrials
+
 from tenplex.testing import Daemon, free_port
 
-CONFIGS = [
-    "tp=2,pp=2,dp=2",
-    "tp=2,pp=4",
-    "tp=1,pp=2,dp=4",
-    "tp=4,pp=2",
-    "tp=2,dp=4",
-    "tp=1,pp=4,dp=2",
-    "tp=2,pp=2,dp=2,zero=1",
-    "tp=2,dp=3",
-    "tp=1,pp=2,dp=3",
-    "tp=2,pp=2",
-]
-OP_DEADLINE = 90  # seconds: transform ~ silent timeout + a round; load ~ 2 x its 30 s request timeout
-RUN_DEADLINE = 240  # seconds: a run of 6 steps (~20-60 s) plus its --hang-seconds 60
-REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-TRANSFORM_FLAGS = ["--silent-timeout", "3", "--control-timeout", "5"]
 
-
-def canon(config):
-    c = {"tp": "1", "pp": "1", "dp": "1", "zero": "0"}
-    for kv in config.split(","):
-        k, v = kv.split("=")
-        c[k] = v
-    return tuple(sorted(c.items()))
-
-
-class Campaign:
+class Campaign(RunAndDiskTrials):
     LISTEN = "127.0.0.1"  # the daemons' --listen host (fault_campaign_jobs.py: 0.0.0.0, with a token)
 
     def __init__(self, tenplex, tmp, seed, verbose, can_mount=False, run_trials=False):
@@ -264,19 +253,7 @@ class Campaign:
             self.limited = None
         if kind == "coordinator":
             victim = "coordinator"
-        result = {
-            "trial": n,
-            "op": op,
-            "from": old,
-            "to": target,
-            "kind": kind,
-            "victim": victim,
-            "phase": phase,
-            "delay": round(delay, 3),
-            "seconds": round(seconds, 2),
-            "rc": proc.returncode,
-            "long_stop": long_stop,
-        }
+        result = signal_record(n, op, old, target, kind, victim, phase, delay, seconds, proc.returncode, long_stop)
         if hang:
             result["outcome"] = "hang"
         elif crashed:
@@ -356,176 +333,6 @@ class Campaign:
             if j["current"] != newest and (self.daemons[i].url in urls or (self.host_id(i) and self.host_id(i) in ids))
         ]
 
-    def run_trial(self, n):
-        """tenplex run --cluster --commit-every 1 with a daemon killed or stopped in it."""
-        rng = self.rng
-        job = "r%d" % n
-        kind = rng.choice(["SIGKILL", "SIGSTOP"])
-        victim = rng.randrange(4)
-        typical = sorted(self.run_durations)[len(self.run_durations) // 2] if self.run_durations else 20.0
-        delay = rng.uniform(0, 1.2 * typical)
-        long_stop = rng.random() < 0.5
-        work = os.path.join(self.tmp, "run-" + job)
-        sched = os.path.join(self.tmp, job + ".json")
-        with open(sched, "w") as f:
-            json.dump([{"step": 0, "config": "tp=2"}, {"step": 3, "config": "dp=2"}, {"step": 6, "stop": True}], f)
-        cmd = [
-            self.tenplex,
-            "run",
-            "--schedule",
-            sched,
-            "--log",
-            os.path.join(self.tmp, job + ".jsonl"),
-            "--work-dir",
-            work,
-            "--cluster",
-            self.cluster,
-            "--job",
-            job,
-            "--commit-every",
-            "1",
-            "--hang-seconds",
-            "60",
-            "--quiet",
-            "--",
-            sys.executable,
-            os.path.join(REPO, "examples/gpt/train.py"),
-            "--model",
-            self.model,
-            "--global-batch-size",
-            "4",
-            "--micro-batch-size",
-            "2",
-            "--seq-length",
-            "16",
-        ]
-        t0 = time.time()
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-        while time.time() - t0 < delay and proc.poll() is None:
-            time.sleep(0.01)
-        phase = "during" if proc.poll() is None else "after"
-        self.hit(victim, kind, long_stop)
-        out, err, hang = finish(proc, RUN_DEADLINE)
-        seconds = time.time() - t0
-        if phase == "after":
-            self.run_durations.append(seconds)
-        crashed = self.revive(victim, kind)
-        result = {
-            "trial": n,
-            "op": "run",
-            "from": "tp=2",
-            "to": "dp=2",
-            "kind": kind,
-            "victim": victim,
-            "phase": phase,
-            "delay": round(delay, 3),
-            "seconds": round(seconds, 2),
-            "rc": proc.returncode,
-            "long_stop": long_stop,
-        }
-        if proc.returncode != 0:
-            result["error"] = err.strip().splitlines()[-1][-300:] if err.strip() else ""
-        if hang:
-            result["outcome"] = "hang"
-        elif crashed:
-            result.update(outcome="crash", detail="daemons %r died" % crashed)
-        else:
-            result.update(self.check_run(job, proc.returncode))
-        for d in self.daemons:  # free the daemons' memory for the next trials
-            try:
-                d.call("DELETE", "/v1/jobs/" + job, timeout=30)
-            except OSError:
-                pass
-        shutil.rmtree(work, ignore_errors=True)
-        if self.verbose or result["outcome"] not in GOOD:
-            print(json.dumps(result), flush=True)
-            if result["outcome"] not in GOOD:
-                print("   run stderr: %s" % err.strip()[-600:], flush=True)
-        return result
-
-    def check_run(self, job, rc):
-        jobs, left = self.recover(job)
-        if left:
-            return {"outcome": "orphans", "detail": repr(left)}
-        newest = max([j["current"] or 0 for _, j in jobs])
-        if newest == 0:  # killed before the first commit: nothing to check
-            return {"outcome": "completed" if rc == 0 else "clean abort"}
-        info = next(v["info"] for _, j in jobs for v in j["versions"] if v["version"] == newest)
-        behind = self.behind(jobs, info, newest)
-        if behind:
-            return {"outcome": "split", "detail": "hosts %r not at version %d" % (behind, newest)}
-        save = os.path.join(self.tmp, "run-save")
-        again = os.path.join(self.tmp, "run-again")
-        for x in (save, again):
-            shutil.rmtree(x, ignore_errors=True)
-        p = self.cli("store", "save", "--cluster", self.cluster, "--job", job, "--out", save, timeout=120)
-        if p.returncode != 0:
-            return {"outcome": "data lost", "detail": p.stderr.strip()[-400:]}
-        with open(os.path.join(save, "tenplex.json")) as f:
-            config = json.load(f)["config"]
-        v = self.cli("reshard", "--in", save, "--to", config, "--out", again, "--quiet", timeout=120)
-        for x in (save, again):
-            shutil.rmtree(x, ignore_errors=True)
-        if v.returncode != 0:
-            return {"outcome": "data lost", "detail": "reshard of the saved state: " + v.stderr.strip()[-400:]}
-        return {"outcome": "completed" if rc == 0 else "clean abort"}
-
-    def enospc_trial(self, n, op, target):
-        """reshard --out or store save --cluster --out into a tmpfs of a random size."""
-        rng = self.rng
-        src = rng.choice(CONFIGS)
-        need = dir_bytes(self.ckpts[target if op == "reshard" else self.state])
-        size = max(4096, int(rng.uniform(0.1, 1.3) * need))
-        mnt = os.path.join(self.tmp, "enospc")
-        os.makedirs(mnt, exist_ok=True)
-        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=%d" % size, "tmpfs", mnt], check=True)
-        out = os.path.join(mnt, "out")
-        if op == "reshard":
-            cmd = [self.tenplex, "reshard", "--in", self.ckpts[src], "--to", target, "--out", out, "--quiet"]
-        else:
-            cmd = [self.tenplex, "store", "save", "--cluster", self.cluster, "--job", "j", "--out", out]
-        t0 = time.time()
-        result = {
-            "trial": n,
-            "op": op,
-            "from": src if op == "reshard" else self.state,
-            "to": target,
-            "kind": "ENOSPC",
-            "victim": "disk",
-            "phase": "fits" if size >= need * 1.05 else "too small",
-            "size": size,
-            "need": need,
-        }
-        try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=OP_DEADLINE)
-            result["rc"] = p.returncode
-            if p.returncode < 0 or p.returncode >= 128:
-                result.update(outcome="crash", detail=p.stderr.strip()[-300:])
-            elif p.returncode == 0:
-                v = self.cli("ckpt", "verify", "--in", out, timeout=120)
-                result["outcome"] = "completed" if v.returncode == 0 else "data lost"
-                if v.returncode != 0:
-                    result["detail"] = v.stderr.strip()[-300:]
-            elif os.listdir(mnt):
-                result.update(outcome="orphans", detail="left %r" % os.listdir(mnt))
-            elif "disk is full" not in p.stderr:
-                result.update(outcome="unclear", detail=p.stderr.strip()[-300:])
-            else:
-                result["outcome"] = "clean abort"
-                result["error"] = p.stderr.strip().splitlines()[-1][-300:]
-        except subprocess.TimeoutExpired:
-            result["outcome"] = "hang"
-        result["seconds"] = round(time.time() - t0, 2)
-        subprocess.run(["umount", mnt], check=True)
-        crashed = [i for i, x in enumerate(self.daemons) if x.proc.poll() is not None]
-        if crashed:
-            result.update(outcome="crash", detail="daemons %r died" % crashed)
-            for i in crashed:
-                self.daemons[i] = self.start(i)
-        if self.verbose or result["outcome"] not in ("completed", "clean abort"):
-            print(json.dumps(result), flush=True)
-        return result
-
     def check(self, op, old, target, rc, out):
         res = self.settle(old, [target])
         if "outcome" in res:
@@ -583,102 +390,6 @@ class Campaign:
             d.stop()
         for s in self.shm:
             shutil.rmtree(s, ignore_errors=True)
-
-
-def holders_of(info):
-    """(URLs, host ids) of the hosts that hold ranks of a version: rank r on
-    hosts[r // gpus_per_host] of its placement (a run records the whole cluster; hosts
-    past its ranks hold nothing); ids only where the info records them."""
-    c = dict(canon(info["config"]))
-    world = int(c["tp"]) * int(c["pp"]) * int(c["dp"])
-    placement = info.get("cluster", {})
-    hosts, k = placement.get("hosts", []), int(placement.get("gpus_per_host", 1))
-    ids = placement.get("host_ids") or []
-    used = [r // k for r in range(world) if r // k < len(hosts)]
-    return {hosts[h] for h in used}, {ids[h] for h in used if h < len(ids) and ids[h]}
-
-
-def finish(proc, deadline):
-    """(stdout, stderr, hang) of an operation; past the deadline it and its children
-    (own session) are killed."""
-    try:
-        out, err = proc.communicate(timeout=deadline)
-        return out, err, False
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        return out, err, True
-
-
-def dir_bytes(d):
-    return sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d))
-
-
-OUTCOMES = ["completed", "recovered", "clean abort", "data lost", "split", "orphans", "hang", "crash", "unclear"]
-GOOD = ("completed", "recovered", "clean abort")
-
-
-def table(results, outcomes=OUTCOMES):
-    kinds = sorted({(r["kind"], r["op"], r["phase"]) for r in results})
-    lines = [
-        "| fault | operation | phase | trials | " + " | ".join(outcomes) + " |",
-        "|---|---|---|---|" + "---|" * len(outcomes),
-    ]
-    for k in kinds:
-        rs = [r for r in results if (r["kind"], r["op"], r["phase"]) == k]
-        lines.append(
-            "| %s | %s | %s | %d | " % (k[0], k[1], k[2], len(rs))
-            + " | ".join(str(sum(r["outcome"] == o for r in rs)) for o in outcomes)
-            + " |"
-        )
-    lines.append(
-        "| all | | | %d | " % len(results)
-        + " | ".join("**%d**" % sum(r["outcome"] == o for r in results) for o in outcomes)
-        + " |"
-    )
-    return "\n".join(lines)
-
-
-def base_args(ap):
-    """The arguments every campaign script takes."""
-    ap.add_argument("tenplex")
-    ap.add_argument("--trials", type=int, default=100)
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--markdown", help="write the table (and the seed) to this file")
-    ap.add_argument("--json", help="write every trial's record to this file")
-    ap.add_argument("--verbose", action="store_true")
-
-
-def run_campaign(make, a, outcomes=OUTCOMES):
-    """Runs a.trials trials of the campaign make(tmp) returns (its .trial(n) and .stop()),
-    prints and writes the table; exits 1 when a trial's outcome is not completed,
-    recovered or clean abort."""
-    tmp = tempfile.mkdtemp(prefix="tenplex-campaign-")
-    c = None
-    results = []
-    t0 = time.time()
-    try:
-        c = make(tmp)
-        for n in range(a.trials):
-            results.append(c.trial(n))
-    finally:
-        if c:
-            c.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
-    t = table(results, outcomes)
-    print(t)
-    print("%d trials, seed %d, %.0f s" % (len(results), a.seed, time.time() - t0))
-    if a.markdown:
-        with open(a.markdown, "w") as f:
-            f.write("%d trials, seed %d, %.0f s\n\n%s\n" % (len(results), a.seed, time.time() - t0, t))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(results, f, indent=1)
-    bad = [r for r in results if r["outcome"] not in GOOD]
-    if bad:
-        print("FAIL: %d trial(s) with %s" % (len(bad), ", ".join(sorted({r["outcome"] for r in bad}))))
-        sys.exit(1)
-    print("PASS")
 
 
 def main():

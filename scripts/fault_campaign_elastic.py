@@ -37,6 +37,7 @@ import sys
 import time
 
 import fault_campaign as fc
+import fault_campaign_common as common
 
 MAX_RESTARTS = 4
 JOB_DEADLINE = 240  # seconds for every round of a job together
@@ -166,7 +167,7 @@ class ElasticTrials:
         for r, h in enumerate(hosts):
             env = dict(
                 os.environ,
-                PYTHONPATH=os.path.join(fc.REPO, "python"),
+                PYTHONPATH=os.path.join(common.REPO, "python"),
                 TENPLEX_BIN=self.tenplex,
                 OMP_NUM_THREADS="1",
                 GLOO_SOCKET_IFNAME="lo",
@@ -183,7 +184,7 @@ class ElasticTrials:
                 TENPLEX_STORE_URL=self.daemons[h].url,
             )
             out = open(os.path.join(self.tmp, "%s-r%d-%d.log" % (job, r, restarts)), "w+")
-            cmd = [sys.executable, os.path.join(fc.REPO, "scripts", "fault_campaign_jobs.py"), "--worker", spec]
+            cmd = [sys.executable, os.path.join(common.REPO, "scripts", "fault_campaign_jobs.py"), "--worker", spec]
             procs.append(
                 (subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True), out)
             )

@@ -59,6 +59,7 @@ import types
 import urllib.request
 
 import fault_campaign as fc
+import fault_campaign_common as common
 from fault_campaign_replay import REPLAY_KINDS, ReplayKinds, refused
 
 from tenplex.testing import Daemon
@@ -76,7 +77,7 @@ def _hardening_test() -> types.ModuleType:
 
 Hostile = _hardening_test().Hostile
 
-OUTCOMES = fc.OUTCOMES + ["locked out", "rss", "refusal wrong"]
+OUTCOMES = common.OUTCOMES + ["locked out", "rss", "refusal wrong"]
 KINDS = ["ucx flood", "probe flood", "connection flood", "special files"] + REPLAY_KINDS
 LATENCY_BOUND = 2.0  # seconds an authenticated call may take during a flood (2-core CI machine)
 # RssAnon growth allowed over a trial: the server's staging bound (max_staged_bytes,
@@ -185,7 +186,7 @@ class HostileCampaign(ReplayKinds, fc.Campaign):
         victim = rng.randrange(4)
         t0 = time.time()
         old = self.state
-        target = rng.choice([c for c in fc.CONFIGS if fc.canon(c) != fc.canon(old)])
+        target = rng.choice([c for c in common.CONFIGS if common.canon(c) != common.canon(old)])
         during = kind != "special files" and rng.random() < 0.5
         m0 = self.metrics(victim)
         mon = Monitor(self.daemons[victim])
@@ -226,13 +227,13 @@ class HostileCampaign(ReplayKinds, fc.Campaign):
             vmhwm_mib=round(status.get("VmHWM", 0) / 2**20),
         )
         if op is not None:
-            out, err, hang = fc.finish(op, fc.OP_DEADLINE)
+            out, err, hang = common.finish(op, common.OP_DEADLINE)
             rc = op.returncode
         else:
             hang = False
             try:
                 p = subprocess.run(
-                    self.op_command("transform", target), capture_output=True, text=True, timeout=fc.OP_DEADLINE
+                    self.op_command("transform", target), capture_output=True, text=True, timeout=common.OP_DEADLINE
                 )
                 out, rc = p.stdout, p.returncode
             except subprocess.TimeoutExpired:
@@ -264,9 +265,9 @@ class HostileCampaign(ReplayKinds, fc.Campaign):
             result.update(res)
         else:
             res = self.settle(old, [target])
-            self.state = next((t for t in (old, target) if fc.canon(t) == fc.canon(res.get("saved", old))), old)
+            self.state = next((t for t in (old, target) if common.canon(t) == common.canon(res.get("saved", old))), old)
         result["seconds"] = round(time.time() - t0, 2)
-        if self.verbose or result["outcome"] not in fc.GOOD:
+        if self.verbose or result["outcome"] not in common.GOOD:
             print(json.dumps(result), flush=True)
         self.results.append(result)
         return result
@@ -533,7 +534,7 @@ class HostileCampaign(ReplayKinds, fc.Campaign):
 
 def main():
     ap = argparse.ArgumentParser()
-    fc.base_args(ap)
+    common.base_args(ap)
     ap.add_argument("--kinds", default=",".join(KINDS), help="comma-separated fault kinds to draw from")
     ap.add_argument("--client", help="the hostile client (default: tenplex_hostile_client next to tenplex)")
     ap.add_argument(
@@ -553,7 +554,7 @@ def main():
     socket.setdefaulttimeout(60)
     if a.own_address < 60:
         ap.error("--own-address must be at least 60")
-    fc.run_campaign(
+    common.run_campaign(
         lambda tmp: HostileCampaign(a.tenplex, tmp, a.seed, a.verbose, kinds, client, a.own_address), a, OUTCOMES
     )
 

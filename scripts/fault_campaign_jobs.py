@@ -50,9 +50,10 @@ import time
 import urllib.request
 
 import fault_campaign as fc  # noqa: E402
+import fault_campaign_common as common  # noqa: E402
 import fault_campaign_elastic as fe  # noqa: E402
 
-OUTCOMES = fc.OUTCOMES + ["silent restart", "wedged", "lost host"]
+OUTCOMES = common.OUTCOMES + ["silent restart", "wedged", "lost host"]
 KINDS = ["coordinators", "port in use", "host renamed", "down at start", "restart mid-job"]
 SERVE_DEADLINE = 10  # seconds a refused second `store serve` may take to exit
 
@@ -101,9 +102,9 @@ class JobsCampaign(fe.ElasticTrials, fc.Campaign):
             "restart mid-job": self.restart_mid_job_trial,
         }[kind](n)
         result.update(trial=n, kind=kind, seconds=round(time.time() - t0, 2))
-        if self.verbose or result["outcome"] not in fc.GOOD:
+        if self.verbose or result["outcome"] not in common.GOOD:
             print(json.dumps(result), flush=True)
-        if result["outcome"] not in fc.GOOD and kind in KINDS[:3]:
+        if result["outcome"] not in common.GOOD and kind in KINDS[:3]:
             self.reset_job()
         return result
 
@@ -143,7 +144,7 @@ class JobsCampaign(fe.ElasticTrials, fc.Campaign):
         return self.revive(-1, "none")
 
     def other_configs(self, k, *but):
-        return self.rng.sample([c for c in fc.CONFIGS if fc.canon(c) not in [fc.canon(b) for b in but]], k)
+        return self.rng.sample([c for c in common.CONFIGS if common.canon(c) not in [common.canon(b) for b in but]], k)
 
     # ---- concurrent coordinators -------------------------------------------------------
 
@@ -171,7 +172,7 @@ class JobsCampaign(fe.ElasticTrials, fc.Campaign):
             for i, q in enumerate(procs):
                 if ends[i] is None and q.poll() is not None:
                     ends[i] = time.time()
-            if time.time() - t0 > fc.OP_DEADLINE + offset:
+            if time.time() - t0 > common.OP_DEADLINE + offset:
                 hang = True
                 for q in procs:
                     if q.poll() is None:
@@ -201,7 +202,7 @@ class JobsCampaign(fe.ElasticTrials, fc.Campaign):
         if crashed:
             return dict(result, outcome="crash", detail="daemons %r died" % crashed)
         result.update(self.judge_race(old, targets, rcs, texts))
-        if result["outcome"] in fc.GOOD:
+        if result["outcome"] in common.GOOD:
             del result["stderr"]
         return result
 
@@ -216,7 +217,7 @@ class JobsCampaign(fe.ElasticTrials, fc.Campaign):
                 return dict(res, outcome="wedged")
             return res
         saved = res["saved"]
-        got = next((t for t in targets if fc.canon(t) == fc.canon(saved)), old)
+        got = next((t for t in targets if common.canon(t) == common.canon(saved)), old)
         self.state = got
         winners = [i for i in (0, 1) if rcs[i] == 0]
         unclear = [i for i in (0, 1) if rcs[i] != 0 and not clear_error(rcs[i], texts[i][1])]
@@ -235,7 +236,9 @@ class JobsCampaign(fe.ElasticTrials, fc.Campaign):
         # Never wedged: recovery, the next transform and a save work.
         third = self.other_configs(1, got)[0]
         t0 = time.time()
-        p = subprocess.run(self.op_command("transform", third), capture_output=True, text=True, timeout=fc.OP_DEADLINE)
+        p = subprocess.run(
+            self.op_command("transform", third), capture_output=True, text=True, timeout=common.OP_DEADLINE
+        )
         if self.recover_rc != 0 or p.returncode != 0:
             self.unwedge()
             return {
@@ -302,7 +305,7 @@ class JobsCampaign(fe.ElasticTrials, fc.Campaign):
         op_rc, op_out, hang = None, "", False
         if op is not None:
             try:
-                op.wait(fc.OP_DEADLINE)
+                op.wait(common.OP_DEADLINE)
             except subprocess.TimeoutExpired:
                 os.killpg(op.pid, signal.SIGKILL)
                 op.wait()
@@ -363,7 +366,7 @@ class JobsCampaign(fe.ElasticTrials, fc.Campaign):
         result = {"op": "transform", "phase": phase, "from": old, "to": target, "hosts": urls}
         t0 = time.time()
         try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=fc.OP_DEADLINE)
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=common.OP_DEADLINE)
         except subprocess.TimeoutExpired:
             return dict(result, outcome="hang")
         result["rc"] = p.returncode
@@ -377,7 +380,7 @@ class JobsCampaign(fe.ElasticTrials, fc.Campaign):
             if "outcome" in res:
                 return dict(result, **res)
             if p.returncode == 0:
-                self.state = target if fc.canon(res["saved"]) == fc.canon(target) else old
+                self.state = target if common.canon(res["saved"]) == common.canon(target) else old
                 return dict(result, outcome="lost host", detail="one daemon accepted under two URLs")
             clear = clear_error(p.returncode, p.stderr)
             return dict(result, outcome="clean abort" if clear else "unclear")
@@ -392,7 +395,7 @@ class JobsCampaign(fe.ElasticTrials, fc.Campaign):
                     outcome="lost host",
                     detail="lost %r in %d attempts" % (stats.get("lost_hosts"), stats["attempts"]),
                 )
-        elif res["outcome"] in fc.GOOD:
+        elif res["outcome"] in common.GOOD:
             res = dict(res, outcome="lost host", detail="the transform failed")
         return dict(result, **res)
 
@@ -406,7 +409,7 @@ def main():
     if len(sys.argv) > 2 and sys.argv[1] == "--worker":
         return fe.worker(sys.argv[2])
     ap = argparse.ArgumentParser()
-    fc.base_args(ap)
+    common.base_args(ap)
     ap.add_argument("--kinds", default=",".join(KINDS), help="comma-separated fault kinds to draw from")
     a = ap.parse_args()
     kinds = a.kinds.split(",")
@@ -414,7 +417,7 @@ def main():
     if unknown:
         ap.error("unknown kinds %s; known: %s" % (unknown, ", ".join(KINDS)))
     socket.setdefaulttimeout(60)
-    fc.run_campaign(lambda tmp: JobsCampaign(a.tenplex, tmp, a.seed, a.verbose, kinds), a, OUTCOMES)
+    common.run_campaign(lambda tmp: JobsCampaign(a.tenplex, tmp, a.seed, a.verbose, kinds), a, OUTCOMES)
 
 
 if __name__ == "__main__":
