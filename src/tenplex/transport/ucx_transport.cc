@@ -1,4 +1,6 @@
 // The UCX transport: lifecycle, the progress loop, UCX operations (ucx_internal.h).
+#include <cstdlib>
+
 #include "tenplex/transport/ucx_internal.h"
 #include "tenplex/transport/ucx_version.h"
 
@@ -32,6 +34,38 @@ Status CheckUcxLibrary(const UcxRelease& library, const UcxRelease& headers) {
                             "(cmake/ucx.cmake)");
 }
 
+std::vector<UcxSetting> UcxSettings(const std::string& tls, const std::string& net_devices,
+                                    const std::function<const char*(const char*)>& env) {
+  std::vector<UcxSetting> out;
+  if (!tls.empty()) out.push_back({"TLS", tls});
+  if (!net_devices.empty()) out.push_back({"NET_DEVICES", net_devices});
+  for (const char* key : {"TCP_TX_SEG_SIZE", "TCP_RX_SEG_SIZE"}) {
+    if (env((std::string("UCX_") + key).c_str()) == nullptr)
+      out.push_back({key, kUcxTcpSegmentSize});
+  }
+  return out;
+}
+
+namespace {
+
+// The UCX configuration: the environment's, with UcxSettings applied. The caller releases it.
+Result<ucp_config_t*> ReadConfig(const TransportOptions& options) {
+  ucp_config_t* config = nullptr;
+  ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
+  if (s != UCS_OK) return Unavailable("UCX: cannot read configuration: " + UcsError(s));
+  for (const UcxSetting& u : UcxSettings(options.ucx_tls, options.ucx_net_devices,
+                                         [](const char* k) { return std::getenv(k); })) {
+    s = ucp_config_modify(config, u.key.c_str(), u.value.c_str());
+    if (s != UCS_OK) {
+      ucp_config_release(config);
+      return InvalidArgument("UCX: bad " + u.key + " '" + u.value + "': " + UcsError(s));
+    }
+  }
+  return config;
+}
+
+}  // namespace
+
 UcxTransport::~UcxTransport() {
   if (thread_.joinable()) {
     Submit([this] { stopping_ = true; });
@@ -50,28 +84,11 @@ Status UcxTransport::Init() {
                            std::to_string(kDirectBytes) + " and the request limits positive");
   }
   TP_RETURN_IF_ERROR(CheckUcxLibrary(UcxLibraryRelease(), UcxHeaderRelease()));
-  ucp_config_t* config = nullptr;
-  ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
-  if (s != UCS_OK) return Unavailable("UCX: cannot read configuration: " + UcsError(s));
-  if (!options_.ucx_tls.empty()) {
-    s = ucp_config_modify(config, "TLS", options_.ucx_tls.c_str());
-    if (s != UCS_OK) {
-      ucp_config_release(config);
-      return InvalidArgument("UCX: bad transport list '" + options_.ucx_tls + "': " + UcsError(s));
-    }
-  }
-  if (!options_.ucx_net_devices.empty()) {
-    s = ucp_config_modify(config, "NET_DEVICES", options_.ucx_net_devices.c_str());
-    if (s != UCS_OK) {
-      ucp_config_release(config);
-      return InvalidArgument("UCX: bad device list '" + options_.ucx_net_devices +
-                             "': " + UcsError(s));
-    }
-  }
+  TP_ASSIGN_OR_RETURN(ucp_config_t * config, ReadConfig(options_));
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;
   params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
-  s = ucp_init(&params, config, &context_);
+  ucs_status_t s = ucp_init(&params, config, &context_);
   ucp_config_release(config);
   if (s != UCS_OK) return Unavailable("UCX: ucp_init failed: " + UcsError(s));
 

@@ -53,5 +53,23 @@ TEST(UcxVersion, TheUcxHasNoWireupPurgeAssertion) {
 #endif
 }
 
+TEST(UcxSettings, TcpSegmentsUnlessTheEnvironmentSetsThem) {
+  const auto none = [](const char*) -> const char* { return nullptr; };
+  const std::vector<UcxSetting> segments{{"TCP_TX_SEG_SIZE", "256k"}, {"TCP_RX_SEG_SIZE", "256k"}};
+  EXPECT_EQ(UcxSettings("", "", none), segments);
+  std::vector<UcxSetting> all{{"TLS", "tcp"}, {"NET_DEVICES", "lo"}};
+  all.insert(all.end(), segments.begin(), segments.end());
+  EXPECT_EQ(UcxSettings("tcp", "lo", none), all);
+  // A variable the user set, even to the default, is left to UCX; the other one is still set.
+  const auto tx_set = [](const char* k) -> const char* {
+    return std::string(k) == "UCX_TCP_TX_SEG_SIZE" ? "8k" : nullptr;
+  };
+  EXPECT_EQ(UcxSettings("", "", tx_set), (std::vector<UcxSetting>{{"TCP_RX_SEG_SIZE", "256k"}}));
+  const auto both_set = [](const char* k) -> const char* {
+    return std::string(k).starts_with("UCX_TCP_") ? "1m" : nullptr;
+  };
+  EXPECT_TRUE(UcxSettings("", "", both_set).empty());
+}
+
 }  // namespace
 }  // namespace tenplex::transport::ucx
