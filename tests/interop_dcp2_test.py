@@ -1,7 +1,8 @@
-#!/usr/bin/env python3
 """`tenplex import --from dcp` / `export --to dcp` judged by torch 2.x DCP itself.
 
-  interop_dcp2_test.py TENPLEX_BIN
+Under pytest (issue 32 §4), ctest interop_dcp2, TENPLEX_BIN the CLI under test:
+
+    python -m pytest tests/interop_dcp2_test.py::test_dcp2
 
 1. 4 gloo processes (CPU) build a 2-D DeviceMesh dp=2 x tp=2 (init_device_mesh), lay a
    small GPT out as a module tree whose parameter names are tenplex's global names,
@@ -22,39 +23,55 @@
 4. One process `dcp.save`s plain tensors (parameters only, no process group) with step and
    samples as 0-d integer tensors; import gives the parameters in every element, Adam
    moments zero, and the step and samples.
+
+The gloo processes are torch.multiprocessing's (spawn): they import this module and run
+_save_worker / _load_worker. interop_test's helpers (model_json, run, check_ckpt) read
+its globals, which the `interop` fixture sets for the test (interop_test.configured).
 """
+
+from __future__ import annotations
 
 import json
 import logging
 import os
-import shutil
-import sys
 import tempfile
 import time
 import warnings
 import zlib
+from collections.abc import Callable, Iterator
+from types import SimpleNamespace
+from typing import Any
 
+import interop_test as IT  # check_ckpt: the reference-layout slicing
 import numpy as np
+import pytest
+import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "python"))
-sys.path.insert(0, HERE)
-
-import interop_test as IT  # noqa: E402  (check_ckpt: the reference-layout slicing)
-import torch  # noqa: E402
+_log = logging.getLogger(__name__)
 
 STEP, SAMPLES = 7, 448
 COLWISE = ("linear_qkv", "linear_fc1", "output_layer")
 ROWWISE = ("linear_proj", "linear_fc2")
+GPT = (
+    "--num-layers 2 --hidden-size 32 --num-attention-heads 4 --vocab-size 60 --make-vocab-size-divisible-by 8 "
+    "--max-position-embeddings 16 --optimizer adam"
+).split()
 
 
-def draw(name, shape):
+@pytest.fixture
+def interop(tenplex: str, tmp: str, references: SimpleNamespace) -> Iterator[str]:
+    """interop_test's globals (CLI, directory, reference layout) for this test; the directory."""
+    with IT.configured(tenplex, tmp, references.layout_ref):
+        yield tmp
+
+
+def draw(name: str, shape: list[int]) -> np.ndarray:
     """The value of a global tensor, the same in every process."""
     rng = np.random.default_rng(zlib.crc32(name.encode()))
     return rng.standard_normal(shape).astype(np.float32)
 
 
-def globals_of(model):
+def globals_of(model: dict[str, Any]) -> dict[str, list[int]]:
     """{global name: shape} of parameters and Adam moments (fp32 model: no master copies)."""
     out = {t["path"]: t["shape"] for t in model["tensors"]}
     for k in model["optimizer"]["states"]:
@@ -63,7 +80,7 @@ def globals_of(model):
     return out
 
 
-def build_module(model):
+def build_module(model: dict[str, Any]) -> tuple[torch.nn.Module, dict[str, Any]]:
     """A module tree whose parameter names are the model's global names; returns
     (root, tp plan {module path: style})."""
     from torch import nn
@@ -71,7 +88,7 @@ def build_module(model):
 
     root, plan = nn.Module(), {}
 
-    def parent(path):
+    def parent(path: str) -> nn.Module:
         m = root
         for part in path.split("."):
             if not hasattr(m, part):
@@ -102,7 +119,9 @@ def build_module(model):
     return root, plan
 
 
-def _save_worker(rank, world, rdzv, model_path, out_dir):
+def _save_worker(rank: int, world: int, rdzv: str, model_path: str, out_dir: str) -> None:
+    """One of the 4 saving processes (step 1); rank 0 writes what it saved to saved.json
+    beside the rendezvous file."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.device_mesh import init_device_mesh
@@ -112,14 +131,16 @@ def _save_worker(rank, world, rdzv, model_path, out_dir):
     _quiet_torch()
     dist.init_process_group("gloo", init_method="file://" + rdzv, rank=rank, world_size=world)
     torch.set_num_threads(1)
-    model = json.load(open(model_path))
+    with open(model_path) as f:
+        model = json.load(f)
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
     root, plan = build_module(model)
     with torch.no_grad():
         for name, p in root.named_parameters():
             p.copy_(torch.from_numpy(draw(name, list(p.shape))))
     parallelize_module(root, mesh["tp"], plan)
-    sd, placements = {}, {}
+    sd: dict[str, Any] = {}
+    placements = {}
     for name, p in root.named_parameters():
         if isinstance(p, DTensor):  # tp-sharded: lift to (dp, tp), replicated over dp
             tp_pl = p.placements[0]
@@ -143,12 +164,14 @@ def _save_worker(rank, world, rdzv, model_path, out_dir):
     dcp.save(sd, checkpoint_id=out_dir)
     if rank == 0:
         kinds = sorted({str(tuple(v.placements)) for v in sd.values() if isinstance(v, DTensor)})
-        print(f"  saved {len(sd) - 2} DTensors on mesh dp=2 x tp=2, placements {kinds}", flush=True)
+        with open(os.path.join(os.path.dirname(rdzv), "saved.json"), "w") as f:
+            json.dump({"tensors": len(sd) - 2, "placements": kinds}, f)
     dist.barrier()
     dist.destroy_process_group()
 
 
-def _load_worker(rank, world, rdzv, model_path, src_dir, result_dir):
+def _load_worker(rank: int, world: int, rdzv: str, model_path: str, src_dir: str, result_dir: str) -> None:
+    """One of the 3 loading processes (step 3): its results in result_dir/rank<r>.json."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.device_mesh import init_device_mesh
@@ -157,10 +180,11 @@ def _load_worker(rank, world, rdzv, model_path, src_dir, result_dir):
     _quiet_torch()
     dist.init_process_group("gloo", init_method="file://" + rdzv, rank=rank, world_size=world)
     torch.set_num_threads(1)
-    model = json.load(open(model_path))
+    with open(model_path) as f:
+        model = json.load(f)
     mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("x",))
     shapes = globals_of(model)
-    sd = {}
+    sd: dict[str, Any] = {}
     for name, shape in shapes.items():  # other placements: columns of matrices, uneven over 3
         pl = [Shard(1)] if len(shape) == 2 else [Shard(0)]
         sd[name] = distribute_tensor(torch.full(shape, float("nan")), mesh, pl)
@@ -177,107 +201,97 @@ def _load_worker(rank, world, rdzv, model_path, src_dir, result_dir):
     dist.destroy_process_group()
 
 
-def _quiet_torch():
+def _quiet_torch() -> None:
     """DTensor logs a warning for every 2-D redistribution (full_tensor() here)."""
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
 
 
-def plain_params_only(model, out_dir):
+def plain_params_only(model: dict[str, Any], out_dir: str) -> None:
     """One process, no process group: dcp.save of plain tensors (parameters only) with
     step and samples as 0-d integer tensors."""
     import torch.distributed.checkpoint as dcp
 
-    sd = {t["path"]: torch.from_numpy(draw(t["path"], t["shape"])) for t in model["tensors"]}
+    sd: dict[str, Any] = {t["path"]: torch.from_numpy(draw(t["path"], t["shape"])) for t in model["tensors"]}
     sd["step"], sd["samples_consumed"] = torch.tensor(STEP), torch.tensor(SAMPLES, dtype=torch.int32)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         dcp.save(sd, checkpoint_id=out_dir, no_dist=True)
 
 
-def spawn(fn, world, *args):
+def spawn(fn: Callable[..., None], world: int, *args: str) -> str:
+    """`world` processes run fn(rank, world, rendezvous file, *args); the directory of the
+    rendezvous file."""
     import torch.multiprocessing as mp
 
-    rdzv = os.path.join(tempfile.mkdtemp(dir=IT.TMP), "rendezvous")
-    mp.start_processes(fn, args=(world, rdzv) + args, nprocs=world, join=True, start_method="spawn")
+    d = tempfile.mkdtemp(dir=IT.TMP)
+    mp.start_processes(
+        fn, args=(world, os.path.join(d, "rendezvous"), *args), nprocs=world, join=True, start_method="spawn"
+    )
+    return d
 
 
-def main():
-    IT.BIN = os.path.abspath(sys.argv[1])
-    IT.TMP = tempfile.mkdtemp(prefix="tenplex-interop-dcp2-")
+def test_dcp2(interop: str) -> None:
     t0 = time.monotonic()
-    try:
-        mpath, model = IT.model_json(
-            "gpt",
-            "--num-layers",
-            "2",
-            "--hidden-size",
-            "32",
-            "--num-attention-heads",
-            "4",
-            "--vocab-size",
-            "60",
-            "--make-vocab-size-divisible-by",
-            "8",
-            "--max-position-embeddings",
-            "16",
-            "--optimizer",
-            "adam",
+    mpath, model = IT.model_json("gpt", *GPT)
+    shapes = globals_of(model)
+    G = {name: draw(name, shape) for name, shape in shapes.items()}
+    total = sum(v.size for v in G.values())
+    d1 = os.path.join(IT.TMP, "dcp-2d")
+    with open(os.path.join(spawn(_save_worker, 4, mpath, d1), "saved.json")) as f:
+        saved = json.load(f)
+    _log.info("  saved %d DTensors on mesh dp=2 x tp=2, placements %s", saved["tensors"], saved["placements"])
+    c1 = os.path.join(IT.TMP, "ck-tp2pp2")
+    IT.run("import", "--from", "dcp", d1, "--model", mpath, "--config", "tp=2,pp=2", "--out", c1)
+    info, n = IT.check_ckpt(c1, model, G, optimizer="given")
+    assert info.get("step") == STEP and info.get("samples_consumed") == SAMPLES, (
+        f"imported step/samples {info.get('step')}/{info.get('samples_consumed')}, expected {STEP}/{SAMPLES}"
+    )
+    _log.info(
+        "import: DCP of 2-D DTensors (dp=2 x tp=2) -> tenplex tp=2,pp=2: %d elements in 4 rank files "
+        "equal the drawn tensors; step %d, samples %d",
+        n,
+        STEP,
+        SAMPLES,
+    )
+    for cfg in ("tp=4,pp=1", "tp=1,pp=2,dp=2,zero=1"):
+        c2 = os.path.join(IT.TMP, "ck-" + cfg)
+        IT.run("reshard", "--in", c1, "--to", cfg, "--out", c2)
+        d2 = os.path.join(IT.TMP, "dcp-out-" + cfg)
+        IT.run("export", "--to", "dcp", c2, "--out", d2)
+        res = os.path.join(IT.TMP, "res-" + cfg)
+        os.makedirs(res)
+        spawn(_load_worker, 3, mpath, d2, res)
+        rs = []
+        for r in range(3):
+            with open(os.path.join(res, f"rank{r}.json")) as f:
+                rs.append(json.load(f))
+        local = sum(r["local"] for r in rs)
+        assert (
+            not any(r["bad"] for r in rs)
+            and local == total
+            and all(r["step"] == STEP and r["samples"] == SAMPLES for r in rs)
+        ), (
+            f"dcp.load of the export from {cfg} into 3 processes: {rs}; expected {total} "
+            f"elements, step {STEP}, samples {SAMPLES}"
         )
-        shapes = globals_of(model)
-        G = {name: draw(name, shape) for name, shape in shapes.items()}
-        total = sum(v.size for v in G.values())
-        d1 = os.path.join(IT.TMP, "dcp-2d")
-        spawn(_save_worker, 4, mpath, d1)
-        c1 = os.path.join(IT.TMP, "ck-tp2pp2")
-        IT.run("import", "--from", "dcp", d1, "--model", mpath, "--config", "tp=2,pp=2", "--out", c1)
-        info, n = IT.check_ckpt(c1, model, G, optimizer="given")
-        if info.get("step") != STEP or info.get("samples_consumed") != SAMPLES:
-            sys.exit(
-                f"FAIL: imported step/samples {info.get('step')}/{info.get('samples_consumed')}, "
-                f"expected {STEP}/{SAMPLES}"
-            )
-        print(
-            f"import: DCP of 2-D DTensors (dp=2 x tp=2) -> tenplex tp=2,pp=2: {n} elements in 4 rank files "
-            f"equal the drawn tensors; step {STEP}, samples {SAMPLES}"
+        _log.info(
+            "export: tenplex %s -> DCP -> dcp.load on a mesh of 3 (Shard(1) / Shard(0), uneven): "
+            "%d tensors, %d elements equal; step and samples loaded",
+            cfg,
+            len(shapes),
+            total,
         )
-        for cfg in ("tp=4,pp=1", "tp=1,pp=2,dp=2,zero=1"):
-            c2 = os.path.join(IT.TMP, "ck-" + cfg)
-            IT.run("reshard", "--in", c1, "--to", cfg, "--out", c2)
-            d2 = os.path.join(IT.TMP, "dcp-out-" + cfg)
-            IT.run("export", "--to", "dcp", c2, "--out", d2)
-            res = os.path.join(IT.TMP, "res-" + cfg)
-            os.makedirs(res)
-            spawn(_load_worker, 3, mpath, d2, res)
-            rs = [json.load(open(os.path.join(res, f"rank{r}.json"))) for r in range(3)]
-            local = sum(r["local"] for r in rs)
-            if (
-                any(r["bad"] for r in rs)
-                or local != total
-                or any(r["step"] != STEP or r["samples"] != SAMPLES for r in rs)
-            ):
-                sys.exit(
-                    f"FAIL: dcp.load of the export from {cfg} into 3 processes: {rs}; expected {total} "
-                    f"elements, step {STEP}, samples {SAMPLES}"
-                )
-            print(
-                f"export: tenplex {cfg} -> DCP -> dcp.load on a mesh of 3 (Shard(1) / Shard(0), uneven): "
-                f"{len(shapes)} tensors, {total} elements equal; step and samples loaded"
-            )
-        d3 = os.path.join(IT.TMP, "dcp-plain")
-        plain_params_only(model, d3)
-        c3 = os.path.join(IT.TMP, "ck-plain")
-        IT.run("import", "--from", "dcp", d3, "--model", mpath, "--config", "tp=1,pp=2", "--out", c3)
-        info, n = IT.check_ckpt(c3, model, G, optimizer="fresh")
-        if info.get("step") != STEP or info.get("samples_consumed") != SAMPLES:
-            sys.exit(f"FAIL: step/samples from 0-d tensors: {info.get('step')}/{info.get('samples_consumed')}")
-        print(
-            f"import: no_dist dcp.save of plain tensors (parameters only, step/samples as 0-d tensors) -> "
-            f"tp=1,pp=2: {n} elements equal, Adam fresh (moments zero); step and samples carried"
-        )
-    finally:
-        shutil.rmtree(IT.TMP, ignore_errors=True)
-    print(f"interop_dcp2: OK ({time.monotonic() - t0:.1f} s)")
-
-
-if __name__ == "__main__":
-    main()
+    d3 = os.path.join(IT.TMP, "dcp-plain")
+    plain_params_only(model, d3)
+    c3 = os.path.join(IT.TMP, "ck-plain")
+    IT.run("import", "--from", "dcp", d3, "--model", mpath, "--config", "tp=1,pp=2", "--out", c3)
+    info, n = IT.check_ckpt(c3, model, G, optimizer="fresh")
+    assert info.get("step") == STEP and info.get("samples_consumed") == SAMPLES, (
+        f"step/samples from 0-d tensors: {info.get('step')}/{info.get('samples_consumed')}"
+    )
+    _log.info(
+        "import: no_dist dcp.save of plain tensors (parameters only, step/samples as 0-d tensors) -> "
+        "tp=1,pp=2: %d elements equal, Adam fresh (moments zero); step and samples carried",
+        n,
+    )
+    _log.info("interop_dcp2: OK (%.1f s)", time.monotonic() - t0)
