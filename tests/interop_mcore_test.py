@@ -1,7 +1,8 @@
-#!/usr/bin/env python3
 """`tenplex import --from mcore` / `tenplex export --to mcore` judged by Megatron-Core.
 
-  interop_mcore_test.py TENPLEX_BIN
+Under pytest (issue 32 §4), ctest interop_mcore, TENPLEX_BIN the CLI under test:
+
+    python -m pytest tests/interop_mcore_test.py::test_mcore
 
 Megatron-Core itself writes and reads the `torch_dist` checkpoints here: a real MCore
 GPTModel (megatron.core.models.gpt.GPTModel, local layer spec, GQA, SwiGLU, RMSNorm,
@@ -27,35 +28,45 @@ reports for each rank (global offsets; factories built into their gate/up parts)
      dist_checkpointing.load: every element equal to the references; the model's
      load_state_dict(strict) accepts the result; iteration carried;
   5. errors: a dp_reshardable-style key and an unknown key exit 2, nothing left.
+
+The MCore processes run this file as a script (its only command line):
+
+    interop_mcore_test.py --worker save|load RANK TP PP CKPT TMP
+
+bench/mcore_peer_bench.py imports mcore_cpu_shim and build from here.
 """
+
+from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import zlib
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
-import tenplex_cli  # noqa: E402  (tests/, this script's folder)
+import pytest
+import tenplex_cli  # tests/, this file's folder
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-sys.path.insert(0, os.path.join(REPO, "python"))
+_log = logging.getLogger(__name__)
 
 # The model: a=8 heads in g=4 groups of d=8 (GQA), SwiGLU f=96, untied, rope.
 L_, H, A, G, F, V, M = 4, 64, 8, 4, 96, 1000, 128
 ITERATION, SAMPLES = 7, 1234
+Path = tuple[Any, ...]  # a path of keys and indices into a state dict
 
 
-def padded_vocab(tp):
+def padded_vocab(tp: int) -> int:
     return -(-V // (M * tp)) * M * tp
 
 
-def reference(key, shape):
+def reference(key: str, shape: list[int]) -> np.ndarray:
     """The independent global value of an MCore key (vocabulary rows >= V are zero)."""
     rng = np.random.default_rng(zlib.crc32(key.encode()))
     a = rng.standard_normal(shape).astype(np.float32)
@@ -68,17 +79,27 @@ def reference(key, shape):
 # ----------------------------------------------------------------------------- MCore side
 
 
-def mcore_cpu_shim():
+def mcore_cpu_shim() -> None:
     """MCore 0.16.1's torch_dist writer calls torch.cuda.synchronize() after copying
     tensors to the host and broadcasts a failure flag made on torch.cuda.current_device();
     on a machine without a GPU both fail. Everything else runs unchanged on the CPU."""
     import torch
 
     torch.cuda.synchronize = lambda *a, **k: None
-    torch.cuda.current_device = lambda: "cpu"
+    torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment,return-value]
 
 
-def build(tp, pp, L=L_, h=H, a=A, g=G, f=F, vocab=None, init=True):
+def build(
+    tp: int,
+    pp: int,
+    L: int = L_,
+    h: int = H,
+    a: int = A,
+    g: int = G,
+    f: int = F,
+    vocab: int | None = None,
+    init: bool = True,
+) -> tuple[Any, Any]:
     """MCore GPTModel (local spec) and FP32Optimizer(Adam) with states, on this rank."""
     import torch
     from megatron.core import parallel_state as ps
@@ -127,7 +148,7 @@ def build(tp, pp, L=L_, h=H, a=A, g=G, f=F, vocab=None, init=True):
     return model, opt
 
 
-def sharded_tensors(sd, path=()):
+def sharded_tensors(sd: Any, path: Path = ()) -> Iterator[tuple[Path, Any]]:
     """(path, ShardedTensor) of every tensor of a sharded state dict, factories built."""
     from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
 
@@ -143,7 +164,7 @@ def sharded_tensors(sd, path=()):
             yield from sharded_tensors(v, path + (k,))
 
 
-def fill(sd):
+def fill(sd: dict[str, Any]) -> None:
     """Writes every rank's part of the references into the live tensors (in place)."""
     import torch
 
@@ -153,7 +174,7 @@ def fill(sd):
             t.data.copy_(torch.from_numpy(ref[t.global_slice()].reshape(t.local_shape)))
 
 
-def leaves(x, path=()):
+def leaves(x: Any, path: Path = ()) -> Iterator[tuple[Path, Any]]:
     if isinstance(x, dict):
         for k, v in x.items():
             yield from leaves(v, path + (k,))
@@ -164,7 +185,9 @@ def leaves(x, path=()):
         yield path, x
 
 
-def worker(rank, world, tp, pp, mode, ckpt, tmp):
+def worker(rank: int, world: int, tp: int, pp: int, mode: str, ckpt: str, tmp: str) -> None:
+    """One MCore process: saves the references (mode "save") or loads `ckpt` and writes
+    what differs to tmp/result-<rank>.json ("load")."""
     import torch
     import torch.distributed as dist
 
@@ -213,7 +236,7 @@ def worker(rank, world, tp, pp, mode, ckpt, tmp):
         json.dump({"checked": checked, "bad": bad, "iteration": loaded.get("iteration"), "keys": len(expect)}, f)
 
 
-def run_mcore(mode, tp, pp, ckpt, tmp):
+def run_mcore(mode: str, tp: int, pp: int, ckpt: str, tmp: str) -> float:
     """tp*pp MCore processes; returns seconds."""
     t0 = time.perf_counter()
     procs = [
@@ -227,21 +250,14 @@ def run_mcore(mode, tp, pp, ckpt, tmp):
     ]
     outs = [p.communicate()[0] for p in procs]
     for r, (p, out) in enumerate(zip(procs, outs)):
-        if p.returncode != 0:
-            sys.exit(f"FAIL: MCore {mode} rank {r} (TP={tp}, PP={pp}) exit {p.returncode}:\n{out[-4000:]}")
+        assert p.returncode == 0, f"MCore {mode} rank {r} (TP={tp}, PP={pp}) exit {p.returncode}:\n{out[-4000:]}"
     return time.perf_counter() - t0
 
 
 # ----------------------------------------------------------------------------- tenplex side
 
-BIN = ""
 
-
-def tenplex(*args, expect=0):
-    return tenplex_cli.run(BIN, *args, expect=expect)
-
-
-def mcore_name(name):
+def mcore_name(name: str) -> tuple[str, int | None]:
     """(MCore key, layer) of a tenplex global name, written here from the MCore keys."""
     prefix = ""
     if name.startswith("optimizer."):
@@ -253,21 +269,22 @@ def mcore_name(name):
     return prefix + name, None
 
 
-def check_import(ckpt, model):
+def check_import(ckpt: str, model: dict[str, Any]) -> None:
     """Every tensor of a tp=1,pp=1 tenplex checkpoint (one rank file, global names)
     against the references."""
     from safetensors.numpy import load_file
 
-    info = json.load(open(os.path.join(ckpt, "tenplex.json")))
-    if info.get("step") != ITERATION or info.get("samples_consumed") != SAMPLES:
-        sys.exit(
-            f"FAIL: step/samples {info.get('step')}/{info.get('samples_consumed')}, expected {ITERATION}/{SAMPLES}"
-        )
+    with open(os.path.join(ckpt, "tenplex.json")) as f:
+        info = json.load(f)
+    assert info.get("step") == ITERATION and info.get("samples_consumed") == SAMPLES, (
+        f"step/samples {info.get('step')}/{info.get('samples_consumed')}, expected {ITERATION}/{SAMPLES}"
+    )
     tensors = load_file(os.path.join(ckpt, "rank-00000.safetensors"))
     names = [t["path"] for t in model["tensors"]]
     names += [f"optimizer.{s}.{n}" for s in ("exp_avg", "exp_avg_sq") for n in names]
-    if sorted(tensors) != sorted(names):
-        sys.exit(f"FAIL: rank file tensors {sorted(set(tensors) ^ set(names))} differ from the model's")
+    assert sorted(tensors) == sorted(names), (
+        f"rank file tensors {sorted(set(tensors) ^ set(names))} differ from the model's"
+    )
     n = 0
     for name in names:
         key, layer = mcore_name(name)
@@ -282,15 +299,17 @@ def check_import(ckpt, model):
             ref = np.concatenate([ref[:V], np.zeros((got.shape[0] - V, H), np.float32)])
         if not np.array_equal(got, ref):
             bad = np.argwhere(got != ref)[0]
-            sys.exit(f"FAIL: import: {name}{list(bad)} is {got[tuple(bad)]}, MCore saved {ref[tuple(bad)]}")
+            pytest.fail(f"import: {name}{list(bad)} is {got[tuple(bad)]}, MCore saved {ref[tuple(bad)]}")
         n += got.size
-    print(
-        f"ok: import --from mcore (TP=2 x PP=2 -> tp=1,pp=1): {len(names)} tensors, {n} elements "
-        "equal to what MCore saved; step and samples carried"
+    _log.info(
+        "ok: import --from mcore (TP=2 x PP=2 -> tp=1,pp=1): %d tensors, %d elements equal to what MCore saved; "
+        "step and samples carried",
+        len(names),
+        n,
     )
 
 
-def check_errors(src, model_file, tmp):
+def check_errors(exe: str, src: str, model_file: str, tmp: str) -> None:
     """Bad input: a dp_reshardable bucket key and an unknown key -> exit 2, no output."""
     import torch
     import torch.distributed.checkpoint as dcp
@@ -308,98 +327,97 @@ def check_errors(src, model_file, tmp):
         dcp.save({key: torch.zeros(4)}, storage_writer=dcp.FileSystemWriter(bad), no_dist=True)
         shutil.copy(os.path.join(src, "metadata.json"), bad)
         out = os.path.join(tmp, "bad-out")
-        p = tenplex("import", "--from", "mcore", bad, "--model", model_file, "--config", "tp=1", "--out", out, expect=2)
-        if words not in p.stderr or os.path.exists(out) or os.path.exists(out + ".partial"):
-            sys.exit(f"FAIL: bad key {key}: stderr {p.stderr!r}, output left: {os.path.exists(out)}")
+        args = ["import", "--from", "mcore", bad, "--model", model_file, "--config", "tp=1", "--out", out]
+        p = tenplex_cli.run(exe, *args, expect=2)
+        assert words in p.stderr and not os.path.exists(out) and not os.path.exists(out + ".partial"), (
+            f"bad key {key}: stderr {p.stderr!r}, output left: {os.path.exists(out)}"
+        )
     # A data file cut short: torch's reader fails inside dcp.load (a CheckpointException,
     # a BaseException): exit 2 naming the checkpoint, no traceback, nothing left.
     bad = os.path.join(tmp, "bad-trunc")
     shutil.rmtree(bad, ignore_errors=True)
     shutil.copytree(src, bad)
-    data = sorted(x for x in os.listdir(bad) if x.endswith(".distcp"))[0]
-    with open(os.path.join(bad, data), "r+b") as f:
-        f.truncate(os.path.getsize(os.path.join(bad, data)) // 2)
+    data = os.path.join(bad, sorted(x for x in os.listdir(bad) if x.endswith(".distcp"))[0])
+    with open(data, "r+b") as f:
+        f.truncate(os.path.getsize(data) // 2)
     out = os.path.join(tmp, "bad-out")
-    p = tenplex("import", "--from", "mcore", bad, "--model", model_file, "--config", "tp=1", "--out", out, expect=2)
-    if (
-        "truncated or damaged" not in p.stderr
-        or "Traceback" in p.stderr
-        or os.path.exists(out)
-        or os.path.exists(out + ".partial")
-    ):
-        sys.exit(f"FAIL: truncated data file: stderr {p.stderr[-600:]!r}, output left: {os.path.exists(out)}")
-    print("ok: errors: dp_reshardable bucket state, unknown keys and a truncated data file exit 2, nothing left")
+    args = ["import", "--from", "mcore", bad, "--model", model_file, "--config", "tp=1", "--out", out]
+    p = tenplex_cli.run(exe, *args, expect=2)
+    assert (
+        "truncated or damaged" in p.stderr
+        and "Traceback" not in p.stderr
+        and not os.path.exists(out)
+        and not os.path.exists(out + ".partial")
+    ), f"truncated data file: stderr {p.stderr[-600:]!r}, output left: {os.path.exists(out)}"
+    _log.info("ok: errors: dp_reshardable bucket state, unknown keys and a truncated data file exit 2, nothing left")
 
 
-def main():
-    global BIN
-    BIN = os.path.abspath(sys.argv[1])
+MODEL = [
+    "--num-layers",
+    L_,
+    "--hidden-size",
+    H,
+    "--ffn-hidden-size",
+    F,
+    "--num-attention-heads",
+    A,
+    "--num-query-groups",
+    G,
+    "--vocab-size",
+    V,
+    "--make-vocab-size-divisible-by",
+    M,
+    "--max-position-embeddings",
+    128,
+    "--position-embedding-type",
+    "rope",
+    "--swiglu",
+    "--disable-bias-linear",
+    "--untie-embeddings-and-output-weights",
+    "--normalization",
+    "RMSNorm",
+]
+
+
+def test_mcore(tenplex: str, tmp: str) -> None:
     t_start = time.perf_counter()
-    tmp = tempfile.mkdtemp(prefix="tenplex-mcore-test-")
-    try:
-        model_file = os.path.join(tmp, "gpt.json")
-        tenplex(
-            "model",
-            "gpt",
-            "--num-layers",
-            L_,
-            "--hidden-size",
-            H,
-            "--ffn-hidden-size",
-            F,
-            "--num-attention-heads",
-            A,
-            "--num-query-groups",
-            G,
-            "--vocab-size",
-            V,
-            "--make-vocab-size-divisible-by",
-            M,
-            "--max-position-embeddings",
-            128,
-            "--position-embedding-type",
-            "rope",
-            "--swiglu",
-            "--disable-bias-linear",
-            "--untie-embeddings-and-output-weights",
-            "--normalization",
-            "RMSNorm",
-            "-o",
-            model_file,
+    exe = os.path.abspath(tenplex)
+    model_file = os.path.join(tmp, "gpt.json")
+    tenplex_cli.run(exe, "model", "gpt", *MODEL, "-o", model_file)
+    with open(model_file) as f:
+        model = json.load(f)
+    src = os.path.join(tmp, "mcore-tp2-pp2")
+    os.makedirs(src)
+    s = run_mcore("save", 2, 2, src, tmp)
+    _log.info("ok: MCore GPTModel + FP32Optimizer saved with dist_checkpointing.save in TP=2 x PP=2 (%.1f s)", s)
+    t1 = os.path.join(tmp, "t1")
+    tenplex_cli.run(exe, "import", "--from", "mcore", src, "--model", model_file, "--config", "tp=1,pp=1", "--out", t1)
+    check_import(t1, model)
+    t2 = os.path.join(tmp, "t2")
+    tenplex_cli.run(exe, "reshard", "--in", t1, "--to", "tp=2,pp=2", "--out", t2)
+    out = os.path.join(tmp, "mcore-export")
+    tenplex_cli.run(exe, "export", "--to", "mcore", t2, "--out", out, "--config", "tp=4")
+    s = run_mcore("load", 4, 1, out, tmp)
+    checked = 0
+    for r in range(4):
+        with open(os.path.join(tmp, f"result-{r}.json")) as f:
+            res = json.load(f)
+        assert not res["bad"] and res["iteration"] == ITERATION, (
+            f"MCore load rank {r}: differing {res['bad'][:5]}, iteration {res['iteration']}"
         )
-        model = json.load(open(model_file))
-        src = os.path.join(tmp, "mcore-tp2-pp2")
-        os.makedirs(src)
-        s = run_mcore("save", 2, 2, src, tmp)
-        print(f"ok: MCore GPTModel + FP32Optimizer saved with dist_checkpointing.save in TP=2 x PP=2 ({s:.1f} s)")
-        t1 = os.path.join(tmp, "t1")
-        tenplex("import", "--from", "mcore", src, "--model", model_file, "--config", "tp=1,pp=1", "--out", t1)
-        check_import(t1, model)
-        t2 = os.path.join(tmp, "t2")
-        tenplex("reshard", "--in", t1, "--to", "tp=2,pp=2", "--out", t2)
-        out = os.path.join(tmp, "mcore-export")
-        tenplex("export", "--to", "mcore", t2, "--out", out, "--config", "tp=4")
-        s = run_mcore("load", 4, 1, out, tmp)
-        checked = 0
-        for r in range(4):
-            res = json.load(open(os.path.join(tmp, f"result-{r}.json")))
-            if res["bad"] or res["iteration"] != ITERATION:
-                sys.exit(f"FAIL: MCore load rank {r}: differing {res['bad'][:5]}, iteration {res['iteration']}")
-            checked += res["checked"]
-        print(
-            f"ok: export --to mcore (tp=2,pp=2) loaded by MCore dist_checkpointing.load into TP=4 x PP=1: "
-            f"{checked} local elements (params + Adam moments) equal, load_state_dict(strict) ok, "
-            f"iteration carried ({s:.1f} s)"
-        )
-        check_errors(src, model_file, tmp)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    print(f"PASS interop_mcore ({time.perf_counter() - t_start:.1f} s)")
+        checked += res["checked"]
+    _log.info(
+        "ok: export --to mcore (tp=2,pp=2) loaded by MCore dist_checkpointing.load into TP=4 x PP=1: "
+        "%d local elements (params + Adam moments) equal, load_state_dict(strict) ok, iteration carried (%.1f s)",
+        checked,
+        s,
+    )
+    check_errors(exe, src, model_file, tmp)
+    _log.info("PASS interop_mcore (%.1f s)", time.perf_counter() - t_start)
 
 
-if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        mode, rank, tp, pp, ckpt, tmpdir = sys.argv[2:8]
-        worker(int(rank), int(tp) * int(pp), int(tp), int(pp), mode, ckpt, tmpdir)
-    else:
-        main()
+if __name__ == "__main__":  # an MCore process of run_mcore; the test runs under pytest
+    if sys.argv[1:2] != ["--worker"]:
+        sys.exit(f"usage: {sys.argv[0]} --worker save|load RANK TP PP CKPT TMP")
+    mode, rank, tp, pp, ckpt, tmpdir = sys.argv[2:8]
+    worker(int(rank), int(tp) * int(pp), int(tp), int(pp), mode, ckpt, tmpdir)
