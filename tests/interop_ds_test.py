@@ -1,7 +1,8 @@
-#!/usr/bin/env python3
 """`tenplex import --from ds-universal` against DeepSpeed itself (docs/interop.md).
 
-  interop_ds_test.py TENPLEX_BIN
+Under pytest (issue 32 §4), ctest interop_ds, TENPLEX_BIN the CLI under test:
+
+    python -m pytest tests/interop_ds_test.py::test_ds
 
 For each case DeepSpeed (CPU accelerator, gloo, 2 data-parallel processes) trains a
 tiny model whose parameter names are the tenplex global names of a `tenplex model gpt`
@@ -21,26 +22,50 @@ description for 3 steps with ZeRO and torch's Adam, then:
 Cases: bf16 parameters with ZeRO-2 (fp32 master copies carried) and fp32 parameters with
 ZeRO-1. Errors: export --to ds-universal, an unknown parameter folder, a missing moment
 file and a folder that is no universal checkpoint exit 2 with nothing at --out.
+
+The DeepSpeed processes run this file as a script (its only command line, also used by
+bench/ds_peer_bench.py):
+
+    interop_ds_test.py --train RANK MODEL_JSON STAGE bf16|fp32 ROOT PORT [STEPS ref|noref]
 """
 
+from __future__ import annotations
+
 import json
+import logging
 import os
 import shutil
 import subprocess
 import sys
-import tempfile
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import interop_test as IT
+import numpy as np
+import pytest
+
+_log = logging.getLogger(__name__)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(HERE, "..", "python"))
-
 STEPS, WORLD = 3, 2
+GPT = (
+    "--num-layers 2 --hidden-size 32 --num-attention-heads 4 --num-query-groups 2 --vocab-size 100 "
+    "--make-vocab-size-divisible-by 8 --max-position-embeddings 16 --swiglu"
+).split()
+
+
+@pytest.fixture
+def interop(tenplex: str, tmp: str, references: SimpleNamespace) -> Iterator[str]:
+    """interop_test's globals (CLI, directory, reference layout) for this test; the directory."""
+    with IT.configured(tenplex, tmp, references.layout_ref):
+        yield tmp
 
 
 # ----------------------------------------------------------------------------- DeepSpeed side
 
 
-def build_module(model):
+def build_module(model: dict[str, Any]) -> Any:
     """A torch module whose named_parameters() are the model's global tensors."""
     import torch
 
@@ -56,7 +81,9 @@ def build_module(model):
     return root
 
 
-def train(rank, model_path, stage, dtype, root, port, steps=STEPS, reference=True):
+def train(
+    rank: int, model_path: str, stage: int, dtype: str, root: str, port: int, steps: int = STEPS, reference: bool = True
+) -> None:
     """One DeepSpeed data-parallel process (run as a subprocess of this script; also by
     bench/ds_peer_bench.py, with reference=False)."""
     os.environ.update(
@@ -124,24 +151,15 @@ def train(rank, model_path, stage, dtype, root, port, steps=STEPS, reference=Tru
 # ----------------------------------------------------------------------------- test side
 
 
-def ds_env():
+def ds_env() -> dict[str, str]:
     return dict(os.environ, DS_ACCELERATOR="cpu", PYTHONPATH=os.path.join(HERE, "..", "python"))
 
 
-def run_training(model_path, stage, dtype, root, port):
+def run_training(model_path: str, stage: int, dtype: str, root: str, port: int) -> None:
+    args = [model_path, str(stage), dtype, root, str(port)]
     procs = [
         subprocess.Popen(
-            [
-                sys.executable,
-                os.path.abspath(__file__),
-                "--train",
-                str(r),
-                model_path,
-                str(stage),
-                dtype,
-                root,
-                str(port),
-            ],
+            [sys.executable, os.path.abspath(__file__), "--train", str(r), *args],
             env=ds_env(),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -151,11 +169,10 @@ def run_training(model_path, stage, dtype, root, port):
     ]
     outs = [p.communicate(timeout=600)[0] for p in procs]
     for r, (p, out) in enumerate(zip(procs, outs)):
-        if p.returncode != 0:
-            sys.exit(f"FAIL: DeepSpeed rank {r} exited {p.returncode}:\n{out[-4000:]}")
+        assert p.returncode == 0, f"DeepSpeed rank {r} exited {p.returncode}:\n{out[-4000:]}"
 
 
-def convert(root):
+def convert(root: str) -> str:
     src = os.path.join(root, f"global_step{STEPS}")
     dst = src + "_universal"
     p = subprocess.run(
@@ -176,150 +193,109 @@ def convert(root):
         capture_output=True,
         text=True,
     )
-    if p.returncode != 0:
-        sys.exit(f"FAIL: ds_to_universal exited {p.returncode}:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+    assert p.returncode == 0, f"ds_to_universal exited {p.returncode}:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
     return dst
 
 
-def reference_globals(root, model):
+def reference_globals(root: str, model: dict[str, Any]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """{global name: raw numpy} from DeepSpeed's own objects (step 1 of the docstring)."""
-    import interop_test as it
     import torch
 
     ref = torch.load(os.path.join(root, "reference.pt"), weights_only=False)
     kinds = model["optimizer"]["states"]
     G = {}
     for t in model["tensors"]:
-        G[t["path"]] = it.to_np(ref["tensors"][t["path"]])
+        G[t["path"]] = IT.to_np(ref["tensors"][t["path"]])
         if t["dtype"] != "F32":
-            G["optimizer.fp32_param." + t["path"]] = it.to_np(ref["tensors"]["optimizer.fp32_param." + t["path"]])
-        elif not torch.equal(ref["tensors"][t["path"]], ref["tensors"]["optimizer.fp32_param." + t["path"]]):
-            sys.exit(f"FAIL: DeepSpeed's fp32 parameter {t['path']} differs from its fp32 master copy")
+            G["optimizer.fp32_param." + t["path"]] = IT.to_np(ref["tensors"]["optimizer.fp32_param." + t["path"]])
+        else:
+            assert torch.equal(ref["tensors"][t["path"]], ref["tensors"]["optimizer.fp32_param." + t["path"]]), (
+                f"DeepSpeed's fp32 parameter {t['path']} differs from its fp32 master copy"
+            )
         for k in kinds:
-            G[f"optimizer.{k}.{t['path']}"] = it.to_np(ref["tensors"][f"optimizer.{k}.{t['path']}"])
+            G[f"optimizer.{k}.{t['path']}"] = IT.to_np(ref["tensors"][f"optimizer.{k}.{t['path']}"])
     return G, ref
 
 
-def case(it, name, flags, stage, dtype, configs, port):
-    mpath, model = it.model_json(name, *flags)
-    if model["optimizer"]["states"] != ["exp_avg", "exp_avg_sq"]:
-        sys.exit(f"FAIL: expected Adam states in the model description, got {model['optimizer']['states']}")
-    root = os.path.join(it.TMP, name + "-ds")
+def case(name: str, flags: list[str], stage: int, dtype: str, configs: list[str], port: int) -> tuple[str, str]:
+    mpath, model = IT.model_json(name, *flags)
+    assert model["optimizer"]["states"] == ["exp_avg", "exp_avg_sq"], (
+        f"expected Adam states in the model description, got {model['optimizer']['states']}"
+    )
+    root = os.path.join(IT.TMP, name + "-ds")
     run_training(mpath, stage, dtype, root, port)
     uni = convert(root)
     G, ref = reference_globals(root, model)
     nonzero = sum(int((v != 0).any()) for k, v in G.items() if k.startswith("optimizer.exp_avg_sq."))
-    if nonzero != len(model["tensors"]):
-        sys.exit(f"FAIL: {name}: only {nonzero} of {len(model['tensors'])} second moments are non-zero")
+    assert nonzero == len(model["tensors"]), (
+        f"{name}: only {nonzero} of {len(model['tensors'])} second moments are non-zero"
+    )
     for i, cfg in enumerate(configs):
-        ck = os.path.join(it.TMP, f"{name}-ck{i}")
+        ck = os.path.join(IT.TMP, f"{name}-ck{i}")
         src = root if i == 0 else uni  # the root (via latest_universal) and the folder itself
-        it.run("import", "--from", "ds-universal", src, "--model", mpath, "--config", cfg, "--out", ck)
-        info, n = it.check_ckpt(ck, model, G, optimizer="given")
-        if info.get("step") != STEPS or info.get("samples_consumed") != ref["global_samples"]:
-            sys.exit(
-                f"FAIL: {ck}: step {info.get('step')} samples {info.get('samples_consumed')}, expected "
-                f"{STEPS} and {ref['global_samples']}"
-            )
-        print(
-            f"ok: {name} (ZeRO-{stage}, {dtype}, {WORLD} DeepSpeed ranks) -> {cfg}: {n} elements equal "
-            f"DeepSpeed's params, fp32 masters and Adam moments; step {STEPS}, samples {ref['global_samples']}"
+        IT.run("import", "--from", "ds-universal", src, "--model", mpath, "--config", cfg, "--out", ck)
+        info, n = IT.check_ckpt(ck, model, G, optimizer="given")
+        assert info.get("step") == STEPS and info.get("samples_consumed") == ref["global_samples"], (
+            f"{ck}: step {info.get('step')} samples {info.get('samples_consumed')}, expected "
+            f"{STEPS} and {ref['global_samples']}"
+        )
+        _log.info(
+            "ok: %s (ZeRO-%d, %s, %d DeepSpeed ranks) -> %s: %d elements equal DeepSpeed's params, fp32 masters "
+            "and Adam moments; step %d, samples %s",
+            name,
+            stage,
+            dtype,
+            WORLD,
+            cfg,
+            n,
+            STEPS,
+            ref["global_samples"],
         )
     return mpath, uni
 
 
-def expect_error(it, what, args, needle):
+def expect_error(what: str, args: list[str], needle: str) -> None:
     out = args[args.index("--out") + 1]
-    p = it.run(*args, expect=2)
-    if needle not in p.stderr or os.path.exists(out) or os.path.exists(out + ".partial"):
-        sys.exit(f"FAIL: {what}: stderr {p.stderr!r} (expected '{needle}'), output left: {os.path.exists(out)}")
-    print(f"ok: {what}: exit 2, '{needle}'")
-
-
-def errors(it, mpath, uni):
-    ck = os.path.join(it.TMP, "err-out")
-    expect_error(
-        it,
-        "export --to ds-universal",
-        ["export", "--to", "ds-universal", os.path.join(it.TMP, "bf16-ck0"), "--out", ck],
-        "not supported",
+    p = IT.run(*args, expect=2)
+    assert needle in p.stderr and not os.path.exists(out) and not os.path.exists(out + ".partial"), (
+        f"{what}: stderr {p.stderr!r} (expected '{needle}'), output left: {os.path.exists(out)}"
     )
-    bad = os.path.join(it.TMP, "bad-uni")
+    _log.info("ok: %s: exit 2, '%s'", what, needle)
+
+
+def errors(mpath: str, uni: str) -> None:
+    ck = os.path.join(IT.TMP, "err-out")
+
+    def importing(src: str) -> list[str]:
+        return ["import", "--from", "ds-universal", src, "--model", mpath, "--config", "tp=1", "--out", ck]
+
+    bf16_ck = os.path.join(IT.TMP, "bf16-ck0")
+    expect_error("export --to ds-universal", ["export", "--to", "ds-universal", bf16_ck, "--out", ck], "not supported")
+    bad = os.path.join(IT.TMP, "bad-uni")
     shutil.copytree(uni, bad)
     os.rename(
         os.path.join(bad, "zero", "decoder.final_layernorm.weight"),
         os.path.join(bad, "zero", "decoder.final_norm.weight"),
     )
-    expect_error(
-        it,
-        "unknown parameter",
-        ["import", "--from", "ds-universal", bad, "--model", mpath, "--config", "tp=1", "--out", ck],
-        "unknown parameter",
-    )
+    expect_error("unknown parameter", importing(bad), "unknown parameter")
     shutil.rmtree(bad)
     shutil.copytree(uni, bad)
     os.remove(os.path.join(bad, "zero", "embedding.word_embeddings.weight", "exp_avg_sq.pt"))
-    expect_error(
-        it,
-        "missing moment",
-        ["import", "--from", "ds-universal", bad, "--model", mpath, "--config", "tp=1", "--out", ck],
-        "exp_avg_sq.pt is missing",
-    )
-    expect_error(
-        it,
-        "not a universal checkpoint",
-        [
-            "import",
-            "--from",
-            "ds-universal",
-            os.path.join(os.path.dirname(uni), f"global_step{STEPS}"),
-            "--model",
-            mpath,
-            "--config",
-            "tp=1",
-            "--out",
-            ck,
-        ],
-        "not a DeepSpeed universal checkpoint",
-    )
+    expect_error("missing moment", importing(bad), "exp_avg_sq.pt is missing")
+    plain = os.path.join(os.path.dirname(uni), f"global_step{STEPS}")
+    expect_error("not a universal checkpoint", importing(plain), "not a DeepSpeed universal checkpoint")
 
 
-def main():
-    if len(sys.argv) > 1 and sys.argv[1] == "--train":
-        r, mp, stage, dtype, root, port = sys.argv[2:8]
-        steps, ref = (int(sys.argv[8]), sys.argv[9] == "ref") if len(sys.argv) > 9 else (STEPS, True)
-        train(int(r), mp, int(stage), dtype, root, int(port), steps, ref)
-        return
-    import interop_test as it
-
-    it.BIN = os.path.abspath(sys.argv[1])
-    it.TMP = tempfile.mkdtemp(prefix="tenplex-ds-test-")
-    try:
-        gpt = [
-            "--num-layers",
-            "2",
-            "--hidden-size",
-            "32",
-            "--num-attention-heads",
-            "4",
-            "--num-query-groups",
-            "2",
-            "--vocab-size",
-            "100",
-            "--make-vocab-size-divisible-by",
-            "8",
-            "--max-position-embeddings",
-            "16",
-            "--swiglu",
-        ]
-        port = 29500 + os.getpid() % 1000
-        mpath, uni = case(it, "bf16", gpt + ["--params-dtype", "bf16"], 2, "bf16", ["tp=2,pp=2", "tp=1,dp=2"], port)
-        case(it, "fp32", gpt, 1, "fp32", ["tp=2,dp=2"], port + 1)
-        errors(it, mpath, uni)
-        print("PASS")
-    finally:
-        shutil.rmtree(it.TMP, ignore_errors=True)
+def test_ds(interop: str) -> None:
+    port = 29500 + os.getpid() % 1000
+    mpath, uni = case("bf16", [*GPT, "--params-dtype", "bf16"], 2, "bf16", ["tp=2,pp=2", "tp=1,dp=2"], port)
+    case("fp32", GPT, 1, "fp32", ["tp=2,dp=2"], port + 1)
+    errors(mpath, uni)
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # a DeepSpeed process (run_training, bench/ds_peer_bench.py); the test: pytest
+    if sys.argv[1:2] != ["--train"]:
+        sys.exit(f"usage: {sys.argv[0]} --train RANK MODEL_JSON STAGE DTYPE ROOT PORT [STEPS ref|noref]")
+    r, mp, stage, dtype, root, port = sys.argv[2:8]
+    steps, ref = (int(sys.argv[8]), sys.argv[9] == "ref") if len(sys.argv) > 9 else (STEPS, True)
+    train(int(r), mp, int(stage), dtype, root, int(port), steps, ref)
