@@ -1,8 +1,15 @@
 """In-process membership on many hosts (issue 37, python/tenplex/membership.py, hostagent.py).
 
-usage: membership_test.py TENPLEX_BIN REPO_ROOT [--quorum | --leave | --netns | --rendezvous-kill[=mesh|told]]
+Under pytest (issue 32 §4), TENPLEX_BIN the CLI under test; one test function per case:
 
---quorum: the quorum alone, against a real etcd server (tests/torchrun_etcd_test.py's Etcd;
+    python -m pytest tests/membership_test.py::test_quorum             (ctest membership_quorum)
+    python -m pytest tests/membership_test.py::test_kill               (ctest membership)
+    python -m pytest tests/membership_test.py::test_leave              (ctest membership_leave)
+    python -m pytest tests/membership_test.py::test_netns              (ctest membership_netns)
+    python -m pytest tests/membership_test.py::test_rendezvous_kill    (ctest membership_rendezvous_kill)
+    ... ::test_rendezvous_kill_told, ::test_rendezvous_kill_netns      (by hand)
+
+test_quorum: the quorum alone, against a real etcd server (multihost_testing's Etcd;
 tests/membership_quorum.py): agents (membership.Quorum, TTL 2 s) join, die (their thread
 stopped, their keys left to expire), leave and join again; every world is checked:
 survivors keep their order, new hosts come at the end, the dead are `lost`, the leaving
@@ -10,56 +17,62 @@ survivors keep their order, new hosts come at the end, the dead are `lost`, the 
 failure ends a dead host's membership at once (its liveness port refused) but not a
 stalled one's. No torch.
 
-Default: the training scenario. Each loopback "host" is its own store daemon
-(tests/daemons.py) and one `python -m tenplex.hostagent --nproc 2` running `train.py
---elastic` with the policy {"4": "tp=2,pp=2", "6": "tp=2,dp=3"} and a commit every 2
-steps. Hosts 0 and 1 start (tp=2,pp=2); at step 3 host 2 joins (tp=2,dp=3 on 6 ranks:
-its agent registers once its workers are up, the others stop at a step boundary with a
-commit and re-form their process groups in-process); after a commit on 6 ranks every
-process of the host that holds rank 0 (host 0 or 1, whichever registered first; its agent,
-workers, daemon) is SIGKILLed: a survivor's collective fails, its agent reports it, the
-leader's probe of its liveness port is refused, so its key is deleted (not left to its TTL,
-2 s) and the leader writes a world without it (checked: the world's `refused`); the
-survivors abort the running step, the new rank 0 releases the dead rank 0's job lease (not
-left to its 10 s TTL; checked: the "lease_released" event) and restores from the last
-commit (the dead host's ranks re-placed from the data-parallel replicas). With --leave
-host 1 leaves instead (SIGTERM to its agent: a planned leave, no step lost). With --netns
-every host runs in its own network namespace on a bridge (tests/daemons.py's NetnsBridge;
-exit 77 = skipped where unavailable): daemons on the namespace's address with a token,
-etcd on the bridge's address, the TCPStores, gloo and the transform's traffic cross it.
+test_kill: the training scenario. Each loopback "host" is its own store daemon and one
+`python -m tenplex.hostagent --nproc 2` running `train.py --elastic` with the policy
+{"4": "tp=2,pp=2", "6": "tp=2,dp=3"} and a commit every 2 steps. Hosts 0 and 1 start
+(tp=2,pp=2); at step 3 host 2 joins (tp=2,dp=3 on 6 ranks: its agent registers once its
+workers are up, the others stop at a step boundary with a commit and re-form their
+process groups in-process); after a commit on 6 ranks every process of the host that
+holds rank 0 (host 0 or 1, whichever registered first; its agent, workers, daemon) is
+SIGKILLed: a survivor's collective fails, its agent reports it, the leader's probe of
+its liveness port is refused, so its key is deleted (not left to its TTL, 2 s) and the
+leader writes a world without it (checked: the world's `refused`); the survivors abort
+the running step, the new rank 0 releases the dead rank 0's job lease (not left to its
+10 s TTL; checked: the "lease_released" event) and restores from the last commit (the
+dead host's ranks re-placed from the data-parallel replicas). test_leave: host 1 leaves
+instead (SIGTERM to its agent: a planned leave, no step lost). test_netns: test_kill with
+every host in its own network namespace on a bridge (tenplex.testing.NetnsBridge; skipped,
+pytest's skip, where unavailable): daemons on the namespace's address with a token, etcd
+on the bridge's address, the TCPStores, gloo and the transform's traffic cross it.
 
 Checks: both surviving agents exit 0; every step's samples and loss (the last line of a
 re-run step counts) within 1e-3 of a static tp=1 run (torchrun_elastic_test's helpers);
 the worlds 4, 6, 4; the survivors' worker pids the same in every world (no restart); no
-process of the test left behind. Prints the reconfiguration time of each event, from the
-event (the join's registration; the kill or SIGTERM) to the new world's first step, split
-into detection + quorum (until the leader wrote the world), stop (+ commit) or abort,
-re-join (process group), restore (transform + load) and the first step.
+process of the test left behind. Prints (to pytest's terminal, multihost_testing.Figures)
+the reconfiguration time of each event, from the event (the join's registration; the kill
+or SIGTERM) to the new world's first step, split into detection + quorum (until the
+leader wrote the world), stop (+ commit) or abort, re-join (process group), restore
+(transform + load) and the first step.
 
 MEMBERSHIP_KEEP=DIR in the environment: the run's logs (the job's, the agents' events, the
 hosts' output) are copied into DIR.
 
---rendezvous-kill: host 2 is killed while the world it joined forms (rendezvous_kill below):
-the survivors must give up that rendezvous and form the next world within RDZV_BOUND[phase] s.
-=mesh (the default) kills it once its ranks published their gloo addresses (the survivors'
-full-mesh connect then meets a dead host, deterministically); =told as soon as its agent
-told its workers the world (wherever their rendezvous is by then).
+test_rendezvous_kill: host 2 is killed while the world it joined forms (rendezvous_kill
+below): the survivors must give up that rendezvous and form the next world within
+RDZV_BOUND[phase] s. "mesh" (test_rendezvous_kill) kills it once its ranks published
+their gloo addresses (the survivors' full-mesh connect then meets a dead host,
+deterministically); "told" (test_rendezvous_kill_told) as soon as its agent told its
+workers the world (wherever their rendezvous is by then); test_rendezvous_kill_netns:
+"mesh" with every host in its own namespace.
 """
 
+from __future__ import annotations
+
+import datetime
+import logging
 import os
 import shutil
 import signal
 import subprocess
-import sys
-import tempfile
 import time
+from collections.abc import Sequence
+from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"))
-from daemons import Daemon, NetnsBridge  # noqa: E402
-from elastic_run_test import Checks, check_steps, steps_of  # noqa: E402
-from membership_quorum import TTL, quorum_case  # noqa: E402
-from torchrun_elastic_test import (  # noqa: E402
+import pytest
+from elastic_run_testing import Checks, check_steps, steps_of
+from membership_quorum import TTL, quorum_case
+from multihost_testing import Etcd, Figures, alive, netns, procs_naming
+from torchrun_elastic_test import (
     PY,
     STEPS,
     check_run,
@@ -72,10 +85,13 @@ from torchrun_elastic_test import (  # noqa: E402
     stop_hosts,
     train_command,
 )
-from torchrun_elastic_test import Host as TorchrunHost  # noqa: E402
-from torchrun_etcd_test import Etcd, alive, procs_naming  # noqa: E402
+from torchrun_elastic_test import Host as TorchrunHost
 
-# --rendezvous-kill: seconds from the kill to the next world's process group, at most. Killed
+from tenplex.testing import Daemon, NetnsBridge
+
+_log = logging.getLogger(__name__)
+
+# rendezvous_kill: seconds from the kill to the next world's process group, at most. Killed
 # before its ranks' rendezvous ("told", as it happens): the key's TTL (etcd v2 expires keys
 # on whole seconds: up to TTL + 1), the leader's settle (0.2 s), the abort and the re-join.
 # Killed in the full mesh ("mesh"): a survivor that listens for a dead rank's connect waits
@@ -92,10 +108,23 @@ class Host(TorchrunHost):
     """One loopback host: a store daemon and a host agent (kill_all, stop: torchrun_elastic_test's Host's,
     which SIGKILL the agent's process group, every process below it and the daemon)."""
 
-    def __init__(self, index, tenplex, repo, tmp, etcd, model, policy, log, go_file=None, net=None):
+    def __init__(
+        self,
+        index: int,
+        tenplex: str,
+        repo: str,
+        tmp: str,
+        etcd: str,
+        model: str,
+        policy: str,
+        log: str,
+        go_file: str | None = None,
+        net: NetnsBridge | None = None,
+    ) -> None:
         """net: a NetnsBridge; the host (daemon, agent, workers) runs in its namespace `index`."""
         self.index = index
-        prefix, ifname = (), "lo"
+        prefix: tuple[str, ...] = ()
+        ifname = "lo"
         if net is not None:
             prefix, ifname = net.prefix(index), net.ifname(index)
             self.daemon = Daemon(tenplex, listen="0.0.0.0:7480", prefix=prefix)
@@ -142,15 +171,15 @@ class Host(TorchrunHost):
         ]
         self.agent = subprocess.Popen(cmd, stdout=self.out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
-    def agent_events(self):
+    def agent_events(self) -> list[dict[str, Any]]:
         return read_log(self.events)[1] if os.path.exists(self.events) else []
 
 
-def worlds_of(log):
+def worlds_of(log: str) -> list[dict[str, Any]]:
     return [e for e in read_log(log)[1] if e["event"] == "world"]
 
 
-def event_times(log, epoch):
+def event_times(log: str, epoch: int) -> dict[str, float]:
     """{name: time} of rank 0's events of the world `epoch` (world, elastic_start, first_step) and the stop before."""
     events = read_log(log)[1]
     idx = [i for i, e in enumerate(events) if e["event"] == "world" and e["epoch"] == epoch]
@@ -169,17 +198,17 @@ def event_times(log, epoch):
     return out
 
 
-def report_event(name, t_event, hosts, log, epoch):
-    """Prints the reconfiguration time of one event and its parts; returns the total (None if unknown)."""
+def report_event(name: str, t_event: float, hosts: Sequence[Host], log: str, epoch: int, show: Figures) -> float | None:
+    """Shows the reconfiguration time of one event and its parts; returns the total (None if unknown)."""
     agents = [e for h in hosts for e in h.agent_events() if e["event"] == "world" and e["epoch"] == epoch]
     if not agents:
-        print(f"{name}: world {epoch} never came")
+        show(f"{name}: world {epoch} never came")
         return None
     written = agents[0]["world_time"]
     seen = min(e["time"] for e in agents)
     t = event_times(log, epoch)
     if "first_step" not in t:
-        print(f"{name}: world {epoch} has no first step: {t}")
+        show(f"{name}: world {epoch} has no first step: {t}")
         return None
     reports = [
         e["time"] for h in hosts for e in h.agent_events() if e["event"] == "suspect" and e["epoch"] == epoch - 1
@@ -200,16 +229,16 @@ def report_event(name, t_event, hosts, log, epoch):
     size = [w["world_size"] for w in worlds_of(log) if w["epoch"] == epoch][0]
     lines = [s for s in read_log(log)[0] if s["step"] == t["first_step_number"] - 1 and s["world_size"] == size]
     step_s = max(lines[-1]["seconds"], 0.4) if lines else 0.0
-    print(
+    show(
         f"{name}: reconfiguration {total:.2f} s end to end (to the end of the new world's first step; "
         f"{total - step_s:.2f} s to its start): " + ", ".join(f"{k} {b - a:.2f} s" for k, a, b in parts)
     )
     return total
 
 
-def check_pids(check, log, survivors):
+def check_pids(check: Checks, log: str, survivors: Sequence[int]) -> None:
     """The survivors' workers are the same processes in every world they are in."""
-    by_host = {}
+    by_host: dict[str, dict[int, set[int]]] = {}
     for w in worlds_of(log):
         for host, lr, pid in w["pids"]:
             by_host.setdefault(host, {}).setdefault(lr, set()).add(pid)
@@ -221,14 +250,17 @@ def check_pids(check, log, survivors):
         )
 
 
-def scenario(tenplex, repo, endpoint, tmp, leave, net=None):
+def scenario(
+    tenplex: str, repo: str, endpoint: str, tmp: str, leave: bool, net: NetnsBridge | None, show: Figures
+) -> Checks:
     """The training scenario's checks (Checks); the caller checks what is left behind."""
     check = Checks()
     model, policy, static_log = setup_job(tenplex, repo, tmp)
     log = os.path.join(tmp, "elastic.jsonl")
-    hosts = []
+    hosts: list[Host] = []
     ok = False
-    t_join = t_loss = None
+    t_join: float | None = None
+    t_loss: float | None = None
     victim = 1  # the host that leaves or dies
     try:
         t0 = time.time()
@@ -242,12 +274,12 @@ def scenario(tenplex, repo, endpoint, tmp, leave, net=None):
             t_join = reg[0]["time"] if reg else None
             t_loss = time.time()
             if leave:
-                print(f"committed on 6 ranks after {time.time() - t0:.1f} s; host 1 leaves (SIGTERM)")
+                _log.info("committed on 6 ranks after %.1f s; host 1 leaves (SIGTERM)", time.time() - t0)
                 hosts[1].agent.send_signal(signal.SIGTERM)
             else:
                 first = [w for w in worlds_of(log) if w["epoch"] == 2][0]["pids"][0][0]  # "host0" | "host1"
                 victim = int(first[len("host") :])
-                print(f"committed on 6 ranks after {time.time() - t0:.1f} s; killing host {victim} (rank 0's)")
+                _log.info("committed on 6 ranks after %.1f s; killing host %d (rank 0's)", time.time() - t0, victim)
                 procs = lose_host(hosts[victim], procs)
             ok = finish_agents(check, procs, t0)
     finally:
@@ -278,19 +310,17 @@ def scenario(tenplex, repo, endpoint, tmp, leave, net=None):
     )
     worlds = [(w["epoch"], w["world_size"]) for w in worlds_of(log)]
     check([s for _, s in worlds] == [4, 6, 4], f"the worlds' sizes 4, 6, 4: {worlds}")
-    if t_join is not None:
-        report_event("join (host 2 registered)", t_join, hosts, log, 2)
-        report_event("leave (SIGTERM)" if leave else f"loss (SIGKILL; TTL {TTL:g} s)", t_loss, hosts, log, 3)
+    if t_join is not None and t_loss is not None:
+        report_event("join (host 2 registered)", t_join, hosts, log, 2, show)
+        report_event("leave (SIGTERM)" if leave else f"loss (SIGKILL; TTL {TTL:g} s)", t_loss, hosts, log, 3, show)
     return check
 
 
-def published(endpoint, epoch, ranks, timeout):
+def published(endpoint: str, epoch: int, ranks: Sequence[int], timeout: float) -> bool:
     """Waits (polling every 5 ms) until each of `ranks` set its gloo key in world `epoch`'s
     rendezvous store (the first host's TCPStore, its address in etcd): those are the addresses
     of the full mesh, set once every rank arrived, so a kill after this lands in the mesh's
     connect. True when all did."""
-    import datetime
-
     import torch.distributed as dist
 
     from tenplex import membership as mb
@@ -313,29 +343,32 @@ def published(endpoint, epoch, ranks, timeout):
         if all(any(k.endswith(f"/{r}") for k in keys) for r in ranks):
             return True
         time.sleep(0.005)
-    print(f"FAIL: ranks {ranks} did not publish their addresses in world {epoch} within {timeout} s")
+    _log.error("FAIL: ranks %s did not publish their addresses in world %d within %s s", ranks, epoch, timeout)
     return False
 
 
-def rendezvous_kill(tenplex, repo, endpoint, tmp, phase, net=None):
-    """--rendezvous-kill: host 2 joins at step 3 and is SIGKILLed while world 2 forms, before
-    that world's rendezvous can finish (hosts 0 and 1 are still stopping at a step boundary).
-    phase "mesh" (the default): once host 2's ranks (4, 5) published their gloo addresses in
-    world 2's store, so that the survivors' full-mesh connect meets a dead host (connection
-    refused, or a pair that never connects); phase "told": as soon as host 2's agent told
-    its workers world 2 (before or during their rendezvous, as it happens). Its key expires,
+def rendezvous_kill(
+    tenplex: str, repo: str, endpoint: str, tmp: str, phase: str, net: NetnsBridge | None, show: Figures
+) -> tuple[Checks, bool]:
+    """Host 2 joins at step 3 and is SIGKILLed while world 2 forms, before that world's
+    rendezvous can finish (hosts 0 and 1 are still stopping at a step boundary).
+    phase "mesh": once host 2's ranks (4, 5) published their gloo addresses in world 2's
+    store, so that the survivors' full-mesh connect meets a dead host (connection refused,
+    or a pair that never connects); phase "told": as soon as host 2's agent told its
+    workers world 2 (before or during their rendezvous, as it happens). Its key expires,
     the leader writes world 3 without it (lost), and hosts 0 and 1 must drop world 2's
     rendezvous and train on in world 3 within RDZV_BOUND[phase] s of the kill, not after the process
     group's timeout (300 s here). Which side of a pair listens in gloo's connect (the lower
     address) comes from the ports the ranks happen to get: a survivor that listens for a
     rank of host 2 that had not connected yet waits for gloo's connect floor (the CI
     failure's case, about every second run), one that connects is refused at once. net:
-    every host in its own namespace (by hand: --rendezvous-kill --netns). Returns the
-    checks and whether world 2 formed anyway (the kill came after its rendezvous)."""
+    every host in its own namespace. Returns the checks and whether world 2 formed anyway
+    (the kill came after its rendezvous)."""
     check = Checks()
     model, policy, static_log = setup_job(tenplex, repo, tmp)
     log = os.path.join(tmp, "elastic.jsonl")
-    hosts, ok, t_kill = [], False, None
+    hosts: list[Host] = []
+    ok, t_kill = False, None
     t0 = time.time()
     try:
         go = os.path.join(tmp, "go-host2")
@@ -351,7 +384,7 @@ def rendezvous_kill(tenplex, repo, endpoint, tmp, phase, net=None):
             ok = published(endpoint, 2, (4, 5), 60)
         if ok:
             t_kill = time.time()
-            print(f"host 2 told world 2 after {t_kill - t0:.1f} s; killing host 2 ({phase})")
+            _log.info("host 2 told world 2 after %.1f s; killing host 2 (%s)", t_kill - t0, phase)
             ok = finish_agents(check, lose_host(hosts[2], procs), t0)
     finally:
         stop_hosts(
@@ -375,7 +408,7 @@ def rendezvous_kill(tenplex, repo, endpoint, tmp, phase, net=None):
     t = event_times(log, 3)
     if t_kill is not None and "world" in t and aborted:
         joined = t["world"] - t_kill
-        print(
+        show(
             f"kill during world 2's rendezvous: aborted after {aborted[0]['time'] - t_kill:.2f} s "
             f"(rendezvous waited {aborted[0]['seconds']:.2f} s), world 3 joined after {joined:.2f} s, "
             f"its first step ended after {t.get('first_step', float('nan')) - t_kill:.2f} s (TTL {TTL:g} s)"
@@ -391,56 +424,88 @@ def rendezvous_kill(tenplex, repo, endpoint, tmp, phase, net=None):
     return check, any(epoch == 2 for epoch, _ in worlds)  # world 2 formed: the kill came late
 
 
-def attempt(tenplex, repo):
-    """One run of the case the arguments name, in its own directory, etcd and (--netns)
-    namespaces: (its checks, whether a --rendezvous-kill came after world 2 formed)."""
-    net, raced = None, False
-    if "--netns" in sys.argv[3:]:
-        net = NetnsBridge(3, name_prefix="tm")
-        os.environ["TENPLEX_TOKEN"] = "membership-netns-token"  # daemons off loopback require one
-    with tempfile.TemporaryDirectory() as tmp:
-        etcd = None
-        try:
-            etcd = Etcd("127.0.0.1" if net is None else net.subnet + ".1", tmp)
-            if "--quorum" in sys.argv[3:]:
-                return quorum_case(etcd.endpoint), False
-            kill = [a for a in sys.argv[3:] if a.startswith("--rendezvous-kill")]
-            if kill:
-                phase = kill[0].partition("=")[2] or "mesh"
-                if phase not in RDZV_BOUND:
-                    sys.exit(f"--rendezvous-kill={phase}: the phase must be one of {sorted(RDZV_BOUND)}")
-                check, raced = rendezvous_kill(tenplex, repo, etcd.endpoint, tmp, phase, net)
-            else:
-                check = scenario(tenplex, repo, etcd.endpoint, tmp, "--leave" in sys.argv[3:], net)
-        finally:
-            if etcd is not None:
-                etcd.stop()
-            if net is not None:
-                net.close()
-            time.sleep(0.2)
-            left = [p for p in procs_naming(tmp) if alive(p) and p != os.getpid()]
-            for p in left:
-                os.kill(p, signal.SIGKILL)
-        keep = os.environ.get("MEMBERSHIP_KEEP")  # a directory: the run's logs are copied there
-        if keep:
-            shutil.copytree(tmp, keep, dirs_exist_ok=True, ignore=shutil.ignore_patterns("etcd*", "store*", "daemon*"))
-        check(not left, f"no process of the test left behind: {left}")
+# ---- the cases -------------------------------------------------------------------------
+
+
+def attempt(
+    tenplex: str, repo: str, tmp: str, case: str, on_netns: bool, phase: str, show: Figures
+) -> tuple[Checks | None, bool]:
+    """One run of `case` ("quorum", "kill", "leave" or "rendezvous-kill" with `phase`) in its own
+    directory tmp, etcd and (on_netns) namespaces: (its checks, None for "quorum", which asserts
+    on its own; whether a rendezvous-kill came after world 2 formed)."""
+    os.makedirs(tmp)
+    net, raced = netns(3, name_prefix="tm") if on_netns else None, False
+    etcd = None
+    try:
+        etcd = Etcd("127.0.0.1" if net is None else net.subnet + ".1", tmp)
+        if case == "quorum":
+            quorum_case(etcd.endpoint)
+            return None, False
+        if case == "rendezvous-kill":
+            check, raced = rendezvous_kill(tenplex, repo, etcd.endpoint, tmp, phase, net, show)
+        else:
+            check = scenario(tenplex, repo, etcd.endpoint, tmp, case == "leave", net, show)
+    finally:
+        if etcd is not None:
+            etcd.stop()
+        if net is not None:
+            net.close()
+        time.sleep(0.2)
+        left = [p for p in procs_naming(tmp) if alive(p) and p != os.getpid()]
+        for p in left:
+            os.kill(p, signal.SIGKILL)
+    keep = os.environ.get("MEMBERSHIP_KEEP")  # a directory: the run's logs are copied there
+    if keep:
+        shutil.copytree(tmp, keep, dirs_exist_ok=True, ignore=shutil.ignore_patterns("etcd*", "store*", "daemon*"))
+    check(not left, f"no process of the test left behind: {left}")
     return check, raced
 
 
-def main():
-    tenplex, repo = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
-    # --rendezvous-kill: the kill is timed from outside, so on a fast machine world 2 can
-    # form before it lands (all of its ranks connected first); that run did not test the
-    # case, so it runs again (at most 3 times).
+def run_case(
+    tenplex: str, repo: str, tmp: str, case: str, show: Figures, on_netns: bool = False, phase: str = "mesh"
+) -> None:
+    """The case, its checks' verdict. A rendezvous-kill is timed from outside, so on a fast
+    machine world 2 can form before it lands (all of its ranks connected first); that run
+    did not test the case, so it runs again (at most 3 times), each try in its own directory."""
+    check: Checks | None = None
     for tries in range(1, 4):
-        check, raced = attempt(tenplex, repo)
+        check, raced = attempt(tenplex, repo, os.path.join(tmp, f"try{tries}"), case, on_netns, phase, show)
         if not raced:
             break
-        print(f"try {tries}: host 2 was killed after world 2 formed, not during its rendezvous; again")
-    if check is not None:  # --quorum asserts on its own
+        _log.warning("try %d: host 2 was killed after world 2 formed, not during its rendezvous; again", tries)
+    if check is not None:  # quorum asserts on its own
         check.finish()
 
 
-if __name__ == "__main__":
-    main()
+def test_quorum(tmp: str, capsys: pytest.CaptureFixture[str]) -> None:
+    run_case("", "", tmp, "quorum", Figures(capsys))  # no CLI, no checkout: the quorum alone
+
+
+def test_kill(tenplex: str, repo: str, tmp: str, capsys: pytest.CaptureFixture[str]) -> None:
+    run_case(tenplex, repo, tmp, "kill", Figures(capsys))
+
+
+def test_leave(tenplex: str, repo: str, tmp: str, capsys: pytest.CaptureFixture[str]) -> None:
+    run_case(tenplex, repo, tmp, "leave", Figures(capsys))
+
+
+def test_netns(
+    tenplex: str, repo: str, tmp: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TENPLEX_TOKEN", "membership-netns-token")  # daemons off loopback require one
+    run_case(tenplex, repo, tmp, "kill", Figures(capsys), on_netns=True)
+
+
+def test_rendezvous_kill(tenplex: str, repo: str, tmp: str, capsys: pytest.CaptureFixture[str]) -> None:
+    run_case(tenplex, repo, tmp, "rendezvous-kill", Figures(capsys), phase="mesh")
+
+
+def test_rendezvous_kill_told(tenplex: str, repo: str, tmp: str, capsys: pytest.CaptureFixture[str]) -> None:
+    run_case(tenplex, repo, tmp, "rendezvous-kill", Figures(capsys), phase="told")
+
+
+def test_rendezvous_kill_netns(
+    tenplex: str, repo: str, tmp: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TENPLEX_TOKEN", "membership-netns-token")
+    run_case(tenplex, repo, tmp, "rendezvous-kill", Figures(capsys), on_netns=True, phase="mesh")
