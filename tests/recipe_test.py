@@ -1,8 +1,13 @@
 """The deploy recipe and the install story as a new user follows them (issue 34, item 6).
 
-usage: recipe_test.py TENPLEX_BIN REPO_ROOT PART [BUILD_DIR]   PART in: loopback, netns, install
+Under pytest (issue 32 §4), TENPLEX_BIN the CLI under test:
 
-loopback, netns: the bash blocks of docs/deploy.md marked `<!-- recipe: NAME -->` run
+    python -m pytest tests/recipe_test.py::test_loopback   (ctest recipe_loopback)
+    python -m pytest tests/recipe_test.py::test_netns      (ctest recipe_netns)
+    python -m pytest tests/recipe_test.py::test_install    (ctest recipe_install; TENPLEX_BUILD_DIR,
+                                                            its CMake build, default the checkout's build/)
+
+test_loopback, test_netns: the bash blocks of docs/deploy.md marked `<!-- recipe: NAME -->` run
 verbatim (`bash -c`, the settings given in the environment as the doc says) with HOME a
 new empty folder: `token` twice (one token file, mode 600, kept), then two "hosts" that
 each run `settings` in their own folder, host 0 then the `node` block (daemon + torchrun)
@@ -11,11 +16,11 @@ trains 4 steps on both hosts (world size 4, tp=2,dp=2) with finite losses, commi
 4, both daemons kept their state in their --shm-dir and stopped. loopback: the hosts
 are 127.0.0.1 with two store ports (what CI runs); netns: each host in its own network
 namespace on a bridge with its own UTS host name, the recipe's defaults for the
-addresses and one store port (exit 77, skipped, where namespaces cannot be made).
+addresses and one store port (skipped, pytest's skip, where namespaces cannot be made).
 Covers issue 34's recipe findings: no token file, $REPO and gpt.json undefined, no
 --shm-dir, torchrun's 30 s last call, node.sh's undocumented variables.
 
-install: `cmake --install BUILD --prefix P` and `pip install --prefix Q` of the checkout
+test_install: `cmake --install BUILD --prefix P` and `pip install --prefix Q` of the checkout
 give a CLI that runs its Python helper (`tenplex export --to hf`, which starts Python)
 from the package installed beside it. The source tree stays where it is, so the test
 proves independence from it by removing the helper from the installed prefix: the
@@ -23,7 +28,10 @@ installed CLI must then fail naming the prefix, where a CLI that used the source
 compiled into it (issue 34's finding) would succeed through the checkout's python/.
 """
 
+from __future__ import annotations
+
 import json
+import logging
 import math
 import os
 import re
@@ -36,28 +44,25 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from daemons import NetnsBridge  # noqa: E402
+from elastic_run_testing import Checks
+from multihost_testing import netns
 
-from tenplex.testing import free_port  # noqa: E402
+from tenplex.testing import NetnsBridge, free_port
 
-failures = []
+_log = logging.getLogger(__name__)
 
-
-def check(cond, what):
-    print(("ok: " if cond else "FAIL: ") + what, flush=True)
-    if not cond:
-        failures.append(what)
+HostRun = tuple["subprocess.Popen[bytes]", str, str, int]  # (its bash, its folder, its --shm-dir, its store port)
 
 
-def recipes(repo):
+def recipes(repo: str) -> dict[str, str]:
     """{name: bash text} of the blocks marked `<!-- recipe: NAME -->` in docs/deploy.md."""
-    text = open(os.path.join(repo, "docs/deploy.md")).read()
+    with open(os.path.join(repo, "docs/deploy.md")) as f:
+        text = f.read()
     found = re.findall(r"<!-- recipe: ([\w-]+) -->\n```bash\n(.*?)```", text, re.S)
     return dict(found)
 
 
-def base_env(home):
+def base_env(home: str) -> dict[str, str]:
     """The caller's environment without tenplex's variables (a new user has none)."""
     env = {
         k: v
@@ -68,19 +73,22 @@ def base_env(home):
     return env
 
 
-def check_token(blocks, env):
+def check_token(check: Checks, blocks: dict[str, str], env: dict[str, str]) -> None:
     for run in range(2):  # a second run keeps the token
         p = subprocess.run(["bash", "-c", blocks["token"]], env=env, capture_output=True, text=True)
         check(p.returncode == 0, f"token block exits 0: {p.stderr}")
         path = os.path.join(env["HOME"], ".tenplex", "token")
-        token = open(path).read() if os.path.exists(path) else ""
+        token = ""
+        if os.path.exists(path):
+            with open(path) as f:
+                token = f.read()
         if run == 0:
             first = token
     check(len(token.strip()) >= 40 and token == first, "~/.tenplex/token: one random token, kept on a rerun")
     check(stat.S_IMODE(os.stat(path).st_mode) == 0o600, "the token file is readable only by its user")
 
 
-def start_hosts(blocks, env, tmp, net):
+def start_hosts(blocks: dict[str, str], env: dict[str, str], tmp: str, net: NetnsBridge | None) -> list[HostRun]:
     """Host 0 runs settings+node, host 1 settings+node-sh; returns [(proc, folder, shm, port)]."""
     rdzv_port, hosts = free_port(), []
     same_port = free_port()
@@ -92,7 +100,7 @@ def start_hosts(blocks, env, tmp, net):
         host_env = dict(
             env, RDZV_PORT=str(rdzv_port), STORE_PORT=str(port), NNODES="2:2", NPROC="2", STEPS="4", SHM_DIR=shm
         )
-        prefix = ()
+        prefix: tuple[str, ...] = ()
         if net:  # the recipe's own defaults for this node's address (`hostname -I`)
             prefix = (*net.prefix(i), "unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', net.addr(i))
             host_env.update(RDZV_HOST=net.addr(0), GLOO_SOCKET_IFNAME=net.ifname(i))
@@ -112,7 +120,7 @@ def start_hosts(blocks, env, tmp, net):
     return hosts
 
 
-def check_job(hosts, tmp, net):
+def check_job(check: Checks, hosts: list[HostRun], tmp: str, net: NetnsBridge | None) -> None:
     deadline = time.time() + 150
     for proc, *_ in hosts:
         try:
@@ -125,10 +133,14 @@ def check_job(hosts, tmp, net):
             proc.wait()
         check(proc.returncode == 0, f"host {i} ({['node', 'node-sh'][i]} block) exits 0 ({proc.returncode})")
         if proc.returncode != 0:
-            print(open(os.path.join(tmp, f"host{i}.log")).read()[-3000:])
+            with open(os.path.join(tmp, f"host{i}.log")) as f:
+                _log.warning("---- host %d\n%s", i, f.read()[-3000:])
     logs = [os.path.join(f, "steps.jsonl") for _, f, _, _ in hosts if os.path.exists(os.path.join(f, "steps.jsonl"))]
     check(len(logs) == 1, f"one host (rank 0's) wrote steps.jsonl: {logs}")
-    lines = [json.loads(x) for x in open(logs[0])] if logs else []
+    lines = []
+    if logs:
+        with open(logs[0]) as f:
+            lines = [json.loads(x) for x in f]
     steps = {x["step"]: x for x in lines if "loss" in x}
     check(sorted(steps) == [0, 1, 2, 3], f"steps 0-3 trained: {sorted(steps)}")
     check(
@@ -147,7 +159,8 @@ def check_job(hosts, tmp, net):
         shutil.rmtree(shm, ignore_errors=True)
 
 
-def test_recipe(tenplex, repo, tmp, netns):
+def recipe(tenplex: str, repo: str, tmp: str, on_netns: bool) -> None:
+    check = Checks()
     blocks = recipes(repo)
     check({"token", "settings", "node", "node-sh"} <= set(blocks), f"recipe blocks in docs/deploy.md: {sorted(blocks)}")
     node = blocks.get("node", "")
@@ -156,24 +169,33 @@ def test_recipe(tenplex, repo, tmp, netns):
         "the recipe sets torchrun's last call and a short monitor interval",
     )
     check("--shm-dir" in node, "the recipe's daemon keeps its state in a --shm-dir")
-    if failures:
-        return
+    if check.failures:
+        check.finish()
     home = os.path.join(tmp, "home")
     os.makedirs(home)
     env = base_env(home)
     env.update(REPO=repo, TENPLEX=tenplex, PYTHON=sys.executable)
-    check_token(blocks, env)
-    net = NetnsBridge(2) if netns else None
+    check_token(check, blocks, env)
+    net = netns(2) if on_netns else None
     try:
         t0 = time.time()
-        check_job(start_hosts(blocks, env, tmp, net), tmp, net)
-        print(f"two hosts trained 4 steps in {time.time() - t0:.1f} s")
+        check_job(check, start_hosts(blocks, env, tmp, net), tmp, net)
+        _log.info("two hosts trained 4 steps in %.1f s", time.time() - t0)
     finally:
         if net:
             net.close()
+    check.finish()
 
 
-def export_hf(binary, tmp, name, env):
+def test_loopback(tenplex: str, repo: str, tmp: str) -> None:
+    recipe(tenplex, repo, tmp, False)
+
+
+def test_netns(tenplex: str, repo: str, tmp: str) -> None:
+    recipe(tenplex, repo, tmp, True)
+
+
+def export_hf(binary: str, tmp: str, name: str, env: dict[str, str]) -> tuple[subprocess.CompletedProcess[str], str]:
     """`tenplex export --to hf` of a fresh checkpoint with `binary` (it starts the helper)."""
     model, ck, out = (os.path.join(tmp, name + s) for s in ("-model.json", "-ck", "-hf"))
     subprocess.run(
@@ -206,7 +228,9 @@ def export_hf(binary, tmp, name, env):
     ), out
 
 
-def test_install(tenplex, repo, tmp, build):
+def test_install(repo: str, tmp: str) -> None:
+    check = Checks()
+    build = os.environ.get("TENPLEX_BUILD_DIR", os.path.join(repo, "build"))
     env = base_env(os.path.join(tmp, "home"))
     env["TENPLEX_PYTHON"] = sys.executable  # an environment with torch (the helper's formats need it)
     prefix = os.path.join(tmp, "prefix")
@@ -231,6 +255,7 @@ def test_install(tenplex, repo, tmp, build):
         env=dict(os.environ, TENPLEX_BUILD_DIR=build),
     )
     check(p.returncode == 0, f"pip install --prefix: {p.stderr[-1000:]}")
+    used = None
     for root in (prefix, pip):
         binary = os.path.join(root, "bin", "tenplex")
         check(os.access(binary, os.X_OK), f"{binary} installed")
@@ -265,21 +290,4 @@ def test_install(tenplex, repo, tmp, build):
         and os.path.realpath(repo) + "/python" not in p.stderr,
         f"without its helper the installed CLI fails naming the prefix, not using the checkout: {p.stderr[-600:]}",
     )
-
-
-def main():
-    tenplex, repo, part = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2]), sys.argv[3]
-    tmp = tempfile.mkdtemp(prefix=f"tenplex-recipe-{part}-")
-    try:
-        if part == "install":
-            test_install(tenplex, repo, tmp, os.path.abspath(sys.argv[4]))
-        else:
-            test_recipe(tenplex, repo, tmp, part == "netns")
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    print(f"{'FAILED' if failures else 'passed'}: {len(failures)} failures")
-    sys.exit(1 if failures else 0)
-
-
-if __name__ == "__main__":
-    main()
+    check.finish()
