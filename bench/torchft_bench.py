@@ -199,13 +199,17 @@ def run_torchft():
 
 
 def run_ours(tenplex, mode):
-    """tests/membership_test.py (mode "" or "--leave"): its printed reconfiguration times."""
+    """tests/membership_test.py::test_kill or ::test_leave (mode "" or "--leave"), under pytest:
+    the reconfiguration times it prints."""
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    node = "test_leave" if mode == "--leave" else "test_kill"
     p = subprocess.run(
-        [sys.executable, os.path.join(repo, "tests", "membership_test.py"), tenplex, repo, *([mode] if mode else [])],
+        [sys.executable, "-m", "pytest", os.path.join(repo, "tests", f"membership_test.py::{node}"), "-q"]
+        + ["-p", "no:cacheprovider"],
         capture_output=True,
         text=True,
         timeout=600,
+        env=dict(os.environ, TENPLEX_BIN=tenplex),
     )
     times = {
         m.group(1): float(m.group(2))
