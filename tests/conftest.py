@@ -79,3 +79,14 @@ def examples_gpt() -> Iterator[str]:
         old = os.environ.get("PYTHONPATH")
         mp.setenv("PYTHONPATH", gpt + (os.pathsep + old if old else ""))
         yield gpt
+
+
+@pytest.fixture
+def interop(tenplex: str, tmp: str, references: SimpleNamespace) -> Iterator[str]:
+    """The interop tests' shared state: tests/interop_test.py's module globals (the CLI, the
+    test's directory, the reference layout) set for one test and restored after it
+    (interop_test.configured); the directory."""
+    import interop_test
+
+    with interop_test.configured(tenplex, tmp, references.layout_ref):
+        yield tmp

@@ -38,13 +38,11 @@ import tempfile
 import time
 import warnings
 import zlib
-from collections.abc import Callable, Iterator
-from types import SimpleNamespace
+from collections.abc import Callable
 from typing import Any
 
 import interop_test as IT  # check_ckpt: the reference-layout slicing
 import numpy as np
-import pytest
 import torch
 
 _log = logging.getLogger(__name__)
@@ -56,13 +54,6 @@ GPT = (
     "--num-layers 2 --hidden-size 32 --num-attention-heads 4 --vocab-size 60 --make-vocab-size-divisible-by 8 "
     "--max-position-embeddings 16 --optimizer adam"
 ).split()
-
-
-@pytest.fixture
-def interop(tenplex: str, tmp: str, references: SimpleNamespace) -> Iterator[str]:
-    """interop_test's globals (CLI, directory, reference layout) for this test; the directory."""
-    with IT.configured(tenplex, tmp, references.layout_ref):
-        yield tmp
 
 
 def draw(name: str, shape: list[int]) -> np.ndarray:

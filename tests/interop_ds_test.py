@@ -37,13 +37,10 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
-from types import SimpleNamespace
 from typing import Any
 
 import interop_test as IT
 import numpy as np
-import pytest
 
 _log = logging.getLogger(__name__)
 
@@ -53,13 +50,6 @@ GPT = (
     "--num-layers 2 --hidden-size 32 --num-attention-heads 4 --num-query-groups 2 --vocab-size 100 "
     "--make-vocab-size-divisible-by 8 --max-position-embeddings 16 --swiglu"
 ).split()
-
-
-@pytest.fixture
-def interop(tenplex: str, tmp: str, references: SimpleNamespace) -> Iterator[str]:
-    """interop_test's globals (CLI, directory, reference layout) for this test; the directory."""
-    with IT.configured(tenplex, tmp, references.layout_ref):
-        yield tmp
 
 
 # ----------------------------------------------------------------------------- DeepSpeed side

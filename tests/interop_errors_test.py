@@ -18,12 +18,10 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
-import interop_test as IT
 import numpy as np
-import pytest
 import torch
 from interop_test import dcp_world, draw_globals, hf_reference, layout_of, model_json, run, write_hf, write_megatron
 
@@ -34,15 +32,6 @@ SIZE = ["--hidden-size", "48", "--num-attention-heads", "4", "--vocab-size", "10
 GPT2 = [*SIZE, "--make-vocab-size-divisible-by", "8", "--max-position-embeddings", "32"]
 HF_CONFIG: dict[str, Any] = dict(model_type="gpt2", n_embd=48, n_layer=2, n_head=4, n_positions=32, vocab_size=100)
 Mutate = Callable[[dict[str, np.ndarray]], object]  # edits an HF variant's tensors in place
-
-
-@pytest.fixture
-def interop(tenplex: str, tmp: str) -> Iterator[str]:
-    """interop_test's BIN and TMP for this test (restored after it); the directory."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(IT, "BIN", os.path.abspath(tenplex))
-        mp.setattr(IT, "TMP", tmp)
-        yield tmp
 
 
 def expect_error(what: str, args: list[str], needle: str, out: str) -> None:

@@ -27,8 +27,7 @@ The helpers here (run, model_json, draw_globals, check_ckpt, dcp_world, layout_o
 the module globals BIN, TMP and L: the CLI under test, the test's own directory and
 tests/reference's layout_ref (the independent pure-Python layout). `configured` sets them
 for one test from the tenplex, tmp and references fixtures (tests/conftest.py) and
-restores them; the `interop` fixtures here and in interop_dcp2_test.py and
-interop_ds_test.py call it (interop_errors_test.py sets BIN and TMP itself).
+restores them; the `interop` fixture (tests/conftest.py) calls it for every interop test.
 (Bad input: tests/interop_errors_test.py. The independent references of the formats
 themselves are in tests/interop_testing.py.)
 """
@@ -43,7 +42,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
-from types import ModuleType, SimpleNamespace
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -86,13 +85,6 @@ def configured(tenplex: str, tmp: str, layout_ref: ModuleType) -> Iterator[str]:
         mp.setattr(me, "BIN", os.path.abspath(tenplex))
         mp.setattr(me, "TMP", tmp)
         mp.setattr(me, "L", layout_ref)
-        yield tmp
-
-
-@pytest.fixture
-def interop(tenplex: str, tmp: str, references: SimpleNamespace) -> Iterator[str]:
-    """This module's globals for the test; its directory."""
-    with configured(tenplex, tmp, references.layout_ref):
         yield tmp
 
 
