@@ -58,7 +58,10 @@ Result<ucp_config_t*> ReadConfig(const TransportOptions& options) {
     s = ucp_config_modify(config, u.key.c_str(), u.value.c_str());
     if (s != UCS_OK) {
       ucp_config_release(config);
-      return InvalidArgument("UCX: bad " + u.key + " '" + u.value + "': " + UcsError(s));
+      const std::string what = u.key == "TLS"           ? "transport list"
+                               : u.key == "NET_DEVICES" ? "device list"
+                                                        : u.key;
+      return InvalidArgument("UCX: bad " + what + " '" + u.value + "': " + UcsError(s));
     }
   }
   return config;

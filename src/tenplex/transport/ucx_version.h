@@ -46,7 +46,7 @@ struct UcxSetting {
 
 // The TCP segment size the transport sets: UCX's default, 8 KiB, held a fetch over TCP to
 // 1.1-1.6 GB/s between two daemons with UCX 1.22 (4.1-4.9 GB/s with UCX 1.13), 256 KiB
-// gave 4.0-6.6 GB/s (docs/transport.md, "Which UCX").
+// gave 4.0-6.6 GB/s (docs/transport.md, "The TCP segment size").
 inline constexpr const char* kUcxTcpSegmentSize = "256k";
 
 // The settings for a transport with these transports and devices (empty: UCX's own
