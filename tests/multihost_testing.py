@@ -16,37 +16,18 @@ import urllib.request
 
 import pytest
 
-from tenplex.testing import Daemon, NetnsBridge, free_port
+from tenplex.testing import Daemon, NetnsBridge, Unavailable, free_port
 
 _log = logging.getLogger(__name__)
 
 
-class _Messages(logging.Handler):
-    """The messages logged to a logger while it is attached."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
-
-
 def netns(count: int, name_prefix: str = "tp") -> NetnsBridge:
     """NetnsBridge(count, name_prefix), which the caller closes; where namespaces cannot be
-    made (its SystemExit(77), ctest's skip code of the scripts) the test is skipped
-    (pytest.skip) with the reason NetnsBridge logged."""
-    seen, logger = _Messages(), logging.getLogger("tenplex.testing")
-    logger.addHandler(seen)
+    made (its Unavailable) the test is skipped (pytest.skip) saying why."""
     try:
         return NetnsBridge(count, name_prefix=name_prefix)
-    except SystemExit as e:
-        if e.code != 77:
-            raise
-        why = [m[len("SKIP: ") :] for m in seen.messages if m.startswith("SKIP: ")]
-        pytest.skip(why[-1] if why else "network namespaces cannot be made here (needs root and iproute2)")
-    finally:
-        logger.removeHandler(seen)
+    except Unavailable as e:
+        pytest.skip(e.why)
 
 
 class Figures:

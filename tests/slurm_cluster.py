@@ -26,6 +26,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from daemons import NetnsBridge  # noqa: E402
 from torchrun_elastic_test import free_port  # noqa: E402
 
+from tenplex.testing import Unavailable  # noqa: E402
+
 PROGRAMS = ["munged", "mungekey", "slurmctld", "slurmd", "sbatch", "scontrol", "squeue", "unshare", "nsenter"]
 SBIN = ["/usr/sbin", "/sbin"]
 # A node's namespaces ($0 node name, $1 hosts file, $2 a mount point): its host name; /sys the
@@ -50,14 +52,15 @@ class SlurmCluster:
     def __init__(self, tmp: str, count: int = 3, slurmd_timeout: int = 10) -> None:
         missing = [p for p in PROGRAMS if which(p) is None]
         if missing:
-            print(f"SKIP: Slurm/munge programs missing: {' '.join(missing)} (scripts/install-deps.sh installs them)")
-            sys.exit(77)
+            why = f"Slurm/munge programs missing: {' '.join(missing)} (scripts/install-deps.sh installs them)"
+            print(f"SKIP: {why}")
+            raise Unavailable(why)
         self.dir = os.path.join(tmp, "slurm")
         os.makedirs(self.dir)
         self.names = [f"node{i}" for i in range(count)]
         self.procs = {}  # name -> Popen of every daemon started here
         self.left = []
-        self.net = NetnsBridge(count)  # exits 77 where namespaces cannot be made
+        self.net = NetnsBridge(count)  # Unavailable (exit 77) where namespaces cannot be made
         try:
             self._check_namespaces()
             self._start(slurmd_timeout)
@@ -95,13 +98,14 @@ class SlurmCluster:
         ]
 
     def _check_namespaces(self) -> None:
-        """SystemExit(77) where a node's namespaces cannot be set up (no mount or UTS namespace here)."""
+        """Unavailable (SystemExit(77)) where a node's namespaces cannot be set up (no mount or UTS namespace here)."""
         self._write_hosts()
         p = subprocess.run(self._node_cmd(0, " && true"), capture_output=True, text=True, timeout=30)
         if p.returncode != 0 and any(m in p.stderr.lower() for m in ("not permitted", "permission denied")):
-            print(f"SKIP: cannot set up a node's UTS and mount namespaces here: {p.stderr.strip()}")
+            why = f"cannot set up a node's UTS and mount namespaces here: {p.stderr.strip()}"
+            print(f"SKIP: {why}")
             self.close()
-            sys.exit(77)
+            raise Unavailable(why)
         if p.returncode != 0:
             raise RuntimeError(f"setting up a node's namespaces failed: {p.stderr.strip()}")
 

@@ -43,6 +43,8 @@ from elastic_run_testing import Checks, small_model
 from slurm_cluster import SlurmCluster
 from torchrun_elastic_test import POLICY, TRAIN_ARGS, check_replanned, check_steps_and_worlds, free_port, read_log
 
+from tenplex.testing import Unavailable
+
 _log = logging.getLogger(__name__)
 PY = sys.executable
 STEPS = 30
@@ -208,24 +210,20 @@ def sigterm_exits() -> Iterator[None]:
         signal.signal(signal.SIGTERM, old)
 
 
-def start_cluster(tmp: str, capsys: pytest.CaptureFixture[str]) -> SlurmCluster:
-    """3 nodes; the test is skipped where SlurmCluster cannot make them (its SystemExit(77)
-    after it printed why)."""
+def start_cluster(tmp: str) -> SlurmCluster:
+    """3 nodes; the test is skipped where SlurmCluster cannot make them (its Unavailable says why)."""
     try:
         return SlurmCluster(tmp, count=3, slurmd_timeout=10)
-    except SystemExit as e:
-        if e.code != 77:
-            raise
-        why = capsys.readouterr().out.strip().splitlines()
-        pytest.skip(why[-1] if why else "no Slurm cluster here (root, namespaces, Slurm and munge needed)")
+    except Unavailable as e:
+        pytest.skip(e.why)
 
 
-def test_slurm(tenplex: str, repo: str, tmp: str, sigterm_exits: None, capsys: pytest.CaptureFixture[str]) -> None:
+def test_slurm(tenplex: str, repo: str, tmp: str, sigterm_exits: None) -> None:
     check = Checks()
     home, jobdir = prepare(tenplex, tmp)
     static_log = static_run(repo, jobdir)
     t0 = time.time()
-    cluster = start_cluster(tmp, capsys)
+    cluster = start_cluster(tmp)
     _log.info("Slurm cluster up in %.1f s: %s", time.time() - t0, cluster.nodes())
     ok, jobs = False, []
     try:

@@ -233,16 +233,26 @@ def all_at_once(target: Callable[[str, int, Any, Any], None], shm_dirs: Sequence
     return results
 
 
-def _skip(why: str) -> SystemExit:
-    """SystemExit(77), ctest's "skipped" (SKIP_RETURN_CODE), after saying why on stderr."""
+class Unavailable(SystemExit):
+    """SystemExit(77), ctest's "skipped" (SKIP_RETURN_CODE) for a script, where this machine
+    lacks what a test needs (namespaces, root, a program); `why` says what, for a pytest
+    caller's skip."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(77)
+        self.why = why
+
+
+def _skip(why: str) -> Unavailable:
+    """Unavailable(why), after saying why on stderr."""
     logger.warning("SKIP: %s", why)
-    return SystemExit(77)
+    return Unavailable(why)
 
 
 class NetnsBridge:
     """`count` network namespaces joined by veth pairs on a bridge (as root): namespace
-    i has address `addr(i)` on its veth `ifname(i)` and its loopback up. SystemExit(77)
-    (ctest: skipped) where they cannot be made; `close()` removes everything.
+    i has address `addr(i)` on its veth `ifname(i)` and its loopback up. Unavailable
+    (SystemExit(77), ctest: skipped) where they cannot be made; `close()` removes everything.
 
     Tests that run at once get different subnets and names: under a lock file
     (LOCK_FILE), the first free subnet 10.213.N.0/24 (N in SUBNETS) is taken, one that
