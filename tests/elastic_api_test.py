@@ -2,7 +2,7 @@
 
 Under pytest (issue 32 §4), ctest elastic_api (TENPLEX_BIN the CLI the package runs):
 
-    python -m pytest tests/elastic_api_test.py::test_elastic_api
+    python -m pytest tests/elastic_api_test.py
 
 - tenplex.elastic: policies (file, text, bad JSON, wrong world size, non-numeric key),
   a world size the policy lacks, a missing torchrun environment, a missing store URL,
@@ -10,6 +10,8 @@ Under pytest (issue 32 §4), ctest elastic_api (TENPLEX_BIN the CLI the package 
   an ElasticError naming the problem; the timeouts' defaults and overrides.
 - a recorded fatal error (issue 34 finding 4) stops a torchrun with --max_restarts=10 at
   once: one worker start, a non-zero exit, the message on stderr.
+- member.Presize (test_presize_tries_once_more): a failed pre-size is tried once more, its
+  record keeps the first error; its byte counts are summed over the hosts.
 """
 
 from __future__ import annotations
@@ -209,3 +211,41 @@ def test_elastic_api(tmp: str, monkeypatch: pytest.MonkeyPatch) -> None:
     ]:
         check(is_torchrun(argv) == want, f"is_torchrun({argv}) should be {want}")
     check.finish()
+
+
+def test_presize_tries_once_more(monkeypatch: pytest.MonkeyPatch) -> None:
+    """member.Presize: a failed `tenplex transform --presize` is tried once more (its event keeps the
+    first error); two failures end in the second's error; the stats are summed over the hosts."""
+    from tenplex import member
+
+    calls: list[list[str]] = []
+    outcomes: list[object] = []
+
+    def fake_transform(exe: str, args: list[str], old: dict, new: dict, token: str, env: dict) -> dict:
+        calls.append(args)
+        got = outcomes.pop(0)
+        if isinstance(got, Exception):
+            raise got
+        assert isinstance(got, dict)
+        return got
+
+    monkeypatch.setattr(member, "run_transform", fake_transform)
+    monkeypatch.setattr(member, "PRESIZE_RETRY_PAUSE", 0.0)
+    stats = {"presized": [{"poolable_bytes": 10, "pooled_bytes": 12}, {"poolable_bytes": 5, "pooled_bytes": 3}]}
+    old, new = {"hosts": ["http://a"], "gpus_per_host": 2}, {"hosts": ["http://a", "http://b"], "gpus_per_host": 2}
+
+    outcomes[:] = [member.ElasticError("no live host holds it (1 of 2 hosts did not answer)"), stats]
+    rec = member.Presize("gpt", "tp=2,dp=2", old, new, "").start().finish(10)
+    assert len(calls) == 2 and "--presize" in calls[0] and calls[0] == calls[1], calls
+    assert rec["attempts"] == 2 and "did not answer" in rec["first_error"] and "error" not in rec, rec
+    assert (rec["poolable_bytes"], rec["pooled_bytes"], rec["hosts"]) == (15, 13, 2), rec
+
+    calls.clear()
+    outcomes[:] = [stats]
+    rec = member.Presize("gpt", "tp=2,dp=2", old, new, "").start().finish(10)
+    assert len(calls) == 1 and rec["attempts"] == 1 and "first_error" not in rec, rec
+
+    calls.clear()
+    outcomes[:] = [member.ElasticError("first"), OSError("second")]
+    rec = member.Presize("gpt", "tp=2,dp=2", old, new, "").start().finish(10)
+    assert len(calls) == 2 and rec["error"] == "second" and rec["first_error"] == "first", rec

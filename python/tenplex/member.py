@@ -297,6 +297,8 @@ def abort_device_groups() -> None:
 
 ENV_NO_PRESIZE = "TENPLEX_NO_PRESIZE"  # set (to anything but "" or "0"): no pre-sizing (benchmarks' baseline)
 PRESIZE_WAIT = 30.0  # seconds rejoin() waits at most for a pre-size still running (then the transform goes on)
+PRESIZE_ATTEMPTS = 2  # a failed pre-size is tried once more (Presize._run)
+PRESIZE_RETRY_PAUSE = 0.5  # seconds between the attempts
 
 
 class Presize:
@@ -331,16 +333,28 @@ class Presize:
             "--prepare-timeout",
             str(int(self.timeout)),
         ]
-        try:
-            out = run_transform(tenplex_binary(), cmd, self.old_cluster, self.new_cluster, self.token, {})
-            hosts = out.get("presized", [])
-            self.result = {
-                "poolable_bytes": sum(h["poolable_bytes"] for h in hosts),
-                "pooled_bytes": sum(min(h["pooled_bytes"], h["poolable_bytes"]) for h in hosts),
-                "hosts": len(hosts),
-            }
-        except (ElasticError, OSError, ValueError, KeyError) as e:
-            self.result = {"error": str(e)[:300]}
+        # Tried again once: it runs while the old world stops and commits, when a loaded host's
+        # daemon may answer the listing too late (the error names hosts that did not answer).
+        first_error = ""
+        for attempt in range(1, PRESIZE_ATTEMPTS + 1):
+            try:
+                out = run_transform(tenplex_binary(), cmd, self.old_cluster, self.new_cluster, self.token, {})
+                hosts = out.get("presized", [])
+                self.result = {
+                    "poolable_bytes": sum(h["poolable_bytes"] for h in hosts),
+                    "pooled_bytes": sum(min(h["pooled_bytes"], h["poolable_bytes"]) for h in hosts),
+                    "hosts": len(hosts),
+                }
+                break
+            except (ElasticError, OSError, ValueError, KeyError) as e:
+                self.result = {"error": str(e)[:300]}
+                first_error = first_error or self.result["error"]
+                if attempt < PRESIZE_ATTEMPTS:
+                    log.warning("job %s: pre-size attempt %d failed, trying again: %s", self.job, attempt, e)
+                    time.sleep(PRESIZE_RETRY_PAUSE)
+        self.result["attempts"] = attempt
+        if attempt > 1:
+            self.result["first_error"] = first_error
         self.result["seconds"] = round(time.perf_counter() - self._t0, 4)
 
     def finish(self, wait: float = PRESIZE_WAIT) -> dict:

@@ -49,7 +49,16 @@ Result<CommittedState> FindCommittedState(const std::vector<std::string>& urls,
     return Unavailable("no host answers (" + std::to_string(clients.size()) + " asked for job '" +
                        job + "')");
   }
-  if (ref < 0) return NotFound("no live host holds a committed version of job '" + job + "'");
+  if (ref < 0) {
+    // Name the hosts that did not answer: they may hold it (a slow daemon, not a lost one).
+    std::string silent;
+    for (int h : out.unavailable) silent += (silent.empty() ? "" : ", ") + urls[h];
+    return NotFound("no live host holds a committed version of job '" + job + "'" +
+                    (silent.empty() ? std::string()
+                                    : " (" + std::to_string(out.unavailable.size()) + " of " +
+                                          std::to_string(clients.size()) +
+                                          " hosts did not answer: " + silent + ")"));
+  }
   out.version = cur[ref]->version;
   out.info_text = listing.infos[cur[ref]->info];
   TP_ASSIGN_OR_RETURN(out.info, ParseStateInfo(job, out.version, out.info_text));

@@ -405,6 +405,12 @@ TEST_F(DistributedTest, FindsTheCommittedStateAndItsLostRanks) {
   EXPECT_EQ(s.status().code(), StatusCode::kUnavailable) << s.status().ToString();
   EXPECT_EQ(FindCommittedState({urls[2]}, {clients[2]}, "nojob", c).status().code(),
             StatusCode::kNotFound);
+  // No answering host holds it, one did not answer: the error names that one (it may).
+  s = FindCommittedState({urls[1], urls[2]}, {clients[1], clients[2]}, "nojob", c);
+  EXPECT_EQ(s.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(s.status().message().find("1 of 2 hosts did not answer: " + urls[1] + ")"),
+            std::string::npos)
+      << s.status().ToString();
 }
 
 // The recovery's decision rule (two_phase.h) against a table of half-done two-phase
