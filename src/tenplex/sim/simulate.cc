@@ -155,6 +155,20 @@ double OnCoordinator(const Scenario& s, const MeasuredCosts& c, double here, dou
   return (one - parallel) + parallel / s.cluster.coordinator_threads;
 }
 
+// For the fit (Fitted): `seconds(threads)` on one thread and on this machine's, alternated
+// (1, here, 1, here), the fastest of each kept in one and here (with what they hold if
+// positive). Alternating keeps a drift of the machine from favouring either.
+Status AlternateThreads(int threads, const std::function<Result<double>(int)>& seconds,
+                        double& here, double& one) {
+  for (int k = 0; k < 4; ++k) {
+    const int t = k % 2 == 0 ? 1 : threads;
+    TP_ASSIGN_OR_RETURN(const double secs, seconds(t));
+    double& best = t == 1 ? one : here;
+    best = best > 0 ? std::min(best, secs) : secs;
+  }
+  return Status::Ok();
+}
+
 // The coordinator's digests, request encoding and decoding, JSON parse rate: the real
 // code, timed. The digests are every host's part (cluster::HostPlanParts); the request
 // measured is the one of the participant with the most tensors served (the longest).
@@ -170,10 +184,10 @@ Status MeasureControl(const Model& model, const Scenario& s, const plan::Plan* p
       });
     };
     r.costs.digest_here_s = digest(r.costs.threads);
-    if (Fitted(s, r.costs)) {  // alternated, the fastest of two each
-      r.costs.digest_one_s = digest(1);
-      r.costs.digest_here_s = std::min(r.costs.digest_here_s, digest(r.costs.threads));
-      r.costs.digest_one_s = std::min(r.costs.digest_one_s, digest(1));
+    if (Fitted(s, r.costs)) {
+      TP_RETURN_IF_ERROR(AlternateThreads(
+          r.costs.threads, [&](int t) -> Result<double> { return digest(t); },
+          r.costs.digest_here_s, r.costs.digest_one_s));
     }
     r.costs.digest_s = OnCoordinator(s, r.costs, r.costs.digest_here_s, r.costs.digest_one_s);
     const std::vector<int>& hosts = r.hosts.participants;
@@ -204,22 +218,18 @@ Status MeasureControl(const Model& model, const Scenario& s, const plan::Plan* p
   return Status::Ok();
 }
 
-// For the fit (Fitted): the whole plan on one thread and on this machine's, alternated,
-// the fastest of two each (plan_one_s, plan_here_s), after an untimed one: on this VM the
-// first touch of memory costs up to 8x a later one (docs/scale.md), which would favour
-// whichever plan runs later.
+// For the fit (Fitted): the whole plan on one thread and on this machine's
+// (AlternateThreads: plan_one_s, plan_here_s), after an untimed one: on this VM the first
+// touch of memory costs up to 8x a later one (docs/scale.md), which would favour whichever
+// plan runs later.
 Status TimePlanThreads(const Model& model, const Layout& from, const Layout& to, SimResult& r) {
-  const std::vector<int> counts = {r.costs.threads, 1, r.costs.threads, 1, r.costs.threads};
-  for (std::size_t k = 0; k < counts.size(); ++k) {
+  auto plan = [&](int threads) -> Result<double> {
     const auto t0 = Clock::now();
-    TP_RETURN_IF_ERROR(
-        plan::MakePlan(model, from, to, r.from_hosts, r.to_hosts, counts[k]).status());
-    const double secs = Since(t0);
-    if (k == 0) continue;
-    double& best = counts[k] == 1 ? r.costs.plan_one_s : r.costs.plan_here_s;
-    best = best > 0 ? std::min(best, secs) : secs;
-  }
-  return Status::Ok();
+    TP_RETURN_IF_ERROR(plan::MakePlan(model, from, to, r.from_hosts, r.to_hosts, threads).status());
+    return Since(t0);
+  };
+  TP_RETURN_IF_ERROR(plan(r.costs.threads).status());
+  return AlternateThreads(r.costs.threads, plan, r.costs.plan_here_s, r.costs.plan_one_s);
 }
 
 // The full plan (what the coordinator and every agent compute), its bytes per host and
