@@ -106,12 +106,18 @@ def commit(directory, info, world_size):
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, os.path.join(stage, INFO_FILE))
-    safetensors.sync_dir(stage)
+    move_into_place(stage, directory)
+
+
+def move_into_place(stage, directory):
+    """Renames a finished staging directory (synced now) onto directory, which must be
+    absent or empty (check_target: CheckpointError), and syncs its parent."""
+    safetensors.fsync_path(stage)
     check_target(directory)
     if os.path.isdir(directory):
         os.rmdir(directory)
     os.replace(stage, directory)
-    safetensors.sync_dir(os.path.dirname(os.path.abspath(directory)) or ".")
+    safetensors.fsync_path(os.path.dirname(os.path.abspath(directory)) or ".")
 
 
 def read_info(directory):

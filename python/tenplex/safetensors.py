@@ -86,10 +86,11 @@ def save(path, tensors, metadata=None):
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
-    sync_dir(os.path.dirname(os.path.abspath(path)))
+    fsync_path(os.path.dirname(os.path.abspath(path)))
 
 
-def sync_dir(path):
+def fsync_path(path):
+    """fsync of a file or a directory, by its path (a directory: the names in it)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -373,7 +373,7 @@ def export(reader, out, max_shard_size):
         views.clear()
         maps.clear()
         for name in names:
-            ptc.sync_file(os.path.join(stage, name))
+            st.fsync_path(os.path.join(stage, name))
         if len(names) > 1:
             _write_json(os.path.join(stage, INDEX_FILE), {"metadata": {"total_size": total}, "weight_map": weight_map})
         _write_json(os.path.join(stage, "config.json"), config_json(model))

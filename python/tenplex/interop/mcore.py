@@ -337,7 +337,7 @@ def export(reader, out, config=""):
                 f,
             )
         for name in os.listdir(stage):
-            ptc.sync_file(os.path.join(stage, name))
+            st.fsync_path(os.path.join(stage, name))
         ptc.move_into_place(stage, out)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)

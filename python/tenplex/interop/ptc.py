@@ -271,21 +271,11 @@ def check_target_dir(out):
 
 
 def move_into_place(stage, out):
-    """Renames a finished staging directory onto out (absent or empty)."""
-    st.sync_dir(stage)
-    check_target_dir(out)
-    if os.path.isdir(out):
-        os.rmdir(out)
-    os.replace(stage, out)
-    st.sync_dir(os.path.dirname(os.path.abspath(out)) or ".")
-
-
-def sync_file(path):
-    fd = os.open(path, os.O_RDONLY)
+    """Renames a finished staging directory onto out (absent or empty), as checkpoints do."""
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        ckpt.move_into_place(stage, out)
+    except ckpt.CheckpointError as e:
+        raise InteropError(str(e)) from None
 
 
 class Writer:
@@ -359,7 +349,7 @@ class Writer:
                 raise InteropError(f"tensor '{name}' {what} in the source")
         for path, mm in self.files:
             mm.flush()
-            sync_file(path)
+            st.fsync_path(path)
         self.files = []
         info = {"model": self.model, "config": self.layout["config"]}
         info.update(self.extra)
