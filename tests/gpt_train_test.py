@@ -40,6 +40,7 @@ from typing import Any
 
 import pytest
 import torch
+from small_models import SMALL_GPT, SMALL_LLAMA
 
 from tenplex import checkpoint, safetensors
 
@@ -50,41 +51,7 @@ STEPS = 4
 CONFIG_TOL = 1e-5  # relative, between parallel configs (measured: ~1e-7)
 REFERENCE_TOL = 1e-4  # relative, client vs single-process reference (measured: ~1e-6)
 
-SMALL = [
-    "--num-layers",
-    "4",
-    "--hidden-size",
-    "64",
-    "--num-attention-heads",
-    "4",
-    "--vocab-size",
-    "250",
-    "--max-position-embeddings",
-    "64",
-]
-LLAMA = [
-    "--num-layers",
-    "4",
-    "--hidden-size",
-    "64",
-    "--num-attention-heads",
-    "8",
-    "--num-query-groups",
-    "2",
-    "--ffn-hidden-size",
-    "96",
-    "--vocab-size",
-    "250",
-    "--make-vocab-size-divisible-by",
-    "64",
-    "--position-embedding-type",
-    "rope",
-    "--swiglu",
-    "--untie-embeddings-and-output-weights",
-    "--normalization",
-    "RMSNorm",
-    "--disable-bias-linear",
-]
+SMALL, LLAMA = SMALL_GPT, SMALL_LLAMA
 BF16 = [
     "--num-layers",
     "2",

@@ -21,6 +21,7 @@ from types import ModuleType
 from typing import Any
 
 import torch
+from small_models import SMALL_GPT, SMALL_LLAMA
 
 from tenplex import _tenplex, data, layout
 
@@ -39,41 +40,8 @@ class Counted:
 
 
 MODELS = {
-    "small": [
-        "--num-layers",
-        "4",
-        "--hidden-size",
-        "64",
-        "--num-attention-heads",
-        "4",
-        "--vocab-size",
-        "250",
-        "--max-position-embeddings",
-        "64",
-    ],
-    "llama": [
-        "--num-layers",
-        "4",
-        "--hidden-size",
-        "64",
-        "--num-attention-heads",
-        "8",
-        "--num-query-groups",
-        "2",
-        "--ffn-hidden-size",
-        "96",
-        "--vocab-size",
-        "250",
-        "--make-vocab-size-divisible-by",
-        "64",
-        "--position-embedding-type",
-        "rope",
-        "--swiglu",
-        "--untie-embeddings-and-output-weights",
-        "--normalization",
-        "RMSNorm",
-        "--disable-bias-linear",
-    ],
+    "small": SMALL_GPT,
+    "llama": SMALL_LLAMA,
     "bf16": [
         "--num-layers",
         "3",

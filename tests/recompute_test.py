@@ -37,6 +37,7 @@ from typing import Any, Optional
 import pytest
 import torch
 import torch.distributed as dist
+from small_models import SMALL_GPT, SMALL_LLAMA
 
 from tenplex import layout as L
 
@@ -57,39 +58,7 @@ TRAIN = [
     "--timeout",
     "120",
 ]
-GPT2 = [
-    "--num-layers",
-    "4",
-    "--hidden-size",
-    "64",
-    "--num-attention-heads",
-    "4",
-    "--vocab-size",
-    "250",
-    "--max-position-embeddings",
-    "64",
-]
-LLAMA = [
-    "--num-layers",
-    "4",
-    "--hidden-size",
-    "64",
-    "--num-attention-heads",
-    "8",
-    "--num-query-groups",
-    "2",
-    "--ffn-hidden-size",
-    "96",
-    "--vocab-size",
-    "250",
-    "--position-embedding-type",
-    "rope",
-    "--swiglu",
-    "--untie-embeddings-and-output-weights",
-    "--normalization",
-    "RMSNorm",
-    "--disable-bias-linear",
-]
+GPT2, LLAMA = SMALL_GPT, SMALL_LLAMA
 # name -> (train.py flags, (granularity, method, N) as the test reads them)
 MODES: dict[str, tuple[list[str], tuple[Optional[str], Optional[str], int]]] = {
     "none": ([], (None, None, 0)),
