@@ -40,6 +40,7 @@ from typing import Any
 
 import pytest
 from cli_testing import Cli
+from elastic_run_testing import small_model
 from multihost_testing import netns
 
 from tenplex.testing import Daemon, NetnsBridge, write_cluster
@@ -102,30 +103,8 @@ def verify(tmp: str, cluster: str, config: str) -> None:
 
 
 def load_state(tmp: str, cluster: str) -> None:
-    model = os.path.join(tmp, "m.json")
-    run(
-        "model",
-        "gpt",
-        "--num-layers",
-        "4",
-        "--hidden-size",
-        "32",
-        "--num-attention-heads",
-        "4",
-        "--num-query-groups",
-        "2",
-        "--ffn-hidden-size",
-        "48",
-        "--vocab-size",
-        "301",
-        "--make-vocab-size-divisible-by",
-        "8",
-        "--max-position-embeddings",
-        "16",
-        "--swiglu",
-        "-o",
-        model,
-    )
+    extra = ["--num-query-groups", "2", "--ffn-hidden-size", "48", "--make-vocab-size-divisible-by", "8", "--swiglu"]
+    model = small_model(run.binary, tmp, "m.json", layers=4, vocab=301, seq=16, extra=extra)
     ckpt = os.path.join(tmp, "in")
     run("ckpt", "init", "--model", model, "--config", "tp=2,pp=2,dp=2,zero=1", "--out", ckpt, "--seed", "5")
     run("store", "load", "--cluster", cluster, "--job", "j", "--dir", ckpt)

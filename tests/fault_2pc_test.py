@@ -49,6 +49,7 @@ from typing import Any
 
 import pytest
 from cli_testing import Cli
+from elastic_run_testing import small_model
 from fault_proxy import FaultProxy
 
 from tenplex.testing import Daemon
@@ -157,30 +158,8 @@ def verify(c: Cluster, config: str) -> None:
 
 
 def load(c: Cluster, config: str) -> None:
-    model = os.path.join(c.tmp, "m.json")
-    run(
-        "model",
-        "gpt",
-        "--num-layers",
-        "4",
-        "--hidden-size",
-        "32",
-        "--num-attention-heads",
-        "4",
-        "--num-query-groups",
-        "4",
-        "--ffn-hidden-size",
-        "48",
-        "--vocab-size",
-        "301",
-        "--make-vocab-size-divisible-by",
-        "8",
-        "--max-position-embeddings",
-        "16",
-        "--swiglu",
-        "-o",
-        model,
-    )
+    extra = ["--num-query-groups", "4", "--ffn-hidden-size", "48", "--make-vocab-size-divisible-by", "8", "--swiglu"]
+    model = small_model(CLI.binary, c.tmp, "m.json", layers=4, vocab=301, seq=16, extra=extra)
     ckpt = os.path.join(c.tmp, "in")
     shutil.rmtree(ckpt, ignore_errors=True)
     run("ckpt", "init", "--model", model, "--config", config, "--out", ckpt, "--seed", "5")

@@ -33,6 +33,7 @@ from typing import Any
 
 import pytest
 from cli_testing import Cli
+from elastic_run_testing import small_model
 
 from tenplex.testing import Daemon, write_cluster
 
@@ -74,27 +75,8 @@ def verify(tmp: str, cluster: str, job: str) -> None:
 def test_local_peer(tmp: str) -> None:
     daemons: list[Daemon] = []
     try:
-        model = os.path.join(tmp, "m.json")
-        run(
-            "model",
-            "gpt",
-            "--num-layers",
-            "4",
-            "--hidden-size",
-            "64",
-            "--num-attention-heads",
-            "4",
-            "--ffn-hidden-size",
-            "96",
-            "--vocab-size",
-            "301",
-            "--make-vocab-size-divisible-by",
-            "8",
-            "--max-position-embeddings",
-            "16",
-            "-o",
-            model,
-        )
+        extra = ["--ffn-hidden-size", "96", "--make-vocab-size-divisible-by", "8"]
+        model = small_model(run.binary, tmp, "m.json", layers=4, hidden=64, vocab=301, seq=16, extra=extra)
         ckpt = os.path.join(tmp, "in")
         run("ckpt", "init", "--model", model, "--config", "tp=2,pp=2", "--out", ckpt, "--seed", "3")
         a, b = Daemon(run.binary), Daemon(run.binary)
