@@ -1,12 +1,15 @@
 #include "tenplex/io/checkpoint.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <filesystem>
 
+#include "tenplex/util/fd.h"
 #include "tenplex/util/file.h"
 #include "tenplex/util/hash.h"
 #include "tenplex/util/json_depth.h"
@@ -25,8 +28,11 @@ std::string RankFileName(int rank) {
 }
 
 Result<std::string> FileXxh64(const std::string& path) {
-  TP_ASSIGN_OR_RETURN(MappedFile f, MappedFile::OpenRegular(path));
-  return Xxh64Hex(f.data(), f.size());
+  TP_ASSIGN_OR_RETURN(int raw, OpenRegularFile(path));
+  const Fd fd(raw);
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) return ErrnoError("stat " + path, errno);
+  return Xxh64HexOfFile(fd.get(), static_cast<uint64_t>(st.st_size), path);  // read, not mapped
 }
 
 namespace {

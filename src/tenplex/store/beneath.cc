@@ -9,6 +9,8 @@
 #include <cerrno>
 #include <string_view>
 
+#include "tenplex/util/hash.h"
+
 namespace tenplex::store {
 
 namespace {
@@ -87,12 +89,28 @@ Result<ParentDir> OpenParentBeneath(const std::string& root, const std::string& 
   return ParentDir{std::move(dir), path.substr(slash + 1)};
 }
 
-Result<ShmMapping> MapBeneath(const std::string& root, const std::string& file, uint64_t bytes,
-                              bool populate) {
+namespace {
+
+// `file` opened read-only beneath root, refused unless a regular file (O_NONBLOCK: a FIFO
+// there does not block the open).
+Result<Fd> OpenRegularBeneath(const std::string& root, const std::string& file) {
   TP_ASSIGN_OR_RETURN(Fd fd, OpenBeneath(root, file, O_RDONLY | O_NONBLOCK));
   struct stat st;
   if (::fstat(fd.get(), &st) != 0) return ErrnoError("stat " + file, errno);
   if (!S_ISREG(st.st_mode)) return FailedPrecondition(file + " is not a regular file");
+  return fd;
+}
+
+}  // namespace
+
+Result<std::string> Xxh64Beneath(const std::string& root, const std::string& file, uint64_t bytes) {
+  TP_ASSIGN_OR_RETURN(Fd fd, OpenRegularBeneath(root, file));
+  return Xxh64HexOfFile(fd.get(), bytes, file);
+}
+
+Result<ShmMapping> MapBeneath(const std::string& root, const std::string& file, uint64_t bytes,
+                              bool populate) {
+  TP_ASSIGN_OR_RETURN(Fd fd, OpenRegularBeneath(root, file));
   // The very file opened (its descriptor's link in /proc): no second path walk.
   Result<ShmMapping> m = ShmMapping::Map("/proc/self/fd/" + std::to_string(fd.get()), 0, bytes,
                                          /*writable=*/false, populate);

@@ -38,4 +38,8 @@ Result<ParentDir> OpenParentBeneath(const std::string& root, const std::string& 
 Result<ShmMapping> MapBeneath(const std::string& root, const std::string& file, uint64_t bytes,
                               bool populate = false);
 
+// xxh64 of the first `bytes` bytes of `file` (inside root, opened as MapBeneath opens it),
+// read without a mapping (Xxh64HexOfFile, util/hash.h). A shorter file is DataLoss.
+Result<std::string> Xxh64Beneath(const std::string& root, const std::string& file, uint64_t bytes);
+
 }  // namespace tenplex::store

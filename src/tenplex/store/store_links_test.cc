@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -200,6 +201,35 @@ TEST_F(StoreLinks, TensorFileReplacedByAFifoFailsAtOnce) {
   EXPECT_NE(get.status().message().find("not a regular file"), std::string::npos)
       << get.status().ToString();
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+}
+
+// A commit hashes the tensors it has no map of by reading their files (Xxh64Beneath): a
+// file cut short before the commit fails it with DataLoss, one replaced by a FIFO fails it
+// at once, one replaced by a link is refused; the job stays at version 1 each time.
+TEST_F(StoreLinks, TensorFileSwappedBeforeItsCommitFailsTheCommit) {
+  const std::vector<uint8_t> bytes(64, 5);
+  const std::string file = jobs + "a/2/rank-00000/x";
+  auto expect_refused = [&](const char* needle) {
+    const auto t0 = std::chrono::steady_clock::now();
+    Status s = store->Commit("a", 2);
+    EXPECT_FALSE(s.ok());
+    EXPECT_NE(s.message().find(needle), std::string::npos) << s.ToString();
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+    auto job = store->Job("a");
+    ASSERT_TRUE(job.ok());
+    EXPECT_EQ(job->current, std::optional<uint64_t>(1));
+  };
+  ASSERT_TRUE(store->BeginVersion("a", 2).ok());
+  ASSERT_TRUE(store->Put("jobs/a/2/rank-00000/x", DType::kF32, {16}, bytes.data(), 64).ok());
+  ASSERT_TRUE(fs::exists(file));
+  fs::resize_file(file, 60);
+  expect_refused("expected 64");
+  fs::remove(file);
+  ASSERT_EQ(::mkfifo(file.c_str(), 0600), 0);
+  expect_refused("not a regular file");
+  fs::remove(file);
+  fs::create_symlink(PlantSecret(outside.path, "x"), file);
+  expect_refused("symbolic link");
 }
 
 TEST_F(StoreLinks, IncarnationAndClosedLinksAreReplacedNeverWrittenThrough) {
