@@ -12,6 +12,7 @@ directory onto the target. A crash therefore never leaves a directory that looks
 complete. The target must not exist or be empty (checkpoints are not overwritten).
 """
 
+import concurrent.futures
 import ctypes
 import ctypes.util
 import json
@@ -49,21 +50,32 @@ def _libxxhash():
     return _XXH
 
 
-def file_xxh64(path, chunk=16 << 20):
-    """xxh64 (seed 0) of a whole file as 16 hex digits, as tenplex.json records it."""
+def file_xxh64(path, chunk=1 << 20):
+    """xxh64 (seed 0) of a whole file as 16 hex digits, as tenplex.json records it. Read
+    into one reused buffer of `chunk` bytes, which stays in the CPU's cache (a new 16 MiB
+    bytes object per read hashed 3.7-5.1 GB/s of /dev/shm here, this 5.5-6.2); the GIL
+    is released while it reads and hashes (ctypes, readinto), so files hash in parallel."""
     lib = _libxxhash()
+    buf = bytearray(chunk)
+    view, cbuf = memoryview(buf), (ctypes.c_char * chunk).from_buffer(buf)
     state = lib.XXH64_createState()
     try:
         lib.XXH64_reset(state, 0)
-        with open(path, "rb") as f:
-            while True:
-                block = f.read(chunk)
-                if not block:
-                    break
-                lib.XXH64_update(state, block, len(block))
+        with open(path, "rb", buffering=0) as f:
+            while n := f.readinto(view):
+                lib.XXH64_update(state, cbuf, n)
         return "%016x" % lib.XXH64_digest(state)
     finally:
+        view.release()
         lib.XXH64_freeState(state)
+
+
+def files_xxh64(paths):
+    """file_xxh64 of each path, several at once (threads: the hashing runs without the GIL)."""
+    if len(paths) <= 1:
+        return [file_xxh64(p) for p in paths]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(len(paths), os.cpu_count() or 1, 8)) as pool:
+        return list(pool.map(file_xxh64, paths))
 
 
 def rank_file(rank):
@@ -99,7 +111,8 @@ def commit(directory, info, world_size):
         if not os.path.exists(os.path.join(stage, rank_file(r))):
             raise CheckpointError(f"checkpoint {directory}: {rank_file(r)} was not written")
     info = dict(info)
-    info["checksums"] = {rank_file(r): file_xxh64(os.path.join(stage, rank_file(r))) for r in range(world_size)}
+    names = [rank_file(r) for r in range(world_size)]
+    info["checksums"] = dict(zip(names, files_xxh64([os.path.join(stage, n) for n in names])))
     tmp = os.path.join(stage, INFO_FILE + ".tmp")
     with open(tmp, "w") as f:
         f.write(json.dumps(info, indent=1) + "\n")
