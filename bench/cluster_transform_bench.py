@@ -135,6 +135,14 @@ def wait_presized(cluster):
     return time.time() - t0
 
 
+PHASES = ("plan_seconds", "alloc_seconds", "local_seconds", "fetch_seconds")
+
+
+def slowest(stats, *phases):
+    """The slowest host's seconds of each phase of a transform's --json stats, "a/b/..."."""
+    return "/".join("%.2f" % max(h.get(k, 0) for h in stats["hosts"]) for k in phases)
+
+
 def transform_once(cluster, ckpt, job, to, central, local=True, plan_presize=False):
     """One transform from a fresh load. plan_presize: first `tenplex transform --presize`
     (each host makes its new tensors of this transform ahead in its page pool, as it
@@ -262,10 +270,7 @@ def measure(figure, case, cluster, tmp, frm, to):
         "shm_bytes": shm,
         # Where ours spends its prepare, the slowest host's seconds per phase: plan,
         # allocate (link + new memory), local copies, fetches (then the commit round).
-        "ours_phases_s": "/".join(
-            "%.2f" % max(h.get(k, 0) for h in ours["hosts"])
-            for k in ("plan_seconds", "alloc_seconds", "local_seconds", "fetch_seconds")
-        ),
+        "ours_phases_s": slowest(ours, *PHASES),
         "ours_commit_s": round(ours["seconds"] - ours["prepare_seconds"], 3),
         "pool_bytes_before": ours["pool_bytes_before"],
         "presize_s": round(ours["presize_s"], 2),
@@ -277,7 +282,7 @@ def measure(figure, case, cluster, tmp, frm, to):
         "all_memcpy_gbps": round(cluster.limits["all_memcpy_gbps"], 2),
         # The untimed first transform (ours, same-host reads; empty with --no-warmup).
         "warmup_s": "" if warmup is None else round(warmup["seconds"], 3),
-        "warmup_alloc_s": "" if warmup is None else "%.2f" % max(h.get("alloc_seconds", 0) for h in warmup["hosts"]),
+        "warmup_alloc_s": "" if warmup is None else slowest(warmup, "alloc_seconds"),
     }
     if planned is not None:
         # The same transform with every host's pool pre-sized from the plan first.
@@ -288,10 +293,7 @@ def measure(figure, case, cluster, tmp, frm, to):
                 "ratio_presized_to_machine_limit": round(planned["seconds"] / machine_limit, 2),
                 "speedup_presized_vs_central": round(central["seconds"] / planned["seconds"], 2),
                 "presized_pool_bytes": planned["pool_bytes_before"],
-                "ours_presized_phases_s": "/".join(
-                    "%.2f" % max(h.get(k, 0) for h in planned["hosts"])
-                    for k in ("plan_seconds", "alloc_seconds", "local_seconds", "fetch_seconds")
-                ),
+                "ours_presized_phases_s": slowest(planned, *PHASES),
             }
         )
     log(
